@@ -1,0 +1,29 @@
+/*
+ * Error reporting: every failing internal path calls vmmrt_error() once, at the
+ * place that knows the cause, and returns its status. The message is kept per
+ * thread so the public vmmrt_last_error() describes this thread's last failure.
+ */
+#ifndef VMMRT_ERROR_H
+#define VMMRT_ERROR_H
+
+#include "vmmrt.h"
+
+#if defined(__GNUC__)
+#define VMMRT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define VMMRT_PRINTF(a, b)
+#endif
+
+/* Set this thread's message ("VMMRT_E_X: <text>") and return status. */
+vmmrt_status vmmrt_error(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
+/* Keep the message of a failure already reported below, prefixing context. */
+vmmrt_status vmmrt_error_wrap(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
+void vmmrt_error_clear(void);
+
+#define VMMRT_CHECK_ARG(cond, what) \
+	do { \
+		if (!(cond)) \
+			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: %s", __func__, what); \
+	} while (0)
+
+#endif

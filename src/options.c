@@ -1,0 +1,394 @@
+/* The option table and everything derived from it. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "options.h"
+
+typedef enum opt_type { T_ENUM, T_UINT, T_SIZE, T_BOOL, T_DOUBLE, T_STRING } opt_type;
+
+typedef struct opt_row {
+	const char *name;
+	const char *env;
+	opt_type type;
+	const char *def;
+	const char *choices[6]; /* T_ENUM */
+	double min, max;        /* T_UINT, T_SIZE, T_DOUBLE */
+	const char *doc;
+} opt_row;
+
+#define KiB 1024.0
+#define MiB (1024.0 * KiB)
+#define GiB (1024.0 * MiB)
+#define TiB (1024.0 * GiB)
+
+static const opt_row table[VMMRT_OPT_COUNT_] = {
+	[VMMRT_OPT_BACKEND] = {"backend", "VMMRT_BACKEND", T_ENUM, "auto", {"auto", "cuda", "host"}, 0, 0,
+		"driver backend: cuda (libcuda.so.1 loaded at run time), host (a GPU emulated on host "
+		"memory), or auto (cuda when a driver and a device are present, else host)"},
+	[VMMRT_OPT_DEVICE] = {"device", "VMMRT_DEVICE", T_UINT, "0", {0}, 0, 1023,
+		"device ordinal the runtime works on"},
+	[VMMRT_OPT_MODE] = {"mode", "VMMRT_MODE", T_ENUM, "pingpong", {"pingpong", "remap", "none"}, 0, 0,
+		"offload strategy: pingpong (two resident banks), remap (release after the D2H, map "
+		"again before the H2D), none (activations stay resident)"},
+	[VMMRT_OPT_DRIVER_WORKERS] = {"driver_workers", "VMMRT_DRIVER_WORKERS", T_UINT, "1", {0}, 1, 64,
+		"resident driver-worker threads; VMM calls from two threads contend badly on the "
+		"H200, so 1 is the default"},
+	[VMMRT_OPT_LOOKAHEAD] = {"lookahead", "VMMRT_LOOKAHEAD", T_UINT, "1", {0}, 0, 16,
+		"runners whose restore is started ahead of the one being consumed"},
+	[VMMRT_OPT_HANDLE_POOL] = {"handle_pool", "VMMRT_HANDLE_POOL", T_UINT, "0", {0}, 0, 4096,
+		"released physical handles each worker keeps for reuse instead of cuMemRelease "
+		"(remap mode); 0 gives every byte back to the driver"},
+	[VMMRT_OPT_CHECKED_THREADS] = {"checked_threads", "VMMRT_CHECKED_THREADS", T_BOOL, "1", {0}, 0, 1,
+		"refuse cuMemCreate/Map/SetAccess/Unmap/Release from any thread but a driver worker "
+		"(VMMRT_E_NOT_PERMITTED)"},
+	[VMMRT_OPT_TIMEOUT_MS] = {"timeout_ms", "VMMRT_TIMEOUT_MS", T_UINT, "30000", {0}, 1, 86400000,
+		"bound on every blocking wait of the API (VMMRT_E_TIMEOUT after it)"},
+	[VMMRT_OPT_OOM_RETRIES] = {"oom_retries", "VMMRT_OOM_RETRIES", T_UINT, "3", {0}, 0, 1000,
+		"times a worker retries a create that ran out of device memory"},
+	[VMMRT_OPT_OOM_BACKOFF_US] = {"oom_backoff_us", "VMMRT_OOM_BACKOFF_US", T_UINT, "1000", {0}, 0, 10000000,
+		"first back-off between out-of-memory retries, doubled each retry"},
+	[VMMRT_OPT_HOST_CAPACITY] = {"host_capacity", "VMMRT_HOST_CAPACITY", T_SIZE, "16G", {0}, 2 * MiB, 64 * TiB,
+		"host backend: emulated device memory (suffixes K, M, G, T)"},
+	[VMMRT_OPT_HOST_GRANULARITY] = {"host_granularity", "VMMRT_HOST_GRANULARITY", T_SIZE, "2M", {0}, 4 * KiB, 1 * GiB,
+		"host backend: VMM granularity, a power of two and a multiple of the page size"},
+	[VMMRT_OPT_HOST_LATENCY] = {"host_latency", "VMMRT_HOST_LATENCY", T_BOOL, "0", {0}, 0, 1,
+		"host backend: make driver calls, copies and their slow-down under copy load cost "
+		"what they cost on the H200"},
+	[VMMRT_OPT_HOST_COPY_GBPS] = {"host_copy_gbps", "VMMRT_HOST_COPY_GBPS", T_DOUBLE, "55", {0}, 0.01, 10000,
+		"host backend: modelled pinned copy bandwidth in GB/s when host_latency is on"},
+	[VMMRT_OPT_TRACE] = {"trace", "VMMRT_TRACE", T_STRING, "", {0}, 0, 0,
+		"write a Chrome/Perfetto trace of streams, copies and driver calls to this file at "
+		"runtime destroy (empty: off)"},
+};
+
+size_t vmmrt_options_count(void)
+{
+	return VMMRT_OPT_COUNT_;
+}
+
+static bool name_matches(const char *want, const char *name)
+{
+	/* "driver-workers" and "driver_workers" are the same option. */
+	for (; *want && *name; want++, name++) {
+		char a = *want == '-' ? '_' : *want;
+		if (a != *name)
+			return false;
+	}
+	return *want == '\0' && *name == '\0';
+}
+
+int vmmrt_options_find(const char *name)
+{
+	if (!name)
+		return -1;
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++)
+		if (name_matches(name, table[i].name) || strcmp(name, table[i].env) == 0)
+			return i;
+	return -1;
+}
+
+static vmmrt_status parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!isdigit((unsigned char)*s))
+		return VMMRT_E_INVALID_OPTION;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno)
+		return VMMRT_E_INVALID_OPTION;
+	unsigned shift = 0;
+	switch (toupper((unsigned char)*end)) {
+	case 'K': shift = 10; end++; break;
+	case 'M': shift = 20; end++; break;
+	case 'G': shift = 30; end++; break;
+	case 'T': shift = 40; end++; break;
+	default: break;
+	}
+	if (shift && (*end == 'i' || *end == 'I'))
+		end++;
+	if (shift && (*end == 'B' || *end == 'b'))
+		end++;
+	if (*end != '\0' || (shift && v > (UINT64_MAX >> shift)))
+		return VMMRT_E_INVALID_OPTION;
+	*out = (uint64_t)v << shift;
+	return VMMRT_OK;
+}
+
+static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
+{
+	const opt_row *r = &table[id];
+	char *end;
+
+	if (!value)
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s: missing value", r->name);
+	switch (r->type) {
+	case T_ENUM:
+		for (unsigned i = 0; i < 6 && r->choices[i]; i++)
+			if (strcmp(value, r->choices[i]) == 0) {
+				out->u = i;
+				return VMMRT_OK;
+			}
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not one of %s", r->name, r->env,
+				   value, r->def ? "the documented choices" : "");
+	case T_BOOL:
+		if (!strcmp(value, "1") || !strcasecmp(value, "on") || !strcasecmp(value, "yes") ||
+		    !strcasecmp(value, "true")) {
+			out->u = 1;
+			return VMMRT_OK;
+		}
+		if (!strcmp(value, "0") || !strcasecmp(value, "off") || !strcasecmp(value, "no") ||
+		    !strcasecmp(value, "false")) {
+			out->u = 0;
+			return VMMRT_OK;
+		}
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a boolean (0/1, on/off)",
+				   r->name, r->env, value);
+	case T_UINT: {
+		errno = 0;
+		if (!isdigit((unsigned char)value[0]))
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a non-negative integer",
+					   r->name, r->env, value);
+		unsigned long long v = strtoull(value, &end, 10);
+		if (errno || *end)
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a non-negative integer",
+					   r->name, r->env, value);
+		if ((double)v < r->min || (double)v > r->max)
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): %llu is outside [%.0f, %.0f]", r->name,
+					   r->env, v, r->min, r->max);
+		out->u = v;
+		return VMMRT_OK;
+	}
+	case T_SIZE: {
+		uint64_t v;
+		if (parse_size(value, &v) != VMMRT_OK)
+			return vmmrt_error(VMMRT_E_INVALID_OPTION,
+					   "%s (%s): '%s' is not a size (digits with an optional K, M, G or T)",
+					   r->name, r->env, value);
+		if ((double)v < r->min || (double)v > r->max)
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): %s is outside [%.0f, %.0f] bytes",
+					   r->name, r->env, value, r->min, r->max);
+		if (id == VMMRT_OPT_HOST_GRANULARITY && ((v & (v - 1)) != 0 || v % 4096 != 0))
+			return vmmrt_error(VMMRT_E_INVALID_OPTION,
+					   "%s (%s): %s is not a power of two multiple of 4096", r->name,
+					   r->env, value);
+		out->u = v;
+		return VMMRT_OK;
+	}
+	case T_DOUBLE: {
+		errno = 0;
+		double v = strtod(value, &end);
+		if (errno || end == value || *end || !isfinite(v))
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a number", r->name,
+					   r->env, value);
+		if (v < r->min || v > r->max)
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): %g is outside [%g, %g]", r->name,
+					   r->env, v, r->min, r->max);
+		out->d = v;
+		return VMMRT_OK;
+	}
+	case T_STRING:
+		if (strlen(value) >= sizeof(out->s))
+			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): value longer than %zu bytes",
+					   r->name, r->env, sizeof(out->s) - 1);
+		strcpy(out->s, value);
+		return VMMRT_OK;
+	}
+	return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s: unknown type", r->name);
+}
+
+void vmmrt_options_defaults(vmmrt_options *o)
+{
+	memset(o, 0, sizeof(*o));
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
+		vmmrt_status st = parse_value(i, table[i].def, &o->v[i]);
+		(void)st; /* the defaults are checked by the unit tests */
+	}
+}
+
+vmmrt_status vmmrt_options_create(vmmrt_options **out)
+{
+	VMMRT_CHECK_ARG(out, "out is NULL");
+	vmmrt_options *o = malloc(sizeof(*o));
+	if (!o)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "options: %zu bytes", sizeof(*o));
+	vmmrt_options_defaults(o);
+	*out = o;
+	return VMMRT_OK;
+}
+
+void vmmrt_options_destroy(vmmrt_options *opts)
+{
+	free(opts);
+}
+
+vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char *value)
+{
+	VMMRT_CHECK_ARG(opts, "options is NULL");
+	VMMRT_CHECK_ARG(name, "name is NULL");
+	int id = vmmrt_options_find(name);
+	if (id < 0)
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name);
+	vmmrt_opt_value v;
+	vmmrt_status st = parse_value(id, value, &v);
+	if (st != VMMRT_OK)
+		return st;
+	opts->v[id] = v;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char *buf, size_t len)
+{
+	VMMRT_CHECK_ARG(opts, "options is NULL");
+	VMMRT_CHECK_ARG(buf && len, "buffer is NULL or empty");
+	int id = vmmrt_options_find(name);
+	if (id < 0)
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name ? name : "(null)");
+	const opt_row *r = &table[id];
+	int n;
+	switch (r->type) {
+	case T_ENUM: n = snprintf(buf, len, "%s", r->choices[opts->v[id].u]); break;
+	case T_DOUBLE: n = snprintf(buf, len, "%g", opts->v[id].d); break;
+	case T_STRING: n = snprintf(buf, len, "%s", opts->v[id].s); break;
+	default: n = snprintf(buf, len, "%" PRIu64, opts->v[id].u); break;
+	}
+	if (n < 0 || (size_t)n >= len)
+		return vmmrt_error(VMMRT_E_INVALID_SIZE, "option %s: value needs %d bytes, buffer has %zu", r->name,
+				   n + 1, len);
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts)
+{
+	VMMRT_CHECK_ARG(opts, "options is NULL");
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
+		const char *v = getenv(table[i].env);
+		if (!v)
+			continue;
+		vmmrt_opt_value val;
+		vmmrt_status st = parse_value(i, v, &val);
+		if (st != VMMRT_OK)
+			return st;
+		opts->v[i] = val;
+		opts->from_env[i] = true;
+	}
+	return VMMRT_OK;
+}
+
+static const char *range_text(const opt_row *r, char *buf, size_t len)
+{
+	switch (r->type) {
+	case T_ENUM: {
+		size_t n = 0;
+		buf[0] = '\0';
+		for (unsigned i = 0; i < 6 && r->choices[i]; i++)
+			n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", i ? "|" : "", r->choices[i]);
+		return buf;
+	}
+	case T_BOOL: return "0|1";
+	case T_UINT: snprintf(buf, len, "%.0f..%.0f", r->min, r->max); return buf;
+	case T_SIZE: snprintf(buf, len, "bytes, %.0f..%.0f", r->min, r->max); return buf;
+	case T_DOUBLE: snprintf(buf, len, "%g..%g", r->min, r->max); return buf;
+	case T_STRING: return "path";
+	}
+	return "";
+}
+
+vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
+{
+	static __thread char range[VMMRT_OPT_COUNT_][96];
+	VMMRT_CHECK_ARG(out, "out is NULL");
+	if (index >= VMMRT_OPT_COUNT_)
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "option index %zu >= %d", index, VMMRT_OPT_COUNT_);
+	const opt_row *r = &table[index];
+	out->name = r->name;
+	out->env = r->env;
+	out->default_value = r->def;
+	out->range = range_text(r, range[index], sizeof(range[index]));
+	out->doc = r->doc;
+	return VMMRT_OK;
+}
+
+void vmmrt_options_print_help(FILE *out)
+{
+	char range[96];
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
+		const opt_row *r = &table[i];
+		char flag[64];
+		snprintf(flag, sizeof(flag), "--%s=VALUE", r->name);
+		for (char *p = flag; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		fprintf(out, "  %-28s %s\n  %-28s [%s; %s; default %s]\n", flag, r->doc, "", r->env,
+			range_text(r, range, sizeof(range)), r->def[0] ? r->def : "empty");
+	}
+}
+
+static void man_escape(FILE *out, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\')
+			fputs("\\e", out);
+		else if (*s == '-')
+			fputs("\\-", out);
+		else
+			fputc(*s, out);
+	}
+}
+
+void vmmrt_options_print_man(FILE *out)
+{
+	char range[96];
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
+		const opt_row *r = &table[i];
+		fprintf(out, ".TP\n.BR %s \" (option \\(lq", r->env);
+		man_escape(out, r->name);
+		fputs("\\(rq)\"\n", out);
+		man_escape(out, r->doc);
+		fputs(".\nValues: ", out);
+		man_escape(out, range_text(r, range, sizeof(range)));
+		fputs("; default: ", out);
+		man_escape(out, r->def[0] ? r->def : "empty");
+		fputs(".\n", out);
+	}
+}
+
+vmmrt_status vmmrt_options_parse_args(vmmrt_options *o, int *argc, char **argv)
+{
+	VMMRT_CHECK_ARG(o && argc && argv, "NULL argument");
+	int keep = 1;
+	for (int i = 1; i < *argc; i++) {
+		const char *a = argv[i];
+		if (strncmp(a, "--", 2) != 0) {
+			argv[keep++] = argv[i];
+			continue;
+		}
+		char name[64];
+		const char *eq = strchr(a + 2, '=');
+		size_t n = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+		if (n >= sizeof(name)) {
+			argv[keep++] = argv[i];
+			continue;
+		}
+		memcpy(name, a + 2, n);
+		name[n] = '\0';
+		int id = vmmrt_options_find(name);
+		if (id < 0 || strchr(name, '_')) { /* not ours: --flags use dashes */
+			argv[keep++] = argv[i];
+			continue;
+		}
+		const char *value = eq ? eq + 1 : (i + 1 < *argc ? argv[++i] : NULL);
+		vmmrt_status st = parse_value(id, value, &o->v[id]);
+		if (st != VMMRT_OK)
+			return st;
+	}
+	argv[keep] = NULL;
+	*argc = keep;
+	return VMMRT_OK;
+}

@@ -1,0 +1,25 @@
+/* Host reference of the built-in kernels' fill pattern and checksum. */
+#include "config.h"
+
+#include <string.h>
+
+#include "backend/backend.h"
+
+uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index)
+{
+	return vmmrt_mix64(seed + VMMRT_GOLDEN * (index + 1));
+}
+
+uint64_t vmmrt_checksum_host(const void *data, size_t bytes)
+{
+	const unsigned char *p = data;
+	uint64_t sum = 0;
+
+	/* memcpy: the caller's buffer need not be 8-byte aligned */
+	for (size_t i = 0; i < bytes / 8; i++) {
+		uint64_t w;
+		memcpy(&w, p + i * 8, 8);
+		sum += vmmrt_mix64(w + VMMRT_CKSUM_K * (i + 1));
+	}
+	return sum;
+}

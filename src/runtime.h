@@ -1,0 +1,57 @@
+/*
+ * The runtime object: one opened backend device, its options, its driver
+ * workers and the bookkeeping every other concept hangs off.
+ */
+#ifndef VMMRT_RUNTIME_H
+#define VMMRT_RUNTIME_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "backend/backend.h"
+#include "driver.h"
+#include "options.h"
+#include "worker.h"
+
+/* Timing samples for one VMM call type: a ring of the most recent ones. */
+#define VMMRT_CALL_SAMPLES 65536
+typedef struct vmmrt_call_ring {
+	uint64_t next;                      /* uatomic */
+	float us[VMMRT_CALL_SAMPLES];
+} vmmrt_call_ring;
+
+struct vmmrt_runtime {
+	vmmrt_options opts;
+	const vmmrt_backend_ops *ops;
+	vmmrt_backend *be;
+	vmmrt_backend_config be_cfg;
+	char device_name[96];
+	size_t granularity;
+	vmmrt_mode mode;
+	unsigned lookahead;
+	bool checked_threads;
+	uint64_t timeout_ms;
+
+	vmmrt_workers *workers;
+
+	/* The synchronous helpers (copy_to_device, ...) share one stream. */
+	pthread_mutex_t sync_lock;
+	vmmrt_stream sync_stream;
+
+	/* Live object counts (uatomic): what destroy reports as leaked. */
+	uint64_t next_slot_id;
+	int64_t live_slots;
+	int64_t live_handles;
+	int64_t live_reservations;
+
+	/* driver.c */
+	vmmrt_fault_fn fault_fn;
+	void *fault_ctx;
+	uint64_t launch_blocking;           /* uatomic */
+	vmmrt_call_ring *calls;             /* [VMMRT_CALL_COUNT_] */
+
+	struct vmmrt_trace *trace;          /* NULL when tracing is off */
+	struct vmmrt_offload *offload;      /* groups and schedule, NULL until used */
+};
+
+#endif

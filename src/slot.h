@@ -1,0 +1,57 @@
+/*
+ * Fixed-VA slot: one reservation whose address never changes, and the physical
+ * memory mapped behind it at times. The application-visible state machine is
+ * vmmrt_slot_state; the driver-side truth (mapped or not, which handle) is
+ * owned by the slot's driver worker, the only thread that maps or unmaps it.
+ */
+#ifndef VMMRT_SLOT_H
+#define VMMRT_SLOT_H
+
+#include <urcu/urcu-memb.h>
+
+#include "runtime.h"
+#include "worker.h"
+
+struct vmmrt_slot {
+	vmmrt_runtime *rt;
+	uint64_t id;
+	vmmrt_devptr va;
+	size_t size;           /* reserved = mapped size, a multiple of the granularity */
+	unsigned worker;       /* every request for this slot goes to this worker */
+
+	int32_t state;         /* vmmrt_slot_state, uatomic */
+	int32_t error;         /* last asynchronous failure, uatomic; cleared by vmmrt_slot_error */
+
+	/* worker-owned */
+	bool mapped;
+	vmmrt_bhandle handle;
+
+	/* one preallocated request per kind: a slot never has two of a kind queued */
+	vmmrt_request map_req;
+	vmmrt_request release_req;
+	vmmrt_request destroy_req;
+
+	struct rcu_head rcu;   /* the worker frees the slot through call_rcu */
+};
+
+/* Reserve the VA (any thread: cuMemAddressReserve is not a hot VMM call). */
+vmmrt_status vmmrt_slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
+
+/* Worker side: map h at the slot's address and set access; on failure the
+ * mapping is rolled back and h is still the caller's. */
+vmmrt_status vmmrt_slot_attach(vmmrt_slot *s, vmmrt_bhandle h);
+/* Worker side: unmap; the handle goes back to the caller (*h). */
+vmmrt_status vmmrt_slot_detach(vmmrt_slot *s, vmmrt_bhandle *h);
+/* Worker side: free the VA and the slot (after an RCU grace period). */
+void vmmrt_slot_free(vmmrt_slot *s);
+
+/* Queue a map / release on the slot's worker; done(req, status, arg) runs on
+ * the worker when it finishes. Safe in a host function (release) and on the
+ * launch thread (never blocks). */
+vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg);
+vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg);
+
+/* Record a failure on the slot (worker side) so the next API call reports it. */
+void vmmrt_slot_publish_error(vmmrt_slot *s, vmmrt_status st);
+
+#endif

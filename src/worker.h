@@ -1,0 +1,110 @@
+/*
+ * Resident driver workers. Each worker is a thread that owns its share of the
+ * VMM calls (cuMemCreate/Map/SetAccess/Unmap/Release): requests reach it
+ * through a wait-free queue (liburcu wfcqueue; many producers, one consumer)
+ * and it sleeps on a ConcurrencyKit event count when the queue is empty.
+ *
+ * Producers include host functions running on the copy streams, so
+ * vmmrt_worker_push() allocates nothing, takes no lock and makes no driver
+ * call: it enqueues a request the caller preallocated and bumps the event
+ * count, which makes a futex syscall only if the worker flagged itself asleep.
+ *
+ * All requests for one slot go to the same worker (vmmrt_workers_route), so a
+ * slot's release and its later map can never run out of order.
+ */
+#ifndef VMMRT_WORKER_H
+#define VMMRT_WORKER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <urcu/wfcqueue.h>
+
+#include "vmmrt.h"
+
+typedef struct vmmrt_runtime vmmrt_runtime;
+typedef struct vmmrt_slot vmmrt_slot;
+typedef struct vmmrt_workers vmmrt_workers;
+typedef struct vmmrt_request vmmrt_request;
+
+typedef enum vmmrt_req_kind {
+	VMMRT_REQ_MAP = 0,  /* create (or take from the pool) + map + set access */
+	VMMRT_REQ_RELEASE,  /* unmap + release (or return to the pool) */
+	VMMRT_REQ_DESTROY,  /* unmap/release whatever is mapped, free the VA, free the slot */
+	VMMRT_REQ_CALL,     /* run fn(arg) on the worker (tests, benchmarks, barriers) */
+} vmmrt_req_kind;
+
+/* Request life: IDLE -> QUEUED (push) -> RUNNING -> DONE; waiters sleep on `state`. */
+typedef enum vmmrt_req_state {
+	VMMRT_REQ_IDLE = 0,
+	VMMRT_REQ_QUEUED,
+	VMMRT_REQ_RUNNING,
+	VMMRT_REQ_DONE,
+} vmmrt_req_state;
+
+/*
+ * Runs on the worker once the request has finished, with its status: the
+ * offload layer uses it to publish completion to the GPU (a store to a
+ * host-pinned flag a stream waits on). Must not block.
+ */
+typedef void (*vmmrt_req_done_fn)(vmmrt_request *req, vmmrt_status st, void *arg);
+
+struct vmmrt_request {
+	struct cds_wfcq_node node;
+	vmmrt_req_kind kind;
+	vmmrt_slot *slot;            /* MAP, RELEASE, DESTROY */
+	void (*fn)(void *arg);       /* CALL */
+	void *arg;                   /* CALL */
+	vmmrt_req_done_fn done;      /* optional */
+	void *done_arg;
+	uint64_t enqueue_ns;         /* CLOCK_MONOTONIC at push: hand-off latency */
+	uint64_t start_ns;           /* when the worker picked it up */
+	/* published by the worker (uatomic) */
+	int32_t state;               /* vmmrt_req_state; futex word */
+	int32_t status;              /* vmmrt_status of the last run */
+};
+
+/* Prepare a request for its first push (any kind). */
+void vmmrt_request_init(vmmrt_request *req, vmmrt_req_kind kind, vmmrt_slot *slot);
+
+/* Start n resident workers, each bound to the runtime's device context. */
+vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers **out);
+/*
+ * Stop: requests still queued are cancelled (their status becomes
+ * VMMRT_E_CANCELLED and their done callbacks run) unless drain is true, in which
+ * case they are run first. Joins the threads. Returns how many were cancelled.
+ */
+uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain);
+unsigned vmmrt_workers_count(const vmmrt_workers *w);
+unsigned vmmrt_workers_route(const vmmrt_workers *w, uint64_t slot_id);
+
+/*
+ * Queue req on worker `index`. Wait-free, allocation-free, lock-free: safe in
+ * a host function. VMMRT_E_BUSY if req is already queued or running (a
+ * request object is in at most one queue), VMMRT_E_CANCELLED after shutdown
+ * began.
+ */
+vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *req);
+/* Wait (futex, bounded) until req is DONE; returns its status or VMMRT_E_TIMEOUT. */
+vmmrt_status vmmrt_request_wait(vmmrt_request *req, uint64_t timeout_ms);
+/* Non-blocking: VMMRT_E_BUSY while queued or running, else its status. */
+vmmrt_status vmmrt_request_poll(const vmmrt_request *req);
+
+/* Statistics. */
+typedef struct vmmrt_worker_stats {
+	uint64_t processed;      /* requests run */
+	uint64_t cancelled;      /* requests cancelled at shutdown */
+	uint64_t failed;         /* requests that ended with an error */
+	uint64_t oom_retries;    /* out-of-memory retries made */
+	uint64_t pool_hits;      /* maps served from the handle pool */
+	uint64_t pool_handles;   /* handles held in the pools now */
+	uint64_t wakeups;        /* times a worker slept and was woken */
+} vmmrt_worker_stats;
+void vmmrt_workers_stats(const vmmrt_workers *w, vmmrt_worker_stats *out);
+
+/* Free the handles the pools hold (also done at destroy). Runs on the workers. */
+vmmrt_status vmmrt_workers_trim(vmmrt_workers *w);
+
+uint64_t vmmrt_now_ns(void);
+
+#endif
