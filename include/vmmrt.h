@@ -106,6 +106,7 @@ typedef enum vmmrt_mode {
 
 typedef struct vmmrt_runtime_info {
 	const char *backend;  /* "cuda" or "host" */
+	char backend_note[192]; /* why this backend: "auto: no CUDA driver (...), using host" */
 	char device[96];      /* device name */
 	int device_ordinal;
 	size_t granularity;   /* VMM allocation granularity in bytes */
@@ -168,6 +169,9 @@ vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, 
 vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed);
 vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr src, size_t bytes, vmmrt_devptr result);
 vmmrt_status vmmrt_kernel_busy(vmmrt_runtime *rt, vmmrt_stream stream, uint64_t nanoseconds);
+/* A layer-like kernel: dst[i] = src[i] ^ vmmrt_fill_word(seed, i) (src 0: no input), lasting >= ns. */
+vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, vmmrt_devptr src,
+				size_t bytes, uint64_t seed, uint64_t nanoseconds);
 /* Host-side reference of the fill pattern and the checksum. */
 uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index);
 uint64_t vmmrt_checksum_host(const void *data, size_t bytes);
@@ -178,6 +182,91 @@ vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream);
 vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out);
 vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream);
 vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph);
+
+/* ------------------------------------------------------------ offload groups */
+
+/*
+ * One group per runner (a layer's forward/backward graph pair): the tensors
+ * its forward saves for its backward. The life cycle follows the runners:
+ *
+ *   vmmrt_group_create (in forward order)         discovery:  vmmrt_group_discover
+ *   vmmrt_offload_allocate (all groups at once)   allocation: slots/banks, host buffers
+ *   vmmrt_group_begin_capture / save / end        capture:    tensors live in the slot
+ *   every iteration, around each graph launch:
+ *     vmmrt_forward_begin / vmmrt_forward_end     forward offload (D2H)
+ *     vmmrt_backward_begin / vmmrt_backward_end   backward restore (H2D), look-ahead
+ *
+ * The hooks only enqueue stream work and push requests to the driver workers:
+ * the launch thread never blocks on the GPU. The first iteration records the
+ * order in which forward and backward actually run; later iterations prefetch
+ * along it (look-ahead) and must follow it (VMMRT_E_MISMATCH otherwise).
+ */
+typedef struct vmmrt_group vmmrt_group;
+
+#define VMMRT_MAX_DIMS 8
+
+typedef struct vmmrt_tensor_desc {
+	size_t bytes;                     /* bytes the tensor occupies */
+	uint32_t dtype;                   /* the framework's dtype tag, compared, not interpreted */
+	uint32_t ndim;                    /* <= VMMRT_MAX_DIMS */
+	int64_t shape[VMMRT_MAX_DIMS];
+	int64_t stride[VMMRT_MAX_DIMS];
+	size_t align;                     /* required address alignment, power of two; 0 means 256 */
+} vmmrt_tensor_desc;
+
+typedef enum vmmrt_group_state {
+	VMMRT_GROUP_DISCOVERING = 0,  /* recording descriptors */
+	VMMRT_GROUP_ALLOCATED,        /* slot reserved and mapped, host buffer ready */
+	VMMRT_GROUP_CAPTURING,        /* between begin_capture and end_capture */
+	VMMRT_GROUP_READY,            /* captured: replay hooks allowed */
+	VMMRT_GROUP_FAILED,           /* an asynchronous step failed: see vmmrt_group_error */
+} vmmrt_group_state;
+
+vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out);
+vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *desc);
+/* End discovery for every group: reserve and map slots (or the two banks), pin host buffers. */
+vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt);
+vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g);
+/*
+ * The next saved tensor, in discovery order: checked against its descriptor,
+ * then (if src is not 0) copied device-to-device into the slot on `stream`.
+ * *addr receives its fixed address inside the slot: what the graphs use.
+ */
+vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *desc, vmmrt_devptr src,
+			      vmmrt_stream stream, vmmrt_devptr *addr);
+vmmrt_status vmmrt_group_end_capture(vmmrt_group *g);
+vmmrt_group_state vmmrt_group_get_state(const vmmrt_group *g);
+/* Base address of the group's activations (its slot, or its bank) and total bytes. */
+vmmrt_devptr vmmrt_group_address(const vmmrt_group *g);
+size_t vmmrt_group_bytes(const vmmrt_group *g);
+/* The first asynchronous failure of this group, with a message naming it (clears it). */
+vmmrt_status vmmrt_group_error(vmmrt_group *g);
+
+/* Replay hooks, on the application's compute stream. */
+vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute);
+vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute);
+vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute);
+vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute);
+
+/* Wait (bounded by the timeout option) until every offload copy and request has finished. */
+vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt);
+
+typedef struct vmmrt_offload_stats {
+	uint64_t iterations;             /* backward passes completed (hook calls) */
+	uint64_t bytes_offloaded;        /* D2H bytes enqueued */
+	uint64_t bytes_restored;         /* H2D bytes enqueued */
+	uint64_t activation_bytes;       /* device bytes mapped for activations now */
+	uint64_t activation_peak_bytes;  /* the most ever mapped at once */
+	uint64_t maps, releases;         /* worker requests completed (remap) */
+	uint64_t launch_thread_blocking; /* blocking calls made by application threads */
+	uint64_t bank_conflicts;         /* ping-pong: consecutive backward runners on one bank */
+	uint32_t groups;
+	vmmrt_mode mode;
+	uint32_t lookahead;
+	uint32_t schedule_recorded;      /* 1 once the first iteration fixed the order */
+} vmmrt_offload_stats;
+vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
+
 
 #ifdef __cplusplus
 }

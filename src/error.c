@@ -69,18 +69,38 @@ vmmrt_status vmmrt_error(vmmrt_status status, const char *fmt, ...)
 	return status;
 }
 
+/* Append src to dst (size cap) without overrunning; truncation is fine here. */
+static size_t append(char *dst, size_t at, size_t cap, const char *src)
+{
+	size_t n = strlen(src);
+	if (at >= cap - 1)
+		return at;
+	if (n > cap - 1 - at)
+		n = cap - 1 - at;
+	memcpy(dst + at, src, n);
+	dst[at + n] = '\0';
+	return at + n;
+}
+
 vmmrt_status vmmrt_error_wrap(vmmrt_status status, const char *fmt, ...)
 {
 	char prefix[256], old[sizeof(last_message)];
+	size_t at = 0;
 	va_list ap;
 
 	memcpy(old, last_message, sizeof(old));
 	va_start(ap, fmt);
 	vsnprintf(prefix, sizeof(prefix), fmt, ap);
 	va_end(ap);
-	if (old[0] == '\0')
-		snprintf(last_message, sizeof(last_message), "%s: %s", vmmrt_status_name(status), prefix);
-	else
-		snprintf(last_message, sizeof(last_message), "%s: %s", prefix, old);
+	last_message[0] = '\0';
+	if (old[0] == '\0') {
+		at = append(last_message, at, sizeof(last_message), vmmrt_status_name(status));
+		at = append(last_message, at, sizeof(last_message), ": ");
+		append(last_message, at, sizeof(last_message), prefix);
+	} else {
+		at = append(last_message, at, sizeof(last_message), prefix);
+		at = append(last_message, at, sizeof(last_message), ": ");
+		append(last_message, at, sizeof(last_message), old);
+	}
 	return status;
 }

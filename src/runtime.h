@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#include <urcu/rculist.h>
+
 #include "backend/backend.h"
 #include "driver.h"
 #include "options.h"
@@ -26,6 +28,7 @@ struct vmmrt_runtime {
 	vmmrt_backend *be;
 	vmmrt_backend_config be_cfg;
 	char device_name[96];
+	char note[192];          /* why this backend was chosen */
 	size_t granularity;
 	vmmrt_mode mode;
 	unsigned lookahead;
@@ -37,6 +40,15 @@ struct vmmrt_runtime {
 	/* The synchronous helpers (copy_to_device, ...) share one stream. */
 	pthread_mutex_t sync_lock;
 	vmmrt_stream sync_stream;
+
+	/*
+	 * Every live slot, for destroy and statistics. Writers (create on an
+	 * application thread, the final unlink on the slot's worker) hold
+	 * slots_lock; readers walk it in an RCU read-side section, and a slot is
+	 * freed only after a grace period, so a reader never sees freed memory.
+	 */
+	pthread_mutex_t slots_lock;
+	struct cds_list_head slots;
 
 	/* Live object counts (uatomic): what destroy reports as leaked. */
 	uint64_t next_slot_id;

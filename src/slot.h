@@ -29,8 +29,9 @@ struct vmmrt_slot {
 	/* one preallocated request per kind: a slot never has two of a kind queued */
 	vmmrt_request map_req;
 	vmmrt_request release_req;
-	vmmrt_request destroy_req;
 
+	bool dying;            /* destroy was requested: later requests are cancelled */
+	struct cds_list_head link;  /* rt->slots */
 	struct rcu_head rcu;   /* the worker frees the slot through call_rcu */
 };
 
@@ -42,8 +43,10 @@ vmmrt_status vmmrt_slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **ou
 vmmrt_status vmmrt_slot_attach(vmmrt_slot *s, vmmrt_bhandle h);
 /* Worker side: unmap; the handle goes back to the caller (*h). */
 vmmrt_status vmmrt_slot_detach(vmmrt_slot *s, vmmrt_bhandle *h);
-/* Worker side: free the VA and the slot (after an RCU grace period). */
-void vmmrt_slot_free(vmmrt_slot *s);
+/* Worker side (DESTROY): unmap and release what is mapped, free the VA,
+ * unlink the slot and free it after an RCU grace period. */
+vmmrt_status vmmrt_slot_teardown(vmmrt_slot *s, vmmrt_bhandle *handle_out, bool *had_handle);
+void vmmrt_slot_retire(vmmrt_slot *s);
 
 /* Queue a map / release on the slot's worker; done(req, status, arg) runs on
  * the worker when it finishes. Safe in a host function (release) and on the

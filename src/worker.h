@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <urcu/list.h>
 #include <urcu/wfcqueue.h>
 
 #include "vmmrt.h"
@@ -40,6 +41,7 @@ typedef enum vmmrt_req_state {
 	VMMRT_REQ_QUEUED,
 	VMMRT_REQ_RUNNING,
 	VMMRT_REQ_DONE,
+	VMMRT_REQ_ABANDONED, /* its waiter timed out; the worker frees it */
 } vmmrt_req_state;
 
 /*
@@ -49,8 +51,19 @@ typedef enum vmmrt_req_state {
  */
 typedef void (*vmmrt_req_done_fn)(vmmrt_request *req, vmmrt_status st, void *arg);
 
+/*
+ * Optional admission check, run on the worker before a request starts. When it
+ * returns false the request is parked, in arrival order, and checked again at
+ * the next wake-up (vmmrt_workers_kick): this is how the remap strategy keeps
+ * the device memory of activations under its budget and maps in schedule
+ * order without ever blocking a worker on another worker.
+ */
+typedef bool (*vmmrt_req_admit_fn)(vmmrt_request *req, void *arg);
+
 struct vmmrt_request {
 	struct cds_wfcq_node node;
+	struct cds_list_head parked;  /* worker-private: the admission wait list */
+	vmmrt_req_admit_fn admit;     /* optional */
 	vmmrt_req_kind kind;
 	vmmrt_slot *slot;            /* MAP, RELEASE, DESTROY */
 	void (*fn)(void *arg);       /* CALL */
@@ -87,6 +100,12 @@ unsigned vmmrt_workers_route(const vmmrt_workers *w, uint64_t slot_id);
 vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *req);
 /* Wait (futex, bounded) until req is DONE; returns its status or VMMRT_E_TIMEOUT. */
 vmmrt_status vmmrt_request_wait(vmmrt_request *req, uint64_t timeout_ms);
+/*
+ * For a malloc'ed request whose waiter owns it: wait like vmmrt_request_wait,
+ * then free it. On a timeout the request is abandoned to the worker, which
+ * frees it when it finishes, so a stalled worker never leaves a dangling wait.
+ */
+vmmrt_status vmmrt_request_wait_owned(vmmrt_request *req, uint64_t timeout_ms);
 /* Non-blocking: VMMRT_E_BUSY while queued or running, else its status. */
 vmmrt_status vmmrt_request_poll(const vmmrt_request *req);
 
@@ -101,6 +120,9 @@ typedef struct vmmrt_worker_stats {
 	uint64_t wakeups;        /* times a worker slept and was woken */
 } vmmrt_worker_stats;
 void vmmrt_workers_stats(const vmmrt_workers *w, vmmrt_worker_stats *out);
+
+/* Wake every worker so parked requests are checked again (host-function safe). */
+void vmmrt_workers_kick(vmmrt_workers *w);
 
 /* Free the handles the pools hold (also done at destroy). Runs on the workers. */
 vmmrt_status vmmrt_workers_trim(vmmrt_workers *w);

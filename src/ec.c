@@ -1,0 +1,88 @@
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stddef.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <urcu/futex.h>
+
+#include "ec.h"
+
+static long futex_bitset_wait(const void *addr, uint32_t expected, const struct timespec *deadline)
+{
+	/* FUTEX_WAIT_BITSET takes an absolute timeout, FUTEX_WAIT a relative one.
+	 * Not FUTEX_PRIVATE_FLAG: the wake side is liburcu's futex_async, which
+	 * makes shared-futex calls, and the two kinds never match each other. */
+	return syscall(SYS_futex, addr, FUTEX_WAIT_BITSET, expected, deadline, NULL,
+		       FUTEX_BITSET_MATCH_ANY);
+}
+
+static int ec_gettime(const struct ck_ec_ops *ops, struct timespec *out)
+{
+	return clock_gettime(CLOCK_MONOTONIC, out);
+}
+
+static void ec_wait32(const struct ck_ec_wait_state *st, const uint32_t *addr, uint32_t expected,
+		      const struct timespec *deadline)
+{
+	(void)futex_bitset_wait(addr, expected, deadline);
+}
+
+static void ec_wait64(const struct ck_ec_wait_state *st, const uint64_t *addr, uint64_t expected,
+		      const struct timespec *deadline)
+{
+	/* x86-64: the futex word is the low half, as ck_ec64 expects. */
+	(void)futex_bitset_wait(addr, (uint32_t)expected, deadline);
+}
+
+static void ec_wake32(const struct ck_ec_ops *ops, const uint32_t *addr)
+{
+	(void)futex_async((int32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void ec_wake64(const struct ck_ec_ops *ops, const uint64_t *addr)
+{
+	(void)futex_async((int32_t *)addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static const struct ck_ec_ops ec_ops = {
+	.gettime = ec_gettime,
+	.wait32 = ec_wait32,
+	.wait64 = ec_wait64,
+	.wake32 = ec_wake32,
+	.wake64 = ec_wake64,
+	/* A worker spins briefly before sleeping: hand-offs arrive in bursts. */
+	.busy_loop_iter = 200,
+};
+
+const struct ck_ec_mode vmmrt_ec_mp = {
+	.ops = &ec_ops,
+	.single_producer = false,
+};
+
+const struct timespec *vmmrt_deadline(struct timespec *ts, uint64_t timeout_ms)
+{
+	if (timeout_ms == UINT64_MAX)
+		return NULL;
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += (time_t)(timeout_ms / 1000);
+	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+	return ts;
+}
+
+void vmmrt_futex_wait(int32_t *addr, int32_t expected, const struct timespec *deadline)
+{
+	(void)futex_bitset_wait(addr, (uint32_t)expected, deadline);
+}
+
+void vmmrt_futex_wake_all(int32_t *addr)
+{
+	(void)futex_async(addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}

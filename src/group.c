@@ -1,0 +1,253 @@
+/*
+ * Offload groups: one per runner, holding the descriptors of the tensors its
+ * forward saves for its backward. Discovery records them in order; capture
+ * checks that the same tensors come back in the same order (a drift would make
+ * a graph read the wrong bytes) and hands out their fixed addresses.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <urcu/uatomic.h>
+
+#include "error.h"
+#include "offload.h"
+
+#define DEFAULT_ALIGN 256
+
+#define GROUP_ENTRY(g) \
+	do { \
+		vmmrt_status st_ = vmmrt_drv_check_caller(__func__); \
+		if (st_ != VMMRT_OK) \
+			return st_; \
+		VMMRT_CHECK_ARG(g, "group is NULL"); \
+	} while (0)
+
+vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(rt && out, "NULL argument");
+	vmmrt_offload *off = vmmrt_offload_get(rt, &st);
+	if (!off)
+		return st;
+	if (off->allocated)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s' created after vmmrt_offload_allocate",
+				   name ? name : "");
+	if (off->ngroups == off->cap) {
+		unsigned cap = off->cap ? off->cap * 2 : 16;
+		vmmrt_group **gs = realloc(off->groups, cap * sizeof(*gs));
+		if (!gs)
+			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "group list");
+		off->groups = gs;
+		off->cap = cap;
+	}
+	vmmrt_group *g = calloc(1, sizeof(*g));
+	if (!g)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "group");
+	g->rt = rt;
+	g->off = off;
+	g->index = off->ngroups;
+	if (name)
+		snprintf(g->name, sizeof(g->name), "%s", name);
+	else
+		snprintf(g->name, sizeof(g->name), "group%u", g->index);
+	g->state = VMMRT_GROUP_DISCOVERING;
+	off->groups[off->ngroups++] = g;
+	*out = g;
+	return VMMRT_OK;
+}
+
+static vmmrt_status check_desc(const vmmrt_group *g, const vmmrt_tensor_desc *d)
+{
+	if (!d)
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "group '%s': descriptor is NULL", g->name);
+	if (d->bytes == 0 || d->bytes > (SIZE_MAX >> 2))
+		return vmmrt_error(VMMRT_E_INVALID_SIZE, "group '%s': tensor of %zu bytes", g->name, d->bytes);
+	if (d->ndim > VMMRT_MAX_DIMS)
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "group '%s': %u dimensions (at most %d)", g->name,
+				   d->ndim, VMMRT_MAX_DIMS);
+	size_t a = d->align ? d->align : DEFAULT_ALIGN;
+	if ((a & (a - 1)) != 0 || a > (1u << 21))
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "group '%s': alignment %zu is not a power of two <= 2 MiB",
+				   g->name, d->align);
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *d)
+{
+	GROUP_ENTRY(g);
+	vmmrt_status st = check_desc(g, d);
+	if (st != VMMRT_OK)
+		return st;
+	if (g->state != VMMRT_GROUP_DISCOVERING)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': discovery is over (allocated)", g->name);
+	if (g->ndesc == g->cap) {
+		unsigned cap = g->cap ? g->cap * 2 : 8;
+		vmmrt_tensor_desc *nd = realloc(g->desc, cap * sizeof(*nd));
+		if (!nd)
+			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
+		g->desc = nd;
+		size_t *no = realloc(g->offset, cap * sizeof(*no));
+		if (!no)
+			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
+		g->offset = no;
+		g->cap = cap;
+	}
+	size_t a = d->align ? d->align : DEFAULT_ALIGN;
+	size_t off = (g->bytes + a - 1) & ~(a - 1);
+	if (off > SIZE_MAX - d->bytes)
+		return vmmrt_error(VMMRT_E_INVALID_SIZE, "group '%s': total size overflows", g->name);
+	g->desc[g->ndesc] = *d;
+	g->offset[g->ndesc] = off;
+	g->ndesc++;
+	g->bytes = off + d->bytes;
+	return VMMRT_OK;
+}
+
+/* Pinned host buffer and the four events every strategy uses. */
+vmmrt_status vmmrt_group_alloc_common(vmmrt_group *g)
+{
+	vmmrt_runtime *rt = g->rt;
+	vmmrt_status st;
+	/* Whole 8-byte words, so the checksum kernels can read the tail too. */
+	if ((st = vmmrt_drv_host_alloc(rt, (g->bytes + 7) & ~(size_t)7, &g->host)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, false, &g->fwd_done)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, false, &g->d2h_done)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, false, &g->restored)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, false, &g->consumed)) != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': allocation", g->name);
+	return VMMRT_OK;
+}
+
+void vmmrt_group_release(vmmrt_group *g)
+{
+	vmmrt_runtime *rt = g->rt;
+	vmmrt_bevent **ev[] = {&g->fwd_done, &g->d2h_done, &g->restored, &g->consumed};
+	for (unsigned i = 0; i < 4; i++)
+		if (*ev[i]) {
+			(void)vmmrt_drv_event_destroy(rt, *ev[i]);
+			*ev[i] = NULL;
+		}
+	if (g->host)
+		(void)vmmrt_drv_host_free(rt, g->host);
+	g->host = NULL;
+	g->base = 0;
+	g->state = VMMRT_GROUP_DISCOVERING;
+}
+
+void vmmrt_group_free(vmmrt_group *g)
+{
+	vmmrt_group_release(g);
+	free(g->desc);
+	free(g->offset);
+	free(g);
+}
+
+vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g)
+{
+	GROUP_ENTRY(g);
+	if (g->state != VMMRT_GROUP_ALLOCATED && g->state != VMMRT_GROUP_READY)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': begin capture needs an allocated group",
+				   g->name);
+	g->saved = 0;
+	g->state = VMMRT_GROUP_CAPTURING;
+	return VMMRT_OK;
+}
+
+static bool same_desc(const vmmrt_tensor_desc *a, const vmmrt_tensor_desc *b)
+{
+	if (a->bytes != b->bytes || a->dtype != b->dtype || a->ndim != b->ndim ||
+	    (a->align ? a->align : DEFAULT_ALIGN) != (b->align ? b->align : DEFAULT_ALIGN))
+		return false;
+	for (unsigned i = 0; i < a->ndim; i++)
+		if (a->shape[i] != b->shape[i] || a->stride[i] != b->stride[i])
+			return false;
+	return true;
+}
+
+vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_devptr src, vmmrt_stream stream,
+			      vmmrt_devptr *addr)
+{
+	GROUP_ENTRY(g);
+	VMMRT_CHECK_ARG(addr, "addr is NULL");
+	vmmrt_status st = check_desc(g, d);
+	if (st != VMMRT_OK)
+		return st;
+	if (g->state != VMMRT_GROUP_CAPTURING)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': save outside begin/end capture", g->name);
+	if (g->saved >= g->ndesc)
+		return vmmrt_error(VMMRT_E_MISMATCH, "group '%s': tensor %u saved, but discovery found only %u",
+				   g->name, g->saved + 1, g->ndesc);
+	if (!same_desc(d, &g->desc[g->saved]))
+		return vmmrt_error(VMMRT_E_MISMATCH,
+				   "group '%s': tensor %u differs from discovery (bytes %zu vs %zu, dtype %u vs %u, "
+				   "ndim %u vs %u, or shape/stride/alignment)",
+				   g->name, g->saved, d->bytes, g->desc[g->saved].bytes, d->dtype,
+				   g->desc[g->saved].dtype, d->ndim, g->desc[g->saved].ndim);
+	vmmrt_devptr dst = g->base + g->offset[g->saved];
+	/* The address handed out must lie inside the reserved range, whatever the strategy. */
+	if (dst < g->base || dst + d->bytes > g->base + g->bytes)
+		return vmmrt_error(VMMRT_E_MISMATCH, "group '%s': tensor %u at 0x%llx is outside the slot", g->name,
+				   g->saved, (unsigned long long)dst);
+	if (src) {
+		VMMRT_CHECK_ARG(stream, "stream is NULL with a source to copy");
+		st = vmmrt_drv_memcpy_dtod_async(g->rt, dst, src, d->bytes, stream);
+		if (st != VMMRT_OK)
+			return st;
+	}
+	g->saved++;
+	*addr = dst;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_group_end_capture(vmmrt_group *g)
+{
+	GROUP_ENTRY(g);
+	if (g->state != VMMRT_GROUP_CAPTURING)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': end capture without begin", g->name);
+	if (g->saved != g->ndesc) {
+		g->state = VMMRT_GROUP_ALLOCATED;
+		return vmmrt_error(VMMRT_E_MISMATCH, "group '%s': %u tensors saved, discovery found %u", g->name,
+				   g->saved, g->ndesc);
+	}
+	g->state = VMMRT_GROUP_READY;
+	return VMMRT_OK;
+}
+
+vmmrt_group_state vmmrt_group_get_state(const vmmrt_group *g)
+{
+	if (!g)
+		return VMMRT_GROUP_FAILED;
+	return uatomic_read(&g->error) != VMMRT_OK ? VMMRT_GROUP_FAILED : g->state;
+}
+
+vmmrt_devptr vmmrt_group_address(const vmmrt_group *g)
+{
+	return g ? g->base : 0;
+}
+
+size_t vmmrt_group_bytes(const vmmrt_group *g)
+{
+	return g ? g->bytes : 0;
+}
+
+void vmmrt_group_fail(vmmrt_group *g, vmmrt_status st, const char *what)
+{
+	/* Keep the first failure: later ones are usually its consequences. */
+	if (uatomic_cmpxchg(&g->error, VMMRT_OK, (int32_t)st) == VMMRT_OK)
+		snprintf(g->errmsg, sizeof(g->errmsg), "group '%s': %s: %s", g->name, what, vmmrt_strerror(st));
+}
+
+vmmrt_status vmmrt_group_error(vmmrt_group *g)
+{
+	VMMRT_CHECK_ARG(g, "group is NULL");
+	int32_t e = uatomic_read(&g->error);
+	if (e == VMMRT_OK)
+		return VMMRT_OK;
+	vmmrt_error((vmmrt_status)e, "%s (the host copy is intact)", g->errmsg);
+	uatomic_set(&g->error, VMMRT_OK);
+	return (vmmrt_status)e;
+}

@@ -1,0 +1,322 @@
+/*
+ * The offload hooks: where the schedule (which use comes now, what to
+ * prefetch) meets the strategy (what that means for memory). Also allocation,
+ * synchronization, statistics and teardown of the runtime's offload state.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <urcu/uatomic.h>
+
+#include "error.h"
+#include "offload.h"
+
+vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st)
+{
+	if (rt->offload)
+		return rt->offload;
+	vmmrt_offload *off = calloc(1, sizeof(*off));
+	if (!off) {
+		*st = vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload state");
+		return NULL;
+	}
+	off->rt = rt;
+	switch (rt->mode) {
+	case VMMRT_MODE_PINGPONG: off->ops = &vmmrt_strategy_pingpong; break;
+	case VMMRT_MODE_REMAP: off->ops = &vmmrt_strategy_remap; break;
+	default: off->ops = &vmmrt_strategy_none; break;
+	}
+	rt->offload = off;
+	return off;
+}
+
+void vmmrt_offload_account(vmmrt_offload *off, int64_t delta)
+{
+	int64_t now = uatomic_add_return(&off->activation_bytes, delta);
+	/* The peak counts from the first recorded iteration: allocation maps every
+	 * group once so the graphs can be captured, which is not the steady state. */
+	if (!off->sched.recorded)
+		return;
+	for (int64_t peak = uatomic_read(&off->activation_peak); now > peak;
+	     peak = uatomic_read(&off->activation_peak))
+		if (uatomic_cmpxchg(&off->activation_peak, peak, now) == peak)
+			break;
+}
+
+static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt_offload **out)
+{
+	vmmrt_status st = vmmrt_drv_check_caller("vmmrt offload");
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	if (!rt->offload || !rt->offload->allocated)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
+	*out = rt->offload;
+	return VMMRT_OK;
+}
+
+/* Bounded wait for a stream without cuStreamSynchronize's unbounded block. */
+static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *name)
+{
+	uint64_t deadline = vmmrt_now_ns() + rt->timeout_ms * 1000000ull;
+	for (unsigned spin = 0;; spin++) {
+		vmmrt_status st = rt->ops->stream_query(rt->be, s);
+		if (st != VMMRT_E_BUSY)
+			return st;
+		if (vmmrt_now_ns() > deadline)
+			return vmmrt_error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
+					   (unsigned long long)rt->timeout_ms);
+		struct timespec ts = {0, spin < 100 ? 20000 : 1000000};
+		nanosleep(&ts, NULL);
+	}
+}
+
+/* Undo allocation, keeping the groups and their descriptors. */
+static void release_allocation(vmmrt_offload *off)
+{
+	vmmrt_runtime *rt = off->rt;
+	if (off->d2h)
+		(void)drain_stream(rt, off->d2h, "d2h");
+	if (off->h2d)
+		(void)drain_stream(rt, off->h2d, "h2d");
+	off->ops->destroy(off);
+	for (unsigned i = 0; i < off->ngroups; i++)
+		vmmrt_group_release(off->groups[i]);
+	if (off->d2h)
+		(void)vmmrt_drv_stream_destroy(rt, off->d2h);
+	if (off->h2d)
+		(void)vmmrt_drv_stream_destroy(rt, off->h2d);
+	off->d2h = off->h2d = NULL;
+	vmmrt_schedule_free(&off->sched);
+	off->allocated = false;
+}
+
+vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	vmmrt_offload *off = vmmrt_offload_get(rt, &st);
+	if (!off)
+		return st;
+	if (off->allocated)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "offload already allocated");
+	unsigned n = 0;
+	for (unsigned i = 0; i < off->ngroups; i++)
+		if (off->groups[i]->ndesc)
+			n++;
+	if ((st = vmmrt_schedule_init(&off->sched, n)) != VMMRT_OK)
+		return st;
+	if ((st = vmmrt_drv_stream_create(rt, &off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt_drv_stream_create(rt, &off->h2d)) != VMMRT_OK)
+		goto fail;
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		if (g->ndesc && (st = vmmrt_group_alloc_common(g)) != VMMRT_OK)
+			goto fail;
+	}
+	if ((st = off->ops->allocate(off)) != VMMRT_OK)
+		goto fail;
+	for (unsigned i = 0; i < off->ngroups; i++)
+		off->groups[i]->state = VMMRT_GROUP_ALLOCATED;
+	off->allocated = true;
+	return VMMRT_OK;
+fail:
+	/* Leave nothing half-built: allocation can be retried, or the runtime destroyed. */
+	release_allocation(off);
+	return st;
+}
+
+static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(what);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT_CHECK_ARG(compute, "compute stream is NULL");
+	if (!g->off->allocated || g->state == VMMRT_GROUP_DISCOVERING)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
+	if (g->state == VMMRT_GROUP_CAPTURING)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' is capturing", what, g->name);
+	/* An earlier asynchronous failure is reported by the next hook on the group. */
+	return vmmrt_group_error(g);
+}
+
+/* The current use must have been requested before the strategy waits on it. */
+static vmmrt_status ensure_current(vmmrt_offload *off, vmmrt_group *g, bool backward)
+{
+	vmmrt_schedule *s = &off->sched;
+	if (s->requested > s->use)
+		return VMMRT_OK;
+	vmmrt_status st = off->ops->prefetch(off, g, backward, s->use);
+	if (st == VMMRT_OK)
+		s->requested = s->use + 1;
+	return st;
+}
+
+/*
+ * The look-ahead window, requested after the current use has started, so a
+ * strategy sees uses in schedule order: a restore that would overwrite a bank
+ * still in use by the current graph is deferred until that graph has ended.
+ */
+static vmmrt_status prefetch_window(vmmrt_offload *off)
+{
+	vmmrt_schedule *s = &off->sched;
+	uint64_t from, to;
+	vmmrt_schedule_window(s, off->rt->lookahead, &from, &to);
+	for (uint64_t u = from; u < to; u++) {
+		bool b;
+		vmmrt_group *next = off->groups[vmmrt_schedule_group_of(s, u, &b)];
+		vmmrt_status st = off->ops->prefetch(off, next, b, u);
+		if (st != VMMRT_OK)
+			return st;
+	}
+	return VMMRT_OK;
+}
+
+static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
+{
+	vmmrt_status st = hook_entry(g, compute, what);
+	if (st != VMMRT_OK || g->ndesc == 0)
+		return st;
+	vmmrt_offload *off = g->off;
+	if (g->open)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' has a %s that was not ended", what, g->name,
+				   g->open == 1 ? "forward" : "backward");
+	if ((st = vmmrt_schedule_enter(&off->sched, g, backward)) != VMMRT_OK ||
+	    (st = ensure_current(off, g, backward)) != VMMRT_OK ||
+	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
+		return st;
+	g->open = backward ? 2 : 1;
+	return prefetch_window(off);
+}
+
+static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
+{
+	vmmrt_status st = hook_entry(g, compute, what);
+	if (st != VMMRT_OK || g->ndesc == 0)
+		return st;
+	if (g->open != (backward ? 2 : 1))
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' has no %s begun", what, g->name,
+				   backward ? "backward" : "forward");
+	vmmrt_offload *off = g->off;
+	st = (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute);
+	if (st == VMMRT_OK)
+		g->open = 0;
+	return st;
+}
+
+vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute)
+{
+	return begin(g, compute, false, __func__);
+}
+
+vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute)
+{
+	return end(g, compute, false, __func__);
+}
+
+vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute)
+{
+	return begin(g, compute, true, __func__);
+}
+
+vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
+{
+	return end(g, compute, true, __func__);
+}
+
+vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
+{
+	vmmrt_offload *off;
+	vmmrt_status st = get_ready(rt, &off);
+	if (st != VMMRT_OK)
+		return st;
+	uatomic_inc(&rt->launch_blocking);
+	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK)
+		return st;
+	/* Releases pushed by the last host functions may still be running. */
+	vmmrt_request barrier;
+	for (unsigned w = 0; w < vmmrt_workers_count(rt->workers); w++) {
+		vmmrt_request_init(&barrier, VMMRT_REQ_CALL, NULL);
+		if ((st = vmmrt_worker_push(rt->workers, w, &barrier)) != VMMRT_OK)
+			return st;
+		if ((st = vmmrt_request_wait(&barrier, rt->timeout_ms)) != VMMRT_OK)
+			return st;
+	}
+	for (unsigned i = 0; i < off->ngroups; i++)
+		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+			return st;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out)
+{
+	VMMRT_CHECK_ARG(rt && out, "NULL argument");
+	memset(out, 0, sizeof(*out));
+	out->mode = rt->mode;
+	out->lookahead = rt->lookahead;
+	out->launch_thread_blocking = vmmrt_drv_launch_thread_blocking(rt);
+	vmmrt_offload *off = rt->offload;
+	if (!off)
+		return VMMRT_OK;
+	out->groups = off->ngroups;
+	out->iterations = off->sched.recorded ? off->sched.iteration : 0;
+	if (off->sched.recorded && off->sched.n && off->sched.in_backward &&
+	    (off->sched.use + 1) % (2ull * off->sched.n) == 0)
+		out->iterations++; /* the last backward of this iteration has begun */
+	out->schedule_recorded = off->sched.recorded;
+	out->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
+	out->bytes_restored = uatomic_read(&off->bytes_restored);
+	out->activation_bytes = (uint64_t)uatomic_read(&off->activation_bytes);
+	out->activation_peak_bytes = (uint64_t)uatomic_read(&off->activation_peak);
+	out->maps = uatomic_read(&off->maps);
+	out->releases = uatomic_read(&off->releases);
+	out->bank_conflicts = off->bank_conflicts;
+	return VMMRT_OK;
+}
+
+void vmmrt_offload_destroy(vmmrt_runtime *rt)
+{
+	vmmrt_offload *off = rt->offload;
+	if (!off)
+		return;
+	/* Copies and host functions in flight refer to the groups: they finish first. */
+	release_allocation(off);
+	for (unsigned i = 0; i < off->ngroups; i++)
+		vmmrt_group_free(off->groups[i]);
+	free(off->groups);
+	free(off);
+	rt->offload = NULL;
+}
+
+void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)
+{
+	if (rt->offload)
+		rt->offload->drop_fence = mask;
+}
+
+bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g)
+{
+	const vmmrt_schedule *s = &off->sched;
+	return s->recorded && s->n && s->fwd[s->n - 1] == g->index && s->bwd[0] == g->index;
+}
+
+/* Host function: runs on the driver's callback thread, so it only pushes the
+ * preallocated request (wait-free, no allocation, no lock). */
+static void push_from_host_func(void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	vmmrt_status st = vmmrt_worker_push(r->g->rt->workers, r->g->slot->worker, &r->req);
+	if (st != VMMRT_OK)
+		vmmrt_group_fail(r->g, st, "queue a release after the copy");
+}
+
+vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r)
+{
+	return vmmrt_drv_launch_host_func(off->rt, s, push_from_host_func, r);
+}

@@ -1,0 +1,168 @@
+/*
+ * Offload internals shared by the group, schedule and strategy files.
+ *
+ * Naming: a "use" is one graph of one group in the iteration's sequence
+ * F(fwd[0]) .. F(fwd[n-1]) B(bwd[0]) .. B(bwd[n-1]); uses are numbered
+ * across iterations (use k is position k mod 2n of iteration k / 2n).
+ * Everything here runs on the launch thread unless it says otherwise.
+ */
+#ifndef VMMRT_OFFLOAD_H
+#define VMMRT_OFFLOAD_H
+
+#include "runtime.h"
+#include "slot.h"
+
+typedef struct vmmrt_offload vmmrt_offload;
+
+/* Everything the remap strategy needs to hand a request to a worker. */
+typedef struct vmmrt_remap_req {
+	vmmrt_request req;
+	vmmrt_group *g;
+	uint64_t ticket;   /* MAP: admission order (schedule order) */
+	uint64_t need;     /* MAP: releases of this group that must have run first */
+	uint32_t seq;      /* MAP: value written to the group's flag when mapped */
+	bool grew;         /* MAP: it created memory (the slot was not mapped) */
+} vmmrt_remap_req;
+
+enum { USE_F = 0, USE_B = 1 };
+
+struct vmmrt_group {
+	vmmrt_runtime *rt;
+	vmmrt_offload *off;
+	char name[48];
+	unsigned index;               /* registration order */
+	vmmrt_group_state state;
+
+	/* discovery */
+	vmmrt_tensor_desc *desc;
+	size_t *offset;               /* of each tensor inside the slot */
+	unsigned ndesc, cap;
+	size_t bytes;                 /* all tensors, aligned: the slot's payload */
+	unsigned saved;               /* capture: next tensor to save */
+
+	/* allocation */
+	vmmrt_slot *slot;             /* remap, none: the group's own slot */
+	unsigned bank;                /* pingpong */
+	vmmrt_devptr base;
+	void *host;                   /* pinned copy of the activations */
+	vmmrt_bevent *fwd_done, *d2h_done, *restored, *consumed;
+
+	/* remap: the GPU waits for *flag >= seq of the map it needs */
+	uint32_t *flag;
+	vmmrt_devptr flag_dev;
+	uint32_t map_seq;             /* last seq requested */
+	uint64_t maps_requested;      /* launch thread */
+	uint64_t releases_done;       /* uatomic, workers */
+	vmmrt_remap_req map[2], rel[2]; /* per use kind */
+
+	/* pipeline, launch thread */
+	uint64_t restore_use;         /* use number of the last restore enqueued, +1 (0: none) */
+	uint64_t map_use[2];          /* use number of the last map requested per kind, +1 */
+
+	int open;                     /* 0, or the begin hook whose end is due: 1 fwd, 2 bwd */
+	int32_t error;                /* first asynchronous failure (uatomic) */
+	char errmsg[256];
+};
+
+/* The recorded order and the cursor through it. */
+typedef struct vmmrt_schedule {
+	unsigned n;
+	unsigned *fwd, *bwd;          /* group indexes in the order they ran */
+	unsigned nfwd, nbwd;          /* recorded so far (first iteration) */
+	bool recorded;
+	uint64_t iteration;
+	uint64_t use;                 /* the current use number */
+	uint64_t requested;           /* uses < requested have been prefetched */
+	bool in_backward;
+} vmmrt_schedule;
+
+/* A strategy: what the hooks do to memory. One per runtime (the A/B switch). */
+typedef struct vmmrt_strategy_ops {
+	const char *name;
+	/* Reserve/map what the groups need, after discovery. */
+	vmmrt_status (*allocate)(vmmrt_offload *off);
+	/* Before F(g) on compute: make the memory writable (fence 1, or the map). */
+	vmmrt_status (*forward_begin)(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute);
+	/* After F(g): D2H, and what follows it (release). */
+	vmmrt_status (*forward_end)(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute);
+	/* Prepare use k ahead of time (look-ahead): map, or restore for a B use. */
+	vmmrt_status (*prefetch)(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use);
+	/* Before B(g): the compute stream waits for the restore. */
+	vmmrt_status (*backward_begin)(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute);
+	/* After B(g): record consumption, free the memory (fence 2, or the release). */
+	vmmrt_status (*backward_end)(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute);
+	void (*destroy)(vmmrt_offload *off);
+} vmmrt_strategy_ops;
+
+extern const vmmrt_strategy_ops vmmrt_strategy_pingpong;
+extern const vmmrt_strategy_ops vmmrt_strategy_remap;
+extern const vmmrt_strategy_ops vmmrt_strategy_none;
+
+typedef struct vmmrt_bank {
+	vmmrt_slot *slot;
+	vmmrt_bevent *free_ev;        /* recorded when the last user of the bank let go of it */
+	vmmrt_group *user;            /* last group to use it (forward or backward) */
+	bool user_done;               /* its free_ev has been recorded */
+	vmmrt_group *pending;         /* a restore waiting for user_done */
+	uint64_t pending_use;
+} vmmrt_bank;
+
+/* Test-only: drop a ping-pong fence to prove the tests can see corruption. */
+enum { VMMRT_DROP_FORWARD_FENCE = 1, VMMRT_DROP_BACKWARD_FENCE = 2 };
+
+struct vmmrt_offload {
+	vmmrt_runtime *rt;
+	const vmmrt_strategy_ops *ops;
+	vmmrt_stream d2h, h2d;
+	vmmrt_group **groups;
+	unsigned ngroups, cap;
+	bool allocated;
+	vmmrt_schedule sched;
+
+	/* ping-pong */
+	vmmrt_bank bank[2];
+	int drop_fence;
+
+	/* remap: admission in schedule order under a budget of groups */
+	uint64_t next_ticket;         /* launch thread */
+	uint64_t admit_ticket;        /* uatomic, workers */
+	int64_t resident;             /* uatomic: groups mapped or admitted */
+	int64_t budget;
+
+	/* statistics (uatomic where workers or host functions write) */
+	uint64_t bytes_offloaded, bytes_restored;
+	int64_t activation_bytes, activation_peak;
+	uint64_t maps, releases, bank_conflicts;
+};
+
+/* offload.c */
+vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st);
+void vmmrt_offload_destroy(vmmrt_runtime *rt);
+void vmmrt_offload_account(vmmrt_offload *off, int64_t delta_bytes);
+void vmmrt_group_fail(vmmrt_group *g, vmmrt_status st, const char *what);
+
+/* group.c */
+vmmrt_status vmmrt_group_alloc_common(vmmrt_group *g);
+/* Undo vmmrt_group_alloc_common (the strategy frees slots and banks). */
+void vmmrt_group_release(vmmrt_group *g);
+void vmmrt_group_free(vmmrt_group *g);
+
+/* Test-only switch (VMMRT_DROP_*): lets a test prove it can see corruption. */
+void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
+/* Is this use the last forward immediately followed by its own backward? Its
+ * activations then stay on the device: no D2H, no restore, no release. */
+bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g);
+/* Enqueue a host function that pushes req to its slot's worker. */
+vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
+
+/* schedule.c */
+vmmrt_status vmmrt_schedule_init(vmmrt_schedule *s, unsigned n);
+void vmmrt_schedule_free(vmmrt_schedule *s);
+/* Check/record that g's forward (backward) runs now; sets s->use. */
+vmmrt_status vmmrt_schedule_enter(vmmrt_schedule *s, vmmrt_group *g, bool backward);
+/* The group and kind of use number k (only once recorded). */
+unsigned vmmrt_schedule_group_of(const vmmrt_schedule *s, uint64_t use, bool *backward);
+/* Uses to prefetch now: [*from, *to). Empty until the order is recorded. */
+void vmmrt_schedule_window(vmmrt_schedule *s, unsigned lookahead, uint64_t *from, uint64_t *to);
+
+#endif

@@ -1,0 +1,202 @@
+/*
+ * Runtime creation and teardown: options (with the environment applied), the
+ * backend, the driver workers, and at the end the proof that nothing leaked.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <urcu/uatomic.h>
+#include <urcu/urcu-memb.h>
+
+#include "error.h"
+#include "runtime.h"
+#include "offload.h"
+#include "slot.h"
+#include "trace.h"
+
+static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
+{
+	vmmrt_backend_choice choice = (vmmrt_backend_choice)vmmrt_opt_u(&rt->opts, VMMRT_OPT_BACKEND);
+	vmmrt_status st;
+
+	if (choice == VMMRT_BACKEND_HOST) {
+		snprintf(note, note_len, "host backend requested");
+		rt->ops = &vmmrt_backend_host;
+		return rt->ops->open(&rt->be_cfg, &rt->be);
+	}
+	rt->ops = &vmmrt_backend_cuda;
+	st = rt->ops->open(&rt->be_cfg, &rt->be);
+	if (st == VMMRT_OK) {
+		snprintf(note, note_len, "%s", choice == VMMRT_BACKEND_AUTO ? "auto: CUDA driver and device found"
+									     : "cuda backend requested");
+		return VMMRT_OK;
+	}
+	if (choice == VMMRT_BACKEND_CUDA || (st != VMMRT_E_NO_DEVICE && st != VMMRT_E_NOT_SUPPORTED))
+		return vmmrt_error_wrap(st, "cuda backend");
+	/* auto: no usable GPU here, so emulate one; say why. */
+	snprintf(note, note_len, "auto: %s; using the host backend", vmmrt_last_error());
+	rt->ops = &vmmrt_backend_host;
+	return rt->ops->open(&rt->be_cfg, &rt->be);
+}
+
+static void free_runtime(vmmrt_runtime *rt)
+{
+	if (rt->sync_stream)
+		(void)rt->ops->stream_destroy(rt->be, rt->sync_stream);
+	if (rt->be)
+		rt->ops->close(rt->be);
+	if (rt->trace)
+		(void)vmmrt_trace_close(rt->trace);
+	pthread_mutex_destroy(&rt->sync_lock);
+	pthread_mutex_destroy(&rt->slots_lock);
+	free(rt->calls);
+	free(rt);
+}
+
+
+
+vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(out, "out is NULL");
+	*out = NULL;
+
+	vmmrt_runtime *rt = calloc(1, sizeof(*rt));
+	if (!rt)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "runtime");
+	pthread_mutex_init(&rt->sync_lock, NULL);
+	pthread_mutex_init(&rt->slots_lock, NULL);
+	CDS_INIT_LIST_HEAD(&rt->slots);
+	if (opts)
+		rt->opts = *opts;
+	else
+		vmmrt_options_defaults(&rt->opts);
+	st = vmmrt_options_apply_env(&rt->opts);
+	if (st != VMMRT_OK) {
+		free_runtime(rt);
+		return st;
+	}
+	rt->mode = (vmmrt_mode)vmmrt_opt_u(&rt->opts, VMMRT_OPT_MODE);
+	rt->lookahead = (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_LOOKAHEAD);
+	rt->checked_threads = vmmrt_opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0;
+	rt->timeout_ms = vmmrt_opt_u(&rt->opts, VMMRT_OPT_TIMEOUT_MS);
+	rt->be_cfg = (vmmrt_backend_config){
+		.device_ordinal = (int)vmmrt_opt_u(&rt->opts, VMMRT_OPT_DEVICE),
+		.host_capacity = vmmrt_opt_u(&rt->opts, VMMRT_OPT_HOST_CAPACITY),
+		.host_granularity = vmmrt_opt_u(&rt->opts, VMMRT_OPT_HOST_GRANULARITY),
+		.host_latency = vmmrt_opt_u(&rt->opts, VMMRT_OPT_HOST_LATENCY) != 0,
+		.host_copy_gbps = vmmrt_opt_d(&rt->opts, VMMRT_OPT_HOST_COPY_GBPS),
+	};
+
+	rt->calls = calloc(VMMRT_CALL_COUNT_, sizeof(*rt->calls));
+	if (!rt->calls) {
+		free_runtime(rt);
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "call statistics");
+	}
+	if (vmmrt_opt_s(&rt->opts, VMMRT_OPT_TRACE)[0]) {
+		st = vmmrt_trace_open(vmmrt_opt_s(&rt->opts, VMMRT_OPT_TRACE), &rt->trace);
+		if (st != VMMRT_OK) {
+			free_runtime(rt);
+			return st;
+		}
+	}
+	char note[sizeof(rt->note)];
+	st = open_backend(rt, note, sizeof(note));
+	if (st != VMMRT_OK) {
+		rt->be = NULL;
+		free_runtime(rt);
+		return st;
+	}
+	memcpy(rt->note, note, sizeof(rt->note));
+	if ((st = rt->ops->granularity(rt->be, &rt->granularity)) != VMMRT_OK ||
+	    (st = rt->ops->device_name(rt->be, rt->device_name, sizeof(rt->device_name))) != VMMRT_OK ||
+	    (st = rt->ops->stream_create(rt->be, &rt->sync_stream)) != VMMRT_OK) {
+		free_runtime(rt);
+		return st;
+	}
+	st = vmmrt_workers_create(rt, (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS), &rt->workers);
+	if (st != VMMRT_OK) {
+		rt->workers = NULL;
+		free_runtime(rt);
+		return st;
+	}
+	*out = rt;
+	return VMMRT_OK;
+}
+
+/* Destroy the slots the application left behind, so their memory and
+ * reservations return; a slot whose teardown fails is counted, not hidden. */
+static size_t destroy_leftover_slots(vmmrt_runtime *rt)
+{
+	size_t n = (size_t)uatomic_read(&rt->live_slots), failed = 0, k = 0;
+	if (n == 0)
+		return 0;
+	vmmrt_slot **list = calloc(n, sizeof(*list));
+	if (!list)
+		return n;
+	pthread_mutex_lock(&rt->slots_lock);
+	vmmrt_slot *s;
+	cds_list_for_each_entry(s, &rt->slots, link)
+		if (k < n)
+			list[k++] = s;
+	pthread_mutex_unlock(&rt->slots_lock);
+	for (size_t i = 0; i < k; i++)
+		if (vmmrt_slot_destroy(list[i]) != VMMRT_OK)
+			failed++;
+	free(list);
+	return failed;
+}
+
+vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+
+	vmmrt_offload_destroy(rt);
+	size_t stuck = destroy_leftover_slots(rt);
+	vmmrt_workers_destroy(rt->workers, true);
+	/* Slots are freed by call_rcu: let those callbacks run before we go. */
+	urcu_memb_barrier();
+	int64_t handles = uatomic_read(&rt->live_handles);
+	int64_t vas = uatomic_read(&rt->live_reservations);
+	st = VMMRT_OK;
+	if (stuck || handles || vas)
+		st = vmmrt_error(VMMRT_E_BUSY,
+				 "runtime destroy: %zu slots could not be torn down, %lld physical handles and "
+				 "%lld reservations were still live (the backend closed them)",
+				 stuck, (long long)handles, (long long)vas);
+	free_runtime(rt);
+	return st;
+}
+
+vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info *out)
+{
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(out, "out is NULL");
+	memset(out, 0, sizeof(*out));
+	out->backend = rt->ops->name;
+	snprintf(out->backend_note, sizeof(out->backend_note), "%s", rt->note);
+	snprintf(out->device, sizeof(out->device), "%s", rt->device_name);
+	out->device_ordinal = rt->be_cfg.device_ordinal;
+	out->granularity = rt->granularity;
+	out->mode = rt->mode;
+	out->driver_workers = vmmrt_workers_count(rt->workers);
+	out->lookahead = rt->lookahead;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(free_bytes && total_bytes, "output pointer is NULL");
+	return vmmrt_drv_mem_info(rt, free_bytes, total_bytes);
+}

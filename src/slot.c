@@ -1,0 +1,273 @@
+/*
+ * Fixed-VA slots. The reservation is made on the caller's thread (it is not
+ * one of the slow, contended VMM calls); everything that maps or unmaps
+ * physical memory runs on the slot's driver worker, which is why the public
+ * map/unmap/destroy are a push followed by a bounded wait.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <urcu/uatomic.h>
+
+#include "error.h"
+#include "slot.h"
+
+static void set_state(vmmrt_slot *s, vmmrt_slot_state st)
+{
+	uatomic_set(&s->state, (int32_t)st);
+}
+
+vmmrt_status vmmrt_slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
+{
+	size_t g = rt->granularity;
+
+	if (bytes == 0)
+		return vmmrt_error(VMMRT_E_INVALID_SIZE, "slot of 0 bytes");
+	if (bytes > SIZE_MAX - (g - 1))
+		return vmmrt_error(VMMRT_E_INVALID_SIZE, "slot of %zu bytes overflows when rounded to %zu", bytes, g);
+	size_t size = (bytes + g - 1) / g * g;
+
+	vmmrt_slot *s = calloc(1, sizeof(*s));
+	if (!s)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot: %zu bytes", sizeof(*s));
+	vmmrt_status st = vmmrt_drv_va_reserve(rt, size, &s->va);
+	if (st != VMMRT_OK) {
+		free(s);
+		return vmmrt_error_wrap(st, "slot of %zu bytes: reserve", size);
+	}
+	s->rt = rt;
+	s->size = size;
+	s->id = uatomic_add_return(&rt->next_slot_id, 1);
+	s->worker = vmmrt_workers_route(rt->workers, s->id);
+	vmmrt_request_init(&s->map_req, VMMRT_REQ_MAP, s);
+	vmmrt_request_init(&s->release_req, VMMRT_REQ_RELEASE, s);
+	set_state(s, VMMRT_SLOT_RESERVED);
+
+	pthread_mutex_lock(&rt->slots_lock);
+	cds_list_add_rcu(&s->link, &rt->slots);
+	pthread_mutex_unlock(&rt->slots_lock);
+	uatomic_inc(&rt->live_slots);
+	*out = s;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_slot_attach(vmmrt_slot *s, vmmrt_bhandle h)
+{
+	vmmrt_runtime *rt = s->rt;
+
+	if (s->mapped)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
+				   (unsigned long long)s->id, (unsigned long long)s->va);
+	vmmrt_status st = vmmrt_drv_mem_map(rt, s->va, s->size, h);
+	if (st != VMMRT_OK)
+		return vmmrt_error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
+	st = vmmrt_drv_mem_set_access(rt, s->va, s->size);
+	if (st != VMMRT_OK) {
+		/* Roll the partial map back so the slot is exactly as before. */
+		vmmrt_status st2 = vmmrt_drv_mem_unmap(rt, s->va, s->size);
+		(void)st2;
+		return vmmrt_error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
+	}
+	s->mapped = true;
+	s->handle = h;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_slot_detach(vmmrt_slot *s, vmmrt_bhandle *h)
+{
+	if (!s->mapped)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
+				   (unsigned long long)s->id, (unsigned long long)s->va);
+	vmmrt_status st = vmmrt_drv_mem_unmap(s->rt, s->va, s->size);
+	if (st != VMMRT_OK)
+		return vmmrt_error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
+	s->mapped = false;
+	*h = s->handle;
+	s->handle = 0;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_slot_teardown(vmmrt_slot *s, vmmrt_bhandle *handle_out, bool *had_handle)
+{
+	*had_handle = false;
+	if (s->mapped) {
+		vmmrt_status st = vmmrt_slot_detach(s, handle_out);
+		if (st != VMMRT_OK)
+			return st;
+		*had_handle = true;
+	}
+	return vmmrt_drv_va_free(s->rt, s->va, s->size);
+}
+
+static void free_slot_rcu(struct rcu_head *head)
+{
+	free(caa_container_of(head, vmmrt_slot, rcu));
+}
+
+void vmmrt_slot_retire(vmmrt_slot *s)
+{
+	vmmrt_runtime *rt = s->rt;
+
+	pthread_mutex_lock(&rt->slots_lock);
+	cds_list_del_rcu(&s->link);
+	pthread_mutex_unlock(&rt->slots_lock);
+	uatomic_dec(&rt->live_slots);
+	/* Readers walking rt->slots may still hold s: free after a grace period. */
+	urcu_memb_call_rcu(&s->rcu, free_slot_rcu);
+}
+
+void vmmrt_slot_publish_error(vmmrt_slot *s, vmmrt_status st)
+{
+	uatomic_set(&s->error, (int32_t)st);
+	set_state(s, VMMRT_SLOT_FAILED);
+}
+
+static vmmrt_status push(vmmrt_slot *s, vmmrt_request *req, vmmrt_req_done_fn done, void *arg)
+{
+	req->done = done;
+	req->done_arg = arg;
+	return vmmrt_worker_push(s->rt->workers, s->worker, req);
+}
+
+vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg)
+{
+	vmmrt_status st = push(s, &s->map_req, done, arg);
+	if (st == VMMRT_OK)
+		set_state(s, VMMRT_SLOT_PENDING);
+	return st;
+}
+
+vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg)
+{
+	vmmrt_status st = push(s, &s->release_req, done, arg);
+	if (st == VMMRT_OK)
+		set_state(s, VMMRT_SLOT_PENDING);
+	return st;
+}
+
+/* ------------------------------------------------------------- public API */
+
+#define SLOT_ENTRY(s) \
+	do { \
+		vmmrt_status st_ = vmmrt_drv_check_caller(__func__); \
+		if (st_ != VMMRT_OK) \
+			return st_; \
+		VMMRT_CHECK_ARG(s, "slot is NULL"); \
+	} while (0)
+
+vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
+{
+	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(out, "out is NULL");
+	return vmmrt_slot_reserve(rt, bytes, out);
+}
+
+/* A failure published by an earlier asynchronous request is reported first. */
+static vmmrt_status pending_error(vmmrt_slot *s)
+{
+	int32_t e = uatomic_xchg(&s->error, VMMRT_OK);
+	if (e != VMMRT_OK) {
+		set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		return vmmrt_error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed (%s)",
+				   (unsigned long long)s->id, vmmrt_strerror((vmmrt_status)e));
+	}
+	return VMMRT_OK;
+}
+
+/* A synchronous call reports its request's failure itself: not again later. */
+static vmmrt_status settle(vmmrt_slot *s, vmmrt_status st)
+{
+	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT && uatomic_xchg(&s->error, VMMRT_OK) != VMMRT_OK)
+		set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+	return st;
+}
+
+vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
+{
+	SLOT_ENTRY(s);
+	vmmrt_status st = pending_error(s);
+	if (st != VMMRT_OK)
+		return st;
+	switch ((vmmrt_slot_state)uatomic_read(&s->state)) {
+	case VMMRT_SLOT_MAPPED:
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+	case VMMRT_SLOT_PENDING:
+		return vmmrt_error(VMMRT_E_BUSY, "slot %llu has a request in flight", (unsigned long long)s->id);
+	default:
+		break;
+	}
+	st = vmmrt_slot_map_async(s, NULL, NULL);
+	if (st != VMMRT_OK)
+		return st;
+	return settle(s, vmmrt_request_wait(&s->map_req, s->rt->timeout_ms));
+}
+
+vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
+{
+	SLOT_ENTRY(s);
+	vmmrt_status st = pending_error(s);
+	if (st != VMMRT_OK)
+		return st;
+	switch ((vmmrt_slot_state)uatomic_read(&s->state)) {
+	case VMMRT_SLOT_RESERVED:
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is not mapped", (unsigned long long)s->id);
+	case VMMRT_SLOT_PENDING:
+		return vmmrt_error(VMMRT_E_BUSY, "slot %llu has a request in flight", (unsigned long long)s->id);
+	default:
+		break;
+	}
+	st = vmmrt_slot_release_async(s, NULL, NULL);
+	if (st != VMMRT_OK)
+		return st;
+	return settle(s, vmmrt_request_wait(&s->release_req, s->rt->timeout_ms));
+}
+
+vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
+{
+	SLOT_ENTRY(s);
+	/*
+	 * The DESTROY request is not part of the slot: the worker frees the
+	 * slot, and must be free to do so the moment it is done. It queues
+	 * behind this slot's earlier requests on the same worker, which are
+	 * cancelled (dying is set) before the teardown. If the wait times out
+	 * the request is abandoned to the worker, which frees it.
+	 */
+	vmmrt_request *req = malloc(sizeof(*req));
+	if (!req)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot destroy request");
+	vmmrt_request_init(req, VMMRT_REQ_DESTROY, s);
+	uatomic_set(&s->dying, true);
+	vmmrt_status st = vmmrt_worker_push(s->rt->workers, s->worker, req);
+	if (st != VMMRT_OK) {
+		uatomic_set(&s->dying, false);
+		free(req);
+		return st;
+	}
+	return vmmrt_request_wait_owned(req, s->rt->timeout_ms);
+}
+
+vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *s)
+{
+	return s ? s->va : 0;
+}
+
+size_t vmmrt_slot_size(const vmmrt_slot *s)
+{
+	return s ? s->size : 0;
+}
+
+vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *s)
+{
+	return s ? (vmmrt_slot_state)uatomic_read(&s->state) : VMMRT_SLOT_FAILED;
+}
+
+vmmrt_status vmmrt_slot_error(vmmrt_slot *s)
+{
+	VMMRT_CHECK_ARG(s, "slot is NULL");
+	return pending_error(s);
+}

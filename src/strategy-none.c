@@ -1,0 +1,59 @@
+/*
+ * No offload: every group keeps its own slot mapped for the whole run. This
+ * is the baseline the A/B is measured against (graphs, activations resident),
+ * behind the same hooks so the application code does not change.
+ */
+#include "config.h"
+
+#include "error.h"
+#include "offload.h"
+
+static vmmrt_status none_allocate(vmmrt_offload *off)
+{
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		if (!g->ndesc)
+			continue;
+		vmmrt_status st = vmmrt_slot_reserve(off->rt, g->bytes, &g->slot);
+		if (st == VMMRT_OK)
+			st = vmmrt_slot_map(g->slot);
+		if (st != VMMRT_OK)
+			return vmmrt_error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
+		g->base = vmmrt_slot_address(g->slot);
+		vmmrt_offload_account(off, (int64_t)g->slot->size);
+	}
+	return VMMRT_OK;
+}
+
+static vmmrt_status none_hook(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+{
+	return VMMRT_OK;
+}
+
+static vmmrt_status none_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
+{
+	return VMMRT_OK;
+}
+
+static void none_destroy(vmmrt_offload *off)
+{
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		if (g->slot) {
+			vmmrt_offload_account(off, -(int64_t)g->slot->size);
+			(void)vmmrt_slot_destroy(g->slot);
+			g->slot = NULL;
+		}
+	}
+}
+
+const vmmrt_strategy_ops vmmrt_strategy_none = {
+	.name = "none",
+	.allocate = none_allocate,
+	.forward_begin = none_hook,
+	.forward_end = none_hook,
+	.prefetch = none_prefetch,
+	.backward_begin = none_hook,
+	.backward_end = none_hook,
+	.destroy = none_destroy,
+};

@@ -1,0 +1,245 @@
+/*
+ * Remap: every group has its own fixed-VA slot; physical memory exists only
+ * around its uses. After the forward's D2H a host function on the D2H stream
+ * queues a RELEASE; before a use a MAP is queued (look-ahead), and the GPU
+ * waits for it with a stream wait-value on a host-pinned word the worker
+ * stores the map's sequence number into. A restore is then an H2D on the H2D
+ * stream behind that wait, and the compute stream waits on its event.
+ *
+ * The driver workers admit MAPs in schedule order (a ticket), only after the
+ * group's previous uses were released, and only while fewer than
+ * lookahead + 1 groups are mapped: the device memory of activations never
+ * exceeds that, and no worker ever waits on another.
+ */
+#include "config.h"
+
+#include <urcu/uatomic.h>
+
+#include "error.h"
+#include "offload.h"
+
+static bool admit_map(vmmrt_request *req, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	vmmrt_group *g = r->g;
+	vmmrt_offload *off = g->off;
+
+	if ((uint64_t)uatomic_read(&off->admit_ticket) != r->ticket)
+		return false;
+	if (uatomic_read(&g->releases_done) < r->need)
+		return false;
+	/* Runs on the slot's own worker: g->slot->mapped is ours to read. */
+	r->grew = !g->slot->mapped;
+	if (r->grew) {
+		if (uatomic_read(&off->resident) >= off->budget)
+			return false;
+		uatomic_inc(&off->resident);
+	}
+	uatomic_inc(&off->admit_ticket);
+	/* The next ticket may be parked on another worker. */
+	vmmrt_workers_kick(g->rt->workers);
+	return true;
+}
+
+static void map_done(vmmrt_request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	vmmrt_group *g = r->g;
+	vmmrt_offload *off = g->off;
+
+	if (st != VMMRT_OK) {
+		if (r->grew)
+			uatomic_dec(&off->resident);
+		if (st != VMMRT_E_CANCELLED)
+			vmmrt_group_fail(g, st, "map before use");
+		return;
+	}
+	if (r->grew)
+		vmmrt_offload_account(off, (int64_t)g->slot->size);
+	uatomic_inc(&off->maps);
+	/* Releases the stream waiting on this word; a plain store reaches the GPU. */
+	uatomic_set(g->flag, r->seq);
+}
+
+static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	vmmrt_group *g = r->g;
+	vmmrt_offload *off = g->off;
+
+	if (st == VMMRT_OK) {
+		uatomic_dec(&off->resident);
+		vmmrt_offload_account(off, -(int64_t)g->slot->size);
+		uatomic_inc(&off->releases);
+	} else if (st != VMMRT_E_CANCELLED) {
+		vmmrt_group_fail(g, st, "release after use");
+	}
+	/* Counted even on failure: a slot left mapped is reused as it is, and no
+	 * later map may wait forever for a release that will not come. */
+	uatomic_inc(&g->releases_done);
+	vmmrt_workers_kick(g->rt->workers);
+}
+
+static vmmrt_status rm_allocate(vmmrt_offload *off)
+{
+	vmmrt_runtime *rt = off->rt;
+	off->budget = (int64_t)rt->lookahead + 1;
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		if (!g->ndesc)
+			continue;
+		vmmrt_status st = vmmrt_slot_reserve(rt, g->bytes, &g->slot);
+		if (st == VMMRT_OK)
+			st = vmmrt_slot_map(g->slot); /* the initial backing, for capture */
+		if (st == VMMRT_OK)
+			st = vmmrt_drv_host_alloc(rt, 64, (void **)&g->flag);
+		if (st == VMMRT_OK)
+			st = vmmrt_drv_host_devptr(rt, g->flag, &g->flag_dev);
+		if (st != VMMRT_OK)
+			return vmmrt_error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
+		*g->flag = 0;
+		g->base = vmmrt_slot_address(g->slot);
+		uatomic_inc(&off->resident);
+		vmmrt_offload_account(off, (int64_t)g->slot->size);
+		for (int k = 0; k < 2; k++) {
+			vmmrt_request_init(&g->map[k].req, VMMRT_REQ_MAP, g->slot);
+			g->map[k].req.admit = admit_map;
+			g->map[k].req.done = map_done;
+			g->map[k].req.done_arg = &g->map[k];
+			g->map[k].g = g;
+			vmmrt_request_init(&g->rel[k].req, VMMRT_REQ_RELEASE, g->slot);
+			g->rel[k].req.done = release_done;
+			g->rel[k].req.done_arg = &g->rel[k];
+			g->rel[k].g = g;
+		}
+	}
+	return VMMRT_OK;
+}
+
+/* A request object still in flight from an earlier iteration means the launch
+ * thread ran a whole iteration ahead of the workers: wait, and count it. */
+static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
+{
+	if (vmmrt_request_poll(req) != VMMRT_E_BUSY)
+		return VMMRT_OK;
+	uatomic_inc(&off->rt->launch_blocking);
+	vmmrt_status st = vmmrt_request_wait(req, off->rt->timeout_ms);
+	return st == VMMRT_E_TIMEOUT ? st : VMMRT_OK;
+}
+
+static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, uint64_t use)
+{
+	vmmrt_remap_req *r = &g->map[kind];
+	vmmrt_status st = reclaim(off, &r->req);
+	if (st != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': previous map", g->name);
+	r->seq = ++g->map_seq;
+	r->ticket = off->next_ticket++;
+	/* Every earlier map of this group is followed by a release, which must
+	 * have run first (the first map finds the initial backing in place). */
+	r->need = g->maps_requested++;
+	st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req);
+	if (st != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': queue map", g->name);
+	g->map_use[kind] = use + 1;
+	return VMMRT_OK;
+}
+
+static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
+{
+	vmmrt_runtime *rt = off->rt;
+	if (backward && vmmrt_offload_is_tail(off, g))
+		return VMMRT_OK; /* still mapped since its forward */
+	vmmrt_status st = request_map(off, g, backward ? USE_B : USE_F, use);
+	if (st != VMMRT_OK || !backward)
+		return st;
+	/* The restore: behind the map on the H2D stream, never on the launch thread. */
+	if ((st = vmmrt_drv_stream_wait_value32(rt, off->h2d, g->flag_dev, g->map[USE_B].seq)) != VMMRT_OK ||
+	    (st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
+	uatomic_add(&off->bytes_restored, g->bytes);
+	g->restore_use = use + 1;
+	return VMMRT_OK;
+}
+
+static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+{
+	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map[USE_F].seq);
+}
+
+/* After `s` reaches this point, the group's memory is released by a worker. */
+static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, int kind)
+{
+	vmmrt_remap_req *r = &g->rel[kind];
+	vmmrt_status st = reclaim(off, &r->req);
+	if (st == VMMRT_OK)
+		st = vmmrt_offload_push_after(off, s, r);
+	return st;
+}
+
+static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+{
+	vmmrt_runtime *rt = off->rt;
+	if (vmmrt_offload_is_tail(off, g))
+		return VMMRT_OK; /* its backward is next: it stays mapped */
+	vmmrt_status st;
+	if ((st = vmmrt_drv_event_record(rt, g->fwd_done, compute)) != VMMRT_OK ||
+	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
+	    (st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK ||
+	    (st = release_after(off, g, off->d2h, USE_F)) != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
+	uatomic_add(&off->bytes_offloaded, g->bytes);
+	return VMMRT_OK;
+}
+
+static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+{
+	if (vmmrt_offload_is_tail(off, g))
+		return VMMRT_OK;
+	if (g->restore_use != off->sched.use + 1)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);
+	return vmmrt_drv_stream_wait_event(off->rt, compute, g->restored);
+}
+
+static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st;
+	/* The release waits for the graph on the (idle in backward) D2H stream,
+	 * so the compute stream never runs a host function between graphs. */
+	if ((st = vmmrt_drv_event_record(rt, g->consumed, compute)) != VMMRT_OK ||
+	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->consumed)) != VMMRT_OK ||
+	    (st = release_after(off, g, off->d2h, USE_B)) != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
+	return VMMRT_OK;
+}
+
+static void rm_destroy(vmmrt_offload *off)
+{
+	vmmrt_runtime *rt = off->rt;
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		/* Queued behind this group's requests; parked maps are cancelled. */
+		if (g->slot)
+			(void)vmmrt_slot_destroy(g->slot);
+		g->slot = NULL;
+		if (g->flag)
+			(void)vmmrt_drv_host_free(rt, g->flag);
+		g->flag = NULL;
+	}
+	uatomic_set(&off->activation_bytes, 0);
+	uatomic_set(&off->resident, 0);
+}
+
+const vmmrt_strategy_ops vmmrt_strategy_remap = {
+	.name = "remap",
+	.allocate = rm_allocate,
+	.forward_begin = rm_forward_begin,
+	.forward_end = rm_forward_end,
+	.prefetch = rm_prefetch,
+	.backward_begin = rm_backward_begin,
+	.backward_end = rm_backward_end,
+	.destroy = rm_destroy,
+};

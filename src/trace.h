@@ -1,0 +1,27 @@
+/*
+ * Chrome/Perfetto trace events ("Trace Event Format", JSON): complete events
+ * ("ph":"X") on named tracks. Driver calls land on one track per worker
+ * thread; GPU-side spans (graphs, copies) are added by whoever measured them
+ * with device events, on tracks named after their stream.
+ */
+#ifndef VMMRT_TRACE_H
+#define VMMRT_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmmrt.h"
+
+typedef struct vmmrt_trace vmmrt_trace;
+
+vmmrt_status vmmrt_trace_open(const char *path, vmmrt_trace **out);
+/* A driver call on the calling thread's track, CLOCK_MONOTONIC nanoseconds. */
+void vmmrt_trace_call(vmmrt_trace *t, const char *name, uint64_t t0_ns, uint64_t t1_ns, size_t bytes);
+/* A span on a named track (a stream), e.g. ("h2d", "restore L3"). */
+void vmmrt_trace_span(vmmrt_trace *t, const char *track, const char *name, uint64_t t0_ns, uint64_t t1_ns);
+/* Name the calling thread's track ("driver-worker-0"). */
+void vmmrt_trace_thread_name(vmmrt_trace *t, const char *name);
+/* Write the file and free everything. */
+vmmrt_status vmmrt_trace_close(vmmrt_trace *t);
+
+#endif

@@ -1,0 +1,522 @@
+/*
+ * Resident driver workers: see worker.h for the contract.
+ *
+ * Queue: a wfcqueue per worker. Producers (host functions, the launch thread)
+ * call cds_wfcq_enqueue, which is wait-free and tells whether the queue was
+ * empty; the single consumer uses the unlocked __cds_wfcq_dequeue_nonblocking,
+ * so no lock is ever shared with a host function. (An MPSC ck_ring would make
+ * a preempted producer stall every other one: measured on this 2-core machine,
+ * see DEPENDENCIES.md.)
+ *
+ * Sleep: a ck_ec32 event count. The worker reads the count, looks at the
+ * queue, and sleeps only if the count is unchanged; a producer enqueues first
+ * and then increments, which makes a futex syscall only when the worker has
+ * flagged itself as sleeping. No wake-up can be lost between the two.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <urcu/uatomic.h>
+#include <urcu/urcu-memb.h>
+
+#include "ec.h"
+#include "error.h"
+#include "slot.h"
+#include "trace.h"
+#include "worker.h"
+
+typedef struct pooled_handle {
+	size_t size;
+	vmmrt_bhandle h;
+} pooled_handle;
+
+typedef struct worker {
+	struct cds_wfcq_head head;
+	struct cds_wfcq_tail tail;
+	struct ck_ec32 ec;
+	pthread_t thread;
+	bool started;
+	unsigned index;
+	vmmrt_workers *pool;
+
+	/* worker-owned: requests waiting for admission, in arrival order */
+	struct cds_list_head parked;
+
+	/* worker-owned: released handles kept for reuse (handle_pool option) */
+	pooled_handle *handles;
+	unsigned nhandles;
+
+	vmmrt_worker_stats stats; /* updated with uatomic by the worker, read by anyone */
+} __attribute__((aligned(64))) worker;
+
+struct vmmrt_workers {
+	vmmrt_runtime *rt;
+	unsigned n;
+	unsigned pool_cap;
+	int32_t stopping;  /* uatomic: pushes are refused once set */
+	int32_t drain;     /* uatomic: run (1) or cancel (0) what is queued at stop */
+	worker w[];
+};
+
+void vmmrt_request_init(vmmrt_request *req, vmmrt_req_kind kind, vmmrt_slot *slot)
+{
+	memset(req, 0, sizeof(*req));
+	cds_wfcq_node_init(&req->node);
+	req->kind = kind;
+	req->slot = slot;
+	req->state = VMMRT_REQ_IDLE;
+	req->status = VMMRT_OK;
+}
+
+unsigned vmmrt_workers_count(const vmmrt_workers *w)
+{
+	return w->n;
+}
+
+unsigned vmmrt_workers_route(const vmmrt_workers *w, uint64_t slot_id)
+{
+	return (unsigned)(slot_id % w->n);
+}
+
+vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *req)
+{
+	if (!w || !req || index >= w->n)
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "worker push: bad worker or request");
+	if (uatomic_read(&w->stopping))
+		return vmmrt_error(VMMRT_E_CANCELLED, "worker push: the runtime is shutting down");
+	/* Claim the request: a request object sits in at most one queue. */
+	int32_t old = uatomic_read(&req->state);
+	if (old == VMMRT_REQ_QUEUED || old == VMMRT_REQ_RUNNING ||
+	    uatomic_cmpxchg(&req->state, old, VMMRT_REQ_QUEUED) != old)
+		return vmmrt_error(VMMRT_E_BUSY, "request already queued or running");
+	worker *wk = &w->w[index];
+	req->enqueue_ns = vmmrt_now_ns();
+	cds_wfcq_node_init(&req->node);
+	cds_wfcq_enqueue(&wk->head, &wk->tail, &req->node);
+	ck_ec32_inc(&wk->ec, &vmmrt_ec_mp);
+	return VMMRT_OK;
+}
+
+static vmmrt_status wait_done(vmmrt_request *req, uint64_t timeout_ms, bool abandon_on_timeout)
+{
+	struct timespec ts;
+	const struct timespec *deadline = vmmrt_deadline(&ts, timeout_ms);
+
+	for (;;) {
+		int32_t s = uatomic_read(&req->state);
+		if (s == VMMRT_REQ_DONE || s == VMMRT_REQ_IDLE) {
+			cmm_smp_rmb();
+			return (vmmrt_status)uatomic_read(&req->status);
+		}
+		if (deadline) {
+			struct timespec now;
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (now.tv_sec > deadline->tv_sec ||
+			    (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec)) {
+				if (abandon_on_timeout && uatomic_cmpxchg(&req->state, s, VMMRT_REQ_ABANDONED) != s)
+					continue; /* it finished meanwhile */
+				return vmmrt_error(VMMRT_E_TIMEOUT,
+						   "request still %s after %llu ms (worker stalled?)",
+						   s == VMMRT_REQ_QUEUED ? "queued" : "running",
+						   (unsigned long long)timeout_ms);
+			}
+		}
+		vmmrt_futex_wait(&req->state, s, deadline);
+	}
+}
+
+vmmrt_status vmmrt_request_wait(vmmrt_request *req, uint64_t timeout_ms)
+{
+	if (!req)
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "request is NULL");
+	vmmrt_status st = vmmrt_drv_check_caller("vmmrt_request_wait");
+	if (st != VMMRT_OK)
+		return st;
+	st = wait_done(req, timeout_ms, false);
+	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT && vmmrt_last_error()[0] == '\0')
+		vmmrt_error(st, "driver worker request failed");
+	return st;
+}
+
+vmmrt_status vmmrt_request_wait_owned(vmmrt_request *req, uint64_t timeout_ms)
+{
+	vmmrt_status st = wait_done(req, timeout_ms, true);
+	if (st == VMMRT_E_TIMEOUT)
+		return st; /* abandoned: the worker frees it */
+	free(req);
+	return st;
+}
+
+vmmrt_status vmmrt_request_poll(const vmmrt_request *req)
+{
+	int32_t s = uatomic_read(&req->state);
+	if (s == VMMRT_REQ_QUEUED || s == VMMRT_REQ_RUNNING)
+		return VMMRT_E_BUSY;
+	return (vmmrt_status)uatomic_read(&req->status);
+}
+
+/* ----------------------------------------------------------- worker side */
+
+static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
+{
+	uatomic_set(&req->status, (int32_t)st);
+	if (st != VMMRT_OK && st != VMMRT_E_CANCELLED)
+		uatomic_inc(&wk->stats.failed);
+	if (req->done)
+		req->done(req, st, req->done_arg);
+	/* Publishing DONE hands the request back: touch it no more after this. */
+	int32_t prev = uatomic_xchg(&req->state, VMMRT_REQ_DONE);
+	if (prev == VMMRT_REQ_ABANDONED)
+		free(req);
+	else
+		vmmrt_futex_wake_all(&req->state);
+}
+
+static vmmrt_status release_handle(worker *wk, size_t size, vmmrt_bhandle h)
+{
+	if (wk->nhandles < wk->pool->pool_cap) {
+		wk->handles[wk->nhandles++] = (pooled_handle){size, h};
+		uatomic_inc(&wk->stats.pool_handles);
+		return VMMRT_OK;
+	}
+	return vmmrt_drv_mem_release(wk->pool->rt, h);
+}
+
+static vmmrt_status trim_pool(worker *wk)
+{
+	vmmrt_status first = VMMRT_OK;
+	while (wk->nhandles) {
+		pooled_handle *p = &wk->handles[--wk->nhandles];
+		vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, p->h);
+		uatomic_dec(&wk->stats.pool_handles);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	return first;
+}
+
+static bool take_pooled(worker *wk, size_t size, vmmrt_bhandle *h)
+{
+	for (unsigned i = wk->nhandles; i-- > 0;) {
+		if (wk->handles[i].size == size) {
+			*h = wk->handles[i].h;
+			wk->handles[i] = wk->handles[--wk->nhandles];
+			uatomic_dec(&wk->stats.pool_handles);
+			uatomic_inc(&wk->stats.pool_hits);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* cuMemCreate with bounded, doubling back-off on out-of-memory: memory that a
+ * release in flight on the GPU is about to return may be there shortly. */
+static vmmrt_status create_handle(worker *wk, size_t size, vmmrt_bhandle *h)
+{
+	vmmrt_runtime *rt = wk->pool->rt;
+	uint64_t retries = vmmrt_opt_u(&rt->opts, VMMRT_OPT_OOM_RETRIES);
+	uint64_t backoff = vmmrt_opt_u(&rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
+
+	if (take_pooled(wk, size, h))
+		return VMMRT_OK;
+	for (uint64_t attempt = 0;; attempt++) {
+		vmmrt_status st = vmmrt_drv_mem_create(rt, size, h);
+		if (st != VMMRT_OK && st == VMMRT_E_OUT_OF_MEMORY && wk->nhandles) {
+			/* Pooled handles of other sizes are memory we can give back now. */
+			(void)trim_pool(wk);
+			st = vmmrt_drv_mem_create(rt, size, h);
+		}
+		if (st != VMMRT_E_OUT_OF_MEMORY || attempt >= retries)
+			return st;
+		uatomic_inc(&wk->stats.oom_retries);
+		uint64_t us = backoff << (attempt < 20 ? attempt : 20);
+		struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+	}
+}
+
+static vmmrt_status run_map(worker *wk, vmmrt_slot *s)
+{
+	vmmrt_bhandle h;
+	if (s->mapped)
+		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+	vmmrt_status st = create_handle(wk, s->size, &h);
+	if (st != VMMRT_OK)
+		return vmmrt_error_wrap(st, "slot %llu: create %zu bytes", (unsigned long long)s->id, s->size);
+	st = vmmrt_slot_attach(s, h);
+	if (st != VMMRT_OK) {
+		vmmrt_status st2 = release_handle(wk, s->size, h);
+		(void)st2;
+	}
+	return st;
+}
+
+static vmmrt_status run_release(worker *wk, vmmrt_slot *s)
+{
+	vmmrt_bhandle h;
+	vmmrt_status st = vmmrt_slot_detach(s, &h);
+	if (st != VMMRT_OK)
+		return st;
+	return release_handle(wk, s->size, h);
+}
+
+static void run(worker *wk, vmmrt_request *req, bool cancel);
+
+static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
+{
+	/* Requests parked for admission must not outlive their slot. */
+	vmmrt_request *req, *tmp;
+	cds_list_for_each_entry_safe(req, tmp, &wk->parked, parked) {
+		if (req->slot == s) {
+			cds_list_del(&req->parked);
+			run(wk, req, true);
+		}
+	}
+	vmmrt_bhandle h;
+	bool had;
+	vmmrt_status st = vmmrt_slot_teardown(s, &h, &had);
+	if (had) {
+		vmmrt_status st2 = release_handle(wk, s->size, h);
+		if (st == VMMRT_OK)
+			st = st2;
+	}
+	if (st != VMMRT_OK) {
+		/* Keep the slot alive and reported: nothing may leak silently. */
+		uatomic_set(&s->dying, false);
+		vmmrt_slot_publish_error(s, st);
+		return st;
+	}
+	vmmrt_slot_retire(s);
+	return VMMRT_OK;
+}
+
+static void run(worker *wk, vmmrt_request *req, bool cancel)
+{
+	vmmrt_status st = VMMRT_OK;
+	vmmrt_slot *s = req->slot;
+
+	uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
+	req->start_ns = vmmrt_now_ns();
+	urcu_memb_read_lock();
+	if (cancel && req->kind != VMMRT_REQ_DESTROY) {
+		st = VMMRT_E_CANCELLED;
+		uatomic_inc(&wk->stats.cancelled);
+	} else if (req->kind != VMMRT_REQ_CALL && req->kind != VMMRT_REQ_DESTROY && uatomic_read(&s->dying)) {
+		st = VMMRT_E_CANCELLED;
+	} else {
+		switch (req->kind) {
+		case VMMRT_REQ_MAP:
+			st = run_map(wk, s);
+			break;
+		case VMMRT_REQ_RELEASE:
+			st = run_release(wk, s);
+			break;
+		case VMMRT_REQ_DESTROY:
+			st = run_destroy(wk, s);
+			s = NULL; /* gone */
+			break;
+		case VMMRT_REQ_CALL:
+			if (req->fn)
+				req->fn(req->arg);
+			break;
+		}
+		uatomic_inc(&wk->stats.processed);
+	}
+	if (s && req->kind != VMMRT_REQ_CALL && req->kind != VMMRT_REQ_DESTROY) {
+		if (st == VMMRT_OK)
+			uatomic_set(&s->state, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		else if (st == VMMRT_E_CANCELLED)
+			uatomic_set(&s->state, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		else
+			vmmrt_slot_publish_error(s, st); /* the next API call on the slot reports it */
+	}
+	urcu_memb_read_unlock();
+	finish(wk, req, st);
+}
+
+static vmmrt_request *dequeue(worker *wk)
+{
+	for (;;) {
+		struct cds_wfcq_node *node = __cds_wfcq_dequeue_nonblocking(&wk->head, &wk->tail);
+		if (node == CDS_WFCQ_WOULDBLOCK) {
+			caa_cpu_relax(); /* a producer is between its two enqueue steps */
+			continue;
+		}
+		return node ? caa_container_of(node, vmmrt_request, node) : NULL;
+	}
+}
+
+/* Start parked requests whose admission now passes, oldest first; stop at the
+ * first that still may not start, so requests are admitted in arrival order. */
+static void run_parked(worker *wk)
+{
+	while (!cds_list_empty(&wk->parked)) {
+		vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
+		if (!req->admit(req, req->done_arg))
+			return;
+		cds_list_del(&req->parked);
+		run(wk, req, false);
+	}
+}
+
+static void take(worker *wk, vmmrt_request *req)
+{
+	if (req->admit && (!cds_list_empty(&wk->parked) || !req->admit(req, req->done_arg))) {
+		cds_list_add_tail(&req->parked, &wk->parked);
+		return;
+	}
+	run(wk, req, false);
+}
+
+void vmmrt_workers_kick(vmmrt_workers *w)
+{
+	for (unsigned i = 0; i < w->n; i++)
+		ck_ec32_inc(&w->w[i].ec, &vmmrt_ec_mp);
+}
+
+static void *worker_main(void *arg)
+{
+	worker *wk = arg;
+	vmmrt_runtime *rt = wk->pool->rt;
+	char name[32];
+
+	vmmrt_thread_role_set(VMMRT_ROLE_WORKER);
+	urcu_memb_register_thread();
+	snprintf(name, sizeof(name), "vmmrt-drv-%u", wk->index);
+	pthread_setname_np(pthread_self(), name);
+	if (rt->trace)
+		vmmrt_trace_thread_name(rt->trace, name);
+	(void)rt->ops->bind_thread(rt->be);
+
+	for (;;) {
+		uint32_t seen = ck_ec32_value(&wk->ec);
+		run_parked(wk);
+		vmmrt_request *req = dequeue(wk);
+		if (req) {
+			take(wk, req);
+			continue;
+		}
+		if (uatomic_read(&wk->pool->stopping))
+			break;
+		uatomic_inc(&wk->stats.wakeups);
+		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, NULL);
+	}
+	/* Stopping: what is still queued is run or cancelled, never dropped. */
+	bool drain = uatomic_read(&wk->pool->drain);
+	while (!cds_list_empty(&wk->parked)) {
+		/* Parked requests wait for work that will never come now: cancel them. */
+		vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
+		cds_list_del(&req->parked);
+		run(wk, req, true);
+	}
+	for (vmmrt_request *req; (req = dequeue(wk));)
+		run(wk, req, !drain);
+	(void)trim_pool(wk);
+	urcu_memb_unregister_thread();
+	return NULL;
+}
+
+vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers **out)
+{
+	if (n == 0)
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "driver_workers must be at least 1");
+	vmmrt_workers *w = calloc(1, sizeof(*w) + n * sizeof(worker));
+	if (!w)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "driver workers");
+	w->rt = rt;
+	w->n = n;
+	w->pool_cap = (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_HANDLE_POOL);
+	for (unsigned i = 0; i < n; i++) {
+		worker *wk = &w->w[i];
+		cds_wfcq_init(&wk->head, &wk->tail);
+		CDS_INIT_LIST_HEAD(&wk->parked);
+		ck_ec32_init(&wk->ec, 0);
+		wk->index = i;
+		wk->pool = w;
+		if (w->pool_cap && !(wk->handles = calloc(w->pool_cap, sizeof(pooled_handle)))) {
+			vmmrt_workers_destroy(w, false);
+			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", w->pool_cap);
+		}
+	}
+	for (unsigned i = 0; i < n; i++) {
+		int e = pthread_create(&w->w[i].thread, NULL, worker_main, &w->w[i]);
+		if (e != 0) {
+			vmmrt_workers_destroy(w, false);
+			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "driver worker %u: pthread_create: %s", i,
+					   strerror(e));
+		}
+		w->w[i].started = true;
+	}
+	*out = w;
+	return VMMRT_OK;
+}
+
+uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain)
+{
+	if (!w)
+		return 0;
+	uatomic_set(&w->drain, drain);
+	uatomic_set(&w->stopping, 1);
+	for (unsigned i = 0; i < w->n; i++)
+		ck_ec32_inc(&w->w[i].ec, &vmmrt_ec_mp);
+	uint64_t cancelled = 0;
+	for (unsigned i = 0; i < w->n; i++) {
+		worker *wk = &w->w[i];
+		if (wk->started)
+			pthread_join(wk->thread, NULL);
+		cancelled += uatomic_read(&wk->stats.cancelled);
+		free(wk->handles);
+		cds_wfcq_destroy(&wk->head, &wk->tail);
+	}
+	free(w);
+	return cancelled;
+}
+
+void vmmrt_workers_stats(const vmmrt_workers *w, vmmrt_worker_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (unsigned i = 0; i < w->n; i++) {
+		const vmmrt_worker_stats *s = &w->w[i].stats;
+		out->processed += uatomic_read(&s->processed);
+		out->cancelled += uatomic_read(&s->cancelled);
+		out->failed += uatomic_read(&s->failed);
+		out->oom_retries += uatomic_read(&s->oom_retries);
+		out->pool_hits += uatomic_read(&s->pool_hits);
+		out->pool_handles += uatomic_read(&s->pool_handles);
+		out->wakeups += uatomic_read(&s->wakeups);
+	}
+}
+
+static void trim_call(void *arg)
+{
+	worker *wk = arg;
+	(void)trim_pool(wk);
+}
+
+vmmrt_status vmmrt_workers_trim(vmmrt_workers *w)
+{
+	vmmrt_request *reqs = calloc(w->n, sizeof(*reqs));
+	vmmrt_status first = VMMRT_OK;
+	if (!reqs)
+		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "trim");
+	for (unsigned i = 0; i < w->n; i++) {
+		vmmrt_request_init(&reqs[i], VMMRT_REQ_CALL, NULL);
+		reqs[i].fn = trim_call;
+		reqs[i].arg = &w->w[i];
+		vmmrt_status st = vmmrt_worker_push(w, i, &reqs[i]);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	for (unsigned i = 0; i < w->n; i++) {
+		vmmrt_status st = wait_done(&reqs[i], UINT64_MAX, false);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	free(reqs);
+	return first;
+}

@@ -1,0 +1,40 @@
+/*
+ * A synthetic model for the offload tests: n layers, each with one group
+ * whose forward graph writes an activation derived from the iteration's input
+ * and whose backward graph checks it. Every restored activation is verified
+ * against a checksum computed on the host, per iteration and per layer.
+ */
+#ifndef VMMRT_TEST_OFFLOAD_MODEL_H
+#define VMMRT_TEST_OFFLOAD_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "vmmrt.h"
+
+typedef struct model_cfg {
+	const char *mode;           /* pingpong | remap | none */
+	unsigned layers;
+	size_t act_bytes;           /* per layer, multiple of 8 */
+	uint64_t fwd_ns, bwd_ns;    /* compute time per graph */
+	unsigned lookahead;
+	unsigned workers;
+	const unsigned *bwd_order;  /* NULL: reverse of forward */
+	bool latency;               /* host backend latency model */
+	double copy_gbps;           /* with latency */
+	const char *capacity;       /* host backend capacity, default "1G" */
+} model_cfg;
+
+typedef struct model model;
+
+vmmrt_status model_create(const model_cfg *cfg, model **out);
+/* Run iterations [first, first+count): fills input, forward, backward. No host sync. */
+vmmrt_status model_run(model *m, unsigned count);
+/* Synchronize and verify every layer of every iteration run so far;
+ * returns the number of corrupted activations. */
+unsigned model_verify(model *m, unsigned *checked);
+vmmrt_runtime *model_runtime(model *m);
+vmmrt_group *model_group(model *m, unsigned layer);
+void model_destroy(model *m);
+
+#endif

@@ -1,0 +1,409 @@
+/*
+ * Offload on the host backend: both strategies keep every restored activation
+ * intact (checksums per layer and iteration), the ping-pong fences are needed
+ * (dropping one is caught), the naive reload is wrong, look-ahead follows the
+ * recorded backward order, device memory stays within its bound, and the
+ * launch thread never blocks in steady state.
+ */
+#include "config.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <urcu/uatomic.h>
+
+#include "offload-model.h"
+#include "offload.h"
+
+#define MiB (1024ull * 1024)
+
+static void run_and_verify(const model_cfg *cfg, unsigned iters)
+{
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(cfg, &m), VMMRT_OK);
+	assert_int_equal(model_run(m, iters), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	assert_int_equal(checked, iters * cfg->layers);
+	vmmrt_offload_stats s;
+	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+	assert_int_equal(s.iterations, iters);
+	assert_true(s.schedule_recorded);
+	model_destroy(m);
+}
+
+/* The seed's example: F0 F1 F2, B2 B1 B0. */
+static void three_layers_pingpong(void **state)
+{
+	model_cfg cfg = {.mode = "pingpong", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1};
+	run_and_verify(&cfg, 4);
+}
+
+static void three_layers_remap(void **state)
+{
+	model_cfg cfg = {.mode = "remap", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1};
+	run_and_verify(&cfg, 4);
+}
+
+static void three_layers_none(void **state)
+{
+	model_cfg cfg = {.mode = "none", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1};
+	run_and_verify(&cfg, 3);
+}
+
+static void remap_with_two_workers_and_lookahead_two(void **state)
+{
+	model_cfg cfg = {.mode = "remap", .layers = 5, .act_bytes = 2 * MiB, .lookahead = 2, .workers = 2,
+			 .latency = true, .copy_gbps = 20, .fwd_ns = 100000, .bwd_ns = 100000};
+	run_and_verify(&cfg, 3);
+}
+
+/*
+ * The fences, under a latency model where copies are much slower than the
+ * graphs, so a missing fence lets a graph or a restore overwrite a bank whose
+ * bytes are still needed. With both fences the run is clean; dropping either
+ * one (test switch) corrupts restored activations, and the test sees it.
+ */
+static unsigned run_with_fences(int drop)
+{
+	model_cfg cfg = {.mode = "pingpong", .layers = 3, .act_bytes = 4 * MiB, .lookahead = 1, .latency = true,
+			 .copy_gbps = 2, .fwd_ns = 100000, .bwd_ns = 3000000};
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_offload_test_drop_fence(model_runtime(m), drop);
+	assert_int_equal(model_run(m, 3), VMMRT_OK);
+	unsigned bad = model_verify(m, &checked);
+	model_destroy(m);
+	return bad;
+}
+
+static void pingpong_fences_hold(void **state)
+{
+	assert_int_equal(run_with_fences(0), 0);
+}
+
+static void dropping_forward_fence_is_caught(void **state)
+{
+	assert_true(run_with_fences(VMMRT_DROP_FORWARD_FENCE) > 0);
+}
+
+static void dropping_backward_fence_is_caught(void **state)
+{
+	assert_true(run_with_fences(VMMRT_DROP_BACKWARD_FENCE) > 0);
+}
+
+/* Look-ahead walks the recorded backward order, which is not the reverse here. */
+static void lookahead_follows_recorded_order(void **state)
+{
+	static const unsigned order[] = {1, 3, 0, 2};
+	for (int mode = 0; mode < 2; mode++) {
+		model_cfg cfg = {.mode = mode ? "remap" : "pingpong", .layers = 4, .act_bytes = 2 * MiB,
+				 .lookahead = 1, .bwd_order = order};
+		model *m;
+		unsigned checked;
+		assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+		assert_int_equal(model_run(m, 2), VMMRT_OK);
+		vmmrt_runtime *rt = model_runtime(m);
+		vmmrt_offload *off = rt->offload;
+		for (unsigned k = 0; k < 4; k++)
+			assert_int_equal(off->sched.bwd[k], order[k]);
+		/* In steady state, when backward of order[k] begins, order[k+1]'s restore is queued. */
+		vmmrt_stream c;
+		assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+		for (unsigned i = 0; i < 4; i++) {
+			assert_int_equal(vmmrt_forward_begin(model_group(m, i), c), VMMRT_OK);
+			assert_int_equal(vmmrt_forward_end(model_group(m, i), c), VMMRT_OK);
+		}
+		for (unsigned k = 0; k < 3; k++) {
+			vmmrt_group *g = model_group(m, order[k]);
+			assert_int_equal(vmmrt_backward_begin(g, c), VMMRT_OK);
+			vmmrt_group *next = model_group(m, order[k + 1]);
+			if (mode == 1)
+				assert_int_equal(next->restore_use, off->sched.use + 2);
+			else /* ping-pong: queued now, or deferred to this graph's end on a bank conflict */
+				assert_true(next->restore_use == off->sched.use + 2 ||
+					    off->bank[next->bank].pending == next);
+			assert_int_equal(vmmrt_backward_end(g, c), VMMRT_OK);
+			assert_int_equal(next->restore_use, off->sched.use + 2);
+		}
+		/* Out of the recorded order: a named error, nothing enqueued. */
+		assert_int_equal(vmmrt_backward_begin(model_group(m, order[0]), c), VMMRT_E_MISMATCH);
+		assert_non_null(strstr(vmmrt_last_error(), "recorded order"));
+		assert_int_equal(vmmrt_backward_begin(model_group(m, order[3]), c), VMMRT_OK);
+		assert_int_equal(vmmrt_backward_end(model_group(m, order[3]), c), VMMRT_OK);
+		assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+		assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+		assert_int_equal(model_verify(m, &checked), 0);
+		model_destroy(m);
+	}
+}
+
+/* Poll the driver-level memory while the model runs: its peak must stay in bound. */
+typedef struct poller {
+	vmmrt_runtime *rt;
+	int stop;
+	size_t peak_used;
+} poller;
+
+static void *poll_mem(void *arg)
+{
+	poller *p = arg;
+	while (!uatomic_read(&p->stop)) {
+		size_t f, t;
+		if (vmmrt_mem_info(p->rt, &f, &t) == VMMRT_OK && t - f > p->peak_used)
+			p->peak_used = t - f;
+		usleep(50);
+	}
+	return NULL;
+}
+
+static size_t measure_peak(const model_cfg *cfg, vmmrt_offload_stats *s)
+{
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(cfg, &m), VMMRT_OK);
+	assert_int_equal(model_run(m, 1), VMMRT_OK); /* records the schedule */
+	assert_int_equal(model_verify(m, &checked), 0);
+	poller p = {.rt = model_runtime(m)};
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, poll_mem, &p), 0);
+	assert_int_equal(model_run(m, 3), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	uatomic_set(&p.stop, 1);
+	pthread_join(t, NULL);
+	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), s), VMMRT_OK);
+	model_destroy(m);
+	return p.peak_used;
+}
+
+static void device_memory_bounds(void **state)
+{
+	const size_t act = 4 * MiB;     /* a multiple of the 2 MiB granularity */
+	const size_t other = 2 * 2 * MiB; /* the model's input and result slots */
+	vmmrt_offload_stats s;
+
+	model_cfg pp = {.mode = "pingpong", .layers = 6, .act_bytes = act, .lookahead = 1, .latency = true,
+			.copy_gbps = 10, .fwd_ns = 200000, .bwd_ns = 200000};
+	size_t used = measure_peak(&pp, &s);
+	assert_int_equal(s.activation_peak_bytes, 2 * act); /* exactly two banks */
+	assert_int_equal(s.activation_bytes, 2 * act);
+	assert_true(used <= 2 * act + other);
+
+	for (unsigned la = 1; la <= 2; la++) {
+		model_cfg rm = pp;
+		rm.mode = "remap";
+		rm.lookahead = la;
+		used = measure_peak(&rm, &s);
+		printf("# remap lookahead %u: peak %zu MiB (driver), %llu MiB (accounted), bound %zu MiB\n", la,
+		       used >> 20, (unsigned long long)s.activation_peak_bytes >> 20, (la + 1) * act >> 20);
+		assert_true(s.activation_peak_bytes <= (la + 1) * act);
+		assert_true(s.activation_peak_bytes >= act);
+		assert_true(used <= (la + 1) * act + other);
+		assert_true(s.maps > 0 && s.releases > 0);
+	}
+
+	model_cfg none = pp;
+	none.mode = "none";
+	measure_peak(&none, &s);
+	assert_int_equal(s.activation_bytes, 6 * act);
+}
+
+static void no_blocking_in_steady_state(void **state)
+{
+	const char *modes[] = {"pingpong", "remap"};
+	for (int i = 0; i < 2; i++) {
+		model_cfg cfg = {.mode = modes[i], .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1};
+		model *m;
+		unsigned checked;
+		assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+		assert_int_equal(model_run(m, 1), VMMRT_OK);
+		assert_int_equal(model_verify(m, &checked), 0);
+		vmmrt_drv_reset_stats(model_runtime(m));
+		assert_int_equal(model_run(m, 4), VMMRT_OK);
+		vmmrt_offload_stats s;
+		assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+		assert_int_equal(s.launch_thread_blocking, 0);
+		assert_int_equal(model_verify(m, &checked), 0);
+		assert_true(vmmrt_drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
+		model_destroy(m);
+	}
+}
+
+/* ------------------------------------------------------ the negative case */
+
+typedef struct naive {
+	vmmrt_runtime *rt;
+	vmmrt_stream s;
+	vmmrt_slot *act, *result;
+	vmmrt_graph *bwd;
+	uint64_t expect;
+} naive;
+
+static void naive_setup(naive *n, size_t bytes)
+{
+	vmmrt_options *o;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &n->rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+	assert_int_equal(vmmrt_stream_create(n->rt, &n->s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(n->rt, bytes, &n->act), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(n->act), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(n->rt, 8, &n->result), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(n->result), VMMRT_OK);
+	/* The backward graph captures the activation's address. */
+	assert_int_equal(vmmrt_graph_begin_capture(n->rt, n->s), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_checksum(n->rt, n->s, vmmrt_slot_address(n->act), bytes,
+					       vmmrt_slot_address(n->result)), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_end_capture(n->rt, n->s, &n->bwd), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_fill(n->rt, n->s, vmmrt_slot_address(n->act), bytes, 5), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_launch(n->rt, n->bwd, n->s), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(n->rt, n->s), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_host(n->rt, &n->expect, vmmrt_slot_address(n->result), 8), VMMRT_OK);
+}
+
+static void naive_reload_reads_wrong_bytes(void **state)
+{
+	const size_t bytes = 2 * MiB;
+	naive n;
+	void *host;
+	uint64_t got;
+	naive_setup(&n, bytes);
+	/* Offload, then "release": the allocator hands the range to someone else. */
+	assert_int_equal(vmmrt_host_alloc(n.rt, bytes, &host), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_host(n.rt, host, vmmrt_slot_address(n.act), bytes), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_fill(n.rt, n.s, vmmrt_slot_address(n.act), bytes, 99), VMMRT_OK);
+	/* Naive reload: a fresh allocation at another address. */
+	vmmrt_slot *fresh;
+	assert_int_equal(vmmrt_slot_create(n.rt, bytes, &fresh), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(fresh), VMMRT_OK);
+	assert_true(vmmrt_slot_address(fresh) != vmmrt_slot_address(n.act));
+	assert_int_equal(vmmrt_copy_to_device(n.rt, vmmrt_slot_address(fresh), host, bytes), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_launch(n.rt, n.bwd, n.s), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(n.rt, n.s), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_host(n.rt, &got, vmmrt_slot_address(n.result), 8), VMMRT_OK);
+	assert_true(got != n.expect); /* the graph read the interloper, not the reload */
+	/* The fixed-VA reload, for contrast: same address, right bytes. */
+	assert_int_equal(vmmrt_slot_unmap(n.act), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(n.act), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_device(n.rt, vmmrt_slot_address(n.act), host, bytes), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_launch(n.rt, n.bwd, n.s), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(n.rt, n.s), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_host(n.rt, &got, vmmrt_slot_address(n.result), 8), VMMRT_OK);
+	assert_int_equal(got, n.expect);
+	assert_int_equal(vmmrt_host_free(n.rt, host), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_destroy(n.rt, n.bwd), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(n.rt, n.s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(n.rt), VMMRT_OK);
+}
+
+static void reading_a_released_slot_faults(void **state)
+{
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		/* Child: replay the graph after the remap slot was released. */
+		naive n;
+		naive_setup(&n, 2 * MiB);
+		if (vmmrt_slot_unmap(n.act) != VMMRT_OK)
+			_exit(3);
+		vmmrt_graph_launch(n.rt, n.bwd, n.s);
+		vmmrt_stream_synchronize(n.rt, n.s);
+		_exit(0); /* not reached if the read faulted */
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFSIGNALED(status));
+	assert_true(WTERMSIG(status) == SIGSEGV || WTERMSIG(status) == SIGBUS);
+}
+
+static void api_misuse(void **state)
+{
+	model_cfg cfg = {.mode = "pingpong", .layers = 2, .act_bytes = 2 * MiB, .lookahead = 1};
+	model *m;
+	vmmrt_group *g, *empty;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	vmmrt_stream c;
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_group_create(rt, "late", &g), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_E_INVALID_STATE);
+	g = model_group(m, 0);
+	assert_int_equal(vmmrt_forward_end(g, c), VMMRT_E_INVALID_STATE);   /* no begin */
+	assert_int_equal(vmmrt_backward_begin(g, c), VMMRT_E_INVALID_STATE); /* forwards first */
+	assert_int_equal(vmmrt_forward_begin(g, NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_forward_begin(NULL, c), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_E_INVALID_STATE);  /* twice */
+	assert_int_equal(vmmrt_forward_end(g, c), VMMRT_OK);
+	/* Capture drift: a different shape than discovered is a named error. */
+	vmmrt_devptr a;
+	vmmrt_tensor_desc d = {.bytes = 2 * MiB, .dtype = 7, .ndim = 1, .shape = {(int64_t)(MiB / 4)}, .stride = {1}};
+	assert_int_equal(vmmrt_group_begin_capture(g), VMMRT_OK);
+	d.shape[0] = 3;
+	assert_int_equal(vmmrt_group_save(g, &d, 0, NULL, &a), VMMRT_E_MISMATCH);
+	d.shape[0] = (int64_t)(MiB / 4);
+	d.dtype = 8;
+	assert_int_equal(vmmrt_group_save(g, &d, 0, NULL, &a), VMMRT_E_MISMATCH);
+	assert_int_equal(vmmrt_group_end_capture(g), VMMRT_E_MISMATCH); /* 0 of 1 saved */
+	d.dtype = 7;
+	assert_int_equal(vmmrt_group_begin_capture(g), VMMRT_OK);
+	assert_int_equal(vmmrt_group_save(g, &d, 0, NULL, &a), VMMRT_OK);
+	assert_int_equal(a, vmmrt_group_address(g));
+	assert_int_equal(vmmrt_group_save(g, &d, 0, NULL, &a), VMMRT_E_MISMATCH); /* one too many */
+	assert_int_equal(vmmrt_group_end_capture(g), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	model_destroy(m);
+
+	/* Empty groups are no-ops; bad descriptors are refused at discovery. */
+	vmmrt_options *o;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+	assert_int_equal(vmmrt_group_create(rt, "empty", &empty), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(empty, &(vmmrt_tensor_desc){.bytes = 0}), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_group_discover(empty, &(vmmrt_tensor_desc){.bytes = 8, .ndim = 9}),
+			 VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_group_discover(empty, &(vmmrt_tensor_desc){.bytes = 8, .align = 3}),
+			 VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_forward_begin(empty, (vmmrt_stream)0x1), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_begin(empty, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_end(empty, c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(three_layers_pingpong),
+		cmocka_unit_test(three_layers_remap),
+		cmocka_unit_test(three_layers_none),
+		cmocka_unit_test(remap_with_two_workers_and_lookahead_two),
+		cmocka_unit_test(pingpong_fences_hold),
+		cmocka_unit_test(dropping_forward_fence_is_caught),
+		cmocka_unit_test(dropping_backward_fence_is_caught),
+		cmocka_unit_test(lookahead_follows_recorded_order),
+		cmocka_unit_test(device_memory_bounds),
+		cmocka_unit_test(no_blocking_in_steady_state),
+		cmocka_unit_test(naive_reload_reads_wrong_bytes),
+		cmocka_unit_test(reading_a_released_slot_faults),
+		cmocka_unit_test(api_misuse),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,291 @@
+/*
+ * Fixed-VA slots on the host backend: the address never changes, every state
+ * transition is checked, failures roll back, and nothing leaks. Also the rule
+ * that only driver workers make VMM calls.
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <urcu/uatomic.h>
+
+#include "runtime.h"
+#include "slot.h"
+
+#define MiB (1024ull * 1024)
+
+static vmmrt_runtime *make_rt(const char *capacity, const char *checked)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "host_capacity", capacity), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "checked_threads", checked), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "oom_retries", "1"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "oom_backoff_us", "10"), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+	return rt;
+}
+
+static size_t used(vmmrt_runtime *rt)
+{
+	size_t f, t;
+	assert_int_equal(vmmrt_mem_info(rt, &f, &t), VMMRT_OK);
+	return t - f;
+}
+
+static void bad_input(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 0, &s), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_slot_create(rt, SIZE_MAX, &s), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_slot_create(rt, SIZE_MAX - 4096, &s), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_slot_create(NULL, 1, &s), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_create(rt, 1, NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_map(NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_unmap(NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_destroy(NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_error(NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_address(NULL), 0);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(NULL), VMMRT_E_INVALID_ARGUMENT);
+}
+
+static void state_machine_keeps_the_address(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 3 * MiB, &s), VMMRT_OK);
+	vmmrt_devptr va = vmmrt_slot_address(s);
+	assert_int_equal(vmmrt_slot_size(s), 4 * MiB); /* rounded to the 2 MiB granularity */
+	assert_int_equal(va % (2 * MiB), 0);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(used(rt), 4 * MiB);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_E_INVALID_STATE);
+	for (int i = 0; i < 5; i++) {
+		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_address(s), va);
+		assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	}
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(uatomic_read(&rt->live_slots), 0);
+	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+static void bytes_survive_offload_and_remap(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	vmmrt_slot *s, *res;
+	vmmrt_stream st;
+	const size_t n = 2 * MiB;
+	uint64_t *host, sum = 0;
+	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, n, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 8, &res), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(res), VMMRT_OK);
+	assert_int_equal(vmmrt_host_alloc(rt, n, (void **)&host), VMMRT_OK);
+	vmmrt_devptr va = vmmrt_slot_address(s);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_fill(rt, st, va, n, 7), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_host(rt, host, va, n), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_address(s), va);
+	/* New physical memory: what was there is gone until the reload. */
+	assert_int_equal(vmmrt_copy_to_device(rt, va, host, n), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_checksum(rt, st, va, n, vmmrt_slot_address(res)), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_copy_to_host(rt, &sum, vmmrt_slot_address(res), 8), VMMRT_OK);
+	for (size_t i = 0; i < n / 8; i++)
+		host[i] = vmmrt_fill_word(7, i);
+	assert_int_equal(sum, vmmrt_checksum_host(host, n));
+	assert_int_equal(vmmrt_host_free(rt, host), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(res), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+static void out_of_memory_is_named_and_clean(void **state)
+{
+	vmmrt_runtime *rt = make_rt("8M", "1");
+	vmmrt_slot *a, *b;
+	assert_int_equal(vmmrt_slot_create(rt, 6 * MiB, &a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 4 * MiB, &b), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(b), VMMRT_E_OUT_OF_MEMORY);
+	assert_non_null(strstr(vmmrt_last_error(), "OUT_OF_MEMORY"));
+	/* The failure was reported by the call, not again; the slot is usable again. */
+	assert_int_equal(vmmrt_slot_get_state(b), VMMRT_SLOT_RESERVED);
+	assert_int_equal(vmmrt_slot_error(b), VMMRT_OK);
+	vmmrt_worker_stats ws;
+	vmmrt_workers_stats(rt->workers, &ws);
+	assert_int_equal(ws.oom_retries, 1);
+	assert_int_equal(vmmrt_slot_unmap(a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(b), VMMRT_OK);
+	assert_int_equal(uatomic_read(&rt->live_handles), 1);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK); /* destroys a and b */
+}
+
+/* Fault hook: fail the n-th call of one op, and note the thread role of every VMM call. */
+typedef struct fault_plan {
+	const char *op;
+	int fail_at;
+	int seen;
+	int vmm_calls;
+	int vmm_off_worker;
+} fault_plan;
+
+static vmmrt_status fault_hook(void *ctx, const char *op, uint64_t *delay_us)
+{
+	fault_plan *p = ctx;
+	if (!strcmp(op, "cuMemCreate") || !strcmp(op, "cuMemMap") || !strcmp(op, "cuMemSetAccess") ||
+	    !strcmp(op, "cuMemUnmap") || !strcmp(op, "cuMemRelease")) {
+		uatomic_inc(&p->vmm_calls);
+		if (vmmrt_thread_role_get() != VMMRT_ROLE_WORKER)
+			uatomic_inc(&p->vmm_off_worker);
+	}
+	if (p->op && !strcmp(op, p->op) && ++p->seen == p->fail_at)
+		return VMMRT_E_DRIVER;
+	return VMMRT_OK;
+}
+
+static void partial_map_is_rolled_back(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	fault_plan plan = {.op = "cuMemSetAccess", .fail_at = 1};
+	vmmrt_slot *s;
+	vmmrt_drv_set_fault_hook(rt, fault_hook, &plan);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_E_DRIVER);
+	assert_non_null(strstr(vmmrt_last_error(), "cuMemSetAccess"));
+	/* Nothing mapped, nothing created is left: the map was unwound and the handle released. */
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(uatomic_read(&rt->live_handles), 0);
+	assert_int_equal(vmmrt_slot_error(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK); /* second try succeeds */
+	assert_int_equal(used(rt), 2 * MiB);
+	/* A failed unmap keeps the slot mapped and reports it. */
+	plan.op = "cuMemUnmap";
+	plan.seen = 0;
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_E_DRIVER);
+	assert_int_equal(vmmrt_slot_error(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+static void only_workers_make_vmm_calls(void **state)
+{
+	/* Checked mode: a VMM call from this (application) thread is refused... */
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	vmmrt_bhandle h;
+	assert_int_equal(vmmrt_drv_mem_create(rt, 2 * MiB, &h), VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(vmmrt_drv_mem_unmap(rt, 0x1000, 2 * MiB), VMMRT_E_NOT_PERMITTED);
+	/* ...and everything the API did went through a worker. */
+	fault_plan plan = {0};
+	vmmrt_slot *s;
+	vmmrt_drv_set_fault_hook(rt, fault_hook, &plan);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	}
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(plan.vmm_calls, 4 * 3 + 2); /* 4 per map+unmap cycle, then unmap+release */
+	assert_int_equal(plan.vmm_off_worker, 0);
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+
+	/* Unchecked (what remap-inline measures): the same call is allowed. */
+	rt = make_rt("64M", "0");
+	assert_int_equal(vmmrt_drv_mem_create(rt, 2 * MiB, &h), VMMRT_OK);
+	assert_int_equal(vmmrt_drv_mem_release(rt, h), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+typedef struct hf_ctx {
+	vmmrt_runtime *rt;
+	vmmrt_slot *slot;
+	vmmrt_status map_st, create_st, info_st;
+} hf_ctx;
+
+static void inside_host_function(void *arg)
+{
+	hf_ctx *c = arg;
+	size_t f, t;
+	c->map_st = vmmrt_slot_map(c->slot);
+	c->info_st = vmmrt_mem_info(c->rt, &f, &t);
+	vmmrt_slot *s2;
+	c->create_st = vmmrt_slot_create(c->rt, MiB, &s2);
+}
+
+static void api_refuses_host_functions(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	vmmrt_stream st;
+	hf_ctx c = {.rt = rt};
+	assert_int_equal(vmmrt_slot_create(rt, MiB, &c.slot), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
+	assert_int_equal(vmmrt_drv_launch_host_func(rt, st, inside_host_function, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
+	assert_int_equal(c.map_st, VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(c.info_st, VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(c.create_st, VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(vmmrt_slot_get_state(c.slot), VMMRT_SLOT_RESERVED);
+	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+static void destroy_with_requests_in_flight(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	for (int i = 0; i < 50; i++) {
+		vmmrt_slot *s;
+		assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_map_async(s, NULL, NULL), VMMRT_OK);
+		/* A second map of the same kind while one is queued is refused, not queued twice. */
+		assert_int_equal(vmmrt_slot_map_async(s, NULL, NULL), VMMRT_E_BUSY);
+		assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	}
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(uatomic_read(&rt->live_handles), 0);
+	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(bad_input),
+		cmocka_unit_test(state_machine_keeps_the_address),
+		cmocka_unit_test(bytes_survive_offload_and_remap),
+		cmocka_unit_test(out_of_memory_is_named_and_clean),
+		cmocka_unit_test(partial_map_is_rolled_back),
+		cmocka_unit_test(only_workers_make_vmm_calls),
+		cmocka_unit_test(api_refuses_host_functions),
+		cmocka_unit_test(destroy_with_requests_in_flight),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
