@@ -124,6 +124,21 @@ vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info 
 /* Driver-level device memory (cuMemGetInfo), in bytes. */
 vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes);
 
+/*
+ * Latency of the driver's VMM calls as the runtime made them (all threads),
+ * over the most recent 65536 calls of each type: call 0..VMMRT_DRIVER_CALLS-1
+ * is cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease.
+ */
+#define VMMRT_DRIVER_CALLS 5
+typedef struct vmmrt_driver_stats {
+	const char *name;      /* "cuMemCreate", ... */
+	uint64_t count;
+	double p50_us, p99_us, max_us;
+} vmmrt_driver_stats;
+vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driver_stats *out);
+/* Forget the samples and the launch-thread blocking count (e.g. after warm-up). */
+vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt);
+
 /* -------------------------------------------------------------------- slots */
 
 /* One fixed-VA range: the address never changes from create to destroy. */
@@ -260,6 +275,10 @@ typedef struct vmmrt_offload_stats {
 	uint64_t maps, releases;         /* worker requests completed (remap) */
 	uint64_t launch_thread_blocking; /* blocking calls made by application threads */
 	uint64_t bank_conflicts;         /* ping-pong: consecutive backward runners on one bank */
+	/* Copy times of the last iteration whose copies all finished, from device
+	 * events (read after vmmrt_offload_sync): bytes / ms is the bandwidth. */
+	double last_d2h_ms, last_h2d_ms;
+	uint64_t last_d2h_bytes, last_h2d_bytes;
 	uint32_t groups;
 	vmmrt_mode mode;
 	uint32_t lookahead;

@@ -355,3 +355,21 @@ uint64_t vmmrt_drv_launch_thread_blocking(vmmrt_runtime *rt)
 {
 	return uatomic_read(&rt->launch_blocking);
 }
+
+vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driver_stats *out)
+{
+	VMMRT_CHECK_ARG(rt && out, "NULL argument");
+	if (call >= VMMRT_CALL_COUNT_)
+		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "driver call %u >= %d", call, VMMRT_CALL_COUNT_);
+	vmmrt_call_stats s;
+	vmmrt_drv_call_stats(rt, (vmmrt_drv_call)call, &s);
+	*out = (vmmrt_driver_stats){call_names[call], s.count, s.p50_us, s.p99_us, s.max_us};
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt)
+{
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	vmmrt_drv_reset_stats(rt);
+	return VMMRT_OK;
+}
