@@ -277,6 +277,20 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	out->maps = uatomic_read(&off->maps);
 	out->releases = uatomic_read(&off->releases);
 	out->bank_conflicts = off->bank_conflicts;
+	/* Completed copies only: an event still pending is skipped, not waited for. */
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		float ms;
+		if (g->timed_d2h && vmmrt_drv_event_elapsed_ms(rt, g->d2h_start, g->d2h_done, &ms) == VMMRT_OK) {
+			out->last_d2h_ms += ms;
+			out->last_d2h_bytes += g->bytes;
+		}
+		if (g->timed_h2d && vmmrt_drv_event_elapsed_ms(rt, g->h2d_start, g->restored, &ms) == VMMRT_OK) {
+			out->last_h2d_ms += ms;
+			out->last_h2d_bytes += g->bytes;
+		}
+	}
+	vmmrt_error_clear();
 	return VMMRT_OK;
 }
 
@@ -292,6 +306,33 @@ void vmmrt_offload_destroy(vmmrt_runtime *rt)
 	free(off->groups);
 	free(off);
 	rt->offload = NULL;
+}
+
+/* Timing events around the copy give the bandwidth "while copying". */
+vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st;
+	if ((st = vmmrt_drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
+		return st;
+	g->timed_d2h = true;
+	uatomic_add(&off->bytes_offloaded, g->bytes);
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st;
+	if ((st = vmmrt_drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
+	    (st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
+		return st;
+	g->timed_h2d = true;
+	uatomic_add(&off->bytes_restored, g->bytes);
+	return VMMRT_OK;
 }
 
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)

@@ -46,6 +46,9 @@ struct vmmrt_group {
 	vmmrt_devptr base;
 	void *host;                   /* pinned copy of the activations */
 	vmmrt_bevent *fwd_done, *d2h_done, *restored, *consumed;
+	/* timing events bracketing the copies (d2h_done/restored end them) */
+	vmmrt_bevent *d2h_start, *h2d_start;
+	bool timed_d2h, timed_h2d;    /* the last iteration copied this group */
 
 	/* remap: the GPU waits for *flag >= seq of the map it needs */
 	uint32_t *flag;
@@ -152,6 +155,9 @@ void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
 /* Is this use the last forward immediately followed by its own backward? Its
  * activations then stay on the device: no D2H, no restore, no release. */
 bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g);
+/* Enqueue a copy bracketed by the group's timing events. */
+vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g);
+vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);
 /* Enqueue a host function that pushes req to its slot's worker. */
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
 
