@@ -395,14 +395,15 @@ static void *worker_main(void *arg)
 
 	for (;;) {
 		uint32_t seen = ck_ec32_value(&wk->ec);
+		/* Checked before each request, so a cancelling stop cancels what is queued. */
+		if (uatomic_read(&wk->pool->stopping))
+			break;
 		run_parked(wk);
 		vmmrt_request *req = dequeue(wk);
 		if (req) {
 			take(wk, req);
 			continue;
 		}
-		if (uatomic_read(&wk->pool->stopping))
-			break;
 		uatomic_inc(&wk->stats.wakeups);
 		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, NULL);
 	}
