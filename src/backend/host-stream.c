@@ -222,10 +222,26 @@ static void run_copy(vmmrt_backend *b, const struct host_op *op)
 	if (op->u.copy.n == 0)
 		return;
 	uatomic_inc(&b->copies_in_flight);
-	memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
-	/* bytes / (GB/s) is nanoseconds; copies on different streams overlap like copy engines */
-	if (b->cfg.host_latency)
-		vmmrt_host_sleep_until(t0 + (uint64_t)((double)op->u.copy.n / b->cfg.host_copy_gbps));
+	if (!b->cfg.host_latency) {
+		memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
+	} else {
+		/*
+		 * Paced in chunks over the modelled duration (bytes / (GB/s) is
+		 * nanoseconds), as a DMA engine streams them: a kernel that
+		 * overwrites the source mid-copy is seen in the copy, so a missing
+		 * fence corrupts data here exactly as it would on a GPU. Copies on
+		 * different streams overlap like copy engines.
+		 */
+		const size_t chunk = 256 * 1024;
+		const size_t n = op->u.copy.n;
+		char *dst = op->u.copy.dst;
+		const char *src = op->u.copy.src;
+		for (size_t at = 0; at < n; at += chunk) {
+			size_t len = n - at < chunk ? n - at : chunk;
+			memmove(dst + at, src + at, len);
+			vmmrt_host_sleep_until(t0 + (uint64_t)((double)(at + len) / b->cfg.host_copy_gbps));
+		}
+	}
 	uatomic_dec(&b->copies_in_flight);
 }
 

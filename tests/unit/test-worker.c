@@ -267,6 +267,9 @@ static void destroy_while_requests_are_queued(void **state)
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &d.s), VMMRT_OK);
 	stall(rt->workers, 0, &g, &blocker);
 	assert_int_equal(vmmrt_slot_map_async(d.s, count_done, &t), VMMRT_OK);
+	/* A request object sits in one queue at a time: a second push is refused. */
+	assert_int_equal(vmmrt_slot_map_async(d.s, count_done, &t), VMMRT_E_BUSY);
+	assert_int_equal(vmmrt_slot_get_state(d.s), VMMRT_SLOT_PENDING);
 	pthread_t th;
 	pthread_create(&th, NULL, destroy_thread, &d);
 	usleep(20000); /* the destroy is queued behind the map */
