@@ -218,7 +218,9 @@ static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stre
 		return st;
 	}
 	vmmrt_status st = reclaim(off, &r->req);
-	if (st == VMMRT_OK)
+	if (st == VMMRT_OK && kind == USE_F && (off->drop_fence & VMMRT_PLANT_EARLY_RELEASE))
+		st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
+	else if (st == VMMRT_OK)
 		st = vmmrt_offload_push_after(off, s, r);
 	return st;
 }
