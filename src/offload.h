@@ -25,6 +25,7 @@ typedef struct vmmrt_remap_req {
 } vmmrt_remap_req;
 
 enum { USE_F = 0, USE_B = 1 };
+#define VMMRT_REQ_RING 8
 
 struct vmmrt_group {
 	vmmrt_runtime *rt;
@@ -56,7 +57,14 @@ struct vmmrt_group {
 	uint32_t map_seq;             /* last seq requested */
 	uint64_t maps_requested;      /* launch thread */
 	uint64_t releases_done;       /* uatomic, workers */
-	vmmrt_remap_req map[2], rel[2]; /* per use kind */
+	/*
+	 * Requests per use kind, in rings: the launch thread may run up to
+	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for
+	 * one of its own requests to come back (and that wait is counted).
+	 */
+	vmmrt_remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING];
+	unsigned map_next[2], rel_next[2];
+	uint32_t map_seq_of[2];       /* seq of the last map requested per kind */
 
 	/* pipeline, launch thread */
 	uint64_t restore_use;         /* use number of the last restore enqueued, +1 (0: none) */

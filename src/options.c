@@ -131,7 +131,7 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
 	char *end;
 
 	if (!value)
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s: missing value", r->name);
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): missing value", r->name, r->env);
 	switch (r->type) {
 	case T_ENUM:
 		for (unsigned i = 0; i < 6 && r->choices[i]; i++)

@@ -132,17 +132,20 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 		g->base = vmmrt_slot_address(g->slot);
 		uatomic_inc(&off->resident);
 		vmmrt_offload_account(off, (int64_t)g->slot->size);
-		for (int k = 0; k < 2; k++) {
-			vmmrt_request_init(&g->map[k].req, VMMRT_REQ_MAP, g->slot);
-			g->map[k].req.admit = admit_map;
-			g->map[k].req.done = map_done;
-			g->map[k].req.done_arg = &g->map[k];
-			g->map[k].g = g;
-			vmmrt_request_init(&g->rel[k].req, VMMRT_REQ_RELEASE, g->slot);
-			g->rel[k].req.done = release_done;
-			g->rel[k].req.done_arg = &g->rel[k];
-			g->rel[k].g = g;
-		}
+		for (int k = 0; k < 2; k++)
+			for (int j = 0; j < VMMRT_REQ_RING; j++) {
+				vmmrt_remap_req *m = &g->map[k][j], *r = &g->rel[k][j];
+				vmmrt_request_init(&m->req, VMMRT_REQ_MAP, g->slot);
+				m->req.ensure = true; /* the first map finds the initial backing */
+				m->req.admit = admit_map;
+				m->req.done = map_done;
+				m->req.done_arg = m;
+				m->g = g;
+				vmmrt_request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
+				r->req.done = release_done;
+				r->req.done_arg = r;
+				r->g = g;
+			}
 	}
 	return VMMRT_OK;
 }
@@ -160,11 +163,12 @@ static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
 
 static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, uint64_t use)
 {
-	vmmrt_remap_req *r = &g->map[kind];
+	vmmrt_remap_req *r = &g->map[kind][g->map_next[kind]++ % VMMRT_REQ_RING];
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': previous map", g->name);
 	r->seq = ++g->map_seq;
+	g->map_seq_of[kind] = r->seq;
 	r->ticket = off->next_ticket++;
 	/* Every earlier map of this group is followed by a release, which must
 	 * have run first (the first map finds the initial backing in place). */
@@ -190,7 +194,7 @@ static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 	if (st != VMMRT_OK || !backward)
 		return st;
 	/* The restore: behind the map on the H2D stream, never on the launch thread. */
-	if ((st = vmmrt_drv_stream_wait_value32(rt, off->h2d, g->flag_dev, g->map[USE_B].seq)) != VMMRT_OK ||
+	if ((st = vmmrt_drv_stream_wait_value32(rt, off->h2d, g->flag_dev, g->map_seq_of[USE_B])) != VMMRT_OK ||
 	    (st = vmmrt_offload_h2d(off, g)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
 	g->restore_use = use + 1;
@@ -199,14 +203,14 @@ static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 
 static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map[USE_F].seq);
+	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map_seq_of[USE_F]);
 }
 
 /* After `s` reaches this point (`done` is recorded there), the group's memory
  * is released by a worker; inline, the launch thread waits for `done` itself. */
 static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, int kind, vmmrt_bevent *done)
 {
-	vmmrt_remap_req *r = &g->rel[kind];
+	vmmrt_remap_req *r = &g->rel[kind][g->rel_next[kind]++ % VMMRT_REQ_RING];
 	if (off->rt->driver_inline) {
 		vmmrt_status st = vmmrt_drv_event_synchronize(off->rt, done);
 		if (st == VMMRT_OK)
