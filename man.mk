@@ -46,6 +46,7 @@ man3_pages = \
 	man/man3/vmmrt_mem_info.3 \
 	man/man3/vmmrt_offload_allocate.3 \
 	man/man3/vmmrt_offload_stats_get.3 \
+	man/man3/vmmrt_offload_stats_reset.3 \
 	man/man3/vmmrt_offload_sync.3 \
 	man/man3/vmmrt_option_describe.3 \
 	man/man3/vmmrt_options_apply_env.3 \
