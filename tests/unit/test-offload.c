@@ -258,6 +258,40 @@ static void no_blocking_in_steady_state(void **state)
 	}
 }
 
+/* Out of memory on the maps a stream waits for: reported, retried, no byte lost. */
+static int32_t creates_to_fail;
+
+static vmmrt_status fail_creates(void *ctx, const char *op, uint64_t *delay_us)
+{
+	if (!strcmp(op, "cuMemCreate") && uatomic_read(&creates_to_fail) > 0) {
+		uatomic_dec(&creates_to_fail);
+		return VMMRT_E_OUT_OF_MEMORY;
+	}
+	return VMMRT_OK;
+}
+
+static void remap_survives_out_of_memory(void **state)
+{
+	model_cfg cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1,
+			 .fwd_ns = 200000, .bwd_ns = 200000};
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	assert_int_equal(model_run(m, 1), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	/* More failures than one round of retries absorbs (oom_retries is 3). */
+	uatomic_set(&creates_to_fail, 7);
+	vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
+	assert_int_equal(model_run(m, 3), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	assert_int_equal(checked, 4 * cfg.layers);
+	assert_int_equal(uatomic_read(&creates_to_fail), 0);
+	assert_true(model_reported(m) >= 1); /* the failure reached the application */
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	model_destroy(m);
+}
+
 /* ------------------------------------------------------ the negative case */
 
 typedef struct naive {
@@ -423,6 +457,7 @@ int main(void)
 		cmocka_unit_test(lookahead_follows_recorded_order),
 		cmocka_unit_test(device_memory_bounds),
 		cmocka_unit_test(no_blocking_in_steady_state),
+		cmocka_unit_test(remap_survives_out_of_memory),
 		cmocka_unit_test(naive_reload_reads_wrong_bytes),
 		host_only_test(reading_a_released_slot_faults), /* a GPU fault is no signal */
 		cmocka_unit_test(api_misuse),
