@@ -415,10 +415,12 @@ void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)
 		rt->offload->drop_fence = mask;
 }
 
-bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g)
+bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
 	const vmmrt_schedule *s = &off->sched;
-	return s->recorded && s->n && s->fwd[s->n - 1] == g->index && s->bwd[0] == g->index;
+	uint64_t fwd_use = backward ? use - 1 : use;
+	return s->recorded && s->n && use >= 1 && fwd_use >= 2ull * s->n && s->fwd[s->n - 1] == g->index &&
+	       s->bwd[0] == g->index;
 }
 
 /* Host function: runs on the driver's callback thread, so it only pushes the

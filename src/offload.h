@@ -169,9 +169,15 @@ void vmmrt_group_free(vmmrt_group *g);
 
 /* Test-only switch (VMMRT_DROP_*): lets a test prove it can see corruption. */
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
-/* Is this use the last forward immediately followed by its own backward? Its
- * activations then stay on the device: no D2H, no restore, no release. */
-bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g);
+/*
+ * Is use `use` of g (its forward, or its backward) the tail: the last forward
+ * followed at once by its own backward? Its activations then stay on the
+ * device: no D2H, no restore, no release in between. Decided by use number,
+ * not by the moment of the call: only from the second iteration on, when the
+ * forward already ran under the recorded schedule, so the forward and the
+ * backward (and a prefetch made before either) always agree.
+ */
+bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint64_t use, bool backward);
 /* Enqueue a copy bracketed by the group's timing events. */
 vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g);
 vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);

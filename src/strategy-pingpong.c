@@ -85,7 +85,7 @@ static vmmrt_status pp_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 {
 	if (!backward)
 		return VMMRT_OK; /* a forward needs nothing ahead */
-	if (vmmrt_offload_is_tail(off, g)) {
+	if (vmmrt_offload_is_tail(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* the tail never left */
 	}
@@ -124,7 +124,7 @@ static vmmrt_status pp_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_bank *bank = &off->bank[g->bank];
-	if (vmmrt_offload_is_tail(off, g)) {
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays in the bank */
 	}
@@ -140,7 +140,7 @@ static vmmrt_status pp_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 
 static vmmrt_status pp_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	if (vmmrt_offload_is_tail(off, g))
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt_error(VMMRT_E_INVALID_STATE,

@@ -198,7 +198,7 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (backward && vmmrt_offload_is_tail(off, g)) {
+	if (backward && vmmrt_offload_is_tail(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* still mapped since its forward */
 	}
@@ -238,7 +238,7 @@ static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stre
 static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (vmmrt_offload_is_tail(off, g)) {
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays mapped */
 	}
@@ -253,7 +253,7 @@ static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 
 static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	if (vmmrt_offload_is_tail(off, g))
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);

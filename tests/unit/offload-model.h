@@ -23,6 +23,7 @@ typedef struct model_cfg {
 	bool latency;               /* host backend latency model */
 	double copy_gbps;           /* with latency */
 	const char *capacity;       /* host backend capacity, default "1G" */
+	bool driver_inline;         /* remap: VMM calls on the launch thread */
 } model_cfg;
 
 typedef struct model model;

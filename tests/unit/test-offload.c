@@ -62,6 +62,38 @@ static void three_layers_none(void **state)
 	run_and_verify(&cfg, 3);
 }
 
+/* One layer: its forward is also the last one, so from the second iteration
+ * on it is the tail and never leaves the device (regression: the tail was
+ * decided at call time, and the first iteration's backward skipped a restore
+ * its forward had not skipped). */
+static void one_layer_each_strategy(void **state)
+{
+	const char *modes[] = {"pingpong", "remap", "none"};
+	for (int i = 0; i < 3; i++) {
+		model_cfg cfg = {.mode = modes[i], .layers = 1, .act_bytes = 2 * MiB, .lookahead = 1};
+		run_and_verify(&cfg, 4);
+	}
+}
+
+/* The comparison mode: VMM calls on the launch thread, which then blocks
+ * (regression: a look-ahead map ran before the release of the use before). */
+static void remap_inline_verifies_and_blocks(void **state)
+{
+	model_cfg cfg = {.mode = "remap", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1, .driver_inline = true};
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	assert_int_equal(model_run(m, 1), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	vmmrt_drv_reset_stats(model_runtime(m));
+	assert_int_equal(model_run(m, 3), VMMRT_OK);
+	vmmrt_offload_stats s;
+	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+	assert_true(s.launch_thread_blocking > 0); /* what the workers are there to avoid */
+	assert_int_equal(model_verify(m, &checked), 0);
+	model_destroy(m);
+}
+
 static void remap_with_two_workers_and_lookahead_two(void **state)
 {
 	model_cfg cfg = {.mode = "remap", .layers = 5, .act_bytes = 2 * MiB, .lookahead = 2, .workers = 2,
@@ -490,6 +522,8 @@ int main(void)
 		cmocka_unit_test(three_layers_remap),
 		cmocka_unit_test(three_layers_none),
 		cmocka_unit_test(remap_with_two_workers_and_lookahead_two),
+		cmocka_unit_test(one_layer_each_strategy),
+		cmocka_unit_test(remap_inline_verifies_and_blocks),
 		cmocka_unit_test(pingpong_fences_hold),
 		/* the latency model makes copies slow enough for a missing fence to bite */
 		host_only_test(dropping_forward_fence_is_caught),
