@@ -271,7 +271,7 @@ typedef struct vmmrt_offload_stats {
 	uint64_t bytes_offloaded;        /* D2H bytes enqueued */
 	uint64_t bytes_restored;         /* H2D bytes enqueued */
 	uint64_t activation_bytes;       /* device bytes mapped for activations now */
-	uint64_t activation_peak_bytes;  /* the most ever mapped at once */
+	uint64_t activation_peak_bytes;  /* the most mapped at once since allocation or the last reset */
 	uint64_t maps, releases;         /* worker requests completed (remap) */
 	uint64_t launch_thread_blocking; /* blocking calls made by application threads */
 	uint64_t bank_conflicts;         /* ping-pong: consecutive backward runners on one bank */
@@ -285,6 +285,8 @@ typedef struct vmmrt_offload_stats {
 	uint32_t schedule_recorded;      /* 1 once the first iteration fixed the order */
 } vmmrt_offload_stats;
 vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
+/* Restart the counters, and the peak from the memory mapped now (after warm-up, say). */
+vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt);
 
 
 #ifdef __cplusplus

@@ -57,6 +57,11 @@ void vmmrt_error_clear(void)
 	last_message[0] = '\0';
 }
 
+void vmmrt_error_adopt(const char *message)
+{
+	snprintf(last_message, sizeof(last_message), "%s", message);
+}
+
 vmmrt_status vmmrt_error(vmmrt_status status, const char *fmt, ...)
 {
 	int n = snprintf(last_message, sizeof(last_message), "%s: ", vmmrt_status_name(status));

@@ -19,6 +19,8 @@ vmmrt_status vmmrt_error(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF
 /* Keep the message of a failure already reported below, prefixing context. */
 vmmrt_status vmmrt_error_wrap(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
 void vmmrt_error_clear(void);
+/* Adopt a message reported on another thread (a worker's, for its waiter). */
+void vmmrt_error_adopt(const char *message);
 
 #define VMMRT_CHECK_ARG(cond, what) \
 	do { \

@@ -115,8 +115,10 @@ vmmrt_status vmmrt_group_alloc_common(vmmrt_group *g)
 	/* Whole 8-byte words, so the checksum kernels can read the tail too. */
 	if ((st = vmmrt_drv_host_alloc(rt, (g->bytes + 7) & ~(size_t)7, &g->host)) != VMMRT_OK ||
 	    (st = vmmrt_drv_event_create(rt, false, &g->fwd_done)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, false, &g->d2h_done)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, false, &g->restored)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, true, &g->d2h_start)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, true, &g->d2h_done)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, true, &g->h2d_start)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_create(rt, true, &g->restored)) != VMMRT_OK ||
 	    (st = vmmrt_drv_event_create(rt, false, &g->consumed)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': allocation", g->name);
 	return VMMRT_OK;
@@ -125,8 +127,8 @@ vmmrt_status vmmrt_group_alloc_common(vmmrt_group *g)
 void vmmrt_group_release(vmmrt_group *g)
 {
 	vmmrt_runtime *rt = g->rt;
-	vmmrt_bevent **ev[] = {&g->fwd_done, &g->d2h_done, &g->restored, &g->consumed};
-	for (unsigned i = 0; i < 4; i++)
+	vmmrt_bevent **ev[] = {&g->fwd_done, &g->d2h_start, &g->d2h_done, &g->h2d_start, &g->restored, &g->consumed};
+	for (unsigned i = 0; i < sizeof(ev) / sizeof(ev[0]); i++)
 		if (*ev[i]) {
 			(void)vmmrt_drv_event_destroy(rt, *ev[i]);
 			*ev[i] = NULL;

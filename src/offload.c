@@ -36,10 +36,6 @@ vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st)
 void vmmrt_offload_account(vmmrt_offload *off, int64_t delta)
 {
 	int64_t now = uatomic_add_return(&off->activation_bytes, delta);
-	/* The peak counts from the first recorded iteration: allocation maps every
-	 * group once so the graphs can be captured, which is not the steady state. */
-	if (!off->sched.recorded)
-		return;
 	for (int64_t peak = uatomic_read(&off->activation_peak); now > peak;
 	     peak = uatomic_read(&off->activation_peak))
 		if (uatomic_cmpxchg(&off->activation_peak, peak, now) == peak)
@@ -187,8 +183,9 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 	if (g->open)
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' has a %s that was not ended", what, g->name,
 				   g->open == 1 ? "forward" : "backward");
-	if ((st = vmmrt_schedule_enter(&off->sched, g, backward)) != VMMRT_OK ||
-	    (st = ensure_current(off, g, backward)) != VMMRT_OK ||
+	if ((st = vmmrt_schedule_enter(&off->sched, g, backward)) != VMMRT_OK)
+		return st;
+	if ((st = ensure_current(off, g, backward)) != VMMRT_OK ||
 	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
 		return st;
 	g->open = backward ? 2 : 1;
@@ -232,20 +229,26 @@ vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
-	vmmrt_offload *off;
+	vmmrt_offload *off = NULL;
 	vmmrt_status st = get_ready(rt, &off);
 	if (st != VMMRT_OK)
 		return st;
 	uatomic_inc(&rt->launch_blocking);
 	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK)
 		return st;
-	/* Releases pushed by the last host functions may still be running. */
-	vmmrt_request barrier;
+	/* Releases pushed by the last host functions may still be queued: a
+	 * no-op request behind them on every worker is the barrier. It is on the
+	 * heap so a timed-out wait can leave it to the worker. */
 	for (unsigned w = 0; w < vmmrt_workers_count(rt->workers); w++) {
-		vmmrt_request_init(&barrier, VMMRT_REQ_CALL, NULL);
-		if ((st = vmmrt_worker_push(rt->workers, w, &barrier)) != VMMRT_OK)
+		vmmrt_request *barrier = malloc(sizeof(*barrier));
+		if (!barrier)
+			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload sync");
+		vmmrt_request_init(barrier, VMMRT_REQ_CALL, NULL);
+		if ((st = vmmrt_worker_push(rt->workers, w, barrier)) != VMMRT_OK) {
+			free(barrier);
 			return st;
-		if ((st = vmmrt_request_wait(&barrier, rt->timeout_ms)) != VMMRT_OK)
+		}
+		if ((st = vmmrt_request_wait_owned(barrier, rt->timeout_ms)) != VMMRT_OK)
 			return st;
 	}
 	for (unsigned i = 0; i < off->ngroups; i++)
@@ -277,6 +280,37 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	out->maps = uatomic_read(&off->maps);
 	out->releases = uatomic_read(&off->releases);
 	out->bank_conflicts = off->bank_conflicts;
+	/* Completed copies only: an event still pending is skipped, not waited for. */
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		float ms;
+		if (g->timed_d2h && vmmrt_drv_event_elapsed_ms(rt, g->d2h_start, g->d2h_done, &ms) == VMMRT_OK) {
+			out->last_d2h_ms += ms;
+			out->last_d2h_bytes += g->bytes;
+		}
+		if (g->timed_h2d && vmmrt_drv_event_elapsed_ms(rt, g->h2d_start, g->restored, &ms) == VMMRT_OK) {
+			out->last_h2d_ms += ms;
+			out->last_h2d_bytes += g->bytes;
+		}
+	}
+	vmmrt_error_clear();
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
+{
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	vmmrt_offload *off = rt->offload;
+	if (!off)
+		return VMMRT_OK;
+	/* Allocation maps every group once, for capture: a peak measured from
+	 * there says nothing about the steady state, so callers restart it. */
+	uatomic_set(&off->activation_peak, uatomic_read(&off->activation_bytes));
+	uatomic_set(&off->bytes_offloaded, 0);
+	uatomic_set(&off->bytes_restored, 0);
+	uatomic_set(&off->maps, 0);
+	uatomic_set(&off->releases, 0);
+	off->bank_conflicts = 0;
 	return VMMRT_OK;
 }
 
@@ -292,6 +326,33 @@ void vmmrt_offload_destroy(vmmrt_runtime *rt)
 	free(off->groups);
 	free(off);
 	rt->offload = NULL;
+}
+
+/* Timing events around the copy give the bandwidth "while copying". */
+vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st;
+	if ((st = vmmrt_drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
+		return st;
+	g->timed_d2h = true;
+	uatomic_add(&off->bytes_offloaded, g->bytes);
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st;
+	if ((st = vmmrt_drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
+	    (st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
+		return st;
+	g->timed_h2d = true;
+	uatomic_add(&off->bytes_restored, g->bytes);
+	return VMMRT_OK;
 }
 
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)

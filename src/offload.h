@@ -25,6 +25,7 @@ typedef struct vmmrt_remap_req {
 } vmmrt_remap_req;
 
 enum { USE_F = 0, USE_B = 1 };
+#define VMMRT_REQ_RING 8
 
 struct vmmrt_group {
 	vmmrt_runtime *rt;
@@ -46,6 +47,9 @@ struct vmmrt_group {
 	vmmrt_devptr base;
 	void *host;                   /* pinned copy of the activations */
 	vmmrt_bevent *fwd_done, *d2h_done, *restored, *consumed;
+	/* timing events bracketing the copies (d2h_done/restored end them) */
+	vmmrt_bevent *d2h_start, *h2d_start;
+	bool timed_d2h, timed_h2d;    /* the last iteration copied this group */
 
 	/* remap: the GPU waits for *flag >= seq of the map it needs */
 	uint32_t *flag;
@@ -53,7 +57,14 @@ struct vmmrt_group {
 	uint32_t map_seq;             /* last seq requested */
 	uint64_t maps_requested;      /* launch thread */
 	uint64_t releases_done;       /* uatomic, workers */
-	vmmrt_remap_req map[2], rel[2]; /* per use kind */
+	/*
+	 * Requests per use kind, in rings: the launch thread may run up to
+	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for
+	 * one of its own requests to come back (and that wait is counted).
+	 */
+	vmmrt_remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING];
+	unsigned map_next[2], rel_next[2];
+	uint32_t map_seq_of[2];       /* seq of the last map requested per kind */
 
 	/* pipeline, launch thread */
 	uint64_t restore_use;         /* use number of the last restore enqueued, +1 (0: none) */
@@ -152,6 +163,9 @@ void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
 /* Is this use the last forward immediately followed by its own backward? Its
  * activations then stay on the device: no D2H, no restore, no release. */
 bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g);
+/* Enqueue a copy bracketed by the group's timing events. */
+vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g);
+vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);
 /* Enqueue a host function that pushes req to its slot's worker. */
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
 

@@ -48,6 +48,10 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 	[VMMRT_OPT_CHECKED_THREADS] = {"checked_threads", "VMMRT_CHECKED_THREADS", T_BOOL, "1", {0}, 0, 1,
 		"refuse cuMemCreate/Map/SetAccess/Unmap/Release from any thread but a driver worker "
 		"(VMMRT_E_NOT_PERMITTED)"},
+	[VMMRT_OPT_DRIVER_INLINE] = {"driver_inline", "VMMRT_DRIVER_INLINE", T_BOOL, "0", {0}, 0, 1,
+		"remap mode, for comparison only: make the VMM calls on the launch thread, which then "
+		"waits for each copy before releasing (what the driver workers avoid); turns "
+		"checked_threads off"},
 	[VMMRT_OPT_TIMEOUT_MS] = {"timeout_ms", "VMMRT_TIMEOUT_MS", T_UINT, "30000", {0}, 1, 86400000,
 		"bound on every blocking wait of the API (VMMRT_E_TIMEOUT after it)"},
 	[VMMRT_OPT_OOM_RETRIES] = {"oom_retries", "VMMRT_OOM_RETRIES", T_UINT, "3", {0}, 0, 1000,
@@ -127,7 +131,7 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
 	char *end;
 
 	if (!value)
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s: missing value", r->name);
+		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): missing value", r->name, r->env);
 	switch (r->type) {
 	case T_ENUM:
 		for (unsigned i = 0; i < 6 && r->choices[i]; i++)

@@ -82,7 +82,9 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 	}
 	rt->mode = (vmmrt_mode)vmmrt_opt_u(&rt->opts, VMMRT_OPT_MODE);
 	rt->lookahead = (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_LOOKAHEAD);
-	rt->checked_threads = vmmrt_opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0;
+	rt->driver_inline = vmmrt_opt_u(&rt->opts, VMMRT_OPT_DRIVER_INLINE) != 0;
+	/* Inline driver calls are made on the launch thread by definition. */
+	rt->checked_threads = vmmrt_opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0 && !rt->driver_inline;
 	rt->timeout_ms = vmmrt_opt_u(&rt->opts, VMMRT_OPT_TIMEOUT_MS);
 	rt->be_cfg = (vmmrt_backend_config){
 		.device_ordinal = (int)vmmrt_opt_u(&rt->opts, VMMRT_OPT_DEVICE),

@@ -33,6 +33,7 @@ struct vmmrt_runtime {
 	vmmrt_mode mode;
 	unsigned lookahead;
 	bool checked_threads;
+	bool driver_inline;      /* remap: VMM calls on the launch thread (comparison only) */
 	uint64_t timeout_ms;
 
 	vmmrt_workers *workers;

@@ -120,6 +120,7 @@ void vmmrt_slot_retire(vmmrt_slot *s)
 
 void vmmrt_slot_publish_error(vmmrt_slot *s, vmmrt_status st)
 {
+	snprintf(s->errmsg, sizeof(s->errmsg), "%s", vmmrt_last_error());
 	uatomic_set(&s->error, (int32_t)st);
 	set_state(s, VMMRT_SLOT_FAILED);
 }
@@ -131,20 +132,25 @@ static vmmrt_status push(vmmrt_slot *s, vmmrt_request *req, vmmrt_req_done_fn do
 	return vmmrt_worker_push(s->rt->workers, s->worker, req);
 }
 
+/* PENDING is set before the push: the worker may finish (and set the new
+ * state) before the push even returns. */
+static vmmrt_status push_pending(vmmrt_slot *s, vmmrt_request *req, vmmrt_req_done_fn done, void *arg)
+{
+	int32_t old = uatomic_xchg(&s->state, VMMRT_SLOT_PENDING);
+	vmmrt_status st = push(s, req, done, arg);
+	if (st != VMMRT_OK)
+		uatomic_cmpxchg(&s->state, VMMRT_SLOT_PENDING, old);
+	return st;
+}
+
 vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg)
 {
-	vmmrt_status st = push(s, &s->map_req, done, arg);
-	if (st == VMMRT_OK)
-		set_state(s, VMMRT_SLOT_PENDING);
-	return st;
+	return push_pending(s, &s->map_req, done, arg);
 }
 
 vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg)
 {
-	vmmrt_status st = push(s, &s->release_req, done, arg);
-	if (st == VMMRT_OK)
-		set_state(s, VMMRT_SLOT_PENDING);
-	return st;
+	return push_pending(s, &s->release_req, done, arg);
 }
 
 /* ------------------------------------------------------------- public API */
@@ -173,8 +179,8 @@ static vmmrt_status pending_error(vmmrt_slot *s)
 	int32_t e = uatomic_xchg(&s->error, VMMRT_OK);
 	if (e != VMMRT_OK) {
 		set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
-		return vmmrt_error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed (%s)",
-				   (unsigned long long)s->id, vmmrt_strerror((vmmrt_status)e));
+		return vmmrt_error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed: %s",
+				   (unsigned long long)s->id, s->errmsg);
 	}
 	return VMMRT_OK;
 }

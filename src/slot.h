@@ -21,6 +21,7 @@ struct vmmrt_slot {
 
 	int32_t state;         /* vmmrt_slot_state, uatomic */
 	int32_t error;         /* last asynchronous failure, uatomic; cleared by vmmrt_slot_error */
+	char errmsg[192];      /* its message, written before error is published */
 
 	/* worker-owned */
 	bool mapped;

@@ -60,12 +60,9 @@ static vmmrt_status enqueue_restore(vmmrt_offload *off, vmmrt_group *g, uint64_t
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_BACKWARD_FENCE))
 		st = vmmrt_drv_stream_wait_event(rt, off->h2d, bank->free_ev);
 	if (st == VMMRT_OK)
-		st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d);
-	if (st == VMMRT_OK)
-		st = vmmrt_drv_event_record(rt, g->restored, off->h2d);
+		st = vmmrt_offload_h2d(off, g);
 	if (st != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
-	uatomic_add(&off->bytes_restored, g->bytes);
 	bank->user = g;
 	bank->user_done = false;
 	g->restore_use = use + 1;
@@ -86,8 +83,12 @@ static vmmrt_status release_bank(vmmrt_offload *off, vmmrt_bank *bank, vmmrt_bev
 
 static vmmrt_status pp_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
-	if (!backward || vmmrt_offload_is_tail(off, g))
-		return VMMRT_OK; /* forward needs nothing ahead; the tail never left */
+	if (!backward)
+		return VMMRT_OK; /* a forward needs nothing ahead */
+	if (vmmrt_offload_is_tail(off, g)) {
+		g->timed_h2d = false;
+		return VMMRT_OK; /* the tail never left */
+	}
 	vmmrt_bank *bank = &off->bank[g->bank];
 	if (bank->user_done)
 		return enqueue_restore(off, g, use);
@@ -123,18 +124,17 @@ static vmmrt_status pp_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_bank *bank = &off->bank[g->bank];
-	if (vmmrt_offload_is_tail(off, g))
+	if (vmmrt_offload_is_tail(off, g)) {
+		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays in the bank */
+	}
 	vmmrt_status st = vmmrt_drv_event_record(rt, g->fwd_done, compute);
 	if (st == VMMRT_OK)
 		st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->fwd_done);
 	if (st == VMMRT_OK)
-		st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h);
-	if (st == VMMRT_OK)
-		st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h);
+		st = vmmrt_offload_d2h(off, g);
 	if (st != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
-	uatomic_add(&off->bytes_offloaded, g->bytes);
 	return release_bank(off, bank, g->d2h_done);
 }
 

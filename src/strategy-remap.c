@@ -80,6 +80,37 @@ static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	vmmrt_workers_kick(g->rt->workers);
 }
 
+/*
+ * driver_inline: the comparison the workers are measured against. The launch
+ * thread makes the VMM calls itself (the seed's first version), and so must
+ * wait for each copy or graph before it may release the memory behind it.
+ */
+static vmmrt_status inline_map(vmmrt_offload *off, vmmrt_remap_req *r)
+{
+	vmmrt_group *g = r->g;
+	vmmrt_status st = VMMRT_OK;
+	r->grew = !g->slot->mapped;
+	if (r->grew) {
+		vmmrt_bhandle h;
+		uatomic_inc(&off->resident); /* as admission does; map_done undoes it on failure */
+		st = vmmrt_drv_mem_create(off->rt, g->slot->size, &h);
+		if (st == VMMRT_OK && (st = vmmrt_slot_attach(g->slot, h)) != VMMRT_OK)
+			(void)vmmrt_drv_mem_release(off->rt, h);
+	}
+	map_done(&r->req, st, r);
+	return st;
+}
+
+static vmmrt_status inline_release(vmmrt_offload *off, vmmrt_remap_req *r)
+{
+	vmmrt_bhandle h;
+	vmmrt_status st = vmmrt_slot_detach(r->g->slot, &h);
+	if (st == VMMRT_OK)
+		st = vmmrt_drv_mem_release(off->rt, h);
+	release_done(&r->req, st, r);
+	return st;
+}
+
 static vmmrt_status rm_allocate(vmmrt_offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
@@ -101,17 +132,20 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 		g->base = vmmrt_slot_address(g->slot);
 		uatomic_inc(&off->resident);
 		vmmrt_offload_account(off, (int64_t)g->slot->size);
-		for (int k = 0; k < 2; k++) {
-			vmmrt_request_init(&g->map[k].req, VMMRT_REQ_MAP, g->slot);
-			g->map[k].req.admit = admit_map;
-			g->map[k].req.done = map_done;
-			g->map[k].req.done_arg = &g->map[k];
-			g->map[k].g = g;
-			vmmrt_request_init(&g->rel[k].req, VMMRT_REQ_RELEASE, g->slot);
-			g->rel[k].req.done = release_done;
-			g->rel[k].req.done_arg = &g->rel[k];
-			g->rel[k].g = g;
-		}
+		for (int k = 0; k < 2; k++)
+			for (int j = 0; j < VMMRT_REQ_RING; j++) {
+				vmmrt_remap_req *m = &g->map[k][j], *r = &g->rel[k][j];
+				vmmrt_request_init(&m->req, VMMRT_REQ_MAP, g->slot);
+				m->req.ensure = true; /* the first map finds the initial backing */
+				m->req.admit = admit_map;
+				m->req.done = map_done;
+				m->req.done_arg = m;
+				m->g = g;
+				vmmrt_request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
+				r->req.done = release_done;
+				r->req.done_arg = r;
+				r->g = g;
+			}
 	}
 	return VMMRT_OK;
 }
@@ -129,18 +163,22 @@ static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
 
 static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, uint64_t use)
 {
-	vmmrt_remap_req *r = &g->map[kind];
+	vmmrt_remap_req *r = &g->map[kind][g->map_next[kind]++ % VMMRT_REQ_RING];
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': previous map", g->name);
 	r->seq = ++g->map_seq;
+	g->map_seq_of[kind] = r->seq;
 	r->ticket = off->next_ticket++;
 	/* Every earlier map of this group is followed by a release, which must
 	 * have run first (the first map finds the initial backing in place). */
 	r->need = g->maps_requested++;
-	st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req);
+	if (off->rt->driver_inline)
+		st = inline_map(off, r);
+	else
+		st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': queue map", g->name);
+		return vmmrt_error_wrap(st, "group '%s': %s map", g->name, off->rt->driver_inline ? "inline" : "queue");
 	g->map_use[kind] = use + 1;
 	return VMMRT_OK;
 }
@@ -148,30 +186,37 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (backward && vmmrt_offload_is_tail(off, g))
+	if (backward && vmmrt_offload_is_tail(off, g)) {
+		g->timed_h2d = false;
 		return VMMRT_OK; /* still mapped since its forward */
+	}
 	vmmrt_status st = request_map(off, g, backward ? USE_B : USE_F, use);
 	if (st != VMMRT_OK || !backward)
 		return st;
 	/* The restore: behind the map on the H2D stream, never on the launch thread. */
-	if ((st = vmmrt_drv_stream_wait_value32(rt, off->h2d, g->flag_dev, g->map[USE_B].seq)) != VMMRT_OK ||
-	    (st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
+	if ((st = vmmrt_drv_stream_wait_value32(rt, off->h2d, g->flag_dev, g->map_seq_of[USE_B])) != VMMRT_OK ||
+	    (st = vmmrt_offload_h2d(off, g)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
-	uatomic_add(&off->bytes_restored, g->bytes);
 	g->restore_use = use + 1;
 	return VMMRT_OK;
 }
 
 static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map[USE_F].seq);
+	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map_seq_of[USE_F]);
 }
 
-/* After `s` reaches this point, the group's memory is released by a worker. */
-static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, int kind)
+/* After `s` reaches this point (`done` is recorded there), the group's memory
+ * is released by a worker; inline, the launch thread waits for `done` itself. */
+static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, int kind, vmmrt_bevent *done)
 {
-	vmmrt_remap_req *r = &g->rel[kind];
+	vmmrt_remap_req *r = &g->rel[kind][g->rel_next[kind]++ % VMMRT_REQ_RING];
+	if (off->rt->driver_inline) {
+		vmmrt_status st = vmmrt_drv_event_synchronize(off->rt, done);
+		if (st == VMMRT_OK)
+			st = inline_release(off, r);
+		return st;
+	}
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st == VMMRT_OK)
 		st = vmmrt_offload_push_after(off, s, r);
@@ -181,16 +226,16 @@ static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stre
 static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (vmmrt_offload_is_tail(off, g))
+	if (vmmrt_offload_is_tail(off, g)) {
+		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays mapped */
+	}
 	vmmrt_status st;
 	if ((st = vmmrt_drv_event_record(rt, g->fwd_done, compute)) != VMMRT_OK ||
 	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
-	    (st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK ||
-	    (st = release_after(off, g, off->d2h, USE_F)) != VMMRT_OK)
+	    (st = vmmrt_offload_d2h(off, g)) != VMMRT_OK ||
+	    (st = release_after(off, g, off->d2h, USE_F, g->d2h_done)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
-	uatomic_add(&off->bytes_offloaded, g->bytes);
 	return VMMRT_OK;
 }
 
@@ -211,7 +256,7 @@ static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_st
 	 * so the compute stream never runs a host function between graphs. */
 	if ((st = vmmrt_drv_event_record(rt, g->consumed, compute)) != VMMRT_OK ||
 	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->consumed)) != VMMRT_OK ||
-	    (st = release_after(off, g, off->d2h, USE_B)) != VMMRT_OK)
+	    (st = release_after(off, g, off->d2h, USE_B, g->consumed)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
 	return VMMRT_OK;
 }

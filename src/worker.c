@@ -110,7 +110,10 @@ static vmmrt_status wait_done(vmmrt_request *req, uint64_t timeout_ms, bool aban
 		int32_t s = uatomic_read(&req->state);
 		if (s == VMMRT_REQ_DONE || s == VMMRT_REQ_IDLE) {
 			cmm_smp_rmb();
-			return (vmmrt_status)uatomic_read(&req->status);
+			vmmrt_status st = (vmmrt_status)uatomic_read(&req->status);
+			if (st != VMMRT_OK)
+				vmmrt_error_adopt(req->message);
+			return st;
 		}
 		if (deadline) {
 			struct timespec now;
@@ -136,10 +139,7 @@ vmmrt_status vmmrt_request_wait(vmmrt_request *req, uint64_t timeout_ms)
 	vmmrt_status st = vmmrt_drv_check_caller("vmmrt_request_wait");
 	if (st != VMMRT_OK)
 		return st;
-	st = wait_done(req, timeout_ms, false);
-	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT && vmmrt_last_error()[0] == '\0')
-		vmmrt_error(st, "driver worker request failed");
-	return st;
+	return wait_done(req, timeout_ms, false);
 }
 
 vmmrt_status vmmrt_request_wait_owned(vmmrt_request *req, uint64_t timeout_ms)
@@ -163,6 +163,10 @@ vmmrt_status vmmrt_request_poll(const vmmrt_request *req)
 
 static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
 {
+	if (st != VMMRT_OK)
+		snprintf(req->message, sizeof(req->message), "%s",
+			 st == VMMRT_E_CANCELLED ? "VMMRT_E_CANCELLED: request cancelled (slot destroyed or runtime stopping)"
+						 : vmmrt_last_error());
 	uatomic_set(&req->status, (int32_t)st);
 	if (st != VMMRT_OK && st != VMMRT_E_CANCELLED)
 		uatomic_inc(&wk->stats.failed);
@@ -240,9 +244,11 @@ static vmmrt_status create_handle(worker *wk, size_t size, vmmrt_bhandle *h)
 	}
 }
 
-static vmmrt_status run_map(worker *wk, vmmrt_slot *s)
+static vmmrt_status run_map(worker *wk, vmmrt_slot *s, bool ensure)
 {
 	vmmrt_bhandle h;
+	if (s->mapped && ensure)
+		return VMMRT_OK;
 	if (s->mapped)
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
 	vmmrt_status st = create_handle(wk, s->size, &h);
@@ -311,7 +317,7 @@ static void run(worker *wk, vmmrt_request *req, bool cancel)
 	} else {
 		switch (req->kind) {
 		case VMMRT_REQ_MAP:
-			st = run_map(wk, s);
+			st = run_map(wk, s, req->ensure);
 			break;
 		case VMMRT_REQ_RELEASE:
 			st = run_release(wk, s);
@@ -395,14 +401,15 @@ static void *worker_main(void *arg)
 
 	for (;;) {
 		uint32_t seen = ck_ec32_value(&wk->ec);
+		/* Checked before each request, so a cancelling stop cancels what is queued. */
+		if (uatomic_read(&wk->pool->stopping))
+			break;
 		run_parked(wk);
 		vmmrt_request *req = dequeue(wk);
 		if (req) {
 			take(wk, req);
 			continue;
 		}
-		if (uatomic_read(&wk->pool->stopping))
-			break;
 		uatomic_inc(&wk->stats.wakeups);
 		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, NULL);
 	}

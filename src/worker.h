@@ -65,6 +65,7 @@ struct vmmrt_request {
 	struct cds_list_head parked;  /* worker-private: the admission wait list */
 	vmmrt_req_admit_fn admit;     /* optional */
 	vmmrt_req_kind kind;
+	bool ensure;                 /* MAP: a slot already mapped is success, not an error */
 	vmmrt_slot *slot;            /* MAP, RELEASE, DESTROY */
 	void (*fn)(void *arg);       /* CALL */
 	void *arg;                   /* CALL */
@@ -75,6 +76,7 @@ struct vmmrt_request {
 	/* published by the worker (uatomic) */
 	int32_t state;               /* vmmrt_req_state; futex word */
 	int32_t status;              /* vmmrt_status of the last run */
+	char message[192];           /* the worker's error message, for the waiter */
 };
 
 /* Prepare a request for its first push (any kind). */

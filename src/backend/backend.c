@@ -3,7 +3,9 @@
 
 #include "backend/backend.h"
 
-static __thread vmmrt_thread_role thread_role = VMMRT_ROLE_APP;
+/* initial-exec: a host function on the driver's callback thread must not
+ * trigger a lazy TLS allocation when libvmmrt was dlopen()ed (e.g. by Python). */
+static __thread __attribute__((tls_model("initial-exec"))) vmmrt_thread_role thread_role = VMMRT_ROLE_APP;
 
 vmmrt_thread_role vmmrt_thread_role_get(void)
 {

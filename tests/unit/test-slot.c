@@ -213,7 +213,8 @@ static void only_workers_make_vmm_calls(void **state)
 	}
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
-	assert_int_equal(plan.vmm_calls, 4 * 3 + 2); /* 4 per map+unmap cycle, then unmap+release */
+	/* create+map+set access, unmap+release: 5 per cycle; a map; unmap+release at destroy */
+	assert_int_equal(plan.vmm_calls, 5 * 3 + 3 + 2);
 	assert_int_equal(plan.vmm_off_worker, 0);
 	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -265,8 +266,8 @@ static void destroy_with_requests_in_flight(void **state)
 		vmmrt_slot *s;
 		assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 		assert_int_equal(vmmrt_slot_map_async(s, NULL, NULL), VMMRT_OK);
-		/* A second map of the same kind while one is queued is refused, not queued twice. */
-		assert_int_equal(vmmrt_slot_map_async(s, NULL, NULL), VMMRT_E_BUSY);
+		if (i % 2)
+			assert_int_equal(vmmrt_slot_release_async(s, NULL, NULL), VMMRT_OK);
 		assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 	}
 	assert_int_equal(used(rt), 0);
