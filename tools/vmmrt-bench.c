@@ -15,9 +15,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
 #include "runtime.h"
@@ -441,6 +443,47 @@ static int report_verdicts(const bench_result *rows, size_t n, bool sweep)
 	return bad;
 }
 
+/*
+ * A fault inside a mode (the library, a backend or the device) kills the
+ * process; say which mode was running before it goes, so the run can be
+ * repeated without it (--modes). Only async-signal-safe calls here; the
+ * signal is then delivered again with its default action (core, status).
+ */
+static void on_crash(int sig)
+{
+	static const char head[] = "\nvmmrt-bench: crashed (";
+	const char *mode = bench_current_mode;
+	const char *name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGFPE ? "SIGFPE"
+			   : sig == SIGILL ? "SIGILL" : "SIGABRT";
+	ssize_t rc = write(STDERR_FILENO, head, sizeof(head) - 1);
+	rc = write(STDERR_FILENO, name, strlen(name));
+	if (mode) {
+		static const char mid[] = ") while running mode ";
+		rc = write(STDERR_FILENO, mid, sizeof(mid) - 1);
+		rc = write(STDERR_FILENO, mode, strlen(mode));
+		static const char tail[] = ": a fault in libvmmrt, its backend or the device; --modes can leave it out\n";
+		rc = write(STDERR_FILENO, tail, sizeof(tail) - 1);
+	} else {
+		rc = write(STDERR_FILENO, ")\n", 2);
+	}
+	(void)rc;
+	signal(sig, SIG_DFL);
+	raise(sig);
+}
+
+static void install_crash_handler(void)
+{
+	int sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+	for (unsigned i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = on_crash;
+		sigemptyset(&sa.sa_mask);
+		sa.sa_flags = SA_RESETHAND;
+		sigaction(sigs[i], &sa, NULL);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	cli c = {0};
@@ -452,6 +495,7 @@ int main(int argc, char **argv)
 	int exit_code = 2;
 
 	memset(&ctx, 0, sizeof(ctx));
+	install_crash_handler();
 	vmmrt_options_defaults(&ctx.base);
 	if (parse_cli(&c, &argc, argv) != 0)
 		return 2;

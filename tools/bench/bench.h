@@ -128,6 +128,7 @@ typedef struct bench_result {
 bool bench_result_as_expected(const bench_result *r);
 
 /* modes.c: run one mode from runtime creation to destruction. */
+extern const char *volatile bench_current_mode; /* for the crash message */
 void bench_run_mode(bench_ctx *ctx, bench_mode_id id, const bench_params *p, bench_result *out);
 
 /* ----------------------------------------------------------------- metrics */

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <urcu/uatomic.h>
+
 #include "bench.h"
 #include "offload.h"
 #include "runtime.h"
@@ -50,6 +52,8 @@ const bench_mode_desc bench_modes[BM_COUNT_] = {
 		      "address, which another layer rewrote (must FAIL verification)",
 		      true, true, NULL, true},
 };
+
+const char *volatile bench_current_mode;
 
 int bench_mode_find(const char *name)
 {
@@ -278,13 +282,11 @@ static vmmrt_status check_runtime(model *m)
 		}
 	}
 	if (m->id == BM_REMAP_INLINE) {
-		char v[8];
-		if (m->rt->checked_threads ||
-		    (vmmrt_options_get(&m->rt->opts, "driver_inline", v, sizeof(v)) == VMMRT_OK && strcmp(v, "1") != 0)) {
+		if (!m->rt->driver_inline || m->rt->checked_threads) {
 			m->skip = true;
 			snprintf(m->err, sizeof(m->err),
-				 "VMMRT_CHECKED_THREADS=1 or VMMRT_DRIVER_INLINE=0 in the environment overrides what "
-				 "remap-inline needs (checked_threads=0, driver_inline=1)");
+				 "VMMRT_DRIVER_INLINE=0 or VMMRT_CHECKED_THREADS=1 in the environment overrides what "
+				 "remap-inline needs (driver_inline=1, checked_threads=0)");
 			return VMMRT_E_INVALID_OPTION;
 		}
 	}
@@ -639,31 +641,32 @@ static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_strea
 		return VMMRT_OK;
 	}
 	vmmrt_offload *off = m->rt->offload;
-	vmmrt_offload_stats s0, s1;
-	TRY(m, vmmrt_offload_stats_get(m->rt, &s0), "offload statistics");
+	/* the byte counters directly: vmmrt_offload_stats_get also reads every
+	 * group's copy events, too much for twice per hook */
+	uint64_t off0 = uatomic_read(&off->bytes_offloaded), res0 = uatomic_read(&off->bytes_restored);
 	if (m->scratch_d2h)
 		REC(m, m->scratch_d2h, off->d2h);
 	if (m->scratch_h2d)
 		REC(m, m->scratch_h2d, off->h2d);
 	TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-	TRY(m, vmmrt_offload_stats_get(m->rt, &s1), "offload statistics");
-	if (s1.bytes_offloaded > s0.bytes_offloaded && m->scratch_d2h) {
+	uint64_t off1 = uatomic_read(&off->bytes_offloaded), res1 = uatomic_read(&off->bytes_restored);
+	if (off1 > off0 && m->scratch_d2h) {
 		vmmrt_bevent *e = bench_timing_take(&m->tm);
 		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
 		if (sp) {
 			REC(m, e, off->d2h);
-			uint64_t bytes = s1.bytes_offloaded - s0.bytes_offloaded;
+			uint64_t bytes = off1 - off0;
 			*sp = (bench_span){.h2d = false, .layer = (int)layer, .copies = (unsigned)(bytes / m->A),
 					   .bytes = bytes, .a = m->scratch_d2h, .b = e, .floor = floor};
 			m->scratch_d2h = bench_timing_take(&m->tm);
 		}
 	}
-	if (s1.bytes_restored > s0.bytes_restored && m->scratch_h2d) {
+	if (res1 > res0 && m->scratch_h2d) {
 		vmmrt_bevent *e = bench_timing_take(&m->tm);
 		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
 		if (sp) {
 			REC(m, e, off->h2d);
-			uint64_t bytes = s1.bytes_restored - s0.bytes_restored;
+			uint64_t bytes = res1 - res0;
 			unsigned copies = (unsigned)(bytes / m->A);
 			/* restores run in backward order, skipping the tail (step 0) */
 			int first = (int)m->L - 2 - (int)m->restores_seen;
@@ -733,10 +736,11 @@ static vmmrt_status iteration_sync(model *m)
 	return VMMRT_OK;
 }
 
+/* What vmmrt_offload_stats reports as launch_thread_blocking, without reading
+ * every group's copy events as vmmrt_offload_stats_get does. */
 static uint64_t blocking_now(vmmrt_runtime *rt)
 {
-	vmmrt_offload_stats s;
-	return vmmrt_offload_stats_get(rt, &s) == VMMRT_OK ? s.launch_thread_blocking : 0;
+	return vmmrt_drv_launch_thread_blocking(rt);
 }
 
 /* ----------------------------------------------------------- verification */
@@ -850,7 +854,12 @@ static vmmrt_status run_all(model *m, bench_result *r)
 		goto out;
 	}
 	if (m->md->lib_mode) {
+		/* the activation peak from the steady state, not from allocation */
 		vmmrt_offload_stats s;
+		if ((st = vmmrt_offload_stats_reset(m->rt)) != VMMRT_OK) {
+			failed(m, st, "offload statistics reset");
+			goto out;
+		}
 		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK)
 			conflicts0 = s.bank_conflicts;
 	}
@@ -923,6 +932,7 @@ void bench_run_mode(bench_ctx *ctx, bench_mode_id id, const bench_params *p, ben
 	}
 	if (!ctx->quiet)
 		fprintf(stderr, "vmmrt-bench: running %s ...\n", m.md->name);
+	bench_current_mode = m.md->name;
 	if (model_setup(&m) == VMMRT_OK && run_all(&m, r) == VMMRT_OK)
 		verify(&m, r);
 	if (is_pool_mode(&m))
@@ -934,4 +944,5 @@ void bench_run_mode(bench_ctx *ctx, bench_mode_id id, const bench_params *p, ben
 	if (m.err[0] && !r->note[0])
 		snprintf(r->note, sizeof(r->note), "%s", m.err);
 	model_teardown(&m);
+	bench_current_mode = NULL;
 }
