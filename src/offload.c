@@ -334,7 +334,8 @@ vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g)
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st;
 	if ((st = vmmrt_drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
+	    (st = g->d2h_graph ? vmmrt_drv_graph_launch(rt, g->d2h_graph, off->d2h)
+			       : vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
 	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
 		return st;
 	g->timed_d2h = true;
@@ -347,12 +348,60 @@ vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g)
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st;
 	if ((st = vmmrt_drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
-	    (st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
+	    (st = g->h2d_graph ? vmmrt_drv_graph_launch(rt, g->h2d_graph, off->h2d)
+			       : vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
 	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
 		return st;
 	g->timed_h2d = true;
 	uatomic_add(&off->bytes_restored, g->bytes);
 	return VMMRT_OK;
+}
+
+static vmmrt_status capture_copy(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, bool to_host,
+				 vmmrt_bgraph **out)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st = vmmrt_drv_begin_capture(rt, s);
+	if (st != VMMRT_OK)
+		return st;
+	vmmrt_status cst = to_host ? vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, s)
+				   : vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, s);
+	vmmrt_bgraph *graph = NULL;
+	st = vmmrt_drv_end_capture(rt, s, &graph); /* always end what was begun */
+	if (cst != VMMRT_OK) {
+		if (graph)
+			(void)vmmrt_drv_graph_destroy(rt, graph);
+		return cst;
+	}
+	if (st == VMMRT_OK)
+		*out = graph;
+	return st;
+}
+
+vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g)
+{
+	vmmrt_stream s;
+	vmmrt_status st = vmmrt_drv_stream_create(off->rt, &s);
+	if (st != VMMRT_OK)
+		return st;
+	st = capture_copy(off, g, s, true, &g->d2h_graph);
+	if (st == VMMRT_OK)
+		st = capture_copy(off, g, s, false, &g->h2d_graph);
+	(void)vmmrt_drv_stream_destroy(off->rt, s);
+	if (st != VMMRT_OK) {
+		vmmrt_offload_free_copies(off, g);
+		return vmmrt_error_wrap(st, "group '%s': capture of its copies", g->name);
+	}
+	return VMMRT_OK;
+}
+
+void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g)
+{
+	if (g->d2h_graph)
+		(void)vmmrt_drv_graph_destroy(off->rt, g->d2h_graph);
+	if (g->h2d_graph)
+		(void)vmmrt_drv_graph_destroy(off->rt, g->h2d_graph);
+	g->d2h_graph = g->h2d_graph = NULL;
 }
 
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)

@@ -50,6 +50,14 @@ struct vmmrt_group {
 	/* timing events bracketing the copies (d2h_done/restored end them) */
 	vmmrt_bevent *d2h_start, *h2d_start;
 	bool timed_d2h, timed_h2d;    /* the last iteration copied this group */
+	/*
+	 * remap: the copies as captured graphs. The driver checks a copy's
+	 * addresses when it is enqueued, and a remap slot is often not mapped yet
+	 * then (its map waits on the stream, behind a wait-value); a graph
+	 * captured while it was mapped replays at the same address without that
+	 * check. NULL: plain async copies (ping-pong banks are always mapped).
+	 */
+	vmmrt_bgraph *d2h_graph, *h2d_graph;
 
 	/* remap: the GPU waits for *flag >= seq of the map it needs */
 	uint32_t *flag;
@@ -166,6 +174,9 @@ bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g);
 /* Enqueue a copy bracketed by the group's timing events. */
 vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g);
 vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);
+/* Capture g's two copies as graphs (the slot must be mapped now). */
+vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g);
+void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g);
 /* Enqueue a host function that pushes req to its slot's worker. */
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
 

@@ -130,6 +130,8 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 			return vmmrt_error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
 		*g->flag = 0;
 		g->base = vmmrt_slot_address(g->slot);
+		if ((st = vmmrt_offload_capture_copies(off, g)) != VMMRT_OK)
+			return st;
 		uatomic_inc(&off->resident);
 		vmmrt_offload_account(off, (int64_t)g->slot->size);
 		for (int k = 0; k < 2; k++)
@@ -266,6 +268,7 @@ static void rm_destroy(vmmrt_offload *off)
 	vmmrt_runtime *rt = off->rt;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
+		vmmrt_offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
 			(void)vmmrt_slot_destroy(g->slot);

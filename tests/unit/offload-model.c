@@ -18,6 +18,7 @@ struct model {
 	vmmrt_slot *input, *results;   /* input activation source; 8-byte result per layer */
 	uint64_t *host_results;        /* pinned: [iteration][layer] */
 	unsigned iters;
+	size_t base_used;
 };
 
 static vmmrt_status opt(vmmrt_options *o, const char *k, const char *v)
@@ -64,6 +65,11 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	}
 	TRY(vmmrt_runtime_create(o, &m->rt));
 	TRY(vmmrt_stream_create(m->rt, &m->compute));
+	{
+		size_t f, t;
+		TRY(vmmrt_mem_info(m->rt, &f, &t));
+		m->base_used = t - f;
+	}
 
 	/* Discovery and allocation. */
 	for (unsigned i = 0; i < n; i++) {
@@ -169,6 +175,11 @@ unsigned model_verify(model *m, unsigned *checked)
 vmmrt_runtime *model_runtime(model *m)
 {
 	return m->rt;
+}
+
+size_t model_base_used(model *m)
+{
+	return m->base_used;
 }
 
 vmmrt_group *model_group(model *m, unsigned layer)
