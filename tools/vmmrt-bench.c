@@ -93,9 +93,24 @@ static void usage(FILE *f)
 		"  --quiet                no progress lines on stderr\n"
 		"  -h, --help             this help;  --version  the version\n"
 		"\n"
-		"Runtime options (every mode's runtime gets them; VMMRT_* variables override them;\n"
-		"--mode is refused: each mode sets its own):\n");
-	vmmrt_options_print_help(f);
+		"Runtime options (every mode's runtime gets them; VMMRT_* variables override them).\n"
+		"Not here: mode (each mode sets its own; --mode is refused) and trace (--trace above is the\n"
+		"bench's: one file for all modes):\n");
+	/* the option table itself, so help and library cannot disagree */
+	vmmrt_option_info info;
+	for (size_t i = 0; vmmrt_option_describe(i, &info) == VMMRT_OK; i++) {
+		if (strcmp(info.name, "mode") == 0 || strcmp(info.name, "trace") == 0)
+			continue;
+		char flag[64];
+		snprintf(flag, sizeof(flag), "--%s=VALUE", info.name);
+		for (char *q = flag; *q; q++)
+			if (*q == '_')
+				*q = '-';
+		const char *def = info.default_value[0] ? info.default_value : "empty";
+		if (strcmp(info.name, "host_latency") == 0)
+			def = "1 in vmmrt-bench on the host backend (0 in the library)";
+		fprintf(f, "  %-24s %s\n  %-24s [%s; %s; default %s]\n", flag, info.doc, "", info.env, info.range, def);
+	}
 	fprintf(f, "\nExit status: 0 all modes as expected; 1 a mode failed verification, naive did not fail,\n"
 		   "or a mode could not run; 2 a usage or setup error. See vmmrt-bench(1).\n");
 }
