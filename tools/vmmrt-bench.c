@@ -347,6 +347,29 @@ static int probe(bench_ctx *ctx, const cli *c)
 	return rc;
 }
 
+/* What can be checked before a runtime exists (the probe takes seconds). */
+static int check_preset(bench_ctx *ctx, const cli *c)
+{
+	ctx->offload_fraction = c->fraction > 0 ? c->fraction : 1.0;
+	if (!c->preset) {
+		if (c->fraction > 0) {
+			fprintf(stderr, "vmmrt-bench: --offload-fraction applies to a --preset's saved bytes\n");
+			return -1;
+		}
+		return 0;
+	}
+	for (unsigned i = 0; i < BENCH_NPRESETS; i++)
+		if (strcmp(c->preset, bench_presets[i].name) == 0)
+			ctx->preset = &bench_presets[i];
+	if (ctx->preset)
+		return 0;
+	fprintf(stderr, "vmmrt-bench: --preset: unknown preset '%s' (presets:", c->preset);
+	for (unsigned i = 0; i < BENCH_NPRESETS; i++)
+		fprintf(stderr, " %s", bench_presets[i].name);
+	fprintf(stderr, ")\n");
+	return -1;
+}
+
 static int resolve_params(bench_ctx *ctx, const cli *c)
 {
 	bool cuda = strcmp(ctx->backend, "cuda") == 0;
@@ -356,24 +379,10 @@ static int resolve_params(bench_ctx *ctx, const cli *c)
 	*p = *d;
 	p->lookahead = lookahead;
 	p->workers = workers;
-	ctx->offload_fraction = c->fraction > 0 ? c->fraction : 1.0;
-	if (c->preset) {
-		for (unsigned i = 0; i < BENCH_NPRESETS; i++)
-			if (strcmp(c->preset, bench_presets[i].name) == 0)
-				ctx->preset = &bench_presets[i];
-		if (!ctx->preset) {
-			fprintf(stderr, "vmmrt-bench: --preset: unknown preset '%s' (presets:", c->preset);
-			for (unsigned i = 0; i < BENCH_NPRESETS; i++)
-				fprintf(stderr, " %s", bench_presets[i].name);
-			fprintf(stderr, ")\n");
-			return -1;
-		}
+	if (ctx->preset) {
 		p->fwd_ms = ctx->preset->fwd_ms;
 		p->bwd_ms = ctx->preset->bwd_ms;
 		p->act_bytes = (size_t)(ctx->preset->saved_mib * ctx->offload_fraction * MiB_D);
-	} else if (c->fraction > 0) {
-		fprintf(stderr, "vmmrt-bench: --offload-fraction applies to a --preset's saved bytes\n");
-		return -1;
 	}
 	/* explicit values win over the preset and the defaults */
 	if (c->has_layers)
@@ -530,7 +539,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "vmmrt-bench: unknown argument '%s' (see --help)\n", argv[1]);
 		return 2;
 	}
-	if (parse_modes(c.modes, modes, &nmodes) != 0)
+	if (parse_modes(c.modes, modes, &nmodes) != 0 || check_preset(&ctx, &c) != 0)
 		return 2;
 	if (c.sweep && c.modes)
 		fprintf(stderr, "vmmrt-bench: --sweep runs graph, pingpong and remap; --modes is ignored\n");
