@@ -19,6 +19,8 @@ tools_vmmrt_bench_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
 
 dist_man_MANS += man/man1/vmmrt-bench.1
 
-# A TAP script: the tap-driver LOG_DRIVER runs it directly (it is executable).
+# A TAP script: with man.mk's TEST_EXTENSIONS = .sh it runs through
+# SH_LOG_DRIVER (the TAP driver) under $(SHELL); without it, through the
+# generic LOG_DRIVER, directly (it is executable).
 TESTS += tests/bench-smoke.sh
 EXTRA_DIST += tests/bench-smoke.sh

@@ -202,8 +202,11 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 				   backward ? "backward" : "forward");
 	vmmrt_offload *off = g->off;
 	st = (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute);
-	if (st == VMMRT_OK)
+	if (st == VMMRT_OK) {
 		g->open = 0;
+		if (backward && off->sched.use % (2ull * off->sched.n) == 2ull * off->sched.n - 1)
+			off->iterations++;
+	}
 	return st;
 }
 
@@ -233,6 +236,11 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 	vmmrt_status st = get_ready(rt, &off);
 	if (st != VMMRT_OK)
 		return st;
+	/* A group that failed may have left a stream waiting for it: say so now
+	 * rather than time out on the stream. */
+	for (unsigned i = 0; i < off->ngroups; i++)
+		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+			return st;
 	uatomic_inc(&rt->launch_blocking);
 	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK)
 		return st;
@@ -268,10 +276,7 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	if (!off)
 		return VMMRT_OK;
 	out->groups = off->ngroups;
-	out->iterations = off->sched.recorded ? off->sched.iteration : 0;
-	if (off->sched.recorded && off->sched.n && off->sched.in_backward &&
-	    (off->sched.use + 1) % (2ull * off->sched.n) == 0)
-		out->iterations++; /* the last backward of this iteration has begun */
+	out->iterations = off->iterations;
 	out->schedule_recorded = off->sched.recorded;
 	out->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
 	out->bytes_restored = uatomic_read(&off->bytes_restored);

@@ -152,6 +152,7 @@ struct vmmrt_offload {
 	uint64_t bytes_offloaded, bytes_restored;
 	int64_t activation_bytes, activation_peak;
 	uint64_t maps, releases, bank_conflicts;
+	uint64_t iterations;          /* last backward hooks ended */
 };
 
 /* offload.c */

@@ -61,6 +61,14 @@ static void map_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	uatomic_set(g->flag, r->seq);
 }
 
+static void map_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	/* Reported now, while the worker keeps trying: the streams that wait on
+	 * this map resume as soon as memory comes back. */
+	vmmrt_group_fail(r->g, st, "map before use (still retrying)");
+}
+
 static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 {
 	vmmrt_remap_req *r = arg;
@@ -140,6 +148,8 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				vmmrt_request_init(&m->req, VMMRT_REQ_MAP, g->slot);
 				m->req.ensure = true; /* the first map finds the initial backing */
 				m->req.admit = admit_map;
+				m->req.persist = true; /* the GPU waits for it: retry, never abandon */
+				m->req.retrying = map_retrying;
 				m->req.done = map_done;
 				m->req.done_arg = m;
 				m->g = g;

@@ -34,6 +34,8 @@ vmmrt_status model_run(model *m, unsigned count);
  * returns the number of corrupted activations. */
 unsigned model_verify(model *m, unsigned *checked);
 vmmrt_runtime *model_runtime(model *m);
+/* Asynchronous failures the hooks reported (and the model called them again). */
+unsigned model_reported(model *m);
 /* Device memory in use right after the runtime was created, before allocation. */
 size_t model_base_used(model *m);
 vmmrt_group *model_group(model *m, unsigned layer);

@@ -258,6 +258,80 @@ static void no_blocking_in_steady_state(void **state)
 	}
 }
 
+/* Two runtimes in one process, each with its own workers and streams, at once
+ * (on a GPU both on device 0: each worker binds its own runtime's context). */
+typedef struct runner {
+	model_cfg cfg;
+	unsigned bad, checked;
+	vmmrt_status st;
+} runner;
+
+static void *run_model(void *arg)
+{
+	runner *r = arg;
+	model *m;
+	r->st = model_create(&r->cfg, &m);
+	if (r->st != VMMRT_OK)
+		return NULL;
+	r->st = model_run(m, 3);
+	r->bad = model_verify(m, &r->checked);
+	model_destroy(m);
+	return NULL;
+}
+
+static void two_runtimes_at_once(void **state)
+{
+	runner r[2] = {
+		{.cfg = {.mode = "pingpong", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1, .fwd_ns = 100000,
+			 .bwd_ns = 100000}},
+		{.cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1, .workers = 2,
+			 .fwd_ns = 100000, .bwd_ns = 100000}},
+	};
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, run_model, &r[i]), 0);
+	for (int i = 0; i < 2; i++) {
+		pthread_join(t[i], NULL);
+		assert_int_equal(r[i].st, VMMRT_OK);
+		assert_int_equal(r[i].bad, 0);
+		assert_int_equal(r[i].checked, 3 * r[i].cfg.layers);
+	}
+}
+
+/* Out of memory on the maps a stream waits for: reported, retried, no byte lost. */
+static int32_t creates_to_fail;
+
+static vmmrt_status fail_creates(void *ctx, const char *op, uint64_t *delay_us)
+{
+	if (!strcmp(op, "cuMemCreate") && uatomic_read(&creates_to_fail) > 0) {
+		uatomic_dec(&creates_to_fail);
+		return VMMRT_E_OUT_OF_MEMORY;
+	}
+	return VMMRT_OK;
+}
+
+static void remap_survives_out_of_memory(void **state)
+{
+	model_cfg cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1,
+			 .fwd_ns = 200000, .bwd_ns = 200000};
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	assert_int_equal(model_run(m, 1), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	/* More failures than one round of retries absorbs (oom_retries is 3). */
+	uatomic_set(&creates_to_fail, 7);
+	vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
+	assert_int_equal(model_run(m, 3), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	assert_int_equal(checked, 4 * cfg.layers);
+	assert_int_equal(uatomic_read(&creates_to_fail), 0);
+	assert_true(model_reported(m) >= 1); /* the failure reached the application */
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	model_destroy(m);
+}
+
 /* ------------------------------------------------------ the negative case */
 
 typedef struct naive {
@@ -423,6 +497,8 @@ int main(void)
 		cmocka_unit_test(lookahead_follows_recorded_order),
 		cmocka_unit_test(device_memory_bounds),
 		cmocka_unit_test(no_blocking_in_steady_state),
+		cmocka_unit_test(remap_survives_out_of_memory),
+		cmocka_unit_test(two_runtimes_at_once),
 		cmocka_unit_test(naive_reload_reads_wrong_bytes),
 		host_only_test(reading_a_released_slot_faults), /* a GPU fault is no signal */
 		cmocka_unit_test(api_misuse),
