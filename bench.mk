@@ -7,7 +7,9 @@ bin_PROGRAMS += tools/vmmrt-bench
 tools_vmmrt_bench_SOURCES = \
 	tools/vmmrt-bench.c \
 	tools/bench/bench.h \
+	tools/bench/model.h \
 	tools/bench/modes.c \
+	tools/bench/iterate.c \
 	tools/bench/metrics.c \
 	tools/bench/output.c \
 	tools/bench/trace.c \

@@ -5,7 +5,8 @@
  *
  * One concept per file:
  *   vmmrt-bench.c  command line, defaults, presets, the run, exit status
- *   modes.c        the synthetic model and one iteration of each mode
+ *   modes.c        the synthetic model: each mode from setup to verification
+ *   iterate.c      one iteration of each mode (model.h: their shared state)
  *   metrics.c      timing events, the memory sampler, percentiles, raw bandwidth
  *   output.c       the table on stdout and the JSON file
  *   trace.c        the Chrome/Perfetto trace: device clock alignment, spans, worker tracks

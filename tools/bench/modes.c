@@ -24,7 +24,7 @@
 
 #include <urcu/uatomic.h>
 
-#include "bench.h"
+#include "model.h"
 #include "offload.h"
 #include "runtime.h"
 
@@ -72,96 +72,7 @@ bool bench_result_as_expected(const bench_result *r)
 	return bench_modes[r->mode].must_fail ? !r->verified : r->verified;
 }
 
-/* --------------------------------------------------------------- the pool */
-
-/*
- * eager-offload and naive: device buffers handed out like a caching allocator
- * with stream semantics: a buffer goes back to the pool as soon as the host
- * is done with it, with the event after which the device is done with it too;
- * whoever takes it next makes its stream wait for that event. All buffers stay
- * mapped for the whole run, so the naive graph reads stale bytes instead of
- * faulting (a fault on the host backend would kill the bench).
- */
-typedef struct pool {
-	vmmrt_slot **slot;
-	vmmrt_devptr *addr;
-	vmmrt_bevent **free_ev;  /* NULL: free now */
-	unsigned n;
-	unsigned *fifo;          /* free buffers, least recently freed first */
-	unsigned count;
-} pool;
-
-/* The least recently freed buffer at another address than `avoid` if there is
- * one (a reload lands at a new address, as with a caching allocator), else
- * the first free one; -1 when none is free. */
-static int pool_take(pool *pl, vmmrt_devptr avoid)
-{
-	if (!pl->count)
-		return -1;
-	unsigned k = 0;
-	for (unsigned j = 0; j < pl->count; j++)
-		if (pl->addr[pl->fifo[j]] != avoid) {
-			k = j;
-			break;
-		}
-	unsigned b = pl->fifo[k];
-	memmove(&pl->fifo[k], &pl->fifo[k + 1], (pl->count - k - 1) * sizeof(*pl->fifo));
-	pl->count--;
-	return (int)b;
-}
-
-static bool pool_remove(pool *pl, unsigned b)
-{
-	for (unsigned j = 0; j < pl->count; j++)
-		if (pl->fifo[j] == b) {
-			memmove(&pl->fifo[j], &pl->fifo[j + 1], (pl->count - j - 1) * sizeof(*pl->fifo));
-			pl->count--;
-			return true;
-		}
-	return false;
-}
-
-static void pool_give(pool *pl, unsigned b, vmmrt_bevent *ev)
-{
-	pl->free_ev[b] = ev;
-	pl->fifo[pl->count++] = b;
-}
-
-/* ------------------------------------------------------------------ model */
-
-typedef struct model {
-	bench_ctx *ctx;
-	bench_mode_id id;
-	const bench_mode_desc *md;
-	bench_params p;
-	unsigned L;
-	size_t A;
-	vmmrt_runtime *rt;
-	vmmrt_stream compute, d2h, h2d;   /* d2h, h2d: the pool modes' own copy streams */
-	vmmrt_slot *input, *results;
-	vmmrt_devptr input_addr, res_addr;
-	uint64_t *host_results;           /* pinned [iteration][2L]: forward sums, backward sums */
-	unsigned iters_total, iters_run;
-	vmmrt_slot **act;                 /* eager: one per layer */
-	pool pool;
-	unsigned *cap_buf;                /* naive: the buffer each layer's graphs captured */
-	int *fwd_buf, *bwd_buf;           /* pool buffer per layer / per backward step */
-	vmmrt_bevent **d2h_done, **h2d_done;
-	void **host;                      /* pool modes: pinned copy per layer (not the tail) */
-	vmmrt_group **g;
-	vmmrt_devptr *gaddr;
-	vmmrt_graph **fwd, **bwd;
-	bench_timing tm;
-	bool markers;                     /* marker events on the library's copy streams */
-	vmmrt_bevent *scratch_d2h, *scratch_h2d;
-	unsigned restores_seen;
-	size_t base_free, fixed_free;
-	bool skip;
-	char err[384];
-} model;
-
-static vmmrt_status failed(model *m, vmmrt_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static vmmrt_status failed(model *m, vmmrt_status st, const char *fmt, ...)
+vmmrt_status bench_failed(model *m, vmmrt_status st, const char *fmt, ...)
 {
 	if (!m->err[0]) {
 		char what[160];
@@ -174,49 +85,13 @@ static vmmrt_status failed(model *m, vmmrt_status st, const char *fmt, ...)
 	return st;
 }
 
-#define TRY(m, call, ...) \
-	do { \
-		vmmrt_status st_ = (call); \
-		if (st_ != VMMRT_OK) \
-			return failed((m), st_, __VA_ARGS__); \
-	} while (0)
-
-static bool is_pool_mode(const model *m)
-{
-	return m->id == BM_EAGER_OFFLOAD || m->id == BM_NAIVE;
-}
-
-static uint64_t ns(double ms)
-{
-	return (uint64_t)(ms * 1e6 + 0.5);
-}
-
-/* The forward and backward of layer i on the activation at `a`: launched
- * directly (eager modes) or captured into graphs (the others). */
-static vmmrt_status enqueue_forward(model *m, vmmrt_devptr a, unsigned i)
-{
-	TRY(m, vmmrt_kernel_layer(m->rt, m->compute, a, m->input_addr, m->A, 1000 + i, ns(m->p.fwd_ms)),
-	    "forward kernel of layer %u", i);
-	TRY(m, vmmrt_kernel_checksum(m->rt, m->compute, a, m->A, m->res_addr + 8 * i), "forward checksum of layer %u",
-	    i);
-	return VMMRT_OK;
-}
-
-static vmmrt_status enqueue_backward(model *m, vmmrt_devptr a, unsigned i)
-{
-	TRY(m, vmmrt_kernel_busy(m->rt, m->compute, ns(m->p.bwd_ms)), "backward kernel of layer %u", i);
-	TRY(m, vmmrt_kernel_checksum(m->rt, m->compute, a, m->A, m->res_addr + 8 * (m->L + i)),
-	    "backward checksum of layer %u", i);
-	return VMMRT_OK;
-}
-
 static vmmrt_status capture(model *m, unsigned i, vmmrt_devptr a)
 {
 	vmmrt_status st;
 	for (int dir = 0; dir < 2; dir++) {
 		const char *what = dir ? "backward" : "forward";
 		TRY(m, vmmrt_graph_begin_capture(m->rt, m->compute), "capture of layer %u's %s", i, what);
-		st = dir ? enqueue_backward(m, a, i) : enqueue_forward(m, a, i);
+		st = dir ? bench_enqueue_backward(m, a, i) : bench_enqueue_forward(m, a, i);
 		/* end the capture even after a failure, so the stream is usable again */
 		vmmrt_graph *gr = NULL;
 		vmmrt_status st2 = vmmrt_graph_end_capture(m->rt, m->compute, &gr);
@@ -224,7 +99,7 @@ static vmmrt_status capture(model *m, unsigned i, vmmrt_devptr a)
 		if (st != VMMRT_OK)
 			return st;
 		if (st2 != VMMRT_OK)
-			return failed(m, st2, "capture of layer %u's %s", i, what);
+			return bench_failed(m, st2, "capture of layer %u's %s", i, what);
 	}
 	return VMMRT_OK;
 }
@@ -240,7 +115,7 @@ static void *xcalloc(model *m, size_t n, size_t size)
 {
 	void *p = calloc(n ? n : 1, size);
 	if (!p)
-		failed(m, VMMRT_E_HOST_OUT_OF_MEMORY, "host memory for %zu x %zu bytes", n, size);
+		bench_failed(m, VMMRT_E_HOST_OUT_OF_MEMORY, "host memory for %zu x %zu bytes", n, size);
 	return p;
 }
 
@@ -306,10 +181,10 @@ static vmmrt_status model_setup(model *m)
 		return VMMRT_E_INVALID_OPTION;
 	TRY(m, vmmrt_mem_info(m->rt, &m->base_free, &total), "device memory info");
 	if (bench_trace_attach(m->ctx, m->rt, m->md->name) != VMMRT_OK)
-		return failed(m, VMMRT_E_TIMEOUT, "trace: naming the driver workers");
+		return bench_failed(m, VMMRT_E_TIMEOUT, "trace: naming the driver workers");
 
 	TRY(m, vmmrt_stream_create(m->rt, &m->compute), "compute stream");
-	if (is_pool_mode(m)) {
+	if (bench_is_pool_mode(m)) {
 		TRY(m, vmmrt_stream_create(m->rt, &m->d2h), "D2H stream");
 		TRY(m, vmmrt_stream_create(m->rt, &m->h2d), "H2D stream");
 	}
@@ -357,7 +232,7 @@ static vmmrt_status model_setup(model *m)
 			if (new_slot(m, m->A, &pl->slot[b], "a pool buffer") != VMMRT_OK)
 				return VMMRT_E_OUT_OF_MEMORY;
 			pl->addr[b] = vmmrt_slot_address(pl->slot[b]);
-			pool_give(pl, b, NULL);
+			bench_pool_give(pl, b, NULL);
 		}
 		for (unsigned i = 0; i + 1 < L; i++) /* the tail's activation never leaves */
 			TRY(m, vmmrt_host_alloc(m->rt, m->A, &m->host[i]), "pinned copy of layer %u", i);
@@ -461,281 +336,6 @@ static void model_teardown(model *m)
 	free(m->gaddr);
 }
 
-/* ------------------------------------------------------------- iterations */
-
-#define REC(m, ev, s) TRY((m), vmmrt_drv_event_record((m)->rt, (ev), (s)), "timing event")
-
-static vmmrt_bevent *take_event(model *m)
-{
-	vmmrt_bevent *e = bench_timing_take(&m->tm);
-	if (!e)
-		failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy timing events (a bug)");
-	return e;
-}
-
-static vmmrt_status iteration_start(model *m, unsigned it)
-{
-	bench_timing_reset(&m->tm);
-	m->restores_seen = 0;
-	if (m->markers) {
-		m->scratch_d2h = bench_timing_take(&m->tm);
-		m->scratch_h2d = bench_timing_take(&m->tm);
-	}
-	/* A new input each iteration, before the timed region. */
-	TRY(m, vmmrt_kernel_fill(m->rt, m->compute, m->input_addr, m->A, it + 1), "input fill");
-	REC(m, m->tm.it_s, m->compute);
-	return VMMRT_OK;
-}
-
-static vmmrt_status iteration_end(model *m, unsigned it)
-{
-	REC(m, m->tm.it_e, m->compute);
-	/* The checksums of this iteration, asynchronously, after the timed region. */
-	TRY(m, vmmrt_drv_memcpy_dtoh_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
-					   m->compute),
-	    "copy of the checksums");
-	return VMMRT_OK;
-}
-
-static vmmrt_status iter_eager(model *m, unsigned it)
-{
-	unsigned L = m->L;
-	if (iteration_start(m, it) != VMMRT_OK)
-		return VMMRT_E_INVALID_STATE;
-	for (unsigned i = 0; i < L; i++) {
-		REC(m, m->tm.fwd_s[i], m->compute);
-		if (enqueue_forward(m, vmmrt_slot_address(m->act[i]), i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		REC(m, m->tm.fwd_e[i], m->compute);
-	}
-	for (unsigned k = 0; k < L; k++) {
-		unsigned i = L - 1 - k;
-		REC(m, m->tm.bwd_s[k], m->compute);
-		if (enqueue_backward(m, vmmrt_slot_address(m->act[i]), i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		REC(m, m->tm.bwd_e[k], m->compute);
-	}
-	return iteration_end(m, it);
-}
-
-/* Reload the activation of backward step j into a free pool buffer. */
-static vmmrt_status pool_restore(model *m, unsigned j, bool *done)
-{
-	unsigned layer = m->L - 1 - j;
-	pool *pl = &m->pool;
-	int b = pool_take(pl, pl->addr[m->fwd_buf[layer]]);
-	*done = false;
-	if (b < 0)
-		return VMMRT_OK; /* none free now: asked again at the next step */
-	if (pl->free_ev[b])
-		TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
-	/* the host copy must be complete */
-	TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
-	vmmrt_bevent *a = take_event(m), *e = take_event(m);
-	bench_span *sp = bench_timing_add_span(&m->tm);
-	if (!a || !e || !sp)
-		return failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
-	REC(m, a, m->h2d);
-	TRY(m, vmmrt_drv_memcpy_htod_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
-	    layer);
-	REC(m, e, m->h2d);
-	*sp = (bench_span){.h2d = true, .layer = (int)layer, .copies = 1, .bytes = m->A, .a = a, .b = e};
-	m->bwd_buf[j] = b;
-	m->h2d_done[j] = e;
-	*done = true;
-	return VMMRT_OK;
-}
-
-/*
- * eager-offload: each forward takes a free buffer, its D2H gives it back; each
- * backward reloads into whatever is free and the kernels read it there.
- * naive: the same traffic, but the graphs were captured on fixed buffers, so
- * the backward graph reads the forward's buffer, not the reload.
- */
-static vmmrt_status iter_pool(model *m, unsigned it)
-{
-	unsigned L = m->L;
-	bool naive = m->id == BM_NAIVE;
-	pool *pl = &m->pool;
-	if (iteration_start(m, it) != VMMRT_OK)
-		return VMMRT_E_INVALID_STATE;
-	for (unsigned i = 0; i < L; i++) {
-		int b;
-		if (naive) {
-			b = (int)m->cap_buf[i];
-			if (!pool_remove(pl, (unsigned)b))
-				return failed(m, VMMRT_E_INVALID_STATE, "bench: captured buffer %d is not free (a bug)", b);
-		} else if ((b = pool_take(pl, 0)) < 0) {
-			return failed(m, VMMRT_E_INVALID_STATE, "bench: no free pool buffer for layer %u (a bug)", i);
-		}
-		if (pl->free_ev[b])
-			TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
-		REC(m, m->tm.fwd_s[i], m->compute);
-		if (naive)
-			TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
-		else if (enqueue_forward(m, pl->addr[b], i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		REC(m, m->tm.fwd_e[i], m->compute);
-		m->fwd_buf[i] = b;
-		if (i + 1 == L)
-			break; /* the tail: its backward comes next, it stays */
-		vmmrt_bevent *a = take_event(m), *e = take_event(m);
-		bench_span *sp = bench_timing_add_span(&m->tm);
-		if (!a || !e || !sp)
-			return failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
-		TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
-		REC(m, a, m->d2h);
-		TRY(m, vmmrt_drv_memcpy_dtoh_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
-		    i);
-		REC(m, e, m->d2h);
-		*sp = (bench_span){.h2d = false, .layer = (int)i, .copies = 1, .bytes = m->A, .a = a, .b = e};
-		m->d2h_done[i] = e;
-		pool_give(pl, (unsigned)b, e); /* the storage goes back once the copy is done */
-	}
-	m->bwd_buf[0] = m->fwd_buf[L - 1];
-	unsigned next = 1; /* step 0 is the tail: nothing to reload */
-	for (unsigned k = 0; k < L; k++) {
-		unsigned i = L - 1 - k;
-		/* look-ahead: the reloads of the next `lookahead` steps start now */
-		while (next < L && next <= k + m->p.lookahead) {
-			bool done;
-			if (pool_restore(m, next, &done) != VMMRT_OK)
-				return VMMRT_E_INVALID_STATE;
-			if (!done)
-				break;
-			next++;
-		}
-		if (next <= k) {
-			bool done = false;
-			if (pool_restore(m, k, &done) != VMMRT_OK)
-				return VMMRT_E_INVALID_STATE;
-			if (!done)
-				return failed(m, VMMRT_E_INVALID_STATE, "bench: no pool buffer for the reload of layer %u (a bug)",
-					      i);
-			next = k + 1;
-		}
-		if (k > 0)
-			TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
-		REC(m, m->tm.bwd_s[k], m->compute);
-		if (naive)
-			TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
-		else if (enqueue_backward(m, pl->addr[m->bwd_buf[k]], i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		REC(m, m->tm.bwd_e[k], m->compute);
-		pool_give(pl, (unsigned)m->bwd_buf[k], m->tm.bwd_e[k]);
-	}
-	return iteration_end(m, it);
-}
-
-/*
- * A hook of the library. With markers on, an event is recorded on each of the
- * runtime's copy streams before the hook and another after it if the hook
- * enqueued a copy there: the pair brackets that copy (and, on the H2D stream,
- * any wait for a map or a bank enqueued with it).
- */
-static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_stream), const char *name, unsigned layer,
-			 vmmrt_bevent *floor)
-{
-	if (!m->markers) {
-		TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-		return VMMRT_OK;
-	}
-	vmmrt_offload *off = m->rt->offload;
-	/* the byte counters directly: vmmrt_offload_stats_get also reads every
-	 * group's copy events, too much for twice per hook */
-	uint64_t off0 = uatomic_read(&off->bytes_offloaded), res0 = uatomic_read(&off->bytes_restored);
-	if (m->scratch_d2h)
-		REC(m, m->scratch_d2h, off->d2h);
-	if (m->scratch_h2d)
-		REC(m, m->scratch_h2d, off->h2d);
-	TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-	uint64_t off1 = uatomic_read(&off->bytes_offloaded), res1 = uatomic_read(&off->bytes_restored);
-	if (off1 > off0 && m->scratch_d2h) {
-		vmmrt_bevent *e = bench_timing_take(&m->tm);
-		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
-		if (sp) {
-			REC(m, e, off->d2h);
-			uint64_t bytes = off1 - off0;
-			*sp = (bench_span){.h2d = false, .layer = (int)layer, .copies = (unsigned)(bytes / m->A),
-					   .bytes = bytes, .a = m->scratch_d2h, .b = e, .floor = floor};
-			m->scratch_d2h = bench_timing_take(&m->tm);
-		}
-	}
-	if (res1 > res0 && m->scratch_h2d) {
-		vmmrt_bevent *e = bench_timing_take(&m->tm);
-		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
-		if (sp) {
-			REC(m, e, off->h2d);
-			uint64_t bytes = res1 - res0;
-			unsigned copies = (unsigned)(bytes / m->A);
-			/* restores run in backward order, skipping the tail (step 0) */
-			int first = (int)m->L - 2 - (int)m->restores_seen;
-			*sp = (bench_span){.h2d = true, .layer = copies == 1 ? first : -1, .copies = copies,
-					   .bytes = bytes, .a = m->scratch_h2d, .b = e, .approx = true};
-			m->restores_seen += copies;
-			m->scratch_h2d = bench_timing_take(&m->tm);
-		}
-	}
-	return VMMRT_OK;
-}
-
-static vmmrt_status iter_library(model *m, unsigned it)
-{
-	unsigned L = m->L;
-	if (iteration_start(m, it) != VMMRT_OK)
-		return VMMRT_E_INVALID_STATE;
-	for (unsigned i = 0; i < L; i++) {
-		if (hook(m, vmmrt_forward_begin, "forward_begin", i, NULL) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		REC(m, m->tm.fwd_s[i], m->compute);
-		TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
-		REC(m, m->tm.fwd_e[i], m->compute);
-		if (hook(m, vmmrt_forward_end, "forward_end", i, m->tm.fwd_e[i]) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-	}
-	for (unsigned k = 0; k < L; k++) {
-		unsigned i = L - 1 - k;
-		if (hook(m, vmmrt_backward_begin, "backward_begin", i, NULL) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		/* after backward_begin: its stream wait for the restore is enqueued,
-		 * so the gap before this event includes any wait for the H2D */
-		REC(m, m->tm.bwd_s[k], m->compute);
-		TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
-		REC(m, m->tm.bwd_e[k], m->compute);
-		if (hook(m, vmmrt_backward_end, "backward_end", i, NULL) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-	}
-	return iteration_end(m, it);
-}
-
-static vmmrt_status run_iteration(model *m, unsigned it)
-{
-	switch (m->id) {
-	case BM_EAGER: return iter_eager(m, it);
-	case BM_EAGER_OFFLOAD:
-	case BM_NAIVE: return iter_pool(m, it);
-	default: return iter_library(m, it);
-	}
-}
-
-/* Wait for everything the iteration started; outside the timed region. */
-static vmmrt_status iteration_sync(model *m)
-{
-	TRY(m, vmmrt_stream_synchronize(m->rt, m->compute), "compute stream synchronize");
-	if (is_pool_mode(m)) {
-		TRY(m, vmmrt_stream_synchronize(m->rt, m->d2h), "D2H stream synchronize");
-		TRY(m, vmmrt_stream_synchronize(m->rt, m->h2d), "H2D stream synchronize");
-		if (m->pool.count != m->pool.n)
-			return failed(m, VMMRT_E_INVALID_STATE, "bench: %u of %u pool buffers came back (a bug)",
-				      m->pool.count, m->pool.n);
-		for (unsigned b = 0; b < m->pool.n; b++)
-			m->pool.free_ev[b] = NULL; /* all complete; the events get re-recorded */
-	} else if (m->md->lib_mode) {
-		TRY(m, vmmrt_offload_sync(m->rt), "offload sync");
-	}
-	return VMMRT_OK;
-}
-
 /* What vmmrt_offload_stats reports as launch_thread_blocking, without reading
  * every group's copy events as vmmrt_offload_stats_get does. */
 static uint64_t blocking_now(vmmrt_runtime *rt)
@@ -827,13 +427,13 @@ static vmmrt_status run_all(model *m, bench_result *r)
 	bool lib_offload = m->md->lib_mode && m->md->offload;
 
 	if ((st = bench_acc_init(&acc, m->p.iterations, m->L)) != VMMRT_OK)
-		return failed(m, st, "host memory for the measurements");
+		return bench_failed(m, st, "host memory for the measurements");
 	/* Marker events only where they are needed: the trace, or a library that
 	 * reports no copy times (decided after the warm-up). */
 	m->markers = lib_offload && (m->ctx->trace || m->p.warmup == 0);
 
 	for (unsigned w = 0; w < m->p.warmup; w++) {
-		if ((st = run_iteration(m, m->iters_run)) != VMMRT_OK || (st = iteration_sync(m)) != VMMRT_OK)
+		if ((st = bench_run_iteration(m, m->iters_run)) != VMMRT_OK || (st = bench_iteration_sync(m)) != VMMRT_OK)
 			goto out;
 		m->iters_run++;
 	}
@@ -846,35 +446,35 @@ static vmmrt_status run_all(model *m, bench_result *r)
 
 	/* The measured window: statistics from zero, memory sampled throughout. */
 	if ((st = vmmrt_driver_stats_reset(m->rt)) != VMMRT_OK) {
-		failed(m, st, "driver statistics reset");
+		bench_failed(m, st, "driver statistics reset");
 		goto out;
 	}
 	if (m->ctx->trace && (st = bench_trace_align(&m->tm, m->compute)) != VMMRT_OK) {
-		failed(m, st, "trace: aligning the device clock");
+		bench_failed(m, st, "trace: aligning the device clock");
 		goto out;
 	}
 	if (m->md->lib_mode) {
 		/* the activation peak from the steady state, not from allocation */
 		vmmrt_offload_stats s;
 		if ((st = vmmrt_offload_stats_reset(m->rt)) != VMMRT_OK) {
-			failed(m, st, "offload statistics reset");
+			bench_failed(m, st, "offload statistics reset");
 			goto out;
 		}
 		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK)
 			conflicts0 = s.bank_conflicts;
 	}
 	if ((st = bench_sampler_start(m->rt, &sampler)) != VMMRT_OK) {
-		failed(m, st, "memory sampler");
+		bench_failed(m, st, "memory sampler");
 		goto out;
 	}
 	for (unsigned n = 0; n < m->p.iterations; n++) {
 		unsigned it = m->iters_run;
 		/* Only the hooks' blocking calls: counted before this iteration's sync. */
 		uint64_t b0 = blocking_now(m->rt);
-		if ((st = run_iteration(m, it)) != VMMRT_OK)
+		if ((st = bench_run_iteration(m, it)) != VMMRT_OK)
 			break;
 		acc.blocking += blocking_now(m->rt) - b0;
-		if ((st = iteration_sync(m)) != VMMRT_OK)
+		if ((st = bench_iteration_sync(m)) != VMMRT_OK)
 			break;
 		m->iters_run++;
 		if (lib_offload) {
@@ -887,7 +487,7 @@ static vmmrt_status run_all(model *m, bench_result *r)
 			}
 		}
 		if ((st = bench_timing_collect(&m->tm, &acc, m->ctx, m->md->name, n)) != VMMRT_OK) {
-			failed(m, st, "reading the timing events");
+			bench_failed(m, st, "reading the timing events");
 			break;
 		}
 	}
@@ -935,7 +535,7 @@ void bench_run_mode(bench_ctx *ctx, bench_mode_id id, const bench_params *p, ben
 	bench_current_mode = m.md->name;
 	if (model_setup(&m) == VMMRT_OK && run_all(&m, r) == VMMRT_OK)
 		verify(&m, r);
-	if (is_pool_mode(&m))
+	if (bench_is_pool_mode(&m))
 		r->pool_buffers = m.pool.n;
 	if (m.skip) {
 		r->skipped = true;
