@@ -333,6 +333,13 @@ void vmmrt_offload_destroy(vmmrt_runtime *rt)
 	rt->offload = NULL;
 }
 
+vmmrt_status vmmrt_offload_wait(vmmrt_offload *off, vmmrt_stream s, vmmrt_bevent *e)
+{
+	if (vmmrt_drv_event_query(off->rt, e) == VMMRT_OK)
+		return VMMRT_OK;
+	return vmmrt_drv_stream_wait_event(off->rt, s, e);
+}
+
 /* Timing events around the copy give the bandwidth "while copying". */
 vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g)
 {

@@ -178,6 +178,13 @@ void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
  * backward (and a prefetch made before either) always agree.
  */
 bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint64_t use, bool backward);
+/*
+ * Make `s` wait for e, unless e has already completed: a dependency that is
+ * already satisfied costs the compute stream a gap for nothing (about 0.5 us
+ * of the 1.8 us between two graphs on the H200), a query costs the launch
+ * thread a non-blocking driver call.
+ */
+vmmrt_status vmmrt_offload_wait(vmmrt_offload *off, vmmrt_stream s, vmmrt_bevent *e);
 /* Enqueue a copy bracketed by the group's timing events. */
 vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g);
 vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);

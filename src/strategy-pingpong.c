@@ -111,7 +111,7 @@ static vmmrt_status pp_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_s
 				   g->bank, bank->user ? bank->user->name : "?");
 	/* Fence 1: the previous activation in this bank has reached host memory. */
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_FORWARD_FENCE)) {
-		vmmrt_status st = vmmrt_drv_stream_wait_event(off->rt, compute, bank->free_ev);
+		vmmrt_status st = vmmrt_offload_wait(off, compute, bank->free_ev);
 		if (st != VMMRT_OK)
 			return st;
 	}
@@ -147,7 +147,7 @@ static vmmrt_status pp_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_
 				   "group '%s': its restore could not start (bank %u still held by group '%s')",
 				   g->name, g->bank, off->bank[g->bank].user ? off->bank[g->bank].user->name : "?");
 	/* The compute stream waits on the GPU for the H2D; the launch thread goes on. */
-	return vmmrt_drv_stream_wait_event(off->rt, compute, g->restored);
+	return vmmrt_offload_wait(off, compute, g->restored);
 }
 
 static vmmrt_status pp_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)

@@ -215,7 +215,12 @@ static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 
 static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map_seq_of[USE_F]);
+	/* The worker stores the flag once the map call returned: if it is there
+	 * already, the memory is mapped and nothing needs to wait on the GPU. */
+	uint32_t seq = g->map_seq_of[USE_F];
+	if ((int32_t)(uatomic_read(g->flag) - seq) >= 0)
+		return VMMRT_OK;
+	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, seq);
 }
 
 /* After `s` reaches this point (`done` is recorded there), the group's memory
@@ -257,7 +262,7 @@ static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);
-	return vmmrt_drv_stream_wait_event(off->rt, compute, g->restored);
+	return vmmrt_offload_wait(off, compute, g->restored);
 }
 
 static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
