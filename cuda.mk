@@ -42,3 +42,12 @@ tests_gpu_test_cuda_backend_LDADD = $(TEST_LDADD)
 gpu-check: $(gpu_tests)
 	@$(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests)
 .PHONY: gpu-check
+
+# `make gpu-suite`: the whole GPU suite in one go on the GPU machine — the
+# backend's own GPU tests, and the runtime-level unit tests (slots, workers,
+# offload) run again against the CUDA backend (VMMRT_BACKEND=cuda; the tests
+# that need the host emulation leave themselves out there).
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload
+gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
+	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)
+.PHONY: gpu-suite

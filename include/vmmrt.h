@@ -12,8 +12,9 @@
  *  - every call returns a vmmrt_status; VMMRT_OK is 0. On failure a message
  *    naming the cause is kept per thread: vmmrt_last_error().
  *  - handles are opaque; NULL handles are VMMRT_E_INVALID_ARGUMENT, never a crash.
- *  - no call may be made from inside a host function (a CUDA host callback):
- *    such calls fail with VMMRT_E_NOT_PERMITTED.
+ *  - nothing that can reach the driver may run inside a host function (a CUDA
+ *    host callback): such calls fail with VMMRT_E_NOT_PERMITTED. Accessors
+ *    and option calls touch no driver and are allowed anywhere.
  *  - the library never exits or aborts the process.
  *
  * See vmmrt(7) for the whole picture and the option table.
@@ -157,7 +158,8 @@ vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out
 vmmrt_status vmmrt_slot_map(vmmrt_slot *slot);
 /* Unmap and release the physical memory; the address stays reserved. */
 vmmrt_status vmmrt_slot_unmap(vmmrt_slot *slot);
-/* Release everything, reservation included. Fails with VMMRT_E_BUSY while a request is queued. */
+/* Release everything, reservation included. Requests still queued for the slot are
+ * cancelled (their status becomes VMMRT_E_CANCELLED); the call waits for the worker. */
 vmmrt_status vmmrt_slot_destroy(vmmrt_slot *slot);
 vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *slot);
 size_t vmmrt_slot_size(const vmmrt_slot *slot);

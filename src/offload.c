@@ -202,8 +202,11 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 				   backward ? "backward" : "forward");
 	vmmrt_offload *off = g->off;
 	st = (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute);
-	if (st == VMMRT_OK)
+	if (st == VMMRT_OK) {
 		g->open = 0;
+		if (backward && off->sched.use % (2ull * off->sched.n) == 2ull * off->sched.n - 1)
+			off->iterations++;
+	}
 	return st;
 }
 
@@ -233,6 +236,11 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 	vmmrt_status st = get_ready(rt, &off);
 	if (st != VMMRT_OK)
 		return st;
+	/* A group that failed may have left a stream waiting for it: say so now
+	 * rather than time out on the stream. */
+	for (unsigned i = 0; i < off->ngroups; i++)
+		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+			return st;
 	uatomic_inc(&rt->launch_blocking);
 	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK)
 		return st;
@@ -268,10 +276,7 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	if (!off)
 		return VMMRT_OK;
 	out->groups = off->ngroups;
-	out->iterations = off->sched.recorded ? off->sched.iteration : 0;
-	if (off->sched.recorded && off->sched.n && off->sched.in_backward &&
-	    (off->sched.use + 1) % (2ull * off->sched.n) == 0)
-		out->iterations++; /* the last backward of this iteration has begun */
+	out->iterations = off->iterations;
 	out->schedule_recorded = off->sched.recorded;
 	out->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
 	out->bytes_restored = uatomic_read(&off->bytes_restored);
@@ -328,13 +333,21 @@ void vmmrt_offload_destroy(vmmrt_runtime *rt)
 	rt->offload = NULL;
 }
 
+vmmrt_status vmmrt_offload_wait(vmmrt_offload *off, vmmrt_stream s, vmmrt_bevent *e)
+{
+	if (vmmrt_drv_event_query(off->rt, e) == VMMRT_OK)
+		return VMMRT_OK;
+	return vmmrt_drv_stream_wait_event(off->rt, s, e);
+}
+
 /* Timing events around the copy give the bandwidth "while copying". */
 vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g)
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st;
 	if ((st = vmmrt_drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
+	    (st = g->d2h_graph ? vmmrt_drv_graph_launch(rt, g->d2h_graph, off->d2h)
+			       : vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
 	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
 		return st;
 	g->timed_d2h = true;
@@ -347,12 +360,60 @@ vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g)
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st;
 	if ((st = vmmrt_drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
-	    (st = vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
+	    (st = g->h2d_graph ? vmmrt_drv_graph_launch(rt, g->h2d_graph, off->h2d)
+			       : vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
 	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
 		return st;
 	g->timed_h2d = true;
 	uatomic_add(&off->bytes_restored, g->bytes);
 	return VMMRT_OK;
+}
+
+static vmmrt_status capture_copy(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, bool to_host,
+				 vmmrt_bgraph **out)
+{
+	vmmrt_runtime *rt = off->rt;
+	vmmrt_status st = vmmrt_drv_begin_capture(rt, s);
+	if (st != VMMRT_OK)
+		return st;
+	vmmrt_status cst = to_host ? vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, s)
+				   : vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, s);
+	vmmrt_bgraph *graph = NULL;
+	st = vmmrt_drv_end_capture(rt, s, &graph); /* always end what was begun */
+	if (cst != VMMRT_OK) {
+		if (graph)
+			(void)vmmrt_drv_graph_destroy(rt, graph);
+		return cst;
+	}
+	if (st == VMMRT_OK)
+		*out = graph;
+	return st;
+}
+
+vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g)
+{
+	vmmrt_stream s;
+	vmmrt_status st = vmmrt_drv_stream_create(off->rt, &s);
+	if (st != VMMRT_OK)
+		return st;
+	st = capture_copy(off, g, s, true, &g->d2h_graph);
+	if (st == VMMRT_OK)
+		st = capture_copy(off, g, s, false, &g->h2d_graph);
+	(void)vmmrt_drv_stream_destroy(off->rt, s);
+	if (st != VMMRT_OK) {
+		vmmrt_offload_free_copies(off, g);
+		return vmmrt_error_wrap(st, "group '%s': capture of its copies", g->name);
+	}
+	return VMMRT_OK;
+}
+
+void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g)
+{
+	if (g->d2h_graph)
+		(void)vmmrt_drv_graph_destroy(off->rt, g->d2h_graph);
+	if (g->h2d_graph)
+		(void)vmmrt_drv_graph_destroy(off->rt, g->h2d_graph);
+	g->d2h_graph = g->h2d_graph = NULL;
 }
 
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)
@@ -361,10 +422,12 @@ void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)
 		rt->offload->drop_fence = mask;
 }
 
-bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g)
+bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
 	const vmmrt_schedule *s = &off->sched;
-	return s->recorded && s->n && s->fwd[s->n - 1] == g->index && s->bwd[0] == g->index;
+	uint64_t fwd_use = backward ? use - 1 : use;
+	return s->recorded && s->n && use >= 1 && fwd_use >= 2ull * s->n && s->fwd[s->n - 1] == g->index &&
+	       s->bwd[0] == g->index;
 }
 
 /* Host function: runs on the driver's callback thread, so it only pushes the

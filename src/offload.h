@@ -50,6 +50,14 @@ struct vmmrt_group {
 	/* timing events bracketing the copies (d2h_done/restored end them) */
 	vmmrt_bevent *d2h_start, *h2d_start;
 	bool timed_d2h, timed_h2d;    /* the last iteration copied this group */
+	/*
+	 * remap: the copies as captured graphs. The driver checks a copy's
+	 * addresses when it is enqueued, and a remap slot is often not mapped yet
+	 * then (its map waits on the stream, behind a wait-value); a graph
+	 * captured while it was mapped replays at the same address without that
+	 * check. NULL: plain async copies (ping-pong banks are always mapped).
+	 */
+	vmmrt_bgraph *d2h_graph, *h2d_graph;
 
 	/* remap: the GPU waits for *flag >= seq of the map it needs */
 	uint32_t *flag;
@@ -149,6 +157,7 @@ struct vmmrt_offload {
 	uint64_t bytes_offloaded, bytes_restored;
 	int64_t activation_bytes, activation_peak;
 	uint64_t maps, releases, bank_conflicts;
+	uint64_t iterations;          /* last backward hooks ended */
 };
 
 /* offload.c */
@@ -165,12 +174,28 @@ void vmmrt_group_free(vmmrt_group *g);
 
 /* Test-only switch (VMMRT_DROP_* | VMMRT_PLANT_*): lets a test prove it can see the bug. */
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
-/* Is this use the last forward immediately followed by its own backward? Its
- * activations then stay on the device: no D2H, no restore, no release. */
-bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g);
+/*
+ * Is use `use` of g (its forward, or its backward) the tail: the last forward
+ * followed at once by its own backward? Its activations then stay on the
+ * device: no D2H, no restore, no release in between. Decided by use number,
+ * not by the moment of the call: only from the second iteration on, when the
+ * forward already ran under the recorded schedule, so the forward and the
+ * backward (and a prefetch made before either) always agree.
+ */
+bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint64_t use, bool backward);
+/*
+ * Make `s` wait for e, unless e has already completed: a dependency that is
+ * already satisfied costs the compute stream a gap for nothing (about 0.5 us
+ * of the 1.8 us between two graphs on the H200), a query costs the launch
+ * thread a non-blocking driver call.
+ */
+vmmrt_status vmmrt_offload_wait(vmmrt_offload *off, vmmrt_stream s, vmmrt_bevent *e);
 /* Enqueue a copy bracketed by the group's timing events. */
 vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g);
 vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);
+/* Capture g's two copies as graphs (the slot must be mapped now). */
+vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g);
+void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g);
 /* Enqueue a host function that pushes req to its slot's worker. */
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
 

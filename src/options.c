@@ -51,9 +51,10 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 	[VMMRT_OPT_DRIVER_INLINE] = {"driver_inline", "VMMRT_DRIVER_INLINE", T_BOOL, "0", {0}, 0, 1,
 		"remap mode, for comparison only: make the VMM calls on the launch thread, which then "
 		"waits for each copy before releasing (what the driver workers avoid); turns "
-		"checked_threads off"},
+		"checked_threads off and maps at each use (lookahead 0)"},
 	[VMMRT_OPT_TIMEOUT_MS] = {"timeout_ms", "VMMRT_TIMEOUT_MS", T_UINT, "30000", {0}, 1, 86400000,
-		"bound on every blocking wait of the API (VMMRT_E_TIMEOUT after it)"},
+		"bound on every wait for a driver worker and on vmmrt_offload_sync (VMMRT_E_TIMEOUT "
+		"after it); vmmrt_stream_synchronize waits as cuStreamSynchronize does"},
 	[VMMRT_OPT_OOM_RETRIES] = {"oom_retries", "VMMRT_OOM_RETRIES", T_UINT, "3", {0}, 0, 1000,
 		"times a worker retries a create that ran out of device memory"},
 	[VMMRT_OPT_OOM_BACKOFF_US] = {"oom_backoff_us", "VMMRT_OOM_BACKOFF_US", T_UINT, "1000", {0}, 0, 10000000,

@@ -83,6 +83,10 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 	rt->mode = (vmmrt_mode)vmmrt_opt_u(&rt->opts, VMMRT_OPT_MODE);
 	rt->lookahead = (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_LOOKAHEAD);
 	rt->driver_inline = vmmrt_opt_u(&rt->opts, VMMRT_OPT_DRIVER_INLINE) != 0;
+	/* Inline, a map for a later use could run before the release of the
+	 * group's current use (the launch thread makes both): map at each use. */
+	if (rt->driver_inline)
+		rt->lookahead = 0;
 	/* Inline driver calls are made on the launch thread by definition. */
 	rt->checked_threads = vmmrt_opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0 && !rt->driver_inline;
 	rt->timeout_ms = vmmrt_opt_u(&rt->opts, VMMRT_OPT_TIMEOUT_MS);

@@ -248,13 +248,15 @@ vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
 		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot destroy request");
 	vmmrt_request_init(req, VMMRT_REQ_DESTROY, s);
 	uatomic_set(&s->dying, true);
+	/* Once pushed, the slot may be freed at any moment: read what we need first. */
+	uint64_t timeout_ms = s->rt->timeout_ms;
 	vmmrt_status st = vmmrt_worker_push(s->rt->workers, s->worker, req);
 	if (st != VMMRT_OK) {
 		uatomic_set(&s->dying, false);
 		free(req);
 		return st;
 	}
-	return vmmrt_request_wait_owned(req, s->rt->timeout_ms);
+	return vmmrt_request_wait_owned(req, timeout_ms);
 }
 
 vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *s)

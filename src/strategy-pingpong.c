@@ -85,7 +85,7 @@ static vmmrt_status pp_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 {
 	if (!backward)
 		return VMMRT_OK; /* a forward needs nothing ahead */
-	if (vmmrt_offload_is_tail(off, g)) {
+	if (vmmrt_offload_is_tail(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* the tail never left */
 	}
@@ -111,7 +111,7 @@ static vmmrt_status pp_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_s
 				   g->bank, bank->user ? bank->user->name : "?");
 	/* Fence 1: the previous activation in this bank has reached host memory. */
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_FORWARD_FENCE)) {
-		vmmrt_status st = vmmrt_drv_stream_wait_event(off->rt, compute, bank->free_ev);
+		vmmrt_status st = vmmrt_offload_wait(off, compute, bank->free_ev);
 		if (st != VMMRT_OK)
 			return st;
 	}
@@ -124,7 +124,7 @@ static vmmrt_status pp_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_bank *bank = &off->bank[g->bank];
-	if (vmmrt_offload_is_tail(off, g)) {
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays in the bank */
 	}
@@ -140,14 +140,14 @@ static vmmrt_status pp_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 
 static vmmrt_status pp_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	if (vmmrt_offload_is_tail(off, g))
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt_error(VMMRT_E_INVALID_STATE,
 				   "group '%s': its restore could not start (bank %u still held by group '%s')",
 				   g->name, g->bank, off->bank[g->bank].user ? off->bank[g->bank].user->name : "?");
 	/* The compute stream waits on the GPU for the H2D; the launch thread goes on. */
-	return vmmrt_drv_stream_wait_event(off->rt, compute, g->restored);
+	return vmmrt_offload_wait(off, compute, g->restored);
 }
 
 static vmmrt_status pp_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)

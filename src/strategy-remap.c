@@ -61,6 +61,14 @@ static void map_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	uatomic_set(g->flag, r->seq);
 }
 
+static void map_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	/* Reported now, while the worker keeps trying: the streams that wait on
+	 * this map resume as soon as memory comes back. */
+	vmmrt_group_fail(r->g, st, "map before use (still retrying)");
+}
+
 static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 {
 	vmmrt_remap_req *r = arg;
@@ -130,6 +138,8 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 			return vmmrt_error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
 		*g->flag = 0;
 		g->base = vmmrt_slot_address(g->slot);
+		if ((st = vmmrt_offload_capture_copies(off, g)) != VMMRT_OK)
+			return st;
 		uatomic_inc(&off->resident);
 		vmmrt_offload_account(off, (int64_t)g->slot->size);
 		for (int k = 0; k < 2; k++)
@@ -138,6 +148,8 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				vmmrt_request_init(&m->req, VMMRT_REQ_MAP, g->slot);
 				m->req.ensure = true; /* the first map finds the initial backing */
 				m->req.admit = admit_map;
+				m->req.persist = true; /* the GPU waits for it: retry, never abandon */
+				m->req.retrying = map_retrying;
 				m->req.done = map_done;
 				m->req.done_arg = m;
 				m->g = g;
@@ -186,7 +198,7 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (backward && vmmrt_offload_is_tail(off, g)) {
+	if (backward && vmmrt_offload_is_tail(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* still mapped since its forward */
 	}
@@ -203,7 +215,12 @@ static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 
 static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, g->map_seq_of[USE_F]);
+	/* The worker stores the flag once the map call returned: if it is there
+	 * already, the memory is mapped and nothing needs to wait on the GPU. */
+	uint32_t seq = g->map_seq_of[USE_F];
+	if ((int32_t)(uatomic_read(g->flag) - seq) >= 0)
+		return VMMRT_OK;
+	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, seq);
 }
 
 /* After `s` reaches this point (`done` is recorded there), the group's memory
@@ -228,7 +245,7 @@ static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stre
 static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (vmmrt_offload_is_tail(off, g)) {
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays mapped */
 	}
@@ -243,11 +260,11 @@ static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 
 static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	if (vmmrt_offload_is_tail(off, g))
+	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);
-	return vmmrt_drv_stream_wait_event(off->rt, compute, g->restored);
+	return vmmrt_offload_wait(off, compute, g->restored);
 }
 
 static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
@@ -268,6 +285,7 @@ static void rm_destroy(vmmrt_offload *off)
 	vmmrt_runtime *rt = off->rt;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
+		vmmrt_offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
 			(void)vmmrt_slot_destroy(g->slot);

@@ -94,6 +94,9 @@ vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *
 	    uatomic_cmpxchg(&req->state, old, VMMRT_REQ_QUEUED) != old)
 		return vmmrt_error(VMMRT_E_BUSY, "request already queued or running");
 	worker *wk = &w->w[index];
+	req->admitted = false;
+	req->attempts = 0;
+	req->retry_at = 0;
 	req->enqueue_ns = vmmrt_now_ns();
 	cds_wfcq_node_init(&req->node);
 	cds_wfcq_enqueue(&wk->head, &wk->tail, &req->node);
@@ -333,6 +336,20 @@ static void run(worker *wk, vmmrt_request *req, bool cancel)
 		}
 		uatomic_inc(&wk->stats.processed);
 	}
+	if (st == VMMRT_E_OUT_OF_MEMORY && req->persist && !cancel && !uatomic_read(&wk->pool->stopping)) {
+		/* Try again later, first in line: nothing behind it in schedule order may pass it. */
+		uint64_t backoff_us = vmmrt_opt_u(&wk->pool->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
+		backoff_us <<= req->attempts < 7 ? req->attempts : 7;
+		if (backoff_us > 100000 || backoff_us == 0)
+			backoff_us = backoff_us ? 100000 : 1000;
+		req->attempts++;
+		req->retry_at = vmmrt_now_ns() + backoff_us * 1000;
+		if (req->retrying)
+			req->retrying(req, st, req->done_arg);
+		cds_list_add(&req->parked, &wk->parked);
+		urcu_memb_read_unlock();
+		return;
+	}
 	if (s && req->kind != VMMRT_REQ_CALL && req->kind != VMMRT_REQ_DESTROY) {
 		if (st == VMMRT_OK)
 			uatomic_set(&s->state, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
@@ -359,20 +376,43 @@ static vmmrt_request *dequeue(worker *wk)
 
 /* Start parked requests whose admission now passes, oldest first; stop at the
  * first that still may not start, so requests are admitted in arrival order. */
+static bool admit(vmmrt_request *req)
+{
+	if (!req->admitted && req->admit && !req->admit(req, req->done_arg))
+		return false;
+	req->admitted = true;
+	return true;
+}
+
 static void run_parked(worker *wk)
 {
 	while (!cds_list_empty(&wk->parked)) {
 		vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
-		if (!req->admit(req, req->done_arg))
+		if (req->retry_at && vmmrt_now_ns() < req->retry_at)
+			return;
+		if (!admit(req))
 			return;
 		cds_list_del(&req->parked);
 		run(wk, req, false);
 	}
 }
 
+/* The deadline of the first parked request's retry, if it is waiting for one. */
+static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
+{
+	if (cds_list_empty(&wk->parked))
+		return NULL;
+	vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
+	if (!req->retry_at)
+		return NULL;
+	ts->tv_sec = (time_t)(req->retry_at / 1000000000ull);
+	ts->tv_nsec = (long)(req->retry_at % 1000000000ull);
+	return ts;
+}
+
 static void take(worker *wk, vmmrt_request *req)
 {
-	if (req->admit && (!cds_list_empty(&wk->parked) || !req->admit(req, req->done_arg))) {
+	if (req->admit && (!cds_list_empty(&wk->parked) || !admit(req))) {
 		cds_list_add_tail(&req->parked, &wk->parked);
 		return;
 	}
@@ -411,7 +451,8 @@ static void *worker_main(void *arg)
 			continue;
 		}
 		uatomic_inc(&wk->stats.wakeups);
-		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, NULL);
+		struct timespec ts;
+		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, retry_deadline(wk, &ts));
 	}
 	/* Stopping: what is still queued is run or cancelled, never dropped. */
 	bool drain = uatomic_read(&wk->pool->drain);

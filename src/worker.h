@@ -71,6 +71,19 @@ struct vmmrt_request {
 	void *arg;                   /* CALL */
 	vmmrt_req_done_fn done;      /* optional */
 	void *done_arg;
+	/*
+	 * MAP only: keep retrying out-of-memory (with a back-off capped at
+	 * 100 ms) until it succeeds or the request is cancelled, calling
+	 * `retrying` after each failed round. For maps a stream is waiting on:
+	 * failing them would leave the stream waiting forever, while memory
+	 * released elsewhere usually comes back.
+	 */
+	bool persist;
+	vmmrt_req_done_fn retrying;
+	/* worker-private */
+	bool admitted;
+	uint32_t attempts;
+	uint64_t retry_at;           /* CLOCK_MONOTONIC ns; 0: not waiting to retry */
 	uint64_t enqueue_ns;         /* CLOCK_MONOTONIC at push: hand-off latency */
 	uint64_t start_ns;           /* when the worker picked it up */
 	/* published by the worker (uatomic) */

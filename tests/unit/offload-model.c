@@ -18,7 +18,27 @@ struct model {
 	vmmrt_slot *input, *results;   /* input activation source; 8-byte result per layer */
 	uint64_t *host_results;        /* pinned: [iteration][layer] */
 	unsigned iters;
+	size_t base_used;
+	unsigned reported;             /* asynchronous failures the hooks reported */
 };
+
+/*
+ * A hook reports an earlier asynchronous failure of its group (a map that ran
+ * out of memory, say) instead of doing its work; the caller notes it and
+ * calls the hook again, as an application would.
+ */
+#define HOOK(m, x) \
+	do { \
+		st = (x); \
+		if (st == VMMRT_E_OUT_OF_MEMORY) { \
+			(m)->reported++; \
+			st = (x); \
+		} \
+		if (st != VMMRT_OK) { \
+			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, vmmrt_last_error()); \
+			goto fail; \
+		} \
+	} while (0)
 
 static vmmrt_status opt(vmmrt_options *o, const char *k, const char *v)
 {
@@ -58,12 +78,18 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	TRY(opt(o, "driver_workers", buf));
 	TRY(opt(o, "host_capacity", cfg->capacity ? cfg->capacity : "1G"));
 	TRY(opt(o, "host_latency", cfg->latency ? "1" : "0"));
+	TRY(opt(o, "driver_inline", cfg->driver_inline ? "1" : "0"));
 	if (cfg->copy_gbps > 0) {
 		snprintf(buf, sizeof(buf), "%g", cfg->copy_gbps);
 		TRY(opt(o, "host_copy_gbps", buf));
 	}
 	TRY(vmmrt_runtime_create(o, &m->rt));
 	TRY(vmmrt_stream_create(m->rt, &m->compute));
+	{
+		size_t f, t;
+		TRY(vmmrt_mem_info(m->rt, &f, &t));
+		m->base_used = t - f;
+	}
 
 	/* Discovery and allocation. */
 	for (unsigned i = 0; i < n; i++) {
@@ -122,15 +148,15 @@ vmmrt_status model_run(model *m, unsigned count)
 			return VMMRT_E_INVALID_ARGUMENT;
 		TRY(vmmrt_kernel_fill(m->rt, m->compute, vmmrt_slot_address(m->input), m->cfg.act_bytes, iter + 1));
 		for (unsigned i = 0; i < n; i++) {
-			TRY(vmmrt_forward_begin(m->g[i], m->compute));
+			HOOK(m, vmmrt_forward_begin(m->g[i], m->compute));
 			TRY(vmmrt_graph_launch(m->rt, m->fwd[i], m->compute));
-			TRY(vmmrt_forward_end(m->g[i], m->compute));
+			HOOK(m, vmmrt_forward_end(m->g[i], m->compute));
 		}
 		for (unsigned k = 0; k < n; k++) {
 			unsigned i = m->cfg.bwd_order ? m->cfg.bwd_order[k] : n - 1 - k;
-			TRY(vmmrt_backward_begin(m->g[i], m->compute));
+			HOOK(m, vmmrt_backward_begin(m->g[i], m->compute));
 			TRY(vmmrt_graph_launch(m->rt, m->bwd[i], m->compute));
-			TRY(vmmrt_backward_end(m->g[i], m->compute));
+			HOOK(m, vmmrt_backward_end(m->g[i], m->compute));
 			/* async, so the launch thread never waits for the GPU */
 			TRY(vmmrt_drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * n + i],
 							vmmrt_slot_address(m->results) + 8 * i, 8, m->compute));
@@ -147,7 +173,12 @@ unsigned model_verify(model *m, unsigned *checked)
 	unsigned n = m->cfg.layers, bad = 0;
 	size_t words = m->cfg.act_bytes / 8;
 	uint64_t *act = malloc(m->cfg.act_bytes);
-	if (vmmrt_stream_synchronize(m->rt, m->compute) != VMMRT_OK || vmmrt_offload_sync(m->rt) != VMMRT_OK) {
+	vmmrt_status sst = vmmrt_offload_sync(m->rt);
+	if (sst == VMMRT_E_OUT_OF_MEMORY) { /* reported, like the hooks do: note it, sync again */
+		m->reported++;
+		sst = vmmrt_offload_sync(m->rt);
+	}
+	if (sst != VMMRT_OK || vmmrt_stream_synchronize(m->rt, m->compute) != VMMRT_OK) {
 		fprintf(stderr, "verify: sync failed: %s\n", vmmrt_last_error());
 		bad++;
 	}
@@ -169,6 +200,16 @@ unsigned model_verify(model *m, unsigned *checked)
 vmmrt_runtime *model_runtime(model *m)
 {
 	return m->rt;
+}
+
+unsigned model_reported(model *m)
+{
+	return m->reported;
+}
+
+size_t model_base_used(model *m)
+{
+	return m->base_used;
 }
 
 vmmrt_group *model_group(model *m, unsigned layer)

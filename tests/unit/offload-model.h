@@ -23,6 +23,7 @@ typedef struct model_cfg {
 	bool latency;               /* host backend latency model */
 	double copy_gbps;           /* with latency */
 	const char *capacity;       /* host backend capacity, default "1G" */
+	bool driver_inline;         /* remap: VMM calls on the launch thread */
 } model_cfg;
 
 typedef struct model model;
@@ -34,6 +35,10 @@ vmmrt_status model_run(model *m, unsigned count);
  * returns the number of corrupted activations. */
 unsigned model_verify(model *m, unsigned *checked);
 vmmrt_runtime *model_runtime(model *m);
+/* Asynchronous failures the hooks reported (and the model called them again). */
+unsigned model_reported(model *m);
+/* Device memory in use right after the runtime was created, before allocation. */
+size_t model_base_used(model *m);
 vmmrt_group *model_group(model *m, unsigned layer);
 void model_destroy(model *m);
 

@@ -1,0 +1,100 @@
+#!/bin/sh
+# vmmrt-bench smoke test, in TAP: every mode on the host backend with a tiny
+# model, with --json and --trace. The exit status must be 0, naive must be
+# reported failing (the negative case stays visible), the others verified, and
+# both files must parse. python3 checks them where it exists; otherwise grep
+# checks the keys (a Debian base image may have no python3).
+# Runs from the build directory (make check); VMMRT_BENCH overrides the binary.
+
+bench=${VMMRT_BENCH:-./tools/vmmrt-bench}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmrt-bench-smoke.XXXXXX") || {
+	echo "1..0 # SKIP cannot create a temporary directory"
+	exit 0
+}
+trap 'rm -rf "$tmp"' EXIT INT TERM
+# A user's VMMRT_MODE or VMMRT_TRACE would change what the rows mean.
+unset VMMRT_MODE VMMRT_TRACE VMMRT_BACKEND
+
+n=0
+fails=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() {
+	n=$((n + 1))
+	fails=$((fails + 1))
+	echo "not ok $n - $1"
+	[ -n "${2:-}" ] && [ -f "$2" ] && sed 's/^/# /' "$2"
+}
+check() { # check DESCRIPTION LOG COMMAND...: LOG (or the command's output) is shown on failure
+	d=$1
+	log=$2
+	shift 2
+	if "$@" >"$tmp/check.log" 2>&1; then ok "$d"; else not_ok "$d" "${log:-$tmp/check.log}"; fi
+}
+
+echo "1..6"
+
+if [ ! -x "$bench" ]; then
+	not_ok "vmmrt-bench is built ($bench)"
+	exit 1
+fi
+
+"$bench" --backend=host --layers=3 --activation-mib=2 --iterations=2 --warmup=1 --fwd-ms=1 --bwd-ms=2 \
+	--quiet --json="$tmp/bench.json" --trace="$tmp/trace.json" >"$tmp/out" 2>&1
+rc=$?
+check "all modes run and come out as expected (exit status $rc)" "$tmp/out" test "$rc" -eq 0
+
+check "the table reports naive failing verification" "" grep -q '^naive .*no (expected)' "$tmp/out"
+
+if command -v python3 >/dev/null 2>&1; then
+	check "the JSON parses" "" python3 -m json.tool "$tmp/bench.json" /dev/null
+	cat >"$tmp/check.py" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+keys = ["mode", "iter_ms_median", "iter_ms_p90", "vs_graph_ratio", "activation_device_bytes",
+        "peak_device_bytes", "d2h_gbps", "h2d_gbps", "bwd_gap_us_median", "driver_call_us_p99",
+        "launch_thread_blocking_calls", "verified"]
+assert d["backend"] == "host" and "device" in d and d["layers"] == 3, "top level"
+modes = {m["mode"]: m for m in d["modes"]}
+assert set(modes) == {"eager", "eager-offload", "graph", "pingpong", "remap", "remap-inline", "naive"}, modes
+for name, m in modes.items():
+    for k in keys:
+        assert k in m, (name, k)
+    if m["skipped"]:
+        continue
+    assert m["verified"] == (name != "naive"), (name, m["verified"])
+    assert m["iter_ms_median"] > 0, name
+assert modes["graph"]["vs_graph_ratio"] == 1, "graph's own ratio"
+assert modes["pingpong"]["d2h_gbps"] and modes["remap"]["h2d_gbps"], "copy bandwidth"
+EOF
+	check "the JSON has every key, naive unverified and the rest verified" "" \
+		python3 "$tmp/check.py" "$tmp/bench.json"
+	cat >"$tmp/trace.py" <<'EOF'
+import json, sys
+t = json.load(open(sys.argv[1]))
+ev = t["traceEvents"]
+names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+x = [e for e in ev if e["ph"] == "X"]
+tracks = {names.get((e["pid"], e["tid"]), "") for e in x}
+for want in ("compute", "d2h", "h2d"):
+    assert want in tracks, (want, tracks)
+assert any(e["name"].startswith("cuMem") for e in x), "driver calls"
+assert all(e["dur"] >= 0 for e in x), "negative durations"
+EOF
+	check "the trace parses, with spans on compute, d2h and h2d and driver calls" "" \
+		python3 "$tmp/trace.py" "$tmp/trace.json"
+else
+	check "the JSON has the mode keys (grep: no python3)" "" \
+		grep -q '"launch_thread_blocking_calls"' "$tmp/bench.json"
+	check "the JSON reports naive unverified (grep)" "" \
+		grep -q '"mode": "naive", .*"verified": false' "$tmp/bench.json"
+	check "the trace has compute, d2h, h2d tracks and driver calls (grep)" "" sh -c \
+		"grep -q '\"name\":\"compute\"' '$tmp/trace.json' && grep -q '\"name\":\"d2h\"' '$tmp/trace.json' &&
+		 grep -q '\"name\":\"h2d\"' '$tmp/trace.json' && grep -q '\"name\":\"cuMemCreate\"' '$tmp/trace.json' &&
+		 grep -q '\"ph\":\"X\",\"pid\":2' '$tmp/trace.json'"
+fi
+
+"$bench" --modes=eager,bogus >"$tmp/usage" 2>&1
+rc=$?
+check "an unknown mode is a usage error (exit status $rc)" "$tmp/usage" test "$rc" -eq 2
+
+[ "$fails" -eq 0 ]
