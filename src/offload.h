@@ -196,6 +196,9 @@ vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);
 /* Capture g's two copies as graphs (the slot must be mapped now). */
 vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g);
 void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g);
+/* Destroy a slot of the offload state (a bank, a group's slot), once more if
+ * the first teardown failed, so its memory is not held until runtime destroy. */
+void vmmrt_offload_destroy_slot(vmmrt_slot *s);
 /* Enqueue a host function that pushes req to its slot's worker. */
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
 

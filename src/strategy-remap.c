@@ -288,7 +288,7 @@ static void rm_destroy(vmmrt_offload *off)
 		vmmrt_offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
-			(void)vmmrt_slot_destroy(g->slot);
+			vmmrt_offload_destroy_slot(g->slot);
 		g->slot = NULL;
 		if (g->flag)
 			(void)vmmrt_drv_host_free(rt, g->flag);

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/backend.h"
@@ -62,12 +63,57 @@ static const opclass ops[] = {
 	{"cuMemGetInfo", VMMRT_OK, false},
 };
 
-static const opclass *classify(const char *op)
+#define NOPS (sizeof(ops) / sizeof(ops[0]))
+static bool enabled[NOPS]; /* --fault-ops: which operations may fail */
+
+static const opclass *classify(const char *op, size_t *index)
 {
-	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
-		if (strcmp(op, ops[i].op) == 0)
+	for (size_t i = 0; i < NOPS; i++)
+		if (strcmp(op, ops[i].op) == 0) {
+			*index = i;
 			return &ops[i];
+		}
 	return NULL; /* an operation added to the library later: never fails */
+}
+
+bool t_fault_ops(const char *list)
+{
+	char buf[1024], *save = NULL;
+	bool any_plus = false;
+	if (strlen(list) >= sizeof(buf))
+		return false;
+	for (size_t i = 0; i < NOPS; i++)
+		enabled[i] = ops[i].st != VMMRT_OK;
+	if (!strcmp(list, "all"))
+		return true;
+	strcpy(buf, list);
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		bool minus = tok[0] == '-';
+		const char *name = minus || tok[0] == '+' ? tok + 1 : tok;
+		size_t i;
+		if (!classify(name, &i) || ops[i].st == VMMRT_OK)
+			return false; /* unknown, or an operation that never fails (a free) */
+		if (!minus && !any_plus) {
+			/* The first operation named without '-': only those named fail. */
+			for (size_t k = 0; k < NOPS; k++)
+				enabled[k] = false;
+			any_plus = true;
+		}
+		enabled[i] = !minus;
+	}
+	return true;
+}
+
+void t_fault_ops_print(char *out, size_t len)
+{
+	size_t at = 0;
+	out[0] = '\0';
+	for (size_t i = 0; i < NOPS && at < len; i++)
+		if (ops[i].st != VMMRT_OK && !enabled[i]) {
+			int n = snprintf(out + at, len - at, "%s-%s", at ? "," : "", ops[i].op);
+			if (n > 0)
+				at += (size_t)n;
+		}
 }
 
 vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
@@ -78,7 +124,8 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	uint64_t r1 = t_mix(f->seed ^ (n * 0x9E3779B97F4A7C15ULL));
 	uint64_t r2 = t_mix(r1 + 0x632BE59BD9B4E019ULL);
 	double u1 = (double)(r1 >> 11) * 0x1p-53, u2 = (double)(r2 >> 11) * 0x1p-53;
-	const opclass *c = classify(op);
+	size_t ci = 0;
+	const opclass *c = classify(op, &ci);
 
 	/* Latency spikes anywhere, up to max_delay_us. */
 	if (f->max_delay_us && u2 < f->delay_rate) {
@@ -94,7 +141,7 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 		atomic_fetch_add(&f->stalls, 1);
 		atomic_fetch_add_explicit(&T.stalls, 1, memory_order_relaxed);
 	}
-	if (!c || c->st == VMMRT_OK || !atomic_load(&f->armed) || atomic_load(&f->teardown))
+	if (!c || c->st == VMMRT_OK || !enabled[ci] || !atomic_load(&f->armed) || atomic_load(&f->teardown))
 		return VMMRT_OK;
 	/* Out of memory that lasts: more creates fail in a row than the worker retries. */
 	if (c->st == VMMRT_E_OUT_OF_MEMORY && strcmp(op, "cuMemCreate") == 0) {

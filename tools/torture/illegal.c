@@ -105,19 +105,20 @@ void illegal_after_allocate(scen *s)
 
 /* ------------------------------------------------------------------- hooks */
 
-/* The group of the next use the schedule expects, once it is recorded. */
-static bool expected_next(scen *s, bool backward, unsigned pos, unsigned *gi, bool *bwd)
+/* The group of the next use the schedule expects, once it is recorded: the
+ * next non-empty group from (phase, pos) on, wrapping to the next iteration. */
+static void expected_next(scen *s, bool backward, unsigned pos, unsigned *gi, bool *bwd)
 {
-	for (unsigned ph = backward; ph < 2; ph++)
-		for (unsigned k = (ph == (unsigned)backward ? pos : 0); k < s->ng; k++) {
-			unsigned i = ph ? s->bwd_order[k] : s->fwd_order[k];
-			if (s->G[i].nt) {
-				*gi = i;
-				*bwd = ph == 1;
-				return true;
+	for (unsigned round = 0; round < 2; round++)
+		for (unsigned ph = round ? 0 : backward; ph < 2; ph++)
+			for (unsigned k = (!round && ph == (unsigned)backward ? pos : 0); k < s->ng; k++) {
+				unsigned i = ph ? s->bwd_order[k] : s->fwd_order[k];
+				if (s->G[i].nt) {
+					*gi = i;
+					*bwd = ph == 1;
+					return;
+				}
 			}
-		}
-	return false;
 }
 
 static bool nonempty_in(scen *s, const unsigned *order, unsigned from, unsigned to, unsigned *gi)
@@ -134,7 +135,7 @@ void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
 {
 	trng *r = &s->r;
 	vmmrt_stream c = s->compute;
-	unsigned gi;
+	unsigned gi = 0;
 	grp *h = pick_nonempty(s, MAXG);
 	if (!h)
 		return;
@@ -149,8 +150,10 @@ void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
 	}
 	if (s->errored)
 		return;
-	if (it == 0) {
-		/* The first iteration records the order; these break its rules. */
+	/* The first iteration records the order until its last non-empty backward. */
+	bool recording = it == 0 && !(backward && !nonempty_in(s, s->bwd_order, pos, s->ng, &gi));
+	if (recording) {
+		/* These break the recording's rules. */
 		if (!backward) {
 			if (nonempty_in(s, s->fwd_order, pos, s->ng, &gi))
 				EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_begin(h->g, c)); /* before every forward */
@@ -164,9 +167,8 @@ void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
 		return;
 	}
 	/* Recorded: any other use than the expected one is out of order. */
-	bool want_bwd;
-	if (!expected_next(s, backward, pos, &gi, &want_bwd))
-		return;
+	bool want_bwd = false;
+	expected_next(s, backward, pos, &gi, &want_bwd);
 	bool kind = chance(r, 0.5);
 	if (h == &s->G[gi] && kind == want_bwd) {
 		h = pick_nonempty(s, gi);
@@ -286,8 +288,9 @@ void illegal_options(scen *s)
 
 /* ------------------------------------------------------- host functions */
 
-/* Runs on the stream's callback thread: every call must be refused with
- * VMMRT_E_NOT_PERMITTED before it touches anything. */
+/* Runs on the stream's callback thread: every call that can reach the driver
+ * must be refused with VMMRT_E_NOT_PERMITTED before it touches anything
+ * (accessors and option calls are allowed anywhere, vmmrt.h). */
 static void probe_fn(void *arg)
 {
 	hostfn_probe *p = arg;
@@ -328,7 +331,7 @@ static void probe_fn(void *arg)
 	P(vmmrt_host_alloc(s->rt, 64, &hp));
 	P(vmmrt_runtime_destroy(s->rt));
 	P(vmmrt_runtime_create(NULL, &rt2));
-	P(vmmrt_group_error(g->g));
+	P(vmmrt_graph_destroy(s->rt, g->bwd));
 #undef P
 	p->side_effect = x || st || ng || rt2 || hp;
 	atomic_store(&p->ran, 1);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@ tcfg cfg = {
 	.tensor_bytes = {8 << 10, 256 << 10},
 	.workers = {1, 3},
 	.iterations = {2, 16},
+	.lookahead = {0, 2},
 	.fault_rate = 0.002,
 	.delay_rate = 0.01,
 	.max_delay_ms = 50,
@@ -234,6 +236,14 @@ void t_range_del(uint64_t lo)
 		}
 }
 
+/* The scenario a torture thread is running (library threads have none). */
+static __thread uint64_t cur_scenario;
+
+void t_set_scenario(uint64_t seed)
+{
+	cur_scenario = seed;
+}
+
 static void on_crash(int sig, siginfo_t *si, void *uc)
 {
 	obuf o = {.n = 0};
@@ -256,6 +266,16 @@ static void on_crash(int sig, siginfo_t *si, void *uc)
 			}
 		}
 	}
+	char tname[20] = "";
+	prctl(PR_GET_NAME, tname, 0, 0, 0);
+	tname[sizeof(tname) - 1] = '\0';
+	o_str(&o, " in thread '");
+	o_str(&o, tname);
+	o_str(&o, "'");
+	if (cur_scenario) {
+		o_str(&o, " of scenario ");
+		o_hex(&o, cur_scenario);
+	}
 	o_str(&o, "\n  scenarios under way:");
 	for (unsigned t = 0; threads && t < cfg.threads; t++) {
 		uint64_t sc = atomic_load(&threads[t].scenario);
@@ -267,6 +287,10 @@ static void on_crash(int sig, siginfo_t *si, void *uc)
 		const char *step = atomic_load(&threads[t].step);
 		o_str(&o, step ? step : "?");
 		o_str(&o, ")");
+		if (threads[t].lasterr[0]) {
+			o_str(&o, " after: ");
+			o_str(&o, threads[t].lasterr);
+		}
 	}
 	o_str(&o, "\n  replay: ");
 	o_str(&o, prog);
@@ -353,7 +377,10 @@ static void usage(FILE *out)
 		"      --tensor-bytes=MIN[-MAX]  bytes per tensor, K and M suffixes (default 8K-256K)\n"
 		"      --workers=MIN[-MAX]  driver workers per runtime (default 1-3)\n"
 		"      --iterations=MIN[-MAX]  iterations per runtime (default 2-16, at most 64)\n"
+		"      --lookahead=MIN[-MAX]  the runtimes' look-ahead (default 0-2)\n"
 		"  -f, --fault-rate=P       probability that a driver operation fails (default 0.002)\n"
+		"      --fault-ops=LIST     which operations may fail: all (default), OP,... (only those), or\n"
+		"                           -OP,... (all but those); OP is a driver call, e.g. cuMemMap\n"
 		"      --delay-rate=P       probability of a latency spike per operation (default 0.01)\n"
 		"      --max-delay=MS       latency spikes up to this (default 50)\n"
 		"      --stall=MS           a stalled driver worker holds one call this long (default 3000; 0: never)\n"
@@ -449,7 +476,7 @@ static void parse_args(int argc, char **argv)
 {
 	enum {
 		O_REPLAY = 256, O_STRATEGY, O_GROUPS, O_TENSORS, O_TBYTES, O_WORKERS, O_ITERS, O_DELAYRATE, O_MAXDELAY,
-		O_STALL, O_TIMEOUT, O_WATCHDOG, O_PROGRESS, O_PLANT,
+		O_STALL, O_TIMEOUT, O_WATCHDOG, O_PROGRESS, O_PLANT, O_FAULTOPS, O_LOOKAHEAD,
 	};
 	static const struct option lo[] = {
 		{"duration", required_argument, NULL, 'd'},
@@ -462,7 +489,9 @@ static void parse_args(int argc, char **argv)
 		{"tensor-bytes", required_argument, NULL, O_TBYTES},
 		{"workers", required_argument, NULL, O_WORKERS},
 		{"iterations", required_argument, NULL, O_ITERS},
+		{"lookahead", required_argument, NULL, O_LOOKAHEAD},
 		{"fault-rate", required_argument, NULL, 'f'},
+		{"fault-ops", required_argument, NULL, O_FAULTOPS},
 		{"delay-rate", required_argument, NULL, O_DELAYRATE},
 		{"max-delay", required_argument, NULL, O_MAXDELAY},
 		{"stall", required_argument, NULL, O_STALL},
@@ -480,6 +509,7 @@ static void parse_args(int argc, char **argv)
 	};
 	bool have_seed = false;
 	uint64_t u;
+	(void)t_fault_ops("all");
 	size_t at = 0;
 	int c;
 
@@ -519,8 +549,10 @@ static void parse_args(int argc, char **argv)
 		case O_TENSORS: if (!parse_range(optarg, &cfg.tensors, false, 1, 4)) bad(name, optarg); break;
 		case O_TBYTES: if (!parse_range(optarg, &cfg.tensor_bytes, true, 8, 64 << 20)) bad(name, optarg); break;
 		case O_WORKERS: if (!parse_range(optarg, &cfg.workers, false, 1, 64)) bad(name, optarg); break;
+		case O_LOOKAHEAD: if (!parse_range(optarg, &cfg.lookahead, false, 0, 16)) bad(name, optarg); break;
 		case O_ITERS: if (!parse_range(optarg, &cfg.iterations, false, 1, 64)) bad(name, optarg); break;
 		case 'f': if (!parse_double(optarg, &cfg.fault_rate, 0, 1)) bad(name, optarg); break;
+		case O_FAULTOPS: if (!t_fault_ops(optarg)) bad(name, optarg); break;
 		case O_DELAYRATE: if (!parse_double(optarg, &cfg.delay_rate, 0, 1)) bad(name, optarg); break;
 		case O_MAXDELAY:
 			if (!parse_u64(optarg, &u, false) || u > 10000)

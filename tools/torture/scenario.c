@@ -81,9 +81,10 @@ static bool explained(scen *s, vmmrt_status st)
 	return st == VMMRT_E_TIMEOUT && atomic_load(&s->fc.delays) > 0;
 }
 
+/* A named error: a status of the enumeration, and a message that names it. */
 static bool named(vmmrt_status st, const char *msg)
 {
-	return st > VMMRT_OK && st < VMMRT_STATUS_COUNT_ && msg && strstr(msg, "VMMRT_E_");
+	return st > VMMRT_OK && st < VMMRT_STATUS_COUNT_ && msg && strstr(msg, vmmrt_status_name(st));
 }
 
 bool s_ok(scen *s, vmmrt_status st, const char *what)
@@ -92,8 +93,8 @@ bool s_ok(scen *s, vmmrt_status st, const char *what)
 		return true;
 	const char *msg = vmmrt_last_error();
 	if (!named(st, msg))
-		t_fail(s->seed, "unnamed-error", "%s returned status %d with message \"%s\"", what, (int)st,
-		       msg ? msg : "(null)");
+		t_fail(s->seed, "unnamed-error", "%s returned %s (%d), but the message says \"%s\"", what,
+		       vmmrt_status_name(st), (int)st, msg ? msg : "(null)");
 	else if (!explained(s, st))
 		t_fail(s->seed, "unexpected-error", "%s: %s (no fault was injected; %s, %u groups, lookahead %u)",
 		       what, msg, mode_name(s->mode), s->ng, s->lookahead);
@@ -105,6 +106,7 @@ bool s_ok(scen *s, vmmrt_status st, const char *what)
 		s->errored = true;
 		s->first_err = st;
 		snprintf(s->errmsg, sizeof(s->errmsg), "%s: %s", what, msg ? msg : "");
+		snprintf(s->th->lasterr, sizeof(s->th->lasterr), "%.200s", s->errmsg);
 	}
 	return false;
 }
@@ -129,7 +131,7 @@ static void configure(scen *s)
 	else
 		s->mode = (rnd(r) & 1) ? VMMRT_MODE_REMAP : VMMRT_MODE_PINGPONG;
 	s->ng = (unsigned)rnd_in(r, cfg.groups.lo, cfg.groups.hi);
-	s->lookahead = (unsigned)rnd_in(r, 0, 2);
+	s->lookahead = (unsigned)rnd_in(r, cfg.lookahead.lo, cfg.lookahead.hi);
 	s->workers = (unsigned)rnd_in(r, cfg.workers.lo, cfg.workers.hi);
 	s->pool = (s->mode == VMMRT_MODE_REMAP && chance(r, 0.4)) ? (unsigned)rnd_in(r, 1, 4) : 0;
 	s->oom_retries = (unsigned)rnd_in(r, 0, 3);
@@ -455,7 +457,8 @@ static bool allocate(scen *s)
 		if (attempt == 2 || !explained(s, st) || !named(st, vmmrt_last_error()))
 			return s_ok(s, st, "vmmrt_offload_allocate");
 		atomic_fetch_add_explicit(&T.named_errors, 1, memory_order_relaxed);
-		t_note(2, "scenario %016" PRIx64 ": allocation failed, retrying: %s", s->seed, vmmrt_last_error());
+		t_note(2, "scenario %016" PRIx64 ": allocation failed (%s), retrying: %s", s->seed, vmmrt_status_name(st),
+		       vmmrt_last_error());
 	}
 	s->allocated = true;
 	for (unsigned i = 0; i < s->ng; i++) {
@@ -864,6 +867,8 @@ void scenario_run(tthread *th, uint64_t seed)
 	s->seed = seed;
 	s->r.s = seed;
 	atomic_store(&th->scenario, seed);
+	t_set_scenario(seed);
+	th->lasterr[0] = '\0';
 	configure(s);
 	t_note(2, "scenario %016" PRIx64 ": %s, %u groups (%u empty), lookahead %u, %u workers, pool %u, %u iterations, "
 		  "%s, fault rate %g%s",
@@ -910,5 +915,6 @@ void scenario_run(tthread *th, uint64_t seed)
 		atomic_fetch_add_explicit(&T.absorbed, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&T.scenarios, 1, memory_order_relaxed);
 	atomic_store(&th->scenario, 0);
+	t_set_scenario(0);
 	free(s);
 }

@@ -37,6 +37,7 @@ typedef struct tcfg {
 	range_u tensor_bytes;       /* bytes per tensor */
 	range_u workers;            /* driver workers */
 	range_u iterations;         /* per runtime */
+	range_u lookahead;          /* the runtimes' lookahead */
 	double fault_rate;          /* failure probability per eligible driver op */
 	double delay_rate;          /* latency-spike probability per driver op */
 	unsigned max_delay_ms;      /* latency spikes up to this */
@@ -82,6 +83,7 @@ typedef struct tthread {
 	_Atomic uint64_t scenario;      /* seed of the scenario under way (0: none) */
 	_Atomic(const char *) step;     /* what it is doing */
 	_Atomic int busy;               /* inside an API call */
+	char lasterr[240];              /* the scenario's first named error (for crash reports) */
 } tthread;
 
 /* ------------------------------------------------------------------ helpers */
@@ -128,6 +130,8 @@ bool t_stopping(void);
 /* Slot ranges the crash handler names (a fault inside one is a read of an unmapped slot). */
 void t_range_add(uint64_t lo, uint64_t size, uint64_t scenario);
 void t_range_del(uint64_t lo);
+/* The scenario this torture thread runs now (for the crash report). */
+void t_set_scenario(uint64_t seed);
 
 /* ------------------------------------------------------------------ faults */
 
@@ -143,10 +147,14 @@ typedef struct fault_ctx {
 	_Atomic int armed;        /* failures allowed at all */
 	_Atomic int stall_left;   /* stalls still to inject */
 	_Atomic int oom_burst;    /* creates still to fail in a row */
-	_Atomic uint64_t injected, delays, stalls, by_op[8];
+	_Atomic uint64_t injected, delays, stalls;
 } fault_ctx;
 
 vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us);
+/* --fault-ops: "all", or a comma list of operations; a leading '-' excludes one
+ * from the set, a name without it makes the set just the names given. */
+bool t_fault_ops(const char *list);
+void t_fault_ops_print(char *out, size_t len); /* the excluded ones, as -a,-b */
 /* Failures or stalls injected so far: an error now has a cause. */
 static inline uint64_t fault_causes(fault_ctx *f)
 {
