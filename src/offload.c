@@ -247,8 +247,15 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	uatomic_inc(&rt->launch_blocking);
-	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK)
+	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK) {
+		/* A group that failed while we waited is why the stream is stuck: say that. */
+		for (unsigned i = 0; i < off->ngroups; i++) {
+			vmmrt_status gst = vmmrt_group_error(off->groups[i]);
+			if (gst != VMMRT_OK)
+				return gst;
+		}
 		return st;
+	}
 	/* Releases pushed by the last host functions may still be queued: a
 	 * no-op request behind them on every worker is the barrier. It is on the
 	 * heap so a timed-out wait can leave it to the worker. */

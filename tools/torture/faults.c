@@ -86,6 +86,11 @@ bool t_fault_ops(const char *list)
 		enabled[i] = ops[i].st != VMMRT_OK;
 	if (!strcmp(list, "all"))
 		return true;
+	if (!strcmp(list, "none")) {
+		for (size_t i = 0; i < NOPS; i++)
+			enabled[i] = false;
+		return true;
+	}
 	strcpy(buf, list);
 	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		bool minus = tok[0] == '-';

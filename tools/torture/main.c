@@ -379,7 +379,7 @@ static void usage(FILE *out)
 		"      --iterations=MIN[-MAX]  iterations per runtime (default 2-16, at most 64)\n"
 		"      --lookahead=MIN[-MAX]  the runtimes' look-ahead (default 0-2)\n"
 		"  -f, --fault-rate=P       probability that a driver operation fails (default 0.002)\n"
-		"      --fault-ops=LIST     which operations may fail: all (default), OP,... (only those), or\n"
+		"      --fault-ops=LIST     which operations may fail: all (default), none, OP,... (only those), or\n"
 		"                           -OP,... (all but those); OP is a driver call, e.g. cuMemMap\n"
 		"      --delay-rate=P       probability of a latency spike per operation (default 0.01)\n"
 		"      --max-delay=MS       latency spikes up to this (default 50)\n"
