@@ -32,6 +32,8 @@ EXTRA_DIST += \
 	tests/fuzz/replay.sh \
 	tests/fuzz/corpus \
 	tests/fuzz/regress \
+	tests/fuzz/known \
+	tests/fuzz/make-corpus.py \
 	tests/tsan.supp
 check_PROGRAMS += tests/fuzz/fuzz-replay
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz-api.c tests/fuzz/fuzz-replay.c
@@ -71,7 +73,6 @@ torture: tools/vmmrt-torture$(EXEEXT)
 # tests/fuzz/regress/ so `make check` replays it.
 FUZZ_CC = clang
 FUZZ_TIME = 300
-FUZZ_JOBS = 1
 FUZZ_SANITIZE = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS = -g -O1 -std=gnu11 -fno-omit-frame-pointer
 FUZZ_FLAGS = -timeout=60 -rss_limit_mb=4096 -max_len=1024
@@ -92,7 +93,7 @@ fuzz: $(fuzz_target)
 	rm -rf tests/fuzz/work && $(MKDIR_P) tests/fuzz/work tests/fuzz/findings && \
 	cp $(srcdir)/tests/fuzz/corpus/* tests/fuzz/work/ && \
 	ASAN_OPTIONS="detect_leaks=1 $${ASAN_OPTIONS:-}" ./$(fuzz_target) $(FUZZ_FLAGS) \
-	  -max_total_time=$(FUZZ_TIME) -jobs=$(FUZZ_JOBS) -workers=$(FUZZ_JOBS) \
+	  -max_total_time=$(FUZZ_TIME) \
 	  -artifact_prefix=tests/fuzz/findings/ -print_final_stats=1 tests/fuzz/work
 .PHONY: fuzz
 
