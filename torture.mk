@@ -102,3 +102,8 @@ clean-local: clean-fuzz
 clean-fuzz:
 	rm -rf tests/fuzz/work tests/fuzz/findings fuzz-*.log
 .PHONY: clean-fuzz
+
+# ThreadSanitizer builds see liburcu's atomics as compiler atomics (src/tsan.h).
+if SANITIZE_THREAD
+AM_CPPFLAGS += -include $(top_srcdir)/src/tsan.h
+endif
