@@ -62,9 +62,6 @@ AM_TESTS_ENVIRONMENT += \
 	TSAN_OPTIONS="suppressions=$(abs_top_srcdir)/tests/tsan.supp handle_segv=0 die_after_fork=0 second_deadlock_stack=1 $${TSAN_OPTIONS:-}"; \
 	export TSAN_OPTIONS; TORTURE_SANITIZER=thread; export TORTURE_SANITIZER;
 endif
-if SANITIZE
-AM_TESTS_ENVIRONMENT += TORTURE_SANITIZED=1; export TORTURE_SANITIZED;
-endif
 
 # ---- make torture: the long run (TORTURE_DURATION, default 10 minutes).
 TORTURE_DURATION = 10m
