@@ -329,9 +329,11 @@ static void *torture_main(void *arg)
 	return NULL;
 }
 
+static _Atomic int watchdog_stop;
+
 static void *watchdog_main(void *arg)
 {
-	for (;;) {
+	while (!atomic_load(&watchdog_stop)) {
 		struct timespec ts = {0, 200000000};
 		nanosleep(&ts, NULL);
 		uint64_t now = t_now_ns();
@@ -715,8 +717,11 @@ int main(int argc, char **argv)
 		printf("FAIL setup: no scenario completed\n");
 		atomic_fetch_add(&failures, 1);
 	}
+	atomic_store(&watchdog_stop, 1);
+	pthread_join(wd, NULL);
 	summary();
 	free(tids);
 	free(threads);
+	threads = NULL;
 	return passed() ? 0 : 1;
 }
