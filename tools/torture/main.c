@@ -244,9 +244,15 @@ void t_set_scenario(uint64_t seed)
 	cur_scenario = seed;
 }
 
+static _Atomic int crashing;
+
 static void on_crash(int sig, siginfo_t *si, void *uc)
 {
 	obuf o = {.n = 0};
+	/* One report: other threads that fault meanwhile wait for its _exit. */
+	if (atomic_exchange(&crashing, 1))
+		for (;;)
+			pause();
 	uint64_t addr = (uint64_t)(uintptr_t)si->si_addr;
 	atomic_fetch_add(&T.crashes, 1);
 	atomic_fetch_add(&failures, 1);
@@ -307,7 +313,7 @@ static void install_crash_handlers(void)
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_sigaction = on_crash;
-	sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+	sa.sa_flags = SA_SIGINFO;
 	sigemptyset(&sa.sa_mask);
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		sigaction(sigs[i], &sa, NULL);
