@@ -22,6 +22,7 @@ typedef struct vmmrt_remap_req {
 	uint64_t need;     /* MAP: releases of this group that must have run first */
 	uint32_t seq;      /* MAP: value written to the group's flag when mapped */
 	bool grew;         /* MAP: it created memory (the slot was not mapped) */
+	vmmrt_bevent *ev;  /* RELEASE after a backward: recorded after its graph */
 } vmmrt_remap_req;
 
 enum { USE_F = 0, USE_B = 1 };

@@ -157,6 +157,8 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				r->req.done = release_done;
 				r->req.done_arg = r;
 				r->g = g;
+				if (k == USE_B && (st = vmmrt_drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
+					return vmmrt_error_wrap(st, "group '%s': release events", g->name);
 			}
 	}
 	return VMMRT_OK;
@@ -268,13 +270,26 @@ static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_
 static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
+	vmmrt_remap_req *r = &g->rel[USE_B][g->rel_next[USE_B]++ % VMMRT_REQ_RING];
 	vmmrt_status st;
-	/* The release waits for the graph on the (idle in backward) D2H stream,
-	 * so the compute stream never runs a host function between graphs. */
-	if ((st = vmmrt_drv_event_record(rt, g->consumed, compute)) != VMMRT_OK ||
-	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->consumed)) != VMMRT_OK ||
-	    (st = release_after(off, g, off->d2h, USE_B, g->consumed)) != VMMRT_OK)
+	/*
+	 * The release must follow the graph that read the slot. No host function
+	 * on a stream waiting for the compute stream (it would cost the compute
+	 * stream 1.25 us before every graph): the worker is handed the request
+	 * now, with the event to wait for, and polls it. Each request of the ring
+	 * has its own event, so a later iteration cannot re-record it early.
+	 */
+	if ((st = reclaim(off, &r->req)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
+	if (rt->driver_inline) {
+		if ((st = vmmrt_drv_event_synchronize(rt, r->ev)) == VMMRT_OK)
+			st = inline_release(off, r);
+		return st;
+	}
+	r->req.after = r->ev;
+	if ((st = vmmrt_worker_push(rt->workers, g->slot->worker, &r->req)) != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': queue release after backward", g->name);
 	return VMMRT_OK;
 }
 
@@ -288,6 +303,11 @@ static void rm_destroy(vmmrt_offload *off)
 		if (g->slot)
 			(void)vmmrt_slot_destroy(g->slot);
 		g->slot = NULL;
+		for (int j = 0; j < VMMRT_REQ_RING; j++) {
+			if (g->rel[USE_B][j].ev)
+				(void)vmmrt_drv_event_destroy(rt, g->rel[USE_B][j].ev);
+			g->rel[USE_B][j].ev = NULL;
+		}
 		if (g->flag)
 			(void)vmmrt_drv_host_free(rt, g->flag);
 		g->flag = NULL;

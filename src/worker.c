@@ -45,6 +45,8 @@ typedef struct worker {
 
 	/* worker-owned: requests waiting for admission, in arrival order */
 	struct cds_list_head parked;
+	/* worker-owned: requests waiting for their `after` event, any order */
+	struct cds_list_head waiting;
 
 	/* worker-owned: released handles kept for reuse (handle_pool option) */
 	pooled_handle *handles;
@@ -278,9 +280,15 @@ static void run(worker *wk, vmmrt_request *req, bool cancel);
 
 static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
 {
-	/* Requests parked for admission must not outlive their slot. */
+	/* Requests parked for admission or an event must not outlive their slot. */
 	vmmrt_request *req, *tmp;
 	cds_list_for_each_entry_safe(req, tmp, &wk->parked, parked) {
+		if (req->slot == s) {
+			cds_list_del(&req->parked);
+			run(wk, req, true);
+		}
+	}
+	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
 		if (req->slot == s) {
 			cds_list_del(&req->parked);
 			run(wk, req, true);
@@ -410,8 +418,63 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 	return ts;
 }
 
+/* Has req's `after` event completed? A query that fails (not merely "not
+ * yet") ends the request with that error: the memory stays, and is reported. */
+static bool after_done(worker *wk, vmmrt_request *req, vmmrt_status *failed)
+{
+	vmmrt_status st = vmmrt_drv_event_query(wk->pool->rt, req->after);
+	*failed = st == VMMRT_E_BUSY ? VMMRT_OK : st;
+	return st != VMMRT_E_BUSY;
+}
+
+static void take(worker *wk, vmmrt_request *req);
+
+static void run_waiting(worker *wk)
+{
+	vmmrt_request *req, *tmp;
+	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
+		vmmrt_status failed;
+		if (!after_done(wk, req, &failed))
+			continue;
+		cds_list_del(&req->parked);
+		req->after = NULL;
+		if (failed != VMMRT_OK) {
+			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
+			finish(wk, req, failed);
+			continue;
+		}
+		take(wk, req);
+	}
+}
+
+static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
+{
+	const struct timespec *retry = retry_deadline(wk, ts);
+	if (cds_list_empty(&wk->waiting))
+		return retry;
+	uint64_t poll = vmmrt_now_ns() + VMMRT_WORKER_POLL_US * 1000ull;
+	if (retry && (uint64_t)retry->tv_sec * 1000000000ull + (uint64_t)retry->tv_nsec < poll)
+		return retry;
+	ts->tv_sec = (time_t)(poll / 1000000000ull);
+	ts->tv_nsec = (long)(poll % 1000000000ull);
+	return ts;
+}
+
 static void take(worker *wk, vmmrt_request *req)
 {
+	if (req->after) {
+		vmmrt_status failed;
+		if (!after_done(wk, req, &failed)) {
+			cds_list_add_tail(&req->parked, &wk->waiting);
+			return;
+		}
+		req->after = NULL;
+		if (failed != VMMRT_OK) {
+			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
+			finish(wk, req, failed);
+			return;
+		}
+	}
 	if (req->admit && (!cds_list_empty(&wk->parked) || !admit(req))) {
 		cds_list_add_tail(&req->parked, &wk->parked);
 		return;
@@ -444,6 +507,7 @@ static void *worker_main(void *arg)
 		/* Checked before each request, so a cancelling stop cancels what is queued. */
 		if (uatomic_read(&wk->pool->stopping))
 			break;
+		run_waiting(wk);
 		run_parked(wk);
 		vmmrt_request *req = dequeue(wk);
 		if (req) {
@@ -452,15 +516,18 @@ static void *worker_main(void *arg)
 		}
 		uatomic_inc(&wk->stats.wakeups);
 		struct timespec ts;
-		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, retry_deadline(wk, &ts));
+		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, next_deadline(wk, &ts));
 	}
 	/* Stopping: what is still queued is run or cancelled, never dropped. */
 	bool drain = uatomic_read(&wk->pool->drain);
-	while (!cds_list_empty(&wk->parked)) {
-		/* Parked requests wait for work that will never come now: cancel them. */
-		vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
-		cds_list_del(&req->parked);
-		run(wk, req, true);
+	struct cds_list_head *lists[] = {&wk->waiting, &wk->parked};
+	for (unsigned k = 0; k < 2; k++) {
+		while (!cds_list_empty(lists[k])) {
+			/* They wait for work that will never come now: cancel them. */
+			vmmrt_request *req = cds_list_first_entry(lists[k], vmmrt_request, parked);
+			cds_list_del(&req->parked);
+			run(wk, req, true);
+		}
 	}
 	for (vmmrt_request *req; (req = dequeue(wk));)
 		run(wk, req, !drain);
@@ -483,6 +550,7 @@ vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers *
 		worker *wk = &w->w[i];
 		cds_wfcq_init(&wk->head, &wk->tail);
 		CDS_INIT_LIST_HEAD(&wk->parked);
+		CDS_INIT_LIST_HEAD(&wk->waiting);
 		ck_ec32_init(&wk->ec, 0);
 		wk->index = i;
 		wk->pool = w;
