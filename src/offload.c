@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -121,9 +122,13 @@ vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
 		off->groups[i]->state = VMMRT_GROUP_ALLOCATED;
 	off->allocated = true;
 	return VMMRT_OK;
-fail:
-	/* Leave nothing half-built: allocation can be retried, or the runtime destroyed. */
+fail:;
+	/* Leave nothing half-built: allocation can be retried, or the runtime
+	 * destroyed. The clean-up may fail too; the caller hears of the cause. */
+	char why[512];
+	snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 	release_allocation(off);
+	vmmrt_error_adopt(why);
 	return st;
 }
 
@@ -242,8 +247,15 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	uatomic_inc(&rt->launch_blocking);
-	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK)
+	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK) {
+		/* A group that failed while we waited is why the stream is stuck: say that. */
+		for (unsigned i = 0; i < off->ngroups; i++) {
+			vmmrt_status gst = vmmrt_group_error(off->groups[i]);
+			if (gst != VMMRT_OK)
+				return gst;
+		}
 		return st;
+	}
 	/* Releases pushed by the last host functions may still be queued: a
 	 * no-op request behind them on every worker is the barrier. It is on the
 	 * heap so a timed-out wait can leave it to the worker. */
@@ -414,6 +426,15 @@ void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g)
 	if (g->h2d_graph)
 		(void)vmmrt_drv_graph_destroy(off->rt, g->h2d_graph);
 	g->d2h_graph = g->h2d_graph = NULL;
+}
+
+void vmmrt_offload_destroy_slot(vmmrt_slot *s)
+{
+	vmmrt_status st = vmmrt_slot_destroy(s);
+	/* A refused unmap or VA free leaves the slot alive and whole: try once
+	 * more rather than drop it. A timeout leaves it to the worker. */
+	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT)
+		(void)vmmrt_slot_destroy(s);
 }
 
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)

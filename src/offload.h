@@ -127,8 +127,13 @@ typedef struct vmmrt_bank {
 	uint64_t pending_use;
 } vmmrt_bank;
 
-/* Test-only: drop a ping-pong fence to prove the tests can see corruption. */
-enum { VMMRT_DROP_FORWARD_FENCE = 1, VMMRT_DROP_BACKWARD_FENCE = 2 };
+/*
+ * Test-only planted bugs, to prove the tests can see what they guard against:
+ * drop a ping-pong fence (corruption), or (remap) queue the release after a
+ * forward from the launch thread at once instead of from the D2H stream once
+ * the copy is done, so the memory may go before the D2H has read it.
+ */
+enum { VMMRT_DROP_FORWARD_FENCE = 1, VMMRT_DROP_BACKWARD_FENCE = 2, VMMRT_PLANT_EARLY_RELEASE = 4 };
 
 struct vmmrt_offload {
 	vmmrt_runtime *rt;
@@ -168,7 +173,7 @@ vmmrt_status vmmrt_group_alloc_common(vmmrt_group *g);
 void vmmrt_group_release(vmmrt_group *g);
 void vmmrt_group_free(vmmrt_group *g);
 
-/* Test-only switch (VMMRT_DROP_*): lets a test prove it can see corruption. */
+/* Test-only switch (VMMRT_DROP_* | VMMRT_PLANT_*): lets a test prove it can see the bug. */
 void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask);
 /*
  * Is use `use` of g (its forward, or its backward) the tail: the last forward
@@ -192,6 +197,9 @@ vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g);
 /* Capture g's two copies as graphs (the slot must be mapped now). */
 vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g);
 void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g);
+/* Destroy a slot of the offload state (a bank, a group's slot), once more if
+ * the first teardown failed, so its memory is not held until runtime destroy. */
+void vmmrt_offload_destroy_slot(vmmrt_slot *s);
 /* Enqueue a host function that pushes req to its slot's worker. */
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r);
 

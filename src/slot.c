@@ -13,6 +13,7 @@
 
 #include "error.h"
 #include "slot.h"
+#include "tsan.h"
 
 static void set_state(vmmrt_slot *s, vmmrt_slot_state st)
 {
@@ -103,7 +104,9 @@ vmmrt_status vmmrt_slot_teardown(vmmrt_slot *s, vmmrt_bhandle *handle_out, bool 
 
 static void free_slot_rcu(struct rcu_head *head)
 {
-	free(caa_container_of(head, vmmrt_slot, rcu));
+	vmmrt_slot *s = caa_container_of(head, vmmrt_slot, rcu);
+	VMMRT_TSAN_ACQUIRE(s); /* after the grace period: pairs with vmmrt_slot_retire */
+	free(s);
 }
 
 void vmmrt_slot_retire(vmmrt_slot *s)
@@ -115,6 +118,7 @@ void vmmrt_slot_retire(vmmrt_slot *s)
 	pthread_mutex_unlock(&rt->slots_lock);
 	uatomic_dec(&rt->live_slots);
 	/* Readers walking rt->slots may still hold s: free after a grace period. */
+	VMMRT_TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
 	urcu_memb_call_rcu(&s->rcu, free_slot_rcu);
 }
 

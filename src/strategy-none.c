@@ -41,7 +41,7 @@ static void none_destroy(vmmrt_offload *off)
 		vmmrt_group *g = off->groups[i];
 		if (g->slot) {
 			vmmrt_offload_account(off, -(int64_t)g->slot->size);
-			(void)vmmrt_slot_destroy(g->slot);
+			vmmrt_offload_destroy_slot(g->slot);
 			g->slot = NULL;
 		}
 	}

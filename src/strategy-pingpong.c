@@ -164,7 +164,7 @@ static void pp_destroy(vmmrt_offload *off)
 		vmmrt_bank *bank = &off->bank[b];
 		if (bank->slot) {
 			vmmrt_offload_account(off, -(int64_t)vmmrt_slot_size(bank->slot));
-			(void)vmmrt_slot_destroy(bank->slot);
+			vmmrt_offload_destroy_slot(bank->slot);
 		}
 		*bank = (vmmrt_bank){0};
 	}

@@ -237,7 +237,9 @@ static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stre
 		return st;
 	}
 	vmmrt_status st = reclaim(off, &r->req);
-	if (st == VMMRT_OK)
+	if (st == VMMRT_OK && kind == USE_F && (off->drop_fence & VMMRT_PLANT_EARLY_RELEASE))
+		st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
+	else if (st == VMMRT_OK)
 		st = vmmrt_offload_push_after(off, s, r);
 	return st;
 }
@@ -301,7 +303,7 @@ static void rm_destroy(vmmrt_offload *off)
 		vmmrt_offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
-			(void)vmmrt_slot_destroy(g->slot);
+			vmmrt_offload_destroy_slot(g->slot);
 		g->slot = NULL;
 		for (int j = 0; j < VMMRT_REQ_RING; j++) {
 			if (g->rel[USE_B][j].ev)

@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "trace.h"
+#include "tsan.h"
 
 typedef struct trace_event {
 	char track[32];
@@ -35,10 +36,12 @@ struct vmmrt_trace {
 static void append(vmmrt_trace *t, const trace_event *e)
 {
 	ck_spinlock_lock(&t->lock);
+	VMMRT_TSAN_ACQUIRE(&t->lock); /* ck's lock is inline assembly: tell TSan it orders */
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? t->cap * 2 : 4096;
 		trace_event *ev = realloc(t->ev, cap * sizeof(*ev));
 		if (!ev) { /* drop the event: a trace must never fail the run */
+			VMMRT_TSAN_RELEASE(&t->lock);
 			ck_spinlock_unlock(&t->lock);
 			return;
 		}
@@ -46,6 +49,7 @@ static void append(vmmrt_trace *t, const trace_event *e)
 		t->cap = cap;
 	}
 	t->ev[t->n++] = *e;
+	VMMRT_TSAN_RELEASE(&t->lock);
 	ck_spinlock_unlock(&t->lock);
 }
 

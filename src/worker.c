@@ -27,6 +27,7 @@
 #include "error.h"
 #include "slot.h"
 #include "trace.h"
+#include "tsan.h"
 #include "worker.h"
 
 typedef struct pooled_handle {
@@ -101,6 +102,7 @@ vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *
 	req->retry_at = 0;
 	req->enqueue_ns = vmmrt_now_ns();
 	cds_wfcq_node_init(&req->node);
+	VMMRT_TSAN_RELEASE(req); /* the queue (liburcu-cds) hands req to the worker */
 	cds_wfcq_enqueue(&wk->head, &wk->tail, &req->node);
 	ck_ec32_inc(&wk->ec, &vmmrt_ec_mp);
 	return VMMRT_OK;
@@ -378,7 +380,11 @@ static vmmrt_request *dequeue(worker *wk)
 			caa_cpu_relax(); /* a producer is between its two enqueue steps */
 			continue;
 		}
-		return node ? caa_container_of(node, vmmrt_request, node) : NULL;
+		if (!node)
+			return NULL;
+		vmmrt_request *req = caa_container_of(node, vmmrt_request, node);
+		VMMRT_TSAN_ACQUIRE(req); /* pairs with the release in vmmrt_worker_push */
+		return req;
 	}
 }
 

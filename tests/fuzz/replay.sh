@@ -1,0 +1,8 @@
+#!/bin/sh
+# The API fuzzer's seed corpus and regression inputs, replayed through a plain
+# build of the fuzz target (TAP, one line per input). `make fuzz` runs the
+# libFuzzer build itself. Inputs in tests/fuzz/known/ reproduce reported
+# library bugs not fixed yet (tests/fuzz/known/README): not replayed here.
+replay=${FUZZ_REPLAY:-./tests/fuzz/fuzz-replay}
+inputs=${FUZZ_INPUTS:-$(dirname "$0")}
+exec "$replay" "$inputs/corpus" "$inputs/regress"

@@ -1,0 +1,53 @@
+#!/bin/sh
+# The short torture of `make check`, in TAP (see vmmrt-torture(1)):
+#   1. fault-free, both strategies, look-ahead 0-1: must pass;
+#   2. every fault kind (failures, latency spikes, stalled workers), look-ahead 0-1;
+#   3. fault-free, look-ahead 2.
+# Runs 2 and 3 hit library bugs that are reported and not fixed yet (listed in
+# KNOWN_BUGS below): while a run's known bug is listed, its failure is a TAP
+# TODO (XFAIL in the summary, the FAIL lines in the log) rather than a
+# failure. Fix the bug, then delete its line here: the run must then pass.
+# Every run prints its seed; replay one with the command it prints.
+# Environment: TORTURE (the binary), TORTURE_SHORT (seconds per run, default 12),
+# TORTURE_SANITIZED (set by make check in sanitizer builds: longer timeouts).
+
+torture=${TORTURE:-./tools/vmmrt-torture}
+secs=${TORTURE_SHORT:-12}
+KNOWN_BUGS_FAULTS="teardown with a stuck remap pipeline crashes (#2); a failed release, map or copy stalls remap admission forever (#4, #8, #9)"
+KNOWN_BUGS_LOOKAHEAD2="ping-pong look-ahead 2 with a backward order that is not the reverse (#1)"
+
+# Sanitizers make everything several times slower: bound waits further out.
+slow=""
+[ -n "${TORTURE_SANITIZED:-}" ] && slow="--timeout=15000 --watchdog=180 --stall=16000"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmrt-torture.XXXXXX") || { echo "1..0 # SKIP no temporary directory"; exit 0; }
+trap 'rm -rf "$tmp"' EXIT INT TERM
+
+echo "1..3"
+if [ ! -x "$torture" ]; then
+	echo "not ok 1 - vmmrt-torture is built ($torture)"
+	exit 1
+fi
+
+n=0
+run() { # run DESCRIPTION KNOWN_BUG OPTIONS...
+	d=$1
+	known=$2
+	shift 2
+	n=$((n + 1))
+	"$torture" --duration="$secs" --threads=2 --progress=0 $slow "$@" >"$tmp/out" 2>&1
+	rc=$?
+	summary=$(grep '^SUMMARY' "$tmp/out" | tail -n 1)
+	if [ $rc -eq 0 ] && [ -n "$summary" ]; then
+		echo "ok $n - $d"
+	elif [ -n "$known" ] && [ $rc -eq 1 ]; then
+		echo "not ok $n - $d # TODO known library bug: $known"
+	else
+		echo "not ok $n - $d (exit $rc)"
+	fi
+	sed 's/^/# /' "$tmp/out"
+}
+
+run "fault-free, look-ahead 0-1" "" --fault-rate=0 --delay-rate=0 --stall=0 --lookahead=0-1
+run "every fault kind, look-ahead 0-1" "$KNOWN_BUGS_FAULTS" --lookahead=0-1
+run "fault-free, look-ahead 2" "$KNOWN_BUGS_LOOKAHEAD2" --fault-rate=0 --stall=0 --lookahead=2
+exit 0

@@ -1,0 +1,116 @@
+/* One torture scenario: a runtime, its groups and graphs, and what was checked. */
+#ifndef VMMRT_TORTURE_SCENARIO_H
+#define VMMRT_TORTURE_SCENARIO_H
+
+#include "torture.h"
+
+#define MAXG 8       /* groups per runtime */
+#define MAXT 4       /* tensors per group */
+#define MAXIT 64     /* iterations per runtime */
+#define RESULT_POISON 0x5eb0a7ed5eb0a7edULL /* a result slot no backward graph wrote */
+
+typedef struct tens {
+	vmmrt_tensor_desc d;
+	uint64_t seed;           /* the forward kernel's pattern */
+	vmmrt_devptr addr;       /* fixed address handed out at capture */
+	unsigned rix;            /* its 8-byte word in the result slot */
+} tens;
+
+typedef struct grp {
+	vmmrt_group *g;
+	char name[24];
+	unsigned nt;             /* 0: an empty group (its hooks are no-ops) */
+	tens t[MAXT];
+	vmmrt_graph *fwd, *bwd;
+	vmmrt_devptr base;       /* vmmrt_group_address at capture */
+	size_t bytes;
+} grp;
+
+/* Calls made from inside a host function on the compute stream. */
+#define HOSTFN_CALLS 20
+typedef struct hostfn_probe {
+	struct scen *s;
+	_Atomic int ran;
+	unsigned n;
+	vmmrt_status st[HOSTFN_CALLS];
+	const char *what[HOSTFN_CALLS];
+	bool side_effect;        /* a call that was not refused changed something */
+} hostfn_probe;
+
+typedef struct scen {
+	tthread *th;
+	uint64_t seed;
+	trng r;
+	fault_ctx fc;
+	vmmrt_runtime *rt;
+	bool cuda;
+
+	/* configuration */
+	vmmrt_mode mode;
+	unsigned lookahead, workers, pool, oom_retries;
+	bool latency;
+	double gbps;
+	size_t gran;
+	uint64_t fwd_ns, bwd_ns;
+	unsigned ng, nonempty;
+	grp G[MAXG];
+	unsigned fwd_order[MAXG], bwd_order[MAXG];
+	unsigned nres;           /* tensors in all groups */
+	size_t input_bytes;
+	unsigned target_iters;
+
+	/* objects of the application side */
+	vmmrt_stream compute;
+	vmmrt_slot *input, *results;
+	uint64_t *hres;          /* pinned: [MAXIT][nres] */
+	vmmrt_slot *leftover[4]; /* slots whose destroy failed (a named error): again at the end */
+	unsigned nleft;
+	uint64_t iterseed[MAXIT];
+	uint8_t launched[MAXIT][MAXG];  /* backward graph and its result copy enqueued */
+	uint8_t verified[MAXIT][MAXG];
+	unsigned iters;
+	bool allocated, captured, stats_reset;
+	size_t base_free, base_total;
+
+	/* what happened */
+	bool errored;            /* a named error was reported: wind down */
+	vmmrt_status first_err;
+	char errmsg[320];
+	bool stuck;              /* the compute stream would not drain */
+	hostfn_probe probe;
+	bool probe_pending;
+	uint64_t checked_illegal;
+} scen;
+
+/* scenario.c */
+void s_begin(scen *s, const char *what);
+void s_end(scen *s);
+#define API(s, what, expr) \
+	__extension__({ \
+		s_begin((s), (what)); \
+		vmmrt_status st_api_ = (expr); \
+		s_end(s); \
+		st_api_; \
+	})
+/* A call of a legal sequence: true if it succeeded; else the error must be
+ * named and explained by an injected fault, and the scenario winds down. */
+bool s_ok(scen *s, vmmrt_status st, const char *what);
+/* Suppress (or allow again) injected failures around clean-up calls. */
+void s_quiet(scen *s, bool on);
+
+/* illegal.c */
+/* An illegal call must return exactly `want`, change nothing, and name the error. */
+void s_expect(scen *s, vmmrt_status got, vmmrt_status want, const char *what);
+void illegal_before_allocate(scen *s);
+void illegal_after_allocate(scen *s);
+void illegal_slots(scen *s);
+void illegal_handles(scen *s);
+void illegal_options(scen *s);
+/* Before use (it, kind, pos) of the iteration: calls out of order; the schedule must not move. */
+void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos);
+/* While group index gi has its forward (backward) open. */
+void illegal_open_hook(scen *s, unsigned gi, bool backward);
+void hostfn_probe_launch(scen *s);
+void hostfn_probe_check(scen *s);
+
+#endif

@@ -1,0 +1,168 @@
+/*
+ * vmmrt-torture: random legal and illegal API sequences on many runtimes at
+ * once, with faults injected at the backend boundary, checked against the
+ * library's invariants (see vmmrt-torture(1)).
+ *
+ * main.c      options, torture threads, watchdog, progress, SUMMARY, crashes
+ * faults.c    the fault hook (vmmrt_drv_set_fault_hook) of one runtime
+ * scenario.c  one runtime from creation to destruction, verified
+ * illegal.c   the illegal calls and the named error each must return
+ */
+#ifndef VMMRT_TORTURE_H
+#define VMMRT_TORTURE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmmrt.h"
+
+/* ------------------------------------------------------------------ config */
+
+enum { STRAT_PINGPONG = 1, STRAT_REMAP = 2, STRAT_BOTH = 3 };
+enum { PLANT_NONE = 0, PLANT_FORWARD_FENCE, PLANT_BACKWARD_FENCE, PLANT_EARLY_RELEASE };
+
+typedef struct range_u {
+	uint64_t lo, hi;
+} range_u;
+
+typedef struct tcfg {
+	double duration_s;
+	unsigned threads;
+	uint64_t seed;
+	int strategy;               /* STRAT_* mask */
+	range_u groups;             /* groups per runtime */
+	range_u tensors;            /* tensors per group */
+	range_u tensor_bytes;       /* bytes per tensor */
+	range_u workers;            /* driver workers */
+	range_u iterations;         /* per runtime */
+	range_u lookahead;          /* the runtimes' lookahead */
+	double fault_rate;          /* failure probability per eligible driver op */
+	double delay_rate;          /* latency-spike probability per driver op */
+	unsigned max_delay_ms;      /* latency spikes up to this */
+	unsigned stall_ms;          /* a stalled worker: one VMM call that long (0: never) */
+	unsigned timeout_ms;        /* the runtimes' timeout_ms option */
+	unsigned watchdog_s;        /* no progress for this long: the run fails */
+	double progress_s;          /* a progress line this often (0: none) */
+	const char *backend;        /* host, cuda, auto */
+	int plant;                  /* PLANT_* */
+	bool keep_going;            /* go on after the first failure */
+	bool have_replay;
+	uint64_t replay;            /* run this one scenario seed */
+	int verbose;
+} tcfg;
+
+extern tcfg cfg;
+
+/* ------------------------------------------------------------------ totals */
+
+/* Process-wide counters (C11 atomics, relaxed). */
+typedef struct totals {
+	_Atomic uint64_t scenarios, iterations, operations, driver_ops;
+	_Atomic uint64_t faults, delays, stalls;       /* injected */
+	_Atomic uint64_t named_errors;                 /* errors traced to an injected fault */
+	_Atomic uint64_t absorbed;                     /* scenarios whose faults all ended in a retry */
+	_Atomic uint64_t illegal_checked;              /* illegal calls answered with their named error */
+	_Atomic uint64_t hostfn_checked;               /* calls from a host function refused */
+	_Atomic uint64_t bytes_verified, activations_verified;
+	_Atomic uint64_t excused;                      /* results not computed after a reported error */
+	_Atomic uint64_t corrupted, corrupted_bytes;
+	_Atomic uint64_t leaked;
+	_Atomic uint64_t unexpected;                   /* wrong status, error without a cause, lost result */
+	_Atomic uint64_t hangs, crashes;
+	_Atomic uint64_t shutdowns_mid_run, destroys_in_flight;
+} totals;
+
+extern totals T;
+
+/* One torture thread, as the watchdog and the crash handler see it. */
+typedef struct tthread {
+	unsigned id;
+	_Atomic uint64_t heartbeat_ns;  /* last time an API call returned */
+	_Atomic uint64_t scenario;      /* seed of the scenario under way (0: none) */
+	_Atomic(const char *) step;     /* what it is doing */
+	_Atomic int busy;               /* inside an API call */
+	char lasterr[240];              /* the scenario's first named error (for crash reports) */
+} tthread;
+
+/* ------------------------------------------------------------------ helpers */
+
+uint64_t t_now_ns(void);
+static inline uint64_t t_mix(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+typedef struct trng {
+	uint64_t s;
+} trng;
+
+static inline uint64_t rnd(trng *r)
+{
+	r->s += 0x9E3779B97F4A7C15ULL;
+	return t_mix(r->s);
+}
+static inline uint64_t rnd_in(trng *r, uint64_t lo, uint64_t hi) /* inclusive */
+{
+	return hi <= lo ? lo : lo + rnd(r) % (hi - lo + 1);
+}
+static inline double rnd01(trng *r)
+{
+	return (double)(rnd(r) >> 11) * 0x1p-53;
+}
+static inline bool chance(trng *r, double p)
+{
+	return rnd01(r) < p;
+}
+
+/* A failure: counted, printed with the scenario seed, and (unless
+ * --keep-going) the end of the run. */
+void t_fail(uint64_t scenario, const char *kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void t_note(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool t_stopping(void);
+
+/* Slot ranges the crash handler names (a fault inside one is a read of an unmapped slot). */
+void t_range_add(uint64_t lo, uint64_t size, uint64_t scenario);
+void t_range_del(uint64_t lo);
+/* The scenario this torture thread runs now (for the crash report). */
+void t_set_scenario(uint64_t seed);
+
+/* ------------------------------------------------------------------ faults */
+
+typedef struct fault_ctx {
+	uint64_t seed;
+	double rate, delay_rate;
+	uint64_t max_delay_us, stall_us;
+	double stall_rate;
+	unsigned oom_retries;
+	bool cuda;
+	_Atomic uint64_t counter;
+	_Atomic int teardown;     /* no failures (latency only) */
+	_Atomic int armed;        /* failures allowed at all */
+	_Atomic int stall_left;   /* stalls still to inject */
+	_Atomic int oom_burst;    /* creates still to fail in a row */
+	_Atomic uint64_t injected, delays, stalls;
+} fault_ctx;
+
+vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us);
+/* --fault-ops: "all", or a comma list of operations; a leading '-' excludes one
+ * from the set, a name without it makes the set just the names given. */
+bool t_fault_ops(const char *list);
+void t_fault_ops_print(char *out, size_t len); /* the excluded ones, as -a,-b */
+/* Failures or stalls injected so far: an error now has a cause. */
+static inline uint64_t fault_causes(fault_ctx *f)
+{
+	return atomic_load(&f->injected) + atomic_load(&f->stalls);
+}
+
+/* ---------------------------------------------------------------- scenario */
+
+void scenario_run(tthread *th, uint64_t seed);
+
+#endif
