@@ -49,6 +49,10 @@ typedef struct worker {
 	/* worker-owned: requests waiting for their `after` event, any order */
 	struct cds_list_head waiting;
 
+	/* worker-owned: handles whose cuMemRelease failed, released again later */
+	vmmrt_bhandle *stash;
+	unsigned nstash, capstash;
+
 	/* worker-owned: released handles kept for reuse (handle_pool option) */
 	pooled_handle *handles;
 	unsigned nhandles;
@@ -187,6 +191,12 @@ static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
 		vmmrt_futex_wake_all(&req->state);
 }
 
+/*
+ * The slot is unmapped by then: a failed cuMemRelease must not undo that or
+ * fail the request (a retry would find nothing to unmap). The handle is kept
+ * and released again at the worker's next idle moment, at trim and at stop;
+ * what still fails then stays counted in live_handles, which destroy reports.
+ */
 static vmmrt_status release_handle(worker *wk, size_t size, vmmrt_bhandle h)
 {
 	if (wk->nhandles < wk->pool->pool_cap) {
@@ -194,12 +204,34 @@ static vmmrt_status release_handle(worker *wk, size_t size, vmmrt_bhandle h)
 		uatomic_inc(&wk->stats.pool_handles);
 		return VMMRT_OK;
 	}
-	return vmmrt_drv_mem_release(wk->pool->rt, h);
+	vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, h);
+	if (st == VMMRT_OK)
+		return VMMRT_OK;
+	if (wk->nstash == wk->capstash) {
+		unsigned cap = wk->capstash ? wk->capstash * 2 : 8;
+		vmmrt_bhandle *n = realloc(wk->stash, cap * sizeof(*n));
+		if (!n)
+			return st;
+		wk->stash = n;
+		wk->capstash = cap;
+	}
+	wk->stash[wk->nstash++] = h;
+	return VMMRT_OK;
+}
+
+static void release_stash(worker *wk)
+{
+	unsigned kept = 0;
+	for (unsigned i = 0; i < wk->nstash; i++)
+		if (vmmrt_drv_mem_release(wk->pool->rt, wk->stash[i]) != VMMRT_OK)
+			wk->stash[kept++] = wk->stash[i];
+	wk->nstash = kept;
 }
 
 static vmmrt_status trim_pool(worker *wk)
 {
 	vmmrt_status first = VMMRT_OK;
+	release_stash(wk);
 	while (wk->nhandles) {
 		pooled_handle *p = &wk->handles[--wk->nhandles];
 		vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, p->h);
@@ -346,8 +378,12 @@ static void run(worker *wk, vmmrt_request *req, bool cancel)
 		}
 		uatomic_inc(&wk->stats.processed);
 	}
-	if (st == VMMRT_E_OUT_OF_MEMORY && req->persist && !cancel && !uatomic_read(&wk->pool->stopping)) {
-		/* Try again later, first in line: nothing behind it in schedule order may pass it. */
+	bool unchanged = s && (req->kind == VMMRT_REQ_MAP ? !s->mapped : req->kind == VMMRT_REQ_RELEASE && s->mapped);
+	if (st != VMMRT_OK && st != VMMRT_E_CANCELLED && req->persist && !cancel && unchanged &&
+	    !uatomic_read(&wk->pool->stopping)) {
+		/* Nothing changed (a failed map was rolled back, a failed release left
+		 * the slot mapped): try again later, first in line, since nothing
+		 * behind it in schedule order may pass it. */
 		uint64_t backoff_us = vmmrt_opt_u(&wk->pool->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 		backoff_us <<= req->attempts < 7 ? req->attempts : 7;
 		if (backoff_us > 100000 || backoff_us == 0)
@@ -520,6 +556,8 @@ static void *worker_main(void *arg)
 			take(wk, req);
 			continue;
 		}
+		if (wk->nstash)
+			release_stash(wk);
 		uatomic_inc(&wk->stats.wakeups);
 		struct timespec ts;
 		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, next_deadline(wk, &ts));
@@ -593,6 +631,7 @@ uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain)
 			pthread_join(wk->thread, NULL);
 		cancelled += uatomic_read(&wk->stats.cancelled);
 		free(wk->handles);
+		free(wk->stash);
 		cds_wfcq_destroy(&wk->head, &wk->tail);
 	}
 	free(w);

@@ -73,11 +73,11 @@ struct vmmrt_request {
 	vmmrt_req_done_fn done;      /* optional */
 	void *done_arg;
 	/*
-	 * MAP only: keep retrying out-of-memory (with a back-off capped at
-	 * 100 ms) until it succeeds or the request is cancelled, calling
-	 * `retrying` after each failed round. For maps a stream is waiting on:
-	 * failing them would leave the stream waiting forever, while memory
-	 * released elsewhere usually comes back.
+	 * MAP and RELEASE: on failure, keep retrying (back-off capped at 100 ms)
+	 * until it succeeds or the request is cancelled, calling `retrying`
+	 * after each failed round. For requests a stream or a budget waits on:
+	 * failing them for good would leave that wait forever, while memory
+	 * released elsewhere, or a driver hiccup, usually passes.
 	 */
 	bool persist;
 	vmmrt_req_done_fn retrying;
