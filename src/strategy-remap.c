@@ -328,17 +328,21 @@ static void rm_quiesce(vmmrt_offload *off)
 		vmmrt_group *g = off->groups[i];
 		if (!g->slot || !g->flag || (int32_t)(uatomic_read(g->flag) - g->map_seq) >= 0)
 			continue;
-		vmmrt_request *req = malloc(sizeof(*req));
-		if (!req)
-			continue;
-		vmmrt_request_init(req, VMMRT_REQ_MAP, g->slot);
-		req->ensure = true;
-		vmmrt_status st = vmmrt_worker_push(rt->workers, g->slot->worker, req);
-		if (st != VMMRT_OK) {
-			free(req);
-			continue;
+		/* A few tries: the map itself may fail once, or wait behind a slow call. */
+		bool mapped = false;
+		for (int attempt = 0; attempt < 3 && !mapped; attempt++) {
+			vmmrt_request *req = malloc(sizeof(*req));
+			if (!req)
+				break;
+			vmmrt_request_init(req, VMMRT_REQ_MAP, g->slot);
+			req->ensure = true;
+			if (vmmrt_worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
+				free(req);
+				break;
+			}
+			mapped = vmmrt_request_wait_owned(req, rt->timeout_ms) == VMMRT_OK;
 		}
-		if (vmmrt_request_wait_owned(req, rt->timeout_ms) == VMMRT_OK)
+		if (mapped)
 			publish_flag(g, g->map_seq);
 		else
 			off->stuck = true;
@@ -350,7 +354,8 @@ static void rm_destroy(vmmrt_offload *off)
 	vmmrt_runtime *rt = off->rt;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		vmmrt_offload_free_copies(off, g);
+		if (!off->stuck) /* a stuck stream may still have a copy graph to run */
+			vmmrt_offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
 			vmmrt_offload_destroy_slot(g->slot);

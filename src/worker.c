@@ -573,8 +573,13 @@ static void *worker_main(void *arg)
 			run(wk, req, true);
 		}
 	}
-	for (vmmrt_request *req; (req = dequeue(wk));)
-		run(wk, req, !drain);
+	for (vmmrt_request *req; (req = dequeue(wk));) {
+		/* One whose event has not come may not run now: what it follows is
+		 * still in flight (a release would pull memory from under a graph). */
+		vmmrt_status failed;
+		bool ready = !req->after || after_done(wk, req, &failed);
+		run(wk, req, !drain || !ready);
+	}
 	(void)trim_pool(wk);
 	urcu_memb_unregister_thread();
 	return NULL;
