@@ -35,6 +35,13 @@ EXTRA_DIST += \
 	tests/fuzz/known \
 	tests/fuzz/make-corpus.py \
 	tests/tsan.supp
+# Regression tests of the library bugs the torture found and that were fixed.
+check_PROGRAMS += tests/unit/test-torture-regress
+TESTS += tests/unit/test-torture-regress
+tests_unit_test_torture_regress_SOURCES = tests/unit/test-torture-regress.c
+tests_unit_test_torture_regress_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_torture_regress_LDADD = $(TEST_LDADD)
+
 check_PROGRAMS += tests/fuzz/fuzz-replay
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz-api.c tests/fuzz/fuzz-replay.c
 tests_fuzz_fuzz_replay_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread
@@ -48,14 +55,12 @@ AM_TESTS_ENVIRONMENT += \
 # library annotates its hand-offs (src/tsan.h), and tests/tsan.supp names what
 # is left in those libraries, each entry with its reason. handle_segv=0: the
 # tests that expect a fault (a read of an unmapped slot) must die of SIGSEGV,
-# not of TSan's report of it.
+# not of TSan's report of it. die_after_fork=0: those tests fork a child that
+# starts threads while liburcu's call_rcu thread runs in the parent.
 if SANITIZE_THREAD
 AM_TESTS_ENVIRONMENT += \
-	TSAN_OPTIONS="suppressions=$(abs_top_srcdir)/tests/tsan.supp handle_segv=0 second_deadlock_stack=1 $${TSAN_OPTIONS:-}"; \
+	TSAN_OPTIONS="suppressions=$(abs_top_srcdir)/tests/tsan.supp handle_segv=0 die_after_fork=0 second_deadlock_stack=1 $${TSAN_OPTIONS:-}"; \
 	export TSAN_OPTIONS; TORTURE_SANITIZER=thread; export TORTURE_SANITIZER;
-endif
-if SANITIZE
-AM_TESTS_ENVIRONMENT += TORTURE_SANITIZED=1; export TORTURE_SANITIZED;
 endif
 
 # ---- make torture: the long run (TORTURE_DURATION, default 10 minutes).

@@ -57,6 +57,19 @@ static void free_runtime(vmmrt_runtime *rt)
 
 
 
+/*
+ * liburcu's call_rcu thread (it frees slots) exists in the process that made
+ * it: a child of fork() that creates a runtime would wait forever for it in
+ * vmmrt_runtime_destroy (urcu_memb_barrier) unless liburcu's fork hooks run.
+ */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void register_atfork(void)
+{
+	(void)pthread_atfork(urcu_memb_call_rcu_before_fork, urcu_memb_call_rcu_after_fork_parent,
+			     urcu_memb_call_rcu_after_fork_child);
+}
+
 vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
 {
 	vmmrt_status st = vmmrt_drv_check_caller(__func__);
@@ -64,6 +77,7 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		return st;
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	*out = NULL;
+	pthread_once(&atfork_once, register_atfork);
 
 	vmmrt_runtime *rt = calloc(1, sizeof(*rt));
 	if (!rt)

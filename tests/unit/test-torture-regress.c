@@ -1,0 +1,187 @@
+/*
+ * Regression tests for the library bugs vmmrt-torture and the API fuzzer
+ * found and that were fixed (numbers as in the torture's report):
+ *  #3  a strategy dropped a slot whose destroy failed: its memory and VA stayed
+ *      taken until the runtime was destroyed;
+ *  #5  vmmrt_offload_allocate returned one failure with the message of another
+ *      (its clean-up's);
+ *  #7  vmmrt_offload_sync reported a timeout instead of the group failure that
+ *      left the stream waiting;
+ *  #10 a child of fork() hung in vmmrt_runtime_destroy (liburcu's call_rcu
+ *      thread is the parent's).
+ */
+#include "config.h"
+
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <urcu/uatomic.h>
+
+#include "driver.h"
+#include "offload.h"
+#include "runtime.h"
+
+#define MiB (1024ull * 1024)
+
+static vmmrt_runtime *make_rt(const char *mode, const char *timeout_ms)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "mode", mode), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "host_capacity", "256M"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "timeout_ms", timeout_ms), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+	return rt;
+}
+
+static void add_group(vmmrt_runtime *rt, size_t bytes)
+{
+	vmmrt_group *g;
+	vmmrt_tensor_desc d = {.bytes = bytes, .dtype = 1, .ndim = 1, .shape = {(int64_t)(bytes / 8)}, .stride = {1}};
+	assert_int_equal(vmmrt_group_create(rt, NULL, &g), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(g, &d), VMMRT_OK);
+}
+
+/* Fail the n-th call of each named operation (counting from 1); optionally
+ * sleep before failing. */
+typedef struct plan {
+	const char *op[2];
+	int at[2];
+	int seen[2];
+	uint64_t delay_us;
+} plan;
+
+static vmmrt_status hook(void *ctx, const char *op, uint64_t *delay_us)
+{
+	plan *p = ctx;
+	for (int i = 0; i < 2; i++)
+		if (p->op[i] && !strcmp(op, p->op[i]) && uatomic_add_return(&p->seen[i], 1) == p->at[i]) {
+			*delay_us = p->delay_us;
+			return VMMRT_E_DRIVER;
+		}
+	return VMMRT_OK;
+}
+
+/* #5 and #3: the second bank's map fails; the clean-up's unmap of the first
+ * bank fails once too. The caller hears of the map, and nothing stays taken. */
+static void failed_allocate_keeps_its_message_and_leaks_nothing(void **state)
+{
+	vmmrt_runtime *rt = make_rt("pingpong", "2000");
+	plan p = {.op = {"cuMemMap", "cuMemUnmap"}, .at = {2, 1}};
+	add_group(rt, 2 * MiB);
+	add_group(rt, 2 * MiB);
+	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_E_DRIVER);
+	assert_non_null(strstr(vmmrt_last_error(), "cuMemMap"));
+	assert_null(strstr(vmmrt_last_error(), "cuMemUnmap"));
+	assert_int_equal(p.seen[1], 2); /* the bank's destroy was tried again */
+	assert_int_equal(uatomic_read(&rt->live_handles), 0);
+	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
+	assert_int_equal(uatomic_read(&rt->live_slots), 0);
+	/* And allocation can be retried. */
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+/* #7: a map that fails while vmmrt_offload_sync waits. Run in a child: the
+ * stream then waits forever, and destroying such a runtime is the open
+ * bug #2, so the child reports and leaves without destroying it. */
+static void sync_names_the_failed_map(void **state)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		alarm(60);
+		vmmrt_runtime *rt = make_rt("remap", "1000");
+		vmmrt_stream c;
+		vmmrt_group *g[2];
+		vmmrt_devptr a;
+		vmmrt_tensor_desc d = {.bytes = 2 * MiB, .dtype = 1, .ndim = 1, .shape = {(int64_t)(MiB / 4)}, .stride = {1}};
+		if (vmmrt_stream_create(rt, &c))
+			_exit(10);
+		for (int i = 0; i < 2; i++)
+			if (vmmrt_group_create(rt, NULL, &g[i]) || vmmrt_group_discover(g[i], &d))
+				_exit(11);
+		if (vmmrt_offload_allocate(rt))
+			_exit(12);
+		for (int i = 0; i < 2; i++)
+			if (vmmrt_group_begin_capture(g[i]) || vmmrt_group_save(g[i], &d, 0, NULL, &a) ||
+			    vmmrt_group_end_capture(g[i]))
+				_exit(13);
+		/* The first iteration records the order; the map of the second
+		 * iteration's first backward restore fails 300 ms late. */
+		for (int it = 0; it < 2; it++) {
+			if (it == 1) {
+				static plan p = {.op = {"cuMemMap"}, .at = {1}, .delay_us = 300000};
+				vmmrt_drv_set_fault_hook(rt, hook, &p);
+			}
+			if (vmmrt_forward_begin(g[0], c) || vmmrt_forward_end(g[0], c) || vmmrt_forward_begin(g[1], c) ||
+			    vmmrt_forward_end(g[1], c) || vmmrt_backward_begin(g[1], c) || vmmrt_backward_end(g[1], c))
+				_exit(14);
+			if (it == 0 && (vmmrt_backward_begin(g[0], c) || vmmrt_backward_end(g[0], c)))
+				_exit(15);
+		}
+		vmmrt_status st = vmmrt_offload_sync(rt);
+		fprintf(stderr, "# child: vmmrt_offload_sync: %s\n", vmmrt_last_error());
+		_exit(st == VMMRT_E_DRIVER && strstr(vmmrt_last_error(), "map") ? 0 : 1);
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* #10: a runtime used here, then one made and destroyed in a child of fork(). */
+static void runtime_in_a_forked_child(void **state)
+{
+	vmmrt_runtime *rt = make_rt("remap", "2000");
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK); /* the call_rcu thread exists now */
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		alarm(30); /* the hang this guards against */
+		vmmrt_runtime *crt;
+		vmmrt_slot *cs;
+		if (vmmrt_runtime_create(NULL, &crt) != VMMRT_OK)
+			_exit(2);
+		if (vmmrt_slot_create(crt, 2 * MiB, &cs) != VMMRT_OK || vmmrt_slot_map(cs) != VMMRT_OK ||
+		    vmmrt_slot_destroy(cs) != VMMRT_OK)
+			_exit(3);
+		_exit(vmmrt_runtime_destroy(crt) == VMMRT_OK ? 0 : 4);
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+int main(void)
+{
+	/* The child of runtime_in_a_forked_child picks the backend itself. */
+	setenv("VMMRT_BACKEND", "host", 1);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(failed_allocate_keeps_its_message_and_leaks_nothing),
+		cmocka_unit_test(sync_names_the_failed_map),
+		cmocka_unit_test(runtime_in_a_forked_child),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
