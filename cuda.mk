@@ -31,13 +31,16 @@ endif
 
 # ---- GPU tests: built by `make check` and run there too (they skip without a
 # device); `make gpu-check` runs them alone and prints a table.
-gpu_tests = tests/gpu/test-cuda-backend
+gpu_tests = tests/gpu/test-cuda-backend tests/gpu/test-two-devices
 check_PROGRAMS += $(gpu_tests)
 TESTS += $(gpu_tests)
 tests_gpu_test_cuda_backend_SOURCES = tests/gpu/test-cuda-backend.c
 tests_gpu_test_cuda_backend_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_gpu_test_cuda_backend_CFLAGS = $(TEST_CFLAGS)
 tests_gpu_test_cuda_backend_LDADD = $(TEST_LDADD)
+tests_gpu_test_two_devices_SOURCES = tests/gpu/test-two-devices.c tests/unit/offload-model.c tests/unit/offload-model.h
+tests_gpu_test_two_devices_CFLAGS = $(TEST_CFLAGS)
+tests_gpu_test_two_devices_LDADD = $(TEST_LDADD)
 
 gpu-check: $(gpu_tests)
 	@$(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests)

@@ -133,7 +133,10 @@ void vmmrt_group_release(vmmrt_group *g)
 			(void)vmmrt_drv_event_destroy(rt, *ev[i]);
 			*ev[i] = NULL;
 		}
-	if (g->host)
+	/* Pinned memory a stuck stream may still copy from is left allocated:
+	 * freeing it can wait for that stream forever (cuMemFreeHost), or let a
+	 * copy read freed memory; destroy reports the leak. */
+	if (g->host && !g->off->stuck)
 		(void)vmmrt_drv_host_free(rt, g->host);
 	g->host = NULL;
 	g->base = 0;

@@ -75,10 +75,11 @@ static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *
 static void release_allocation(vmmrt_offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (off->d2h)
-		(void)drain_stream(rt, off->d2h, "d2h");
-	if (off->h2d)
-		(void)drain_stream(rt, off->h2d, "h2d");
+	if (off->allocated && off->ops->quiesce)
+		off->ops->quiesce(off);
+	if ((off->d2h && drain_stream(rt, off->d2h, "d2h") != VMMRT_OK) ||
+	    (off->h2d && drain_stream(rt, off->h2d, "h2d") != VMMRT_OK))
+		off->stuck = true;
 	off->ops->destroy(off);
 	for (unsigned i = 0; i < off->ngroups; i++)
 		vmmrt_group_release(off->groups[i]);
@@ -168,7 +169,8 @@ static vmmrt_status prefetch_window(vmmrt_offload *off)
 {
 	vmmrt_schedule *s = &off->sched;
 	uint64_t from, to;
-	vmmrt_schedule_window(s, off->rt->lookahead, &from, &to);
+	unsigned la = off->rt->lookahead < off->ops->max_lookahead ? off->rt->lookahead : off->ops->max_lookahead;
+	vmmrt_schedule_window(s, la, &from, &to);
 	for (uint64_t u = from; u < to; u++) {
 		bool b;
 		vmmrt_group *next = off->groups[vmmrt_schedule_group_of(s, u, &b)];
@@ -331,18 +333,23 @@ vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
 	return VMMRT_OK;
 }
 
-void vmmrt_offload_destroy(vmmrt_runtime *rt)
+vmmrt_status vmmrt_offload_destroy(vmmrt_runtime *rt)
 {
 	vmmrt_offload *off = rt->offload;
 	if (!off)
-		return;
+		return VMMRT_OK;
 	/* Copies and host functions in flight refer to the groups: they finish first. */
 	release_allocation(off);
+	bool stuck = off->stuck;
 	for (unsigned i = 0; i < off->ngroups; i++)
 		vmmrt_group_free(off->groups[i]);
 	free(off->groups);
 	free(off);
 	rt->offload = NULL;
+	if (stuck)
+		return vmmrt_error(VMMRT_E_BUSY, "offload teardown: a copy stream still waits for a map that could "
+				   "not be made; the words it polls were left allocated");
+	return VMMRT_OK;
 }
 
 vmmrt_status vmmrt_offload_wait(vmmrt_offload *off, vmmrt_stream s, vmmrt_bevent *e)

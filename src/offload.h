@@ -22,6 +22,7 @@ typedef struct vmmrt_remap_req {
 	uint64_t need;     /* MAP: releases of this group that must have run first */
 	uint32_t seq;      /* MAP: value written to the group's flag when mapped */
 	bool grew;         /* MAP: it created memory (the slot was not mapped) */
+	vmmrt_bevent *ev;  /* RELEASE after a backward: recorded after its graph */
 } vmmrt_remap_req;
 
 enum { USE_F = 0, USE_B = 1 };
@@ -98,6 +99,10 @@ typedef struct vmmrt_schedule {
 /* A strategy: what the hooks do to memory. One per runtime (the A/B switch). */
 typedef struct vmmrt_strategy_ops {
 	const char *name;
+	/* The deepest look-ahead it can use (ping-pong: one restore per spare bank). */
+	unsigned max_lookahead;
+	/* Before teardown: release whatever a stream may still wait for. */
+	void (*quiesce)(vmmrt_offload *off);
 	/* Reserve/map what the groups need, after discovery. */
 	vmmrt_status (*allocate)(vmmrt_offload *off);
 	/* Before F(g) on compute: make the memory writable (fence 1, or the map). */
@@ -158,11 +163,14 @@ struct vmmrt_offload {
 	int64_t activation_bytes, activation_peak;
 	uint64_t maps, releases, bank_conflicts;
 	uint64_t iterations;          /* last backward hooks ended */
+	/* Teardown found a stream still waiting on a flag: those words are not
+	 * freed (a stream polls them), and destroy reports it. */
+	bool stuck;
 };
 
 /* offload.c */
 vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st);
-void vmmrt_offload_destroy(vmmrt_runtime *rt);
+vmmrt_status vmmrt_offload_destroy(vmmrt_runtime *rt);
 void vmmrt_offload_account(vmmrt_offload *off, int64_t delta_bytes);
 void vmmrt_group_fail(vmmrt_group *g, vmmrt_status st, const char *what);
 

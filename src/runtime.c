@@ -178,7 +178,9 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 		return st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 
-	vmmrt_offload_destroy(rt);
+	vmmrt_status off_st = vmmrt_offload_destroy(rt);
+	char off_msg[256];
+	snprintf(off_msg, sizeof(off_msg), "%s", off_st == VMMRT_OK ? "" : vmmrt_last_error());
 	size_t stuck = destroy_leftover_slots(rt);
 	vmmrt_workers_destroy(rt->workers, true);
 	/* Slots are freed by call_rcu: let those callbacks run before we go. */
@@ -191,6 +193,8 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 				 "runtime destroy: %zu slots could not be torn down, %lld physical handles and "
 				 "%lld reservations were still live (the backend closed them)",
 				 stuck, (long long)handles, (long long)vas);
+	else if (off_st != VMMRT_OK)
+		st = vmmrt_error(off_st, "runtime destroy: %s", off_msg);
 	free_runtime(rt);
 	return st;
 }

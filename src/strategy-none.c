@@ -49,6 +49,7 @@ static void none_destroy(vmmrt_offload *off)
 
 const vmmrt_strategy_ops vmmrt_strategy_none = {
 	.name = "none",
+	.max_lookahead = 0,
 	.allocate = none_allocate,
 	.forward_begin = none_hook,
 	.forward_end = none_hook,

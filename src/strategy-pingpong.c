@@ -172,6 +172,7 @@ static void pp_destroy(vmmrt_offload *off)
 
 const vmmrt_strategy_ops vmmrt_strategy_pingpong = {
 	.name = "pingpong",
+	.max_lookahead = 1, /* the bank not being read is the only one to restore into */
 	.allocate = pp_allocate,
 	.forward_begin = pp_forward_begin,
 	.forward_end = pp_forward_end,

@@ -18,6 +18,15 @@
 #include "error.h"
 #include "offload.h"
 
+/* Releases the streams waiting on this word (a plain store reaches the GPU).
+ * Only ever forward: teardown may have moved it past this map already. */
+static void publish_flag(vmmrt_group *g, uint32_t seq)
+{
+	for (uint32_t cur = uatomic_read(g->flag); (int32_t)(seq - cur) > 0; cur = uatomic_read(g->flag))
+		if (uatomic_cmpxchg(g->flag, cur, seq) == cur)
+			break;
+}
+
 static bool admit_map(vmmrt_request *req, void *arg)
 {
 	vmmrt_remap_req *r = arg;
@@ -57,8 +66,7 @@ static void map_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	if (r->grew)
 		vmmrt_offload_account(off, (int64_t)g->slot->size);
 	uatomic_inc(&off->maps);
-	/* Releases the stream waiting on this word; a plain store reaches the GPU. */
-	uatomic_set(g->flag, r->seq);
+	publish_flag(g, r->seq);
 }
 
 static void map_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
@@ -67,6 +75,13 @@ static void map_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
 	/* Reported now, while the worker keeps trying: the streams that wait on
 	 * this map resume as soon as memory comes back. */
 	vmmrt_group_fail(r->g, st, "map before use (still retrying)");
+}
+
+static void release_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	/* Until it goes, the budget of mapped groups counts this one. */
+	vmmrt_group_fail(r->g, st, "release after use (still retrying)");
 }
 
 static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
@@ -156,7 +171,11 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				vmmrt_request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
 				r->req.done = release_done;
 				r->req.done_arg = r;
+				r->req.persist = true;
+				r->req.retrying = release_retrying;
 				r->g = g;
+				if (k == USE_B && (st = vmmrt_drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
+					return vmmrt_error_wrap(st, "group '%s': release events", g->name);
 			}
 	}
 	return VMMRT_OK;
@@ -270,14 +289,64 @@ static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_
 static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
+	vmmrt_remap_req *r = &g->rel[USE_B][g->rel_next[USE_B]++ % VMMRT_REQ_RING];
 	vmmrt_status st;
-	/* The release waits for the graph on the (idle in backward) D2H stream,
-	 * so the compute stream never runs a host function between graphs. */
-	if ((st = vmmrt_drv_event_record(rt, g->consumed, compute)) != VMMRT_OK ||
-	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->consumed)) != VMMRT_OK ||
-	    (st = release_after(off, g, off->d2h, USE_B, g->consumed)) != VMMRT_OK)
+	/*
+	 * The release must follow the graph that read the slot. No host function
+	 * on a stream waiting for the compute stream (it would cost the compute
+	 * stream 1.25 us before every graph): the worker is handed the request
+	 * now, with the event to wait for, and polls it. Each request of the ring
+	 * has its own event, so a later iteration cannot re-record it early.
+	 */
+	if ((st = reclaim(off, &r->req)) != VMMRT_OK ||
+	    (st = vmmrt_drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
+	if (rt->driver_inline) {
+		if ((st = vmmrt_drv_event_synchronize(rt, r->ev)) == VMMRT_OK)
+			st = inline_release(off, r);
+		return st;
+	}
+	r->req.after = r->ev;
+	if ((st = vmmrt_worker_push(rt->workers, g->slot->worker, &r->req)) != VMMRT_OK)
+		return vmmrt_error_wrap(st, "group '%s': queue release after backward", g->name);
 	return VMMRT_OK;
+}
+
+/*
+ * A stream may be waiting for a map that will not come now (the map kept
+ * failing, or the application gave up after a failed hook and never queued
+ * the release it needs). Before anything is freed: map each such slot (no
+ * budget, no order: this is teardown) and move its flag past every map
+ * requested, so the waiting streams run, on mapped memory, and drain. If the
+ * map cannot be made, the flag stays: the teardown then finds the streams
+ * busy and reports it rather than free what they read.
+ */
+static void rm_quiesce(vmmrt_offload *off)
+{
+	vmmrt_runtime *rt = off->rt;
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		if (!g->slot || !g->flag || (int32_t)(uatomic_read(g->flag) - g->map_seq) >= 0)
+			continue;
+		/* A few tries: the map itself may fail once, or wait behind a slow call. */
+		bool mapped = false;
+		for (int attempt = 0; attempt < 3 && !mapped; attempt++) {
+			vmmrt_request *req = malloc(sizeof(*req));
+			if (!req)
+				break;
+			vmmrt_request_init(req, VMMRT_REQ_MAP, g->slot);
+			req->ensure = true;
+			if (vmmrt_worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
+				free(req);
+				break;
+			}
+			mapped = vmmrt_request_wait_owned(req, rt->timeout_ms) == VMMRT_OK;
+		}
+		if (mapped)
+			publish_flag(g, g->map_seq);
+		else
+			off->stuck = true;
+	}
 }
 
 static void rm_destroy(vmmrt_offload *off)
@@ -285,12 +354,18 @@ static void rm_destroy(vmmrt_offload *off)
 	vmmrt_runtime *rt = off->rt;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		vmmrt_offload_free_copies(off, g);
+		if (!off->stuck) /* a stuck stream may still have a copy graph to run */
+			vmmrt_offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
 			vmmrt_offload_destroy_slot(g->slot);
 		g->slot = NULL;
-		if (g->flag)
+		for (int j = 0; j < VMMRT_REQ_RING; j++) {
+			if (g->rel[USE_B][j].ev)
+				(void)vmmrt_drv_event_destroy(rt, g->rel[USE_B][j].ev);
+			g->rel[USE_B][j].ev = NULL;
+		}
+		if (g->flag && !off->stuck)
 			(void)vmmrt_drv_host_free(rt, g->flag);
 		g->flag = NULL;
 	}
@@ -300,6 +375,8 @@ static void rm_destroy(vmmrt_offload *off)
 
 const vmmrt_strategy_ops vmmrt_strategy_remap = {
 	.name = "remap",
+	.max_lookahead = 16,
+	.quiesce = rm_quiesce,
 	.allocate = rm_allocate,
 	.forward_begin = rm_forward_begin,
 	.forward_end = rm_forward_end,

@@ -46,6 +46,12 @@ typedef struct worker {
 
 	/* worker-owned: requests waiting for admission, in arrival order */
 	struct cds_list_head parked;
+	/* worker-owned: requests waiting for their `after` event, any order */
+	struct cds_list_head waiting;
+
+	/* worker-owned: handles whose cuMemRelease failed, released again later */
+	vmmrt_bhandle *stash;
+	unsigned nstash, capstash;
 
 	/* worker-owned: released handles kept for reuse (handle_pool option) */
 	pooled_handle *handles;
@@ -185,6 +191,12 @@ static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
 		vmmrt_futex_wake_all(&req->state);
 }
 
+/*
+ * The slot is unmapped by then: a failed cuMemRelease must not undo that or
+ * fail the request (a retry would find nothing to unmap). The handle is kept
+ * and released again at the worker's next idle moment, at trim and at stop;
+ * what still fails then stays counted in live_handles, which destroy reports.
+ */
 static vmmrt_status release_handle(worker *wk, size_t size, vmmrt_bhandle h)
 {
 	if (wk->nhandles < wk->pool->pool_cap) {
@@ -192,12 +204,34 @@ static vmmrt_status release_handle(worker *wk, size_t size, vmmrt_bhandle h)
 		uatomic_inc(&wk->stats.pool_handles);
 		return VMMRT_OK;
 	}
-	return vmmrt_drv_mem_release(wk->pool->rt, h);
+	vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, h);
+	if (st == VMMRT_OK)
+		return VMMRT_OK;
+	if (wk->nstash == wk->capstash) {
+		unsigned cap = wk->capstash ? wk->capstash * 2 : 8;
+		vmmrt_bhandle *n = realloc(wk->stash, cap * sizeof(*n));
+		if (!n)
+			return st;
+		wk->stash = n;
+		wk->capstash = cap;
+	}
+	wk->stash[wk->nstash++] = h;
+	return VMMRT_OK;
+}
+
+static void release_stash(worker *wk)
+{
+	unsigned kept = 0;
+	for (unsigned i = 0; i < wk->nstash; i++)
+		if (vmmrt_drv_mem_release(wk->pool->rt, wk->stash[i]) != VMMRT_OK)
+			wk->stash[kept++] = wk->stash[i];
+	wk->nstash = kept;
 }
 
 static vmmrt_status trim_pool(worker *wk)
 {
 	vmmrt_status first = VMMRT_OK;
+	release_stash(wk);
 	while (wk->nhandles) {
 		pooled_handle *p = &wk->handles[--wk->nhandles];
 		vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, p->h);
@@ -280,9 +314,15 @@ static void run(worker *wk, vmmrt_request *req, bool cancel);
 
 static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
 {
-	/* Requests parked for admission must not outlive their slot. */
+	/* Requests parked for admission or an event must not outlive their slot. */
 	vmmrt_request *req, *tmp;
 	cds_list_for_each_entry_safe(req, tmp, &wk->parked, parked) {
+		if (req->slot == s) {
+			cds_list_del(&req->parked);
+			run(wk, req, true);
+		}
+	}
+	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
 		if (req->slot == s) {
 			cds_list_del(&req->parked);
 			run(wk, req, true);
@@ -338,8 +378,12 @@ static void run(worker *wk, vmmrt_request *req, bool cancel)
 		}
 		uatomic_inc(&wk->stats.processed);
 	}
-	if (st == VMMRT_E_OUT_OF_MEMORY && req->persist && !cancel && !uatomic_read(&wk->pool->stopping)) {
-		/* Try again later, first in line: nothing behind it in schedule order may pass it. */
+	bool unchanged = s && (req->kind == VMMRT_REQ_MAP ? !s->mapped : req->kind == VMMRT_REQ_RELEASE && s->mapped);
+	if (st != VMMRT_OK && st != VMMRT_E_CANCELLED && req->persist && !cancel && unchanged &&
+	    !uatomic_read(&wk->pool->stopping)) {
+		/* Nothing changed (a failed map was rolled back, a failed release left
+		 * the slot mapped): try again later, first in line, since nothing
+		 * behind it in schedule order may pass it. */
 		uint64_t backoff_us = vmmrt_opt_u(&wk->pool->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 		backoff_us <<= req->attempts < 7 ? req->attempts : 7;
 		if (backoff_us > 100000 || backoff_us == 0)
@@ -416,8 +460,63 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 	return ts;
 }
 
+/* Has req's `after` event completed? A query that fails (not merely "not
+ * yet") ends the request with that error: the memory stays, and is reported. */
+static bool after_done(worker *wk, vmmrt_request *req, vmmrt_status *failed)
+{
+	vmmrt_status st = vmmrt_drv_event_query(wk->pool->rt, req->after);
+	*failed = st == VMMRT_E_BUSY ? VMMRT_OK : st;
+	return st != VMMRT_E_BUSY;
+}
+
+static void take(worker *wk, vmmrt_request *req);
+
+static void run_waiting(worker *wk)
+{
+	vmmrt_request *req, *tmp;
+	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
+		vmmrt_status failed;
+		if (!after_done(wk, req, &failed))
+			continue;
+		cds_list_del(&req->parked);
+		req->after = NULL;
+		if (failed != VMMRT_OK) {
+			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
+			finish(wk, req, failed);
+			continue;
+		}
+		take(wk, req);
+	}
+}
+
+static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
+{
+	const struct timespec *retry = retry_deadline(wk, ts);
+	if (cds_list_empty(&wk->waiting))
+		return retry;
+	uint64_t poll = vmmrt_now_ns() + VMMRT_WORKER_POLL_US * 1000ull;
+	if (retry && (uint64_t)retry->tv_sec * 1000000000ull + (uint64_t)retry->tv_nsec < poll)
+		return retry;
+	ts->tv_sec = (time_t)(poll / 1000000000ull);
+	ts->tv_nsec = (long)(poll % 1000000000ull);
+	return ts;
+}
+
 static void take(worker *wk, vmmrt_request *req)
 {
+	if (req->after) {
+		vmmrt_status failed;
+		if (!after_done(wk, req, &failed)) {
+			cds_list_add_tail(&req->parked, &wk->waiting);
+			return;
+		}
+		req->after = NULL;
+		if (failed != VMMRT_OK) {
+			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
+			finish(wk, req, failed);
+			return;
+		}
+	}
 	if (req->admit && (!cds_list_empty(&wk->parked) || !admit(req))) {
 		cds_list_add_tail(&req->parked, &wk->parked);
 		return;
@@ -450,26 +549,37 @@ static void *worker_main(void *arg)
 		/* Checked before each request, so a cancelling stop cancels what is queued. */
 		if (uatomic_read(&wk->pool->stopping))
 			break;
+		run_waiting(wk);
 		run_parked(wk);
 		vmmrt_request *req = dequeue(wk);
 		if (req) {
 			take(wk, req);
 			continue;
 		}
+		if (wk->nstash)
+			release_stash(wk);
 		uatomic_inc(&wk->stats.wakeups);
 		struct timespec ts;
-		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, retry_deadline(wk, &ts));
+		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, next_deadline(wk, &ts));
 	}
 	/* Stopping: what is still queued is run or cancelled, never dropped. */
 	bool drain = uatomic_read(&wk->pool->drain);
-	while (!cds_list_empty(&wk->parked)) {
-		/* Parked requests wait for work that will never come now: cancel them. */
-		vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
-		cds_list_del(&req->parked);
-		run(wk, req, true);
+	struct cds_list_head *lists[] = {&wk->waiting, &wk->parked};
+	for (unsigned k = 0; k < 2; k++) {
+		while (!cds_list_empty(lists[k])) {
+			/* They wait for work that will never come now: cancel them. */
+			vmmrt_request *req = cds_list_first_entry(lists[k], vmmrt_request, parked);
+			cds_list_del(&req->parked);
+			run(wk, req, true);
+		}
 	}
-	for (vmmrt_request *req; (req = dequeue(wk));)
-		run(wk, req, !drain);
+	for (vmmrt_request *req; (req = dequeue(wk));) {
+		/* One whose event has not come may not run now: what it follows is
+		 * still in flight (a release would pull memory from under a graph). */
+		vmmrt_status failed;
+		bool ready = !req->after || after_done(wk, req, &failed);
+		run(wk, req, !drain || !ready);
+	}
 	(void)trim_pool(wk);
 	urcu_memb_unregister_thread();
 	return NULL;
@@ -489,6 +599,7 @@ vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers *
 		worker *wk = &w->w[i];
 		cds_wfcq_init(&wk->head, &wk->tail);
 		CDS_INIT_LIST_HEAD(&wk->parked);
+		CDS_INIT_LIST_HEAD(&wk->waiting);
 		ck_ec32_init(&wk->ec, 0);
 		wk->index = i;
 		wk->pool = w;
@@ -525,6 +636,7 @@ uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain)
 			pthread_join(wk->thread, NULL);
 		cancelled += uatomic_read(&wk->stats.cancelled);
 		free(wk->handles);
+		free(wk->stash);
 		cds_wfcq_destroy(&wk->head, &wk->tail);
 	}
 	free(w);

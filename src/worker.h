@@ -27,6 +27,7 @@ typedef struct vmmrt_runtime vmmrt_runtime;
 typedef struct vmmrt_slot vmmrt_slot;
 typedef struct vmmrt_workers vmmrt_workers;
 typedef struct vmmrt_request vmmrt_request;
+typedef struct vmmrt_bevent vmmrt_bevent;
 
 typedef enum vmmrt_req_kind {
 	VMMRT_REQ_MAP = 0,  /* create (or take from the pool) + map + set access */
@@ -72,14 +73,22 @@ struct vmmrt_request {
 	vmmrt_req_done_fn done;      /* optional */
 	void *done_arg;
 	/*
-	 * MAP only: keep retrying out-of-memory (with a back-off capped at
-	 * 100 ms) until it succeeds or the request is cancelled, calling
-	 * `retrying` after each failed round. For maps a stream is waiting on:
-	 * failing them would leave the stream waiting forever, while memory
-	 * released elsewhere usually comes back.
+	 * MAP and RELEASE: on failure, keep retrying (back-off capped at 100 ms)
+	 * until it succeeds or the request is cancelled, calling `retrying`
+	 * after each failed round. For requests a stream or a budget waits on:
+	 * failing them for good would leave that wait forever, while memory
+	 * released elsewhere, or a driver hiccup, usually passes.
 	 */
 	bool persist;
 	vmmrt_req_done_fn retrying;
+	/*
+	 * Optional: start only once this event has completed; the worker polls
+	 * it every VMMRT_WORKER_POLL_US while any request waits. This is how a
+	 * release follows a compute-stream graph without a host function on a
+	 * stream that waits for that graph, which costs the compute stream
+	 * 1.25 us between every two graphs on the H200 (vmmrt-gap-probe).
+	 */
+	vmmrt_bevent *after;
 	/* worker-private */
 	bool admitted;
 	uint32_t attempts;
@@ -135,6 +144,8 @@ typedef struct vmmrt_worker_stats {
 	uint64_t wakeups;        /* times a worker slept and was woken */
 } vmmrt_worker_stats;
 void vmmrt_workers_stats(const vmmrt_workers *w, vmmrt_worker_stats *out);
+
+#define VMMRT_WORKER_POLL_US 50
 
 /* Wake every worker so parked requests are checked again (host-function safe). */
 void vmmrt_workers_kick(vmmrt_workers *w);

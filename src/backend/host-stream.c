@@ -213,6 +213,25 @@ static vmmrt_status unknown_stream(vmmrt_stream s, const char *func)
 	return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown stream %p", func, (void *)s);
 }
 
+/* The prologue of synchronize and query: a known stream, locked, that is not
+ * capturing (CUDA refuses both on a capturing stream too). */
+static vmmrt_status lock_idle_stream(vmmrt_backend *b, vmmrt_stream s, const char *func,
+				     struct vmmrt_stream_s **out)
+{
+	vmmrt_status status = vmmrt_host_enter(b, func);
+	if (status != VMMRT_OK)
+		return status;
+	struct vmmrt_stream_s *st = stream_lock(b, s);
+	if (!st)
+		return unknown_stream(s, func);
+	if (st->capturing) {
+		pthread_mutex_unlock(&st->lock);
+		return vmmrt_error(VMMRT_E_CAPTURE, "%s: the stream is capturing a graph", func);
+	}
+	*out = st;
+	return VMMRT_OK;
+}
+
 /* ----------------------------------------------------------- running work */
 
 static void run_copy(vmmrt_backend *b, const struct host_op *op)
@@ -631,19 +650,12 @@ vmmrt_status vmmrt_host_stream_destroy(vmmrt_backend *b, vmmrt_stream s)
 
 vmmrt_status vmmrt_host_stream_synchronize(vmmrt_backend *b, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
 	uint64_t target;
+	vmmrt_status status = lock_idle_stream(b, s, __func__, &st);
 
 	if (status != VMMRT_OK)
 		return status;
-	st = stream_lock(b, s);
-	if (!st)
-		return unknown_stream(s, __func__);
-	if (st->capturing) {
-		pthread_mutex_unlock(&st->lock);
-		return vmmrt_error(VMMRT_E_CAPTURE, "%s: the stream is capturing a graph", __func__);
-	}
 	/* what was enqueued before the call, not what other threads add meanwhile */
 	target = st->enqueued;
 	while (st->completed < target)
@@ -654,19 +666,12 @@ vmmrt_status vmmrt_host_stream_synchronize(vmmrt_backend *b, vmmrt_stream s)
 
 vmmrt_status vmmrt_host_stream_query(vmmrt_backend *b, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
 	uint64_t pending;
+	vmmrt_status status = lock_idle_stream(b, s, __func__, &st);
 
 	if (status != VMMRT_OK)
 		return status;
-	st = stream_lock(b, s);
-	if (!st)
-		return unknown_stream(s, __func__);
-	if (st->capturing) {
-		pthread_mutex_unlock(&st->lock);
-		return vmmrt_error(VMMRT_E_CAPTURE, "%s: the stream is capturing a graph", __func__);
-	}
 	pending = st->enqueued - st->completed;
 	pthread_mutex_unlock(&st->lock);
 	if (pending)

@@ -31,9 +31,16 @@ static int cmp_float(const void *a, const void *b)
 }
 
 enum variant { BACK_TO_BACK, EVENT_AFTER_COPY, EVENT_AFTER_COPY_GRAPH, EVENT_AFTER_WAITVALUE_COPY_GRAPH,
-	       WAITVALUE_HOST, N_VARIANTS };
+	       WAITVALUE_HOST, HOST_FUNC_ELSEWHERE, EVENT_AND_HOST_FUNC, N_VARIANTS };
 static const char *const names[] = {"back to back", "event after memcpy", "event after copy graph",
-				    "event after wait-value + copy graph", "wait-value on a host-pinned flag"};
+				    "event after wait-value + copy graph", "wait-value on a host-pinned flag",
+				    "host function on another stream per replay",
+				    "event wait + host function per replay"};
+
+static void nothing(void *arg)
+{
+	(void)arg;
+}
 
 int main(int argc, char **argv)
 {
@@ -83,6 +90,7 @@ int main(int argc, char **argv)
 			/* The dependency is satisfied long before the compute stream reaches it. */
 			switch (v) {
 			case EVENT_AFTER_COPY:
+			case EVENT_AND_HOST_FUNC:
 				TRY(vmmrt_drv_memcpy_htod_async(rt, vmmrt_slot_address(buf), host, 64 << 10, other));
 				TRY(vmmrt_drv_event_record(rt, done, other));
 				break;
@@ -101,9 +109,15 @@ int main(int argc, char **argv)
 			TRY(vmmrt_drv_event_record(rt, start[i], compute));
 			TRY(vmmrt_drv_graph_launch(rt, work, compute));
 			TRY(vmmrt_drv_event_record(rt, end[i], compute));
+			if (v == HOST_FUNC_ELSEWHERE || v == EVENT_AND_HOST_FUNC) {
+				/* what remap does after each backward graph: another stream
+				 * waits for it and runs a host function that wakes a worker */
+				TRY(vmmrt_drv_stream_wait_event(rt, other, end[i]));
+				TRY(vmmrt_drv_launch_host_func(rt, other, nothing, NULL));
+			}
 			if (v == WAITVALUE_HOST)
 				TRY(vmmrt_drv_stream_wait_value32(rt, compute, flag_dev, 1));
-			else if (v != BACK_TO_BACK)
+			else if (v != BACK_TO_BACK && v != HOST_FUNC_ELSEWHERE)
 				TRY(vmmrt_drv_stream_wait_event(rt, compute, done));
 		}
 		TRY(vmmrt_drv_stream_synchronize(rt, compute));

@@ -3,18 +3,19 @@
 #   1. fault-free, both strategies, look-ahead 0-1: must pass;
 #   2. every fault kind (failures, latency spikes, stalled workers), look-ahead 0-1;
 #   3. fault-free, look-ahead 2.
-# Runs 2 and 3 hit library bugs that are reported and not fixed yet (listed in
-# KNOWN_BUGS below): while a run's known bug is listed, its failure is a TAP
-# TODO (XFAIL in the summary, the FAIL lines in the log) rather than a
-# failure. Fix the bug, then delete its line here: the run must then pass.
+# A run that hits a library bug reported and not fixed yet is listed in
+# KNOWN_BUGS below: while it is listed, its failure is a TAP TODO (XFAIL in
+# the summary, the FAIL lines in the log) rather than a failure. Fix the bug,
+# then empty its line here: the run must then pass.
 # Every run prints its seed; replay one with the command it prints.
 # Environment: TORTURE (the binary), TORTURE_SHORT (seconds per run, default 12),
 # TORTURE_SANITIZER (set by make check in ThreadSanitizer builds: longer timeouts).
 
 torture=${TORTURE:-./tools/vmmrt-torture}
 secs=${TORTURE_SHORT:-12}
-KNOWN_BUGS_FAULTS="teardown with a stuck remap pipeline crashes (#2); a failed release, map or copy stalls remap admission forever (#4, #8, #9)"
-KNOWN_BUGS_LOOKAHEAD2="ping-pong look-ahead 2 with a backward order that is not the reverse (#1)"
+# (none now: #1, #2, #4, #8 and #9 of the torture report are fixed)
+KNOWN_BUGS_FAULTS=""
+KNOWN_BUGS_LOOKAHEAD2=""
 
 # ThreadSanitizer makes everything many times slower: bound waits further out
 # (a stall must still outlast the timeout). ASan and UBSan need no change.

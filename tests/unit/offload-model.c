@@ -79,6 +79,8 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	TRY(opt(o, "host_capacity", cfg->capacity ? cfg->capacity : "1G"));
 	TRY(opt(o, "host_latency", cfg->latency ? "1" : "0"));
 	TRY(opt(o, "driver_inline", cfg->driver_inline ? "1" : "0"));
+	snprintf(buf, sizeof(buf), "%d", cfg->device);
+	TRY(opt(o, "device", buf));
 	if (cfg->copy_gbps > 0) {
 		snprintf(buf, sizeof(buf), "%g", cfg->copy_gbps);
 		TRY(opt(o, "host_copy_gbps", buf));

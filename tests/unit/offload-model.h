@@ -24,6 +24,7 @@ typedef struct model_cfg {
 	double copy_gbps;           /* with latency */
 	const char *capacity;       /* host backend capacity, default "1G" */
 	bool driver_inline;         /* remap: VMM calls on the launch thread */
+	int device;                 /* device ordinal (0 by default) */
 } model_cfg;
 
 typedef struct model model;

@@ -38,6 +38,31 @@ static inline size_t test_used(vmmrt_runtime *rt)
 	return t - f;
 }
 
+/* Device memory in use when test_runtime made the last runtime: tests measure from there. */
+static size_t test_baseline;
+
+/* A runtime on the host backend (VMMRT_BACKEND may say otherwise) with the
+ * given NULL-terminated name/value pairs set; it records the baseline. */
+static inline vmmrt_runtime *test_runtime(const char *const *kv)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	for (; kv[0]; kv += 2)
+		assert_int_equal(vmmrt_options_set(o, kv[0], kv[1]), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+	test_baseline = test_used(rt);
+	return rt;
+}
+
+/* Device memory used since test_runtime. */
+static inline size_t used(vmmrt_runtime *rt)
+{
+	return test_used(rt) - test_baseline;
+}
+
 static inline int test_run(struct CMUnitTest *tests, size_t n)
 {
 	if (!test_on_host()) {

@@ -24,30 +24,10 @@
 
 #define MiB (1024ull * 1024)
 
-/* Device memory in use when make_rt made the runtime: tests measure from there. */
-static size_t baseline;
-
 static vmmrt_runtime *make_rt(const char *workers, const char *pool)
 {
-	vmmrt_options *o;
-	vmmrt_runtime *rt;
-	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "host_capacity", "256M"), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "driver_workers", workers), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "handle_pool", pool), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "oom_retries", "3"), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "oom_backoff_us", "10"), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
-	vmmrt_options_destroy(o);
-	baseline = test_used(rt);
-	return rt;
-}
-
-
-static size_t used(vmmrt_runtime *rt)
-{
-	return test_used(rt) - baseline;
+	return test_runtime((const char *const[]){"host_capacity", "256M", "driver_workers", workers, "handle_pool", pool,
+						  "oom_retries", "3", "oom_backoff_us", "10", NULL});
 }
 
 typedef struct tally {
