@@ -11,7 +11,9 @@
  *      thread is the parent's);
  *  #11 a group's failure was published before its message was written, so
  *      vmmrt_group_error could read a message being rewritten (a data race
- *      that ThreadSanitizer reports; elsewhere, a torn message).
+ *      that ThreadSanitizer reports; elsewhere, a torn message);
+ *  #12 a slot destroy whose wait timed out, and whose teardown then failed on
+ *      the worker, left the slot alive with nobody to destroy it.
  */
 #include "config.h"
 
@@ -33,6 +35,7 @@
 #include "driver.h"
 #include "offload.h"
 #include "runtime.h"
+#include "worker.h"
 
 #define MiB (1024ull * 1024)
 
@@ -220,6 +223,25 @@ static void group_error_message_is_whole(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* #12: the unmap of a destroy stalls past the timeout, then fails once. */
+static void abandoned_destroy_still_tears_down(void **state)
+{
+	vmmrt_runtime *rt = make_rt("remap", "300");
+	plan p = {.op = {"cuMemUnmap"}, .at = {1}, .delay_us = 600000};
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_E_TIMEOUT); /* abandoned to the worker */
+	assert_int_equal(vmmrt_workers_trim(rt->workers), VMMRT_OK); /* behind it: it has run */
+	assert_int_equal(p.seen[0], 2);
+	assert_int_equal(uatomic_read(&rt->live_slots), 0);
+	assert_int_equal(uatomic_read(&rt->live_handles), 0);
+	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	/* The child of runtime_in_a_forked_child picks the backend itself. */
@@ -229,6 +251,7 @@ int main(void)
 		cmocka_unit_test(sync_names_the_failed_map),
 		cmocka_unit_test(runtime_in_a_forked_child),
 		cmocka_unit_test(group_error_message_is_whole),
+		cmocka_unit_test(abandoned_destroy_still_tears_down),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
