@@ -239,20 +239,31 @@ size_t vmmrt_group_bytes(const vmmrt_group *g)
 	return g ? g->bytes : 0;
 }
 
+/* g->error while its message is being written: claimed, not yet reported. */
+#define GROUP_ERROR_CLAIMED (-1)
+
 void vmmrt_group_fail(vmmrt_group *g, vmmrt_status st, const char *what)
 {
-	/* Keep the first failure: later ones are usually its consequences. */
-	if (uatomic_cmpxchg(&g->error, VMMRT_OK, (int32_t)st) == VMMRT_OK)
-		snprintf(g->errmsg, sizeof(g->errmsg), "group '%s': %s: %s", g->name, what, vmmrt_strerror(st));
+	/*
+	 * Keep the first failure: later ones are usually its consequences.
+	 * Claim the slot, write the message, then publish the status, so a
+	 * reader never sees a status whose message is still being written
+	 * (workers and host functions fail groups while the application reads).
+	 */
+	if (uatomic_cmpxchg(&g->error, VMMRT_OK, GROUP_ERROR_CLAIMED) != VMMRT_OK)
+		return;
+	snprintf(g->errmsg, sizeof(g->errmsg), "group '%s': %s: %s", g->name, what, vmmrt_strerror(st));
+	uatomic_set(&g->error, (int32_t)st);
 }
 
 vmmrt_status vmmrt_group_error(vmmrt_group *g)
 {
 	VMMRT_CHECK_ARG(g, "group is NULL");
 	int32_t e = uatomic_read(&g->error);
-	if (e == VMMRT_OK)
-		return VMMRT_OK;
+	if (e == VMMRT_OK || e == GROUP_ERROR_CLAIMED)
+		return VMMRT_OK; /* a failure being published is reported by the next call */
 	vmmrt_error((vmmrt_status)e, "%s (the host copy is intact)", g->errmsg);
+	/* Only now may another failure claim the slot and rewrite the message. */
 	uatomic_set(&g->error, VMMRT_OK);
 	return (vmmrt_status)e;
 }

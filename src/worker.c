@@ -330,12 +330,21 @@ static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
 	}
 	vmmrt_bhandle h;
 	bool had;
-	vmmrt_status st = vmmrt_slot_teardown(s, &h, &had);
-	if (had) {
-		vmmrt_status st2 = release_handle(wk, s->size, h);
-		if (st == VMMRT_OK)
-			st = st2;
+	vmmrt_status st, rel = VMMRT_OK;
+	/* A refused unmap or VA free leaves the slot whole: try once more here,
+	 * where it also helps a destroy whose waiter timed out and left. */
+	for (int attempt = 0;; attempt++) {
+		st = vmmrt_slot_teardown(s, &h, &had);
+		if (had) {
+			vmmrt_status st2 = release_handle(wk, s->size, h);
+			if (rel == VMMRT_OK)
+				rel = st2;
+		}
+		if (st == VMMRT_OK || attempt == 1)
+			break;
 	}
+	if (st == VMMRT_OK)
+		st = rel;
 	if (st != VMMRT_OK) {
 		/* Keep the slot alive and reported: nothing may leak silently. */
 		uatomic_set(&s->dying, false);

@@ -377,7 +377,8 @@ static void step(fz *f)
 		}
 		break;
 	case 16:
-		if (sl && f->mapped[si] && vmmrt_slot_get_state(sl) == VMMRT_SLOT_MAPPED) {
+		/* The copy runs on the runtime's own stream: our kernels on the slot first. */
+		if (sl && f->mapped[si] && vmmrt_slot_get_state(sl) == VMMRT_SLOT_MAPPED && drain(f)) {
 			uint64_t w[8] = {0};
 			if (u8(f) & 1)
 				C(vmmrt_copy_to_host(f->rt, w, vmmrt_slot_address(sl), sizeof(w)));

@@ -12,7 +12,7 @@ torture=${TORTURE:-./tools/vmmrt-torture}
 secs=${TORTURE_PLANTED:-25}
 slow=""
 if [ "${TORTURE_SANITIZER:-}" = thread ]; then
-	slow="--timeout=10000 --watchdog=240"
+	slow="--timeout=6000 --watchdog=240"
 	# The planted bug is a real race, and catching it is the torture's job
 	# here: ThreadSanitizer's report of it would only change the exit status.
 	TSAN_OPTIONS="${TSAN_OPTIONS:-} report_bugs=0"

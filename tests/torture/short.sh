@@ -20,7 +20,10 @@ KNOWN_BUGS_LOOKAHEAD2=""
 # ThreadSanitizer makes everything many times slower: bound waits further out
 # (a stall must still outlast the timeout). ASan and UBSan need no change.
 slow=""
-[ "${TORTURE_SANITIZER:-}" = thread ] && slow="--timeout=10000 --watchdog=240 --stall=12000"
+if [ "${TORTURE_SANITIZER:-}" = thread ]; then
+	slow="--timeout=6000 --watchdog=240 --stall=7000"
+	secs=${TORTURE_SHORT:-30}
+fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmrt-torture.XXXXXX") || { echo "1..0 # SKIP no temporary directory"; exit 0; }
 trap 'rm -rf "$tmp"' EXIT INT TERM
 

@@ -8,10 +8,16 @@
  *  #7  vmmrt_offload_sync reported a timeout instead of the group failure that
  *      left the stream waiting;
  *  #10 a child of fork() hung in vmmrt_runtime_destroy (liburcu's call_rcu
- *      thread is the parent's).
+ *      thread is the parent's);
+ *  #11 a group's failure was published before its message was written, so
+ *      vmmrt_group_error could read a message being rewritten (a data race
+ *      that ThreadSanitizer reports; elsewhere, a torn message);
+ *  #12 a slot destroy whose wait timed out, and whose teardown then failed on
+ *      the worker, left the slot alive with nobody to destroy it.
  */
 #include "config.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -29,6 +35,7 @@
 #include "driver.h"
 #include "offload.h"
 #include "runtime.h"
+#include "worker.h"
 
 #define MiB (1024ull * 1024)
 
@@ -174,6 +181,67 @@ static void runtime_in_a_forked_child(void **state)
 	assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* #11: a worker-side failure (here: a thread) while the application reads. */
+static const char long_why[] = "a step whose description is long enough to be caught half-written";
+
+static void *fail_repeatedly(void *arg)
+{
+	vmmrt_group *g = arg;
+	for (int i = 0; i < 20000; i++)
+		vmmrt_group_fail(g, VMMRT_E_DRIVER, (i & 1) ? long_why : "short");
+	return NULL;
+}
+
+static void group_error_message_is_whole(void **state)
+{
+	vmmrt_runtime *rt = make_rt("pingpong", "2000");
+	vmmrt_group *g;
+	vmmrt_tensor_desc d = {.bytes = 4096, .dtype = 1, .ndim = 1, .shape = {512}, .stride = {1}};
+	assert_int_equal(vmmrt_group_create(rt, "G", &g), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(g, &d), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, fail_repeatedly, g), 0);
+	unsigned seen = 0;
+	for (int i = 0; i < 200000 && seen < 2000; i++) {
+		vmmrt_status st = vmmrt_group_error(g);
+		if (st == VMMRT_OK)
+			continue;
+		assert_int_equal(st, VMMRT_E_DRIVER);
+		const char *m = vmmrt_last_error();
+		char want_long[256], want_short[128];
+		snprintf(want_long, sizeof(want_long), "VMMRT_E_DRIVER: group 'G': %s: driver error (the host copy is intact)",
+			 long_why);
+		snprintf(want_short, sizeof(want_short),
+			 "VMMRT_E_DRIVER: group 'G': short: driver error (the host copy is intact)");
+		if (strcmp(m, want_long) && strcmp(m, want_short))
+			fail_msg("torn message: \"%s\"", m);
+		seen++;
+	}
+	pthread_join(t, NULL);
+	(void)vmmrt_group_error(g);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+/* #12: the unmap of a destroy stalls past the timeout, then fails once. */
+static void abandoned_destroy_still_tears_down(void **state)
+{
+	vmmrt_runtime *rt = make_rt("remap", "300");
+	plan p = {.op = {"cuMemUnmap"}, .at = {1}, .delay_us = 600000};
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_E_TIMEOUT); /* abandoned to the worker */
+	assert_int_equal(vmmrt_workers_trim(rt->workers), VMMRT_OK); /* behind it: it has run */
+	assert_int_equal(p.seen[0], 2);
+	assert_int_equal(uatomic_read(&rt->live_slots), 0);
+	assert_int_equal(uatomic_read(&rt->live_handles), 0);
+	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	/* The child of runtime_in_a_forked_child picks the backend itself. */
@@ -182,6 +250,8 @@ int main(void)
 		cmocka_unit_test(failed_allocate_keeps_its_message_and_leaks_nothing),
 		cmocka_unit_test(sync_names_the_failed_map),
 		cmocka_unit_test(runtime_in_a_forked_child),
+		cmocka_unit_test(group_error_message_is_whole),
+		cmocka_unit_test(abandoned_destroy_still_tears_down),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

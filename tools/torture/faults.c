@@ -143,6 +143,7 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	    !atomic_load(&f->teardown) && u2 < f->stall_rate && atomic_load(&f->stall_left) > 0 &&
 	    atomic_fetch_sub(&f->stall_left, 1) > 0) {
 		*delay_us = f->stall_us;
+		t_note(3, "  fault: %s stalls for %llu ms on a driver worker", op, (unsigned long long)(f->stall_us / 1000));
 		atomic_fetch_add(&f->stalls, 1);
 		atomic_fetch_add_explicit(&T.stalls, 1, memory_order_relaxed);
 	}
@@ -161,6 +162,8 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	if (strcmp(op, "cuMemCreate") == 0 && (r1 & 3) == 0)
 		atomic_store(&f->oom_burst, (int)f->oom_retries + 1);
 inject:
+	t_note(3, "  fault: %s fails (%s) on %s", op, vmmrt_status_name(c->st),
+	       vmmrt_thread_role_get() == VMMRT_ROLE_WORKER ? "a driver worker" : "the calling thread");
 	atomic_fetch_add(&f->injected, 1);
 	atomic_fetch_add_explicit(&T.faults, 1, memory_order_relaxed);
 	return c->st;

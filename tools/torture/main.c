@@ -244,9 +244,15 @@ void t_set_scenario(uint64_t seed)
 	cur_scenario = seed;
 }
 
+static _Atomic int crashing;
+
 static void on_crash(int sig, siginfo_t *si, void *uc)
 {
 	obuf o = {.n = 0};
+	/* One report: other threads that fault meanwhile wait for its _exit. */
+	if (atomic_exchange(&crashing, 1))
+		for (;;)
+			pause();
 	uint64_t addr = (uint64_t)(uintptr_t)si->si_addr;
 	atomic_fetch_add(&T.crashes, 1);
 	atomic_fetch_add(&failures, 1);
@@ -307,7 +313,7 @@ static void install_crash_handlers(void)
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_sigaction = on_crash;
-	sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+	sa.sa_flags = SA_SIGINFO;
 	sigemptyset(&sa.sa_mask);
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		sigaction(sigs[i], &sa, NULL);
@@ -329,9 +335,11 @@ static void *torture_main(void *arg)
 	return NULL;
 }
 
+static _Atomic int watchdog_stop;
+
 static void *watchdog_main(void *arg)
 {
-	for (;;) {
+	while (!atomic_load(&watchdog_stop)) {
 		struct timespec ts = {0, 200000000};
 		nanosleep(&ts, NULL);
 		uint64_t now = t_now_ns();
@@ -391,7 +399,8 @@ static void usage(FILE *out)
 		"      --plant=BUG          forward-fence, backward-fence or early-release: run with a\n"
 		"                           planted bug (the run must then fail)\n"
 		"  -k, --keep-going         do not stop at the first failure\n"
-		"  -v, --verbose            more output (twice: every scenario and named error)\n"
+		"  -v, --verbose            more output (twice: every scenario and named error;\n"
+		"                           three times: every injected fault)\n"
 		"  -q, --quiet              no progress lines\n"
 		"  -h, --help               this text\n"
 		"  -V, --version            the version\n"
@@ -715,8 +724,11 @@ int main(int argc, char **argv)
 		printf("FAIL setup: no scenario completed\n");
 		atomic_fetch_add(&failures, 1);
 	}
+	atomic_store(&watchdog_stop, 1);
+	pthread_join(wd, NULL);
 	summary();
 	free(tids);
 	free(threads);
+	threads = NULL;
 	return passed() ? 0 : 1;
 }
