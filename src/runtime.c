@@ -160,8 +160,11 @@ static size_t destroy_leftover_slots(vmmrt_runtime *rt)
 		return n;
 	pthread_mutex_lock(&rt->slots_lock);
 	vmmrt_slot *s;
+	/* A slot whose destroy is already queued (its waiter timed out) is the
+	 * worker's, which may free it any time: a second DESTROY would run on
+	 * freed memory. The workers' drain finishes it; what stays is counted. */
 	cds_list_for_each_entry(s, &rt->slots, link)
-		if (k < n)
+		if (k < n && !uatomic_read(&s->dying))
 			list[k++] = s;
 	pthread_mutex_unlock(&rt->slots_lock);
 	for (size_t i = 0; i < k; i++)
@@ -181,18 +184,20 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 	vmmrt_status off_st = vmmrt_offload_destroy(rt);
 	char off_msg[256];
 	snprintf(off_msg, sizeof(off_msg), "%s", off_st == VMMRT_OK ? "" : vmmrt_last_error());
-	size_t stuck = destroy_leftover_slots(rt);
+	(void)destroy_leftover_slots(rt);
 	vmmrt_workers_destroy(rt->workers, true);
 	/* Slots are freed by call_rcu: let those callbacks run before we go. */
 	urcu_memb_barrier();
+	/* Counted after the drain: a destroy that timed out may have finished since. */
+	int64_t stuck = uatomic_read(&rt->live_slots);
 	int64_t handles = uatomic_read(&rt->live_handles);
 	int64_t vas = uatomic_read(&rt->live_reservations);
 	st = VMMRT_OK;
 	if (stuck || handles || vas)
 		st = vmmrt_error(VMMRT_E_BUSY,
-				 "runtime destroy: %zu slots could not be torn down, %lld physical handles and "
+				 "runtime destroy: %lld slots could not be torn down, %lld physical handles and "
 				 "%lld reservations were still live (the backend closed them)",
-				 stuck, (long long)handles, (long long)vas);
+				 (long long)stuck, (long long)handles, (long long)vas);
 	else if (off_st != VMMRT_OK)
 		st = vmmrt_error(off_st, "runtime destroy: %s", off_msg);
 	free_runtime(rt);

@@ -13,7 +13,9 @@
  *      vmmrt_group_error could read a message being rewritten (a data race
  *      that ThreadSanitizer reports; elsewhere, a torn message);
  *  #12 a slot destroy whose wait timed out, and whose teardown then failed on
- *      the worker, left the slot alive with nobody to destroy it.
+ *      the worker, left the slot alive with nobody to destroy it;
+ *  #14 vmmrt_runtime_destroy destroyed such a slot a second time (a DESTROY
+ *      for a slot the first one frees) and reported it as not torn down.
  */
 #include "config.h"
 
@@ -223,6 +225,15 @@ static void group_error_message_is_whole(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* The first unmap takes 600 ms, and succeeds. */
+static vmmrt_status stall_unmap(void *ctx, const char *op, uint64_t *delay_us)
+{
+	plan *p = ctx;
+	if (!strcmp(op, "cuMemUnmap") && uatomic_add_return(&p->seen[0], 1) == 1)
+		*delay_us = 600000;
+	return VMMRT_OK;
+}
+
 /* #12: the unmap of a destroy stalls past the timeout, then fails once. */
 static void abandoned_destroy_still_tears_down(void **state)
 {
@@ -242,6 +253,19 @@ static void abandoned_destroy_still_tears_down(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* #14: a destroy abandoned behind a stalled unmap, then the runtime's. */
+static void runtime_destroy_after_an_abandoned_destroy(void **state)
+{
+	vmmrt_runtime *rt = make_rt("remap", "300");
+	plan p = {.op = {NULL}}; /* stall_unmap counts in seen[0] */
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	vmmrt_drv_set_fault_hook(rt, stall_unmap, &p);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_E_TIMEOUT); /* still queued behind the stall */
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	/* The child of runtime_in_a_forked_child picks the backend itself. */
@@ -252,6 +276,7 @@ int main(void)
 		cmocka_unit_test(runtime_in_a_forked_child),
 		cmocka_unit_test(group_error_message_is_whole),
 		cmocka_unit_test(abandoned_destroy_still_tears_down),
+		cmocka_unit_test(runtime_destroy_after_an_abandoned_destroy),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
