@@ -198,16 +198,23 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': previous map", g->name);
+	uint32_t prev_seq_of = g->map_seq_of[kind];
 	r->seq = ++g->map_seq;
 	g->map_seq_of[kind] = r->seq;
 	r->ticket = off->next_ticket++;
 	/* Every earlier map of this group is followed by a release, which must
 	 * have run first (the first map finds the initial backing in place). */
 	r->need = g->maps_requested++;
-	if (off->rt->driver_inline)
+	if (off->rt->driver_inline) {
 		st = inline_map(off, r);
-	else
-		st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req);
+	} else if ((st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req)) != VMMRT_OK) {
+		/* Not queued: give the ticket and the counts back, or every later
+		 * map would wait for this one forever (admission goes in order). */
+		off->next_ticket--;
+		g->maps_requested--;
+		g->map_seq--;
+		g->map_seq_of[kind] = prev_seq_of;
+	}
 	if (st != VMMRT_OK)
 		return vmmrt_error_wrap(st, "group '%s': %s map", g->name, off->rt->driver_inline ? "inline" : "queue");
 	g->map_use[kind] = use + 1;

@@ -19,36 +19,17 @@
 
 #define MiB (1024ull * 1024)
 
-typedef struct runner {
-	model_cfg cfg;
-	unsigned bad, checked;
-	vmmrt_status st;
-} runner;
-
-static void *run_model(void *arg)
-{
-	runner *r = arg;
-	model *m;
-	r->st = model_create(&r->cfg, &m);
-	if (r->st != VMMRT_OK)
-		return NULL;
-	r->st = model_run(m, 4);
-	r->bad = model_verify(m, &r->checked);
-	model_destroy(m);
-	return NULL;
-}
-
 static void one_runtime_per_device(void **state)
 {
-	runner r[2] = {
+	model_job r[2] = {
 		{.cfg = {.mode = "pingpong", .layers = 4, .act_bytes = 64 * MiB, .lookahead = 1, .fwd_ns = 500000,
-			 .bwd_ns = 1000000, .device = 0}},
+			 .bwd_ns = 1000000, .device = 0}, .iterations = 4},
 		{.cfg = {.mode = "remap", .layers = 4, .act_bytes = 64 * MiB, .lookahead = 1, .fwd_ns = 500000,
-			 .bwd_ns = 1000000, .device = 1}},
+			 .bwd_ns = 1000000, .device = 1}, .iterations = 4},
 	};
 	pthread_t t[2];
 	for (int i = 0; i < 2; i++)
-		assert_int_equal(pthread_create(&t[i], NULL, run_model, &r[i]), 0);
+		assert_int_equal(pthread_create(&t[i], NULL, model_job_run, &r[i]), 0);
 	for (int i = 0; i < 2; i++) {
 		pthread_join(t[i], NULL);
 		assert_int_equal(r[i].st, VMMRT_OK);

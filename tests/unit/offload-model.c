@@ -244,3 +244,16 @@ void model_destroy(model *m)
 	free(m->bwd);
 	free(m);
 }
+
+void *model_job_run(void *arg)
+{
+	model_job *j = arg;
+	model *m;
+	j->st = model_create(&j->cfg, &m);
+	if (j->st != VMMRT_OK)
+		return NULL;
+	j->st = model_run(m, j->iterations);
+	j->bad = model_verify(m, &j->checked);
+	model_destroy(m);
+	return NULL;
+}

@@ -43,4 +43,13 @@ size_t model_base_used(model *m);
 vmmrt_group *model_group(model *m, unsigned layer);
 void model_destroy(model *m);
 
+/* A whole model run as a thread's job: create, run, verify, destroy. */
+typedef struct model_job {
+	model_cfg cfg;
+	unsigned iterations;
+	unsigned bad, checked;
+	vmmrt_status st;
+} model_job;
+void *model_job_run(void *job);
+
 #endif

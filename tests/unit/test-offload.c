@@ -331,36 +331,17 @@ static void no_blocking_in_steady_state(void **state)
 
 /* Two runtimes in one process, each with its own workers and streams, at once
  * (on a GPU both on device 0: each worker binds its own runtime's context). */
-typedef struct runner {
-	model_cfg cfg;
-	unsigned bad, checked;
-	vmmrt_status st;
-} runner;
-
-static void *run_model(void *arg)
-{
-	runner *r = arg;
-	model *m;
-	r->st = model_create(&r->cfg, &m);
-	if (r->st != VMMRT_OK)
-		return NULL;
-	r->st = model_run(m, 3);
-	r->bad = model_verify(m, &r->checked);
-	model_destroy(m);
-	return NULL;
-}
-
 static void two_runtimes_at_once(void **state)
 {
-	runner r[2] = {
+	model_job r[2] = {
 		{.cfg = {.mode = "pingpong", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1, .fwd_ns = 100000,
-			 .bwd_ns = 100000}},
+			 .bwd_ns = 100000}, .iterations = 3},
 		{.cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1, .workers = 2,
-			 .fwd_ns = 100000, .bwd_ns = 100000}},
+			 .fwd_ns = 100000, .bwd_ns = 100000}, .iterations = 3},
 	};
 	pthread_t t[2];
 	for (int i = 0; i < 2; i++)
-		assert_int_equal(pthread_create(&t[i], NULL, run_model, &r[i]), 0);
+		assert_int_equal(pthread_create(&t[i], NULL, model_job_run, &r[i]), 0);
 	for (int i = 0; i < 2; i++) {
 		pthread_join(t[i], NULL);
 		assert_int_equal(r[i].st, VMMRT_OK);
