@@ -14,7 +14,7 @@
 torture=${TORTURE:-./tools/vmmrt-torture}
 secs=${TORTURE_SHORT:-12}
 # #1, #2, #4, #8 and #9 of the torture report are fixed. Open:
-KNOWN_BUGS_FAULTS="remap: a failed cuEventQuery ends a backward's release early and admission counts it, so a restore's map passes the group's pending forward release, which then unmaps the slot under the H2D (#16; tests/fuzz/known/remap-event-query-fails)"
+KNOWN_BUGS_FAULTS="remap: a failed cuEventQuery ends a backward's release early and admission counts it, so a restore's map passes the group's pending forward release, which then unmaps the slot under the H2D (#16); remap teardown starts an H2D whose map only waited for a release in flight, which then unmaps the slot under it (#17); reproducers in tests/unit/test-torture-known.c"
 KNOWN_BUGS_LOOKAHEAD2=""
 
 # ThreadSanitizer makes everything many times slower: bound waits further out
