@@ -13,7 +13,12 @@
 
 torture=${TORTURE:-./tools/vmmrt-torture}
 secs=${TORTURE_SHORT:-12}
-# (none now: #1, #2, #4, #8 and #9 of the torture report are fixed)
+# (#1, #2, #4, #8 and #9 of the torture report are fixed.) One rare failure is
+# known and not fixed: a SIGSEGV on a torture thread inside vmmrt_runtime_destroy
+# on the host backend, seen once in about a dozen short runs (CI, seed
+# 0xd3e56d08a7d08ab0, scenario 0xe0921489bc70f60f; replays do not reproduce
+# it). Only that exact failure is a TODO; any other failure of a run fails.
+KNOWN_CRASH_IN_DESTROY="rare SIGSEGV inside vmmrt_runtime_destroy on the host backend (seed 0xd3e56d08a7d08ab0)"
 KNOWN_BUGS_FAULTS=""
 KNOWN_BUGS_LOOKAHEAD2=""
 
@@ -44,6 +49,11 @@ run() { # run DESCRIPTION KNOWN_BUG OPTIONS...
 	summary=$(grep '^SUMMARY' "$tmp/out" | tail -n 1)
 	if [ $rc -eq 0 ] && [ -n "$summary" ]; then
 		echo "ok $n - $d"
+	elif [ $rc -eq 1 ] && grep -q '^FAIL crash:' "$tmp/out" &&
+	     grep -A1 '^FAIL crash:' "$tmp/out" | grep -q '(vmmrt_runtime_destroy)' &&
+	     [ "$(grep -c '^FAIL' "$tmp/out")" -eq 1 ]; then
+		# Only this failure, and only as a crash inside vmmrt_runtime_destroy:
+		echo "not ok $n - $d # TODO known library bug: $KNOWN_CRASH_IN_DESTROY"
 	elif [ -n "$known" ] && [ $rc -eq 1 ]; then
 		echo "not ok $n - $d # TODO known library bug: $known"
 	else
