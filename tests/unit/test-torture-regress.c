@@ -23,6 +23,7 @@
 #include "config.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -295,15 +296,19 @@ static vmmrt_status tag_b(void *ctx, const char *op, uint64_t *delay_us)
 static int32_t swapping_done;
 static tagged hook_a = {'a', 0}, hook_b = {'b', 0};
 
-/* No cmocka assertion here: cmocka is not thread-safe; main checks. */
+/* No cmocka assertion here: cmocka is not thread-safe; main checks. Every
+ * set keeps a small record until destroy: a bounded number of them. */
 static void *swap_hooks(void *arg)
 {
 	vmmrt_runtime *rt = arg;
-	while (!uatomic_read(&swapping_done)) {
+	for (int i = 0; i < 20000; i++) {
 		vmmrt_drv_set_fault_hook(rt, tag_a, &hook_a);
 		vmmrt_drv_set_fault_hook(rt, tag_b, &hook_b);
 		vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+		if (i % 64 == 0)
+			sched_yield();
 	}
+	uatomic_set(&swapping_done, 1);
 	return NULL;
 }
 
@@ -314,11 +319,11 @@ static void fault_hook_pairs_stay_whole(void **state)
 	pthread_t t;
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 	assert_int_equal(pthread_create(&t, NULL, swap_hooks, rt), 0);
-	for (int i = 0; i < 300; i++) {
+	/* Driver calls on the worker for as long as the hooks change under them. */
+	for (int i = 0; i < 20 || !uatomic_read(&swapping_done); i++) {
 		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
 		assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
 	}
-	uatomic_set(&swapping_done, 1);
 	pthread_join(t, NULL);
 	assert_int_equal(uatomic_read(&hook_a.wrong) + uatomic_read(&hook_b.wrong), 0);
 	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
