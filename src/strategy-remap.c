@@ -91,8 +91,10 @@ static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	vmmrt_offload *off = g->off;
 
 	if (st == VMMRT_OK) {
-		uatomic_dec(&off->resident);
+		/* Account first, then free the budget: a map admitted on another
+		 * worker the moment the budget frees must not see these bytes too. */
 		vmmrt_offload_account(off, -(int64_t)g->slot->size);
+		uatomic_dec(&off->resident);
 		uatomic_inc(&off->releases);
 	} else if (st != VMMRT_E_CANCELLED) {
 		vmmrt_group_fail(g, st, "release after use");
