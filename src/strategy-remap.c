@@ -91,8 +91,8 @@ static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	vmmrt_offload *off = g->off;
 
 	if (st == VMMRT_OK) {
-		/* The bytes first: freeing the budget lets another worker map, and its
-		 * bytes must not be counted while these still are. */
+		/* Account first, then free the budget: a map admitted on another
+		 * worker the moment the budget frees must not see these bytes too. */
 		vmmrt_offload_account(off, -(int64_t)g->slot->size);
 		uatomic_dec(&off->resident);
 		uatomic_inc(&off->releases);
