@@ -12,6 +12,7 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -322,7 +323,22 @@ vmmrt_status vmmrt_drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s)
 
 vmmrt_status vmmrt_drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bgraph **out)
 {
-	PLAIN(rt, "cuStreamEndCapture", rt->ops->stream_end_capture(rt->be, s, out));
+	vmmrt_status st = vmmrt_drv_check_caller("cuStreamEndCapture");
+	if (st != VMMRT_OK)
+		return st;
+	if ((st = enter(rt, "cuStreamEndCapture")) != VMMRT_OK) {
+		/* An injected failure: cuStreamEndCapture leaves capture mode even
+		 * when it fails, so end it here too (and drop the graph), or the
+		 * stream would stay in a state no driver leaves it in. */
+		char why[512];
+		vmmrt_bgraph *g = NULL;
+		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+		if (rt->ops->stream_end_capture(rt->be, s, &g) == VMMRT_OK && g)
+			(void)rt->ops->graph_destroy(rt->be, g);
+		vmmrt_error_adopt(why);
+		return st;
+	}
+	return rt->ops->stream_end_capture(rt->be, s, out);
 }
 
 vmmrt_status vmmrt_drv_graph_launch(vmmrt_runtime *rt, vmmrt_bgraph *g, vmmrt_stream s)
