@@ -12,6 +12,7 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -42,10 +43,34 @@ uint64_t vmmrt_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+struct vmmrt_fault_hook {
+	vmmrt_fault_fn fn;
+	void *ctx;
+	struct vmmrt_fault_hook *next;
+};
+
 void vmmrt_drv_set_fault_hook(vmmrt_runtime *rt, vmmrt_fault_fn fn, void *ctx)
 {
-	rt->fault_ctx = ctx;
-	uatomic_set(&rt->fault_fn, fn);
+	/* One pointer, so a call in flight never pairs one hook's function with
+	 * another's context (test-only: no allocation means no hook). */
+	struct vmmrt_fault_hook *h = fn ? calloc(1, sizeof(*h)) : NULL;
+	if (h) {
+		h->fn = fn;
+		h->ctx = ctx;
+		h->next = rt->fault_all;
+		rt->fault_all = h;
+	}
+	uatomic_set(&rt->fault, h);
+}
+
+void vmmrt_drv_free_fault_hooks(vmmrt_runtime *rt)
+{
+	while (rt->fault_all) {
+		struct vmmrt_fault_hook *h = rt->fault_all;
+		rt->fault_all = h->next;
+		free(h);
+	}
+	rt->fault = NULL;
 }
 
 vmmrt_status vmmrt_drv_check_caller(const char *api)
@@ -61,10 +86,10 @@ static vmmrt_status enter(vmmrt_runtime *rt, const char *op)
 	vmmrt_status st = vmmrt_drv_check_caller(op);
 	if (st != VMMRT_OK)
 		return st;
-	vmmrt_fault_fn fn = uatomic_read(&rt->fault_fn);
-	if (fn) {
+	struct vmmrt_fault_hook *h = uatomic_read(&rt->fault);
+	if (h) {
 		uint64_t delay_us = 0;
-		st = fn(rt->fault_ctx, op, &delay_us);
+		st = h->fn(h->ctx, op, &delay_us);
 		if (delay_us) {
 			struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
 			while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0)
@@ -298,7 +323,22 @@ vmmrt_status vmmrt_drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s)
 
 vmmrt_status vmmrt_drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bgraph **out)
 {
-	PLAIN(rt, "cuStreamEndCapture", rt->ops->stream_end_capture(rt->be, s, out));
+	vmmrt_status st = vmmrt_drv_check_caller("cuStreamEndCapture");
+	if (st != VMMRT_OK)
+		return st;
+	if ((st = enter(rt, "cuStreamEndCapture")) != VMMRT_OK) {
+		/* An injected failure: cuStreamEndCapture leaves capture mode even
+		 * when it fails, so end it here too (and drop the graph), or the
+		 * stream would stay in a state no driver leaves it in. */
+		char why[512];
+		vmmrt_bgraph *g = NULL;
+		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+		if (rt->ops->stream_end_capture(rt->be, s, &g) == VMMRT_OK && g)
+			(void)rt->ops->graph_destroy(rt->be, g);
+		vmmrt_error_adopt(why);
+		return st;
+	}
+	return rt->ops->stream_end_capture(rt->be, s, out);
 }
 
 vmmrt_status vmmrt_drv_graph_launch(vmmrt_runtime *rt, vmmrt_bgraph *g, vmmrt_stream s)

@@ -32,6 +32,8 @@ const char *vmmrt_drv_call_name(vmmrt_drv_call c);
  */
 typedef vmmrt_status (*vmmrt_fault_fn)(void *ctx, const char *op, uint64_t *delay_us);
 void vmmrt_drv_set_fault_hook(vmmrt_runtime *rt, vmmrt_fault_fn fn, void *ctx);
+/* Runtime teardown, once no driver call can run: free every hook ever set. */
+void vmmrt_drv_free_fault_hooks(vmmrt_runtime *rt);
 
 /* VMM */
 vmmrt_status vmmrt_drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr *out);

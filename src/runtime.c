@@ -51,6 +51,7 @@ static void free_runtime(vmmrt_runtime *rt)
 		(void)vmmrt_trace_close(rt->trace);
 	pthread_mutex_destroy(&rt->sync_lock);
 	pthread_mutex_destroy(&rt->slots_lock);
+	vmmrt_drv_free_fault_hooks(rt); /* the workers are gone, the backend closed */
 	free(rt->calls);
 	free(rt);
 }

@@ -58,8 +58,11 @@ struct vmmrt_runtime {
 	int64_t live_reservations;
 
 	/* driver.c */
-	vmmrt_fault_fn fault_fn;
-	void *fault_ctx;
+	/* The fault hook as one (fn, ctx) pair, read atomically by every driver
+	 * call; every pair ever set stays until destroy (a call in flight may
+	 * still hold the one just replaced). */
+	struct vmmrt_fault_hook *fault;     /* uatomic */
+	struct vmmrt_fault_hook *fault_all; /* owner list, setter only */
 	uint64_t launch_blocking;           /* uatomic */
 	vmmrt_call_ring *calls;             /* [VMMRT_CALL_COUNT_] */
 

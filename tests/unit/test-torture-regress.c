@@ -15,11 +15,15 @@
  *  #12 a slot destroy whose wait timed out, and whose teardown then failed on
  *      the worker, left the slot alive with nobody to destroy it;
  *  #14 vmmrt_runtime_destroy destroyed such a slot a second time (a DESTROY
- *      for a slot the first one frees) and reported it as not torn down.
+ *      for a slot the first one frees) and reported it as not torn down;
+ *  #15 the fault hook's function and context were published apart, so a
+ *      driver call in flight could call one hook's function with another's
+ *      context (ThreadSanitizer saw it when a test cleared the hook).
  */
 #include "config.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -266,6 +270,67 @@ static void runtime_destroy_after_an_abandoned_destroy(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* #15: hooks swapped while a worker makes driver calls: each call must see
+ * its own hook's context. */
+typedef struct tagged {
+	int tag;
+	int32_t wrong;
+} tagged;
+
+static vmmrt_status tag_a(void *ctx, const char *op, uint64_t *delay_us)
+{
+	tagged *t = ctx;
+	if (t->tag != 'a')
+		uatomic_inc(&t->wrong);
+	return VMMRT_OK;
+}
+
+static vmmrt_status tag_b(void *ctx, const char *op, uint64_t *delay_us)
+{
+	tagged *t = ctx;
+	if (t->tag != 'b')
+		uatomic_inc(&t->wrong);
+	return VMMRT_OK;
+}
+
+static int32_t swapping_done;
+static tagged hook_a = {'a', 0}, hook_b = {'b', 0};
+
+/* No cmocka assertion here: cmocka is not thread-safe; main checks. Every
+ * set keeps a small record until destroy: a bounded number of them. */
+static void *swap_hooks(void *arg)
+{
+	vmmrt_runtime *rt = arg;
+	for (int i = 0; i < 20000; i++) {
+		vmmrt_drv_set_fault_hook(rt, tag_a, &hook_a);
+		vmmrt_drv_set_fault_hook(rt, tag_b, &hook_b);
+		vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+		if (i % 64 == 0)
+			sched_yield();
+	}
+	uatomic_set(&swapping_done, 1);
+	return NULL;
+}
+
+static void fault_hook_pairs_stay_whole(void **state)
+{
+	vmmrt_runtime *rt = make_rt("remap", "2000");
+	vmmrt_slot *s;
+	pthread_t t;
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(pthread_create(&t, NULL, swap_hooks, rt), 0);
+	/* Driver calls on the worker for as long as the hooks change under them. */
+	for (int i = 0; i < 20 || !uatomic_read(&swapping_done); i++) {
+		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	}
+	pthread_join(t, NULL);
+	assert_int_equal(uatomic_read(&hook_a.wrong) + uatomic_read(&hook_b.wrong), 0);
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	/* The child of runtime_in_a_forked_child picks the backend itself. */
@@ -277,6 +342,7 @@ int main(void)
 		cmocka_unit_test(group_error_message_is_whole),
 		cmocka_unit_test(abandoned_destroy_still_tears_down),
 		cmocka_unit_test(runtime_destroy_after_an_abandoned_destroy),
+		cmocka_unit_test(fault_hook_pairs_stay_whole),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

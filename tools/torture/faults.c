@@ -51,7 +51,7 @@ static const opclass ops[] = {
 	{"cuEventCreate", VMMRT_E_DRIVER, false},
 	{"cuEventDestroy", VMMRT_OK, false},
 	{"cuEventRecord", VMMRT_E_DRIVER, false},
-	{"cuEventQuery", VMMRT_OK, false},
+	{"cuEventQuery", VMMRT_E_DRIVER, false},
 	{"cuEventSynchronize", VMMRT_E_DRIVER, false},
 	{"cuEventElapsedTime", VMMRT_OK, false},
 	{"cuLaunchHostFunc", VMMRT_E_DRIVER, false},
