@@ -36,6 +36,12 @@ EXTRA_DIST += \
 	tests/fuzz/make-corpus.py \
 	tests/tsan.supp
 # Regression tests of the library bugs the torture found and that were fixed.
+check_PROGRAMS += tests/unit/test-remap-order
+TESTS += tests/unit/test-remap-order
+tests_unit_test_remap_order_SOURCES = tests/unit/test-remap-order.c
+tests_unit_test_remap_order_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_remap_order_LDADD = $(TEST_LDADD)
+
 check_PROGRAMS += tests/unit/test-torture-regress
 TESTS += tests/unit/test-torture-regress
 tests_unit_test_torture_regress_SOURCES = tests/unit/test-torture-regress.c

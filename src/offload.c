@@ -83,9 +83,12 @@ static void release_allocation(vmmrt_offload *off)
 	off->ops->destroy(off);
 	for (unsigned i = 0; i < off->ngroups; i++)
 		vmmrt_group_release(off->groups[i]);
-	if (off->d2h)
+	/* A stuck stream stays: destroying it may wait for its work (the host
+	 * backend joins its thread), which is waiting for a map that will not
+	 * come. The backend's close abandons it. */
+	if (off->d2h && !off->stuck)
 		(void)vmmrt_drv_stream_destroy(rt, off->d2h);
-	if (off->h2d)
+	if (off->h2d && !off->stuck)
 		(void)vmmrt_drv_stream_destroy(rt, off->h2d);
 	off->d2h = off->h2d = NULL;
 	vmmrt_schedule_free(&off->sched);
@@ -144,6 +147,11 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
 	if (g->state == VMMRT_GROUP_CAPTURING)
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' is capturing", what, g->name);
+	if (g->off->broken)
+		return vmmrt_error(VMMRT_E_INVALID_STATE,
+				   "%s: an earlier hook failed part-way (%s); drain with vmmrt_offload_sync and "
+				   "destroy the runtime",
+				   what, g->off->broken_why);
 	/* An earlier asynchronous failure is reported by the next hook on the group. */
 	return vmmrt_group_error(g);
 }
@@ -181,6 +189,21 @@ static vmmrt_status prefetch_window(vmmrt_offload *off)
 	return VMMRT_OK;
 }
 
+/*
+ * A hook that fails after its checks may have enqueued part of its work (a
+ * copy without its release, a map without its restore): continuing would
+ * run later uses against a pipeline that no longer matches the schedule,
+ * so the offload refuses every later hook. Whatever was enqueued drains.
+ */
+static vmmrt_status broke(vmmrt_offload *off, vmmrt_status st)
+{
+	if (st != VMMRT_OK && !off->broken) {
+		snprintf(off->broken_why, sizeof(off->broken_why), "%s", vmmrt_last_error());
+		off->broken = true;
+	}
+	return st;
+}
+
 static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
 {
 	vmmrt_status st = hook_entry(g, compute, what);
@@ -194,9 +217,9 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 		return st;
 	if ((st = ensure_current(off, g, backward)) != VMMRT_OK ||
 	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
-		return st;
+		return broke(off, st);
 	g->open = backward ? 2 : 1;
-	return prefetch_window(off);
+	return broke(off, prefetch_window(off));
 }
 
 static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
@@ -208,7 +231,7 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' has no %s begun", what, g->name,
 				   backward ? "backward" : "forward");
 	vmmrt_offload *off = g->off;
-	st = (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute);
+	st = broke(off, (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute));
 	if (st == VMMRT_OK) {
 		g->open = 0;
 		if (backward && off->sched.use % (2ull * off->sched.n) == 2ull * off->sched.n - 1)
@@ -464,8 +487,14 @@ static void push_from_host_func(void *arg)
 {
 	vmmrt_remap_req *r = arg;
 	vmmrt_status st = vmmrt_worker_push(r->g->rt->workers, r->g->slot->worker, &r->req);
-	if (st != VMMRT_OK)
+	if (st != VMMRT_OK) {
+		/* The slot stays mapped. The release was counted as handed off when
+		 * this function was launched: count it finished, in stream order, or
+		 * the group's next map would wait for it forever. */
 		vmmrt_group_fail(r->g, st, "queue a release after the copy");
+		uatomic_inc(&r->g->releases_done);
+		vmmrt_workers_kick(r->g->rt->workers);
+	}
 }
 
 vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r)

@@ -19,7 +19,8 @@ typedef struct vmmrt_remap_req {
 	vmmrt_request req;
 	vmmrt_group *g;
 	uint64_t ticket;   /* MAP: admission order (schedule order) */
-	uint64_t need;     /* MAP: releases of this group that must have run first */
+	uint64_t need;     /* MAP: releases of this group that must have run first;
+			    * owed release: the releases before it */
 	uint32_t seq;      /* MAP: value written to the group's flag when mapped */
 	bool grew;         /* MAP: it created memory (the slot was not mapped) */
 	vmmrt_bevent *ev;  /* RELEASE after a backward: recorded after its graph */
@@ -64,14 +65,23 @@ struct vmmrt_group {
 	uint32_t *flag;
 	vmmrt_devptr flag_dev;
 	uint32_t map_seq;             /* last seq requested */
+	/*
+	 * Map k needs the group's releases 0..k-1 done (every map is followed
+	 * by a release, in use order). A release a failed hook could not hand
+	 * off is owed: the slot stays mapped, and a no-op request counts it once
+	 * the releases before it ran, so no map waits for it forever and none
+	 * passes a release still in flight.
+	 */
 	uint64_t maps_requested;      /* launch thread */
+	uint64_t releases_planned;    /* launch thread: release obligations, in use order */
 	uint64_t releases_done;       /* uatomic, workers */
 	/*
 	 * Requests per use kind, in rings: the launch thread may run up to
 	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for
 	 * one of its own requests to come back (and that wait is counted).
 	 */
-	vmmrt_remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING];
+	vmmrt_remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING], owed[VMMRT_REQ_RING];
+	unsigned owed_next;
 	unsigned map_next[2], rel_next[2];
 	uint32_t map_seq_of[2];       /* seq of the last map requested per kind */
 
@@ -166,6 +176,11 @@ struct vmmrt_offload {
 	/* Teardown found a stream still waiting on a flag: those words are not
 	 * freed (a stream polls them), and destroy reports it. */
 	bool stuck;
+	/* A hook failed after it had enqueued part of its work: the pipeline no
+	 * longer matches the schedule, so every later hook refuses (launch
+	 * thread). What is enqueued still drains; the message says what failed. */
+	bool broken;
+	char broken_why[256];
 };
 
 /* offload.c */

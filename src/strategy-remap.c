@@ -13,6 +13,9 @@
  */
 #include "config.h"
 
+#include <stdio.h>
+#include <time.h>
+
 #include <urcu/uatomic.h>
 
 #include "error.h"
@@ -105,6 +108,22 @@ static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	vmmrt_workers_kick(g->rt->workers);
 }
 
+/* An owed release (see releases_planned in offload.h) counts once every
+ * release planned before it has run. */
+static bool admit_owed(vmmrt_request *req, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	return uatomic_read(&r->g->releases_done) >= r->need;
+}
+
+static void owed_done(vmmrt_request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_remap_req *r = arg;
+	/* Counted even when cancelled at shutdown, as releases are. */
+	uatomic_inc(&r->g->releases_done);
+	vmmrt_workers_kick(r->g->rt->workers);
+}
+
 /*
  * driver_inline: the comparison the workers are measured against. The launch
  * thread makes the VMM calls itself (the seed's first version), and so must
@@ -179,6 +198,14 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				if (k == USE_B && (st = vmmrt_drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
 					return vmmrt_error_wrap(st, "group '%s': release events", g->name);
 			}
+		for (int j = 0; j < VMMRT_REQ_RING; j++) {
+			vmmrt_remap_req *o = &g->owed[j];
+			vmmrt_request_init(&o->req, VMMRT_REQ_CALL, NULL); /* nothing to run: it only counts */
+			o->req.admit = admit_owed;
+			o->req.done = owed_done;
+			o->req.done_arg = o;
+			o->g = g;
+		}
 	}
 	return VMMRT_OK;
 }
@@ -192,6 +219,25 @@ static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
 	uatomic_inc(&off->rt->launch_blocking);
 	vmmrt_status st = vmmrt_request_wait(req, off->rt->timeout_ms);
 	return st == VMMRT_E_TIMEOUT ? st : VMMRT_OK;
+}
+
+/*
+ * A hook failed before it handed off release `index` of the group: the slot
+ * stays mapped, and the release is counted in its turn (inline, where no
+ * admission reads the count, at once). If even that cannot be queued, the
+ * group's next map never comes: teardown then finds the stream waiting and
+ * reports it.
+ */
+static void owe_release(vmmrt_offload *off, vmmrt_group *g, uint64_t index)
+{
+	if (off->rt->driver_inline) {
+		uatomic_inc(&g->releases_done);
+		return;
+	}
+	vmmrt_remap_req *o = &g->owed[g->owed_next++ % VMMRT_REQ_RING];
+	o->need = index;
+	if (reclaim(off, &o->req) != VMMRT_OK || vmmrt_worker_push(off->rt->workers, g->slot->worker, &o->req) != VMMRT_OK)
+		vmmrt_group_fail(g, VMMRT_E_INVALID_STATE, "count a release a failed hook could not queue");
 }
 
 static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, uint64_t use)
@@ -278,11 +324,17 @@ static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 		return VMMRT_OK; /* its backward is next: it stays mapped */
 	}
 	vmmrt_status st;
+	uint64_t index = g->releases_planned++;
 	if ((st = vmmrt_drv_event_record(rt, g->fwd_done, compute)) != VMMRT_OK ||
 	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
 	    (st = vmmrt_offload_d2h(off, g)) != VMMRT_OK ||
-	    (st = release_after(off, g, off->d2h, USE_F, g->d2h_done)) != VMMRT_OK)
+	    (st = release_after(off, g, off->d2h, USE_F, g->d2h_done)) != VMMRT_OK) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+		owe_release(off, g, index);
+		vmmrt_error_adopt(why);
 		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
+	}
 	return VMMRT_OK;
 }
 
@@ -300,6 +352,7 @@ static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_st
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_remap_req *r = &g->rel[USE_B][g->rel_next[USE_B]++ % VMMRT_REQ_RING];
 	vmmrt_status st;
+	uint64_t index = g->releases_planned++;
 	/*
 	 * The release must follow the graph that read the slot. No host function
 	 * on a stream waiting for the compute stream (it would cost the compute
@@ -307,54 +360,85 @@ static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_st
 	 * now, with the event to wait for, and polls it. Each request of the ring
 	 * has its own event, so a later iteration cannot re-record it early.
 	 */
-	if ((st = reclaim(off, &r->req)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
+	if ((st = reclaim(off, &r->req)) != VMMRT_OK || (st = vmmrt_drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
+		goto owed;
 	if (rt->driver_inline) {
-		if ((st = vmmrt_drv_event_synchronize(rt, r->ev)) == VMMRT_OK)
-			st = inline_release(off, r);
-		return st;
+		if ((st = vmmrt_drv_event_synchronize(rt, r->ev)) != VMMRT_OK)
+			goto owed;
+		return inline_release(off, r);
 	}
 	r->req.after = r->ev;
 	if ((st = vmmrt_worker_push(rt->workers, g->slot->worker, &r->req)) != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': queue release after backward", g->name);
+		goto owed;
 	return VMMRT_OK;
+owed:;
+	char why[512];
+	snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+	owe_release(off, g, index);
+	vmmrt_error_adopt(why);
+	return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
 }
 
 /*
  * A stream may be waiting for a map that will not come now (the map kept
- * failing, or the application gave up after a failed hook and never queued
- * the release it needs). Before anything is freed: map each such slot (no
- * budget, no order: this is teardown) and move its flag past every map
- * requested, so the waiting streams run, on mapped memory, and drain. If the
- * map cannot be made, the flag stays: the teardown then finds the streams
- * busy and reports it rather than free what they read.
+ * failing, or the application gave up after a failed hook). Before anything
+ * is freed: map each such slot (no budget, no order: this is teardown) and
+ * move its flag past every map requested, so the waiting streams run, on
+ * mapped memory, and drain. Never while one of the group's releases is still
+ * in flight (behind its D2H, or its backward's event): that release would
+ * then unmap the slot under the copy the flag lets start. Those run as the
+ * streams drain, which the flags published for other groups may be what
+ * allows: so in rounds, until none is left or the timeout passed. If a map
+ * cannot be made or a release never comes, the flag stays: the teardown then
+ * finds the streams busy and reports it rather than free what they read.
  */
-static void rm_quiesce(vmmrt_offload *off)
+static bool quiesce_group(vmmrt_offload *off, vmmrt_group *g, uint64_t deadline)
 {
 	vmmrt_runtime *rt = off->rt;
-	for (unsigned i = 0; i < off->ngroups; i++) {
-		vmmrt_group *g = off->groups[i];
-		if (!g->slot || !g->flag || (int32_t)(uatomic_read(g->flag) - g->map_seq) >= 0)
-			continue;
-		/* A few tries: the map itself may fail once, or wait behind a slow call. */
-		bool mapped = false;
-		for (int attempt = 0; attempt < 3 && !mapped; attempt++) {
-			vmmrt_request *req = malloc(sizeof(*req));
-			if (!req)
-				break;
-			vmmrt_request_init(req, VMMRT_REQ_MAP, g->slot);
-			req->ensure = true;
-			if (vmmrt_worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
-				free(req);
-				break;
-			}
-			mapped = vmmrt_request_wait_owned(req, rt->timeout_ms) == VMMRT_OK;
+	/* Until the deadline: memory a failed create wanted often comes back. */
+	for (unsigned attempt = 0;; attempt++) {
+		vmmrt_request *req = malloc(sizeof(*req));
+		if (!req)
+			return false;
+		vmmrt_request_init(req, VMMRT_REQ_MAP, g->slot);
+		req->ensure = true;
+		if (vmmrt_worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
+			free(req);
+			return false;
 		}
-		if (mapped)
+		if (vmmrt_request_wait_owned(req, rt->timeout_ms) == VMMRT_OK) {
 			publish_flag(g, g->map_seq);
-		else
+			return true;
+		}
+		if (vmmrt_now_ns() > deadline)
+			return false;
+		struct timespec ts = {0, (attempt < 6 ? 1000000L << attempt : 50000000L)};
+		nanosleep(&ts, NULL);
+	}
+}
+
+static void rm_quiesce(vmmrt_offload *off)
+{
+	uint64_t deadline = vmmrt_now_ns() + off->rt->timeout_ms * 1000000ull;
+	for (;;) {
+		bool in_flight = false;
+		for (unsigned i = 0; i < off->ngroups; i++) {
+			vmmrt_group *g = off->groups[i];
+			if (!g->slot || !g->flag || (int32_t)(uatomic_read(g->flag) - g->map_seq) >= 0)
+				continue;
+			if (uatomic_read(&g->releases_done) < g->releases_planned)
+				in_flight = true;
+			else if (!quiesce_group(off, g, deadline))
+				off->stuck = true;
+		}
+		if (!in_flight || off->stuck)
+			break;
+		if (vmmrt_now_ns() > deadline) {
 			off->stuck = true;
+			break;
+		}
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
 	}
 }
 

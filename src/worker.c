@@ -102,6 +102,7 @@ vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *
 		return vmmrt_error(VMMRT_E_BUSY, "request already queued or running");
 	worker *wk = &w->w[index];
 	req->admitted = false;
+	req->after_failed = false;
 	req->attempts = 0;
 	req->retry_at = 0;
 	req->enqueue_ns = vmmrt_now_ns();
@@ -469,13 +470,31 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 	return ts;
 }
 
-/* Has req's `after` event completed? A query that fails (not merely "not
- * yet") ends the request with that error: the memory stays, and is reported. */
+/*
+ * Has req's `after` event completed? A query that fails (not merely "not
+ * yet") says nothing about the work the event follows, so it must not start
+ * the request: a release would pull memory from under a graph that may still
+ * run, and admission would count it as done, letting a later map of the slot
+ * pass a release still in flight. A persistent request reports the failure
+ * once (its `retrying`) and keeps polling; any other ends with the error, the
+ * memory left as it is.
+ */
 static bool after_done(worker *wk, vmmrt_request *req, vmmrt_status *failed)
 {
 	vmmrt_status st = vmmrt_drv_event_query(wk->pool->rt, req->after);
-	*failed = st == VMMRT_E_BUSY ? VMMRT_OK : st;
-	return st != VMMRT_E_BUSY;
+	*failed = VMMRT_OK;
+	if (st == VMMRT_OK)
+		return true;
+	if (st == VMMRT_E_BUSY)
+		return false;
+	if (!req->persist) {
+		*failed = st;
+		return true;
+	}
+	if (!req->after_failed && req->retrying)
+		req->retrying(req, st, req->done_arg);
+	req->after_failed = true;
+	return false;
 }
 
 static void take(worker *wk, vmmrt_request *req);
@@ -586,7 +605,7 @@ static void *worker_main(void *arg)
 		/* One whose event has not come may not run now: what it follows is
 		 * still in flight (a release would pull memory from under a graph). */
 		vmmrt_status failed;
-		bool ready = !req->after || after_done(wk, req, &failed);
+		bool ready = !req->after || (after_done(wk, req, &failed) && failed == VMMRT_OK);
 		run(wk, req, !drain || !ready);
 	}
 	(void)trim_pool(wk);

@@ -87,10 +87,13 @@ struct vmmrt_request {
 	 * release follows a compute-stream graph without a host function on a
 	 * stream that waits for that graph, which costs the compute stream
 	 * 1.25 us between every two graphs on the H200 (vmmrt-gap-probe).
+	 * A query that fails never starts the request: a persistent one reports
+	 * it through `retrying` and keeps polling, any other ends with the error.
 	 */
 	vmmrt_bevent *after;
 	/* worker-private */
 	bool admitted;
+	bool after_failed;           /* a query of `after` failed (reported once) */
 	uint32_t attempts;
 	uint64_t retry_at;           /* CLOCK_MONOTONIC ns; 0: not waiting to retry */
 	uint64_t enqueue_ns;         /* CLOCK_MONOTONIC at push: hand-off latency */

@@ -1,0 +1,260 @@
+/*
+ * Remap: a slot's releases and maps stay in order whatever fails. A map may
+ * run only once every release handed off before it ran: one that passes a
+ * release still in flight is unmapped under the copy or graph it let start
+ * (on the host backend that is a SIGSEGV, so a bug cannot hide; each test
+ * runs in a child process). Found by vmmrt-torture and its API fuzzer:
+ *
+ *  #16 a cuEventQuery that failed on the worker polling a backward's release
+ *      ended that release at once, and admission counted it: the restore's
+ *      map passed the group's forward release, still queued behind its D2H;
+ *  #17 teardown moved a group's flag past a map that only waited behind a
+ *      release in flight: the H2D started, the release then unmapped the slot;
+ *  a hook that failed before handing its release off left the group's next
+ *      map waiting for a release that never came (and every later map behind
+ *      it, in schedule order): the streams stalled until teardown.
+ */
+#include "config.h"
+
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <urcu/uatomic.h>
+
+#include "driver.h"
+
+#define MiB (1024ull * 1024)
+
+/* A remap runtime (host backend) whose copies of 1 MiB take 50 ms each. */
+static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream *c)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt;
+	vmmrt_devptr a;
+	vmmrt_tensor_desc d = {.bytes = MiB, .dtype = 1, .ndim = 1, .shape = {(int64_t)(MiB / 8)}, .stride = {1}};
+	if (vmmrt_options_create(&o) || vmmrt_options_set(o, "backend", "host") || vmmrt_options_set(o, "mode", "remap") ||
+	    vmmrt_options_set(o, "host_latency", "1") || vmmrt_options_set(o, "host_copy_gbps", "0.02") ||
+	    vmmrt_options_set(o, "timeout_ms", "2000") || vmmrt_options_set(o, "host_granularity", "64K") ||
+	    vmmrt_runtime_create(o, &rt))
+		_exit(10);
+	vmmrt_options_destroy(o);
+	if (vmmrt_stream_create(rt, c))
+		_exit(11);
+	for (unsigned i = 0; i < ngroups; i++)
+		if (vmmrt_group_create(rt, NULL, &g[i]) || vmmrt_group_discover(g[i], &d))
+			_exit(11);
+	if (vmmrt_offload_allocate(rt))
+		_exit(11);
+	for (unsigned i = 0; i < ngroups; i++)
+		if (vmmrt_group_begin_capture(g[i]) || vmmrt_group_save(g[i], &d, 0, NULL, &a) ||
+		    vmmrt_group_end_capture(g[i]))
+			_exit(11);
+	return rt;
+}
+
+/* In the child: die of a fault, as the process would (cmocka catches it otherwise). */
+static void child_signals(void)
+{
+	signal(SIGSEGV, SIG_DFL);
+	signal(SIGBUS, SIG_DFL);
+	alarm(60);
+}
+
+static void expect_clean_child(pid_t pid)
+{
+	int status;
+	assert_true(pid >= 0);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	if (WIFSIGNALED(status))
+		fail_msg("the child died of signal %d", WTERMSIG(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static int32_t query_failures, creates_fail;
+
+/* #16: the first cuEventQuery a driver worker makes fails; creates fail after. */
+static vmmrt_status fail_query(void *ctx, const char *op, uint64_t *delay_us)
+{
+	if (!strcmp(op, "cuEventQuery") && vmmrt_thread_role_get() == VMMRT_ROLE_WORKER &&
+	    uatomic_add_return(&query_failures, 1) == 1) {
+		uatomic_set(&creates_fail, 1);
+		return VMMRT_E_DRIVER;
+	}
+	if (!strcmp(op, "cuMemCreate") && uatomic_read(&creates_fail))
+		return VMMRT_E_OUT_OF_MEMORY;
+	return VMMRT_OK;
+}
+
+static void event_query_failure_keeps_release_order(void **state)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		child_signals();
+		vmmrt_group *g;
+		vmmrt_stream c;
+		vmmrt_runtime *rt = slow_remap(1, &g, &c);
+		vmmrt_drv_set_fault_hook(rt, fail_query, NULL);
+		/* One iteration: the forward's release waits 50 ms behind its D2H;
+		 * the backward's release (and its failed query) comes 20 ms in. */
+		if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
+			_exit(12);
+		usleep(20000);
+		if (vmmrt_backward_end(g, c))
+			_exit(13);
+		/* The restore's map waits for the forward's release (50 ms), then
+		 * for memory (creates fail: it retries); the H2D takes 50 ms. */
+		usleep(200000);
+		uatomic_set(&creates_fail, 0);
+		/* The failed query was reported; the release then ran after all. */
+		vmmrt_status st = vmmrt_offload_sync(rt);
+		if (st == VMMRT_OK)
+			_exit(14); /* the failed query must be reported */
+		if (vmmrt_offload_sync(rt) != VMMRT_OK)
+			_exit(15);
+		vmmrt_offload_stats s;
+		if (vmmrt_offload_stats_get(rt, &s) || s.releases != 2)
+			_exit(16);
+		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);
+	}
+	expect_clean_child(pid);
+}
+
+static vmmrt_status fail_creates(void *ctx, const char *op, uint64_t *delay_us)
+{
+	return uatomic_read(&creates_fail) && !strcmp(op, "cuMemCreate") ? VMMRT_E_OUT_OF_MEMORY : VMMRT_OK;
+}
+
+static void *creates_come_back(void *arg)
+{
+	usleep(300000);
+	uatomic_set(&creates_fail, 0);
+	return NULL;
+}
+
+/* #17: destroy while the forward's D2H still runs (its release not queued
+ * yet) and the restore's map waits for that release. */
+static void teardown(bool memory_comes_back)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		child_signals();
+		vmmrt_group *g;
+		vmmrt_stream c;
+		pthread_t t;
+		vmmrt_runtime *rt = slow_remap(1, &g, &c);
+		vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
+		if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
+			_exit(12);
+		usleep(30000);
+		uatomic_set(&creates_fail, 1);
+		if (memory_comes_back && pthread_create(&t, NULL, creates_come_back, NULL))
+			_exit(13);
+		vmmrt_status st = vmmrt_runtime_destroy(rt);
+		/* Memory back: the restore ran on mapped memory and everything is
+		 * freed. Never back: the copy stream still waits for a map that
+		 * cannot be made, which destroy reports instead of freeing what
+		 * the stream would read. */
+		if (memory_comes_back)
+			_exit(st == VMMRT_OK ? 0 : 14);
+		_exit(st == VMMRT_E_BUSY ? 0 : 15);
+	}
+	expect_clean_child(pid);
+}
+
+static void teardown_waits_for_a_release_in_flight(void **state)
+{
+	teardown(true);
+}
+
+static void teardown_reports_a_map_never_made(void **state)
+{
+	teardown(false);
+}
+
+static int32_t launches_to_fail;
+
+/* The first host function launched from the launch thread fails: the
+ * forward's release is never handed off. */
+static vmmrt_status fail_launch(void *ctx, const char *op, uint64_t *delay_us)
+{
+	if (!strcmp(op, "cuLaunchHostFunc") && uatomic_read(&launches_to_fail) > 0 &&
+	    uatomic_add_return(&launches_to_fail, -1) >= 0)
+		return VMMRT_E_DRIVER;
+	return VMMRT_OK;
+}
+
+/* The application's iteration, going on after a failed hook (as a training
+ * loop that logs and goes on): the hooks after it must refuse. */
+static vmmrt_status iteration(vmmrt_group **g, unsigned n, vmmrt_stream c, unsigned *refused)
+{
+	vmmrt_status first = VMMRT_OK, st;
+#define STEP(call)                                                                                                     \
+	do {                                                                                                           \
+		st = (call);                                                                                           \
+		if (st != VMMRT_OK && first != VMMRT_OK)                                                               \
+			*refused += st == VMMRT_E_INVALID_STATE;                                                       \
+		if (st != VMMRT_OK && first == VMMRT_OK)                                                               \
+			first = st;                                                                                    \
+	} while (0)
+	for (unsigned i = 0; i < n; i++) {
+		STEP(vmmrt_forward_begin(g[i], c));
+		STEP(vmmrt_forward_end(g[i], c));
+	}
+	for (unsigned i = n; i-- > 0;) {
+		STEP(vmmrt_backward_begin(g[i], c));
+		STEP(vmmrt_backward_end(g[i], c));
+	}
+#undef STEP
+	return first;
+}
+
+static void failed_hook_owes_no_release(void **state)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		child_signals();
+		vmmrt_group *g[3];
+		vmmrt_stream c;
+		unsigned refused = 0;
+		vmmrt_runtime *rt = slow_remap(3, g, &c);
+		if (iteration(g, 3, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
+			_exit(12);
+		/* The first group's forward release is not handed off. */
+		vmmrt_drv_set_fault_hook(rt, fail_launch, NULL);
+		uatomic_set(&launches_to_fail, 1);
+		if (iteration(g, 3, c, &refused) != VMMRT_E_DRIVER || refused != 10)
+			_exit(13);
+		if (iteration(g, 3, c, &refused) != VMMRT_E_INVALID_STATE)
+			_exit(14);
+		/* Nothing waits for the release that was not handed off: the
+		 * streams drain (a timeout here is the bug). */
+		if (vmmrt_offload_sync(rt) != VMMRT_OK)
+			_exit(15);
+		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 16);
+	}
+	expect_clean_child(pid);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(event_query_failure_keeps_release_order),
+		cmocka_unit_test(teardown_waits_for_a_release_in_flight),
+		cmocka_unit_test(teardown_reports_a_map_never_made),
+		cmocka_unit_test(failed_hook_owes_no_release),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
