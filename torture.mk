@@ -48,15 +48,6 @@ tests_unit_test_torture_regress_SOURCES = tests/unit/test-torture-regress.c
 tests_unit_test_torture_regress_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_torture_regress_LDADD = $(TEST_LDADD)
 
-# Reproducers of the bugs found and not fixed yet: expected to fail. One that
-# passes (XPASS) fails make check: move it to test-torture-regress.c.
-check_PROGRAMS += tests/unit/test-torture-known
-TESTS += tests/unit/test-torture-known
-XFAIL_TESTS = tests/unit/test-torture-known
-tests_unit_test_torture_known_SOURCES = tests/unit/test-torture-known.c
-tests_unit_test_torture_known_CFLAGS = $(TEST_CFLAGS)
-tests_unit_test_torture_known_LDADD = $(TEST_LDADD)
-
 check_PROGRAMS += tests/fuzz/fuzz-replay
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz-api.c tests/fuzz/fuzz-replay.c
 tests_fuzz_fuzz_replay_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread

@@ -341,6 +341,11 @@ vmmrt_status vmmrt_drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bgra
 	return rt->ops->stream_end_capture(rt->be, s, out);
 }
 
+vmmrt_status vmmrt_drv_stream_is_capturing(vmmrt_runtime *rt, vmmrt_stream s, bool *out)
+{
+	PLAIN(rt, "cuStreamIsCapturing", rt->ops->stream_is_capturing(rt->be, s, out));
+}
+
 vmmrt_status vmmrt_drv_graph_launch(vmmrt_runtime *rt, vmmrt_bgraph *g, vmmrt_stream s)
 {
 	PLAIN(rt, "cuGraphLaunch", rt->ops->graph_launch(rt->be, g, s));

@@ -67,6 +67,8 @@ vmmrt_status vmmrt_drv_host_free(vmmrt_runtime *rt, void *p);
 vmmrt_status vmmrt_drv_host_devptr(vmmrt_runtime *rt, void *p, vmmrt_devptr *out);
 vmmrt_status vmmrt_drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s);
 vmmrt_status vmmrt_drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bgraph **out);
+/* *out: whether work enqueued on s now would be captured instead of run. */
+vmmrt_status vmmrt_drv_stream_is_capturing(vmmrt_runtime *rt, vmmrt_stream s, bool *out);
 vmmrt_status vmmrt_drv_graph_launch(vmmrt_runtime *rt, vmmrt_bgraph *g, vmmrt_stream s);
 vmmrt_status vmmrt_drv_graph_destroy(vmmrt_runtime *rt, vmmrt_bgraph *g);
 vmmrt_status vmmrt_drv_kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_kernel_id k, const vmmrt_kernel_args *a);

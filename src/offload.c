@@ -136,6 +136,24 @@ fail:;
 	return st;
 }
 
+/*
+ * The hooks' waits and event records must run on the compute stream, not go
+ * into a graph being captured on it: a captured record never happens, so the
+ * event a worker polls before a release reads as complete, and the slot is
+ * unmapped before the restore and the backward that need it have run. Such a
+ * stream is refused before the hook changes anything.
+ */
+static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, const char *what)
+{
+	bool capturing = false;
+	vmmrt_status st = vmmrt_drv_stream_is_capturing(rt, compute, &capturing);
+	if (st != VMMRT_OK)
+		return vmmrt_error_wrap(st, "%s: asking whether the compute stream is capturing", what);
+	if (capturing)
+		return vmmrt_error(VMMRT_E_CAPTURE, "%s: stream is capturing a graph", what);
+	return VMMRT_OK;
+}
+
 static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
 {
 	vmmrt_status st = vmmrt_drv_check_caller(what);
@@ -152,6 +170,10 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 				   "%s: an earlier hook failed part-way (%s); drain with vmmrt_offload_sync and "
 				   "destroy the runtime",
 				   what, g->off->broken_why);
+	/* Before the group's error is reported, since reporting clears it. Empty
+	 * groups too: a hook on a capturing stream is a mistake whatever the group. */
+	if ((st = refuse_capturing(g->off->rt, compute, what)) != VMMRT_OK)
+		return st;
 	/* An earlier asynchronous failure is reported by the next hook on the group. */
 	return vmmrt_group_error(g);
 }

@@ -120,6 +120,12 @@ typedef struct vmmrt_backend_ops {
 	/* --- graphs: capture a stream's work, instantiate, replay */
 	vmmrt_status (*stream_begin_capture)(vmmrt_backend *b, vmmrt_stream s);
 	vmmrt_status (*stream_end_capture)(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgraph **out);
+	/*
+	 * *out = whether s is capturing: work enqueued on it now would go into a
+	 * graph instead of running (a capture the driver has invalidated counts
+	 * too: it stays capturing until ended).
+	 */
+	vmmrt_status (*stream_is_capturing)(vmmrt_backend *b, vmmrt_stream s, bool *out);
 	vmmrt_status (*graph_launch)(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s);
 	vmmrt_status (*graph_destroy)(vmmrt_backend *b, vmmrt_bgraph *g);
 

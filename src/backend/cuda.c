@@ -100,6 +100,7 @@
 	X(StreamBeginCapture, 10010) \
 	X(StreamEndCapture, 10000) \
 	X(StreamGetCaptureInfo, 12030) \
+	X(StreamIsCapturing, 10000) \
 	X(EventCreate, 2000) \
 	X(EventDestroy, 4000) \
 	X(EventRecord, 2000) \
@@ -1343,6 +1344,22 @@ static vmmrt_status cuda_stream_end_capture(vmmrt_backend *b, vmmrt_stream s, vm
 	return VMMRT_OK;
 }
 
+/*
+ * An invalidated capture counts as capturing: the stream stays in capture mode
+ * until cuStreamEndCapture, and work enqueued meanwhile does not run either.
+ */
+static vmmrt_status cuda_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bool *out)
+{
+	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+
+	ROLE_CHECK("cuStreamIsCapturing");
+	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	CU_CALL(b, "cuStreamIsCapturing", cu.StreamIsCapturing(CU_STREAM(s), &cs), "cuStreamIsCapturing(%p)",
+		(void *)s);
+	*out = cs == CU_STREAM_CAPTURE_STATUS_ACTIVE || cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+	return VMMRT_OK;
+}
+
 static vmmrt_status cuda_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s)
 {
 	ROLE_CHECK("cuGraphLaunch");
@@ -1555,6 +1572,7 @@ const vmmrt_backend_ops vmmrt_backend_cuda = {
 	.host_devptr = cuda_host_devptr,
 	.stream_begin_capture = cuda_stream_begin_capture,
 	.stream_end_capture = cuda_stream_end_capture,
+	.stream_is_capturing = cuda_stream_is_capturing,
 	.graph_launch = cuda_graph_launch,
 	.graph_destroy = cuda_graph_destroy,
 	.kernel_launch = cuda_kernel_launch,

@@ -92,6 +92,7 @@ vmmrt_status vmmrt_host_memcpy_dtod_async(vmmrt_backend *b, vmmrt_devptr dst, vm
 					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt_host_begin_capture(vmmrt_backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt_host_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgraph **out) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt_host_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bool *out) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt_host_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt_host_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt_host_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_kernel_id k,

@@ -984,6 +984,24 @@ vmmrt_status vmmrt_host_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgra
 	return VMMRT_OK;
 }
 
+/* This backend never invalidates a capture (it refuses what CUDA would
+ * invalidate it for), so capturing is the one flag begin/end_capture set. */
+vmmrt_status vmmrt_host_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bool *out)
+{
+	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	struct vmmrt_stream_s *st;
+
+	if (status != VMMRT_OK)
+		return status;
+	VMMRT_CHECK_ARG(out, "NULL output");
+	st = stream_lock(b, s);
+	if (!st)
+		return unknown_stream(s, __func__);
+	*out = st->capturing;
+	pthread_mutex_unlock(&st->lock);
+	return VMMRT_OK;
+}
+
 vmmrt_status vmmrt_host_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s)
 {
 	vmmrt_status status = vmmrt_host_enter(b, __func__);

@@ -842,6 +842,7 @@ const vmmrt_backend_ops vmmrt_backend_host = {
 
 	.stream_begin_capture = vmmrt_host_begin_capture,
 	.stream_end_capture = vmmrt_host_end_capture,
+	.stream_is_capturing = vmmrt_host_stream_is_capturing,
 	.graph_launch = vmmrt_host_graph_launch,
 	.graph_destroy = vmmrt_host_graph_destroy,
 

@@ -678,13 +678,18 @@ static void test_capture_rules(void **state)
 	vmmrt_bgraph *g = NULL;
 	uint64_t *h, *sum;
 	pthread_t t;
+	bool cap = true;
 
 	OK(dbuf_create(B, G, &d));
 	OK(dbuf_create(B, G, &out));
 	OK(ops->host_alloc(B, G, (void **)&h));
 	OK(ops->host_alloc(B, 8, (void **)&sum));
 
+	OK(ops->stream_is_capturing(B, S, &cap));
+	assert_false(cap);
 	OK(ops->stream_begin_capture(B, S));
+	OK(ops->stream_is_capturing(B, S, &cap));
+	assert_true(cap);
 	OK(kernel(B, S, VMMRT_KERNEL_FILL, d.va, 0, 0, G, 77, 0));
 	assert_int_equal(pthread_create(&t, NULL, vmm_worker_main, &w), 0);
 	assert_int_equal(pthread_join(t, NULL), 0);
@@ -692,6 +697,8 @@ static void test_capture_rules(void **state)
 		fail_msg("worker during capture: %s", w.msg);
 	OK(kernel(B, S, VMMRT_KERNEL_CHECKSUM, 0, d.va, out.va, G, 0, 0));
 	OK(ops->stream_end_capture(B, S, &g));
+	OK(ops->stream_is_capturing(B, S, &cap));
+	assert_false(cap);
 	OK(ops->graph_launch(B, g, S));
 	OK(to_host(B, S, sum, out.va, 8));
 	fill_host(h, G, 77);
@@ -703,9 +710,14 @@ static void test_capture_rules(void **state)
 	OK(kernel(B, S, VMMRT_KERNEL_BUSY, 0, 0, 0, 0, 0, 1000));
 	EXPECT(VMMRT_E_CAPTURE, ops->stream_synchronize(B, S));
 	print_message("%s\n", vmmrt_last_error());
+	/* invalidated, but still capturing until ended: nothing enqueued runs */
+	OK(ops->stream_is_capturing(B, S, &cap));
+	assert_true(cap);
 	EXPECT(VMMRT_E_CAPTURE, ops->stream_end_capture(B, S, &g));
 	print_message("%s\n", vmmrt_last_error());
 	assert_null(g);
+	OK(ops->stream_is_capturing(B, S, &cap));
+	assert_false(cap);
 	OK(kernel(B, S, VMMRT_KERNEL_FILL, d.va, 0, 0, G, 78, 0));
 	OK(ops->stream_synchronize(B, S));
 

@@ -636,7 +636,7 @@ struct inside {
 	struct log *log;
 	vmmrt_thread_role role;
 	vmmrt_status st_create, st_map, st_info, st_query, st_sync, st_record, st_kernel, st_alloc, st_open,
-		st_name, st_reserve, st_hostfn;
+		st_name, st_reserve, st_hostfn, st_capturing;
 	int message_ok;
 };
 
@@ -656,6 +656,7 @@ static void inside_fn(void *p)
 	void *mem;
 	char name[64];
 	vmmrt_kernel_args a = {.ns = 1};
+	bool capturing;
 
 	in->log->v[in->log->n++] = 1;
 	in->role = vmmrt_thread_role_get();
@@ -672,6 +673,7 @@ static void inside_fn(void *p)
 	in->st_name = ops->device_name(in->b, name, sizeof(name));
 	in->st_reserve = ops->va_reserve(in->b, GRAN, 0, &va);
 	in->st_hostfn = ops->launch_host_func(in->b, in->st, noop_fn, NULL);
+	in->st_capturing = ops->stream_is_capturing(in->b, in->st, &capturing);
 }
 
 static void test_host_func_rules(void **state)
@@ -707,6 +709,7 @@ static void test_host_func_rules(void **state)
 	assert_int_equal(in.st_name, VMMRT_E_NOT_PERMITTED);
 	assert_int_equal(in.st_reserve, VMMRT_E_NOT_PERMITTED);
 	assert_int_equal(in.st_hostfn, VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(in.st_capturing, VMMRT_E_NOT_PERMITTED);
 
 	/* outside, the same calls work, and the caller's role was never touched */
 	assert_int_equal(vmmrt_thread_role_get(), VMMRT_ROLE_APP);
@@ -835,6 +838,46 @@ static void test_graph_capture_replay(void **state)
 	OK(ops->stream_destroy(b, st));
 	OK(ops->host_free(b, out));
 	OK(ops->host_free(b, saved));
+}
+
+/* What the hooks ask before they enqueue on an application's stream. */
+static void test_stream_is_capturing(void **state)
+{
+	vmmrt_backend *b = *state;
+	vmmrt_stream st, other;
+	vmmrt_bgraph *g;
+	bool cap = true, other_cap = true;
+	int on_stack;
+
+	OK(ops->stream_create(b, &st));
+	OK(ops->stream_create(b, &other));
+	OK(ops->stream_is_capturing(b, st, &cap));
+	assert_false(cap);
+
+	OK(ops->stream_begin_capture(b, st));
+	OK(ops->stream_is_capturing(b, st, &cap));
+	assert_true(cap);
+	OK(ops->stream_is_capturing(b, other, &other_cap)); /* per stream */
+	assert_false(other_cap);
+	k_busy(b, st, MS); /* captured work does not change it */
+	OK(ops->stream_is_capturing(b, st, &cap));
+	assert_true(cap);
+	OK(ops->stream_end_capture(b, st, &g));
+	OK(ops->stream_is_capturing(b, st, &cap));
+	assert_false(cap);
+
+	/* a replay on the stream is work, not a capture */
+	OK(ops->graph_launch(b, g, st));
+	OK(ops->stream_is_capturing(b, st, &cap));
+	assert_false(cap);
+	sync_within(b, st, 10000);
+
+	FAILS(ops->stream_is_capturing(b, (vmmrt_stream)(uintptr_t)&on_stack, &cap), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->stream_is_capturing(b, NULL, &cap), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->stream_is_capturing(b, st, NULL), VMMRT_E_INVALID_ARGUMENT);
+	OK(ops->graph_destroy(b, g));
+	OK(ops->stream_destroy(b, st));
+	OK(ops->stream_destroy(b, other));
 }
 
 static void count_fn(void *p)
@@ -1218,6 +1261,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_host_func_rules, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wait_write_value32, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_graph_capture_replay, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stream_is_capturing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_graph_events, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kernels, setup, teardown),
 		cmocka_unit_test(test_latency_model),

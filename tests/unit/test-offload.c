@@ -491,6 +491,14 @@ static void api_misuse(void **state)
 	assert_int_equal(vmmrt_backward_begin(g, c), VMMRT_E_INVALID_STATE); /* forwards first */
 	assert_int_equal(vmmrt_forward_begin(g, NULL), VMMRT_E_INVALID_ARGUMENT);
 	assert_int_equal(vmmrt_forward_begin(NULL, c), VMMRT_E_INVALID_ARGUMENT);
+	/* A compute stream capturing a graph is refused, and nothing changes:
+	 * the first iteration then starts as if the calls were never made. */
+	vmmrt_graph *gr;
+	assert_int_equal(vmmrt_graph_begin_capture(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_E_CAPTURE);
+	assert_int_equal(vmmrt_forward_end(g, c), VMMRT_E_CAPTURE);
+	assert_int_equal(vmmrt_graph_end_capture(rt, c, &gr), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_destroy(rt, gr), VMMRT_OK);
 	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_OK);
 	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_E_INVALID_STATE);  /* twice */
 	assert_int_equal(vmmrt_forward_end(g, c), VMMRT_OK);

@@ -18,7 +18,12 @@
  *      for a slot the first one frees) and reported it as not torn down;
  *  #15 the fault hook's function and context were published apart, so a
  *      driver call in flight could call one hook's function with another's
- *      context (ThreadSanitizer saw it when a test cleared the hook).
+ *      context (ThreadSanitizer saw it when a test cleared the hook);
+ *  #19 the hooks accepted a compute stream that was capturing a graph: their
+ *      waits and event records went into the capture instead of the stream,
+ *      so the event a worker polls before a backward's release was never
+ *      really recorded ("complete"), and the release unmapped the slot before
+ *      its restore and backward ran (the fuzzer: SIGSEGV in a later H2D).
  */
 #include "config.h"
 
@@ -331,6 +336,119 @@ static void fault_hook_pairs_stay_whole(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* The status and message of a hook refused because its stream captures. */
+static bool refused_for_capture(vmmrt_status st, const char *hook)
+{
+	const char *m = vmmrt_last_error();
+	return st == VMMRT_E_CAPTURE && strstr(m, "VMMRT_E_CAPTURE") && strstr(m, hook) && strstr(m, "capturing");
+}
+
+/* One group of 1 MiB, allocated and captured, and a compute stream. */
+static vmmrt_runtime *one_group(const char *mode, vmmrt_group **g, vmmrt_stream *c, vmmrt_devptr *addr)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt;
+	vmmrt_tensor_desc d = {.bytes = MiB, .dtype = 1, .ndim = 1, .shape = {(int64_t)(MiB / 8)}, .stride = {1}};
+	if (vmmrt_options_create(&o) || vmmrt_options_set(o, "backend", "host") || vmmrt_options_set(o, "mode", mode) ||
+	    vmmrt_options_set(o, "host_capacity", "64M") || vmmrt_runtime_create(o, &rt))
+		return NULL;
+	vmmrt_options_destroy(o);
+	if (vmmrt_stream_create(rt, c) || vmmrt_group_create(rt, "g", g) || vmmrt_group_discover(*g, &d) ||
+	    vmmrt_offload_allocate(rt) || vmmrt_group_begin_capture(*g) || vmmrt_group_save(*g, &d, 0, NULL, addr) ||
+	    vmmrt_group_end_capture(*g))
+		return NULL;
+	return rt;
+}
+
+/*
+ * #19: every hook refuses a capturing compute stream before it changes
+ * anything (not even the group's pending error is taken), in every mode; once
+ * the capture has ended, a whole iteration runs and restores the bytes. In a
+ * child: accepted hooks used to end in a SIGSEGV.
+ */
+static int capture_refused_then_iteration(const char *mode)
+{
+	vmmrt_group *g;
+	vmmrt_stream c;
+	vmmrt_devptr a;
+	vmmrt_graph *gr;
+	uint64_t *back = malloc(MiB);
+	vmmrt_runtime *rt = one_group(mode, &g, &c, &a);
+	if (!rt || !back)
+		return 10;
+	if (vmmrt_graph_begin_capture(rt, c))
+		return 11;
+	vmmrt_group_fail(g, VMMRT_E_DRIVER, "an earlier step");
+	if (!refused_for_capture(vmmrt_forward_begin(g, c), "vmmrt_forward_begin") ||
+	    !refused_for_capture(vmmrt_forward_end(g, c), "vmmrt_forward_end") ||
+	    !refused_for_capture(vmmrt_backward_begin(g, c), "vmmrt_backward_begin") ||
+	    !refused_for_capture(vmmrt_backward_end(g, c), "vmmrt_backward_end"))
+		return 12;
+	if (vmmrt_group_error(g) != VMMRT_E_DRIVER || vmmrt_group_error(g) != VMMRT_OK)
+		return 13; /* the refusals left the group's error for its next hook */
+	if (vmmrt_graph_end_capture(rt, c, &gr) || vmmrt_graph_destroy(rt, gr))
+		return 14;
+	/* The first iteration, as if the refused calls had never been made. */
+	if (vmmrt_forward_begin(g, c) || vmmrt_kernel_fill(rt, c, a, MiB, 19) || vmmrt_forward_end(g, c) ||
+	    vmmrt_backward_begin(g, c) || vmmrt_stream_synchronize(rt, c) || vmmrt_copy_to_host(rt, back, a, MiB) ||
+	    vmmrt_backward_end(g, c) || vmmrt_offload_sync(rt))
+		return 15;
+	for (uint64_t i = 0; i < MiB / 8; i++)
+		if (back[i] != vmmrt_fill_word(19, i))
+			return 16;
+	free(back);
+	return vmmrt_stream_destroy(rt, c) || vmmrt_runtime_destroy(rt) ? 17 : 0;
+}
+
+static void hooks_refuse_a_capturing_stream(void **state)
+{
+	static const char *const modes[] = {"pingpong", "remap", "none"};
+	for (unsigned i = 0; i < 3; i++) {
+		fflush(NULL);
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			signal(SIGSEGV, SIG_DFL);
+			signal(SIGBUS, SIG_DFL);
+			alarm(60);
+			int rc = capture_refused_then_iteration(modes[i]);
+			if (rc)
+				fprintf(stderr, "# child (%s): step %d: %s\n", modes[i], rc, vmmrt_last_error());
+			_exit(rc);
+		}
+		int status;
+		assert_int_equal(waitpid(pid, &status, 0), pid);
+		if (WIFSIGNALED(status))
+			fail_msg("mode %s: the child died of signal %d", modes[i], WTERMSIG(status));
+		assert_int_equal(WEXITSTATUS(status), 0);
+	}
+}
+
+/* A failure of the capture query itself fails the hook with that named error,
+ * and changes nothing either: the same hook then goes through. */
+static void hook_fails_when_the_capture_query_fails(void **state)
+{
+	vmmrt_group *g;
+	vmmrt_stream c;
+	vmmrt_devptr a;
+	vmmrt_runtime *rt = one_group("remap", &g, &c, &a);
+	plan p = {.op = {"cuStreamIsCapturing"}, .at = {1}};
+	assert_non_null(rt);
+	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_E_DRIVER);
+	assert_non_null(strstr(vmmrt_last_error(), "cuStreamIsCapturing"));
+	assert_non_null(strstr(vmmrt_last_error(), "vmmrt_forward_begin"));
+	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_end(g, c), VMMRT_OK);
+	assert_int_equal(vmmrt_backward_begin(g, c), VMMRT_OK);
+	assert_int_equal(vmmrt_backward_end(g, c), VMMRT_OK);
+	assert_int_equal(p.seen[0], 5);
+	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	/* The child of runtime_in_a_forked_child picks the backend itself. */
@@ -343,6 +461,8 @@ int main(void)
 		cmocka_unit_test(abandoned_destroy_still_tears_down),
 		cmocka_unit_test(runtime_destroy_after_an_abandoned_destroy),
 		cmocka_unit_test(fault_hook_pairs_stay_whole),
+		cmocka_unit_test(hooks_refuse_a_capturing_stream),
+		cmocka_unit_test(hook_fails_when_the_capture_query_fails),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

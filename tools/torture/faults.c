@@ -57,6 +57,7 @@ static const opclass ops[] = {
 	{"cuLaunchHostFunc", VMMRT_E_DRIVER, false},
 	{"cuStreamBeginCapture", VMMRT_E_DRIVER, false},
 	{"cuStreamEndCapture", VMMRT_E_DRIVER, false},
+	{"cuStreamIsCapturing", VMMRT_E_DRIVER, false},
 	{"cuGraphLaunch", VMMRT_E_DRIVER, false},
 	{"cuGraphExecDestroy", VMMRT_OK, false},
 	{"cuLaunchKernel", VMMRT_E_DRIVER, false},
