@@ -10,11 +10,15 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/faults.c \
 	tools/torture/scenario.c \
 	tools/torture/illegal.c \
+	tools/torture/stacks.c \
 	tools/torture/torture.h \
 	tools/torture/scenario.h
 # It sets the fault hook and reads the live-object counts (internal headers),
 # so it links the convenience library, not libvmmrt.la (public API only).
 tools_vmmrt_torture_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
+# -export-dynamic (-rdynamic): the stacks of a hang or crash name the
+# executable's global functions (the library's included) through dladdr().
+tools_vmmrt_torture_LDFLAGS = $(AM_LDFLAGS) -export-dynamic
 
 dist_man_MANS += man/man1/vmmrt-torture.1
 
