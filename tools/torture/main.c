@@ -498,7 +498,7 @@ static void parse_args(int argc, char **argv)
 {
 	enum {
 		O_REPLAY = 256, O_STRATEGY, O_GROUPS, O_TENSORS, O_TBYTES, O_WORKERS, O_ITERS, O_DELAYRATE, O_MAXDELAY,
-		O_STALL, O_TIMEOUT, O_WATCHDOG, O_PROGRESS, O_PLANT, O_FAULTOPS, O_LOOKAHEAD,
+		O_STALL, O_TIMEOUT, O_WATCHDOG, O_PROGRESS, O_PLANT, O_FAULTOPS, O_LOOKAHEAD, O_SELFTEST_HANG,
 	};
 	static const struct option lo[] = {
 		{"duration", required_argument, NULL, 'd'},
@@ -522,6 +522,8 @@ static void parse_args(int argc, char **argv)
 		{"progress", required_argument, NULL, O_PROGRESS},
 		{"backend", required_argument, NULL, 'b'},
 		{"plant", required_argument, NULL, O_PLANT},
+		/* Not in --help: for the test of the hang report (tests/torture/hang.sh). */
+		{"selftest-hang", no_argument, NULL, O_SELFTEST_HANG},
 		{"keep-going", no_argument, NULL, 'k'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"quiet", no_argument, NULL, 'q'},
@@ -614,6 +616,7 @@ static void parse_args(int argc, char **argv)
 			else
 				bad(name, optarg);
 			break;
+		case O_SELFTEST_HANG: cfg.selftest_hang = true; break;
 		case 'k': cfg.keep_going = true; break;
 		case 'v': cfg.verbose++; break;
 		case 'q': cfg.progress_s = 0; break;

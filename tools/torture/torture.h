@@ -52,6 +52,7 @@ typedef struct tcfg {
 	bool have_replay;
 	uint64_t replay;            /* run this one scenario seed */
 	int verbose;
+	bool selftest_hang;         /* --selftest-hang: workers block for ever (tests the hang report) */
 } tcfg;
 
 extern tcfg cfg;
@@ -168,6 +169,8 @@ typedef struct fault_ctx {
 } fault_ctx;
 
 vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us);
+/* --selftest-hang: where a driver worker blocks for ever (named in the test's stacks). */
+void t_selftest_hang(const char *op) __attribute__((noreturn, noinline));
 /* --fault-ops: "all", or a comma list of operations; a leading '-' excludes one
  * from the set, a name without it makes the set just the names given. */
 bool t_fault_ops(const char *list);
