@@ -10,25 +10,32 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/faults.c \
 	tools/torture/scenario.c \
 	tools/torture/illegal.c \
+	tools/torture/stacks.c \
 	tools/torture/torture.h \
 	tools/torture/scenario.h
 # It sets the fault hook and reads the live-object counts (internal headers),
 # so it links the convenience library, not libvmmrt.la (public API only).
 tools_vmmrt_torture_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
+# -export-dynamic (-rdynamic): the stacks of a hang or crash name the
+# executable's global functions (the library's included) through dladdr().
+tools_vmmrt_torture_LDFLAGS = $(AM_LDFLAGS) -export-dynamic
 
 dist_man_MANS += man/man1/vmmrt-torture.1
 
 # ---- make check: a short clean run, the planted bugs (each must make the run
-# fail), and the fuzzer's corpus and regression inputs replayed by a plain
-# (gcc) build of the fuzz target. TAP scripts: run through SH_LOG_DRIVER when
-# TEST_EXTENSIONS has .sh (man.mk), else directly (they are executable).
+# fail), the report of a hang (every thread's stack), and the fuzzer's corpus
+# and regression inputs replayed by a plain (gcc) build of the fuzz target.
+# TAP scripts: run through SH_LOG_DRIVER when TEST_EXTENSIONS has .sh
+# (man.mk), else directly (they are executable).
 TESTS += \
 	tests/torture/short.sh \
 	tests/torture/planted.sh \
+	tests/torture/hang.sh \
 	tests/fuzz/replay.sh
 EXTRA_DIST += \
 	tests/torture/short.sh \
 	tests/torture/planted.sh \
+	tests/torture/hang.sh \
 	tests/fuzz/replay.sh \
 	tests/fuzz/corpus \
 	tests/fuzz/regress \

@@ -18,6 +18,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "torture.h"
@@ -122,6 +123,17 @@ void t_fault_ops_print(char *out, size_t len)
 		}
 }
 
+/* A stall that never ends: the worker never returns, so the runtime's
+ * teardown, which joins it, hangs and the watchdog reports it. */
+void t_selftest_hang(const char *op)
+{
+	t_note(1, "  selftest: a driver worker blocks for ever in %s", op);
+	for (;;) {
+		struct timespec ts = {1, 0};
+		nanosleep(&ts, NULL);
+	}
+}
+
 vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 {
 	fault_ctx *f = ctx;
@@ -132,6 +144,12 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	double u1 = (double)(r1 >> 11) * 0x1p-53, u2 = (double)(r2 >> 11) * 0x1p-53;
 	size_t ci = 0;
 	const opclass *c = classify(op, &ci);
+
+	if (cfg.selftest_hang && c && c->vmm && vmmrt_thread_role_get() == VMMRT_ROLE_WORKER) {
+		atomic_fetch_add(&f->stalls, 1); /* the errors that follow have their cause */
+		atomic_fetch_add_explicit(&T.stalls, 1, memory_order_relaxed);
+		t_selftest_hang(op);
+	}
 
 	/* Latency spikes anywhere, up to max_delay_us. */
 	if (f->max_delay_us && u2 < f->delay_rate) {

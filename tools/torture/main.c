@@ -4,6 +4,7 @@
  * (a thread that makes no progress for --watchdog seconds fails the run),
  * prints progress lines and, at the end, one SUMMARY line. A crash (a read of
  * an unmapped slot faults on the host backend) also ends in the SUMMARY line.
+ * A hang and a crash print the stack of every thread first (stacks.c).
  * Exit status: 0 when every invariant held, 1 when one did not, 2 on a usage
  * error.
  */
@@ -250,6 +251,8 @@ static _Atomic int crashing;
 static void on_crash(int sig, siginfo_t *si, void *uc)
 {
 	obuf o = {.n = 0};
+	/* A fault while this thread unwinds itself for a dump: back into the dump. */
+	t_stacks_fault_escape();
 	/* One report: other threads that fault meanwhile wait for its _exit. */
 	if (atomic_exchange(&crashing, 1))
 		for (;;)
@@ -304,6 +307,7 @@ static void on_crash(int sig, siginfo_t *si, void *uc)
 	o_str(&o, replay_args);
 	o_str(&o, " --replay=<scenario>\n");
 	o_write(&o);
+	t_stacks_dump(STDOUT_FILENO, "crash", t_gettid(), uc);
 	summary();
 	/* Not _exit(): sanitizers intercept it and would report the threads this
 	 * crash left unjoined on top of the crash. */
@@ -328,6 +332,8 @@ static void install_crash_handlers(void)
 static void *torture_main(void *arg)
 {
 	tthread *th = arg;
+	atomic_store(&th->tid, t_gettid());
+	t_stacks_label("torture thread", (int)th->id);
 	if (cfg.have_replay) {
 		scenario_run(th, cfg.replay);
 		return NULL;
@@ -343,6 +349,7 @@ static _Atomic int watchdog_stop;
 
 static void *watchdog_main(void *arg)
 {
+	t_stacks_label("the watchdog", -1);
 	while (!atomic_load(&watchdog_stop)) {
 		struct timespec ts = {0, 200000000};
 		nanosleep(&ts, NULL);
@@ -361,6 +368,8 @@ static void *watchdog_main(void *arg)
 					atomic_load(&threads[t].busy) ? "inside" : "after", step ? step : "?", prog,
 					replay_args, atomic_load(&threads[t].scenario));
 				fflush(stdout);
+				/* Where it, and every other thread, is stuck. */
+				t_stacks_dump(STDOUT_FILENO, "hang", atomic_load(&threads[t].tid), NULL);
 				pthread_mutex_unlock(&out_lock);
 				summary();
 				_exit(1);
@@ -489,7 +498,7 @@ static void parse_args(int argc, char **argv)
 {
 	enum {
 		O_REPLAY = 256, O_STRATEGY, O_GROUPS, O_TENSORS, O_TBYTES, O_WORKERS, O_ITERS, O_DELAYRATE, O_MAXDELAY,
-		O_STALL, O_TIMEOUT, O_WATCHDOG, O_PROGRESS, O_PLANT, O_FAULTOPS, O_LOOKAHEAD,
+		O_STALL, O_TIMEOUT, O_WATCHDOG, O_PROGRESS, O_PLANT, O_FAULTOPS, O_LOOKAHEAD, O_SELFTEST_HANG,
 	};
 	static const struct option lo[] = {
 		{"duration", required_argument, NULL, 'd'},
@@ -513,6 +522,8 @@ static void parse_args(int argc, char **argv)
 		{"progress", required_argument, NULL, O_PROGRESS},
 		{"backend", required_argument, NULL, 'b'},
 		{"plant", required_argument, NULL, O_PLANT},
+		/* Not in --help: for the test of the hang report (tests/torture/hang.sh). */
+		{"selftest-hang", no_argument, NULL, O_SELFTEST_HANG},
 		{"keep-going", no_argument, NULL, 'k'},
 		{"verbose", no_argument, NULL, 'v'},
 		{"quiet", no_argument, NULL, 'q'},
@@ -605,6 +616,7 @@ static void parse_args(int argc, char **argv)
 			else
 				bad(name, optarg);
 			break;
+		case O_SELFTEST_HANG: cfg.selftest_hang = true; break;
 		case 'k': cfg.keep_going = true; break;
 		case 'v': cfg.verbose++; break;
 		case 'q': cfg.progress_s = 0; break;
@@ -676,6 +688,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: out of memory\n", prog);
 		return 2;
 	}
+	t_stacks_init();
+	t_stacks_label("main", -1);
 	install_crash_handlers();
 	for (unsigned t = 0; t < cfg.threads; t++) {
 		threads[t].id = t;

@@ -7,6 +7,7 @@
  * faults.c    the fault hook (vmmrt_drv_set_fault_hook) of one runtime
  * scenario.c  one runtime from creation to destruction, verified
  * illegal.c   the illegal calls and the named error each must return
+ * stacks.c    every thread's stack, for the reports of a hang or a crash
  */
 #ifndef VMMRT_TORTURE_H
 #define VMMRT_TORTURE_H
@@ -51,6 +52,7 @@ typedef struct tcfg {
 	bool have_replay;
 	uint64_t replay;            /* run this one scenario seed */
 	int verbose;
+	bool selftest_hang;         /* --selftest-hang: workers block for ever (tests the hang report) */
 } tcfg;
 
 extern tcfg cfg;
@@ -79,6 +81,7 @@ extern totals T;
 /* One torture thread, as the watchdog and the crash handler see it. */
 typedef struct tthread {
 	unsigned id;
+	_Atomic int tid;                /* its kernel thread id (the stacks put it first) */
 	_Atomic uint64_t heartbeat_ns;  /* last time an API call returned */
 	_Atomic uint64_t scenario;      /* seed of the scenario under way (0: none) */
 	_Atomic(const char *) step;     /* what it is doing */
@@ -133,6 +136,21 @@ void t_range_del(uint64_t lo);
 /* The scenario this torture thread runs now (for the crash report). */
 void t_set_scenario(uint64_t seed);
 
+/* ------------------------------------------------------------------ stacks */
+
+/* Before any thread starts: loads the unwinder, installs the dump signal's handler. */
+void t_stacks_init(void);
+/* Names the calling thread in the dumps' headers ("torture thread", 3); num < 0: no number. */
+void t_stacks_label(const char *what, int num);
+/* Prints the stack of every thread of the process to fd: first_tid's first
+ * (if > 0), the caller's from self_uc's instruction on when it is a crash
+ * handler's ucontext (else NULL). Async-signal-safe but for dladdr(). */
+void t_stacks_dump(int fd, const char *why, int first_tid, void *self_uc);
+/* First thing in the crash handler: a fault while this thread unwinds itself
+ * for a dump returns into the dump (which reports it) instead. */
+void t_stacks_fault_escape(void);
+int t_gettid(void);
+
 /* ------------------------------------------------------------------ faults */
 
 typedef struct fault_ctx {
@@ -151,6 +169,8 @@ typedef struct fault_ctx {
 } fault_ctx;
 
 vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us);
+/* --selftest-hang: where a driver worker blocks for ever (named in the test's stacks). */
+void t_selftest_hang(const char *op) __attribute__((noreturn, noinline));
 /* --fault-ops: "all", or a comma list of operations; a leading '-' excludes one
  * from the set, a name without it makes the set just the names given. */
 bool t_fault_ops(const char *list);
