@@ -440,6 +440,8 @@ static void *stream_main(void *arg)
 
 	/* precise BUSY kernels and copy times without spinning through the default 50 us slack */
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+	/* named, so a stack dump or top tells the emulated GPU streams apart */
+	pthread_setname_np(pthread_self(), "vmmrt-stream");
 	pthread_mutex_lock(&st->lock);
 	for (;;) {
 		while (!st->head && !st->stop)
