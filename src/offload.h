@@ -183,6 +183,9 @@ struct vmmrt_offload {
 	char broken_why[256];
 };
 
+/* offload-dump.c: the pipeline's state, for a hang report (racy reads). */
+void vmmrt_offload_dump(vmmrt_runtime *rt, int fd);
+
 /* offload.c */
 vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st);
 vmmrt_status vmmrt_offload_destroy(vmmrt_runtime *rt);

@@ -714,3 +714,29 @@ vmmrt_status vmmrt_workers_trim(vmmrt_workers *w)
 	free(reqs);
 	return first;
 }
+
+/* For vmmrt_offload_dump: what each worker holds back (read without locks). */
+void vmmrt_workers_dump(vmmrt_workers *w, int fd)
+{
+	static const char *kinds[] = {"map", "release", "destroy", "call"};
+	for (unsigned i = 0; i < w->n; i++) {
+		worker *wk = &w->w[i];
+		vmmrt_request *req;
+		unsigned parked = 0, waiting = 0;
+		cds_list_for_each_entry(req, &wk->parked, parked)
+			parked++;
+		cds_list_for_each_entry(req, &wk->waiting, parked)
+			waiting++;
+		dprintf(fd, "    worker %u: queue %s, %u parked, %u waiting for an event, processed %llu, failed %llu", i,
+			cds_wfcq_empty(&wk->head, &wk->tail) ? "empty" : "not empty", parked, waiting,
+			(unsigned long long)uatomic_read(&wk->stats.processed),
+			(unsigned long long)uatomic_read(&wk->stats.failed));
+		if (parked) {
+			req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
+			dprintf(fd, "; first parked: %s, admitted %d, attempts %u, retry %s",
+				req->kind <= VMMRT_REQ_CALL ? kinds[req->kind] : "?", req->admitted, req->attempts,
+				req->retry_at ? "pending" : "none");
+		}
+		dprintf(fd, "\n");
+	}
+}

@@ -158,4 +158,7 @@ vmmrt_status vmmrt_workers_trim(vmmrt_workers *w);
 
 uint64_t vmmrt_now_ns(void);
 
+/* Diagnostics (vmmrt_offload_dump): each worker's queue, parked and waiting requests. */
+void vmmrt_workers_dump(vmmrt_workers *w, int fd);
+
 #endif

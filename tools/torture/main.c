@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "offload.h"
 #include "torture.h"
 
 tcfg cfg = {
@@ -368,7 +369,16 @@ static void *watchdog_main(void *arg)
 					atomic_load(&threads[t].busy) ? "inside" : "after", step ? step : "?", prog,
 					replay_args, atomic_load(&threads[t].scenario));
 				fflush(stdout);
-				/* Where it, and every other thread, is stuck. */
+				/* What each runtime's pipeline waits for, then where it,
+				 * and every other thread, is stuck. */
+				fprintf(stdout, "PIPELINES of the runtimes in use\n");
+				fflush(stdout);
+				for (unsigned u = 0; u < cfg.threads; u++) {
+					vmmrt_runtime *rt = atomic_load(&threads[u].rt);
+					dprintf(STDOUT_FILENO, "  thread %u:\n", u);
+					if (rt)
+						vmmrt_offload_dump(rt, STDOUT_FILENO);
+				}
 				t_stacks_dump(STDOUT_FILENO, "hang", atomic_load(&threads[t].tid), NULL);
 				pthread_mutex_unlock(&out_lock);
 				summary();

@@ -262,6 +262,7 @@ static bool create_runtime(scen *s)
 		goto out;
 	}
 	vmmrt_drv_set_fault_hook(s->rt, t_fault_hook, &s->fc);
+	atomic_store(&s->th->rt, s->rt);
 	good = true;
 out:
 	vmmrt_options_destroy(o);
@@ -857,6 +858,7 @@ static void teardown(scen *s, bool sync)
 		else if (s->cuda && cfg.threads == 1 && f + 64 * MiB < s->base_free)
 			leak(s, "device memory: %zu MiB free, %zu MiB at creation", f >> 20, s->base_free >> 20);
 	}
+	atomic_store(&s->th->rt, NULL);
 	vmmrt_status st = API(s, "vmmrt_runtime_destroy", vmmrt_runtime_destroy(rt));
 	if (st != VMMRT_OK)
 		leak(s, "vmmrt_runtime_destroy: %s", vmmrt_last_error());
@@ -885,6 +887,7 @@ void scenario_run(tthread *th, uint64_t seed)
 	if (chance(&s->r, 0.05))
 		illegal_options(s);
 	if (!create_runtime(s)) {
+		atomic_store(&th->rt, NULL);
 		if (s->rt)
 			(void)vmmrt_runtime_destroy(s->rt);
 		free(s);

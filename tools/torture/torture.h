@@ -87,6 +87,9 @@ typedef struct tthread {
 	_Atomic(const char *) step;     /* what it is doing */
 	_Atomic int busy;               /* inside an API call */
 	char lasterr[240];              /* the scenario's first named error (for crash reports) */
+	/* Its runtime while the scenario uses it (not during create or destroy):
+	 * a hang report prints its pipeline state. */
+	_Atomic(vmmrt_runtime *) rt;
 } tthread;
 
 /* ------------------------------------------------------------------ helpers */
