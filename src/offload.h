@@ -28,6 +28,7 @@ typedef struct vmmrt_remap_req {
 
 enum { USE_F = 0, USE_B = 1 };
 #define VMMRT_REQ_RING 8
+#define VMMRT_PENDING_MAPS 32 /* > the largest look-ahead + 1 */
 
 struct vmmrt_group {
 	vmmrt_runtime *rt;
@@ -164,6 +165,20 @@ struct vmmrt_offload {
 
 	/* remap: admission in schedule order under a budget of groups */
 	uint64_t next_ticket;         /* launch thread */
+	/*
+	 * remap, launch thread: maps requested and not yet known to need no
+	 * more of the launch thread's work, in ticket order (see rm_prefetch).
+	 * A restore's wait goes on the H2D stream only once its map is known
+	 * so: a GPU wait that hangs on a release still to be handed off would
+	 * deadlock against any call that synchronizes the device meanwhile.
+	 */
+	struct vmmrt_pending_map {
+		vmmrt_group *g;
+		uint64_t use, need;
+		uint32_t seq;
+		bool backward;
+	} pending[VMMRT_PENDING_MAPS];
+	unsigned pending_head, pending_n;
 	uint64_t admit_ticket;        /* uatomic, workers */
 	int64_t resident;             /* uatomic: groups mapped or admitted */
 	int64_t budget;

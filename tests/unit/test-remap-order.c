@@ -36,6 +36,8 @@
 #define MiB (1024ull * 1024)
 
 /* A remap runtime (host backend) whose copies of 1 MiB take 50 ms each. */
+static const char *lookahead = "1";
+
 static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream *c)
 {
 	vmmrt_options *o;
@@ -45,6 +47,7 @@ static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream
 	if (vmmrt_options_create(&o) || vmmrt_options_set(o, "backend", "host") || vmmrt_options_set(o, "mode", "remap") ||
 	    vmmrt_options_set(o, "host_latency", "1") || vmmrt_options_set(o, "host_copy_gbps", "0.02") ||
 	    vmmrt_options_set(o, "timeout_ms", "2000") || vmmrt_options_set(o, "host_granularity", "64K") ||
+	    vmmrt_options_set(o, "lookahead", lookahead) ||
 	    vmmrt_runtime_create(o, &rt))
 		_exit(10);
 	vmmrt_options_destroy(o);
@@ -248,6 +251,47 @@ static void failed_hook_owes_no_release(void **state)
 	expect_clean_child(pid);
 }
 
+/*
+ * Look-ahead 2, backward order 1, 0, 2: group 1's restore is requested at
+ * the forward of group 1 itself, and its map needs the release that this
+ * forward's end will hand off. Its wait must not be on the H2D stream yet:
+ * in between, the copy streams must drain (on CUDA, any call that
+ * synchronizes the device, from any thread, deadlocked there: the GPU waited
+ * for the launch thread, the launch thread for the driver's lock).
+ */
+static void no_gpu_wait_on_the_launch_threads_future(void **state)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		child_signals();
+		vmmrt_group *g[3];
+		vmmrt_stream c;
+		lookahead = "2";
+		vmmrt_runtime *rt = slow_remap(3, g, &c);
+		static const unsigned bwd[] = {1, 0, 2};
+		for (int it = 0; it < 3; it++) {
+			for (unsigned i = 0; i < 3; i++) {
+				if (vmmrt_forward_begin(g[i], c))
+					_exit(12);
+				/* Between the hooks of a forward: nothing the GPU waits for
+				 * may need the launch thread to go on first. */
+				if (i == 1 && vmmrt_offload_sync(rt) != VMMRT_OK)
+					_exit(13);
+				if (vmmrt_forward_end(g[i], c))
+					_exit(14);
+			}
+			for (unsigned k = 0; k < 3; k++)
+				if (vmmrt_backward_begin(g[bwd[k]], c) || vmmrt_backward_end(g[bwd[k]], c))
+					_exit(15);
+		}
+		if (vmmrt_offload_sync(rt) != VMMRT_OK)
+			_exit(16);
+		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);
+	}
+	expect_clean_child(pid);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -255,6 +299,7 @@ int main(void)
 		cmocka_unit_test(teardown_waits_for_a_release_in_flight),
 		cmocka_unit_test(teardown_reports_a_map_never_made),
 		cmocka_unit_test(failed_hook_owes_no_release),
+		cmocka_unit_test(no_gpu_wait_on_the_launch_threads_future),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
