@@ -42,6 +42,8 @@ void vmmrt_offload_dump(vmmrt_runtime *rt, int fd)
 				", releases planned %" PRIu64 " done %" PRIu64,
 				uatomic_read(g->flag), g->map_seq, g->map_seq_of[0], g->map_seq_of[1], g->maps_requested,
 				g->releases_planned, (uint64_t)uatomic_read(&g->releases_done));
+		if (g->flag && uatomic_read(&g->owed_index) != VMMRT_NOT_OWED)
+			dprintf(fd, ", owes release %" PRIu64, (uint64_t)uatomic_read(&g->owed_index));
 		dprintf(fd, "\n");
 	}
 	if (rt->workers)

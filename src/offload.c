@@ -514,8 +514,7 @@ static void push_from_host_func(void *arg)
 		 * this function was launched: count it finished, in stream order, or
 		 * the group's next map would wait for it forever. */
 		vmmrt_group_fail(r->g, st, "queue a release after the copy");
-		uatomic_inc(&r->g->releases_done);
-		vmmrt_workers_kick(r->g->rt->workers);
+		vmmrt_remap_release_counted(r->g);
 	}
 }
 

@@ -19,8 +19,7 @@ typedef struct vmmrt_remap_req {
 	vmmrt_request req;
 	vmmrt_group *g;
 	uint64_t ticket;   /* MAP: admission order (schedule order) */
-	uint64_t need;     /* MAP: releases of this group that must have run first;
-			    * owed release: the releases before it */
+	uint64_t need;     /* MAP: releases of this group that must have run first */
 	uint32_t seq;      /* MAP: value written to the group's flag when mapped */
 	bool grew;         /* MAP: it created memory (the slot was not mapped) */
 	vmmrt_bevent *ev;  /* RELEASE after a backward: recorded after its graph */
@@ -29,6 +28,7 @@ typedef struct vmmrt_remap_req {
 enum { USE_F = 0, USE_B = 1 };
 #define VMMRT_REQ_RING 8
 #define VMMRT_PENDING_MAPS 32 /* > the largest look-ahead + 1 */
+#define VMMRT_NOT_OWED UINT64_MAX
 
 struct vmmrt_group {
 	vmmrt_runtime *rt;
@@ -69,20 +69,20 @@ struct vmmrt_group {
 	/*
 	 * Map k needs the group's releases 0..k-1 done (every map is followed
 	 * by a release, in use order). A release a failed hook could not hand
-	 * off is owed: the slot stays mapped, and a no-op request counts it once
-	 * the releases before it ran, so no map waits for it forever and none
-	 * passes a release still in flight.
+	 * off is owed: the slot stays mapped, and it is counted in its turn,
+	 * once the releases before it ran (vmmrt_remap_release_counted), so no
+	 * map waits for it forever and none passes a release still in flight.
 	 */
 	uint64_t maps_requested;      /* launch thread */
 	uint64_t releases_planned;    /* launch thread: release obligations, in use order */
 	uint64_t releases_done;       /* uatomic, workers */
+	uint64_t owed_index;          /* uatomic: the release owed, or VMMRT_NOT_OWED */
 	/*
 	 * Requests per use kind, in rings: the launch thread may run up to
 	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for
 	 * one of its own requests to come back (and that wait is counted).
 	 */
-	vmmrt_remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING], owed[VMMRT_REQ_RING];
-	unsigned owed_next;
+	vmmrt_remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING];
 	unsigned map_next[2], rel_next[2];
 	uint32_t map_seq_of[2];       /* seq of the last map requested per kind */
 
@@ -200,6 +200,9 @@ struct vmmrt_offload {
 
 /* offload-dump.c: the pipeline's state, for a hang report (racy reads). */
 void vmmrt_offload_dump(vmmrt_runtime *rt, int fd);
+
+/* strategy-remap.c: count one of g's releases as run (any thread). */
+void vmmrt_remap_release_counted(vmmrt_group *g);
 
 /* offload.c */
 vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st);

@@ -104,24 +104,21 @@ static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
 	}
 	/* Counted even on failure: a slot left mapped is reused as it is, and no
 	 * later map may wait forever for a release that will not come. */
-	uatomic_inc(&g->releases_done);
+	vmmrt_remap_release_counted(g);
+}
+
+/*
+ * One release of g has run (or failed, or was cancelled): count it, and the
+ * owed one after it, if a failed hook left one there. Either this or
+ * owe_release counts an owed release, never both: each publishes its side
+ * (the count, the owed index) with a full barrier before it reads the other.
+ */
+void vmmrt_remap_release_counted(vmmrt_group *g)
+{
+	uint64_t done = uatomic_add_return(&g->releases_done, 1);
+	if (uatomic_read(&g->owed_index) == done && uatomic_cmpxchg(&g->owed_index, done, VMMRT_NOT_OWED) == done)
+		uatomic_inc(&g->releases_done);
 	vmmrt_workers_kick(g->rt->workers);
-}
-
-/* An owed release (see releases_planned in offload.h) counts once every
- * release planned before it has run. */
-static bool admit_owed(vmmrt_request *req, void *arg)
-{
-	vmmrt_remap_req *r = arg;
-	return uatomic_read(&r->g->releases_done) >= r->need;
-}
-
-static void owed_done(vmmrt_request *req, vmmrt_status st, void *arg)
-{
-	vmmrt_remap_req *r = arg;
-	/* Counted even when cancelled at shutdown, as releases are. */
-	uatomic_inc(&r->g->releases_done);
-	vmmrt_workers_kick(r->g->rt->workers);
 }
 
 /*
@@ -198,14 +195,7 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				if (k == USE_B && (st = vmmrt_drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
 					return vmmrt_error_wrap(st, "group '%s': release events", g->name);
 			}
-		for (int j = 0; j < VMMRT_REQ_RING; j++) {
-			vmmrt_remap_req *o = &g->owed[j];
-			vmmrt_request_init(&o->req, VMMRT_REQ_CALL, NULL); /* nothing to run: it only counts */
-			o->req.admit = admit_owed;
-			o->req.done = owed_done;
-			o->req.done_arg = o;
-			o->g = g;
-		}
+		g->owed_index = VMMRT_NOT_OWED;
 	}
 	return VMMRT_OK;
 }
@@ -223,21 +213,27 @@ static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
 
 /*
  * A hook failed before it handed off release `index` of the group: the slot
- * stays mapped, and the release is counted in its turn (inline, where no
- * admission reads the count, at once). If even that cannot be queued, the
- * group's next map never comes: teardown then finds the stream waiting and
- * reports it.
+ * stays mapped, and the release is counted in its turn, once the releases
+ * before it ran (by whoever is last: this, or the worker that finishes the
+ * one before), so no map waits for it forever and none passes a release
+ * still in flight. A failed hook ends the pipeline (every later hook
+ * refuses), so a group owes at most one.
  */
 static void owe_release(vmmrt_offload *off, vmmrt_group *g, uint64_t index)
 {
-	if (off->rt->driver_inline) {
+	if (off->rt->driver_inline) { /* no admission reads the count */
 		uatomic_inc(&g->releases_done);
 		return;
 	}
-	vmmrt_remap_req *o = &g->owed[g->owed_next++ % VMMRT_REQ_RING];
-	o->need = index;
-	if (reclaim(off, &o->req) != VMMRT_OK || vmmrt_worker_push(off->rt->workers, g->slot->worker, &o->req) != VMMRT_OK)
-		vmmrt_group_fail(g, VMMRT_E_INVALID_STATE, "count a release a failed hook could not queue");
+	if (uatomic_cmpxchg(&g->owed_index, VMMRT_NOT_OWED, index) != VMMRT_NOT_OWED) {
+		vmmrt_group_fail(g, VMMRT_E_INVALID_STATE, "a second release owed (left uncounted)");
+		return;
+	}
+	if (uatomic_read(&g->releases_done) == index &&
+	    uatomic_cmpxchg(&g->owed_index, index, VMMRT_NOT_OWED) == index) {
+		uatomic_inc(&g->releases_done);
+		vmmrt_workers_kick(off->rt->workers);
+	}
 }
 
 static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, uint64_t use)

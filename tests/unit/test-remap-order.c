@@ -251,6 +251,48 @@ static void failed_hook_owes_no_release(void **state)
 	expect_clean_child(pid);
 }
 
+static int32_t records_to_fail;
+
+static vmmrt_status fail_record(void *ctx, const char *op, uint64_t *delay_us)
+{
+	if (!strcmp(op, "cuEventRecord") && uatomic_read(&records_to_fail) > 0 &&
+	    uatomic_add_return(&records_to_fail, -1) >= 0)
+		return VMMRT_E_DRIVER;
+	return VMMRT_OK;
+}
+
+/* The last backward's release is not handed off, and the next forward map
+ * of that group, requested ahead, needs it: it is owed and counted in its
+ * turn (the H200 torture: a request standing for it queued behind that map
+ * on the worker, so neither ever ran and teardown found the stream stuck). */
+static void owed_release_behind_a_map_ahead(void **state)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		child_signals();
+		vmmrt_group *g[2];
+		vmmrt_stream c;
+		unsigned refused = 0;
+		lookahead = "1";
+		vmmrt_runtime *rt = slow_remap(2, g, &c);
+		if (iteration(g, 2, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
+			_exit(12);
+		vmmrt_drv_set_fault_hook(rt, fail_record, NULL);
+		if (vmmrt_forward_begin(g[0], c) || vmmrt_forward_end(g[0], c) || vmmrt_forward_begin(g[1], c) ||
+		    vmmrt_forward_end(g[1], c) || vmmrt_backward_begin(g[1], c) || vmmrt_backward_end(g[1], c) ||
+		    vmmrt_backward_begin(g[0], c))
+			_exit(13);
+		uatomic_set(&records_to_fail, 1);
+		if (vmmrt_backward_end(g[0], c) != VMMRT_E_DRIVER)
+			_exit(14);
+		if (vmmrt_offload_sync(rt) != VMMRT_OK)
+			_exit(15);
+		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 16);
+	}
+	expect_clean_child(pid);
+}
+
 /*
  * Look-ahead 2, backward order 1, 0, 2: group 1's restore is requested at
  * the forward of group 1 itself, and its map needs the release that this
@@ -300,6 +342,7 @@ int main(void)
 		cmocka_unit_test(teardown_reports_a_map_never_made),
 		cmocka_unit_test(failed_hook_owes_no_release),
 		cmocka_unit_test(no_gpu_wait_on_the_launch_threads_future),
+		cmocka_unit_test(owed_release_behind_a_map_ahead),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
