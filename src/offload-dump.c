@@ -14,9 +14,19 @@
 #include <urcu/uatomic.h>
 
 #include "offload.h"
+#include "tsan.h"
 #include "worker.h"
 
+static void dump(vmmrt_runtime *rt, int fd);
+
 void vmmrt_offload_dump(vmmrt_runtime *rt, int fd)
+{
+	VMMRT_TSAN_IGNORE_READS_BEGIN();
+	dump(rt, fd);
+	VMMRT_TSAN_IGNORE_READS_END();
+}
+
+static void dump(vmmrt_runtime *rt, int fd)
 {
 	vmmrt_offload *off = rt ? rt->offload : NULL;
 	if (!off) {

@@ -70,9 +70,16 @@ void __tsan_acquire(void *addr);
 void __tsan_release(void *addr);
 #define VMMRT_TSAN_RELEASE(p) __tsan_release((void *)(p))
 #define VMMRT_TSAN_ACQUIRE(p) __tsan_acquire((void *)(p))
+/* Reads that are racy on purpose (a diagnostic snapshot): not reported. */
+void AnnotateIgnoreReadsBegin(const char *file, int line);
+void AnnotateIgnoreReadsEnd(const char *file, int line);
+#define VMMRT_TSAN_IGNORE_READS_BEGIN() AnnotateIgnoreReadsBegin(__FILE__, __LINE__)
+#define VMMRT_TSAN_IGNORE_READS_END() AnnotateIgnoreReadsEnd(__FILE__, __LINE__)
 #else
 #define VMMRT_TSAN_RELEASE(p) ((void)(p))
 #define VMMRT_TSAN_ACQUIRE(p) ((void)(p))
+#define VMMRT_TSAN_IGNORE_READS_BEGIN() ((void)0)
+#define VMMRT_TSAN_IGNORE_READS_END() ((void)0)
 #endif
 
 #endif /* VMMRT_TSAN_H */

@@ -42,6 +42,7 @@ typedef struct worker {
 	pthread_t thread;
 	bool started;
 	unsigned index;
+	vmmrt_trace *trace; /* the runtime's at creation */
 	vmmrt_workers *pool;
 
 	/* worker-owned: requests waiting for admission, in arrival order */
@@ -568,8 +569,10 @@ static void *worker_main(void *arg)
 	urcu_memb_register_thread();
 	snprintf(name, sizeof(name), "vmmrt-drv-%u", wk->index);
 	pthread_setname_np(pthread_self(), name);
-	if (rt->trace)
-		vmmrt_trace_thread_name(rt->trace, name);
+	/* The trace the runtime was created with, read before this thread
+	 * started: one attached later (vmmrt-bench) names the workers itself. */
+	if (wk->trace)
+		vmmrt_trace_thread_name(wk->trace, name);
 	(void)rt->ops->bind_thread(rt->be);
 
 	for (;;) {
@@ -631,6 +634,7 @@ vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers *
 		ck_ec32_init(&wk->ec, 0);
 		wk->index = i;
 		wk->pool = w;
+		wk->trace = rt->trace;
 		if (w->pool_cap && !(wk->handles = calloc(w->pool_cap, sizeof(pooled_handle)))) {
 			vmmrt_workers_destroy(w, false);
 			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", w->pool_cap);

@@ -38,6 +38,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define NT 4
 #define NS 4
 
+/* What a host function calls with: taken when it is launched, since the
+ * fuzzer's own state changes while the stream runs (a data race otherwise). */
+typedef struct hostfn_args {
+	vmmrt_runtime *rt;
+	vmmrt_group *g0;
+	vmmrt_stream s;
+	vmmrt_slot *slot0;
+} hostfn_args;
+
+#define NHOSTFN 256 /* host functions launched per runtime, at most */
+
 typedef struct fz {
 	const uint8_t *p;
 	size_t n, at;
@@ -51,6 +62,9 @@ typedef struct fz {
 	vmmrt_graph *graph[2];
 	void *host[2];
 	bool allocated;
+	/* one each per host function launched: they may run after the fuzzer moved on */
+	hostfn_args hostfn[NHOSTFN];
+	unsigned nhostfn;
 	/* fault injection */
 	_Atomic int fail_op;        /* index into fail_ops, -1: none */
 	_Atomic int fail_skip;      /* calls of it to let through first */
@@ -243,13 +257,14 @@ static void destroy_runtime(fz *f)
 	memset(f->mapped, 0, sizeof(f->mapped));
 	memset(f->graph, 0, sizeof(f->graph));
 	memset(f->host, 0, sizeof(f->host));
+	f->nhostfn = 0; /* the streams are gone: no host function runs now */
 	f->allocated = false;
 }
 
 /* Called from inside a host function: all of these must be refused. */
 static void from_host_fn(void *arg)
 {
-	fz *f = arg;
+	hostfn_args *f = arg;
 	vmmrt_slot *x = NULL;
 	vmmrt_stream s2 = NULL;
 	size_t a, b;
@@ -260,8 +275,8 @@ static void from_host_fn(void *arg)
 		vmmrt_offload_allocate(f->rt),
 		vmmrt_mem_info(f->rt, &a, &b),
 		vmmrt_runtime_destroy(f->rt),
-		f->ng ? vmmrt_forward_begin(f->g[0], f->s) : VMMRT_E_NOT_PERMITTED,
-		f->slot[0] ? vmmrt_slot_unmap(f->slot[0]) : VMMRT_E_NOT_PERMITTED,
+		f->g0 ? vmmrt_forward_begin(f->g0, f->s) : VMMRT_E_NOT_PERMITTED,
+		f->slot0 ? vmmrt_slot_unmap(f->slot0) : VMMRT_E_NOT_PERMITTED,
 	};
 	for (size_t i = 0; i < sizeof(st) / sizeof(st[0]); i++)
 		if (st[i] != VMMRT_E_NOT_PERMITTED) {
@@ -469,9 +484,15 @@ static void step(fz *f)
 		atomic_store(&f->fail_op, k);
 		break;
 	}
-	case 24:
-		C(vmmrt_drv_launch_host_func(f->rt, f->s, from_host_fn, f));
+	case 24: {
+		if (f->nhostfn == NHOSTFN)
+			break;
+		hostfn_args *a = &f->hostfn[f->nhostfn];
+		*a = (hostfn_args){f->rt, f->ng ? f->g[0] : NULL, f->s, f->slot[0]};
+		if (!C(vmmrt_drv_launch_host_func(f->rt, f->s, from_host_fn, a)))
+			f->nhostfn++;
 		break;
+	}
 	case 25: {
 		unsigned n = 1 + u8(f) % 3;
 		for (unsigned i = 0; i < n; i++)

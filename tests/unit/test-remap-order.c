@@ -169,8 +169,10 @@ static void teardown(bool memory_comes_back)
 		 * freed. Never back: the copy stream still waits for a map that
 		 * cannot be made, which destroy reports instead of freeing what
 		 * the stream would read. */
-		if (memory_comes_back)
+		if (memory_comes_back) {
+			pthread_join(t, NULL);
 			_exit(st == VMMRT_OK ? 0 : 14);
+		}
 		_exit(st == VMMRT_E_BUSY ? 0 : 15);
 	}
 	expect_clean_child(pid);
