@@ -65,17 +65,21 @@ static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream
 	return rt;
 }
 
-/* In the child: die of a fault, as the process would (cmocka catches it otherwise). */
-static void child_signals(void)
-{
-	signal(SIGSEGV, SIG_DFL);
-	signal(SIGBUS, SIG_DFL);
-	alarm(60);
-}
-
-static void expect_clean_child(pid_t pid)
+/* Runs body in a child process, which dies of a fault as the process would
+ * (cmocka would catch it otherwise): the test fails on any signal or on a
+ * non-zero exit status (the step that went wrong). */
+static void in_child(void (*body)(void))
 {
 	int status;
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		signal(SIGSEGV, SIG_DFL);
+		signal(SIGBUS, SIG_DFL);
+		alarm(60);
+		body();
+		_exit(0);
+	}
 	assert_true(pid >= 0);
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	if (WIFSIGNALED(status))
@@ -98,39 +102,38 @@ static vmmrt_status fail_query(void *ctx, const char *op, uint64_t *delay_us)
 	return VMMRT_OK;
 }
 
+static void event_query_failure_keeps_release_order_child(void)
+{
+	vmmrt_group *g;
+	vmmrt_stream c;
+	vmmrt_runtime *rt = slow_remap(1, &g, &c);
+	vmmrt_drv_set_fault_hook(rt, fail_query, NULL);
+	/* One iteration: the forward's release waits 50 ms behind its D2H;
+	 * the backward's release (and its failed query) comes 20 ms in. */
+	if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
+		_exit(12);
+	usleep(20000);
+	if (vmmrt_backward_end(g, c))
+		_exit(13);
+	/* The restore's map waits for the forward's release (50 ms), then
+	 * for memory (creates fail: it retries); the H2D takes 50 ms. */
+	usleep(200000);
+	uatomic_set(&creates_fail, 0);
+	/* The failed query was reported; the release then ran after all. */
+	vmmrt_status st = vmmrt_offload_sync(rt);
+	if (st == VMMRT_OK)
+		_exit(14); /* the failed query must be reported */
+	if (vmmrt_offload_sync(rt) != VMMRT_OK)
+		_exit(15);
+	vmmrt_offload_stats s;
+	if (vmmrt_offload_stats_get(rt, &s) || s.releases != 2)
+		_exit(16);
+	_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);
+}
+
 static void event_query_failure_keeps_release_order(void **state)
 {
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		child_signals();
-		vmmrt_group *g;
-		vmmrt_stream c;
-		vmmrt_runtime *rt = slow_remap(1, &g, &c);
-		vmmrt_drv_set_fault_hook(rt, fail_query, NULL);
-		/* One iteration: the forward's release waits 50 ms behind its D2H;
-		 * the backward's release (and its failed query) comes 20 ms in. */
-		if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
-			_exit(12);
-		usleep(20000);
-		if (vmmrt_backward_end(g, c))
-			_exit(13);
-		/* The restore's map waits for the forward's release (50 ms), then
-		 * for memory (creates fail: it retries); the H2D takes 50 ms. */
-		usleep(200000);
-		uatomic_set(&creates_fail, 0);
-		/* The failed query was reported; the release then ran after all. */
-		vmmrt_status st = vmmrt_offload_sync(rt);
-		if (st == VMMRT_OK)
-			_exit(14); /* the failed query must be reported */
-		if (vmmrt_offload_sync(rt) != VMMRT_OK)
-			_exit(15);
-		vmmrt_offload_stats s;
-		if (vmmrt_offload_stats_get(rt, &s) || s.releases != 2)
-			_exit(16);
-		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);
-	}
-	expect_clean_child(pid);
+	in_child(event_query_failure_keeps_release_order_child);
 }
 
 static vmmrt_status fail_creates(void *ctx, const char *op, uint64_t *delay_us)
@@ -149,43 +152,47 @@ static void *creates_come_back(void *arg)
  * yet) and the restore's map waits for that release. */
 static void teardown(bool memory_comes_back)
 {
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		child_signals();
-		vmmrt_group *g;
-		vmmrt_stream c;
-		pthread_t t;
-		vmmrt_runtime *rt = slow_remap(1, &g, &c);
-		vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
-		if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
-			_exit(12);
-		usleep(30000);
-		uatomic_set(&creates_fail, 1);
-		if (memory_comes_back && pthread_create(&t, NULL, creates_come_back, NULL))
-			_exit(13);
-		vmmrt_status st = vmmrt_runtime_destroy(rt);
-		/* Memory back: the restore ran on mapped memory and everything is
-		 * freed. Never back: the copy stream still waits for a map that
-		 * cannot be made, which destroy reports instead of freeing what
-		 * the stream would read. */
-		if (memory_comes_back) {
-			pthread_join(t, NULL);
-			_exit(st == VMMRT_OK ? 0 : 14);
-		}
-		_exit(st == VMMRT_E_BUSY ? 0 : 15);
+	vmmrt_group *g;
+	vmmrt_stream c;
+	pthread_t t;
+	vmmrt_runtime *rt = slow_remap(1, &g, &c);
+	vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
+	if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
+		_exit(12);
+	usleep(30000);
+	uatomic_set(&creates_fail, 1);
+	if (memory_comes_back && pthread_create(&t, NULL, creates_come_back, NULL))
+		_exit(13);
+	vmmrt_status st = vmmrt_runtime_destroy(rt);
+	/* Memory back: the restore ran on mapped memory and everything is
+	 * freed. Never back: the copy stream still waits for a map that
+	 * cannot be made, which destroy reports instead of freeing what
+	 * the stream would read. */
+	if (memory_comes_back) {
+		pthread_join(t, NULL);
+		_exit(st == VMMRT_OK ? 0 : 14);
 	}
-	expect_clean_child(pid);
+	_exit(st == VMMRT_E_BUSY ? 0 : 15);
 }
 
-static void teardown_waits_for_a_release_in_flight(void **state)
+static void teardown_memory_back(void)
 {
 	teardown(true);
 }
 
-static void teardown_reports_a_map_never_made(void **state)
+static void teardown_memory_gone(void)
 {
 	teardown(false);
+}
+
+static void teardown_waits_for_a_release_in_flight(void **state)
+{
+	in_child(teardown_memory_back);
+}
+
+static void teardown_reports_a_map_never_made(void **state)
+{
+	in_child(teardown_memory_gone);
 }
 
 static int32_t launches_to_fail;
@@ -225,32 +232,31 @@ static vmmrt_status iteration(vmmrt_group **g, unsigned n, vmmrt_stream c, unsig
 	return first;
 }
 
+static void failed_hook_owes_no_release_child(void)
+{
+	vmmrt_group *g[3];
+	vmmrt_stream c;
+	unsigned refused = 0;
+	vmmrt_runtime *rt = slow_remap(3, g, &c);
+	if (iteration(g, 3, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
+		_exit(12);
+	/* The first group's forward release is not handed off. */
+	vmmrt_drv_set_fault_hook(rt, fail_launch, NULL);
+	uatomic_set(&launches_to_fail, 1);
+	if (iteration(g, 3, c, &refused) != VMMRT_E_DRIVER || refused != 10)
+		_exit(13);
+	if (iteration(g, 3, c, &refused) != VMMRT_E_INVALID_STATE)
+		_exit(14);
+	/* Nothing waits for the release that was not handed off: the
+	 * streams drain (a timeout here is the bug). */
+	if (vmmrt_offload_sync(rt) != VMMRT_OK)
+		_exit(15);
+	_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 16);
+}
+
 static void failed_hook_owes_no_release(void **state)
 {
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		child_signals();
-		vmmrt_group *g[3];
-		vmmrt_stream c;
-		unsigned refused = 0;
-		vmmrt_runtime *rt = slow_remap(3, g, &c);
-		if (iteration(g, 3, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
-			_exit(12);
-		/* The first group's forward release is not handed off. */
-		vmmrt_drv_set_fault_hook(rt, fail_launch, NULL);
-		uatomic_set(&launches_to_fail, 1);
-		if (iteration(g, 3, c, &refused) != VMMRT_E_DRIVER || refused != 10)
-			_exit(13);
-		if (iteration(g, 3, c, &refused) != VMMRT_E_INVALID_STATE)
-			_exit(14);
-		/* Nothing waits for the release that was not handed off: the
-		 * streams drain (a timeout here is the bug). */
-		if (vmmrt_offload_sync(rt) != VMMRT_OK)
-			_exit(15);
-		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 16);
-	}
-	expect_clean_child(pid);
+	in_child(failed_hook_owes_no_release_child);
 }
 
 static int32_t records_to_fail;
@@ -267,32 +273,31 @@ static vmmrt_status fail_record(void *ctx, const char *op, uint64_t *delay_us)
  * of that group, requested ahead, needs it: it is owed and counted in its
  * turn (the H200 torture: a request standing for it queued behind that map
  * on the worker, so neither ever ran and teardown found the stream stuck). */
+static void owed_release_behind_a_map_ahead_child(void)
+{
+	vmmrt_group *g[2];
+	vmmrt_stream c;
+	unsigned refused = 0;
+	lookahead = "1";
+	vmmrt_runtime *rt = slow_remap(2, g, &c);
+	if (iteration(g, 2, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
+		_exit(12);
+	vmmrt_drv_set_fault_hook(rt, fail_record, NULL);
+	if (vmmrt_forward_begin(g[0], c) || vmmrt_forward_end(g[0], c) || vmmrt_forward_begin(g[1], c) ||
+	    vmmrt_forward_end(g[1], c) || vmmrt_backward_begin(g[1], c) || vmmrt_backward_end(g[1], c) ||
+	    vmmrt_backward_begin(g[0], c))
+		_exit(13);
+	uatomic_set(&records_to_fail, 1);
+	if (vmmrt_backward_end(g[0], c) != VMMRT_E_DRIVER)
+		_exit(14);
+	if (vmmrt_offload_sync(rt) != VMMRT_OK)
+		_exit(15);
+	_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 16);
+}
+
 static void owed_release_behind_a_map_ahead(void **state)
 {
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		child_signals();
-		vmmrt_group *g[2];
-		vmmrt_stream c;
-		unsigned refused = 0;
-		lookahead = "1";
-		vmmrt_runtime *rt = slow_remap(2, g, &c);
-		if (iteration(g, 2, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
-			_exit(12);
-		vmmrt_drv_set_fault_hook(rt, fail_record, NULL);
-		if (vmmrt_forward_begin(g[0], c) || vmmrt_forward_end(g[0], c) || vmmrt_forward_begin(g[1], c) ||
-		    vmmrt_forward_end(g[1], c) || vmmrt_backward_begin(g[1], c) || vmmrt_backward_end(g[1], c) ||
-		    vmmrt_backward_begin(g[0], c))
-			_exit(13);
-		uatomic_set(&records_to_fail, 1);
-		if (vmmrt_backward_end(g[0], c) != VMMRT_E_DRIVER)
-			_exit(14);
-		if (vmmrt_offload_sync(rt) != VMMRT_OK)
-			_exit(15);
-		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 16);
-	}
-	expect_clean_child(pid);
+	in_child(owed_release_behind_a_map_ahead_child);
 }
 
 /*
@@ -303,37 +308,36 @@ static void owed_release_behind_a_map_ahead(void **state)
  * synchronizes the device, from any thread, deadlocked there: the GPU waited
  * for the launch thread, the launch thread for the driver's lock).
  */
+static void no_gpu_wait_on_the_launch_threads_future_child(void)
+{
+	vmmrt_group *g[3];
+	vmmrt_stream c;
+	lookahead = "2";
+	vmmrt_runtime *rt = slow_remap(3, g, &c);
+	static const unsigned bwd[] = {1, 0, 2};
+	for (int it = 0; it < 3; it++) {
+		for (unsigned i = 0; i < 3; i++) {
+			if (vmmrt_forward_begin(g[i], c))
+				_exit(12);
+			/* Between the hooks of a forward: nothing the GPU waits for
+			 * may need the launch thread to go on first. */
+			if (i == 1 && vmmrt_offload_sync(rt) != VMMRT_OK)
+				_exit(13);
+			if (vmmrt_forward_end(g[i], c))
+				_exit(14);
+		}
+		for (unsigned k = 0; k < 3; k++)
+			if (vmmrt_backward_begin(g[bwd[k]], c) || vmmrt_backward_end(g[bwd[k]], c))
+				_exit(15);
+	}
+	if (vmmrt_offload_sync(rt) != VMMRT_OK)
+		_exit(16);
+	_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);
+}
+
 static void no_gpu_wait_on_the_launch_threads_future(void **state)
 {
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		child_signals();
-		vmmrt_group *g[3];
-		vmmrt_stream c;
-		lookahead = "2";
-		vmmrt_runtime *rt = slow_remap(3, g, &c);
-		static const unsigned bwd[] = {1, 0, 2};
-		for (int it = 0; it < 3; it++) {
-			for (unsigned i = 0; i < 3; i++) {
-				if (vmmrt_forward_begin(g[i], c))
-					_exit(12);
-				/* Between the hooks of a forward: nothing the GPU waits for
-				 * may need the launch thread to go on first. */
-				if (i == 1 && vmmrt_offload_sync(rt) != VMMRT_OK)
-					_exit(13);
-				if (vmmrt_forward_end(g[i], c))
-					_exit(14);
-			}
-			for (unsigned k = 0; k < 3; k++)
-				if (vmmrt_backward_begin(g[bwd[k]], c) || vmmrt_backward_end(g[bwd[k]], c))
-					_exit(15);
-		}
-		if (vmmrt_offload_sync(rt) != VMMRT_OK)
-			_exit(16);
-		_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);
-	}
-	expect_clean_child(pid);
+	in_child(no_gpu_wait_on_the_launch_threads_future_child);
 }
 
 int main(void)

@@ -111,16 +111,7 @@ static void o_kv(obuf *o, const char *k, _Atomic uint64_t *v)
 
 static void o_write(obuf *o)
 {
-	size_t at = 0;
-	while (at < o->n) {
-		ssize_t w = write(STDOUT_FILENO, o->b + at, o->n - at);
-		if (w <= 0) {
-			if (w < 0 && errno == EINTR)
-				continue;
-			break;
-		}
-		at += (size_t)w;
-	}
+	t_write_all(STDOUT_FILENO, o->b, o->n);
 	o->n = 0;
 }
 

@@ -60,11 +60,11 @@ typedef struct sout {
 	char b[1024];
 } sout;
 
-static void s_flush(sout *o)
+void t_write_all(int fd, const char *p, size_t n)
 {
 	size_t at = 0;
-	while (at < o->n) {
-		ssize_t w = write(o->fd, o->b + at, o->n - at);
+	while (at < n) {
+		ssize_t w = write(fd, p + at, n - at);
 		if (w <= 0) {
 			if (w < 0 && errno == EINTR)
 				continue;
@@ -72,6 +72,11 @@ static void s_flush(sout *o)
 		}
 		at += (size_t)w;
 	}
+}
+
+static void s_flush(sout *o)
+{
+	t_write_all(o->fd, o->b, o->n);
 	o->n = 0;
 }
 

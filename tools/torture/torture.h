@@ -141,6 +141,8 @@ void t_set_scenario(uint64_t seed);
 
 /* ------------------------------------------------------------------ stacks */
 
+/* write() all of p to fd, through EINTR and short writes (async-signal-safe). */
+void t_write_all(int fd, const char *p, size_t n);
 /* Before any thread starts: loads the unwinder, installs the dump signal's handler. */
 void t_stacks_init(void);
 /* Names the calling thread in the dumps' headers ("torture thread", 3); num < 0: no number. */
