@@ -148,6 +148,20 @@ void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
 		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_forward_begin(NULL, c));
 		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_backward_begin(h->g, NULL));
 	}
+	/* A hook on a stream that is capturing a graph: its waits and records
+	 * would go into the capture, not the stream; refused, nothing changed. */
+	if (chance(r, 0.1) && s_ok(s, API(s, "vmmrt_graph_begin_capture", vmmrt_graph_begin_capture(s->rt, c)),
+				   "vmmrt_graph_begin_capture")) {
+		vmmrt_graph *gr = NULL;
+		if (chance(r, 0.5))
+			EXPECT(s, VMMRT_E_CAPTURE, vmmrt_forward_begin(h->g, c));
+		else
+			EXPECT(s, VMMRT_E_CAPTURE, vmmrt_backward_end(h->g, c));
+		if (s_ok(s, API(s, "vmmrt_graph_end_capture", vmmrt_graph_end_capture(s->rt, c, &gr)),
+			 "vmmrt_graph_end_capture") &&
+		    gr)
+			s_ok(s, API(s, "vmmrt_graph_destroy", vmmrt_graph_destroy(s->rt, gr)), "vmmrt_graph_destroy");
+	}
 	if (s->errored)
 		return;
 	/* The first iteration records the order until its last non-empty backward. */
