@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include <urcu/pointer.h>
 #include <urcu/uatomic.h>
 
 #include "error.h"
@@ -52,7 +53,9 @@ struct vmmrt_fault_hook {
 void vmmrt_drv_set_fault_hook(vmmrt_runtime *rt, vmmrt_fault_fn fn, void *ctx)
 {
 	/* One pointer, so a call in flight never pairs one hook's function with
-	 * another's context (test-only: no allocation means no hook). */
+	 * another's context (test-only: no allocation means no hook). Published
+	 * as RCU does, so a reader never sees it before its fields (the compiler
+	 * may sink plain stores past a plain store of the pointer). */
 	struct vmmrt_fault_hook *h = fn ? calloc(1, sizeof(*h)) : NULL;
 	if (h) {
 		h->fn = fn;
@@ -60,7 +63,7 @@ void vmmrt_drv_set_fault_hook(vmmrt_runtime *rt, vmmrt_fault_fn fn, void *ctx)
 		h->next = rt->fault_all;
 		rt->fault_all = h;
 	}
-	uatomic_set(&rt->fault, h);
+	rcu_set_pointer(&rt->fault, h);
 }
 
 void vmmrt_drv_free_fault_hooks(vmmrt_runtime *rt)
@@ -86,7 +89,7 @@ static vmmrt_status enter(vmmrt_runtime *rt, const char *op)
 	vmmrt_status st = vmmrt_drv_check_caller(op);
 	if (st != VMMRT_OK)
 		return st;
-	struct vmmrt_fault_hook *h = uatomic_read(&rt->fault);
+	struct vmmrt_fault_hook *h = rcu_dereference(rt->fault);
 	if (h) {
 		uint64_t delay_us = 0;
 		st = h->fn(h->ctx, op, &delay_us);
