@@ -201,6 +201,12 @@ struct vmmrt_offload {
 /* offload-dump.c: the pipeline's state, for a hang report (racy reads). */
 void vmmrt_offload_dump(vmmrt_runtime *rt, int fd);
 
+/* remap-pending.c: a map requested (in ticket order); the restore of a
+ * backward one goes on the H2D stream once the map is assured. */
+vmmrt_status vmmrt_remap_pending_add(vmmrt_offload *off, const struct vmmrt_pending_map *p);
+/* Take what is assured now, and what uses up to `now` need in any case. */
+vmmrt_status vmmrt_remap_pending_flush(vmmrt_offload *off, uint64_t now);
+
 /* strategy-remap.c: count one of g's releases as run (any thread). */
 void vmmrt_remap_release_counted(vmmrt_group *g);
 

@@ -265,67 +265,6 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 	return VMMRT_OK;
 }
 
-/*
- * Will the map of group g that needs `need` releases be admitted without any
- * more work from the launch thread, i.e. with only the releases handed off
- * (or owed) so far? Its own releases must all be; and the groups that stay
- * mapped once those ran must leave it room in the budget. Counting every
- * map requested errs on the side of "not yet": the caller only waits longer.
- */
-static bool map_assured(vmmrt_offload *off, vmmrt_group *g, uint64_t need)
-{
-	if (g->releases_planned < need)
-		return false;
-	if (need == 0)
-		return true; /* the initial backing: it takes no budget */
-	int64_t mapped = 0;
-	for (unsigned i = 0; i < off->ngroups; i++) {
-		vmmrt_group *h = off->groups[i];
-		if (h == g || !h->slot)
-			continue;
-		/* Allocation maps every group once: that counts as a first map. */
-		uint64_t maps = h->maps_requested ? h->maps_requested : 1;
-		mapped += maps > h->releases_planned;
-	}
-	return mapped < off->budget;
-}
-
-/* The restore: behind the map on the H2D stream, never on the launch thread. */
-static vmmrt_status enqueue_restore(vmmrt_offload *off, const struct vmmrt_pending_map *p)
-{
-	vmmrt_group *g = p->g;
-	vmmrt_status st;
-	if ((st = vmmrt_drv_stream_wait_value32(off->rt, off->h2d, g->flag_dev, p->seq)) != VMMRT_OK ||
-	    (st = vmmrt_offload_h2d(off, g)) != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
-	g->restore_use = p->use + 1;
-	return VMMRT_OK;
-}
-
-/*
- * Take the pending maps, in ticket order, that are assured, and those of
- * uses up to `now` in any case: at a use's begin every earlier use has
- * ended and handed its release off, and a map waits only for earlier
- * tickets. A restore whose map is taken goes on the H2D stream.
- */
-static vmmrt_status flush_pending(vmmrt_offload *off, uint64_t now)
-{
-	while (off->pending_n) {
-		struct vmmrt_pending_map *p = &off->pending[off->pending_head];
-		if (p->use > now && !map_assured(off, p->g, p->need))
-			return VMMRT_OK; /* and every later one with it: tickets go in order */
-		struct vmmrt_pending_map taken = *p;
-		off->pending_head = (off->pending_head + 1) % VMMRT_PENDING_MAPS;
-		off->pending_n--;
-		if (taken.backward) {
-			vmmrt_status st = enqueue_restore(off, &taken);
-			if (st != VMMRT_OK)
-				return st;
-		}
-	}
-	return VMMRT_OK;
-}
-
 static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
 	if (backward && vmmrt_offload_is_tail(off, g, use, true)) {
@@ -338,17 +277,12 @@ static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 	int kind = backward ? USE_B : USE_F;
 	struct vmmrt_pending_map p = {g, use, g->map[kind][(g->map_next[kind] - 1) % VMMRT_REQ_RING].need,
 				      g->map_seq_of[kind], backward};
-	if (off->rt->driver_inline) /* mapped already, by this thread */
-		return backward ? enqueue_restore(off, &p) : VMMRT_OK;
-	if (off->pending_n == VMMRT_PENDING_MAPS && (st = flush_pending(off, off->pending[off->pending_head].use)) != VMMRT_OK)
-		return st;
-	off->pending[(off->pending_head + off->pending_n++) % VMMRT_PENDING_MAPS] = p;
-	return flush_pending(off, off->sched.use);
+	return vmmrt_remap_pending_add(off, &p);
 }
 
 static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt_status st = flush_pending(off, off->sched.use);
+	vmmrt_status st = vmmrt_remap_pending_flush(off, off->sched.use);
 	if (st != VMMRT_OK)
 		return st;
 	/* The worker stores the flag once the map call returned: if it is there
@@ -397,12 +331,12 @@ static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_str
 		vmmrt_error_adopt(why);
 		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
 	}
-	return flush_pending(off, off->sched.use); /* a restore may have waited for this release */
+	return vmmrt_remap_pending_flush(off, off->sched.use); /* a restore may have waited for this release */
 }
 
 static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt_status st = flush_pending(off, off->sched.use);
+	vmmrt_status st = vmmrt_remap_pending_flush(off, off->sched.use);
 	if (st != VMMRT_OK)
 		return st;
 	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
@@ -435,7 +369,7 @@ static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_st
 	r->req.after = r->ev;
 	if ((st = vmmrt_worker_push(rt->workers, g->slot->worker, &r->req)) != VMMRT_OK)
 		goto owed;
-	return flush_pending(off, off->sched.use); /* a restore may have waited for this release */
+	return vmmrt_remap_pending_flush(off, off->sched.use); /* a restore may have waited for this release */
 owed:;
 	char why[512];
 	snprintf(why, sizeof(why), "%s", vmmrt_last_error());
