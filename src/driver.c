@@ -17,12 +17,17 @@
 #include <string.h>
 #include <time.h>
 
+/* The inline forms of rcu_set_pointer/rcu_dereference: built from uatomic,
+ * which tsan.h turns into atomics ThreadSanitizer sees (the library's
+ * out-of-line ones it cannot). */
+#define _LGPL_SOURCE
 #include <urcu/pointer.h>
 #include <urcu/uatomic.h>
 
 #include "error.h"
 #include "runtime.h"
 #include "trace.h"
+#include "tsan.h"
 
 static const char *const call_names[VMMRT_CALL_COUNT_] = {
 	[VMMRT_CALL_CREATE] = "cuMemCreate",
