@@ -360,27 +360,12 @@ out:
 
 /* ------------------------------------------------------------- expectations */
 
-/*
- * The layer kernel writes word w = fill(input_seed, w) ^ fill(layer_seed, w)
- * and the checksum kernel sums mix64(word + K * (w + 1)) (backend.h). Computed
- * word by word, so a 1.6 GiB preset layer needs no host buffer.
- */
-uint64_t bench_expected_checksum(size_t bytes, uint64_t input_seed, uint64_t layer_seed)
-{
-	uint64_t sum = 0;
-	for (size_t w = 0; w < bytes / 8; w++) {
-		uint64_t v = vmmrt_fill_word(input_seed, w) ^ vmmrt_fill_word(layer_seed, w);
-		sum += vmmrt_mix64(v + VMMRT_CKSUM_K * (w + 1));
-	}
-	return sum;
-}
-
 bool bench_checksum_selftest(void)
 {
 	uint64_t buf[512];
 	for (size_t w = 0; w < 512; w++)
 		buf[w] = vmmrt_fill_word(7, w) ^ vmmrt_fill_word(1003, w);
-	return vmmrt_checksum_host(buf, sizeof(buf)) == bench_expected_checksum(sizeof(buf), 7, 1003);
+	return vmmrt_checksum_host(buf, sizeof(buf)) == vmmrt_layer_checksum_host(sizeof(buf), 7, 1003);
 }
 
 double bench_offload_budget(const bench_preset *pr, double d2h_gbps)

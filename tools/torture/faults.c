@@ -139,8 +139,8 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	fault_ctx *f = ctx;
 	atomic_fetch_add_explicit(&T.driver_ops, 1, memory_order_relaxed);
 	uint64_t n = atomic_fetch_add_explicit(&f->counter, 1, memory_order_relaxed);
-	uint64_t r1 = t_mix(f->seed ^ (n * 0x9E3779B97F4A7C15ULL));
-	uint64_t r2 = t_mix(r1 + 0x632BE59BD9B4E019ULL);
+	uint64_t r1 = vmmrt_mix64(f->seed ^ (n * 0x9E3779B97F4A7C15ULL));
+	uint64_t r2 = vmmrt_mix64(r1 + 0x632BE59BD9B4E019ULL);
 	double u1 = (double)(r1 >> 11) * 0x1p-53, u2 = (double)(r2 >> 11) * 0x1p-53;
 	size_t ci = 0;
 	const opclass *c = classify(op, &ci);

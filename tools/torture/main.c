@@ -331,7 +331,7 @@ static void *torture_main(void *arg)
 		return NULL;
 	}
 	for (uint64_t k = 0; !t_stopping(); k++) {
-		uint64_t seed = t_mix(cfg.seed ^ t_mix(((uint64_t)th->id << 40) + k + 1));
+		uint64_t seed = vmmrt_mix64(cfg.seed ^ vmmrt_mix64(((uint64_t)th->id << 40) + k + 1));
 		scenario_run(th, seed ? seed : 1);
 	}
 	return NULL;
@@ -639,7 +639,7 @@ static void parse_args(int argc, char **argv)
 		exit(2);
 	}
 	if (!have_seed)
-		cfg.seed = t_mix(t_now_ns() ^ ((uint64_t)getpid() << 32));
+		cfg.seed = vmmrt_mix64(t_now_ns() ^ ((uint64_t)getpid() << 32));
 	if (cfg.have_replay)
 		cfg.threads = 1;
 }

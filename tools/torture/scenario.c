@@ -190,7 +190,7 @@ static void configure(scen *s)
 
 	/* Faults: some scenarios run clean, so that long fault-free sequences are covered too. */
 	fault_ctx *f = &s->fc;
-	f->seed = t_mix(s->seed ^ 0xfa017ULL);
+	f->seed = vmmrt_mix64(s->seed ^ 0xfa017ULL);
 	bool armed = cfg.fault_rate > 0 && chance(r, 0.65);
 	f->rate = armed ? cfg.fault_rate : 0;
 	f->delay_rate = (armed || chance(r, 0.3)) ? cfg.delay_rate : 0;
@@ -273,13 +273,7 @@ out:
 
 static uint64_t expected_sum(const tens *t, uint64_t iterseed)
 {
-	uint64_t sum = 0;
-	size_t words = t->d.bytes / 8;
-	for (size_t k = 0; k < words; k++) {
-		uint64_t w = vmmrt_fill_word(iterseed, k) ^ vmmrt_fill_word(t->seed, k);
-		sum += vmmrt_mix64(w + VMMRT_CKSUM_K * (k + 1));
-	}
-	return sum;
+	return vmmrt_layer_checksum_host(t->d.bytes, iterseed, t->seed);
 }
 
 /* What a wrong result looks like: stale, or another group's bytes. */

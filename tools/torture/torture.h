@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "vmmrt.h"
+#include "backend/backend.h" /* vmmrt_mix64: the seeds' mixer too */
 
 /* ------------------------------------------------------------------ config */
 
@@ -95,15 +96,6 @@ typedef struct tthread {
 /* ------------------------------------------------------------------ helpers */
 
 uint64_t t_now_ns(void);
-static inline uint64_t t_mix(uint64_t x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
 
 typedef struct trng {
 	uint64_t s;
@@ -112,7 +104,7 @@ typedef struct trng {
 static inline uint64_t rnd(trng *r)
 {
 	r->s += 0x9E3779B97F4A7C15ULL;
-	return t_mix(r->s);
+	return vmmrt_mix64(r->s);
 }
 static inline uint64_t rnd_in(trng *r, uint64_t lo, uint64_t hi) /* inclusive */
 {
