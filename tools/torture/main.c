@@ -495,6 +495,25 @@ static void bad(const char *opt, const char *val)
 	exit(2);
 }
 
+/* An unsigned value in [min, max], or a usage error. */
+static unsigned opt_uint(const char *opt, const char *val, uint64_t min, uint64_t max)
+{
+	uint64_t u;
+	if (!parse_u64(val, &u, false) || u < min || u > max)
+		bad(opt, val);
+	return (unsigned)u;
+}
+
+/* The index of val in names (n of them), or a usage error. */
+static int opt_choice(const char *opt, const char *val, const char *const *names, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!strcmp(val, names[i]))
+			return i;
+	bad(opt, val);
+	return -1;
+}
+
 static void parse_args(int argc, char **argv)
 {
 	enum {
@@ -560,16 +579,12 @@ static void parse_args(int argc, char **argv)
 				bad(name, optarg);
 			cfg.have_replay = true;
 			break;
-		case O_STRATEGY:
-			if (!strcmp(optarg, "pingpong"))
-				cfg.strategy = STRAT_PINGPONG;
-			else if (!strcmp(optarg, "remap"))
-				cfg.strategy = STRAT_REMAP;
-			else if (!strcmp(optarg, "both"))
-				cfg.strategy = STRAT_BOTH;
-			else
-				bad(name, optarg);
+		case O_STRATEGY: {
+			static const char *const names[] = {"pingpong", "remap", "both"};
+			static const int values[] = {STRAT_PINGPONG, STRAT_REMAP, STRAT_BOTH};
+			cfg.strategy = values[opt_choice(name, optarg, names, 3)];
 			break;
+		}
 		case O_GROUPS: if (!parse_range(optarg, &cfg.groups, false, 1, 8)) bad(name, optarg); break;
 		case O_TENSORS: if (!parse_range(optarg, &cfg.tensors, false, 1, 4)) bad(name, optarg); break;
 		case O_TBYTES: if (!parse_range(optarg, &cfg.tensor_bytes, true, 8, 64 << 20)) bad(name, optarg); break;
@@ -579,44 +594,22 @@ static void parse_args(int argc, char **argv)
 		case 'f': if (!parse_double(optarg, &cfg.fault_rate, 0, 1)) bad(name, optarg); break;
 		case O_FAULTOPS: if (!t_fault_ops(optarg)) bad(name, optarg); break;
 		case O_DELAYRATE: if (!parse_double(optarg, &cfg.delay_rate, 0, 1)) bad(name, optarg); break;
-		case O_MAXDELAY:
-			if (!parse_u64(optarg, &u, false) || u > 10000)
-				bad(name, optarg);
-			cfg.max_delay_ms = (unsigned)u;
-			break;
-		case O_STALL:
-			if (!parse_u64(optarg, &u, false) || u > 600000)
-				bad(name, optarg);
-			cfg.stall_ms = (unsigned)u;
-			break;
-		case O_TIMEOUT:
-			if (!parse_u64(optarg, &u, false) || u < 1 || u > 86400000)
-				bad(name, optarg);
-			cfg.timeout_ms = (unsigned)u;
-			break;
-		case O_WATCHDOG:
-			if (!parse_u64(optarg, &u, false) || u < 1 || u > 86400)
-				bad(name, optarg);
-			cfg.watchdog_s = (unsigned)u;
-			break;
+		case O_MAXDELAY: cfg.max_delay_ms = opt_uint(name, optarg, 0, 10000); break;
+		case O_STALL: cfg.stall_ms = opt_uint(name, optarg, 0, 600000); break;
+		case O_TIMEOUT: cfg.timeout_ms = opt_uint(name, optarg, 1, 86400000); break;
+		case O_WATCHDOG: cfg.watchdog_s = opt_uint(name, optarg, 1, 86400); break;
 		case O_PROGRESS: if (!parse_double(optarg, &cfg.progress_s, 0, 86400)) bad(name, optarg); break;
 		case 'b':
 			if (strcmp(optarg, "host") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
 				bad(name, optarg);
 			cfg.backend = optarg;
 			break;
-		case O_PLANT:
-			if (!strcmp(optarg, "none"))
-				cfg.plant = PLANT_NONE;
-			else if (!strcmp(optarg, "forward-fence"))
-				cfg.plant = PLANT_FORWARD_FENCE;
-			else if (!strcmp(optarg, "backward-fence"))
-				cfg.plant = PLANT_BACKWARD_FENCE;
-			else if (!strcmp(optarg, "early-release"))
-				cfg.plant = PLANT_EARLY_RELEASE;
-			else
-				bad(name, optarg);
+		case O_PLANT: {
+			/* in the order of the PLANT_ values */
+			static const char *const names[] = {"none", "forward-fence", "backward-fence", "early-release"};
+			cfg.plant = opt_choice(name, optarg, names, 4);
 			break;
+		}
 		case O_SELFTEST_HANG: cfg.selftest_hang = true; break;
 		case 'k': cfg.keep_going = true; break;
 		case 'v': cfg.verbose++; break;
