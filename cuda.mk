@@ -25,7 +25,7 @@ src/kernels/vmmrt_kernels.fatbin: $(srcdir)/src/kernels/vmmrt_kernels.cu $(srcdi
 		--fatbin -o $@ $(srcdir)/src/kernels/vmmrt_kernels.cu
 
 src/kernels/vmmrt_kernels_fatbin.c: src/kernels/vmmrt_kernels.fatbin $(srcdir)/build-aux/embed.sh
-	$(AM_V_GEN)$(SHELL) $(srcdir)/build-aux/embed.sh vmmrt_kernels_fatbin src/kernels/vmmrt_kernels.fatbin >$@.tmp && \
+	$(AM_V_GEN)$(SHELL) $(srcdir)/build-aux/embed.sh vmmrt__kernels_fatbin src/kernels/vmmrt_kernels.fatbin >$@.tmp && \
 	mv -f $@.tmp $@
 endif
 

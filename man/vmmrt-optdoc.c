@@ -16,7 +16,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: %s > rows.man\n", argv[0]);
 		return 2;
 	}
-	vmmrt_options_print_man(stdout);
+	vmmrt__options_print_man(stdout);
 	if (fflush(stdout) != 0 || ferror(stdout)) {
 		perror("vmmrt-optdoc: stdout");
 		return 1;

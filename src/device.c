@@ -10,7 +10,7 @@
 
 #define ENTRY(rt) \
 	do { \
-		vmmrt_status st_ = vmmrt_drv_check_caller(__func__); \
+		vmmrt_status st_ = vmmrt__drv_check_caller(__func__); \
 		if (st_ != VMMRT_OK) \
 			return st_; \
 		VMMRT_CHECK_ARG(rt, "runtime is NULL"); \
@@ -20,21 +20,21 @@ vmmrt_status vmmrt_stream_create(vmmrt_runtime *rt, vmmrt_stream *out)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(out, "out is NULL");
-	return vmmrt_drv_stream_create(rt, out);
+	return vmmrt__drv_stream_create(rt, out);
 }
 
 vmmrt_status vmmrt_stream_destroy(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(stream, "stream is NULL");
-	return vmmrt_drv_stream_destroy(rt, stream);
+	return vmmrt__drv_stream_destroy(rt, stream);
 }
 
 vmmrt_status vmmrt_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(stream, "stream is NULL");
-	return vmmrt_drv_stream_synchronize(rt, stream);
+	return vmmrt__drv_stream_synchronize(rt, stream);
 }
 
 vmmrt_status vmmrt_host_alloc(vmmrt_runtime *rt, size_t bytes, void **out)
@@ -42,8 +42,8 @@ vmmrt_status vmmrt_host_alloc(vmmrt_runtime *rt, size_t bytes, void **out)
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	if (bytes == 0)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "host allocation of 0 bytes");
-	return vmmrt_drv_host_alloc(rt, bytes, out);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "host allocation of 0 bytes");
+	return vmmrt__drv_host_alloc(rt, bytes, out);
 }
 
 vmmrt_status vmmrt_host_free(vmmrt_runtime *rt, void *ptr)
@@ -51,19 +51,19 @@ vmmrt_status vmmrt_host_free(vmmrt_runtime *rt, void *ptr)
 	ENTRY(rt);
 	if (!ptr)
 		return VMMRT_OK;
-	return vmmrt_drv_host_free(rt, ptr);
+	return vmmrt__drv_host_free(rt, ptr);
 }
 
 /* One shared stream for the synchronous helpers: they are for setup and checks. */
 static vmmrt_status sync_copy(vmmrt_runtime *rt, vmmrt_devptr dev, void *host, size_t bytes, bool to_device)
 {
 	if (bytes == 0)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "copy of 0 bytes");
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "copy of 0 bytes");
 	VMMRT_CHECK_ARG(dev && host, "NULL address");
 	pthread_mutex_lock(&rt->sync_lock);
-	vmmrt_status st = to_device ? vmmrt_drv_memcpy_htod_async(rt, dev, host, bytes, rt->sync_stream)
-				    : vmmrt_drv_memcpy_dtoh_async(rt, host, dev, bytes, rt->sync_stream);
-	vmmrt_status st2 = vmmrt_drv_stream_synchronize(rt, rt->sync_stream);
+	vmmrt_status st = to_device ? vmmrt__drv_memcpy_htod_async(rt, dev, host, bytes, rt->sync_stream)
+				    : vmmrt__drv_memcpy_dtoh_async(rt, host, dev, bytes, rt->sync_stream);
+	vmmrt_status st2 = vmmrt__drv_stream_synchronize(rt, rt->sync_stream);
 	pthread_mutex_unlock(&rt->sync_lock);
 	return st != VMMRT_OK ? st : st2;
 }
@@ -80,20 +80,20 @@ vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, 
 	return sync_copy(rt, src, dst, bytes, false);
 }
 
-static vmmrt_status kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_kernel_id k, const vmmrt_kernel_args *a)
+static vmmrt_status kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *a)
 {
 	VMMRT_CHECK_ARG(s, "stream is NULL");
 	if ((k == VMMRT_KERNEL_FILL || k == VMMRT_KERNEL_CHECKSUM) && (a->bytes == 0 || a->bytes % 8))
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "kernel over %zu bytes: need a non-zero multiple of 8",
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "kernel over %zu bytes: need a non-zero multiple of 8",
 				   a->bytes);
-	return vmmrt_drv_kernel(rt, s, k, a);
+	return vmmrt__drv_kernel(rt, s, k, a);
 }
 
 vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(dst, "dst is 0");
-	return kernel(rt, stream, VMMRT_KERNEL_FILL, &(vmmrt_kernel_args){.dst = dst, .bytes = bytes, .seed = seed});
+	return kernel(rt, stream, VMMRT_KERNEL_FILL, &(vmmrt__kernel_args){.dst = dst, .bytes = bytes, .seed = seed});
 }
 
 vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr src, size_t bytes,
@@ -102,13 +102,13 @@ vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(src && result, "address is 0");
 	return kernel(rt, stream, VMMRT_KERNEL_CHECKSUM,
-		      &(vmmrt_kernel_args){.src = src, .out = result, .bytes = bytes});
+		      &(vmmrt__kernel_args){.src = src, .out = result, .bytes = bytes});
 }
 
 vmmrt_status vmmrt_kernel_busy(vmmrt_runtime *rt, vmmrt_stream stream, uint64_t nanoseconds)
 {
 	ENTRY(rt);
-	return kernel(rt, stream, VMMRT_KERNEL_BUSY, &(vmmrt_kernel_args){.ns = nanoseconds});
+	return kernel(rt, stream, VMMRT_KERNEL_BUSY, &(vmmrt__kernel_args){.ns = nanoseconds});
 }
 
 vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, vmmrt_devptr src,
@@ -117,36 +117,36 @@ vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_de
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(dst, "dst is 0");
 	if (bytes == 0 || bytes % 8)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "layer kernel over %zu bytes: need a non-zero multiple of 8",
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "layer kernel over %zu bytes: need a non-zero multiple of 8",
 				   bytes);
 	return kernel(rt, stream, VMMRT_KERNEL_LAYER,
-		      &(vmmrt_kernel_args){.dst = dst, .src = src, .bytes = bytes, .seed = seed, .ns = nanoseconds});
+		      &(vmmrt__kernel_args){.dst = dst, .src = src, .bytes = bytes, .seed = seed, .ns = nanoseconds});
 }
 
 vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(stream, "stream is NULL");
-	return vmmrt_drv_begin_capture(rt, stream);
+	return vmmrt__drv_begin_capture(rt, stream);
 }
 
 vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(stream && out, "NULL argument");
-	return vmmrt_drv_end_capture(rt, stream, (vmmrt_bgraph **)out);
+	return vmmrt__drv_end_capture(rt, stream, (vmmrt__bgraph **)out);
 }
 
 vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(graph && stream, "NULL argument");
-	return vmmrt_drv_graph_launch(rt, (vmmrt_bgraph *)graph, stream);
+	return vmmrt__drv_graph_launch(rt, (vmmrt__bgraph *)graph, stream);
 }
 
 vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph)
 {
 	ENTRY(rt);
 	VMMRT_CHECK_ARG(graph, "graph is NULL");
-	return vmmrt_drv_graph_destroy(rt, (vmmrt_bgraph *)graph);
+	return vmmrt__drv_graph_destroy(rt, (vmmrt__bgraph *)graph);
 }

@@ -37,31 +37,31 @@ static const char *const call_names[VMMRT_CALL_COUNT_] = {
 	[VMMRT_CALL_RELEASE] = "cuMemRelease",
 };
 
-const char *vmmrt_drv_call_name(vmmrt_drv_call c)
+const char *vmmrt__drv_call_name(vmmrt__drv_call c)
 {
 	return (unsigned)c < VMMRT_CALL_COUNT_ ? call_names[c] : "unknown";
 }
 
-uint64_t vmmrt_now_ns(void)
+uint64_t vmmrt__now_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-struct vmmrt_fault_hook {
-	vmmrt_fault_fn fn;
+struct vmmrt__fault_hook {
+	vmmrt__fault_fn fn;
 	void *ctx;
-	struct vmmrt_fault_hook *next;
+	struct vmmrt__fault_hook *next;
 };
 
-void vmmrt_drv_set_fault_hook(vmmrt_runtime *rt, vmmrt_fault_fn fn, void *ctx)
+void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx)
 {
 	/* One pointer, so a call in flight never pairs one hook's function with
 	 * another's context (test-only: no allocation means no hook). Published
 	 * as RCU does, so a reader never sees it before its fields (the compiler
 	 * may sink plain stores past a plain store of the pointer). */
-	struct vmmrt_fault_hook *h = fn ? calloc(1, sizeof(*h)) : NULL;
+	struct vmmrt__fault_hook *h = fn ? calloc(1, sizeof(*h)) : NULL;
 	if (h) {
 		h->fn = fn;
 		h->ctx = ctx;
@@ -71,30 +71,30 @@ void vmmrt_drv_set_fault_hook(vmmrt_runtime *rt, vmmrt_fault_fn fn, void *ctx)
 	rcu_set_pointer(&rt->fault, h);
 }
 
-void vmmrt_drv_free_fault_hooks(vmmrt_runtime *rt)
+void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt)
 {
 	while (rt->fault_all) {
-		struct vmmrt_fault_hook *h = rt->fault_all;
+		struct vmmrt__fault_hook *h = rt->fault_all;
 		rt->fault_all = h->next;
 		free(h);
 	}
 	rt->fault = NULL;
 }
 
-vmmrt_status vmmrt_drv_check_caller(const char *api)
+vmmrt_status vmmrt__drv_check_caller(const char *api)
 {
-	if (vmmrt_thread_role_get() == VMMRT_ROLE_HOST_FUNC)
-		return vmmrt_error(VMMRT_E_NOT_PERMITTED, "%s called from inside a host function", api);
+	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC)
+		return vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s called from inside a host function", api);
 	return VMMRT_OK;
 }
 
 /* Common prologue: host-function rule, then the injected fault if any. */
 static vmmrt_status enter(vmmrt_runtime *rt, const char *op)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(op);
+	vmmrt_status st = vmmrt__drv_check_caller(op);
 	if (st != VMMRT_OK)
 		return st;
-	struct vmmrt_fault_hook *h = rcu_dereference(rt->fault);
+	struct vmmrt__fault_hook *h = rcu_dereference(rt->fault);
 	if (h) {
 		uint64_t delay_us = 0;
 		st = h->fn(h->ctx, op, &delay_us);
@@ -104,35 +104,35 @@ static vmmrt_status enter(vmmrt_runtime *rt, const char *op)
 				;
 		}
 		if (st != VMMRT_OK)
-			return vmmrt_error(st, "%s: injected fault", op);
+			return vmmrt__error(st, "%s: injected fault", op);
 	}
 	return VMMRT_OK;
 }
 
 /* VMM calls that only a driver worker may make (checked mode). */
-static vmmrt_status enter_vmm(vmmrt_runtime *rt, vmmrt_drv_call c)
+static vmmrt_status enter_vmm(vmmrt_runtime *rt, vmmrt__drv_call c)
 {
-	if (rt->checked_threads && vmmrt_thread_role_get() != VMMRT_ROLE_WORKER &&
-	    vmmrt_thread_role_get() != VMMRT_ROLE_HOST_FUNC)
-		return vmmrt_error(VMMRT_E_NOT_PERMITTED,
+	if (rt->checked_threads && vmmrt__thread_role_get() != VMMRT_ROLE_WORKER &&
+	    vmmrt__thread_role_get() != VMMRT_ROLE_HOST_FUNC)
+		return vmmrt__error(VMMRT_E_NOT_PERMITTED,
 				   "%s from a thread that is not a driver worker (checked_threads is on)",
 				   call_names[c]);
 	return enter(rt, call_names[c]);
 }
 
-static void record_call(vmmrt_runtime *rt, vmmrt_drv_call c, uint64_t t0, size_t bytes)
+static void record_call(vmmrt_runtime *rt, vmmrt__drv_call c, uint64_t t0, size_t bytes)
 {
-	uint64_t t1 = vmmrt_now_ns();
-	vmmrt_call_ring *r = &rt->calls[c];
+	uint64_t t1 = vmmrt__now_ns();
+	vmmrt__call_ring *r = &rt->calls[c];
 	uint64_t i = uatomic_add_return(&r->next, 1) - 1;
 	r->us[i % VMMRT_CALL_SAMPLES] = (float)(t1 - t0) / 1000.0f;
 	if (rt->trace)
-		vmmrt_trace_call(rt->trace, call_names[c], t0, t1, bytes);
+		vmmrt__trace_call(rt->trace, call_names[c], t0, t1, bytes);
 }
 
 static void count_blocking(vmmrt_runtime *rt)
 {
-	if (vmmrt_thread_role_get() == VMMRT_ROLE_APP)
+	if (vmmrt__thread_role_get() == VMMRT_ROLE_APP)
 		uatomic_inc(&rt->launch_blocking);
 }
 
@@ -141,7 +141,7 @@ static void count_blocking(vmmrt_runtime *rt)
 		vmmrt_status st_ = enter_vmm(rt, c); \
 		if (st_ != VMMRT_OK) \
 			return st_; \
-		uint64_t t0_ = vmmrt_now_ns(); \
+		uint64_t t0_ = vmmrt__now_ns(); \
 		st_ = (call); \
 		record_call(rt, c, t0_, bytes); \
 		return st_; \
@@ -155,7 +155,7 @@ static void count_blocking(vmmrt_runtime *rt)
 		return (call); \
 	} while (0)
 
-vmmrt_status vmmrt_drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr *out)
+vmmrt_status vmmrt__drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr *out)
 {
 	vmmrt_status st = enter(rt, "cuMemAddressReserve");
 	if (st == VMMRT_OK)
@@ -165,7 +165,7 @@ vmmrt_status vmmrt_drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr *
 	return st;
 }
 
-vmmrt_status vmmrt_drv_va_free(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__drv_va_free(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
 {
 	vmmrt_status st = enter(rt, "cuMemAddressFree");
 	if (st == VMMRT_OK)
@@ -175,12 +175,12 @@ vmmrt_status vmmrt_drv_va_free(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
 	return st;
 }
 
-vmmrt_status vmmrt_drv_mem_create(vmmrt_runtime *rt, size_t size, vmmrt_bhandle *out)
+vmmrt_status vmmrt__drv_mem_create(vmmrt_runtime *rt, size_t size, vmmrt__bhandle *out)
 {
 	vmmrt_status st = enter_vmm(rt, VMMRT_CALL_CREATE);
 	if (st != VMMRT_OK)
 		return st;
-	uint64_t t0 = vmmrt_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	st = rt->ops->mem_create(rt->be, size, out);
 	record_call(rt, VMMRT_CALL_CREATE, t0, size);
 	if (st == VMMRT_OK)
@@ -188,12 +188,12 @@ vmmrt_status vmmrt_drv_mem_create(vmmrt_runtime *rt, size_t size, vmmrt_bhandle 
 	return st;
 }
 
-vmmrt_status vmmrt_drv_mem_release(vmmrt_runtime *rt, vmmrt_bhandle h)
+vmmrt_status vmmrt__drv_mem_release(vmmrt_runtime *rt, vmmrt__bhandle h)
 {
 	vmmrt_status st = enter_vmm(rt, VMMRT_CALL_RELEASE);
 	if (st != VMMRT_OK)
 		return st;
-	uint64_t t0 = vmmrt_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	st = rt->ops->mem_release(rt->be, h);
 	record_call(rt, VMMRT_CALL_RELEASE, t0, 0);
 	if (st == VMMRT_OK)
@@ -201,37 +201,37 @@ vmmrt_status vmmrt_drv_mem_release(vmmrt_runtime *rt, vmmrt_bhandle h)
 	return st;
 }
 
-vmmrt_status vmmrt_drv_mem_map(vmmrt_runtime *rt, vmmrt_devptr va, size_t size, vmmrt_bhandle h)
+vmmrt_status vmmrt__drv_mem_map(vmmrt_runtime *rt, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
 {
 	TIMED_VMM(rt, VMMRT_CALL_MAP, size, rt->ops->mem_map(rt->be, va, size, h));
 }
 
-vmmrt_status vmmrt_drv_mem_unmap(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__drv_mem_unmap(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
 {
 	TIMED_VMM(rt, VMMRT_CALL_UNMAP, size, rt->ops->mem_unmap(rt->be, va, size));
 }
 
-vmmrt_status vmmrt_drv_mem_set_access(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__drv_mem_set_access(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
 {
 	TIMED_VMM(rt, VMMRT_CALL_SET_ACCESS, size, rt->ops->mem_set_access(rt->be, va, size));
 }
 
-vmmrt_status vmmrt_drv_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
+vmmrt_status vmmrt__drv_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
 {
 	PLAIN(rt, "cuMemGetInfo", rt->ops->mem_info(rt->be, free_bytes, total_bytes));
 }
 
-vmmrt_status vmmrt_drv_stream_create(vmmrt_runtime *rt, vmmrt_stream *out)
+vmmrt_status vmmrt__drv_stream_create(vmmrt_runtime *rt, vmmrt_stream *out)
 {
 	PLAIN(rt, "cuStreamCreate", rt->ops->stream_create(rt->be, out));
 }
 
-vmmrt_status vmmrt_drv_stream_destroy(vmmrt_runtime *rt, vmmrt_stream s)
+vmmrt_status vmmrt__drv_stream_destroy(vmmrt_runtime *rt, vmmrt_stream s)
 {
 	PLAIN(rt, "cuStreamDestroy", rt->ops->stream_destroy(rt->be, s));
 }
 
-vmmrt_status vmmrt_drv_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream s)
+vmmrt_status vmmrt__drv_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream s)
 {
 	vmmrt_status st = enter(rt, "cuStreamSynchronize");
 	if (st != VMMRT_OK)
@@ -240,42 +240,42 @@ vmmrt_status vmmrt_drv_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream s)
 	return rt->ops->stream_synchronize(rt->be, s);
 }
 
-vmmrt_status vmmrt_drv_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bevent *e)
+vmmrt_status vmmrt__drv_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bevent *e)
 {
 	PLAIN(rt, "cuStreamWaitEvent", rt->ops->stream_wait_event(rt->be, s, e));
 }
 
-vmmrt_status vmmrt_drv_stream_wait_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
+vmmrt_status vmmrt__drv_stream_wait_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
 {
 	PLAIN(rt, "cuStreamWaitValue32", rt->ops->stream_wait_value32(rt->be, s, addr, v));
 }
 
-vmmrt_status vmmrt_drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
+vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
 {
 	PLAIN(rt, "cuStreamWriteValue32", rt->ops->stream_write_value32(rt->be, s, addr, v));
 }
 
-vmmrt_status vmmrt_drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt_bevent **out)
+vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out)
 {
 	PLAIN(rt, "cuEventCreate", rt->ops->event_create(rt->be, timing, out));
 }
 
-vmmrt_status vmmrt_drv_event_destroy(vmmrt_runtime *rt, vmmrt_bevent *e)
+vmmrt_status vmmrt__drv_event_destroy(vmmrt_runtime *rt, vmmrt__bevent *e)
 {
 	PLAIN(rt, "cuEventDestroy", rt->ops->event_destroy(rt->be, e));
 }
 
-vmmrt_status vmmrt_drv_event_record(vmmrt_runtime *rt, vmmrt_bevent *e, vmmrt_stream s)
+vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_stream s)
 {
 	PLAIN(rt, "cuEventRecord", rt->ops->event_record(rt->be, e, s));
 }
 
-vmmrt_status vmmrt_drv_event_query(vmmrt_runtime *rt, vmmrt_bevent *e)
+vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e)
 {
 	PLAIN(rt, "cuEventQuery", rt->ops->event_query(rt->be, e));
 }
 
-vmmrt_status vmmrt_drv_event_synchronize(vmmrt_runtime *rt, vmmrt_bevent *e)
+vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e)
 {
 	vmmrt_status st = enter(rt, "cuEventSynchronize");
 	if (st != VMMRT_OK)
@@ -284,54 +284,54 @@ vmmrt_status vmmrt_drv_event_synchronize(vmmrt_runtime *rt, vmmrt_bevent *e)
 	return rt->ops->event_synchronize(rt->be, e);
 }
 
-vmmrt_status vmmrt_drv_event_elapsed_ms(vmmrt_runtime *rt, vmmrt_bevent *a, vmmrt_bevent *b, float *ms)
+vmmrt_status vmmrt__drv_event_elapsed_ms(vmmrt_runtime *rt, vmmrt__bevent *a, vmmrt__bevent *b, float *ms)
 {
 	PLAIN(rt, "cuEventElapsedTime", rt->ops->event_elapsed_ms(rt->be, a, b, ms));
 }
 
-vmmrt_status vmmrt_drv_launch_host_func(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_host_fn fn, void *arg)
+vmmrt_status vmmrt__drv_launch_host_func(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__host_fn fn, void *arg)
 {
 	PLAIN(rt, "cuLaunchHostFunc", rt->ops->launch_host_func(rt->be, s, fn, arg));
 }
 
-vmmrt_status vmmrt_drv_memcpy_htod_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t n, vmmrt_stream s)
+vmmrt_status vmmrt__drv_memcpy_htod_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t n, vmmrt_stream s)
 {
 	PLAIN(rt, "cuMemcpyHtoDAsync", rt->ops->memcpy_htod_async(rt->be, dst, src, n, s));
 }
 
-vmmrt_status vmmrt_drv_memcpy_dtoh_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
+vmmrt_status vmmrt__drv_memcpy_dtoh_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
 {
 	PLAIN(rt, "cuMemcpyDtoHAsync", rt->ops->memcpy_dtoh_async(rt->be, dst, src, n, s));
 }
 
-vmmrt_status vmmrt_drv_memcpy_dtod_async(vmmrt_runtime *rt, vmmrt_devptr dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
+vmmrt_status vmmrt__drv_memcpy_dtod_async(vmmrt_runtime *rt, vmmrt_devptr dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
 {
 	PLAIN(rt, "cuMemcpyDtoDAsync", rt->ops->memcpy_dtod_async(rt->be, dst, src, n, s));
 }
 
-vmmrt_status vmmrt_drv_host_alloc(vmmrt_runtime *rt, size_t size, void **out)
+vmmrt_status vmmrt__drv_host_alloc(vmmrt_runtime *rt, size_t size, void **out)
 {
 	PLAIN(rt, "cuMemHostAlloc", rt->ops->host_alloc(rt->be, size, out));
 }
 
-vmmrt_status vmmrt_drv_host_free(vmmrt_runtime *rt, void *p)
+vmmrt_status vmmrt__drv_host_free(vmmrt_runtime *rt, void *p)
 {
 	PLAIN(rt, "cuMemFreeHost", rt->ops->host_free(rt->be, p));
 }
 
-vmmrt_status vmmrt_drv_host_devptr(vmmrt_runtime *rt, void *p, vmmrt_devptr *out)
+vmmrt_status vmmrt__drv_host_devptr(vmmrt_runtime *rt, void *p, vmmrt_devptr *out)
 {
 	PLAIN(rt, "cuMemHostGetDevicePointer", rt->ops->host_devptr(rt->be, p, out));
 }
 
-vmmrt_status vmmrt_drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s)
+vmmrt_status vmmrt__drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s)
 {
 	PLAIN(rt, "cuStreamBeginCapture", rt->ops->stream_begin_capture(rt->be, s));
 }
 
-vmmrt_status vmmrt_drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bgraph **out)
+vmmrt_status vmmrt__drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bgraph **out)
 {
-	vmmrt_status st = vmmrt_drv_check_caller("cuStreamEndCapture");
+	vmmrt_status st = vmmrt__drv_check_caller("cuStreamEndCapture");
 	if (st != VMMRT_OK)
 		return st;
 	if ((st = enter(rt, "cuStreamEndCapture")) != VMMRT_OK) {
@@ -339,32 +339,32 @@ vmmrt_status vmmrt_drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_bgra
 		 * when it fails, so end it here too (and drop the graph), or the
 		 * stream would stay in a state no driver leaves it in. */
 		char why[512];
-		vmmrt_bgraph *g = NULL;
+		vmmrt__bgraph *g = NULL;
 		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 		if (rt->ops->stream_end_capture(rt->be, s, &g) == VMMRT_OK && g)
 			(void)rt->ops->graph_destroy(rt->be, g);
-		vmmrt_error_adopt(why);
+		vmmrt__error_adopt(why);
 		return st;
 	}
 	return rt->ops->stream_end_capture(rt->be, s, out);
 }
 
-vmmrt_status vmmrt_drv_stream_is_capturing(vmmrt_runtime *rt, vmmrt_stream s, bool *out)
+vmmrt_status vmmrt__drv_stream_is_capturing(vmmrt_runtime *rt, vmmrt_stream s, bool *out)
 {
 	PLAIN(rt, "cuStreamIsCapturing", rt->ops->stream_is_capturing(rt->be, s, out));
 }
 
-vmmrt_status vmmrt_drv_graph_launch(vmmrt_runtime *rt, vmmrt_bgraph *g, vmmrt_stream s)
+vmmrt_status vmmrt__drv_graph_launch(vmmrt_runtime *rt, vmmrt__bgraph *g, vmmrt_stream s)
 {
 	PLAIN(rt, "cuGraphLaunch", rt->ops->graph_launch(rt->be, g, s));
 }
 
-vmmrt_status vmmrt_drv_graph_destroy(vmmrt_runtime *rt, vmmrt_bgraph *g)
+vmmrt_status vmmrt__drv_graph_destroy(vmmrt_runtime *rt, vmmrt__bgraph *g)
 {
 	PLAIN(rt, "cuGraphExecDestroy", rt->ops->graph_destroy(rt->be, g));
 }
 
-vmmrt_status vmmrt_drv_kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_kernel_id k, const vmmrt_kernel_args *a)
+vmmrt_status vmmrt__drv_kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *a)
 {
 	PLAIN(rt, "cuLaunchKernel", rt->ops->kernel_launch(rt->be, s, k, a));
 }
@@ -375,12 +375,12 @@ static int cmp_float(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-void vmmrt_drv_call_stats(vmmrt_runtime *rt, vmmrt_drv_call c, vmmrt_call_stats *out)
+void vmmrt__drv_call_stats(vmmrt_runtime *rt, vmmrt__drv_call c, vmmrt__call_stats *out)
 {
 	memset(out, 0, sizeof(*out));
 	if ((unsigned)c >= VMMRT_CALL_COUNT_)
 		return;
-	vmmrt_call_ring *r = &rt->calls[c];
+	vmmrt__call_ring *r = &rt->calls[c];
 	uint64_t total = uatomic_read(&r->next);
 	size_t n = total < VMMRT_CALL_SAMPLES ? (size_t)total : VMMRT_CALL_SAMPLES;
 	out->count = total;
@@ -397,14 +397,14 @@ void vmmrt_drv_call_stats(vmmrt_runtime *rt, vmmrt_drv_call c, vmmrt_call_stats 
 	free(tmp);
 }
 
-void vmmrt_drv_reset_stats(vmmrt_runtime *rt)
+void vmmrt__drv_reset_stats(vmmrt_runtime *rt)
 {
 	for (int c = 0; c < VMMRT_CALL_COUNT_; c++)
 		uatomic_set(&rt->calls[c].next, 0);
 	uatomic_set(&rt->launch_blocking, 0);
 }
 
-uint64_t vmmrt_drv_launch_thread_blocking(vmmrt_runtime *rt)
+uint64_t vmmrt__drv_launch_thread_blocking(vmmrt_runtime *rt)
 {
 	return uatomic_read(&rt->launch_blocking);
 }
@@ -413,9 +413,9 @@ vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driv
 {
 	VMMRT_CHECK_ARG(rt && out, "NULL argument");
 	if (call >= VMMRT_CALL_COUNT_)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "driver call %u >= %d", call, VMMRT_CALL_COUNT_);
-	vmmrt_call_stats s;
-	vmmrt_drv_call_stats(rt, (vmmrt_drv_call)call, &s);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "driver call %u >= %d", call, VMMRT_CALL_COUNT_);
+	vmmrt__call_stats s;
+	vmmrt__drv_call_stats(rt, (vmmrt__drv_call)call, &s);
 	*out = (vmmrt_driver_stats){call_names[call], s.count, s.p50_us, s.p99_us, s.max_us};
 	return VMMRT_OK;
 }
@@ -423,6 +423,6 @@ vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driv
 vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt)
 {
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	vmmrt_drv_reset_stats(rt);
+	vmmrt__drv_reset_stats(rt);
 	return VMMRT_OK;
 }

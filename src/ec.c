@@ -58,12 +58,12 @@ static const struct ck_ec_ops ec_ops = {
 	.busy_loop_iter = 200,
 };
 
-const struct ck_ec_mode vmmrt_ec_mp = {
+const struct ck_ec_mode vmmrt__ec_mp = {
 	.ops = &ec_ops,
 	.single_producer = false,
 };
 
-const struct timespec *vmmrt_deadline(struct timespec *ts, uint64_t timeout_ms)
+const struct timespec *vmmrt__deadline(struct timespec *ts, uint64_t timeout_ms)
 {
 	if (timeout_ms == UINT64_MAX)
 		return NULL;
@@ -77,12 +77,12 @@ const struct timespec *vmmrt_deadline(struct timespec *ts, uint64_t timeout_ms)
 	return ts;
 }
 
-void vmmrt_futex_wait(int32_t *addr, int32_t expected, const struct timespec *deadline)
+void vmmrt__futex_wait(int32_t *addr, int32_t expected, const struct timespec *deadline)
 {
 	(void)futex_bitset_wait(addr, (uint32_t)expected, deadline);
 }
 
-void vmmrt_futex_wake_all(int32_t *addr)
+void vmmrt__futex_wake_all(int32_t *addr)
 {
 	(void)futex_async(addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }

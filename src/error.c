@@ -52,17 +52,17 @@ const char *vmmrt_last_error(void)
 	return last_message;
 }
 
-void vmmrt_error_clear(void)
+void vmmrt__error_clear(void)
 {
 	last_message[0] = '\0';
 }
 
-void vmmrt_error_adopt(const char *message)
+void vmmrt__error_adopt(const char *message)
 {
 	snprintf(last_message, sizeof(last_message), "%s", message);
 }
 
-vmmrt_status vmmrt_error(vmmrt_status status, const char *fmt, ...)
+vmmrt_status vmmrt__error(vmmrt_status status, const char *fmt, ...)
 {
 	int n = snprintf(last_message, sizeof(last_message), "%s: ", vmmrt_status_name(status));
 	va_list ap;
@@ -87,7 +87,7 @@ static size_t append(char *dst, size_t at, size_t cap, const char *src)
 	return at + n;
 }
 
-vmmrt_status vmmrt_error_wrap(vmmrt_status status, const char *fmt, ...)
+vmmrt_status vmmrt__error_wrap(vmmrt_status status, const char *fmt, ...)
 {
 	char prefix[256], old[sizeof(last_message)];
 	size_t at = 0;

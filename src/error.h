@@ -1,5 +1,5 @@
 /*
- * Error reporting: every failing internal path calls vmmrt_error() once, at the
+ * Error reporting: every failing internal path calls vmmrt__error() once, at the
  * place that knows the cause, and returns its status. The message is kept per
  * thread so the public vmmrt_last_error() describes this thread's last failure.
  */
@@ -15,17 +15,17 @@
 #endif
 
 /* Set this thread's message ("VMMRT_E_X: <text>") and return status. */
-vmmrt_status vmmrt_error(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
+vmmrt_status vmmrt__error(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
 /* Keep the message of a failure already reported below, prefixing context. */
-vmmrt_status vmmrt_error_wrap(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
-void vmmrt_error_clear(void);
+vmmrt_status vmmrt__error_wrap(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
+void vmmrt__error_clear(void);
 /* Adopt a message reported on another thread (a worker's, for its waiter). */
-void vmmrt_error_adopt(const char *message);
+void vmmrt__error_adopt(const char *message);
 
 #define VMMRT_CHECK_ARG(cond, what) \
 	do { \
 		if (!(cond)) \
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: %s", __func__, what); \
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: %s", __func__, what); \
 	} while (0)
 
 #endif

@@ -18,7 +18,7 @@
 
 #define GROUP_ENTRY(g) \
 	do { \
-		vmmrt_status st_ = vmmrt_drv_check_caller(__func__); \
+		vmmrt_status st_ = vmmrt__drv_check_caller(__func__); \
 		if (st_ != VMMRT_OK) \
 			return st_; \
 		VMMRT_CHECK_ARG(g, "group is NULL"); \
@@ -26,27 +26,27 @@
 
 vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	vmmrt_status st = vmmrt__drv_check_caller(__func__);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(rt && out, "NULL argument");
-	vmmrt_offload *off = vmmrt_offload_get(rt, &st);
+	vmmrt__offload *off = vmmrt__offload_get(rt, &st);
 	if (!off)
 		return st;
 	if (off->allocated)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s' created after vmmrt_offload_allocate",
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s' created after vmmrt_offload_allocate",
 				   name ? name : "");
 	if (off->ngroups == off->cap) {
 		unsigned cap = off->cap ? off->cap * 2 : 16;
 		vmmrt_group **gs = realloc(off->groups, cap * sizeof(*gs));
 		if (!gs)
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "group list");
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group list");
 		off->groups = gs;
 		off->cap = cap;
 	}
 	vmmrt_group *g = calloc(1, sizeof(*g));
 	if (!g)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "group");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group");
 	g->rt = rt;
 	g->off = off;
 	g->index = off->ngroups;
@@ -63,15 +63,15 @@ vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group
 static vmmrt_status check_desc(const vmmrt_group *g, const vmmrt_tensor_desc *d)
 {
 	if (!d)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "group '%s': descriptor is NULL", g->name);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "group '%s': descriptor is NULL", g->name);
 	if (d->bytes == 0 || d->bytes > (SIZE_MAX >> 2))
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "group '%s': tensor of %zu bytes", g->name, d->bytes);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "group '%s': tensor of %zu bytes", g->name, d->bytes);
 	if (d->ndim > VMMRT_MAX_DIMS)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "group '%s': %u dimensions (at most %d)", g->name,
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "group '%s': %u dimensions (at most %d)", g->name,
 				   d->ndim, VMMRT_MAX_DIMS);
 	size_t a = d->align ? d->align : DEFAULT_ALIGN;
 	if ((a & (a - 1)) != 0 || a > (1u << 21))
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "group '%s': alignment %zu is not a power of two <= 2 MiB",
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "group '%s': alignment %zu is not a power of two <= 2 MiB",
 				   g->name, d->align);
 	return VMMRT_OK;
 }
@@ -83,23 +83,23 @@ vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *d)
 	if (st != VMMRT_OK)
 		return st;
 	if (g->state != VMMRT_GROUP_DISCOVERING)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': discovery is over (allocated)", g->name);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': discovery is over (allocated)", g->name);
 	if (g->ndesc == g->cap) {
 		unsigned cap = g->cap ? g->cap * 2 : 8;
 		vmmrt_tensor_desc *nd = realloc(g->desc, cap * sizeof(*nd));
 		if (!nd)
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
 		g->desc = nd;
 		size_t *no = realloc(g->offset, cap * sizeof(*no));
 		if (!no)
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
 		g->offset = no;
 		g->cap = cap;
 	}
 	size_t a = d->align ? d->align : DEFAULT_ALIGN;
 	size_t off = (g->bytes + a - 1) & ~(a - 1);
 	if (off > SIZE_MAX - d->bytes)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "group '%s': total size overflows", g->name);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "group '%s': total size overflows", g->name);
 	g->desc[g->ndesc] = *d;
 	g->offset[g->ndesc] = off;
 	g->ndesc++;
@@ -108,44 +108,44 @@ vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *d)
 }
 
 /* Pinned host buffer and the four events every strategy uses. */
-vmmrt_status vmmrt_group_alloc_common(vmmrt_group *g)
+vmmrt_status vmmrt__group_alloc_common(vmmrt_group *g)
 {
 	vmmrt_runtime *rt = g->rt;
 	vmmrt_status st;
 	/* Whole 8-byte words, so the checksum kernels can read the tail too. */
-	if ((st = vmmrt_drv_host_alloc(rt, (g->bytes + 7) & ~(size_t)7, &g->host)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, false, &g->fwd_done)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, true, &g->d2h_start)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, true, &g->d2h_done)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, true, &g->h2d_start)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, true, &g->restored)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_create(rt, false, &g->consumed)) != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': allocation", g->name);
+	if ((st = vmmrt__drv_host_alloc(rt, (g->bytes + 7) & ~(size_t)7, &g->host)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_create(rt, false, &g->fwd_done)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_create(rt, true, &g->d2h_start)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_create(rt, true, &g->d2h_done)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_create(rt, true, &g->h2d_start)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_create(rt, true, &g->restored)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_create(rt, false, &g->consumed)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "group '%s': allocation", g->name);
 	return VMMRT_OK;
 }
 
-void vmmrt_group_release(vmmrt_group *g)
+void vmmrt__group_release(vmmrt_group *g)
 {
 	vmmrt_runtime *rt = g->rt;
-	vmmrt_bevent **ev[] = {&g->fwd_done, &g->d2h_start, &g->d2h_done, &g->h2d_start, &g->restored, &g->consumed};
+	vmmrt__bevent **ev[] = {&g->fwd_done, &g->d2h_start, &g->d2h_done, &g->h2d_start, &g->restored, &g->consumed};
 	for (unsigned i = 0; i < sizeof(ev) / sizeof(ev[0]); i++)
 		if (*ev[i]) {
-			(void)vmmrt_drv_event_destroy(rt, *ev[i]);
+			(void)vmmrt__drv_event_destroy(rt, *ev[i]);
 			*ev[i] = NULL;
 		}
 	/* Pinned memory a stuck stream may still copy from is left allocated:
 	 * freeing it can wait for that stream forever (cuMemFreeHost), or let a
 	 * copy read freed memory; destroy reports the leak. */
 	if (g->host && !g->off->stuck)
-		(void)vmmrt_drv_host_free(rt, g->host);
+		(void)vmmrt__drv_host_free(rt, g->host);
 	g->host = NULL;
 	g->base = 0;
 	g->state = VMMRT_GROUP_DISCOVERING;
 }
 
-void vmmrt_group_free(vmmrt_group *g)
+void vmmrt__group_free(vmmrt_group *g)
 {
-	vmmrt_group_release(g);
+	vmmrt__group_release(g);
 	free(g->desc);
 	free(g->offset);
 	free(g);
@@ -155,7 +155,7 @@ vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g)
 {
 	GROUP_ENTRY(g);
 	if (g->state != VMMRT_GROUP_ALLOCATED && g->state != VMMRT_GROUP_READY)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': begin capture needs an allocated group",
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': begin capture needs an allocated group",
 				   g->name);
 	g->saved = 0;
 	g->state = VMMRT_GROUP_CAPTURING;
@@ -182,12 +182,12 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 	if (st != VMMRT_OK)
 		return st;
 	if (g->state != VMMRT_GROUP_CAPTURING)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': save outside begin/end capture", g->name);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': save outside begin/end capture", g->name);
 	if (g->saved >= g->ndesc)
-		return vmmrt_error(VMMRT_E_MISMATCH, "group '%s': tensor %u saved, but discovery found only %u",
+		return vmmrt__error(VMMRT_E_MISMATCH, "group '%s': tensor %u saved, but discovery found only %u",
 				   g->name, g->saved + 1, g->ndesc);
 	if (!same_desc(d, &g->desc[g->saved]))
-		return vmmrt_error(VMMRT_E_MISMATCH,
+		return vmmrt__error(VMMRT_E_MISMATCH,
 				   "group '%s': tensor %u differs from discovery (bytes %zu vs %zu, dtype %u vs %u, "
 				   "ndim %u vs %u, or shape/stride/alignment)",
 				   g->name, g->saved, d->bytes, g->desc[g->saved].bytes, d->dtype,
@@ -195,11 +195,11 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 	vmmrt_devptr dst = g->base + g->offset[g->saved];
 	/* The address handed out must lie inside the reserved range, whatever the strategy. */
 	if (dst < g->base || dst + d->bytes > g->base + g->bytes)
-		return vmmrt_error(VMMRT_E_MISMATCH, "group '%s': tensor %u at 0x%llx is outside the slot", g->name,
+		return vmmrt__error(VMMRT_E_MISMATCH, "group '%s': tensor %u at 0x%llx is outside the slot", g->name,
 				   g->saved, (unsigned long long)dst);
 	if (src) {
 		VMMRT_CHECK_ARG(stream, "stream is NULL with a source to copy");
-		st = vmmrt_drv_memcpy_dtod_async(g->rt, dst, src, d->bytes, stream);
+		st = vmmrt__drv_memcpy_dtod_async(g->rt, dst, src, d->bytes, stream);
 		if (st != VMMRT_OK)
 			return st;
 	}
@@ -212,10 +212,10 @@ vmmrt_status vmmrt_group_end_capture(vmmrt_group *g)
 {
 	GROUP_ENTRY(g);
 	if (g->state != VMMRT_GROUP_CAPTURING)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': end capture without begin", g->name);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': end capture without begin", g->name);
 	if (g->saved != g->ndesc) {
 		g->state = VMMRT_GROUP_ALLOCATED;
-		return vmmrt_error(VMMRT_E_MISMATCH, "group '%s': %u tensors saved, discovery found %u", g->name,
+		return vmmrt__error(VMMRT_E_MISMATCH, "group '%s': %u tensors saved, discovery found %u", g->name,
 				   g->saved, g->ndesc);
 	}
 	g->state = VMMRT_GROUP_READY;
@@ -242,7 +242,7 @@ size_t vmmrt_group_bytes(const vmmrt_group *g)
 /* g->error while its message is being written: claimed, not yet reported. */
 #define GROUP_ERROR_CLAIMED (-1)
 
-void vmmrt_group_fail(vmmrt_group *g, vmmrt_status st, const char *what)
+void vmmrt__group_fail(vmmrt_group *g, vmmrt_status st, const char *what)
 {
 	/*
 	 * Keep the first failure: later ones are usually its consequences.
@@ -262,7 +262,7 @@ vmmrt_status vmmrt_group_error(vmmrt_group *g)
 	int32_t e = uatomic_read(&g->error);
 	if (e == VMMRT_OK || e == GROUP_ERROR_CLAIMED)
 		return VMMRT_OK; /* a failure being published is reported by the next call */
-	vmmrt_error((vmmrt_status)e, "%s (the host copy is intact)", g->errmsg);
+	vmmrt__error((vmmrt_status)e, "%s (the host copy is intact)", g->errmsg);
 	/* Only now may another failure claim the slot and rewrite the message. */
 	uatomic_set(&g->error, VMMRT_OK);
 	return (vmmrt_status)e;

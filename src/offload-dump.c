@@ -19,7 +19,7 @@
 
 static void dump(vmmrt_runtime *rt, int fd);
 
-void vmmrt_offload_dump(vmmrt_runtime *rt, int fd)
+void vmmrt__offload_dump(vmmrt_runtime *rt, int fd)
 {
 	VMMRT_TSAN_IGNORE_READS_BEGIN();
 	dump(rt, fd);
@@ -28,7 +28,7 @@ void vmmrt_offload_dump(vmmrt_runtime *rt, int fd)
 
 static void dump(vmmrt_runtime *rt, int fd)
 {
-	vmmrt_offload *off = rt ? rt->offload : NULL;
+	vmmrt__offload *off = rt ? rt->offload : NULL;
 	if (!off) {
 		dprintf(fd, "  runtime %p: no offload\n", (void *)rt);
 		return;
@@ -57,5 +57,5 @@ static void dump(vmmrt_runtime *rt, int fd)
 		dprintf(fd, "\n");
 	}
 	if (rt->workers)
-		vmmrt_workers_dump(rt->workers, fd);
+		vmmrt__workers_dump(rt->workers, fd);
 }

@@ -15,26 +15,26 @@
 #include "error.h"
 #include "offload.h"
 
-vmmrt_offload *vmmrt_offload_get(vmmrt_runtime *rt, vmmrt_status *st)
+vmmrt__offload *vmmrt__offload_get(vmmrt_runtime *rt, vmmrt_status *st)
 {
 	if (rt->offload)
 		return rt->offload;
-	vmmrt_offload *off = calloc(1, sizeof(*off));
+	vmmrt__offload *off = calloc(1, sizeof(*off));
 	if (!off) {
-		*st = vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload state");
+		*st = vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload state");
 		return NULL;
 	}
 	off->rt = rt;
 	switch (rt->mode) {
-	case VMMRT_MODE_PINGPONG: off->ops = &vmmrt_strategy_pingpong; break;
-	case VMMRT_MODE_REMAP: off->ops = &vmmrt_strategy_remap; break;
-	default: off->ops = &vmmrt_strategy_none; break;
+	case VMMRT_MODE_PINGPONG: off->ops = &vmmrt__strategy_pingpong; break;
+	case VMMRT_MODE_REMAP: off->ops = &vmmrt__strategy_remap; break;
+	default: off->ops = &vmmrt__strategy_none; break;
 	}
 	rt->offload = off;
 	return off;
 }
 
-void vmmrt_offload_account(vmmrt_offload *off, int64_t delta)
+void vmmrt__offload_account(vmmrt__offload *off, int64_t delta)
 {
 	int64_t now = uatomic_add_return(&off->activation_bytes, delta);
 	for (int64_t peak = uatomic_read(&off->activation_peak); now > peak;
@@ -43,14 +43,14 @@ void vmmrt_offload_account(vmmrt_offload *off, int64_t delta)
 			break;
 }
 
-static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt_offload **out)
+static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt__offload **out)
 {
-	vmmrt_status st = vmmrt_drv_check_caller("vmmrt offload");
+	vmmrt_status st = vmmrt__drv_check_caller("vmmrt offload");
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	if (!rt->offload || !rt->offload->allocated)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
 	*out = rt->offload;
 	return VMMRT_OK;
 }
@@ -58,13 +58,13 @@ static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt_offload **out)
 /* Bounded wait for a stream without cuStreamSynchronize's unbounded block. */
 static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *name)
 {
-	uint64_t deadline = vmmrt_now_ns() + rt->timeout_ms * 1000000ull;
+	uint64_t deadline = vmmrt__now_ns() + rt->timeout_ms * 1000000ull;
 	for (unsigned spin = 0;; spin++) {
 		vmmrt_status st = rt->ops->stream_query(rt->be, s);
 		if (st != VMMRT_E_BUSY)
 			return st;
-		if (vmmrt_now_ns() > deadline)
-			return vmmrt_error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
+		if (vmmrt__now_ns() > deadline)
+			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
 					   (unsigned long long)rt->timeout_ms);
 		struct timespec ts = {0, spin < 100 ? 20000 : 1000000};
 		nanosleep(&ts, NULL);
@@ -72,7 +72,7 @@ static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *
 }
 
 /* Undo allocation, keeping the groups and their descriptors. */
-static void release_allocation(vmmrt_offload *off)
+static void release_allocation(vmmrt__offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
 	if (off->allocated && off->ops->quiesce)
@@ -82,42 +82,42 @@ static void release_allocation(vmmrt_offload *off)
 		off->stuck = true;
 	off->ops->destroy(off);
 	for (unsigned i = 0; i < off->ngroups; i++)
-		vmmrt_group_release(off->groups[i]);
+		vmmrt__group_release(off->groups[i]);
 	/* A stuck stream stays: destroying it may wait for its work (the host
 	 * backend joins its thread), which is waiting for a map that will not
 	 * come. The backend's close abandons it. */
 	if (off->d2h && !off->stuck)
-		(void)vmmrt_drv_stream_destroy(rt, off->d2h);
+		(void)vmmrt__drv_stream_destroy(rt, off->d2h);
 	if (off->h2d && !off->stuck)
-		(void)vmmrt_drv_stream_destroy(rt, off->h2d);
+		(void)vmmrt__drv_stream_destroy(rt, off->h2d);
 	off->d2h = off->h2d = NULL;
-	vmmrt_schedule_free(&off->sched);
+	vmmrt__schedule_free(&off->sched);
 	off->allocated = false;
 }
 
 vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	vmmrt_status st = vmmrt__drv_check_caller(__func__);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	vmmrt_offload *off = vmmrt_offload_get(rt, &st);
+	vmmrt__offload *off = vmmrt__offload_get(rt, &st);
 	if (!off)
 		return st;
 	if (off->allocated)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "offload already allocated");
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload already allocated");
 	unsigned n = 0;
 	for (unsigned i = 0; i < off->ngroups; i++)
 		if (off->groups[i]->ndesc)
 			n++;
-	if ((st = vmmrt_schedule_init(&off->sched, n)) != VMMRT_OK)
+	if ((st = vmmrt__schedule_init(&off->sched, n)) != VMMRT_OK)
 		return st;
-	if ((st = vmmrt_drv_stream_create(rt, &off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt_drv_stream_create(rt, &off->h2d)) != VMMRT_OK)
+	if ((st = vmmrt__drv_stream_create(rt, &off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt__drv_stream_create(rt, &off->h2d)) != VMMRT_OK)
 		goto fail;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		if (g->ndesc && (st = vmmrt_group_alloc_common(g)) != VMMRT_OK)
+		if (g->ndesc && (st = vmmrt__group_alloc_common(g)) != VMMRT_OK)
 			goto fail;
 	}
 	if ((st = off->ops->allocate(off)) != VMMRT_OK)
@@ -132,7 +132,7 @@ fail:;
 	char why[512];
 	snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 	release_allocation(off);
-	vmmrt_error_adopt(why);
+	vmmrt__error_adopt(why);
 	return st;
 }
 
@@ -146,27 +146,27 @@ fail:;
 static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, const char *what)
 {
 	bool capturing = false;
-	vmmrt_status st = vmmrt_drv_stream_is_capturing(rt, compute, &capturing);
+	vmmrt_status st = vmmrt__drv_stream_is_capturing(rt, compute, &capturing);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "%s: asking whether the compute stream is capturing", what);
+		return vmmrt__error_wrap(st, "%s: asking whether the compute stream is capturing", what);
 	if (capturing)
-		return vmmrt_error(VMMRT_E_CAPTURE, "%s: stream is capturing a graph", what);
+		return vmmrt__error(VMMRT_E_CAPTURE, "%s: stream is capturing a graph", what);
 	return VMMRT_OK;
 }
 
 static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(what);
+	vmmrt_status st = vmmrt__drv_check_caller(what);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(g, "group is NULL");
 	VMMRT_CHECK_ARG(compute, "compute stream is NULL");
 	if (!g->off->allocated || g->state == VMMRT_GROUP_DISCOVERING)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
 	if (g->state == VMMRT_GROUP_CAPTURING)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' is capturing", what, g->name);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is capturing", what, g->name);
 	if (g->off->broken)
-		return vmmrt_error(VMMRT_E_INVALID_STATE,
+		return vmmrt__error(VMMRT_E_INVALID_STATE,
 				   "%s: an earlier hook failed part-way (%s); drain with vmmrt_offload_sync and "
 				   "destroy the runtime",
 				   what, g->off->broken_why);
@@ -179,9 +179,9 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 }
 
 /* The current use must have been requested before the strategy waits on it. */
-static vmmrt_status ensure_current(vmmrt_offload *off, vmmrt_group *g, bool backward)
+static vmmrt_status ensure_current(vmmrt__offload *off, vmmrt_group *g, bool backward)
 {
-	vmmrt_schedule *s = &off->sched;
+	vmmrt__schedule *s = &off->sched;
 	if (s->requested > s->use)
 		return VMMRT_OK;
 	vmmrt_status st = off->ops->prefetch(off, g, backward, s->use);
@@ -195,15 +195,15 @@ static vmmrt_status ensure_current(vmmrt_offload *off, vmmrt_group *g, bool back
  * strategy sees uses in schedule order: a restore that would overwrite a bank
  * still in use by the current graph is deferred until that graph has ended.
  */
-static vmmrt_status prefetch_window(vmmrt_offload *off)
+static vmmrt_status prefetch_window(vmmrt__offload *off)
 {
-	vmmrt_schedule *s = &off->sched;
+	vmmrt__schedule *s = &off->sched;
 	uint64_t from, to;
 	unsigned la = off->rt->lookahead < off->ops->max_lookahead ? off->rt->lookahead : off->ops->max_lookahead;
-	vmmrt_schedule_window(s, la, &from, &to);
+	vmmrt__schedule_window(s, la, &from, &to);
 	for (uint64_t u = from; u < to; u++) {
 		bool b;
-		vmmrt_group *next = off->groups[vmmrt_schedule_group_of(s, u, &b)];
+		vmmrt_group *next = off->groups[vmmrt__schedule_group_of(s, u, &b)];
 		vmmrt_status st = off->ops->prefetch(off, next, b, u);
 		if (st != VMMRT_OK)
 			return st;
@@ -217,7 +217,7 @@ static vmmrt_status prefetch_window(vmmrt_offload *off)
  * run later uses against a pipeline that no longer matches the schedule,
  * so the offload refuses every later hook. Whatever was enqueued drains.
  */
-static vmmrt_status broke(vmmrt_offload *off, vmmrt_status st)
+static vmmrt_status broke(vmmrt__offload *off, vmmrt_status st)
 {
 	if (st != VMMRT_OK && !off->broken) {
 		snprintf(off->broken_why, sizeof(off->broken_why), "%s", vmmrt_last_error());
@@ -231,11 +231,11 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 	vmmrt_status st = hook_entry(g, compute, what);
 	if (st != VMMRT_OK || g->ndesc == 0)
 		return st;
-	vmmrt_offload *off = g->off;
+	vmmrt__offload *off = g->off;
 	if (g->open)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' has a %s that was not ended", what, g->name,
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' has a %s that was not ended", what, g->name,
 				   g->open == 1 ? "forward" : "backward");
-	if ((st = vmmrt_schedule_enter(&off->sched, g, backward)) != VMMRT_OK)
+	if ((st = vmmrt__schedule_enter(&off->sched, g, backward)) != VMMRT_OK)
 		return st;
 	if ((st = ensure_current(off, g, backward)) != VMMRT_OK ||
 	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
@@ -250,9 +250,9 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 	if (st != VMMRT_OK || g->ndesc == 0)
 		return st;
 	if (g->open != (backward ? 2 : 1))
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: group '%s' has no %s begun", what, g->name,
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' has no %s begun", what, g->name,
 				   backward ? "backward" : "forward");
-	vmmrt_offload *off = g->off;
+	vmmrt__offload *off = g->off;
 	st = broke(off, (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute));
 	if (st == VMMRT_OK) {
 		g->open = 0;
@@ -284,7 +284,7 @@ vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
-	vmmrt_offload *off = NULL;
+	vmmrt__offload *off = NULL;
 	vmmrt_status st = get_ready(rt, &off);
 	if (st != VMMRT_OK)
 		return st;
@@ -306,16 +306,16 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 	/* Releases pushed by the last host functions may still be queued: a
 	 * no-op request behind them on every worker is the barrier. It is on the
 	 * heap so a timed-out wait can leave it to the worker. */
-	for (unsigned w = 0; w < vmmrt_workers_count(rt->workers); w++) {
-		vmmrt_request *barrier = malloc(sizeof(*barrier));
+	for (unsigned w = 0; w < vmmrt__workers_count(rt->workers); w++) {
+		vmmrt__request *barrier = malloc(sizeof(*barrier));
 		if (!barrier)
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload sync");
-		vmmrt_request_init(barrier, VMMRT_REQ_CALL, NULL);
-		if ((st = vmmrt_worker_push(rt->workers, w, barrier)) != VMMRT_OK) {
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload sync");
+		vmmrt__request_init(barrier, VMMRT_REQ_CALL, NULL);
+		if ((st = vmmrt__worker_push(rt->workers, w, barrier)) != VMMRT_OK) {
 			free(barrier);
 			return st;
 		}
-		if ((st = vmmrt_request_wait_owned(barrier, rt->timeout_ms)) != VMMRT_OK)
+		if ((st = vmmrt__request_wait_owned(barrier, rt->timeout_ms)) != VMMRT_OK)
 			return st;
 	}
 	for (unsigned i = 0; i < off->ngroups; i++)
@@ -330,8 +330,8 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	memset(out, 0, sizeof(*out));
 	out->mode = rt->mode;
 	out->lookahead = rt->lookahead;
-	out->launch_thread_blocking = vmmrt_drv_launch_thread_blocking(rt);
-	vmmrt_offload *off = rt->offload;
+	out->launch_thread_blocking = vmmrt__drv_launch_thread_blocking(rt);
+	vmmrt__offload *off = rt->offload;
 	if (!off)
 		return VMMRT_OK;
 	out->groups = off->ngroups;
@@ -348,23 +348,23 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		float ms;
-		if (g->timed_d2h && vmmrt_drv_event_elapsed_ms(rt, g->d2h_start, g->d2h_done, &ms) == VMMRT_OK) {
+		if (g->timed_d2h && vmmrt__drv_event_elapsed_ms(rt, g->d2h_start, g->d2h_done, &ms) == VMMRT_OK) {
 			out->last_d2h_ms += ms;
 			out->last_d2h_bytes += g->bytes;
 		}
-		if (g->timed_h2d && vmmrt_drv_event_elapsed_ms(rt, g->h2d_start, g->restored, &ms) == VMMRT_OK) {
+		if (g->timed_h2d && vmmrt__drv_event_elapsed_ms(rt, g->h2d_start, g->restored, &ms) == VMMRT_OK) {
 			out->last_h2d_ms += ms;
 			out->last_h2d_bytes += g->bytes;
 		}
 	}
-	vmmrt_error_clear();
+	vmmrt__error_clear();
 	return VMMRT_OK;
 }
 
 vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
 {
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	vmmrt_offload *off = rt->offload;
+	vmmrt__offload *off = rt->offload;
 	if (!off)
 		return VMMRT_OK;
 	/* Allocation maps every group once, for capture: a peak measured from
@@ -378,75 +378,75 @@ vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_offload_destroy(vmmrt_runtime *rt)
+vmmrt_status vmmrt__offload_destroy(vmmrt_runtime *rt)
 {
-	vmmrt_offload *off = rt->offload;
+	vmmrt__offload *off = rt->offload;
 	if (!off)
 		return VMMRT_OK;
 	/* Copies and host functions in flight refer to the groups: they finish first. */
 	release_allocation(off);
 	bool stuck = off->stuck;
 	for (unsigned i = 0; i < off->ngroups; i++)
-		vmmrt_group_free(off->groups[i]);
+		vmmrt__group_free(off->groups[i]);
 	free(off->groups);
 	free(off);
 	rt->offload = NULL;
 	if (stuck)
-		return vmmrt_error(VMMRT_E_BUSY, "offload teardown: a copy stream still waits for a map that could "
+		return vmmrt__error(VMMRT_E_BUSY, "offload teardown: a copy stream still waits for a map that could "
 				   "not be made; the words it polls were left allocated");
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_offload_wait(vmmrt_offload *off, vmmrt_stream s, vmmrt_bevent *e)
+vmmrt_status vmmrt__offload_wait(vmmrt__offload *off, vmmrt_stream s, vmmrt__bevent *e)
 {
-	if (vmmrt_drv_event_query(off->rt, e) == VMMRT_OK)
+	if (vmmrt__drv_event_query(off->rt, e) == VMMRT_OK)
 		return VMMRT_OK;
-	return vmmrt_drv_stream_wait_event(off->rt, s, e);
+	return vmmrt__drv_stream_wait_event(off->rt, s, e);
 }
 
 /* Timing events around the copy give the bandwidth "while copying". */
-vmmrt_status vmmrt_offload_d2h(vmmrt_offload *off, vmmrt_group *g)
+vmmrt_status vmmrt__offload_d2h(vmmrt__offload *off, vmmrt_group *g)
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st;
-	if ((st = vmmrt_drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
-	    (st = g->d2h_graph ? vmmrt_drv_graph_launch(rt, g->d2h_graph, off->d2h)
-			       : vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
+	if ((st = vmmrt__drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
+	    (st = g->d2h_graph ? vmmrt__drv_graph_launch(rt, g->d2h_graph, off->d2h)
+			       : vmmrt__drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
 		return st;
 	g->timed_d2h = true;
 	uatomic_add(&off->bytes_offloaded, g->bytes);
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_offload_h2d(vmmrt_offload *off, vmmrt_group *g)
+vmmrt_status vmmrt__offload_h2d(vmmrt__offload *off, vmmrt_group *g)
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st;
-	if ((st = vmmrt_drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
-	    (st = g->h2d_graph ? vmmrt_drv_graph_launch(rt, g->h2d_graph, off->h2d)
-			       : vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
-	    (st = vmmrt_drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
+	if ((st = vmmrt__drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
+	    (st = g->h2d_graph ? vmmrt__drv_graph_launch(rt, g->h2d_graph, off->h2d)
+			       : vmmrt__drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
+	    (st = vmmrt__drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
 		return st;
 	g->timed_h2d = true;
 	uatomic_add(&off->bytes_restored, g->bytes);
 	return VMMRT_OK;
 }
 
-static vmmrt_status capture_copy(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, bool to_host,
-				 vmmrt_bgraph **out)
+static vmmrt_status capture_copy(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream s, bool to_host,
+				 vmmrt__bgraph **out)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt_status st = vmmrt_drv_begin_capture(rt, s);
+	vmmrt_status st = vmmrt__drv_begin_capture(rt, s);
 	if (st != VMMRT_OK)
 		return st;
-	vmmrt_status cst = to_host ? vmmrt_drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, s)
-				   : vmmrt_drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, s);
-	vmmrt_bgraph *graph = NULL;
-	st = vmmrt_drv_end_capture(rt, s, &graph); /* always end what was begun */
+	vmmrt_status cst = to_host ? vmmrt__drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, s)
+				   : vmmrt__drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, s);
+	vmmrt__bgraph *graph = NULL;
+	st = vmmrt__drv_end_capture(rt, s, &graph); /* always end what was begun */
 	if (cst != VMMRT_OK) {
 		if (graph)
-			(void)vmmrt_drv_graph_destroy(rt, graph);
+			(void)vmmrt__drv_graph_destroy(rt, graph);
 		return cst;
 	}
 	if (st == VMMRT_OK)
@@ -454,33 +454,33 @@ static vmmrt_status capture_copy(vmmrt_offload *off, vmmrt_group *g, vmmrt_strea
 	return st;
 }
 
-vmmrt_status vmmrt_offload_capture_copies(vmmrt_offload *off, vmmrt_group *g)
+vmmrt_status vmmrt__offload_capture_copies(vmmrt__offload *off, vmmrt_group *g)
 {
 	vmmrt_stream s;
-	vmmrt_status st = vmmrt_drv_stream_create(off->rt, &s);
+	vmmrt_status st = vmmrt__drv_stream_create(off->rt, &s);
 	if (st != VMMRT_OK)
 		return st;
 	st = capture_copy(off, g, s, true, &g->d2h_graph);
 	if (st == VMMRT_OK)
 		st = capture_copy(off, g, s, false, &g->h2d_graph);
-	(void)vmmrt_drv_stream_destroy(off->rt, s);
+	(void)vmmrt__drv_stream_destroy(off->rt, s);
 	if (st != VMMRT_OK) {
-		vmmrt_offload_free_copies(off, g);
-		return vmmrt_error_wrap(st, "group '%s': capture of its copies", g->name);
+		vmmrt__offload_free_copies(off, g);
+		return vmmrt__error_wrap(st, "group '%s': capture of its copies", g->name);
 	}
 	return VMMRT_OK;
 }
 
-void vmmrt_offload_free_copies(vmmrt_offload *off, vmmrt_group *g)
+void vmmrt__offload_free_copies(vmmrt__offload *off, vmmrt_group *g)
 {
 	if (g->d2h_graph)
-		(void)vmmrt_drv_graph_destroy(off->rt, g->d2h_graph);
+		(void)vmmrt__drv_graph_destroy(off->rt, g->d2h_graph);
 	if (g->h2d_graph)
-		(void)vmmrt_drv_graph_destroy(off->rt, g->h2d_graph);
+		(void)vmmrt__drv_graph_destroy(off->rt, g->h2d_graph);
 	g->d2h_graph = g->h2d_graph = NULL;
 }
 
-void vmmrt_offload_destroy_slot(vmmrt_slot *s)
+void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 {
 	vmmrt_status st = vmmrt_slot_destroy(s);
 	/* A refused unmap or VA free leaves the slot alive and whole: try once
@@ -489,15 +489,15 @@ void vmmrt_offload_destroy_slot(vmmrt_slot *s)
 		(void)vmmrt_slot_destroy(s);
 }
 
-void vmmrt_offload_test_drop_fence(vmmrt_runtime *rt, int mask)
+void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask)
 {
 	if (rt->offload)
 		rt->offload->drop_fence = mask;
 }
 
-bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint64_t use, bool backward)
+bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
-	const vmmrt_schedule *s = &off->sched;
+	const vmmrt__schedule *s = &off->sched;
 	uint64_t fwd_use = backward ? use - 1 : use;
 	return s->recorded && s->n && use >= 1 && fwd_use >= 2ull * s->n && s->fwd[s->n - 1] == g->index &&
 	       s->bwd[0] == g->index;
@@ -507,18 +507,18 @@ bool vmmrt_offload_is_tail(const vmmrt_offload *off, const vmmrt_group *g, uint6
  * preallocated request (wait-free, no allocation, no lock). */
 static void push_from_host_func(void *arg)
 {
-	vmmrt_remap_req *r = arg;
-	vmmrt_status st = vmmrt_worker_push(r->g->rt->workers, r->g->slot->worker, &r->req);
+	vmmrt__remap_req *r = arg;
+	vmmrt_status st = vmmrt__worker_push(r->g->rt->workers, r->g->slot->worker, &r->req);
 	if (st != VMMRT_OK) {
 		/* The slot stays mapped. The release was counted as handed off when
 		 * this function was launched: count it finished, in stream order, or
 		 * the group's next map would wait for it forever. */
-		vmmrt_group_fail(r->g, st, "queue a release after the copy");
-		vmmrt_remap_release_counted(r->g);
+		vmmrt__group_fail(r->g, st, "queue a release after the copy");
+		vmmrt__remap_release_counted(r->g);
 	}
 }
 
-vmmrt_status vmmrt_offload_push_after(vmmrt_offload *off, vmmrt_stream s, vmmrt_remap_req *r)
+vmmrt_status vmmrt__offload_push_after(vmmrt__offload *off, vmmrt_stream s, vmmrt__remap_req *r)
 {
-	return vmmrt_drv_launch_host_func(off->rt, s, push_from_host_func, r);
+	return vmmrt__drv_launch_host_func(off->rt, s, push_from_host_func, r);
 }

@@ -73,7 +73,7 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 		"runtime destroy (empty: off)"},
 };
 
-size_t vmmrt_options_count(void)
+size_t vmmrt__options_count(void)
 {
 	return VMMRT_OPT_COUNT_;
 }
@@ -89,7 +89,7 @@ static bool name_matches(const char *want, const char *name)
 	return *want == '\0' && *name == '\0';
 }
 
-int vmmrt_options_find(const char *name)
+int vmmrt__options_find(const char *name)
 {
 	if (!name)
 		return -1;
@@ -126,13 +126,13 @@ static vmmrt_status parse_size(const char *s, uint64_t *out)
 	return VMMRT_OK;
 }
 
-static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
+static vmmrt_status parse_value(int id, const char *value, vmmrt__opt_value *out)
 {
 	const opt_row *r = &table[id];
 	char *end;
 
 	if (!value)
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): missing value", r->name, r->env);
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): missing value", r->name, r->env);
 	switch (r->type) {
 	case T_ENUM:
 		for (unsigned i = 0; i < 6 && r->choices[i]; i++)
@@ -140,7 +140,7 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
 				out->u = i;
 				return VMMRT_OK;
 			}
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not one of %s", r->name, r->env,
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not one of %s", r->name, r->env,
 				   value, r->def ? "the documented choices" : "");
 	case T_BOOL:
 		if (!strcmp(value, "1") || !strcasecmp(value, "on") || !strcasecmp(value, "yes") ||
@@ -153,19 +153,19 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
 			out->u = 0;
 			return VMMRT_OK;
 		}
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a boolean (0/1, on/off)",
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a boolean (0/1, on/off)",
 				   r->name, r->env, value);
 	case T_UINT: {
 		errno = 0;
 		if (!isdigit((unsigned char)value[0]))
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a non-negative integer",
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a non-negative integer",
 					   r->name, r->env, value);
 		unsigned long long v = strtoull(value, &end, 10);
 		if (errno || *end)
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a non-negative integer",
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a non-negative integer",
 					   r->name, r->env, value);
 		if ((double)v < r->min || (double)v > r->max)
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): %llu is outside [%.0f, %.0f]", r->name,
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): %llu is outside [%.0f, %.0f]", r->name,
 					   r->env, v, r->min, r->max);
 		out->u = v;
 		return VMMRT_OK;
@@ -173,14 +173,14 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
 	case T_SIZE: {
 		uint64_t v;
 		if (parse_size(value, &v) != VMMRT_OK)
-			return vmmrt_error(VMMRT_E_INVALID_OPTION,
+			return vmmrt__error(VMMRT_E_INVALID_OPTION,
 					   "%s (%s): '%s' is not a size (digits with an optional K, M, G or T)",
 					   r->name, r->env, value);
 		if ((double)v < r->min || (double)v > r->max)
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): %s is outside [%.0f, %.0f] bytes",
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): %s is outside [%.0f, %.0f] bytes",
 					   r->name, r->env, value, r->min, r->max);
 		if (id == VMMRT_OPT_HOST_GRANULARITY && ((v & (v - 1)) != 0 || v % 4096 != 0))
-			return vmmrt_error(VMMRT_E_INVALID_OPTION,
+			return vmmrt__error(VMMRT_E_INVALID_OPTION,
 					   "%s (%s): %s is not a power of two multiple of 4096", r->name,
 					   r->env, value);
 		out->u = v;
@@ -190,25 +190,25 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt_opt_value *out)
 		errno = 0;
 		double v = strtod(value, &end);
 		if (errno || end == value || *end || !isfinite(v))
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a number", r->name,
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not a number", r->name,
 					   r->env, value);
 		if (v < r->min || v > r->max)
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): %g is outside [%g, %g]", r->name,
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): %g is outside [%g, %g]", r->name,
 					   r->env, v, r->min, r->max);
 		out->d = v;
 		return VMMRT_OK;
 	}
 	case T_STRING:
 		if (strlen(value) >= sizeof(out->s))
-			return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s (%s): value longer than %zu bytes",
+			return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): value longer than %zu bytes",
 					   r->name, r->env, sizeof(out->s) - 1);
 		strcpy(out->s, value);
 		return VMMRT_OK;
 	}
-	return vmmrt_error(VMMRT_E_INVALID_OPTION, "%s: unknown type", r->name);
+	return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s: unknown type", r->name);
 }
 
-void vmmrt_options_defaults(vmmrt_options *o)
+void vmmrt__options_defaults(vmmrt_options *o)
 {
 	memset(o, 0, sizeof(*o));
 	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
@@ -222,8 +222,8 @@ vmmrt_status vmmrt_options_create(vmmrt_options **out)
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	vmmrt_options *o = malloc(sizeof(*o));
 	if (!o)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "options: %zu bytes", sizeof(*o));
-	vmmrt_options_defaults(o);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "options: %zu bytes", sizeof(*o));
+	vmmrt__options_defaults(o);
 	*out = o;
 	return VMMRT_OK;
 }
@@ -237,10 +237,10 @@ vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char
 {
 	VMMRT_CHECK_ARG(opts, "options is NULL");
 	VMMRT_CHECK_ARG(name, "name is NULL");
-	int id = vmmrt_options_find(name);
+	int id = vmmrt__options_find(name);
 	if (id < 0)
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name);
-	vmmrt_opt_value v;
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name);
+	vmmrt__opt_value v;
 	vmmrt_status st = parse_value(id, value, &v);
 	if (st != VMMRT_OK)
 		return st;
@@ -252,9 +252,9 @@ vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char
 {
 	VMMRT_CHECK_ARG(opts, "options is NULL");
 	VMMRT_CHECK_ARG(buf && len, "buffer is NULL or empty");
-	int id = vmmrt_options_find(name);
+	int id = vmmrt__options_find(name);
 	if (id < 0)
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name ? name : "(null)");
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name ? name : "(null)");
 	const opt_row *r = &table[id];
 	int n;
 	switch (r->type) {
@@ -264,7 +264,7 @@ vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char
 	default: n = snprintf(buf, len, "%" PRIu64, opts->v[id].u); break;
 	}
 	if (n < 0 || (size_t)n >= len)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "option %s: value needs %d bytes, buffer has %zu", r->name,
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "option %s: value needs %d bytes, buffer has %zu", r->name,
 				   n + 1, len);
 	return VMMRT_OK;
 }
@@ -276,7 +276,7 @@ vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts)
 		const char *v = getenv(table[i].env);
 		if (!v)
 			continue;
-		vmmrt_opt_value val;
+		vmmrt__opt_value val;
 		vmmrt_status st = parse_value(i, v, &val);
 		if (st != VMMRT_OK)
 			return st;
@@ -310,7 +310,7 @@ vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
 	static __thread char range[VMMRT_OPT_COUNT_][96];
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	if (index >= VMMRT_OPT_COUNT_)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "option index %zu >= %d", index, VMMRT_OPT_COUNT_);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "option index %zu >= %d", index, VMMRT_OPT_COUNT_);
 	const opt_row *r = &table[index];
 	out->name = r->name;
 	out->env = r->env;
@@ -320,7 +320,7 @@ vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
 	return VMMRT_OK;
 }
 
-void vmmrt_options_print_help(FILE *out)
+void vmmrt__options_print_help(FILE *out)
 {
 	char range[96];
 	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
@@ -347,7 +347,7 @@ static void man_escape(FILE *out, const char *s)
 	}
 }
 
-void vmmrt_options_print_man(FILE *out)
+void vmmrt__options_print_man(FILE *out)
 {
 	char range[96];
 	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
@@ -364,7 +364,7 @@ void vmmrt_options_print_man(FILE *out)
 	}
 }
 
-vmmrt_status vmmrt_options_parse_args(vmmrt_options *o, int *argc, char **argv)
+vmmrt_status vmmrt__options_parse_args(vmmrt_options *o, int *argc, char **argv)
 {
 	VMMRT_CHECK_ARG(o && argc && argv, "NULL argument");
 	int keep = 1;
@@ -383,7 +383,7 @@ vmmrt_status vmmrt_options_parse_args(vmmrt_options *o, int *argc, char **argv)
 		}
 		memcpy(name, a + 2, n);
 		name[n] = '\0';
-		int id = vmmrt_options_find(name);
+		int id = vmmrt__options_find(name);
 		if (id < 0 || strchr(name, '_')) { /* not ours: --flags use dashes */
 			argv[keep++] = argv[i];
 			continue;

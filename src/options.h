@@ -11,7 +11,7 @@
 
 #include "vmmrt.h"
 
-typedef enum vmmrt_opt_id {
+typedef enum vmmrt__opt_id {
 	VMMRT_OPT_BACKEND = 0,
 	VMMRT_OPT_DEVICE,
 	VMMRT_OPT_MODE,
@@ -29,42 +29,42 @@ typedef enum vmmrt_opt_id {
 	VMMRT_OPT_HOST_COPY_GBPS,
 	VMMRT_OPT_TRACE,
 	VMMRT_OPT_COUNT_
-} vmmrt_opt_id;
+} vmmrt__opt_id;
 
-typedef enum vmmrt_backend_choice {
+typedef enum vmmrt__backend_choice {
 	VMMRT_BACKEND_AUTO = 0,
 	VMMRT_BACKEND_CUDA,
 	VMMRT_BACKEND_HOST,
-} vmmrt_backend_choice;
+} vmmrt__backend_choice;
 
-typedef union vmmrt_opt_value {
+typedef union vmmrt__opt_value {
 	uint64_t u;   /* uint, size, bool and enum options (enum: index of the choice) */
 	double d;     /* double options */
 	char s[256];  /* string options */
-} vmmrt_opt_value;
+} vmmrt__opt_value;
 
 struct vmmrt_options {
-	vmmrt_opt_value v[VMMRT_OPT_COUNT_];
+	vmmrt__opt_value v[VMMRT_OPT_COUNT_];
 	bool from_env[VMMRT_OPT_COUNT_];
 };
 
 /* Typed accessors for the runtime (the value was validated when set). */
-static inline uint64_t vmmrt_opt_u(const vmmrt_options *o, vmmrt_opt_id id) { return o->v[id].u; }
-static inline double vmmrt_opt_d(const vmmrt_options *o, vmmrt_opt_id id) { return o->v[id].d; }
-static inline const char *vmmrt_opt_s(const vmmrt_options *o, vmmrt_opt_id id) { return o->v[id].s; }
+static inline uint64_t vmmrt__opt_u(const vmmrt_options *o, vmmrt__opt_id id) { return o->v[id].u; }
+static inline double vmmrt__opt_d(const vmmrt_options *o, vmmrt__opt_id id) { return o->v[id].d; }
+static inline const char *vmmrt__opt_s(const vmmrt_options *o, vmmrt__opt_id id) { return o->v[id].s; }
 
-void vmmrt_options_defaults(vmmrt_options *o);
-size_t vmmrt_options_count(void);
+void vmmrt__options_defaults(vmmrt_options *o);
+size_t vmmrt__options_count(void);
 /* Look an option up by name ("driver_workers"), by variable ("VMMRT_DRIVER_WORKERS")
  * or by command-line spelling ("driver-workers"). */
-int vmmrt_options_find(const char *name);
+int vmmrt__options_find(const char *name);
 
 /* Tools: print "--name=VALUE  doc [VMMRT_X, default]" lines, and accept
  * --name=value / --name value for every option; other arguments are left in
  * argv (compacted), *argc updated. */
-void vmmrt_options_print_help(FILE *out);
-vmmrt_status vmmrt_options_parse_args(vmmrt_options *o, int *argc, char **argv);
+void vmmrt__options_print_help(FILE *out);
+vmmrt_status vmmrt__options_parse_args(vmmrt_options *o, int *argc, char **argv);
 /* The man(7) table rows for vmmrt(7). */
-void vmmrt_options_print_man(FILE *out);
+void vmmrt__options_print_man(FILE *out);
 
 #endif

@@ -21,7 +21,7 @@
  * mapped once those ran must leave it room in the budget. Counting every
  * map requested errs on the side of "not yet": the caller only waits longer.
  */
-static bool map_assured(vmmrt_offload *off, vmmrt_group *g, uint64_t need)
+static bool map_assured(vmmrt__offload *off, vmmrt_group *g, uint64_t need)
 {
 	if (g->releases_planned < need)
 		return false;
@@ -40,13 +40,13 @@ static bool map_assured(vmmrt_offload *off, vmmrt_group *g, uint64_t need)
 }
 
 /* The restore: behind the map on the H2D stream, never on the launch thread. */
-static vmmrt_status enqueue_restore(vmmrt_offload *off, const struct vmmrt_pending_map *p)
+static vmmrt_status enqueue_restore(vmmrt__offload *off, const struct vmmrt__pending_map *p)
 {
 	vmmrt_group *g = p->g;
 	vmmrt_status st;
-	if ((st = vmmrt_drv_stream_wait_value32(off->rt, off->h2d, g->flag_dev, p->seq)) != VMMRT_OK ||
-	    (st = vmmrt_offload_h2d(off, g)) != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
+	if ((st = vmmrt__drv_stream_wait_value32(off->rt, off->h2d, g->flag_dev, p->seq)) != VMMRT_OK ||
+	    (st = vmmrt__offload_h2d(off, g)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "group '%s': restore", g->name);
 	g->restore_use = p->use + 1;
 	return VMMRT_OK;
 }
@@ -57,13 +57,13 @@ static vmmrt_status enqueue_restore(vmmrt_offload *off, const struct vmmrt_pendi
  * ended and handed its release off, and a map waits only for earlier
  * tickets. A restore whose map is taken goes on the H2D stream.
  */
-vmmrt_status vmmrt_remap_pending_flush(vmmrt_offload *off, uint64_t now)
+vmmrt_status vmmrt__remap_pending_flush(vmmrt__offload *off, uint64_t now)
 {
 	while (off->pending_n) {
-		struct vmmrt_pending_map *p = &off->pending[off->pending_head];
+		struct vmmrt__pending_map *p = &off->pending[off->pending_head];
 		if (p->use > now && !map_assured(off, p->g, p->need))
 			return VMMRT_OK; /* and every later one with it: tickets go in order */
-		struct vmmrt_pending_map taken = *p;
+		struct vmmrt__pending_map taken = *p;
 		off->pending_head = (off->pending_head + 1) % VMMRT_PENDING_MAPS;
 		off->pending_n--;
 		if (taken.backward) {
@@ -75,14 +75,14 @@ vmmrt_status vmmrt_remap_pending_flush(vmmrt_offload *off, uint64_t now)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_remap_pending_add(vmmrt_offload *off, const struct vmmrt_pending_map *p)
+vmmrt_status vmmrt__remap_pending_add(vmmrt__offload *off, const struct vmmrt__pending_map *p)
 {
 	if (off->rt->driver_inline) /* mapped already, by this thread */
 		return p->backward ? enqueue_restore(off, p) : VMMRT_OK;
 	vmmrt_status st;
 	if (off->pending_n == VMMRT_PENDING_MAPS &&
-	    (st = vmmrt_remap_pending_flush(off, off->pending[off->pending_head].use)) != VMMRT_OK)
+	    (st = vmmrt__remap_pending_flush(off, off->pending[off->pending_head].use)) != VMMRT_OK)
 		return st;
 	off->pending[(off->pending_head + off->pending_n++) % VMMRT_PENDING_MAPS] = *p;
-	return vmmrt_remap_pending_flush(off, off->sched.use);
+	return vmmrt__remap_pending_flush(off, off->sched.use);
 }

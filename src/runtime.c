@@ -18,15 +18,15 @@
 
 static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 {
-	vmmrt_backend_choice choice = (vmmrt_backend_choice)vmmrt_opt_u(&rt->opts, VMMRT_OPT_BACKEND);
+	vmmrt__backend_choice choice = (vmmrt__backend_choice)vmmrt__opt_u(&rt->opts, VMMRT_OPT_BACKEND);
 	vmmrt_status st;
 
 	if (choice == VMMRT_BACKEND_HOST) {
 		snprintf(note, note_len, "host backend requested");
-		rt->ops = &vmmrt_backend_host;
+		rt->ops = &vmmrt__backend_host;
 		return rt->ops->open(&rt->be_cfg, &rt->be);
 	}
-	rt->ops = &vmmrt_backend_cuda;
+	rt->ops = &vmmrt__backend_cuda;
 	st = rt->ops->open(&rt->be_cfg, &rt->be);
 	if (st == VMMRT_OK) {
 		snprintf(note, note_len, "%s", choice == VMMRT_BACKEND_AUTO ? "auto: CUDA driver and device found"
@@ -34,10 +34,10 @@ static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 		return VMMRT_OK;
 	}
 	if (choice == VMMRT_BACKEND_CUDA || (st != VMMRT_E_NO_DEVICE && st != VMMRT_E_NOT_SUPPORTED))
-		return vmmrt_error_wrap(st, "cuda backend");
+		return vmmrt__error_wrap(st, "cuda backend");
 	/* auto: no usable GPU here, so emulate one; say why. */
 	snprintf(note, note_len, "auto: %s; using the host backend", vmmrt_last_error());
-	rt->ops = &vmmrt_backend_host;
+	rt->ops = &vmmrt__backend_host;
 	return rt->ops->open(&rt->be_cfg, &rt->be);
 }
 
@@ -48,10 +48,10 @@ static void free_runtime(vmmrt_runtime *rt)
 	if (rt->be)
 		rt->ops->close(rt->be);
 	if (rt->trace)
-		(void)vmmrt_trace_close(rt->trace);
+		(void)vmmrt__trace_close(rt->trace);
 	pthread_mutex_destroy(&rt->sync_lock);
 	pthread_mutex_destroy(&rt->slots_lock);
-	vmmrt_drv_free_fault_hooks(rt); /* the workers are gone, the backend closed */
+	vmmrt__drv_free_fault_hooks(rt); /* the workers are gone, the backend closed */
 	free(rt->calls);
 	free(rt);
 }
@@ -73,7 +73,7 @@ static void register_atfork(void)
 
 vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	vmmrt_status st = vmmrt__drv_check_caller(__func__);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(out, "out is NULL");
@@ -82,44 +82,44 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 
 	vmmrt_runtime *rt = calloc(1, sizeof(*rt));
 	if (!rt)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "runtime");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "runtime");
 	pthread_mutex_init(&rt->sync_lock, NULL);
 	pthread_mutex_init(&rt->slots_lock, NULL);
 	CDS_INIT_LIST_HEAD(&rt->slots);
 	if (opts)
 		rt->opts = *opts;
 	else
-		vmmrt_options_defaults(&rt->opts);
+		vmmrt__options_defaults(&rt->opts);
 	st = vmmrt_options_apply_env(&rt->opts);
 	if (st != VMMRT_OK) {
 		free_runtime(rt);
 		return st;
 	}
-	rt->mode = (vmmrt_mode)vmmrt_opt_u(&rt->opts, VMMRT_OPT_MODE);
-	rt->lookahead = (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_LOOKAHEAD);
-	rt->driver_inline = vmmrt_opt_u(&rt->opts, VMMRT_OPT_DRIVER_INLINE) != 0;
+	rt->mode = (vmmrt_mode)vmmrt__opt_u(&rt->opts, VMMRT_OPT_MODE);
+	rt->lookahead = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_LOOKAHEAD);
+	rt->driver_inline = vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_INLINE) != 0;
 	/* Inline, a map for a later use could run before the release of the
 	 * group's current use (the launch thread makes both): map at each use. */
 	if (rt->driver_inline)
 		rt->lookahead = 0;
 	/* Inline driver calls are made on the launch thread by definition. */
-	rt->checked_threads = vmmrt_opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0 && !rt->driver_inline;
-	rt->timeout_ms = vmmrt_opt_u(&rt->opts, VMMRT_OPT_TIMEOUT_MS);
-	rt->be_cfg = (vmmrt_backend_config){
-		.device_ordinal = (int)vmmrt_opt_u(&rt->opts, VMMRT_OPT_DEVICE),
-		.host_capacity = vmmrt_opt_u(&rt->opts, VMMRT_OPT_HOST_CAPACITY),
-		.host_granularity = vmmrt_opt_u(&rt->opts, VMMRT_OPT_HOST_GRANULARITY),
-		.host_latency = vmmrt_opt_u(&rt->opts, VMMRT_OPT_HOST_LATENCY) != 0,
-		.host_copy_gbps = vmmrt_opt_d(&rt->opts, VMMRT_OPT_HOST_COPY_GBPS),
+	rt->checked_threads = vmmrt__opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0 && !rt->driver_inline;
+	rt->timeout_ms = vmmrt__opt_u(&rt->opts, VMMRT_OPT_TIMEOUT_MS);
+	rt->be_cfg = (vmmrt__backend_config){
+		.device_ordinal = (int)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DEVICE),
+		.host_capacity = vmmrt__opt_u(&rt->opts, VMMRT_OPT_HOST_CAPACITY),
+		.host_granularity = vmmrt__opt_u(&rt->opts, VMMRT_OPT_HOST_GRANULARITY),
+		.host_latency = vmmrt__opt_u(&rt->opts, VMMRT_OPT_HOST_LATENCY) != 0,
+		.host_copy_gbps = vmmrt__opt_d(&rt->opts, VMMRT_OPT_HOST_COPY_GBPS),
 	};
 
 	rt->calls = calloc(VMMRT_CALL_COUNT_, sizeof(*rt->calls));
 	if (!rt->calls) {
 		free_runtime(rt);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "call statistics");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "call statistics");
 	}
-	if (vmmrt_opt_s(&rt->opts, VMMRT_OPT_TRACE)[0]) {
-		st = vmmrt_trace_open(vmmrt_opt_s(&rt->opts, VMMRT_OPT_TRACE), &rt->trace);
+	if (vmmrt__opt_s(&rt->opts, VMMRT_OPT_TRACE)[0]) {
+		st = vmmrt__trace_open(vmmrt__opt_s(&rt->opts, VMMRT_OPT_TRACE), &rt->trace);
 		if (st != VMMRT_OK) {
 			free_runtime(rt);
 			return st;
@@ -139,7 +139,7 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		free_runtime(rt);
 		return st;
 	}
-	st = vmmrt_workers_create(rt, (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS), &rt->workers);
+	st = vmmrt__workers_create(rt, (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS), &rt->workers);
 	if (st != VMMRT_OK) {
 		rt->workers = NULL;
 		free_runtime(rt);
@@ -177,16 +177,16 @@ static size_t destroy_leftover_slots(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	vmmrt_status st = vmmrt__drv_check_caller(__func__);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 
-	vmmrt_status off_st = vmmrt_offload_destroy(rt);
+	vmmrt_status off_st = vmmrt__offload_destroy(rt);
 	char off_msg[256];
 	snprintf(off_msg, sizeof(off_msg), "%s", off_st == VMMRT_OK ? "" : vmmrt_last_error());
 	(void)destroy_leftover_slots(rt);
-	vmmrt_workers_destroy(rt->workers, true);
+	vmmrt__workers_destroy(rt->workers, true);
 	/* Slots are freed by call_rcu: let those callbacks run before we go. */
 	urcu_memb_barrier();
 	/* Counted after the drain: a destroy that timed out may have finished since. */
@@ -195,12 +195,12 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 	int64_t vas = uatomic_read(&rt->live_reservations);
 	st = VMMRT_OK;
 	if (stuck || handles || vas)
-		st = vmmrt_error(VMMRT_E_BUSY,
+		st = vmmrt__error(VMMRT_E_BUSY,
 				 "runtime destroy: %lld slots could not be torn down, %lld physical handles and "
 				 "%lld reservations were still live (the backend closed them)",
 				 (long long)stuck, (long long)handles, (long long)vas);
 	else if (off_st != VMMRT_OK)
-		st = vmmrt_error(off_st, "runtime destroy: %s", off_msg);
+		st = vmmrt__error(off_st, "runtime destroy: %s", off_msg);
 	free_runtime(rt);
 	return st;
 }
@@ -216,17 +216,17 @@ vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info 
 	out->device_ordinal = rt->be_cfg.device_ordinal;
 	out->granularity = rt->granularity;
 	out->mode = rt->mode;
-	out->driver_workers = vmmrt_workers_count(rt->workers);
+	out->driver_workers = vmmrt__workers_count(rt->workers);
 	out->lookahead = rt->lookahead;
 	return VMMRT_OK;
 }
 
 vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	vmmrt_status st = vmmrt__drv_check_caller(__func__);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(free_bytes && total_bytes, "output pointer is NULL");
-	return vmmrt_drv_mem_info(rt, free_bytes, total_bytes);
+	return vmmrt__drv_mem_info(rt, free_bytes, total_bytes);
 }

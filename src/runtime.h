@@ -17,16 +17,16 @@
 
 /* Timing samples for one VMM call type: a ring of the most recent ones. */
 #define VMMRT_CALL_SAMPLES 65536
-typedef struct vmmrt_call_ring {
+typedef struct vmmrt__call_ring {
 	uint64_t next;                      /* uatomic */
 	float us[VMMRT_CALL_SAMPLES];
-} vmmrt_call_ring;
+} vmmrt__call_ring;
 
 struct vmmrt_runtime {
 	vmmrt_options opts;
-	const vmmrt_backend_ops *ops;
-	vmmrt_backend *be;
-	vmmrt_backend_config be_cfg;
+	const vmmrt__backend_ops *ops;
+	vmmrt__backend *be;
+	vmmrt__backend_config be_cfg;
 	char device_name[96];
 	char note[192];          /* why this backend was chosen */
 	size_t granularity;
@@ -36,7 +36,7 @@ struct vmmrt_runtime {
 	bool driver_inline;      /* remap: VMM calls on the launch thread (comparison only) */
 	uint64_t timeout_ms;
 
-	vmmrt_workers *workers;
+	vmmrt__workers *workers;
 
 	/* The synchronous helpers (copy_to_device, ...) share one stream. */
 	pthread_mutex_t sync_lock;
@@ -61,13 +61,13 @@ struct vmmrt_runtime {
 	/* The fault hook as one (fn, ctx) pair, read atomically by every driver
 	 * call; every pair ever set stays until destroy (a call in flight may
 	 * still hold the one just replaced). */
-	struct vmmrt_fault_hook *fault;     /* uatomic */
-	struct vmmrt_fault_hook *fault_all; /* owner list, setter only */
+	struct vmmrt__fault_hook *fault;     /* uatomic */
+	struct vmmrt__fault_hook *fault_all; /* owner list, setter only */
 	uint64_t launch_blocking;           /* uatomic */
-	vmmrt_call_ring *calls;             /* [VMMRT_CALL_COUNT_] */
+	vmmrt__call_ring *calls;             /* [VMMRT_CALL_COUNT_] */
 
-	struct vmmrt_trace *trace;          /* NULL when tracing is off */
-	struct vmmrt_offload *offload;      /* groups and schedule, NULL until used */
+	struct vmmrt__trace *trace;          /* NULL when tracing is off */
+	struct vmmrt__offload *offload;      /* groups and schedule, NULL until used */
 };
 
 #endif

@@ -13,7 +13,7 @@
 #include "error.h"
 #include "offload.h"
 
-vmmrt_status vmmrt_schedule_init(vmmrt_schedule *s, unsigned n)
+vmmrt_status vmmrt__schedule_init(vmmrt__schedule *s, unsigned n)
 {
 	memset(s, 0, sizeof(*s));
 	s->n = n;
@@ -22,13 +22,13 @@ vmmrt_status vmmrt_schedule_init(vmmrt_schedule *s, unsigned n)
 	s->fwd = calloc(n, sizeof(*s->fwd));
 	s->bwd = calloc(n, sizeof(*s->bwd));
 	if (!s->fwd || !s->bwd) {
-		vmmrt_schedule_free(s);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "schedule of %u groups", n);
+		vmmrt__schedule_free(s);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "schedule of %u groups", n);
 	}
 	return VMMRT_OK;
 }
 
-void vmmrt_schedule_free(vmmrt_schedule *s)
+void vmmrt__schedule_free(vmmrt__schedule *s)
 {
 	free(s->fwd);
 	free(s->bwd);
@@ -43,26 +43,26 @@ static bool listed(const unsigned *list, unsigned n, unsigned g)
 	return false;
 }
 
-static vmmrt_status record(vmmrt_schedule *s, vmmrt_group *g, bool backward)
+static vmmrt_status record(vmmrt__schedule *s, vmmrt_group *g, bool backward)
 {
 	if (!backward) {
 		if (s->nbwd)
-			return vmmrt_error(VMMRT_E_INVALID_STATE,
+			return vmmrt__error(VMMRT_E_INVALID_STATE,
 					   "forward of group '%s' while the first backward pass is under way "
 					   "(%u of %u groups done)", g->name, s->nbwd, s->n);
 		if (listed(s->fwd, s->nfwd, g->index))
-			return vmmrt_error(VMMRT_E_INVALID_STATE,
+			return vmmrt__error(VMMRT_E_INVALID_STATE,
 					   "forward of group '%s' twice before any backward", g->name);
 		s->use = s->nfwd;
 		s->fwd[s->nfwd++] = g->index;
 		return VMMRT_OK;
 	}
 	if (s->nfwd < s->n)
-		return vmmrt_error(VMMRT_E_INVALID_STATE,
+		return vmmrt__error(VMMRT_E_INVALID_STATE,
 				   "backward of group '%s' before the forward of every group (%u of %u)", g->name,
 				   s->nfwd, s->n);
 	if (listed(s->bwd, s->nbwd, g->index))
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "backward of group '%s' twice in one iteration", g->name);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "backward of group '%s' twice in one iteration", g->name);
 	s->use = s->n + s->nbwd;
 	s->bwd[s->nbwd++] = g->index;
 	if (s->nbwd == s->n) {
@@ -72,7 +72,7 @@ static vmmrt_status record(vmmrt_schedule *s, vmmrt_group *g, bool backward)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_schedule_enter(vmmrt_schedule *s, vmmrt_group *g, bool backward)
+vmmrt_status vmmrt__schedule_enter(vmmrt__schedule *s, vmmrt_group *g, bool backward)
 {
 	if (!s->recorded) {
 		vmmrt_status st = record(s, g, backward);
@@ -86,7 +86,7 @@ vmmrt_status vmmrt_schedule_enter(vmmrt_schedule *s, vmmrt_group *g, bool backwa
 	bool want_backward = pos >= s->n;
 	unsigned want = want_backward ? s->bwd[pos - s->n] : s->fwd[pos];
 	if (want != g->index || want_backward != backward)
-		return vmmrt_error(VMMRT_E_MISMATCH,
+		return vmmrt__error(VMMRT_E_MISMATCH,
 				   "%s of group '%s' out of the recorded order: %s of group %u was expected next",
 				   backward ? "backward" : "forward", g->name, want_backward ? "backward" : "forward",
 				   want);
@@ -96,14 +96,14 @@ vmmrt_status vmmrt_schedule_enter(vmmrt_schedule *s, vmmrt_group *g, bool backwa
 	return VMMRT_OK;
 }
 
-unsigned vmmrt_schedule_group_of(const vmmrt_schedule *s, uint64_t use, bool *backward)
+unsigned vmmrt__schedule_group_of(const vmmrt__schedule *s, uint64_t use, bool *backward)
 {
 	uint64_t pos = use % (2ull * s->n);
 	*backward = pos >= s->n;
 	return *backward ? s->bwd[pos - s->n] : s->fwd[pos];
 }
 
-void vmmrt_schedule_window(vmmrt_schedule *s, unsigned lookahead, uint64_t *from, uint64_t *to)
+void vmmrt__schedule_window(vmmrt__schedule *s, unsigned lookahead, uint64_t *from, uint64_t *to)
 {
 	*from = *to = s->requested;
 	if (!s->recorded)

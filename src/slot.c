@@ -20,30 +20,30 @@ static void set_state(vmmrt_slot *s, vmmrt_slot_state st)
 	uatomic_set(&s->state, (int32_t)st);
 }
 
-vmmrt_status vmmrt_slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
+vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
 {
 	size_t g = rt->granularity;
 
 	if (bytes == 0)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "slot of 0 bytes");
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "slot of 0 bytes");
 	if (bytes > SIZE_MAX - (g - 1))
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "slot of %zu bytes overflows when rounded to %zu", bytes, g);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "slot of %zu bytes overflows when rounded to %zu", bytes, g);
 	size_t size = (bytes + g - 1) / g * g;
 
 	vmmrt_slot *s = calloc(1, sizeof(*s));
 	if (!s)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot: %zu bytes", sizeof(*s));
-	vmmrt_status st = vmmrt_drv_va_reserve(rt, size, &s->va);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot: %zu bytes", sizeof(*s));
+	vmmrt_status st = vmmrt__drv_va_reserve(rt, size, &s->va);
 	if (st != VMMRT_OK) {
 		free(s);
-		return vmmrt_error_wrap(st, "slot of %zu bytes: reserve", size);
+		return vmmrt__error_wrap(st, "slot of %zu bytes: reserve", size);
 	}
 	s->rt = rt;
 	s->size = size;
 	s->id = uatomic_add_return(&rt->next_slot_id, 1);
-	s->worker = vmmrt_workers_route(rt->workers, s->id);
-	vmmrt_request_init(&s->map_req, VMMRT_REQ_MAP, s);
-	vmmrt_request_init(&s->release_req, VMMRT_REQ_RELEASE, s);
+	s->worker = vmmrt__workers_route(rt->workers, s->id);
+	vmmrt__request_init(&s->map_req, VMMRT_REQ_MAP, s);
+	vmmrt__request_init(&s->release_req, VMMRT_REQ_RELEASE, s);
 	set_state(s, VMMRT_SLOT_RESERVED);
 
 	pthread_mutex_lock(&rt->slots_lock);
@@ -54,62 +54,62 @@ vmmrt_status vmmrt_slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **ou
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_slot_attach(vmmrt_slot *s, vmmrt_bhandle h)
+vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 {
 	vmmrt_runtime *rt = s->rt;
 
 	if (s->mapped)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt_drv_mem_map(rt, s->va, s->size, h);
+	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
-	st = vmmrt_drv_mem_set_access(rt, s->va, s->size);
+		return vmmrt__error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
+	st = vmmrt__drv_mem_set_access(rt, s->va, s->size);
 	if (st != VMMRT_OK) {
 		/* Roll the partial map back so the slot is exactly as before. */
-		vmmrt_status st2 = vmmrt_drv_mem_unmap(rt, s->va, s->size);
+		vmmrt_status st2 = vmmrt__drv_mem_unmap(rt, s->va, s->size);
 		(void)st2;
-		return vmmrt_error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
+		return vmmrt__error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
 	}
 	s->mapped = true;
 	s->handle = h;
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_slot_detach(vmmrt_slot *s, vmmrt_bhandle *h)
+vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
 {
 	if (!s->mapped)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt_drv_mem_unmap(s->rt, s->va, s->size);
+	vmmrt_status st = vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
+		return vmmrt__error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
 	s->mapped = false;
 	*h = s->handle;
 	s->handle = 0;
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_slot_teardown(vmmrt_slot *s, vmmrt_bhandle *handle_out, bool *had_handle)
+vmmrt_status vmmrt__slot_teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *had_handle)
 {
 	*had_handle = false;
 	if (s->mapped) {
-		vmmrt_status st = vmmrt_slot_detach(s, handle_out);
+		vmmrt_status st = vmmrt__slot_detach(s, handle_out);
 		if (st != VMMRT_OK)
 			return st;
 		*had_handle = true;
 	}
-	return vmmrt_drv_va_free(s->rt, s->va, s->size);
+	return vmmrt__drv_va_free(s->rt, s->va, s->size);
 }
 
 static void free_slot_rcu(struct rcu_head *head)
 {
 	vmmrt_slot *s = caa_container_of(head, vmmrt_slot, rcu);
-	VMMRT_TSAN_ACQUIRE(s); /* after the grace period: pairs with vmmrt_slot_retire */
+	VMMRT_TSAN_ACQUIRE(s); /* after the grace period: pairs with vmmrt__slot_retire */
 	free(s);
 }
 
-void vmmrt_slot_retire(vmmrt_slot *s)
+void vmmrt__slot_retire(vmmrt_slot *s)
 {
 	vmmrt_runtime *rt = s->rt;
 
@@ -122,23 +122,23 @@ void vmmrt_slot_retire(vmmrt_slot *s)
 	urcu_memb_call_rcu(&s->rcu, free_slot_rcu);
 }
 
-void vmmrt_slot_publish_error(vmmrt_slot *s, vmmrt_status st)
+void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st)
 {
 	snprintf(s->errmsg, sizeof(s->errmsg), "%s", vmmrt_last_error());
 	uatomic_set(&s->error, (int32_t)st);
 	set_state(s, VMMRT_SLOT_FAILED);
 }
 
-static vmmrt_status push(vmmrt_slot *s, vmmrt_request *req, vmmrt_req_done_fn done, void *arg)
+static vmmrt_status push(vmmrt_slot *s, vmmrt__request *req, vmmrt__req_done_fn done, void *arg)
 {
 	req->done = done;
 	req->done_arg = arg;
-	return vmmrt_worker_push(s->rt->workers, s->worker, req);
+	return vmmrt__worker_push(s->rt->workers, s->worker, req);
 }
 
 /* PENDING is set before the push: the worker may finish (and set the new
  * state) before the push even returns. */
-static vmmrt_status push_pending(vmmrt_slot *s, vmmrt_request *req, vmmrt_req_done_fn done, void *arg)
+static vmmrt_status push_pending(vmmrt_slot *s, vmmrt__request *req, vmmrt__req_done_fn done, void *arg)
 {
 	int32_t old = uatomic_xchg(&s->state, VMMRT_SLOT_PENDING);
 	vmmrt_status st = push(s, req, done, arg);
@@ -147,12 +147,12 @@ static vmmrt_status push_pending(vmmrt_slot *s, vmmrt_request *req, vmmrt_req_do
 	return st;
 }
 
-vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg)
+vmmrt_status vmmrt__slot_map_async(vmmrt_slot *s, vmmrt__req_done_fn done, void *arg)
 {
 	return push_pending(s, &s->map_req, done, arg);
 }
 
-vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg)
+vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, void *arg)
 {
 	return push_pending(s, &s->release_req, done, arg);
 }
@@ -161,7 +161,7 @@ vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, voi
 
 #define SLOT_ENTRY(s) \
 	do { \
-		vmmrt_status st_ = vmmrt_drv_check_caller(__func__); \
+		vmmrt_status st_ = vmmrt__drv_check_caller(__func__); \
 		if (st_ != VMMRT_OK) \
 			return st_; \
 		VMMRT_CHECK_ARG(s, "slot is NULL"); \
@@ -169,12 +169,12 @@ vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, voi
 
 vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
 {
-	vmmrt_status st = vmmrt_drv_check_caller(__func__);
+	vmmrt_status st = vmmrt__drv_check_caller(__func__);
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
-	return vmmrt_slot_reserve(rt, bytes, out);
+	return vmmrt__slot_reserve(rt, bytes, out);
 }
 
 /* A failure published by an earlier asynchronous request is reported first. */
@@ -183,7 +183,7 @@ static vmmrt_status pending_error(vmmrt_slot *s)
 	int32_t e = uatomic_xchg(&s->error, VMMRT_OK);
 	if (e != VMMRT_OK) {
 		set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
-		return vmmrt_error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed: %s",
+		return vmmrt__error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed: %s",
 				   (unsigned long long)s->id, s->errmsg);
 	}
 	return VMMRT_OK;
@@ -205,16 +205,16 @@ vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
 		return st;
 	switch ((vmmrt_slot_state)uatomic_read(&s->state)) {
 	case VMMRT_SLOT_MAPPED:
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
 	case VMMRT_SLOT_PENDING:
-		return vmmrt_error(VMMRT_E_BUSY, "slot %llu has a request in flight", (unsigned long long)s->id);
+		return vmmrt__error(VMMRT_E_BUSY, "slot %llu has a request in flight", (unsigned long long)s->id);
 	default:
 		break;
 	}
-	st = vmmrt_slot_map_async(s, NULL, NULL);
+	st = vmmrt__slot_map_async(s, NULL, NULL);
 	if (st != VMMRT_OK)
 		return st;
-	return settle(s, vmmrt_request_wait(&s->map_req, s->rt->timeout_ms));
+	return settle(s, vmmrt__request_wait(&s->map_req, s->rt->timeout_ms));
 }
 
 vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
@@ -225,16 +225,16 @@ vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 		return st;
 	switch ((vmmrt_slot_state)uatomic_read(&s->state)) {
 	case VMMRT_SLOT_RESERVED:
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is not mapped", (unsigned long long)s->id);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is not mapped", (unsigned long long)s->id);
 	case VMMRT_SLOT_PENDING:
-		return vmmrt_error(VMMRT_E_BUSY, "slot %llu has a request in flight", (unsigned long long)s->id);
+		return vmmrt__error(VMMRT_E_BUSY, "slot %llu has a request in flight", (unsigned long long)s->id);
 	default:
 		break;
 	}
-	st = vmmrt_slot_release_async(s, NULL, NULL);
+	st = vmmrt__slot_release_async(s, NULL, NULL);
 	if (st != VMMRT_OK)
 		return st;
-	return settle(s, vmmrt_request_wait(&s->release_req, s->rt->timeout_ms));
+	return settle(s, vmmrt__request_wait(&s->release_req, s->rt->timeout_ms));
 }
 
 vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
@@ -247,20 +247,20 @@ vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
 	 * cancelled (dying is set) before the teardown. If the wait times out
 	 * the request is abandoned to the worker, which frees it.
 	 */
-	vmmrt_request *req = malloc(sizeof(*req));
+	vmmrt__request *req = malloc(sizeof(*req));
 	if (!req)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot destroy request");
-	vmmrt_request_init(req, VMMRT_REQ_DESTROY, s);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot destroy request");
+	vmmrt__request_init(req, VMMRT_REQ_DESTROY, s);
 	uatomic_set(&s->dying, true);
 	/* Once pushed, the slot may be freed at any moment: read what we need first. */
 	uint64_t timeout_ms = s->rt->timeout_ms;
-	vmmrt_status st = vmmrt_worker_push(s->rt->workers, s->worker, req);
+	vmmrt_status st = vmmrt__worker_push(s->rt->workers, s->worker, req);
 	if (st != VMMRT_OK) {
 		uatomic_set(&s->dying, false);
 		free(req);
 		return st;
 	}
-	return vmmrt_request_wait_owned(req, timeout_ms);
+	return vmmrt__request_wait_owned(req, timeout_ms);
 }
 
 vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *s)

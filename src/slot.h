@@ -25,11 +25,11 @@ struct vmmrt_slot {
 
 	/* worker-owned */
 	bool mapped;
-	vmmrt_bhandle handle;
+	vmmrt__bhandle handle;
 
 	/* one preallocated request per kind: a slot never has two of a kind queued */
-	vmmrt_request map_req;
-	vmmrt_request release_req;
+	vmmrt__request map_req;
+	vmmrt__request release_req;
 
 	bool dying;            /* destroy was requested: later requests are cancelled */
 	struct cds_list_head link;  /* rt->slots */
@@ -37,25 +37,25 @@ struct vmmrt_slot {
 };
 
 /* Reserve the VA (any thread: cuMemAddressReserve is not a hot VMM call). */
-vmmrt_status vmmrt_slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
+vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
 
 /* Worker side: map h at the slot's address and set access; on failure the
  * mapping is rolled back and h is still the caller's. */
-vmmrt_status vmmrt_slot_attach(vmmrt_slot *s, vmmrt_bhandle h);
+vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h);
 /* Worker side: unmap; the handle goes back to the caller (*h). */
-vmmrt_status vmmrt_slot_detach(vmmrt_slot *s, vmmrt_bhandle *h);
+vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h);
 /* Worker side (DESTROY): unmap and release what is mapped, free the VA,
  * unlink the slot and free it after an RCU grace period. */
-vmmrt_status vmmrt_slot_teardown(vmmrt_slot *s, vmmrt_bhandle *handle_out, bool *had_handle);
-void vmmrt_slot_retire(vmmrt_slot *s);
+vmmrt_status vmmrt__slot_teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *had_handle);
+void vmmrt__slot_retire(vmmrt_slot *s);
 
 /* Queue a map / release on the slot's worker; done(req, status, arg) runs on
  * the worker when it finishes. Safe in a host function (release) and on the
  * launch thread (never blocks). */
-vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg);
-vmmrt_status vmmrt_slot_release_async(vmmrt_slot *s, vmmrt_req_done_fn done, void *arg);
+vmmrt_status vmmrt__slot_map_async(vmmrt_slot *s, vmmrt__req_done_fn done, void *arg);
+vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, void *arg);
 
 /* Record a failure on the slot (worker side) so the next API call reports it. */
-void vmmrt_slot_publish_error(vmmrt_slot *s, vmmrt_status st);
+void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st);
 
 #endif

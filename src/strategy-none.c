@@ -8,46 +8,46 @@
 #include "error.h"
 #include "offload.h"
 
-static vmmrt_status none_allocate(vmmrt_offload *off)
+static vmmrt_status none_allocate(vmmrt__offload *off)
 {
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		if (!g->ndesc)
 			continue;
-		vmmrt_status st = vmmrt_slot_reserve(off->rt, g->bytes, &g->slot);
+		vmmrt_status st = vmmrt__slot_reserve(off->rt, g->bytes, &g->slot);
 		if (st == VMMRT_OK)
 			st = vmmrt_slot_map(g->slot);
 		if (st != VMMRT_OK)
-			return vmmrt_error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
+			return vmmrt__error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
 		g->base = vmmrt_slot_address(g->slot);
-		vmmrt_offload_account(off, (int64_t)g->slot->size);
+		vmmrt__offload_account(off, (int64_t)g->slot->size);
 	}
 	return VMMRT_OK;
 }
 
-static vmmrt_status none_hook(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status none_hook(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	return VMMRT_OK;
 }
 
-static vmmrt_status none_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
+static vmmrt_status none_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
 	return VMMRT_OK;
 }
 
-static void none_destroy(vmmrt_offload *off)
+static void none_destroy(vmmrt__offload *off)
 {
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		if (g->slot) {
-			vmmrt_offload_account(off, -(int64_t)g->slot->size);
-			vmmrt_offload_destroy_slot(g->slot);
+			vmmrt__offload_account(off, -(int64_t)g->slot->size);
+			vmmrt__offload_destroy_slot(g->slot);
 			g->slot = NULL;
 		}
 	}
 }
 
-const vmmrt_strategy_ops vmmrt_strategy_none = {
+const vmmrt__strategy_ops vmmrt__strategy_none = {
 	.name = "none",
 	.max_lookahead = 0,
 	.allocate = none_allocate,

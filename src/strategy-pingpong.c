@@ -20,7 +20,7 @@
 #include "error.h"
 #include "offload.h"
 
-static vmmrt_status pp_allocate(vmmrt_offload *off)
+static vmmrt_status pp_allocate(vmmrt__offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
 	size_t max = 0;
@@ -30,13 +30,13 @@ static vmmrt_status pp_allocate(vmmrt_offload *off)
 	if (max == 0)
 		return VMMRT_OK; /* only empty groups: nothing to allocate */
 	for (unsigned b = 0; b < 2; b++) {
-		vmmrt_status st = vmmrt_slot_reserve(rt, max, &off->bank[b].slot);
+		vmmrt_status st = vmmrt__slot_reserve(rt, max, &off->bank[b].slot);
 		if (st == VMMRT_OK)
 			st = vmmrt_slot_map(off->bank[b].slot);
 		if (st != VMMRT_OK)
-			return vmmrt_error_wrap(st, "ping-pong bank %u of %zu bytes", b, max);
+			return vmmrt__error_wrap(st, "ping-pong bank %u of %zu bytes", b, max);
 		off->bank[b].user_done = true;
-		vmmrt_offload_account(off, (int64_t)vmmrt_slot_size(off->bank[b].slot));
+		vmmrt__offload_account(off, (int64_t)vmmrt_slot_size(off->bank[b].slot));
 	}
 	/* Alternate in forward order: with the usual reverse backward order the
 	 * backward alternates too, so each restore overlaps the graph before it. */
@@ -51,18 +51,18 @@ static vmmrt_status pp_allocate(vmmrt_offload *off)
 	return VMMRT_OK;
 }
 
-static vmmrt_status enqueue_restore(vmmrt_offload *off, vmmrt_group *g, uint64_t use)
+static vmmrt_status enqueue_restore(vmmrt__offload *off, vmmrt_group *g, uint64_t use)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt_bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->bank[g->bank];
 	vmmrt_status st = VMMRT_OK;
 
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_BACKWARD_FENCE))
-		st = vmmrt_drv_stream_wait_event(rt, off->h2d, bank->free_ev);
+		st = vmmrt__drv_stream_wait_event(rt, off->h2d, bank->free_ev);
 	if (st == VMMRT_OK)
-		st = vmmrt_offload_h2d(off, g);
+		st = vmmrt__offload_h2d(off, g);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': restore", g->name);
+		return vmmrt__error_wrap(st, "group '%s': restore", g->name);
 	bank->user = g;
 	bank->user_done = false;
 	g->restore_use = use + 1;
@@ -70,7 +70,7 @@ static vmmrt_status enqueue_restore(vmmrt_offload *off, vmmrt_group *g, uint64_t
 }
 
 /* The bank's user let go of it at free_ev: start the restore that waited. */
-static vmmrt_status release_bank(vmmrt_offload *off, vmmrt_bank *bank, vmmrt_bevent *free_ev)
+static vmmrt_status release_bank(vmmrt__offload *off, vmmrt__bank *bank, vmmrt__bevent *free_ev)
 {
 	bank->free_ev = free_ev;
 	bank->user_done = true;
@@ -81,19 +81,19 @@ static vmmrt_status release_bank(vmmrt_offload *off, vmmrt_bank *bank, vmmrt_bev
 	return enqueue_restore(off, g, bank->pending_use);
 }
 
-static vmmrt_status pp_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
+static vmmrt_status pp_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
 	if (!backward)
 		return VMMRT_OK; /* a forward needs nothing ahead */
-	if (vmmrt_offload_is_tail(off, g, use, true)) {
+	if (vmmrt__offload_is_tail(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* the tail never left */
 	}
-	vmmrt_bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->bank[g->bank];
 	if (bank->user_done)
 		return enqueue_restore(off, g, use);
 	if (bank->pending)
-		return vmmrt_error(VMMRT_E_INVALID_STATE,
+		return vmmrt__error(VMMRT_E_INVALID_STATE,
 				   "group '%s': bank %u already has a deferred restore (look-ahead beyond two banks)",
 				   g->name, g->bank);
 	if (off->sched.recorded)
@@ -103,15 +103,15 @@ static vmmrt_status pp_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 	return VMMRT_OK;
 }
 
-static vmmrt_status pp_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status pp_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt_bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->bank[g->bank];
 	if (!bank->user_done)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': bank %u is still held by group '%s'", g->name,
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': bank %u is still held by group '%s'", g->name,
 				   g->bank, bank->user ? bank->user->name : "?");
 	/* Fence 1: the previous activation in this bank has reached host memory. */
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_FORWARD_FENCE)) {
-		vmmrt_status st = vmmrt_offload_wait(off, compute, bank->free_ev);
+		vmmrt_status st = vmmrt__offload_wait(off, compute, bank->free_ev);
 		if (st != VMMRT_OK)
 			return st;
 	}
@@ -120,57 +120,57 @@ static vmmrt_status pp_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_s
 	return VMMRT_OK;
 }
 
-static vmmrt_status pp_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status pp_forward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt_bank *bank = &off->bank[g->bank];
-	if (vmmrt_offload_is_tail(off, g, off->sched.use, false)) {
+	vmmrt__bank *bank = &off->bank[g->bank];
+	if (vmmrt__offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays in the bank */
 	}
-	vmmrt_status st = vmmrt_drv_event_record(rt, g->fwd_done, compute);
+	vmmrt_status st = vmmrt__drv_event_record(rt, g->fwd_done, compute);
 	if (st == VMMRT_OK)
-		st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->fwd_done);
+		st = vmmrt__drv_stream_wait_event(rt, off->d2h, g->fwd_done);
 	if (st == VMMRT_OK)
-		st = vmmrt_offload_d2h(off, g);
+		st = vmmrt__offload_d2h(off, g);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
+		return vmmrt__error_wrap(st, "group '%s': offload", g->name);
 	return release_bank(off, bank, g->d2h_done);
 }
 
-static vmmrt_status pp_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status pp_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
+	if (vmmrt__offload_is_tail(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
-		return vmmrt_error(VMMRT_E_INVALID_STATE,
+		return vmmrt__error(VMMRT_E_INVALID_STATE,
 				   "group '%s': its restore could not start (bank %u still held by group '%s')",
 				   g->name, g->bank, off->bank[g->bank].user ? off->bank[g->bank].user->name : "?");
 	/* The compute stream waits on the GPU for the H2D; the launch thread goes on. */
-	return vmmrt_offload_wait(off, compute, g->restored);
+	return vmmrt__offload_wait(off, compute, g->restored);
 }
 
-static vmmrt_status pp_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status pp_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt_status st = vmmrt_drv_event_record(off->rt, g->consumed, compute);
+	vmmrt_status st = vmmrt__drv_event_record(off->rt, g->consumed, compute);
 	if (st != VMMRT_OK)
 		return st;
 	return release_bank(off, &off->bank[g->bank], g->consumed);
 }
 
-static void pp_destroy(vmmrt_offload *off)
+static void pp_destroy(vmmrt__offload *off)
 {
 	for (unsigned b = 0; b < 2; b++) {
-		vmmrt_bank *bank = &off->bank[b];
+		vmmrt__bank *bank = &off->bank[b];
 		if (bank->slot) {
-			vmmrt_offload_account(off, -(int64_t)vmmrt_slot_size(bank->slot));
-			vmmrt_offload_destroy_slot(bank->slot);
+			vmmrt__offload_account(off, -(int64_t)vmmrt_slot_size(bank->slot));
+			vmmrt__offload_destroy_slot(bank->slot);
 		}
-		*bank = (vmmrt_bank){0};
+		*bank = (vmmrt__bank){0};
 	}
 }
 
-const vmmrt_strategy_ops vmmrt_strategy_pingpong = {
+const vmmrt__strategy_ops vmmrt__strategy_pingpong = {
 	.name = "pingpong",
 	.max_lookahead = 1, /* the bank not being read is the only one to restore into */
 	.allocate = pp_allocate,

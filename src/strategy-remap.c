@@ -30,11 +30,11 @@ static void publish_flag(vmmrt_group *g, uint32_t seq)
 			break;
 }
 
-static bool admit_map(vmmrt_request *req, void *arg)
+static bool admit_map(vmmrt__request *req, void *arg)
 {
-	vmmrt_remap_req *r = arg;
+	vmmrt__remap_req *r = arg;
 	vmmrt_group *g = r->g;
-	vmmrt_offload *off = g->off;
+	vmmrt__offload *off = g->off;
 
 	if ((uint64_t)uatomic_read(&off->admit_ticket) != r->ticket)
 		return false;
@@ -49,62 +49,62 @@ static bool admit_map(vmmrt_request *req, void *arg)
 	}
 	uatomic_inc(&off->admit_ticket);
 	/* The next ticket may be parked on another worker. */
-	vmmrt_workers_kick(g->rt->workers);
+	vmmrt__workers_kick(g->rt->workers);
 	return true;
 }
 
-static void map_done(vmmrt_request *req, vmmrt_status st, void *arg)
+static void map_done(vmmrt__request *req, vmmrt_status st, void *arg)
 {
-	vmmrt_remap_req *r = arg;
+	vmmrt__remap_req *r = arg;
 	vmmrt_group *g = r->g;
-	vmmrt_offload *off = g->off;
+	vmmrt__offload *off = g->off;
 
 	if (st != VMMRT_OK) {
 		if (r->grew)
 			uatomic_dec(&off->resident);
 		if (st != VMMRT_E_CANCELLED)
-			vmmrt_group_fail(g, st, "map before use");
+			vmmrt__group_fail(g, st, "map before use");
 		return;
 	}
 	if (r->grew)
-		vmmrt_offload_account(off, (int64_t)g->slot->size);
+		vmmrt__offload_account(off, (int64_t)g->slot->size);
 	uatomic_inc(&off->maps);
 	publish_flag(g, r->seq);
 }
 
-static void map_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
+static void map_retrying(vmmrt__request *req, vmmrt_status st, void *arg)
 {
-	vmmrt_remap_req *r = arg;
+	vmmrt__remap_req *r = arg;
 	/* Reported now, while the worker keeps trying: the streams that wait on
 	 * this map resume as soon as memory comes back. */
-	vmmrt_group_fail(r->g, st, "map before use (still retrying)");
+	vmmrt__group_fail(r->g, st, "map before use (still retrying)");
 }
 
-static void release_retrying(vmmrt_request *req, vmmrt_status st, void *arg)
+static void release_retrying(vmmrt__request *req, vmmrt_status st, void *arg)
 {
-	vmmrt_remap_req *r = arg;
+	vmmrt__remap_req *r = arg;
 	/* Until it goes, the budget of mapped groups counts this one. */
-	vmmrt_group_fail(r->g, st, "release after use (still retrying)");
+	vmmrt__group_fail(r->g, st, "release after use (still retrying)");
 }
 
-static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
+static void release_done(vmmrt__request *req, vmmrt_status st, void *arg)
 {
-	vmmrt_remap_req *r = arg;
+	vmmrt__remap_req *r = arg;
 	vmmrt_group *g = r->g;
-	vmmrt_offload *off = g->off;
+	vmmrt__offload *off = g->off;
 
 	if (st == VMMRT_OK) {
 		/* Account first, then free the budget: a map admitted on another
 		 * worker the moment the budget frees must not see these bytes too. */
-		vmmrt_offload_account(off, -(int64_t)g->slot->size);
+		vmmrt__offload_account(off, -(int64_t)g->slot->size);
 		uatomic_dec(&off->resident);
 		uatomic_inc(&off->releases);
 	} else if (st != VMMRT_E_CANCELLED) {
-		vmmrt_group_fail(g, st, "release after use");
+		vmmrt__group_fail(g, st, "release after use");
 	}
 	/* Counted even on failure: a slot left mapped is reused as it is, and no
 	 * later map may wait forever for a release that will not come. */
-	vmmrt_remap_release_counted(g);
+	vmmrt__remap_release_counted(g);
 }
 
 /*
@@ -113,12 +113,12 @@ static void release_done(vmmrt_request *req, vmmrt_status st, void *arg)
  * owe_release counts an owed release, never both: each publishes its side
  * (the count, the owed index) with a full barrier before it reads the other.
  */
-void vmmrt_remap_release_counted(vmmrt_group *g)
+void vmmrt__remap_release_counted(vmmrt_group *g)
 {
 	uint64_t done = uatomic_add_return(&g->releases_done, 1);
 	if (uatomic_read(&g->owed_index) == done && uatomic_cmpxchg(&g->owed_index, done, VMMRT_NOT_OWED) == done)
 		uatomic_inc(&g->releases_done);
-	vmmrt_workers_kick(g->rt->workers);
+	vmmrt__workers_kick(g->rt->workers);
 }
 
 /*
@@ -126,33 +126,33 @@ void vmmrt_remap_release_counted(vmmrt_group *g)
  * thread makes the VMM calls itself (the seed's first version), and so must
  * wait for each copy or graph before it may release the memory behind it.
  */
-static vmmrt_status inline_map(vmmrt_offload *off, vmmrt_remap_req *r)
+static vmmrt_status inline_map(vmmrt__offload *off, vmmrt__remap_req *r)
 {
 	vmmrt_group *g = r->g;
 	vmmrt_status st = VMMRT_OK;
 	r->grew = !g->slot->mapped;
 	if (r->grew) {
-		vmmrt_bhandle h;
+		vmmrt__bhandle h;
 		uatomic_inc(&off->resident); /* as admission does; map_done undoes it on failure */
-		st = vmmrt_drv_mem_create(off->rt, g->slot->size, &h);
-		if (st == VMMRT_OK && (st = vmmrt_slot_attach(g->slot, h)) != VMMRT_OK)
-			(void)vmmrt_drv_mem_release(off->rt, h);
+		st = vmmrt__drv_mem_create(off->rt, g->slot->size, &h);
+		if (st == VMMRT_OK && (st = vmmrt__slot_attach(g->slot, h)) != VMMRT_OK)
+			(void)vmmrt__drv_mem_release(off->rt, h);
 	}
 	map_done(&r->req, st, r);
 	return st;
 }
 
-static vmmrt_status inline_release(vmmrt_offload *off, vmmrt_remap_req *r)
+static vmmrt_status inline_release(vmmrt__offload *off, vmmrt__remap_req *r)
 {
-	vmmrt_bhandle h;
-	vmmrt_status st = vmmrt_slot_detach(r->g->slot, &h);
+	vmmrt__bhandle h;
+	vmmrt_status st = vmmrt__slot_detach(r->g->slot, &h);
 	if (st == VMMRT_OK)
-		st = vmmrt_drv_mem_release(off->rt, h);
+		st = vmmrt__drv_mem_release(off->rt, h);
 	release_done(&r->req, st, r);
 	return st;
 }
 
-static vmmrt_status rm_allocate(vmmrt_offload *off)
+static vmmrt_status rm_allocate(vmmrt__offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
 	off->budget = (int64_t)rt->lookahead + 1;
@@ -160,25 +160,25 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 		vmmrt_group *g = off->groups[i];
 		if (!g->ndesc)
 			continue;
-		vmmrt_status st = vmmrt_slot_reserve(rt, g->bytes, &g->slot);
+		vmmrt_status st = vmmrt__slot_reserve(rt, g->bytes, &g->slot);
 		if (st == VMMRT_OK)
 			st = vmmrt_slot_map(g->slot); /* the initial backing, for capture */
 		if (st == VMMRT_OK)
-			st = vmmrt_drv_host_alloc(rt, 64, (void **)&g->flag);
+			st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->flag);
 		if (st == VMMRT_OK)
-			st = vmmrt_drv_host_devptr(rt, g->flag, &g->flag_dev);
+			st = vmmrt__drv_host_devptr(rt, g->flag, &g->flag_dev);
 		if (st != VMMRT_OK)
-			return vmmrt_error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
+			return vmmrt__error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
 		*g->flag = 0;
 		g->base = vmmrt_slot_address(g->slot);
-		if ((st = vmmrt_offload_capture_copies(off, g)) != VMMRT_OK)
+		if ((st = vmmrt__offload_capture_copies(off, g)) != VMMRT_OK)
 			return st;
 		uatomic_inc(&off->resident);
-		vmmrt_offload_account(off, (int64_t)g->slot->size);
+		vmmrt__offload_account(off, (int64_t)g->slot->size);
 		for (int k = 0; k < 2; k++)
 			for (int j = 0; j < VMMRT_REQ_RING; j++) {
-				vmmrt_remap_req *m = &g->map[k][j], *r = &g->rel[k][j];
-				vmmrt_request_init(&m->req, VMMRT_REQ_MAP, g->slot);
+				vmmrt__remap_req *m = &g->map[k][j], *r = &g->rel[k][j];
+				vmmrt__request_init(&m->req, VMMRT_REQ_MAP, g->slot);
 				m->req.ensure = true; /* the first map finds the initial backing */
 				m->req.admit = admit_map;
 				m->req.persist = true; /* the GPU waits for it: retry, never abandon */
@@ -186,14 +186,14 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 				m->req.done = map_done;
 				m->req.done_arg = m;
 				m->g = g;
-				vmmrt_request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
+				vmmrt__request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
 				r->req.done = release_done;
 				r->req.done_arg = r;
 				r->req.persist = true;
 				r->req.retrying = release_retrying;
 				r->g = g;
-				if (k == USE_B && (st = vmmrt_drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
-					return vmmrt_error_wrap(st, "group '%s': release events", g->name);
+				if (k == USE_B && (st = vmmrt__drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
+					return vmmrt__error_wrap(st, "group '%s': release events", g->name);
 			}
 		g->owed_index = VMMRT_NOT_OWED;
 	}
@@ -202,12 +202,12 @@ static vmmrt_status rm_allocate(vmmrt_offload *off)
 
 /* A request object still in flight from an earlier iteration means the launch
  * thread ran a whole iteration ahead of the workers: wait, and count it. */
-static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
+static vmmrt_status reclaim(vmmrt__offload *off, vmmrt__request *req)
 {
-	if (vmmrt_request_poll(req) != VMMRT_E_BUSY)
+	if (vmmrt__request_poll(req) != VMMRT_E_BUSY)
 		return VMMRT_OK;
 	uatomic_inc(&off->rt->launch_blocking);
-	vmmrt_status st = vmmrt_request_wait(req, off->rt->timeout_ms);
+	vmmrt_status st = vmmrt__request_wait(req, off->rt->timeout_ms);
 	return st == VMMRT_E_TIMEOUT ? st : VMMRT_OK;
 }
 
@@ -219,29 +219,29 @@ static vmmrt_status reclaim(vmmrt_offload *off, vmmrt_request *req)
  * still in flight. A failed hook ends the pipeline (every later hook
  * refuses), so a group owes at most one.
  */
-static void owe_release(vmmrt_offload *off, vmmrt_group *g, uint64_t index)
+static void owe_release(vmmrt__offload *off, vmmrt_group *g, uint64_t index)
 {
 	if (off->rt->driver_inline) { /* no admission reads the count */
 		uatomic_inc(&g->releases_done);
 		return;
 	}
 	if (uatomic_cmpxchg(&g->owed_index, VMMRT_NOT_OWED, index) != VMMRT_NOT_OWED) {
-		vmmrt_group_fail(g, VMMRT_E_INVALID_STATE, "a second release owed (left uncounted)");
+		vmmrt__group_fail(g, VMMRT_E_INVALID_STATE, "a second release owed (left uncounted)");
 		return;
 	}
 	if (uatomic_read(&g->releases_done) == index &&
 	    uatomic_cmpxchg(&g->owed_index, index, VMMRT_NOT_OWED) == index) {
 		uatomic_inc(&g->releases_done);
-		vmmrt_workers_kick(off->rt->workers);
+		vmmrt__workers_kick(off->rt->workers);
 	}
 }
 
-static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, uint64_t use)
+static vmmrt_status request_map(vmmrt__offload *off, vmmrt_group *g, int kind, uint64_t use)
 {
-	vmmrt_remap_req *r = &g->map[kind][g->map_next[kind]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->map[kind][g->map_next[kind]++ % VMMRT_REQ_RING];
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': previous map", g->name);
+		return vmmrt__error_wrap(st, "group '%s': previous map", g->name);
 	uint32_t prev_seq_of = g->map_seq_of[kind];
 	r->seq = ++g->map_seq;
 	g->map_seq_of[kind] = r->seq;
@@ -251,7 +251,7 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 	r->need = g->maps_requested++;
 	if (off->rt->driver_inline) {
 		st = inline_map(off, r);
-	} else if ((st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req)) != VMMRT_OK) {
+	} else if ((st = vmmrt__worker_push(off->rt->workers, g->slot->worker, &r->req)) != VMMRT_OK) {
 		/* Not queued: give the ticket and the counts back, or every later
 		 * map would wait for this one forever (admission goes in order). */
 		off->next_ticket--;
@@ -260,14 +260,14 @@ static vmmrt_status request_map(vmmrt_offload *off, vmmrt_group *g, int kind, ui
 		g->map_seq_of[kind] = prev_seq_of;
 	}
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "group '%s': %s map", g->name, off->rt->driver_inline ? "inline" : "queue");
+		return vmmrt__error_wrap(st, "group '%s': %s map", g->name, off->rt->driver_inline ? "inline" : "queue");
 	g->map_use[kind] = use + 1;
 	return VMMRT_OK;
 }
 
-static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backward, uint64_t use)
+static vmmrt_status rm_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
-	if (backward && vmmrt_offload_is_tail(off, g, use, true)) {
+	if (backward && vmmrt__offload_is_tail(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* still mapped since its forward */
 	}
@@ -275,14 +275,14 @@ static vmmrt_status rm_prefetch(vmmrt_offload *off, vmmrt_group *g, bool backwar
 	if (st != VMMRT_OK)
 		return st;
 	int kind = backward ? USE_B : USE_F;
-	struct vmmrt_pending_map p = {g, use, g->map[kind][(g->map_next[kind] - 1) % VMMRT_REQ_RING].need,
+	struct vmmrt__pending_map p = {g, use, g->map[kind][(g->map_next[kind] - 1) % VMMRT_REQ_RING].need,
 				      g->map_seq_of[kind], backward};
-	return vmmrt_remap_pending_add(off, &p);
+	return vmmrt__remap_pending_add(off, &p);
 }
 
-static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status rm_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt_status st = vmmrt_remap_pending_flush(off, off->sched.use);
+	vmmrt_status st = vmmrt__remap_pending_flush(off, off->sched.use);
 	if (st != VMMRT_OK)
 		return st;
 	/* The worker stores the flag once the map call returned: if it is there
@@ -290,66 +290,66 @@ static vmmrt_status rm_forward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_s
 	uint32_t seq = g->map_seq_of[USE_F];
 	if ((int32_t)(uatomic_read(g->flag) - seq) >= 0)
 		return VMMRT_OK;
-	return vmmrt_drv_stream_wait_value32(off->rt, compute, g->flag_dev, seq);
+	return vmmrt__drv_stream_wait_value32(off->rt, compute, g->flag_dev, seq);
 }
 
 /* After `s` reaches this point (`done` is recorded there), the group's memory
  * is released by a worker; inline, the launch thread waits for `done` itself. */
-static vmmrt_status release_after(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream s, int kind, vmmrt_bevent *done)
+static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream s, int kind, vmmrt__bevent *done)
 {
-	vmmrt_remap_req *r = &g->rel[kind][g->rel_next[kind]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->rel[kind][g->rel_next[kind]++ % VMMRT_REQ_RING];
 	if (off->rt->driver_inline) {
-		vmmrt_status st = vmmrt_drv_event_synchronize(off->rt, done);
+		vmmrt_status st = vmmrt__drv_event_synchronize(off->rt, done);
 		if (st == VMMRT_OK)
 			st = inline_release(off, r);
 		return st;
 	}
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st == VMMRT_OK && kind == USE_F && (off->drop_fence & VMMRT_PLANT_EARLY_RELEASE))
-		st = vmmrt_worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
+		st = vmmrt__worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
 	else if (st == VMMRT_OK)
-		st = vmmrt_offload_push_after(off, s, r);
+		st = vmmrt__offload_push_after(off, s, r);
 	return st;
 }
 
-static vmmrt_status rm_forward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status rm_forward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (vmmrt_offload_is_tail(off, g, off->sched.use, false)) {
+	if (vmmrt__offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays mapped */
 	}
 	vmmrt_status st;
 	uint64_t index = g->releases_planned++;
-	if ((st = vmmrt_drv_event_record(rt, g->fwd_done, compute)) != VMMRT_OK ||
-	    (st = vmmrt_drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
-	    (st = vmmrt_offload_d2h(off, g)) != VMMRT_OK ||
+	if ((st = vmmrt__drv_event_record(rt, g->fwd_done, compute)) != VMMRT_OK ||
+	    (st = vmmrt__drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
+	    (st = vmmrt__offload_d2h(off, g)) != VMMRT_OK ||
 	    (st = release_after(off, g, off->d2h, USE_F, g->d2h_done)) != VMMRT_OK) {
 		char why[512];
 		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 		owe_release(off, g, index);
-		vmmrt_error_adopt(why);
-		return vmmrt_error_wrap(st, "group '%s': offload", g->name);
+		vmmrt__error_adopt(why);
+		return vmmrt__error_wrap(st, "group '%s': offload", g->name);
 	}
-	return vmmrt_remap_pending_flush(off, off->sched.use); /* a restore may have waited for this release */
+	return vmmrt__remap_pending_flush(off, off->sched.use); /* a restore may have waited for this release */
 }
 
-static vmmrt_status rm_backward_begin(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status rm_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt_status st = vmmrt_remap_pending_flush(off, off->sched.use);
+	vmmrt_status st = vmmrt__remap_pending_flush(off, off->sched.use);
 	if (st != VMMRT_OK)
 		return st;
-	if (vmmrt_offload_is_tail(off, g, off->sched.use, true))
+	if (vmmrt__offload_is_tail(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);
-	return vmmrt_offload_wait(off, compute, g->restored);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);
+	return vmmrt__offload_wait(off, compute, g->restored);
 }
 
-static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_stream compute)
+static vmmrt_status rm_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt_remap_req *r = &g->rel[USE_B][g->rel_next[USE_B]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->rel[USE_B][g->rel_next[USE_B]++ % VMMRT_REQ_RING];
 	vmmrt_status st;
 	uint64_t index = g->releases_planned++;
 	/*
@@ -359,23 +359,23 @@ static vmmrt_status rm_backward_end(vmmrt_offload *off, vmmrt_group *g, vmmrt_st
 	 * now, with the event to wait for, and polls it. Each request of the ring
 	 * has its own event, so a later iteration cannot re-record it early.
 	 */
-	if ((st = reclaim(off, &r->req)) != VMMRT_OK || (st = vmmrt_drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
+	if ((st = reclaim(off, &r->req)) != VMMRT_OK || (st = vmmrt__drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
 		goto owed;
 	if (rt->driver_inline) {
-		if ((st = vmmrt_drv_event_synchronize(rt, r->ev)) != VMMRT_OK)
+		if ((st = vmmrt__drv_event_synchronize(rt, r->ev)) != VMMRT_OK)
 			goto owed;
 		return inline_release(off, r);
 	}
 	r->req.after = r->ev;
-	if ((st = vmmrt_worker_push(rt->workers, g->slot->worker, &r->req)) != VMMRT_OK)
+	if ((st = vmmrt__worker_push(rt->workers, g->slot->worker, &r->req)) != VMMRT_OK)
 		goto owed;
-	return vmmrt_remap_pending_flush(off, off->sched.use); /* a restore may have waited for this release */
+	return vmmrt__remap_pending_flush(off, off->sched.use); /* a restore may have waited for this release */
 owed:;
 	char why[512];
 	snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 	owe_release(off, g, index);
-	vmmrt_error_adopt(why);
-	return vmmrt_error_wrap(st, "group '%s': release after backward", g->name);
+	vmmrt__error_adopt(why);
+	return vmmrt__error_wrap(st, "group '%s': release after backward", g->name);
 }
 
 /*
@@ -391,34 +391,34 @@ owed:;
  * cannot be made or a release never comes, the flag stays: the teardown then
  * finds the streams busy and reports it rather than free what they read.
  */
-static bool quiesce_group(vmmrt_offload *off, vmmrt_group *g, uint64_t deadline)
+static bool quiesce_group(vmmrt__offload *off, vmmrt_group *g, uint64_t deadline)
 {
 	vmmrt_runtime *rt = off->rt;
 	/* Until the deadline: memory a failed create wanted often comes back. */
 	for (unsigned attempt = 0;; attempt++) {
-		vmmrt_request *req = malloc(sizeof(*req));
+		vmmrt__request *req = malloc(sizeof(*req));
 		if (!req)
 			return false;
-		vmmrt_request_init(req, VMMRT_REQ_MAP, g->slot);
+		vmmrt__request_init(req, VMMRT_REQ_MAP, g->slot);
 		req->ensure = true;
-		if (vmmrt_worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
+		if (vmmrt__worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
 			free(req);
 			return false;
 		}
-		if (vmmrt_request_wait_owned(req, rt->timeout_ms) == VMMRT_OK) {
+		if (vmmrt__request_wait_owned(req, rt->timeout_ms) == VMMRT_OK) {
 			publish_flag(g, g->map_seq);
 			return true;
 		}
-		if (vmmrt_now_ns() > deadline)
+		if (vmmrt__now_ns() > deadline)
 			return false;
 		struct timespec ts = {0, (attempt < 6 ? 1000000L << attempt : 50000000L)};
 		nanosleep(&ts, NULL);
 	}
 }
 
-static void rm_quiesce(vmmrt_offload *off)
+static void rm_quiesce(vmmrt__offload *off)
 {
-	uint64_t deadline = vmmrt_now_ns() + off->rt->timeout_ms * 1000000ull;
+	uint64_t deadline = vmmrt__now_ns() + off->rt->timeout_ms * 1000000ull;
 	for (;;) {
 		bool in_flight = false;
 		for (unsigned i = 0; i < off->ngroups; i++) {
@@ -432,7 +432,7 @@ static void rm_quiesce(vmmrt_offload *off)
 		}
 		if (!in_flight || off->stuck)
 			break;
-		if (vmmrt_now_ns() > deadline) {
+		if (vmmrt__now_ns() > deadline) {
 			off->stuck = true;
 			break;
 		}
@@ -441,31 +441,31 @@ static void rm_quiesce(vmmrt_offload *off)
 	}
 }
 
-static void rm_destroy(vmmrt_offload *off)
+static void rm_destroy(vmmrt__offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		if (!off->stuck) /* a stuck stream may still have a copy graph to run */
-			vmmrt_offload_free_copies(off, g);
+			vmmrt__offload_free_copies(off, g);
 		/* Queued behind this group's requests; parked maps are cancelled. */
 		if (g->slot)
-			vmmrt_offload_destroy_slot(g->slot);
+			vmmrt__offload_destroy_slot(g->slot);
 		g->slot = NULL;
 		for (int j = 0; j < VMMRT_REQ_RING; j++) {
 			if (g->rel[USE_B][j].ev)
-				(void)vmmrt_drv_event_destroy(rt, g->rel[USE_B][j].ev);
+				(void)vmmrt__drv_event_destroy(rt, g->rel[USE_B][j].ev);
 			g->rel[USE_B][j].ev = NULL;
 		}
 		if (g->flag && !off->stuck)
-			(void)vmmrt_drv_host_free(rt, g->flag);
+			(void)vmmrt__drv_host_free(rt, g->flag);
 		g->flag = NULL;
 	}
 	uatomic_set(&off->activation_bytes, 0);
 	uatomic_set(&off->resident, 0);
 }
 
-const vmmrt_strategy_ops vmmrt_strategy_remap = {
+const vmmrt__strategy_ops vmmrt__strategy_remap = {
 	.name = "remap",
 	.max_lookahead = 16,
 	.quiesce = rm_quiesce,

@@ -25,7 +25,7 @@ typedef struct trace_event {
 	long tid;        /* > 0: a thread track; 0: a named track */
 } trace_event;
 
-struct vmmrt_trace {
+struct vmmrt__trace {
 	char path[256];
 	ck_spinlock_t lock;
 	trace_event *ev;
@@ -33,7 +33,7 @@ struct vmmrt_trace {
 	uint64_t origin;
 };
 
-static void append(vmmrt_trace *t, const trace_event *e)
+static void append(vmmrt__trace *t, const trace_event *e)
 {
 	ck_spinlock_lock(&t->lock);
 	VMMRT_TSAN_ACQUIRE(&t->lock); /* ck's lock is inline assembly: tell TSan it orders */
@@ -53,18 +53,18 @@ static void append(vmmrt_trace *t, const trace_event *e)
 	ck_spinlock_unlock(&t->lock);
 }
 
-vmmrt_status vmmrt_trace_open(const char *path, vmmrt_trace **out)
+vmmrt_status vmmrt__trace_open(const char *path, vmmrt__trace **out)
 {
 	if (!path || !out || strlen(path) >= sizeof((*out)->path))
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "trace: bad path");
-	vmmrt_trace *t = calloc(1, sizeof(*t));
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "trace: bad path");
+	vmmrt__trace *t = calloc(1, sizeof(*t));
 	if (!t)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "trace");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "trace");
 	/* Fail now, not at the end of a long run, if the file cannot be written. */
 	FILE *f = fopen(path, "w");
 	if (!f) {
 		free(t);
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "trace: cannot write '%s'", path);
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "trace: cannot write '%s'", path);
 	}
 	fclose(f);
 	strcpy(t->path, path);
@@ -73,14 +73,14 @@ vmmrt_status vmmrt_trace_open(const char *path, vmmrt_trace **out)
 	return VMMRT_OK;
 }
 
-void vmmrt_trace_call(vmmrt_trace *t, const char *name, uint64_t t0, uint64_t t1, size_t bytes)
+void vmmrt__trace_call(vmmrt__trace *t, const char *name, uint64_t t0, uint64_t t1, size_t bytes)
 {
 	trace_event e = {.t0 = t0, .t1 = t1, .bytes = bytes, .tid = (long)syscall(SYS_gettid)};
 	snprintf(e.name, sizeof(e.name), "%s", name);
 	append(t, &e);
 }
 
-void vmmrt_trace_span(vmmrt_trace *t, const char *track, const char *name, uint64_t t0, uint64_t t1)
+void vmmrt__trace_span(vmmrt__trace *t, const char *track, const char *name, uint64_t t0, uint64_t t1)
 {
 	trace_event e = {.t0 = t0, .t1 = t1};
 	snprintf(e.track, sizeof(e.track), "%s", track);
@@ -88,7 +88,7 @@ void vmmrt_trace_span(vmmrt_trace *t, const char *track, const char *name, uint6
 	append(t, &e);
 }
 
-void vmmrt_trace_thread_name(vmmrt_trace *t, const char *name)
+void vmmrt__trace_thread_name(vmmrt__trace *t, const char *name)
 {
 	trace_event e = {.t0 = 0, .t1 = 0, .bytes = UINT64_MAX, .tid = (long)syscall(SYS_gettid)};
 	snprintf(e.name, sizeof(e.name), "%s", name);
@@ -107,14 +107,14 @@ static void json_string(FILE *f, const char *s)
 	fputc('"', f);
 }
 
-vmmrt_status vmmrt_trace_close(vmmrt_trace *t)
+vmmrt_status vmmrt__trace_close(vmmrt__trace *t)
 {
 	if (!t)
 		return VMMRT_OK;
 	FILE *f = fopen(t->path, "w");
 	vmmrt_status st = VMMRT_OK;
 	if (!f) {
-		st = vmmrt_error(VMMRT_E_INVALID_OPTION, "trace: cannot write '%s'", t->path);
+		st = vmmrt__error(VMMRT_E_INVALID_OPTION, "trace: cannot write '%s'", t->path);
 		goto out;
 	}
 	uint64_t origin = UINT64_MAX;
@@ -163,7 +163,7 @@ vmmrt_status vmmrt_trace_close(vmmrt_trace *t)
 	}
 	fputs("\n]}\n", f);
 	if (fclose(f) != 0)
-		st = vmmrt_error(VMMRT_E_INVALID_OPTION, "trace: write to '%s' failed", t->path);
+		st = vmmrt__error(VMMRT_E_INVALID_OPTION, "trace: write to '%s' failed", t->path);
 out:
 	free(t->ev);
 	free(t);

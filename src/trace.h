@@ -12,16 +12,16 @@
 
 #include "vmmrt.h"
 
-typedef struct vmmrt_trace vmmrt_trace;
+typedef struct vmmrt__trace vmmrt__trace;
 
-vmmrt_status vmmrt_trace_open(const char *path, vmmrt_trace **out);
+vmmrt_status vmmrt__trace_open(const char *path, vmmrt__trace **out);
 /* A driver call on the calling thread's track, CLOCK_MONOTONIC nanoseconds. */
-void vmmrt_trace_call(vmmrt_trace *t, const char *name, uint64_t t0_ns, uint64_t t1_ns, size_t bytes);
+void vmmrt__trace_call(vmmrt__trace *t, const char *name, uint64_t t0_ns, uint64_t t1_ns, size_t bytes);
 /* A span on a named track (a stream), e.g. ("h2d", "restore L3"). */
-void vmmrt_trace_span(vmmrt_trace *t, const char *track, const char *name, uint64_t t0_ns, uint64_t t1_ns);
+void vmmrt__trace_span(vmmrt__trace *t, const char *track, const char *name, uint64_t t0_ns, uint64_t t1_ns);
 /* Name the calling thread's track ("driver-worker-0"). */
-void vmmrt_trace_thread_name(vmmrt_trace *t, const char *name);
+void vmmrt__trace_thread_name(vmmrt__trace *t, const char *name);
 /* Write the file and free everything. */
-vmmrt_status vmmrt_trace_close(vmmrt_trace *t);
+vmmrt_status vmmrt__trace_close(vmmrt__trace *t);
 
 #endif

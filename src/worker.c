@@ -32,7 +32,7 @@
 
 typedef struct pooled_handle {
 	size_t size;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 } pooled_handle;
 
 typedef struct worker {
@@ -42,8 +42,8 @@ typedef struct worker {
 	pthread_t thread;
 	bool started;
 	unsigned index;
-	vmmrt_trace *trace; /* the runtime's at creation */
-	vmmrt_workers *pool;
+	vmmrt__trace *trace; /* the runtime's at creation */
+	vmmrt__workers *pool;
 
 	/* worker-owned: requests waiting for admission, in arrival order */
 	struct cds_list_head parked;
@@ -51,17 +51,17 @@ typedef struct worker {
 	struct cds_list_head waiting;
 
 	/* worker-owned: handles whose cuMemRelease failed, released again later */
-	vmmrt_bhandle *stash;
+	vmmrt__bhandle *stash;
 	unsigned nstash, capstash;
 
 	/* worker-owned: released handles kept for reuse (handle_pool option) */
 	pooled_handle *handles;
 	unsigned nhandles;
 
-	vmmrt_worker_stats stats; /* updated with uatomic by the worker, read by anyone */
+	vmmrt__worker_stats stats; /* updated with uatomic by the worker, read by anyone */
 } __attribute__((aligned(64))) worker;
 
-struct vmmrt_workers {
+struct vmmrt__workers {
 	vmmrt_runtime *rt;
 	unsigned n;
 	unsigned pool_cap;
@@ -70,7 +70,7 @@ struct vmmrt_workers {
 	worker w[];
 };
 
-void vmmrt_request_init(vmmrt_request *req, vmmrt_req_kind kind, vmmrt_slot *slot)
+void vmmrt__request_init(vmmrt__request *req, vmmrt__req_kind kind, vmmrt_slot *slot)
 {
 	memset(req, 0, sizeof(*req));
 	cds_wfcq_node_init(&req->node);
@@ -80,44 +80,44 @@ void vmmrt_request_init(vmmrt_request *req, vmmrt_req_kind kind, vmmrt_slot *slo
 	req->status = VMMRT_OK;
 }
 
-unsigned vmmrt_workers_count(const vmmrt_workers *w)
+unsigned vmmrt__workers_count(const vmmrt__workers *w)
 {
 	return w->n;
 }
 
-unsigned vmmrt_workers_route(const vmmrt_workers *w, uint64_t slot_id)
+unsigned vmmrt__workers_route(const vmmrt__workers *w, uint64_t slot_id)
 {
 	return (unsigned)(slot_id % w->n);
 }
 
-vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *req)
+vmmrt_status vmmrt__worker_push(vmmrt__workers *w, unsigned index, vmmrt__request *req)
 {
 	if (!w || !req || index >= w->n)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "worker push: bad worker or request");
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "worker push: bad worker or request");
 	if (uatomic_read(&w->stopping))
-		return vmmrt_error(VMMRT_E_CANCELLED, "worker push: the runtime is shutting down");
+		return vmmrt__error(VMMRT_E_CANCELLED, "worker push: the runtime is shutting down");
 	/* Claim the request: a request object sits in at most one queue. */
 	int32_t old = uatomic_read(&req->state);
 	if (old == VMMRT_REQ_QUEUED || old == VMMRT_REQ_RUNNING ||
 	    uatomic_cmpxchg(&req->state, old, VMMRT_REQ_QUEUED) != old)
-		return vmmrt_error(VMMRT_E_BUSY, "request already queued or running");
+		return vmmrt__error(VMMRT_E_BUSY, "request already queued or running");
 	worker *wk = &w->w[index];
 	req->admitted = false;
 	req->after_failed = false;
 	req->attempts = 0;
 	req->retry_at = 0;
-	req->enqueue_ns = vmmrt_now_ns();
+	req->enqueue_ns = vmmrt__now_ns();
 	cds_wfcq_node_init(&req->node);
 	VMMRT_TSAN_RELEASE(req); /* the queue (liburcu-cds) hands req to the worker */
 	cds_wfcq_enqueue(&wk->head, &wk->tail, &req->node);
-	ck_ec32_inc(&wk->ec, &vmmrt_ec_mp);
+	ck_ec32_inc(&wk->ec, &vmmrt__ec_mp);
 	return VMMRT_OK;
 }
 
-static vmmrt_status wait_done(vmmrt_request *req, uint64_t timeout_ms, bool abandon_on_timeout)
+static vmmrt_status wait_done(vmmrt__request *req, uint64_t timeout_ms, bool abandon_on_timeout)
 {
 	struct timespec ts;
-	const struct timespec *deadline = vmmrt_deadline(&ts, timeout_ms);
+	const struct timespec *deadline = vmmrt__deadline(&ts, timeout_ms);
 
 	for (;;) {
 		int32_t s = uatomic_read(&req->state);
@@ -125,7 +125,7 @@ static vmmrt_status wait_done(vmmrt_request *req, uint64_t timeout_ms, bool aban
 			cmm_smp_rmb();
 			vmmrt_status st = (vmmrt_status)uatomic_read(&req->status);
 			if (st != VMMRT_OK)
-				vmmrt_error_adopt(req->message);
+				vmmrt__error_adopt(req->message);
 			return st;
 		}
 		if (deadline) {
@@ -135,27 +135,27 @@ static vmmrt_status wait_done(vmmrt_request *req, uint64_t timeout_ms, bool aban
 			    (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec)) {
 				if (abandon_on_timeout && uatomic_cmpxchg(&req->state, s, VMMRT_REQ_ABANDONED) != s)
 					continue; /* it finished meanwhile */
-				return vmmrt_error(VMMRT_E_TIMEOUT,
+				return vmmrt__error(VMMRT_E_TIMEOUT,
 						   "request still %s after %llu ms (worker stalled?)",
 						   s == VMMRT_REQ_QUEUED ? "queued" : "running",
 						   (unsigned long long)timeout_ms);
 			}
 		}
-		vmmrt_futex_wait(&req->state, s, deadline);
+		vmmrt__futex_wait(&req->state, s, deadline);
 	}
 }
 
-vmmrt_status vmmrt_request_wait(vmmrt_request *req, uint64_t timeout_ms)
+vmmrt_status vmmrt__request_wait(vmmrt__request *req, uint64_t timeout_ms)
 {
 	if (!req)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "request is NULL");
-	vmmrt_status st = vmmrt_drv_check_caller("vmmrt_request_wait");
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "request is NULL");
+	vmmrt_status st = vmmrt__drv_check_caller("vmmrt__request_wait");
 	if (st != VMMRT_OK)
 		return st;
 	return wait_done(req, timeout_ms, false);
 }
 
-vmmrt_status vmmrt_request_wait_owned(vmmrt_request *req, uint64_t timeout_ms)
+vmmrt_status vmmrt__request_wait_owned(vmmrt__request *req, uint64_t timeout_ms)
 {
 	vmmrt_status st = wait_done(req, timeout_ms, true);
 	if (st == VMMRT_E_TIMEOUT)
@@ -164,7 +164,7 @@ vmmrt_status vmmrt_request_wait_owned(vmmrt_request *req, uint64_t timeout_ms)
 	return st;
 }
 
-vmmrt_status vmmrt_request_poll(const vmmrt_request *req)
+vmmrt_status vmmrt__request_poll(const vmmrt__request *req)
 {
 	int32_t s = uatomic_read(&req->state);
 	if (s == VMMRT_REQ_QUEUED || s == VMMRT_REQ_RUNNING)
@@ -174,7 +174,7 @@ vmmrt_status vmmrt_request_poll(const vmmrt_request *req)
 
 /* ----------------------------------------------------------- worker side */
 
-static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
+static void finish(worker *wk, vmmrt__request *req, vmmrt_status st)
 {
 	if (st != VMMRT_OK)
 		snprintf(req->message, sizeof(req->message), "%s",
@@ -190,7 +190,7 @@ static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
 	if (prev == VMMRT_REQ_ABANDONED)
 		free(req);
 	else
-		vmmrt_futex_wake_all(&req->state);
+		vmmrt__futex_wake_all(&req->state);
 }
 
 /*
@@ -199,19 +199,19 @@ static void finish(worker *wk, vmmrt_request *req, vmmrt_status st)
  * and released again at the worker's next idle moment, at trim and at stop;
  * what still fails then stays counted in live_handles, which destroy reports.
  */
-static vmmrt_status release_handle(worker *wk, size_t size, vmmrt_bhandle h)
+static vmmrt_status release_handle(worker *wk, size_t size, vmmrt__bhandle h)
 {
 	if (wk->nhandles < wk->pool->pool_cap) {
 		wk->handles[wk->nhandles++] = (pooled_handle){size, h};
 		uatomic_inc(&wk->stats.pool_handles);
 		return VMMRT_OK;
 	}
-	vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, h);
+	vmmrt_status st = vmmrt__drv_mem_release(wk->pool->rt, h);
 	if (st == VMMRT_OK)
 		return VMMRT_OK;
 	if (wk->nstash == wk->capstash) {
 		unsigned cap = wk->capstash ? wk->capstash * 2 : 8;
-		vmmrt_bhandle *n = realloc(wk->stash, cap * sizeof(*n));
+		vmmrt__bhandle *n = realloc(wk->stash, cap * sizeof(*n));
 		if (!n)
 			return st;
 		wk->stash = n;
@@ -225,7 +225,7 @@ static void release_stash(worker *wk)
 {
 	unsigned kept = 0;
 	for (unsigned i = 0; i < wk->nstash; i++)
-		if (vmmrt_drv_mem_release(wk->pool->rt, wk->stash[i]) != VMMRT_OK)
+		if (vmmrt__drv_mem_release(wk->pool->rt, wk->stash[i]) != VMMRT_OK)
 			wk->stash[kept++] = wk->stash[i];
 	wk->nstash = kept;
 }
@@ -236,7 +236,7 @@ static vmmrt_status trim_pool(worker *wk)
 	release_stash(wk);
 	while (wk->nhandles) {
 		pooled_handle *p = &wk->handles[--wk->nhandles];
-		vmmrt_status st = vmmrt_drv_mem_release(wk->pool->rt, p->h);
+		vmmrt_status st = vmmrt__drv_mem_release(wk->pool->rt, p->h);
 		uatomic_dec(&wk->stats.pool_handles);
 		if (st != VMMRT_OK && first == VMMRT_OK)
 			first = st;
@@ -244,7 +244,7 @@ static vmmrt_status trim_pool(worker *wk)
 	return first;
 }
 
-static bool take_pooled(worker *wk, size_t size, vmmrt_bhandle *h)
+static bool take_pooled(worker *wk, size_t size, vmmrt__bhandle *h)
 {
 	for (unsigned i = wk->nhandles; i-- > 0;) {
 		if (wk->handles[i].size == size) {
@@ -260,20 +260,20 @@ static bool take_pooled(worker *wk, size_t size, vmmrt_bhandle *h)
 
 /* cuMemCreate with bounded, doubling back-off on out-of-memory: memory that a
  * release in flight on the GPU is about to return may be there shortly. */
-static vmmrt_status create_handle(worker *wk, size_t size, vmmrt_bhandle *h)
+static vmmrt_status create_handle(worker *wk, size_t size, vmmrt__bhandle *h)
 {
 	vmmrt_runtime *rt = wk->pool->rt;
-	uint64_t retries = vmmrt_opt_u(&rt->opts, VMMRT_OPT_OOM_RETRIES);
-	uint64_t backoff = vmmrt_opt_u(&rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
+	uint64_t retries = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_RETRIES);
+	uint64_t backoff = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 
 	if (take_pooled(wk, size, h))
 		return VMMRT_OK;
 	for (uint64_t attempt = 0;; attempt++) {
-		vmmrt_status st = vmmrt_drv_mem_create(rt, size, h);
+		vmmrt_status st = vmmrt__drv_mem_create(rt, size, h);
 		if (st != VMMRT_OK && st == VMMRT_E_OUT_OF_MEMORY && wk->nhandles) {
 			/* Pooled handles of other sizes are memory we can give back now. */
 			(void)trim_pool(wk);
-			st = vmmrt_drv_mem_create(rt, size, h);
+			st = vmmrt__drv_mem_create(rt, size, h);
 		}
 		if (st != VMMRT_E_OUT_OF_MEMORY || attempt >= retries)
 			return st;
@@ -287,15 +287,15 @@ static vmmrt_status create_handle(worker *wk, size_t size, vmmrt_bhandle *h)
 
 static vmmrt_status run_map(worker *wk, vmmrt_slot *s, bool ensure)
 {
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 	if (s->mapped && ensure)
 		return VMMRT_OK;
 	if (s->mapped)
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
 	vmmrt_status st = create_handle(wk, s->size, &h);
 	if (st != VMMRT_OK)
-		return vmmrt_error_wrap(st, "slot %llu: create %zu bytes", (unsigned long long)s->id, s->size);
-	st = vmmrt_slot_attach(s, h);
+		return vmmrt__error_wrap(st, "slot %llu: create %zu bytes", (unsigned long long)s->id, s->size);
+	st = vmmrt__slot_attach(s, h);
 	if (st != VMMRT_OK) {
 		vmmrt_status st2 = release_handle(wk, s->size, h);
 		(void)st2;
@@ -305,19 +305,19 @@ static vmmrt_status run_map(worker *wk, vmmrt_slot *s, bool ensure)
 
 static vmmrt_status run_release(worker *wk, vmmrt_slot *s)
 {
-	vmmrt_bhandle h;
-	vmmrt_status st = vmmrt_slot_detach(s, &h);
+	vmmrt__bhandle h;
+	vmmrt_status st = vmmrt__slot_detach(s, &h);
 	if (st != VMMRT_OK)
 		return st;
 	return release_handle(wk, s->size, h);
 }
 
-static void run(worker *wk, vmmrt_request *req, bool cancel);
+static void run(worker *wk, vmmrt__request *req, bool cancel);
 
 static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
 {
 	/* Requests parked for admission or an event must not outlive their slot. */
-	vmmrt_request *req, *tmp;
+	vmmrt__request *req, *tmp;
 	cds_list_for_each_entry_safe(req, tmp, &wk->parked, parked) {
 		if (req->slot == s) {
 			cds_list_del(&req->parked);
@@ -330,13 +330,13 @@ static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
 			run(wk, req, true);
 		}
 	}
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 	bool had;
 	vmmrt_status st, rel = VMMRT_OK;
 	/* A refused unmap or VA free leaves the slot whole: try once more here,
 	 * where it also helps a destroy whose waiter timed out and left. */
 	for (int attempt = 0;; attempt++) {
-		st = vmmrt_slot_teardown(s, &h, &had);
+		st = vmmrt__slot_teardown(s, &h, &had);
 		if (had) {
 			vmmrt_status st2 = release_handle(wk, s->size, h);
 			if (rel == VMMRT_OK)
@@ -350,20 +350,20 @@ static vmmrt_status run_destroy(worker *wk, vmmrt_slot *s)
 	if (st != VMMRT_OK) {
 		/* Keep the slot alive and reported: nothing may leak silently. */
 		uatomic_set(&s->dying, false);
-		vmmrt_slot_publish_error(s, st);
+		vmmrt__slot_publish_error(s, st);
 		return st;
 	}
-	vmmrt_slot_retire(s);
+	vmmrt__slot_retire(s);
 	return VMMRT_OK;
 }
 
-static void run(worker *wk, vmmrt_request *req, bool cancel)
+static void run(worker *wk, vmmrt__request *req, bool cancel)
 {
 	vmmrt_status st = VMMRT_OK;
 	vmmrt_slot *s = req->slot;
 
 	uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
-	req->start_ns = vmmrt_now_ns();
+	req->start_ns = vmmrt__now_ns();
 	urcu_memb_read_lock();
 	if (cancel && req->kind != VMMRT_REQ_DESTROY) {
 		st = VMMRT_E_CANCELLED;
@@ -395,12 +395,12 @@ static void run(worker *wk, vmmrt_request *req, bool cancel)
 		/* Nothing changed (a failed map was rolled back, a failed release left
 		 * the slot mapped): try again later, first in line, since nothing
 		 * behind it in schedule order may pass it. */
-		uint64_t backoff_us = vmmrt_opt_u(&wk->pool->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
+		uint64_t backoff_us = vmmrt__opt_u(&wk->pool->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 		backoff_us <<= req->attempts < 7 ? req->attempts : 7;
 		if (backoff_us > 100000 || backoff_us == 0)
 			backoff_us = backoff_us ? 100000 : 1000;
 		req->attempts++;
-		req->retry_at = vmmrt_now_ns() + backoff_us * 1000;
+		req->retry_at = vmmrt__now_ns() + backoff_us * 1000;
 		if (req->retrying)
 			req->retrying(req, st, req->done_arg);
 		cds_list_add(&req->parked, &wk->parked);
@@ -413,13 +413,13 @@ static void run(worker *wk, vmmrt_request *req, bool cancel)
 		else if (st == VMMRT_E_CANCELLED)
 			uatomic_set(&s->state, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
 		else
-			vmmrt_slot_publish_error(s, st); /* the next API call on the slot reports it */
+			vmmrt__slot_publish_error(s, st); /* the next API call on the slot reports it */
 	}
 	urcu_memb_read_unlock();
 	finish(wk, req, st);
 }
 
-static vmmrt_request *dequeue(worker *wk)
+static vmmrt__request *dequeue(worker *wk)
 {
 	for (;;) {
 		struct cds_wfcq_node *node = __cds_wfcq_dequeue_nonblocking(&wk->head, &wk->tail);
@@ -429,15 +429,15 @@ static vmmrt_request *dequeue(worker *wk)
 		}
 		if (!node)
 			return NULL;
-		vmmrt_request *req = caa_container_of(node, vmmrt_request, node);
-		VMMRT_TSAN_ACQUIRE(req); /* pairs with the release in vmmrt_worker_push */
+		vmmrt__request *req = caa_container_of(node, vmmrt__request, node);
+		VMMRT_TSAN_ACQUIRE(req); /* pairs with the release in vmmrt__worker_push */
 		return req;
 	}
 }
 
 /* Start parked requests whose admission now passes, oldest first; stop at the
  * first that still may not start, so requests are admitted in arrival order. */
-static bool admit(vmmrt_request *req)
+static bool admit(vmmrt__request *req)
 {
 	if (!req->admitted && req->admit && !req->admit(req, req->done_arg))
 		return false;
@@ -448,8 +448,8 @@ static bool admit(vmmrt_request *req)
 static void run_parked(worker *wk)
 {
 	while (!cds_list_empty(&wk->parked)) {
-		vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
-		if (req->retry_at && vmmrt_now_ns() < req->retry_at)
+		vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
+		if (req->retry_at && vmmrt__now_ns() < req->retry_at)
 			return;
 		if (!admit(req))
 			return;
@@ -463,7 +463,7 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 {
 	if (cds_list_empty(&wk->parked))
 		return NULL;
-	vmmrt_request *req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
+	vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
 	if (!req->retry_at)
 		return NULL;
 	ts->tv_sec = (time_t)(req->retry_at / 1000000000ull);
@@ -480,9 +480,9 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
  * once (its `retrying`) and keeps polling; any other ends with the error, the
  * memory left as it is.
  */
-static bool after_done(worker *wk, vmmrt_request *req, vmmrt_status *failed)
+static bool after_done(worker *wk, vmmrt__request *req, vmmrt_status *failed)
 {
-	vmmrt_status st = vmmrt_drv_event_query(wk->pool->rt, req->after);
+	vmmrt_status st = vmmrt__drv_event_query(wk->pool->rt, req->after);
 	*failed = VMMRT_OK;
 	if (st == VMMRT_OK)
 		return true;
@@ -498,11 +498,11 @@ static bool after_done(worker *wk, vmmrt_request *req, vmmrt_status *failed)
 	return false;
 }
 
-static void take(worker *wk, vmmrt_request *req);
+static void take(worker *wk, vmmrt__request *req);
 
 static void run_waiting(worker *wk)
 {
-	vmmrt_request *req, *tmp;
+	vmmrt__request *req, *tmp;
 	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
 		vmmrt_status failed;
 		if (!after_done(wk, req, &failed))
@@ -523,7 +523,7 @@ static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
 	const struct timespec *retry = retry_deadline(wk, ts);
 	if (cds_list_empty(&wk->waiting))
 		return retry;
-	uint64_t poll = vmmrt_now_ns() + VMMRT_WORKER_POLL_US * 1000ull;
+	uint64_t poll = vmmrt__now_ns() + VMMRT_WORKER_POLL_US * 1000ull;
 	if (retry && (uint64_t)retry->tv_sec * 1000000000ull + (uint64_t)retry->tv_nsec < poll)
 		return retry;
 	ts->tv_sec = (time_t)(poll / 1000000000ull);
@@ -531,7 +531,7 @@ static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
 	return ts;
 }
 
-static void take(worker *wk, vmmrt_request *req)
+static void take(worker *wk, vmmrt__request *req)
 {
 	if (req->after) {
 		vmmrt_status failed;
@@ -553,10 +553,10 @@ static void take(worker *wk, vmmrt_request *req)
 	run(wk, req, false);
 }
 
-void vmmrt_workers_kick(vmmrt_workers *w)
+void vmmrt__workers_kick(vmmrt__workers *w)
 {
 	for (unsigned i = 0; i < w->n; i++)
-		ck_ec32_inc(&w->w[i].ec, &vmmrt_ec_mp);
+		ck_ec32_inc(&w->w[i].ec, &vmmrt__ec_mp);
 }
 
 static void *worker_main(void *arg)
@@ -565,14 +565,14 @@ static void *worker_main(void *arg)
 	vmmrt_runtime *rt = wk->pool->rt;
 	char name[32];
 
-	vmmrt_thread_role_set(VMMRT_ROLE_WORKER);
+	vmmrt__thread_role_set(VMMRT_ROLE_WORKER);
 	urcu_memb_register_thread();
 	snprintf(name, sizeof(name), "vmmrt-drv-%u", wk->index);
 	pthread_setname_np(pthread_self(), name);
 	/* The trace the runtime was created with, read before this thread
 	 * started: one attached later (vmmrt-bench) names the workers itself. */
 	if (wk->trace)
-		vmmrt_trace_thread_name(wk->trace, name);
+		vmmrt__trace_thread_name(wk->trace, name);
 	(void)rt->ops->bind_thread(rt->be);
 
 	for (;;) {
@@ -582,7 +582,7 @@ static void *worker_main(void *arg)
 			break;
 		run_waiting(wk);
 		run_parked(wk);
-		vmmrt_request *req = dequeue(wk);
+		vmmrt__request *req = dequeue(wk);
 		if (req) {
 			take(wk, req);
 			continue;
@@ -591,7 +591,7 @@ static void *worker_main(void *arg)
 			release_stash(wk);
 		uatomic_inc(&wk->stats.wakeups);
 		struct timespec ts;
-		ck_ec32_wait(&wk->ec, &vmmrt_ec_mp, seen, next_deadline(wk, &ts));
+		ck_ec32_wait(&wk->ec, &vmmrt__ec_mp, seen, next_deadline(wk, &ts));
 	}
 	/* Stopping: what is still queued is run or cancelled, never dropped. */
 	bool drain = uatomic_read(&wk->pool->drain);
@@ -599,12 +599,12 @@ static void *worker_main(void *arg)
 	for (unsigned k = 0; k < 2; k++) {
 		while (!cds_list_empty(lists[k])) {
 			/* They wait for work that will never come now: cancel them. */
-			vmmrt_request *req = cds_list_first_entry(lists[k], vmmrt_request, parked);
+			vmmrt__request *req = cds_list_first_entry(lists[k], vmmrt__request, parked);
 			cds_list_del(&req->parked);
 			run(wk, req, true);
 		}
 	}
-	for (vmmrt_request *req; (req = dequeue(wk));) {
+	for (vmmrt__request *req; (req = dequeue(wk));) {
 		/* One whose event has not come may not run now: what it follows is
 		 * still in flight (a release would pull memory from under a graph). */
 		vmmrt_status failed;
@@ -616,16 +616,16 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers **out)
+vmmrt_status vmmrt__workers_create(vmmrt_runtime *rt, unsigned n, vmmrt__workers **out)
 {
 	if (n == 0)
-		return vmmrt_error(VMMRT_E_INVALID_OPTION, "driver_workers must be at least 1");
-	vmmrt_workers *w = calloc(1, sizeof(*w) + n * sizeof(worker));
+		return vmmrt__error(VMMRT_E_INVALID_OPTION, "driver_workers must be at least 1");
+	vmmrt__workers *w = calloc(1, sizeof(*w) + n * sizeof(worker));
 	if (!w)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "driver workers");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "driver workers");
 	w->rt = rt;
 	w->n = n;
-	w->pool_cap = (unsigned)vmmrt_opt_u(&rt->opts, VMMRT_OPT_HANDLE_POOL);
+	w->pool_cap = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_HANDLE_POOL);
 	for (unsigned i = 0; i < n; i++) {
 		worker *wk = &w->w[i];
 		cds_wfcq_init(&wk->head, &wk->tail);
@@ -636,15 +636,15 @@ vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers *
 		wk->pool = w;
 		wk->trace = rt->trace;
 		if (w->pool_cap && !(wk->handles = calloc(w->pool_cap, sizeof(pooled_handle)))) {
-			vmmrt_workers_destroy(w, false);
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", w->pool_cap);
+			vmmrt__workers_destroy(w, false);
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", w->pool_cap);
 		}
 	}
 	for (unsigned i = 0; i < n; i++) {
 		int e = pthread_create(&w->w[i].thread, NULL, worker_main, &w->w[i]);
 		if (e != 0) {
-			vmmrt_workers_destroy(w, false);
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "driver worker %u: pthread_create: %s", i,
+			vmmrt__workers_destroy(w, false);
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "driver worker %u: pthread_create: %s", i,
 					   strerror(e));
 		}
 		w->w[i].started = true;
@@ -653,14 +653,14 @@ vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers *
 	return VMMRT_OK;
 }
 
-uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain)
+uint64_t vmmrt__workers_destroy(vmmrt__workers *w, bool drain)
 {
 	if (!w)
 		return 0;
 	uatomic_set(&w->drain, drain);
 	uatomic_set(&w->stopping, 1);
 	for (unsigned i = 0; i < w->n; i++)
-		ck_ec32_inc(&w->w[i].ec, &vmmrt_ec_mp);
+		ck_ec32_inc(&w->w[i].ec, &vmmrt__ec_mp);
 	uint64_t cancelled = 0;
 	for (unsigned i = 0; i < w->n; i++) {
 		worker *wk = &w->w[i];
@@ -675,11 +675,11 @@ uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain)
 	return cancelled;
 }
 
-void vmmrt_workers_stats(const vmmrt_workers *w, vmmrt_worker_stats *out)
+void vmmrt__workers_stats(const vmmrt__workers *w, vmmrt__worker_stats *out)
 {
 	memset(out, 0, sizeof(*out));
 	for (unsigned i = 0; i < w->n; i++) {
-		const vmmrt_worker_stats *s = &w->w[i].stats;
+		const vmmrt__worker_stats *s = &w->w[i].stats;
 		out->processed += uatomic_read(&s->processed);
 		out->cancelled += uatomic_read(&s->cancelled);
 		out->failed += uatomic_read(&s->failed);
@@ -696,17 +696,17 @@ static void trim_call(void *arg)
 	(void)trim_pool(wk);
 }
 
-vmmrt_status vmmrt_workers_trim(vmmrt_workers *w)
+vmmrt_status vmmrt__workers_trim(vmmrt__workers *w)
 {
-	vmmrt_request *reqs = calloc(w->n, sizeof(*reqs));
+	vmmrt__request *reqs = calloc(w->n, sizeof(*reqs));
 	vmmrt_status first = VMMRT_OK;
 	if (!reqs)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "trim");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "trim");
 	for (unsigned i = 0; i < w->n; i++) {
-		vmmrt_request_init(&reqs[i], VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init(&reqs[i], VMMRT_REQ_CALL, NULL);
 		reqs[i].fn = trim_call;
 		reqs[i].arg = &w->w[i];
-		vmmrt_status st = vmmrt_worker_push(w, i, &reqs[i]);
+		vmmrt_status st = vmmrt__worker_push(w, i, &reqs[i]);
 		if (st != VMMRT_OK && first == VMMRT_OK)
 			first = st;
 	}
@@ -719,13 +719,13 @@ vmmrt_status vmmrt_workers_trim(vmmrt_workers *w)
 	return first;
 }
 
-/* For vmmrt_offload_dump: what each worker holds back (read without locks). */
-void vmmrt_workers_dump(vmmrt_workers *w, int fd)
+/* For vmmrt__offload_dump: what each worker holds back (read without locks). */
+void vmmrt__workers_dump(vmmrt__workers *w, int fd)
 {
 	static const char *kinds[] = {"map", "release", "destroy", "call"};
 	for (unsigned i = 0; i < w->n; i++) {
 		worker *wk = &w->w[i];
-		vmmrt_request *req;
+		vmmrt__request *req;
 		unsigned parked = 0, waiting = 0;
 		cds_list_for_each_entry(req, &wk->parked, parked)
 			parked++;
@@ -736,7 +736,7 @@ void vmmrt_workers_dump(vmmrt_workers *w, int fd)
 			(unsigned long long)uatomic_read(&wk->stats.processed),
 			(unsigned long long)uatomic_read(&wk->stats.failed));
 		if (parked) {
-			req = cds_list_first_entry(&wk->parked, vmmrt_request, parked);
+			req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
 			dprintf(fd, "; first parked: %s, admitted %d, attempts %u, retry %s",
 				req->kind <= VMMRT_REQ_CALL ? kinds[req->kind] : "?", req->admitted, req->attempts,
 				req->retry_at ? "pending" : "none");

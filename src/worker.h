@@ -5,11 +5,11 @@
  * and it sleeps on a ConcurrencyKit event count when the queue is empty.
  *
  * Producers include host functions running on the copy streams, so
- * vmmrt_worker_push() allocates nothing, takes no lock and makes no driver
+ * vmmrt__worker_push() allocates nothing, takes no lock and makes no driver
  * call: it enqueues a request the caller preallocated and bumps the event
  * count, which makes a futex syscall only if the worker flagged itself asleep.
  *
- * All requests for one slot go to the same worker (vmmrt_workers_route), so a
+ * All requests for one slot go to the same worker (vmmrt__workers_route), so a
  * slot's release and its later map can never run out of order.
  */
 #ifndef VMMRT_WORKER_H
@@ -25,52 +25,52 @@
 
 typedef struct vmmrt_runtime vmmrt_runtime;
 typedef struct vmmrt_slot vmmrt_slot;
-typedef struct vmmrt_workers vmmrt_workers;
-typedef struct vmmrt_request vmmrt_request;
-typedef struct vmmrt_bevent vmmrt_bevent;
+typedef struct vmmrt__workers vmmrt__workers;
+typedef struct vmmrt__request vmmrt__request;
+typedef struct vmmrt__bevent vmmrt__bevent;
 
-typedef enum vmmrt_req_kind {
+typedef enum vmmrt__req_kind {
 	VMMRT_REQ_MAP = 0,  /* create (or take from the pool) + map + set access */
 	VMMRT_REQ_RELEASE,  /* unmap + release (or return to the pool) */
 	VMMRT_REQ_DESTROY,  /* unmap/release whatever is mapped, free the VA, free the slot */
 	VMMRT_REQ_CALL,     /* run fn(arg) on the worker (tests, benchmarks, barriers) */
-} vmmrt_req_kind;
+} vmmrt__req_kind;
 
 /* Request life: IDLE -> QUEUED (push) -> RUNNING -> DONE; waiters sleep on `state`. */
-typedef enum vmmrt_req_state {
+typedef enum vmmrt__req_state {
 	VMMRT_REQ_IDLE = 0,
 	VMMRT_REQ_QUEUED,
 	VMMRT_REQ_RUNNING,
 	VMMRT_REQ_DONE,
 	VMMRT_REQ_ABANDONED, /* its waiter timed out; the worker frees it */
-} vmmrt_req_state;
+} vmmrt__req_state;
 
 /*
  * Runs on the worker once the request has finished, with its status: the
  * offload layer uses it to publish completion to the GPU (a store to a
  * host-pinned flag a stream waits on). Must not block.
  */
-typedef void (*vmmrt_req_done_fn)(vmmrt_request *req, vmmrt_status st, void *arg);
+typedef void (*vmmrt__req_done_fn)(vmmrt__request *req, vmmrt_status st, void *arg);
 
 /*
  * Optional admission check, run on the worker before a request starts. When it
  * returns false the request is parked, in arrival order, and checked again at
- * the next wake-up (vmmrt_workers_kick): this is how the remap strategy keeps
+ * the next wake-up (vmmrt__workers_kick): this is how the remap strategy keeps
  * the device memory of activations under its budget and maps in schedule
  * order without ever blocking a worker on another worker.
  */
-typedef bool (*vmmrt_req_admit_fn)(vmmrt_request *req, void *arg);
+typedef bool (*vmmrt__req_admit_fn)(vmmrt__request *req, void *arg);
 
-struct vmmrt_request {
+struct vmmrt__request {
 	struct cds_wfcq_node node;
 	struct cds_list_head parked;  /* worker-private: the admission wait list */
-	vmmrt_req_admit_fn admit;     /* optional */
-	vmmrt_req_kind kind;
+	vmmrt__req_admit_fn admit;     /* optional */
+	vmmrt__req_kind kind;
 	bool ensure;                 /* MAP: a slot already mapped is success, not an error */
 	vmmrt_slot *slot;            /* MAP, RELEASE, DESTROY */
 	void (*fn)(void *arg);       /* CALL */
 	void *arg;                   /* CALL */
-	vmmrt_req_done_fn done;      /* optional */
+	vmmrt__req_done_fn done;      /* optional */
 	void *done_arg;
 	/*
 	 * MAP and RELEASE: on failure, keep retrying (back-off capped at 100 ms)
@@ -80,7 +80,7 @@ struct vmmrt_request {
 	 * released elsewhere, or a driver hiccup, usually passes.
 	 */
 	bool persist;
-	vmmrt_req_done_fn retrying;
+	vmmrt__req_done_fn retrying;
 	/*
 	 * Optional: start only once this event has completed; the worker polls
 	 * it every VMMRT_WORKER_POLL_US while any request waits. This is how a
@@ -90,7 +90,7 @@ struct vmmrt_request {
 	 * A query that fails never starts the request: a persistent one reports
 	 * it through `retrying` and keeps polling, any other ends with the error.
 	 */
-	vmmrt_bevent *after;
+	vmmrt__bevent *after;
 	/* worker-private */
 	bool admitted;
 	bool after_failed;           /* a query of `after` failed (reported once) */
@@ -99,24 +99,24 @@ struct vmmrt_request {
 	uint64_t enqueue_ns;         /* CLOCK_MONOTONIC at push: hand-off latency */
 	uint64_t start_ns;           /* when the worker picked it up */
 	/* published by the worker (uatomic) */
-	int32_t state;               /* vmmrt_req_state; futex word */
+	int32_t state;               /* vmmrt__req_state; futex word */
 	int32_t status;              /* vmmrt_status of the last run */
 	char message[192];           /* the worker's error message, for the waiter */
 };
 
 /* Prepare a request for its first push (any kind). */
-void vmmrt_request_init(vmmrt_request *req, vmmrt_req_kind kind, vmmrt_slot *slot);
+void vmmrt__request_init(vmmrt__request *req, vmmrt__req_kind kind, vmmrt_slot *slot);
 
 /* Start n resident workers, each bound to the runtime's device context. */
-vmmrt_status vmmrt_workers_create(vmmrt_runtime *rt, unsigned n, vmmrt_workers **out);
+vmmrt_status vmmrt__workers_create(vmmrt_runtime *rt, unsigned n, vmmrt__workers **out);
 /*
  * Stop: requests still queued are cancelled (their status becomes
  * VMMRT_E_CANCELLED and their done callbacks run) unless drain is true, in which
  * case they are run first. Joins the threads. Returns how many were cancelled.
  */
-uint64_t vmmrt_workers_destroy(vmmrt_workers *w, bool drain);
-unsigned vmmrt_workers_count(const vmmrt_workers *w);
-unsigned vmmrt_workers_route(const vmmrt_workers *w, uint64_t slot_id);
+uint64_t vmmrt__workers_destroy(vmmrt__workers *w, bool drain);
+unsigned vmmrt__workers_count(const vmmrt__workers *w);
+unsigned vmmrt__workers_route(const vmmrt__workers *w, uint64_t slot_id);
 
 /*
  * Queue req on worker `index`. Wait-free, allocation-free, lock-free: safe in
@@ -124,20 +124,20 @@ unsigned vmmrt_workers_route(const vmmrt_workers *w, uint64_t slot_id);
  * request object is in at most one queue), VMMRT_E_CANCELLED after shutdown
  * began.
  */
-vmmrt_status vmmrt_worker_push(vmmrt_workers *w, unsigned index, vmmrt_request *req);
+vmmrt_status vmmrt__worker_push(vmmrt__workers *w, unsigned index, vmmrt__request *req);
 /* Wait (futex, bounded) until req is DONE; returns its status or VMMRT_E_TIMEOUT. */
-vmmrt_status vmmrt_request_wait(vmmrt_request *req, uint64_t timeout_ms);
+vmmrt_status vmmrt__request_wait(vmmrt__request *req, uint64_t timeout_ms);
 /*
- * For a malloc'ed request whose waiter owns it: wait like vmmrt_request_wait,
+ * For a malloc'ed request whose waiter owns it: wait like vmmrt__request_wait,
  * then free it. On a timeout the request is abandoned to the worker, which
  * frees it when it finishes, so a stalled worker never leaves a dangling wait.
  */
-vmmrt_status vmmrt_request_wait_owned(vmmrt_request *req, uint64_t timeout_ms);
+vmmrt_status vmmrt__request_wait_owned(vmmrt__request *req, uint64_t timeout_ms);
 /* Non-blocking: VMMRT_E_BUSY while queued or running, else its status. */
-vmmrt_status vmmrt_request_poll(const vmmrt_request *req);
+vmmrt_status vmmrt__request_poll(const vmmrt__request *req);
 
 /* Statistics. */
-typedef struct vmmrt_worker_stats {
+typedef struct vmmrt__worker_stats {
 	uint64_t processed;      /* requests run */
 	uint64_t cancelled;      /* requests cancelled at shutdown */
 	uint64_t failed;         /* requests that ended with an error */
@@ -145,20 +145,20 @@ typedef struct vmmrt_worker_stats {
 	uint64_t pool_hits;      /* maps served from the handle pool */
 	uint64_t pool_handles;   /* handles held in the pools now */
 	uint64_t wakeups;        /* times a worker slept and was woken */
-} vmmrt_worker_stats;
-void vmmrt_workers_stats(const vmmrt_workers *w, vmmrt_worker_stats *out);
+} vmmrt__worker_stats;
+void vmmrt__workers_stats(const vmmrt__workers *w, vmmrt__worker_stats *out);
 
 #define VMMRT_WORKER_POLL_US 50
 
 /* Wake every worker so parked requests are checked again (host-function safe). */
-void vmmrt_workers_kick(vmmrt_workers *w);
+void vmmrt__workers_kick(vmmrt__workers *w);
 
 /* Free the handles the pools hold (also done at destroy). Runs on the workers. */
-vmmrt_status vmmrt_workers_trim(vmmrt_workers *w);
+vmmrt_status vmmrt__workers_trim(vmmrt__workers *w);
 
-uint64_t vmmrt_now_ns(void);
+uint64_t vmmrt__now_ns(void);
 
-/* Diagnostics (vmmrt_offload_dump): each worker's queue, parked and waiting requests. */
-void vmmrt_workers_dump(vmmrt_workers *w, int fd);
+/* Diagnostics (vmmrt__offload_dump): each worker's queue, parked and waiting requests. */
+void vmmrt__workers_dump(vmmrt__workers *w, int fd);
 
 #endif

@@ -179,7 +179,7 @@ static const struct {
 /*
  * The bench's own options come out of argv first, so that --trace (also the
  * name of a runtime option, which would make each runtime overwrite the file)
- * means the bench's trace; the rest goes to vmmrt_options_parse_args.
+ * means the bench's trace; the rest goes to vmmrt__options_parse_args.
  */
 static int parse_cli(cli *c, int *argc, char **argv)
 {
@@ -520,7 +520,7 @@ int main(int argc, char **argv)
 
 	memset(&ctx, 0, sizeof(ctx));
 	install_crash_handler();
-	vmmrt_options_defaults(&ctx.base);
+	vmmrt__options_defaults(&ctx.base);
 	if (parse_cli(&c, &argc, argv) != 0)
 		return 2;
 	if (c.help) {
@@ -531,7 +531,7 @@ int main(int argc, char **argv)
 		printf("vmmrt-bench (libvmmrt) %s\n", PACKAGE_VERSION);
 		return 0;
 	}
-	if (vmmrt_options_parse_args(&ctx.base, &argc, argv) != VMMRT_OK) {
+	if (vmmrt__options_parse_args(&ctx.base, &argc, argv) != VMMRT_OK) {
 		fprintf(stderr, "vmmrt-bench: %s\n", vmmrt_last_error());
 		return 2;
 	}
@@ -559,11 +559,11 @@ int main(int argc, char **argv)
 	fflush(stdout);
 
 	if (c.trace) {
-		if (vmmrt_trace_open(c.trace, &ctx.trace) != VMMRT_OK) {
+		if (vmmrt__trace_open(c.trace, &ctx.trace) != VMMRT_OK) {
 			fprintf(stderr, "vmmrt-bench: --trace: %s\n", vmmrt_last_error());
 			return 2;
 		}
-		vmmrt_trace_thread_name(ctx.trace, "launch thread");
+		vmmrt__trace_thread_name(ctx.trace, "launch thread");
 	}
 
 	int bad;
@@ -603,7 +603,7 @@ int main(int argc, char **argv)
 	}
 out:
 	if (ctx.trace) {
-		if (vmmrt_trace_close(ctx.trace) != VMMRT_OK) {
+		if (vmmrt__trace_close(ctx.trace) != VMMRT_OK) {
 			fprintf(stderr, "vmmrt-bench: --trace: %s\n", vmmrt_last_error());
 			exit_code = 2;
 		} else {

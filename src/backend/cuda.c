@@ -8,7 +8,7 @@
  * dlsym would return the oldest ABI: cuMemGetInfo with 32-bit sizes). That
  * function table is process-wide and filled once (pthread_once); everything
  * per device (context, module, host-function records) lives in the
- * vmmrt_backend, so several backends (runtimes, devices) coexist in a process.
+ * vmmrt__backend, so several backends (runtimes, devices) coexist in a process.
  *
  * Rules kept by every op:
  *  - from inside a host function (thread role VMMRT_ROLE_HOST_FUNC) it fails
@@ -351,18 +351,18 @@ static vmmrt_status cu_error(CUresult r, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(call, sizeof(call), fmt, ap);
 	va_end(ap);
-	return vmmrt_error(cu_status(r), "%s: %s (%s)", call, cu_error_name(r), cu_error_text(r));
+	return vmmrt__error(cu_status(r), "%s: %s (%s)", call, cu_error_name(r), cu_error_text(r));
 }
 
 static vmmrt_status refuse_host_func(const char *op)
 {
-	return vmmrt_error(VMMRT_E_NOT_PERMITTED,
+	return vmmrt__error(VMMRT_E_NOT_PERMITTED,
 			   "%s: no driver call may be made from inside a host function", op);
 }
 
 #define ROLE_CHECK(op) \
 	do { \
-		if (vmmrt_thread_role_get() == VMMRT_ROLE_HOST_FUNC) \
+		if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC) \
 			return refuse_host_func(op); \
 	} while (0)
 
@@ -403,7 +403,7 @@ struct hostfn_pool;
 
 struct hostfn_rec {
 	struct cds_lfs_node node;  /* in pool->free while unused */
-	vmmrt_host_fn fn;
+	vmmrt__host_fn fn;
 	void *arg;
 	struct hostfn_pool *pool;  /* NULL: owned by a graph, never recycled */
 	int single;                /* malloc()ed alone, else part of pool->block */
@@ -421,12 +421,12 @@ static void CUDA_CB hostfn_trampoline(void *user)
 {
 	struct hostfn_rec *r = user;
 	struct hostfn_pool *pool = r->pool;
-	vmmrt_host_fn fn = r->fn;
+	vmmrt__host_fn fn = r->fn;
 	void *arg = r->arg;
-	vmmrt_thread_role prev = vmmrt_thread_role_set(VMMRT_ROLE_HOST_FUNC);
+	vmmrt__thread_role prev = vmmrt__thread_role_set(VMMRT_ROLE_HOST_FUNC);
 
 	fn(arg);
-	vmmrt_thread_role_set(prev);
+	vmmrt__thread_role_set(prev);
 	if (pool != NULL) {
 		HOSTFN_HANDOVER_RELEASE(r);
 		cds_lfs_push(&pool->free, &r->node);
@@ -526,14 +526,14 @@ enum cuda_kernel {
 
 #define CUDA_KERNEL_THREADS 256 /* VMMRT_KERNEL_THREADS in vmmrt_kernels.cu */
 
-struct vmmrt_bgraph {
+struct vmmrt__bgraph {
 	CUgraph graph;
 	CUgraphExec exec;
 	struct hostfn_rec *recs; /* records of the graph's host nodes */
-	struct vmmrt_bgraph *prev, *next;
+	struct vmmrt__bgraph *prev, *next;
 };
 
-struct vmmrt_backend {
+struct vmmrt__backend {
 	int ordinal;
 	CUdevice dev;
 	CUcontext ctx;
@@ -553,7 +553,7 @@ struct vmmrt_backend {
 	pthread_mutex_t lock;             /* protects the three lists below */
 	struct hostfn_rec *capture_recs;  /* host nodes of captures not yet ended */
 	struct hostfn_rec *retired_recs;  /* host nodes of destroyed graphs */
-	struct vmmrt_bgraph *graphs;      /* live graphs */
+	struct vmmrt__bgraph *graphs;      /* live graphs */
 };
 
 /*
@@ -561,7 +561,7 @@ struct vmmrt_backend {
  * opening thread's context is b's) costs one cuCtxGetCurrent; otherwise b's is
  * pushed and leave() pops it, restoring the caller's context.
  */
-static vmmrt_status ctx_enter(vmmrt_backend *b, const char *op, int *pushed)
+static vmmrt_status ctx_enter(vmmrt__backend *b, const char *op, int *pushed)
 {
 	CUcontext cur = NULL;
 	CUresult r;
@@ -593,7 +593,7 @@ static void ctx_leave(int pushed)
 		vmmrt_status st_enter_; \
 		ROLE_CHECK(op); \
 		if ((b) == NULL) \
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", op); \
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", op); \
 		st_enter_ = ctx_enter((b), op, &(pushed)); \
 		if (st_enter_ != VMMRT_OK) \
 			return st_enter_; \
@@ -612,15 +612,15 @@ static void ctx_leave(int pushed)
 	} while (0)
 
 #ifdef HAVE_NVCC_KERNELS
-extern const unsigned char vmmrt_kernels_fatbin[] __attribute__((visibility("hidden")));
-extern const size_t vmmrt_kernels_fatbin_size __attribute__((visibility("hidden")));
+extern const unsigned char vmmrt__kernels_fatbin[] __attribute__((visibility("hidden")));
+extern const size_t vmmrt__kernels_fatbin_size __attribute__((visibility("hidden")));
 
 static const char *const kernel_names[CK_COUNT_] = {
-	[CK_FILL] = "vmmrt_k_fill",
-	[CK_ZERO64] = "vmmrt_k_zero64",
-	[CK_CHECKSUM] = "vmmrt_k_checksum",
-	[CK_BUSY] = "vmmrt_k_busy",
-	[CK_LAYER] = "vmmrt_k_layer",
+	[CK_FILL] = "vmmrt__k_fill",
+	[CK_ZERO64] = "vmmrt__k_zero64",
+	[CK_CHECKSUM] = "vmmrt__k_checksum",
+	[CK_BUSY] = "vmmrt__k_busy",
+	[CK_LAYER] = "vmmrt__k_layer",
 };
 
 /*
@@ -628,19 +628,19 @@ static const char *const kernel_names[CK_COUNT_] = {
  * failure (say, a GPU the fatbin has no code for) leaves the backend usable
  * without kernels: kernel_launch then reports why.
  */
-static void load_kernels(vmmrt_backend *b)
+static void load_kernels(vmmrt__backend *b)
 {
 	CUresult r;
 
-	if (vmmrt_kernels_fatbin_size == 0) {
+	if (vmmrt__kernels_fatbin_size == 0) {
 		snprintf(b->kernel_error, sizeof(b->kernel_error), "the embedded kernel fatbin is empty");
 		return;
 	}
-	r = cu.ModuleLoadData(&b->module, vmmrt_kernels_fatbin);
+	r = cu.ModuleLoadData(&b->module, vmmrt__kernels_fatbin);
 	if (r != CUDA_SUCCESS) {
 		b->module = NULL;
 		snprintf(b->kernel_error, sizeof(b->kernel_error), "cuModuleLoadData(%zu bytes): %s (%s)",
-			 vmmrt_kernels_fatbin_size, cu_error_name(r), cu_error_text(r));
+			 vmmrt__kernels_fatbin_size, cu_error_name(r), cu_error_text(r));
 		return;
 	}
 	for (int k = 0; k < CK_COUNT_; k++) {
@@ -668,9 +668,9 @@ static void load_kernels(vmmrt_backend *b)
 #endif
 
 /* Release what open() or later ops left; b's context may be gone already. */
-static void backend_free(vmmrt_backend *b)
+static void backend_free(vmmrt__backend *b)
 {
-	struct vmmrt_bgraph *g;
+	struct vmmrt__bgraph *g;
 	int pushed = 0;
 
 	if (b->ctx_retained && ctx_enter(b, "close", &pushed) != VMMRT_OK)
@@ -703,7 +703,7 @@ static void backend_free(vmmrt_backend *b)
 	free(b);
 }
 
-static vmmrt_status device_attribute(vmmrt_backend *b, CUdevice_attribute attr, const char *attr_name, int *out)
+static vmmrt_status device_attribute(vmmrt__backend *b, CUdevice_attribute attr, const char *attr_name, int *out)
 {
 	CUresult r = cu.DeviceGetAttribute(out, attr, b->dev);
 
@@ -712,9 +712,9 @@ static vmmrt_status device_attribute(vmmrt_backend *b, CUdevice_attribute attr, 
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_open(const vmmrt_backend_config *cfg, vmmrt_backend **out)
+static vmmrt_status cuda_open(const vmmrt__backend_config *cfg, vmmrt__backend **out)
 {
-	vmmrt_backend *b;
+	vmmrt__backend *b;
 	vmmrt_status st;
 	CUresult r;
 	CUcontext prev_ctx = NULL;
@@ -727,21 +727,21 @@ static vmmrt_status cuda_open(const vmmrt_backend_config *cfg, vmmrt_backend **o
 
 	pthread_once(&cu_once, cu_load_once);
 	if (cu_load_status != VMMRT_OK)
-		return vmmrt_error(cu_load_status, "%s", cu_load_message);
+		return vmmrt__error(cu_load_status, "%s", cu_load_message);
 
 	r = cu.DeviceGetCount(&count);
 	if (r != CUDA_SUCCESS)
 		return cu_error(r, "cuDeviceGetCount");
 	if (cfg->device_ordinal < 0 || cfg->device_ordinal >= count)
-		return vmmrt_error(VMMRT_E_NO_DEVICE, "CUDA device %d requested, %d device(s) present",
+		return vmmrt__error(VMMRT_E_NO_DEVICE, "CUDA device %d requested, %d device(s) present",
 				   cfg->device_ordinal, count);
 
 	b = calloc(1, sizeof(*b));
 	if (b == NULL)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "open: no memory for the backend");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "open: no memory for the backend");
 	if (pthread_mutex_init(&b->lock, NULL) != 0) {
 		free(b);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "open: pthread_mutex_init failed");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "open: pthread_mutex_init failed");
 	}
 	b->ordinal = cfg->device_ordinal;
 #ifndef HAVE_NVCC_KERNELS
@@ -764,7 +764,7 @@ static vmmrt_status cuda_open(const vmmrt_backend_config *cfg, vmmrt_backend **o
 	if (st != VMMRT_OK)
 		goto fail;
 	if (!value) {
-		st = vmmrt_error(VMMRT_E_NOT_SUPPORTED,
+		st = vmmrt__error(VMMRT_E_NOT_SUPPORTED,
 				 "device %d (%s) lacks virtual memory management "
 				 "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)",
 				 b->ordinal, b->name);
@@ -776,7 +776,7 @@ static vmmrt_status cuda_open(const vmmrt_backend_config *cfg, vmmrt_backend **o
 	if (st != VMMRT_OK)
 		goto fail;
 	if (!value) {
-		st = vmmrt_error(VMMRT_E_NOT_SUPPORTED,
+		st = vmmrt__error(VMMRT_E_NOT_SUPPORTED,
 				 "device %d (%s) cannot map pinned host memory (CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY is 0)",
 				 b->ordinal, b->name);
 		goto fail;
@@ -817,13 +817,13 @@ static vmmrt_status cuda_open(const vmmrt_backend_config *cfg, vmmrt_backend **o
 		goto fail;
 	}
 	if (b->granularity == 0) {
-		st = vmmrt_error(VMMRT_E_DRIVER, "cuMemGetAllocationGranularity(device %d): granularity 0", b->ordinal);
+		st = vmmrt__error(VMMRT_E_DRIVER, "cuMemGetAllocationGranularity(device %d): granularity 0", b->ordinal);
 		goto fail;
 	}
 
 	b->pool = hostfn_pool_create();
 	if (b->pool == NULL) {
-		st = vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "open: no memory for the host-function records");
+		st = vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "open: no memory for the host-function records");
 		goto fail;
 	}
 
@@ -840,11 +840,11 @@ fail:
 	return st;
 }
 
-static void cuda_close(vmmrt_backend *b)
+static void cuda_close(vmmrt__backend *b)
 {
 	if (b == NULL)
 		return;
-	if (vmmrt_thread_role_get() == VMMRT_ROLE_HOST_FUNC) {
+	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC) {
 		/* nothing can be released without the driver: leave it open */
 		refuse_host_func("close");
 		return;
@@ -852,7 +852,7 @@ static void cuda_close(vmmrt_backend *b)
 	backend_free(b);
 }
 
-static vmmrt_status cuda_device_name(vmmrt_backend *b, char *buf, size_t len)
+static vmmrt_status cuda_device_name(vmmrt__backend *b, char *buf, size_t len)
 {
 	ROLE_CHECK("device_name");
 	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
@@ -861,7 +861,7 @@ static vmmrt_status cuda_device_name(vmmrt_backend *b, char *buf, size_t len)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_bind_thread(vmmrt_backend *b)
+static vmmrt_status cuda_bind_thread(vmmrt__backend *b)
 {
 	CUresult r;
 
@@ -875,12 +875,12 @@ static vmmrt_status cuda_bind_thread(vmmrt_backend *b)
 
 /* ------------------------------------------------------------ virtual memory */
 
-static vmmrt_status check_size(vmmrt_backend *b, const char *op, size_t size)
+static vmmrt_status check_size(vmmrt__backend *b, const char *op, size_t size)
 {
 	if (size == 0)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: size 0", op);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size 0", op);
 	if (size % b->granularity != 0)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: size %zu is not a multiple of the granularity %zu", op,
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu is not a multiple of the granularity %zu", op,
 				   size, b->granularity);
 	return VMMRT_OK;
 }
@@ -895,7 +895,7 @@ static vmmrt_status check_size(vmmrt_backend *b, const char *op, size_t size)
 			return st_size_; \
 	} while (0)
 
-static vmmrt_status cuda_granularity(vmmrt_backend *b, size_t *out)
+static vmmrt_status cuda_granularity(vmmrt__backend *b, size_t *out)
 {
 	ROLE_CHECK("granularity");
 	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
@@ -904,7 +904,7 @@ static vmmrt_status cuda_granularity(vmmrt_backend *b, size_t *out)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_va_reserve(vmmrt_backend *b, size_t size, size_t align, vmmrt_devptr *out)
+static vmmrt_status cuda_va_reserve(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out)
 {
 	CUdeviceptr va = 0;
 
@@ -916,7 +916,7 @@ static vmmrt_status cuda_va_reserve(vmmrt_backend *b, size_t size, size_t align,
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_va_free(vmmrt_backend *b, vmmrt_devptr va, size_t size)
+static vmmrt_status cuda_va_free(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	CHECK_SIZE(b, "cuMemAddressFree", size);
 	CU_CALL(b, "cuMemAddressFree", cu.MemAddressFree((CUdeviceptr)va, size), "cuMemAddressFree(0x%llx, %zu)",
@@ -924,25 +924,25 @@ static vmmrt_status cuda_va_free(vmmrt_backend *b, vmmrt_devptr va, size_t size)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_mem_create(vmmrt_backend *b, size_t size, vmmrt_bhandle *out)
+static vmmrt_status cuda_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
 {
 	CUmemGenericAllocationHandle h = 0;
 
 	CHECK_SIZE(b, "cuMemCreate", size);
 	VMMRT_CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuMemCreate", cu.MemCreate(&h, size, &b->prop, 0), "cuMemCreate(%zu)", size);
-	*out = (vmmrt_bhandle)h;
+	*out = (vmmrt__bhandle)h;
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_mem_release(vmmrt_backend *b, vmmrt_bhandle h)
+static vmmrt_status cuda_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
 {
 	CU_CALL(b, "cuMemRelease", cu.MemRelease((CUmemGenericAllocationHandle)h), "cuMemRelease(0x%llx)",
 		(unsigned long long)h);
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_mem_map(vmmrt_backend *b, vmmrt_devptr va, size_t size, vmmrt_bhandle h)
+static vmmrt_status cuda_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
 {
 	CHECK_SIZE(b, "cuMemMap", size);
 	CU_CALL(b, "cuMemMap", cu.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0),
@@ -950,7 +950,7 @@ static vmmrt_status cuda_mem_map(vmmrt_backend *b, vmmrt_devptr va, size_t size,
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_mem_unmap(vmmrt_backend *b, vmmrt_devptr va, size_t size)
+static vmmrt_status cuda_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	CHECK_SIZE(b, "cuMemUnmap", size);
 	CU_CALL(b, "cuMemUnmap", cu.MemUnmap((CUdeviceptr)va, size), "cuMemUnmap(0x%llx, %zu)",
@@ -958,7 +958,7 @@ static vmmrt_status cuda_mem_unmap(vmmrt_backend *b, vmmrt_devptr va, size_t siz
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_mem_set_access(vmmrt_backend *b, vmmrt_devptr va, size_t size)
+static vmmrt_status cuda_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	CHECK_SIZE(b, "cuMemSetAccess", size);
 	CU_CALL(b, "cuMemSetAccess", cu.MemSetAccess((CUdeviceptr)va, size, &b->access, 1),
@@ -966,7 +966,7 @@ static vmmrt_status cuda_mem_set_access(vmmrt_backend *b, vmmrt_devptr va, size_
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_mem_info(vmmrt_backend *b, size_t *free_bytes, size_t *total_bytes)
+static vmmrt_status cuda_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
 {
 	size_t f = 0, t = 0;
 
@@ -985,7 +985,7 @@ static vmmrt_status cuda_mem_info(vmmrt_backend *b, size_t *free_bytes, size_t *
 #define CU_STREAM(s) ((CUstream)(s))
 #define CU_EVENT(e) ((CUevent)(e))
 
-static vmmrt_status cuda_stream_create(vmmrt_backend *b, vmmrt_stream *out)
+static vmmrt_status cuda_stream_create(vmmrt__backend *b, vmmrt_stream *out)
 {
 	CUstream s = NULL;
 
@@ -996,7 +996,7 @@ static vmmrt_status cuda_stream_create(vmmrt_backend *b, vmmrt_stream *out)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_destroy(vmmrt_backend *b, vmmrt_stream s)
+static vmmrt_status cuda_stream_destroy(vmmrt__backend *b, vmmrt_stream s)
 {
 	ROLE_CHECK("cuStreamDestroy");
 	VMMRT_CHECK_ARG(s != NULL, "NULL stream");
@@ -1004,19 +1004,19 @@ static vmmrt_status cuda_stream_destroy(vmmrt_backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_synchronize(vmmrt_backend *b, vmmrt_stream s)
+static vmmrt_status cuda_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 {
 	CU_CALL(b, "cuStreamSynchronize", cu.StreamSynchronize(CU_STREAM(s)), "cuStreamSynchronize(%p)", (void *)s);
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_query(vmmrt_backend *b, vmmrt_stream s)
+static vmmrt_status cuda_stream_query(vmmrt__backend *b, vmmrt_stream s)
 {
 	CU_CALL(b, "cuStreamQuery", cu.StreamQuery(CU_STREAM(s)), "cuStreamQuery(%p)", (void *)s);
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_wait_event(vmmrt_backend *b, vmmrt_stream s, vmmrt_bevent *e)
+static vmmrt_status cuda_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e)
 {
 	ROLE_CHECK("cuStreamWaitEvent");
 	VMMRT_CHECK_ARG(e != NULL, "NULL event");
@@ -1025,7 +1025,7 @@ static vmmrt_status cuda_stream_wait_event(vmmrt_backend *b, vmmrt_stream s, vmm
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_wait_value32(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
+static vmmrt_status cuda_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
 {
 	ROLE_CHECK("cuStreamWaitValue32");
 	VMMRT_CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
@@ -1035,7 +1035,7 @@ static vmmrt_status cuda_stream_wait_value32(vmmrt_backend *b, vmmrt_stream s, v
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_write_value32(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
+static vmmrt_status cuda_stream_write_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
 {
 	ROLE_CHECK("cuStreamWriteValue32");
 	VMMRT_CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
@@ -1045,7 +1045,7 @@ static vmmrt_status cuda_stream_write_value32(vmmrt_backend *b, vmmrt_stream s, 
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_create(vmmrt_backend *b, bool timing, vmmrt_bevent **out)
+static vmmrt_status cuda_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out)
 {
 	CUevent e = NULL;
 
@@ -1053,11 +1053,11 @@ static vmmrt_status cuda_event_create(vmmrt_backend *b, bool timing, vmmrt_beven
 	VMMRT_CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuEventCreate", cu.EventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
 		"cuEventCreate(%s)", timing ? "timing" : "disable timing");
-	*out = (vmmrt_bevent *)e;
+	*out = (vmmrt__bevent *)e;
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_destroy(vmmrt_backend *b, vmmrt_bevent *e)
+static vmmrt_status cuda_event_destroy(vmmrt__backend *b, vmmrt__bevent *e)
 {
 	ROLE_CHECK("cuEventDestroy");
 	VMMRT_CHECK_ARG(e != NULL, "NULL event");
@@ -1065,7 +1065,7 @@ static vmmrt_status cuda_event_destroy(vmmrt_backend *b, vmmrt_bevent *e)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_record(vmmrt_backend *b, vmmrt_bevent *e, vmmrt_stream s)
+static vmmrt_status cuda_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s)
 {
 	ROLE_CHECK("cuEventRecord");
 	VMMRT_CHECK_ARG(e != NULL, "NULL event");
@@ -1074,7 +1074,7 @@ static vmmrt_status cuda_event_record(vmmrt_backend *b, vmmrt_bevent *e, vmmrt_s
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_query(vmmrt_backend *b, vmmrt_bevent *e)
+static vmmrt_status cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e)
 {
 	ROLE_CHECK("cuEventQuery");
 	VMMRT_CHECK_ARG(e != NULL, "NULL event");
@@ -1082,7 +1082,7 @@ static vmmrt_status cuda_event_query(vmmrt_backend *b, vmmrt_bevent *e)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_synchronize(vmmrt_backend *b, vmmrt_bevent *e)
+static vmmrt_status cuda_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e)
 {
 	ROLE_CHECK("cuEventSynchronize");
 	VMMRT_CHECK_ARG(e != NULL, "NULL event");
@@ -1090,7 +1090,7 @@ static vmmrt_status cuda_event_synchronize(vmmrt_backend *b, vmmrt_bevent *e)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_elapsed_ms(vmmrt_backend *b, vmmrt_bevent *start, vmmrt_bevent *end, float *ms)
+static vmmrt_status cuda_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end, float *ms)
 {
 	float v = 0.0f;
 
@@ -1104,7 +1104,7 @@ static vmmrt_status cuda_event_elapsed_ms(vmmrt_backend *b, vmmrt_bevent *start,
 }
 
 /* Keep a graph host node's record until its capture ends (under b->lock). */
-static void capture_recs_add(vmmrt_backend *b, struct hostfn_rec *r)
+static void capture_recs_add(vmmrt__backend *b, struct hostfn_rec *r)
 {
 	pthread_mutex_lock(&b->lock);
 	r->next = b->capture_recs;
@@ -1113,7 +1113,7 @@ static void capture_recs_add(vmmrt_backend *b, struct hostfn_rec *r)
 }
 
 /* Detach the records of capture sequence id from the pending list. */
-static struct hostfn_rec *capture_recs_take(vmmrt_backend *b, cuuint64_t id)
+static struct hostfn_rec *capture_recs_take(vmmrt__backend *b, cuuint64_t id)
 {
 	struct hostfn_rec *taken = NULL, **pp;
 
@@ -1134,7 +1134,7 @@ static struct hostfn_rec *capture_recs_take(vmmrt_backend *b, cuuint64_t id)
 	return taken;
 }
 
-static vmmrt_status cuda_launch_host_func(vmmrt_backend *b, vmmrt_stream s, vmmrt_host_fn fn, void *arg)
+static vmmrt_status cuda_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn, void *arg)
 {
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 	cuuint64_t id = 0;
@@ -1165,7 +1165,7 @@ static vmmrt_status cuda_launch_host_func(vmmrt_backend *b, vmmrt_stream s, vmmr
 	}
 	if (r == NULL) {
 		ctx_leave(pushed);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "cuLaunchHostFunc: no memory for a host-function record");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "cuLaunchHostFunc: no memory for a host-function record");
 	}
 	r->fn = fn;
 	r->arg = arg;
@@ -1192,7 +1192,7 @@ static vmmrt_status cuda_launch_host_func(vmmrt_backend *b, vmmrt_stream s, vmmr
 
 /* ------------------------------------------------------------ copies and pinned memory */
 
-static vmmrt_status cuda_memcpy_htod_async(vmmrt_backend *b, vmmrt_devptr dst, const void *src, size_t n,
+static vmmrt_status cuda_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n,
 					   vmmrt_stream s)
 {
 	ROLE_CHECK("cuMemcpyHtoDAsync");
@@ -1202,7 +1202,7 @@ static vmmrt_status cuda_memcpy_htod_async(vmmrt_backend *b, vmmrt_devptr dst, c
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_memcpy_dtoh_async(vmmrt_backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
+static vmmrt_status cuda_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
 {
 	ROLE_CHECK("cuMemcpyDtoHAsync");
 	VMMRT_CHECK_ARG(dst != NULL || n == 0, "NULL destination");
@@ -1211,7 +1211,7 @@ static vmmrt_status cuda_memcpy_dtoh_async(vmmrt_backend *b, void *dst, vmmrt_de
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_memcpy_dtod_async(vmmrt_backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
+static vmmrt_status cuda_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
 					   vmmrt_stream s)
 {
 	CU_CALL(b, "cuMemcpyDtoDAsync", cu.MemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, CU_STREAM(s)),
@@ -1219,7 +1219,7 @@ static vmmrt_status cuda_memcpy_dtod_async(vmmrt_backend *b, vmmrt_devptr dst, v
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_host_alloc(vmmrt_backend *b, size_t size, void **out)
+static vmmrt_status cuda_host_alloc(vmmrt__backend *b, size_t size, void **out)
 {
 	void *p = NULL;
 	CUresult r;
@@ -1228,12 +1228,12 @@ static vmmrt_status cuda_host_alloc(vmmrt_backend *b, size_t size, void **out)
 	ROLE_CHECK("cuMemHostAlloc");
 	VMMRT_CHECK_ARG(out != NULL, "NULL output");
 	if (size == 0)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "cuMemHostAlloc: size 0");
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "cuMemHostAlloc: size 0");
 	OP_ENTER(b, "cuMemHostAlloc", pushed);
 	r = cu.MemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
 	ctx_leave(pushed);
 	if (r == CUDA_ERROR_OUT_OF_MEMORY)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "cuMemHostAlloc(%zu, portable|devicemap): %s (%s)",
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "cuMemHostAlloc(%zu, portable|devicemap): %s (%s)",
 				   size, cu_error_name(r), cu_error_text(r));
 	if (r != CUDA_SUCCESS)
 		return cu_error(r, "cuMemHostAlloc(%zu, portable|devicemap)", size);
@@ -1241,7 +1241,7 @@ static vmmrt_status cuda_host_alloc(vmmrt_backend *b, size_t size, void **out)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_host_free(vmmrt_backend *b, void *p)
+static vmmrt_status cuda_host_free(vmmrt__backend *b, void *p)
 {
 	ROLE_CHECK("cuMemFreeHost");
 	VMMRT_CHECK_ARG(p != NULL, "NULL pointer");
@@ -1249,7 +1249,7 @@ static vmmrt_status cuda_host_free(vmmrt_backend *b, void *p)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_host_devptr(vmmrt_backend *b, void *p, vmmrt_devptr *out)
+static vmmrt_status cuda_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
 {
 	CUdeviceptr d = 0;
 
@@ -1274,7 +1274,7 @@ static vmmrt_status cuda_host_devptr(vmmrt_backend *b, void *p, vmmrt_devptr *ou
  * though they would not be part of the graph. It also requires
  * stream_end_capture on the thread that began the capture.
  */
-static vmmrt_status cuda_stream_begin_capture(vmmrt_backend *b, vmmrt_stream s)
+static vmmrt_status cuda_stream_begin_capture(vmmrt__backend *b, vmmrt_stream s)
 {
 	ROLE_CHECK("cuStreamBeginCapture");
 	VMMRT_CHECK_ARG(s != NULL, "NULL stream (the legacy stream cannot capture)");
@@ -1283,11 +1283,11 @@ static vmmrt_status cuda_stream_begin_capture(vmmrt_backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgraph **out)
+static vmmrt_status cuda_stream_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out)
 {
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 	cuuint64_t id = 0;
-	struct vmmrt_bgraph *g;
+	struct vmmrt__bgraph *g;
 	struct hostfn_rec *recs;
 	CUgraph graph = NULL;
 	CUgraphExec exec = NULL;
@@ -1328,7 +1328,7 @@ static vmmrt_status cuda_stream_end_capture(vmmrt_backend *b, vmmrt_stream s, vm
 		cu.GraphDestroy(graph);
 		ctx_leave(pushed);
 		hostfn_free_list(recs);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "cuStreamEndCapture: no memory for the graph");
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "cuStreamEndCapture: no memory for the graph");
 	}
 	ctx_leave(pushed);
 	g->graph = graph;
@@ -1348,7 +1348,7 @@ static vmmrt_status cuda_stream_end_capture(vmmrt_backend *b, vmmrt_stream s, vm
  * An invalidated capture counts as capturing: the stream stays in capture mode
  * until cuStreamEndCapture, and work enqueued meanwhile does not run either.
  */
-static vmmrt_status cuda_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bool *out)
+static vmmrt_status cuda_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, bool *out)
 {
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 
@@ -1360,7 +1360,7 @@ static vmmrt_status cuda_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, b
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s)
+static vmmrt_status cuda_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s)
 {
 	ROLE_CHECK("cuGraphLaunch");
 	VMMRT_CHECK_ARG(g != NULL, "NULL graph");
@@ -1369,7 +1369,7 @@ static vmmrt_status cuda_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_s
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g)
+static vmmrt_status cuda_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 {
 	CUresult r1, r2;
 	struct hostfn_rec *last;
@@ -1409,7 +1409,7 @@ static vmmrt_status cuda_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g)
 /* ------------------------------------------------------------ kernels */
 
 #ifdef HAVE_NVCC_KERNELS
-static unsigned grid_for(const vmmrt_backend *b, uint64_t nwords)
+static unsigned grid_for(const vmmrt__backend *b, uint64_t nwords)
 {
 	uint64_t blocks = (nwords + CUDA_KERNEL_THREADS - 1) / CUDA_KERNEL_THREADS;
 
@@ -1420,30 +1420,30 @@ static unsigned grid_for(const vmmrt_backend *b, uint64_t nwords)
 	return (unsigned)blocks;
 }
 
-static CUresult launch(vmmrt_backend *b, CUstream s, enum cuda_kernel k, unsigned grid, unsigned block,
+static CUresult launch(vmmrt__backend *b, CUstream s, enum cuda_kernel k, unsigned grid, unsigned block,
 		       void **params)
 {
 	return cu.LaunchKernel(b->fn[k], grid, 1, 1, block, 1, 1, 0, s, params, NULL);
 }
 
-static vmmrt_status kernel_args_check(vmmrt_kernel_id k, const vmmrt_kernel_args *a)
+static vmmrt_status kernel_args_check(vmmrt__kernel_id k, const vmmrt__kernel_args *a)
 {
 	switch (k) {
 	case VMMRT_KERNEL_FILL:
 		if (a->bytes >= 8 && (a->dst == 0 || a->dst % 8 != 0))
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "kernel fill: dst 0x%llx is 0 or not 8-byte aligned",
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "kernel fill: dst 0x%llx is 0 or not 8-byte aligned",
 					   (unsigned long long)a->dst);
 		return VMMRT_OK;
 	case VMMRT_KERNEL_CHECKSUM:
 		if (a->bytes % 8 != 0)
-			return vmmrt_error(VMMRT_E_INVALID_SIZE, "kernel checksum: %zu bytes is not a multiple of 8",
+			return vmmrt__error(VMMRT_E_INVALID_SIZE, "kernel checksum: %zu bytes is not a multiple of 8",
 					   a->bytes);
 		if (a->bytes > 0 && (a->src == 0 || a->src % 8 != 0))
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT,
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT,
 					   "kernel checksum: src 0x%llx is 0 or not 8-byte aligned",
 					   (unsigned long long)a->src);
 		if (a->out == 0 || a->out % 8 != 0)
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT,
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT,
 					   "kernel checksum: out 0x%llx is 0 or not 8-byte aligned",
 					   (unsigned long long)a->out);
 		return VMMRT_OK;
@@ -1451,20 +1451,20 @@ static vmmrt_status kernel_args_check(vmmrt_kernel_id k, const vmmrt_kernel_args
 		return VMMRT_OK;
 	case VMMRT_KERNEL_LAYER:
 		if (a->bytes >= 8 && (a->dst == 0 || a->dst % 8 != 0))
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "kernel layer: dst 0x%llx is 0 or not 8-byte aligned",
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "kernel layer: dst 0x%llx is 0 or not 8-byte aligned",
 					   (unsigned long long)a->dst);
 		if (a->src % 8 != 0)
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "kernel layer: src 0x%llx is not 8-byte aligned",
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "kernel layer: src 0x%llx is not 8-byte aligned",
 					   (unsigned long long)a->src);
 		return VMMRT_OK;
 	default:
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "kernel_launch: unknown kernel %d", (int)k);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "kernel_launch: unknown kernel %d", (int)k);
 	}
 }
 #endif
 
-static vmmrt_status cuda_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_kernel_id k,
-				       const vmmrt_kernel_args *args)
+static vmmrt_status cuda_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k,
+				       const vmmrt__kernel_args *args)
 {
 	ROLE_CHECK("cuLaunchKernel");
 	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
@@ -1472,7 +1472,7 @@ static vmmrt_status cuda_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_k
 #ifndef HAVE_NVCC_KERNELS
 	(void)s;
 	(void)k;
-	return vmmrt_error(VMMRT_E_NOT_SUPPORTED, "%s", b->kernel_error);
+	return vmmrt__error(VMMRT_E_NOT_SUPPORTED, "%s", b->kernel_error);
 #else
 	{
 		vmmrt_status st = kernel_args_check(k, args);
@@ -1486,13 +1486,13 @@ static vmmrt_status cuda_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_k
 		if (st != VMMRT_OK)
 			return st;
 		if (b->module == NULL)
-			return vmmrt_error(VMMRT_E_NOT_SUPPORTED, "kernels unavailable: %s", b->kernel_error);
+			return vmmrt__error(VMMRT_E_NOT_SUPPORTED, "kernels unavailable: %s", b->kernel_error);
 		OP_ENTER(b, "cuLaunchKernel", pushed);
 		switch (k) {
 		case VMMRT_KERNEL_FILL: {
 			void *params[] = {&dst, &nwords, &seed};
 
-			what = "vmmrt_k_fill";
+			what = "vmmrt__k_fill";
 			if (nwords > 0)
 				r = launch(b, cs, CK_FILL, grid_for(b, nwords), CUDA_KERNEL_THREADS, params);
 			break;
@@ -1502,10 +1502,10 @@ static vmmrt_status cuda_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_k
 			void *params[] = {&src, &nwords, &out};
 
 			/* *out = 0 then += per block, in stream order */
-			what = "vmmrt_k_zero64";
+			what = "vmmrt__k_zero64";
 			r = launch(b, cs, CK_ZERO64, 1, 1, zero_params);
 			if (r == CUDA_SUCCESS && nwords > 0) {
-				what = "vmmrt_k_checksum";
+				what = "vmmrt__k_checksum";
 				r = launch(b, cs, CK_CHECKSUM, grid_for(b, nwords), CUDA_KERNEL_THREADS, params);
 			}
 			break;
@@ -1513,14 +1513,14 @@ static vmmrt_status cuda_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_k
 		case VMMRT_KERNEL_BUSY: {
 			void *params[] = {&ns};
 
-			what = "vmmrt_k_busy";
+			what = "vmmrt__k_busy";
 			r = launch(b, cs, CK_BUSY, 1, 1, params);
 			break;
 		}
 		case VMMRT_KERNEL_LAYER: {
 			void *params[] = {&dst, &src, &nwords, &seed, &ns};
 
-			what = "vmmrt_k_layer";
+			what = "vmmrt__k_layer";
 			r = launch(b, cs, CK_LAYER, grid_for(b, nwords), CUDA_KERNEL_THREADS, params);
 			break;
 		}
@@ -1535,7 +1535,7 @@ static vmmrt_status cuda_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_k
 #endif
 }
 
-const vmmrt_backend_ops vmmrt_backend_cuda = {
+const vmmrt__backend_ops vmmrt__backend_cuda = {
 	.name = "cuda",
 	.open = cuda_open,
 	.close = cuda_close,
@@ -1584,23 +1584,23 @@ const vmmrt_backend_ops vmmrt_backend_cuda = {
  * No CUDA 12+ headers at build time: the backend exists but cannot open, so
  * the other ops are never reached and stay NULL.
  */
-static vmmrt_status cuda_open(const vmmrt_backend_config *cfg, vmmrt_backend **out)
+static vmmrt_status cuda_open(const vmmrt__backend_config *cfg, vmmrt__backend **out)
 {
 	if (out != NULL)
 		*out = NULL;
 #ifdef HAVE_CUDA_H
-	return vmmrt_error(VMMRT_E_NOT_SUPPORTED,
+	return vmmrt__error(VMMRT_E_NOT_SUPPORTED,
 			   "built with CUDA headers older than 12.0 (configure --with-cuda=DIR for CUDA 12 or later)");
 #else
-	return vmmrt_error(VMMRT_E_NOT_SUPPORTED, "built without CUDA headers (configure --with-cuda)");
+	return vmmrt__error(VMMRT_E_NOT_SUPPORTED, "built without CUDA headers (configure --with-cuda)");
 #endif
 }
 
-static void cuda_close(vmmrt_backend *b)
+static void cuda_close(vmmrt__backend *b)
 {
 }
 
-const vmmrt_backend_ops vmmrt_backend_cuda = {
+const vmmrt__backend_ops vmmrt__backend_cuda = {
 	.name = "cuda",
 	.open = cuda_open,
 	.close = cuda_close,

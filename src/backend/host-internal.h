@@ -26,8 +26,8 @@
  */
 #define VMMRT_HOST_HIDDEN __attribute__((visibility("hidden")))
 
-struct vmmrt_backend {
-	vmmrt_backend_config cfg;
+struct vmmrt__backend {
+	vmmrt__backend_config cfg;
 	size_t granularity;
 
 	/* Virtual memory: reservations, handles, mappings, accounting. */
@@ -57,45 +57,45 @@ struct vmmrt_backend {
 };
 
 /* NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
-vmmrt_status vmmrt_host_enter(vmmrt_backend *b, const char *func) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT_HOST_HIDDEN;
 
-uint64_t vmmrt_host_now_ns(void) VMMRT_HOST_HIDDEN;
+uint64_t vmmrt__host_now_ns(void) VMMRT_HOST_HIDDEN;
 /* Sleep until CLOCK_MONOTONIC reaches deadline_ns, spinning the last microseconds. */
-void vmmrt_host_sleep_until(uint64_t deadline_ns) VMMRT_HOST_HIDDEN;
+void vmmrt__host_sleep_until(uint64_t deadline_ns) VMMRT_HOST_HIDDEN;
 
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
-void vmmrt_host_streams_shutdown(vmmrt_backend *b) VMMRT_HOST_HIDDEN;
+void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 
-vmmrt_status vmmrt_host_stream_create(vmmrt_backend *b, vmmrt_stream *out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_destroy(vmmrt_backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_synchronize(vmmrt_backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_query(vmmrt_backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_wait_event(vmmrt_backend *b, vmmrt_stream s, vmmrt_bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_wait_value32(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr addr,
+vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
 					    uint32_t value) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_write_value32(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr addr,
+vmmrt_status vmmrt__host_stream_write_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
 					     uint32_t value) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_event_create(vmmrt_backend *b, bool timing, vmmrt_bevent **out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_event_destroy(vmmrt_backend *b, vmmrt_bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_event_record(vmmrt_backend *b, vmmrt_bevent *e, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_event_query(vmmrt_backend *b, vmmrt_bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_event_synchronize(vmmrt_backend *b, vmmrt_bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_event_elapsed_ms(vmmrt_backend *b, vmmrt_bevent *start, vmmrt_bevent *end,
+vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end,
 					 float *ms) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_launch_host_func(vmmrt_backend *b, vmmrt_stream s, vmmrt_host_fn fn,
+vmmrt_status vmmrt__host_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn,
 					 void *arg) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_memcpy_htod_async(vmmrt_backend *b, vmmrt_devptr dst, const void *src, size_t n,
+vmmrt_status vmmrt__host_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n,
 					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_memcpy_dtoh_async(vmmrt_backend *b, void *dst, vmmrt_devptr src, size_t n,
+vmmrt_status vmmrt__host_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n,
 					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_memcpy_dtod_async(vmmrt_backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
+vmmrt_status vmmrt__host_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
 					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_begin_capture(vmmrt_backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgraph **out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bool *out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt_host_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_kernel_id k,
-				      const vmmrt_kernel_args *args) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, bool *out) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k,
+				      const vmmrt__kernel_args *args) VMMRT_HOST_HIDDEN;
 
 #endif /* VMMRT_HOST_INTERNAL_H */

@@ -56,19 +56,19 @@ struct host_op {
 			size_t n;
 		} copy;
 		struct {
-			vmmrt_kernel_id id;
-			vmmrt_kernel_args args;
+			vmmrt__kernel_id id;
+			vmmrt__kernel_args args;
 		} kernel;
 		struct {
-			vmmrt_host_fn fn;
+			vmmrt__host_fn fn;
 			void *arg;
 		} host;
-		vmmrt_bevent *event;
+		vmmrt__bevent *event;
 		struct {
 			uint32_t *addr;
 			uint32_t value;
 		} value;
-		vmmrt_bgraph *graph;
+		vmmrt__bgraph *graph;
 	} u;
 };
 
@@ -81,7 +81,7 @@ struct host_item {
 
 struct vmmrt_stream_s {
 	struct cds_list_head node;
-	vmmrt_backend *b;
+	vmmrt__backend *b;
 	pthread_t thread;
 	pthread_mutex_t lock;
 	pthread_cond_t work_cond; /* new work, or stop */
@@ -94,7 +94,7 @@ struct vmmrt_stream_s {
 	size_t cap_n, cap_len;
 };
 
-struct vmmrt_bevent {
+struct vmmrt__bevent {
 	struct cds_list_head node;
 	long refs; /* uatomic: the registry, pending items, graphs */
 	bool timing;
@@ -104,7 +104,7 @@ struct vmmrt_bevent {
 	uint64_t done_ns;    /* CLOCK_MONOTONIC when done_seq completed */
 };
 
-struct vmmrt_bgraph {
+struct vmmrt__bgraph {
 	struct cds_list_head node;
 	long refs; /* uatomic: the registry (the caller's handle) and pending launches */
 	size_t n;
@@ -114,7 +114,7 @@ struct vmmrt_bgraph {
 
 /* ------------------------------------------------------------------ objects */
 
-static void event_put(vmmrt_bevent *e)
+static void event_put(vmmrt__bevent *e)
 {
 	if (uatomic_add_return(&e->refs, -1) == 0)
 		free(e);
@@ -122,7 +122,7 @@ static void event_put(vmmrt_bevent *e)
 
 static void op_release(const struct host_op *op);
 
-static void graph_put(vmmrt_bgraph *g)
+static void graph_put(vmmrt__bgraph *g)
 {
 	if (uatomic_add_return(&g->refs, -1) != 0)
 		return;
@@ -146,7 +146,7 @@ static bool is_event_op(const struct host_op *op)
 }
 
 /* The registries make a stale or bogus handle an error instead of a crash. Callers hold obj_lock. */
-static struct vmmrt_stream_s *stream_find(vmmrt_backend *b, vmmrt_stream s)
+static struct vmmrt_stream_s *stream_find(vmmrt__backend *b, vmmrt_stream s)
 {
 	struct vmmrt_stream_s *st;
 
@@ -157,9 +157,9 @@ static struct vmmrt_stream_s *stream_find(vmmrt_backend *b, vmmrt_stream s)
 	return NULL;
 }
 
-static vmmrt_bevent *event_find(vmmrt_backend *b, vmmrt_bevent *e)
+static vmmrt__bevent *event_find(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	vmmrt_bevent *it;
+	vmmrt__bevent *it;
 
 	cds_list_for_each_entry(it, &b->events, node) {
 		if (it == e)
@@ -168,9 +168,9 @@ static vmmrt_bevent *event_find(vmmrt_backend *b, vmmrt_bevent *e)
 	return NULL;
 }
 
-static vmmrt_bgraph *graph_find(vmmrt_backend *b, vmmrt_bgraph *g)
+static vmmrt__bgraph *graph_find(vmmrt__backend *b, vmmrt__bgraph *g)
 {
-	vmmrt_bgraph *it;
+	vmmrt__bgraph *it;
 
 	cds_list_for_each_entry(it, &b->graphs, node) {
 		if (it == g)
@@ -180,9 +180,9 @@ static vmmrt_bgraph *graph_find(vmmrt_backend *b, vmmrt_bgraph *g)
 }
 
 /* A reference on a registered event, taken under obj_lock so a concurrent destroy cannot free it. */
-static vmmrt_status event_ref(vmmrt_backend *b, vmmrt_bevent *e, const char *func)
+static vmmrt_status event_ref(vmmrt__backend *b, vmmrt__bevent *e, const char *func)
 {
-	vmmrt_bevent *found;
+	vmmrt__bevent *found;
 
 	pthread_mutex_lock(&b->obj_lock);
 	found = event_find(b, e);
@@ -190,12 +190,12 @@ static vmmrt_status event_ref(vmmrt_backend *b, vmmrt_bevent *e, const char *fun
 		uatomic_inc(&found->refs);
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", func, (void *)e);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", func, (void *)e);
 	return VMMRT_OK;
 }
 
 /* Look a stream up and return it locked. */
-static struct vmmrt_stream_s *stream_lock(vmmrt_backend *b, vmmrt_stream s)
+static struct vmmrt_stream_s *stream_lock(vmmrt__backend *b, vmmrt_stream s)
 {
 	struct vmmrt_stream_s *st;
 
@@ -210,15 +210,15 @@ static struct vmmrt_stream_s *stream_lock(vmmrt_backend *b, vmmrt_stream s)
 static vmmrt_status unknown_stream(vmmrt_stream s, const char *func)
 {
 	/* NULL included: this backend has no legacy default stream */
-	return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown stream %p", func, (void *)s);
+	return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown stream %p", func, (void *)s);
 }
 
 /* The prologue of synchronize and query: a known stream, locked, that is not
  * capturing (CUDA refuses both on a capturing stream too). */
-static vmmrt_status lock_idle_stream(vmmrt_backend *b, vmmrt_stream s, const char *func,
+static vmmrt_status lock_idle_stream(vmmrt__backend *b, vmmrt_stream s, const char *func,
 				     struct vmmrt_stream_s **out)
 {
-	vmmrt_status status = vmmrt_host_enter(b, func);
+	vmmrt_status status = vmmrt__host_enter(b, func);
 	if (status != VMMRT_OK)
 		return status;
 	struct vmmrt_stream_s *st = stream_lock(b, s);
@@ -226,7 +226,7 @@ static vmmrt_status lock_idle_stream(vmmrt_backend *b, vmmrt_stream s, const cha
 		return unknown_stream(s, func);
 	if (st->capturing) {
 		pthread_mutex_unlock(&st->lock);
-		return vmmrt_error(VMMRT_E_CAPTURE, "%s: the stream is capturing a graph", func);
+		return vmmrt__error(VMMRT_E_CAPTURE, "%s: the stream is capturing a graph", func);
 	}
 	*out = st;
 	return VMMRT_OK;
@@ -234,9 +234,9 @@ static vmmrt_status lock_idle_stream(vmmrt_backend *b, vmmrt_stream s, const cha
 
 /* ----------------------------------------------------------- running work */
 
-static void run_copy(vmmrt_backend *b, const struct host_op *op)
+static void run_copy(vmmrt__backend *b, const struct host_op *op)
 {
-	uint64_t t0 = vmmrt_host_now_ns();
+	uint64_t t0 = vmmrt__host_now_ns();
 
 	if (op->u.copy.n == 0)
 		return;
@@ -258,7 +258,7 @@ static void run_copy(vmmrt_backend *b, const struct host_op *op)
 		for (size_t at = 0; at < n; at += chunk) {
 			size_t len = n - at < chunk ? n - at : chunk;
 			memmove(dst + at, src + at, len);
-			vmmrt_host_sleep_until(t0 + (uint64_t)((double)(at + len) / b->cfg.host_copy_gbps));
+			vmmrt__host_sleep_until(t0 + (uint64_t)((double)(at + len) / b->cfg.host_copy_gbps));
 		}
 	}
 	uatomic_dec(&b->copies_in_flight);
@@ -266,8 +266,8 @@ static void run_copy(vmmrt_backend *b, const struct host_op *op)
 
 static void run_kernel(const struct host_op *op)
 {
-	const vmmrt_kernel_args *a = &op->u.kernel.args;
-	uint64_t t0 = vmmrt_host_now_ns();
+	const vmmrt__kernel_args *a = &op->u.kernel.args;
+	uint64_t t0 = vmmrt__host_now_ns();
 	unsigned char *dst = (unsigned char *)(uintptr_t)a->dst;
 	const unsigned char *src = (const unsigned char *)(uintptr_t)a->src;
 	size_t words = a->bytes / 8;
@@ -294,10 +294,10 @@ static void run_kernel(const struct host_op *op)
 			w ^= vmmrt_fill_word(a->seed, i);
 			memcpy(dst + i * 8, &w, 8);
 		}
-		vmmrt_host_sleep_until(t0 + a->ns);
+		vmmrt__host_sleep_until(t0 + a->ns);
 		break;
 	case VMMRT_KERNEL_BUSY:
-		vmmrt_host_sleep_until(t0 + a->ns);
+		vmmrt__host_sleep_until(t0 + a->ns);
 		break;
 	default:
 		break; /* rejected at launch */
@@ -312,7 +312,7 @@ static bool value_reached(const uint32_t *addr, uint32_t value)
 	return (int32_t)(v - value) >= 0;
 }
 
-static void run_wait_value(vmmrt_backend *b, const struct host_op *op)
+static void run_wait_value(vmmrt__backend *b, const struct host_op *op)
 {
 	uint32_t *addr = op->u.value.addr;
 	uint32_t value = op->u.value.value;
@@ -330,7 +330,7 @@ static void run_wait_value(vmmrt_backend *b, const struct host_op *op)
 	 */
 	pthread_mutex_lock(&b->sync_lock);
 	while (!value_reached(addr, value) && !b->closing) {
-		uint64_t deadline = vmmrt_host_now_ns() + poll_ns;
+		uint64_t deadline = vmmrt__host_now_ns() + poll_ns;
 		struct timespec ts = {
 			.tv_sec = (time_t)(deadline / 1000000000ULL),
 			.tv_nsec = (long)(deadline % 1000000000ULL),
@@ -346,7 +346,7 @@ done:
 	cmm_smp_mb();
 }
 
-static void run_write_value(vmmrt_backend *b, const struct host_op *op)
+static void run_write_value(vmmrt__backend *b, const struct host_op *op)
 {
 	/* everything the stream did before is visible before the value, like a GPU fence */
 	cmm_smp_mb();
@@ -356,9 +356,9 @@ static void run_write_value(vmmrt_backend *b, const struct host_op *op)
 	pthread_mutex_unlock(&b->sync_lock);
 }
 
-static void run_record(vmmrt_backend *b, vmmrt_bevent *e, uint64_t seq)
+static void run_record(vmmrt__backend *b, vmmrt__bevent *e, uint64_t seq)
 {
-	uint64_t now = vmmrt_host_now_ns();
+	uint64_t now = vmmrt__host_now_ns();
 
 	pthread_mutex_lock(&b->sync_lock);
 	if (seq > e->done_seq) {
@@ -369,7 +369,7 @@ static void run_record(vmmrt_backend *b, vmmrt_bevent *e, uint64_t seq)
 	pthread_mutex_unlock(&b->sync_lock);
 }
 
-static void run_wait_event(vmmrt_backend *b, vmmrt_bevent *e, uint64_t seq)
+static void run_wait_event(vmmrt__backend *b, vmmrt__bevent *e, uint64_t seq)
 {
 	pthread_mutex_lock(&b->sync_lock);
 	while (e->done_seq < seq && !b->closing)
@@ -377,9 +377,9 @@ static void run_wait_event(vmmrt_backend *b, vmmrt_bevent *e, uint64_t seq)
 	pthread_mutex_unlock(&b->sync_lock);
 }
 
-static void run_op(vmmrt_backend *b, const struct host_op *op, uint64_t seq)
+static void run_op(vmmrt__backend *b, const struct host_op *op, uint64_t seq)
 {
-	vmmrt_thread_role prev;
+	vmmrt__thread_role prev;
 
 	switch (op->kind) {
 	case OP_COPY:
@@ -390,9 +390,9 @@ static void run_op(vmmrt_backend *b, const struct host_op *op, uint64_t seq)
 		break;
 	case OP_HOST_FN:
 		/* the driver's callback thread: any driver call from here is refused */
-		prev = vmmrt_thread_role_set(VMMRT_ROLE_HOST_FUNC);
+		prev = vmmrt__thread_role_set(VMMRT_ROLE_HOST_FUNC);
 		op->u.host.fn(op->u.host.arg);
-		vmmrt_thread_role_set(prev);
+		vmmrt__thread_role_set(prev);
 		break;
 	case OP_RECORD:
 		run_record(b, op->u.event, seq);
@@ -411,9 +411,9 @@ static void run_op(vmmrt_backend *b, const struct host_op *op, uint64_t seq)
 	}
 }
 
-static void run_item(vmmrt_backend *b, const struct host_item *item)
+static void run_item(vmmrt__backend *b, const struct host_item *item)
 {
-	const vmmrt_bgraph *g;
+	const vmmrt__bgraph *g;
 	size_t j = 0;
 
 	if (item->op.kind != OP_GRAPH) {
@@ -435,7 +435,7 @@ static void item_free(struct host_item *item)
 static void *stream_main(void *arg)
 {
 	struct vmmrt_stream_s *st = arg;
-	vmmrt_backend *b = st->b;
+	vmmrt__backend *b = st->b;
 	struct host_item *item;
 
 	/* precise BUSY kernels and copy times without spinning through the default 50 us slack */
@@ -476,7 +476,7 @@ static vmmrt_status capture_append(struct vmmrt_stream_s *st, const struct host_
 		struct host_op *ops = realloc(st->cap_ops, len * sizeof(*ops));
 
 		if (!ops)
-			return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: capture list", func);
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: capture list", func);
 		st->cap_ops = ops;
 		st->cap_len = len;
 	}
@@ -485,9 +485,9 @@ static vmmrt_status capture_append(struct vmmrt_stream_s *st, const struct host_
 }
 
 /* Event ops become "enqueued" here: a record is now the most recent one. */
-static void assign_seqs(vmmrt_backend *b, struct host_item *item)
+static void assign_seqs(vmmrt__backend *b, struct host_item *item)
 {
-	const vmmrt_bgraph *g;
+	const vmmrt__bgraph *g;
 	size_t j = 0;
 
 	pthread_mutex_lock(&b->sync_lock);
@@ -517,7 +517,7 @@ static void assign_seqs(vmmrt_backend *b, struct host_item *item)
  * Enqueue op on stream s, or record it when s is capturing. Takes over the
  * reference op holds, also on failure.
  */
-static vmmrt_status submit(vmmrt_backend *b, vmmrt_stream s, const struct host_op *op, const char *func)
+static vmmrt_status submit(vmmrt__backend *b, vmmrt_stream s, const struct host_op *op, const char *func)
 {
 	size_t nseq = op->kind == OP_GRAPH ? op->u.graph->n_event_ops : 0;
 	struct host_item *item = calloc(1, sizeof(*item));
@@ -525,7 +525,7 @@ static vmmrt_status submit(vmmrt_backend *b, vmmrt_stream s, const struct host_o
 	vmmrt_status status;
 
 	if (!item || (nseq && !(item->seqs = calloc(nseq, sizeof(uint64_t))))) {
-		status = vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: work item", func);
+		status = vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: work item", func);
 		goto fail;
 	}
 	st = stream_lock(b, s);
@@ -535,7 +535,7 @@ static vmmrt_status submit(vmmrt_backend *b, vmmrt_stream s, const struct host_o
 	}
 	if (st->capturing) {
 		if (op->kind == OP_GRAPH)
-			status = vmmrt_error(VMMRT_E_NOT_SUPPORTED,
+			status = vmmrt__error(VMMRT_E_NOT_SUPPORTED,
 					     "%s: graph launch inside a capture (the host backend captures one level)",
 					     func);
 		else
@@ -569,9 +569,9 @@ fail:
 
 /* ------------------------------------------------------------------ streams */
 
-vmmrt_status vmmrt_host_stream_create(vmmrt_backend *b, vmmrt_stream *out)
+vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
 	sigset_t all, old;
 	int rc;
@@ -581,7 +581,7 @@ vmmrt_status vmmrt_host_stream_create(vmmrt_backend *b, vmmrt_stream *out)
 	VMMRT_CHECK_ARG(out, "NULL output");
 	st = calloc(1, sizeof(*st));
 	if (!st)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: stream", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: stream", __func__);
 	st->b = b;
 	pthread_mutex_init(&st->lock, NULL);
 	pthread_cond_init(&st->work_cond, NULL);
@@ -604,7 +604,7 @@ vmmrt_status vmmrt_host_stream_create(vmmrt_backend *b, vmmrt_stream *out)
 		pthread_cond_destroy(&st->work_cond);
 		pthread_mutex_destroy(&st->lock);
 		free(st);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: pthread_create: %s", __func__, strerror(rc));
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: pthread_create: %s", __func__, strerror(rc));
 	}
 	pthread_mutex_lock(&b->obj_lock);
 	cds_list_add_tail(&st->node, &b->streams);
@@ -632,9 +632,9 @@ static void stream_stop_free(struct vmmrt_stream_s *st)
 	free(st);
 }
 
-vmmrt_status vmmrt_host_stream_destroy(vmmrt_backend *b, vmmrt_stream s)
+vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
 
 	if (status != VMMRT_OK)
@@ -650,7 +650,7 @@ vmmrt_status vmmrt_host_stream_destroy(vmmrt_backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_stream_synchronize(vmmrt_backend *b, vmmrt_stream s)
+vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 {
 	struct vmmrt_stream_s *st;
 	uint64_t target;
@@ -666,7 +666,7 @@ vmmrt_status vmmrt_host_stream_synchronize(vmmrt_backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_stream_query(vmmrt_backend *b, vmmrt_stream s)
+vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s)
 {
 	struct vmmrt_stream_s *st;
 	uint64_t pending;
@@ -677,13 +677,13 @@ vmmrt_status vmmrt_host_stream_query(vmmrt_backend *b, vmmrt_stream s)
 	pending = st->enqueued - st->completed;
 	pthread_mutex_unlock(&st->lock);
 	if (pending)
-		return vmmrt_error(VMMRT_E_BUSY, "%s: %llu items pending", __func__, (unsigned long long)pending);
+		return vmmrt__error(VMMRT_E_BUSY, "%s: %llu items pending", __func__, (unsigned long long)pending);
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_stream_wait_event(vmmrt_backend *b, vmmrt_stream s, vmmrt_bevent *e)
+vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct host_op op = {.kind = OP_WAIT_EVENT};
 
 	if (status != VMMRT_OK)
@@ -694,35 +694,35 @@ vmmrt_status vmmrt_host_stream_wait_event(vmmrt_backend *b, vmmrt_stream s, vmmr
 	return submit(b, s, &op, __func__);
 }
 
-static vmmrt_status value_op(vmmrt_backend *b, vmmrt_stream s, enum op_kind kind, vmmrt_devptr addr,
+static vmmrt_status value_op(vmmrt__backend *b, vmmrt_stream s, enum op_kind kind, vmmrt_devptr addr,
 			     uint32_t value, const char *func)
 {
-	vmmrt_status status = vmmrt_host_enter(b, func);
+	vmmrt_status status = vmmrt__host_enter(b, func);
 	struct host_op op = {.kind = kind};
 
 	if (status != VMMRT_OK)
 		return status;
 	if (addr == 0 || addr % 4)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: address 0x%llx is NULL or not 4-byte aligned", func,
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: address 0x%llx is NULL or not 4-byte aligned", func,
 				   (unsigned long long)addr);
 	op.u.value.addr = (uint32_t *)(uintptr_t)addr;
 	op.u.value.value = value;
 	return submit(b, s, &op, func);
 }
 
-vmmrt_status vmmrt_host_stream_wait_value32(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
+vmmrt_status vmmrt__host_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
 {
 	return value_op(b, s, OP_WAIT_VALUE, addr, value, __func__);
 }
 
-vmmrt_status vmmrt_host_stream_write_value32(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
+vmmrt_status vmmrt__host_stream_write_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
 {
 	return value_op(b, s, OP_WRITE_VALUE, addr, value, __func__);
 }
 
-vmmrt_status vmmrt_host_launch_host_func(vmmrt_backend *b, vmmrt_stream s, vmmrt_host_fn fn, void *arg)
+vmmrt_status vmmrt__host_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn, void *arg)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct host_op op = {.kind = OP_HOST_FN};
 
 	if (status != VMMRT_OK)
@@ -735,17 +735,17 @@ vmmrt_status vmmrt_host_launch_host_func(vmmrt_backend *b, vmmrt_stream s, vmmrt
 
 /* ------------------------------------------------------------------- events */
 
-vmmrt_status vmmrt_host_event_create(vmmrt_backend *b, bool timing, vmmrt_bevent **out)
+vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
-	vmmrt_bevent *e;
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
+	vmmrt__bevent *e;
 
 	if (status != VMMRT_OK)
 		return status;
 	VMMRT_CHECK_ARG(out, "NULL output");
 	e = calloc(1, sizeof(*e));
 	if (!e)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: event", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: event", __func__);
 	e->refs = 1;
 	e->timing = timing;
 	pthread_mutex_lock(&b->obj_lock);
@@ -755,10 +755,10 @@ vmmrt_status vmmrt_host_event_create(vmmrt_backend *b, bool timing, vmmrt_bevent
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_event_destroy(vmmrt_backend *b, vmmrt_bevent *e)
+vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
-	vmmrt_bevent *found;
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
+	vmmrt__bevent *found;
 
 	if (status != VMMRT_OK)
 		return status;
@@ -768,15 +768,15 @@ vmmrt_status vmmrt_host_event_destroy(vmmrt_backend *b, vmmrt_bevent *e)
 		cds_list_del(&found->node);
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__, (void *)e);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__, (void *)e);
 	/* like cuEventDestroy: pending records and waits keep it alive until they ran */
 	event_put(found);
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_event_record(vmmrt_backend *b, vmmrt_bevent *e, vmmrt_stream s)
+vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct host_op op = {.kind = OP_RECORD};
 
 	if (status != VMMRT_OK)
@@ -787,10 +787,10 @@ vmmrt_status vmmrt_host_event_record(vmmrt_backend *b, vmmrt_bevent *e, vmmrt_st
 	return submit(b, s, &op, __func__);
 }
 
-vmmrt_status vmmrt_host_event_query(vmmrt_backend *b, vmmrt_bevent *e)
+vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
-	vmmrt_bevent *found;
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
+	vmmrt__bevent *found;
 	bool done = false;
 
 	if (status != VMMRT_OK)
@@ -804,15 +804,15 @@ vmmrt_status vmmrt_host_event_query(vmmrt_backend *b, vmmrt_bevent *e)
 	}
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__, (void *)e);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__, (void *)e);
 	if (!done)
-		return vmmrt_error(VMMRT_E_BUSY, "%s: the most recent record has not completed", __func__);
+		return vmmrt__error(VMMRT_E_BUSY, "%s: the most recent record has not completed", __func__);
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_event_synchronize(vmmrt_backend *b, vmmrt_bevent *e)
+vmmrt_status vmmrt__host_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	bool done;
 
 	if (status != VMMRT_OK)
@@ -830,14 +830,14 @@ vmmrt_status vmmrt_host_event_synchronize(vmmrt_backend *b, vmmrt_bevent *e)
 	pthread_mutex_unlock(&b->sync_lock);
 	event_put(e);
 	if (!done)
-		return vmmrt_error(VMMRT_E_CANCELLED, "%s: the backend is closing", __func__);
+		return vmmrt__error(VMMRT_E_CANCELLED, "%s: the backend is closing", __func__);
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_event_elapsed_ms(vmmrt_backend *b, vmmrt_bevent *start, vmmrt_bevent *end, float *ms)
+vmmrt_status vmmrt__host_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end, float *ms)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
-	vmmrt_bevent *s0, *s1;
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
+	vmmrt__bevent *s0, *s1;
 
 	if (status != VMMRT_OK)
 		return status;
@@ -847,16 +847,16 @@ vmmrt_status vmmrt_host_event_elapsed_ms(vmmrt_backend *b, vmmrt_bevent *start, 
 	s1 = event_find(b, end);
 	if (!s0 || !s1) {
 		pthread_mutex_unlock(&b->obj_lock);
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__,
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__,
 				   (void *)(s0 ? end : start));
 	}
 	pthread_mutex_lock(&b->sync_lock);
 	if (!s0->timing || !s1->timing)
-		status = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: event created without timing", __func__);
+		status = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: event created without timing", __func__);
 	else if (s0->record_seq == 0 || s1->record_seq == 0)
-		status = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: event never recorded", __func__);
+		status = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: event never recorded", __func__);
 	else if (s0->done_seq < s0->record_seq || s1->done_seq < s1->record_seq)
-		status = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: event not complete", __func__);
+		status = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: event not complete", __func__);
 	else
 		*ms = (float)((double)(int64_t)(s1->done_ns - s0->done_ns) / 1e6);
 	pthread_mutex_unlock(&b->sync_lock);
@@ -866,34 +866,34 @@ vmmrt_status vmmrt_host_event_elapsed_ms(vmmrt_backend *b, vmmrt_bevent *start, 
 
 /* ------------------------------------------------------------------- copies */
 
-static vmmrt_status copy_op(vmmrt_backend *b, vmmrt_stream s, void *dst, const void *src, size_t n,
+static vmmrt_status copy_op(vmmrt__backend *b, vmmrt_stream s, void *dst, const void *src, size_t n,
 			    const char *func)
 {
-	vmmrt_status status = vmmrt_host_enter(b, func);
+	vmmrt_status status = vmmrt__host_enter(b, func);
 	struct host_op op = {.kind = OP_COPY};
 
 	if (status != VMMRT_OK)
 		return status;
 	if (n && (!dst || !src))
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL %s", func, dst ? "source" : "destination");
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL %s", func, dst ? "source" : "destination");
 	op.u.copy.dst = dst;
 	op.u.copy.src = src;
 	op.u.copy.n = n;
 	return submit(b, s, &op, func);
 }
 
-vmmrt_status vmmrt_host_memcpy_htod_async(vmmrt_backend *b, vmmrt_devptr dst, const void *src, size_t n,
+vmmrt_status vmmrt__host_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n,
 					  vmmrt_stream s)
 {
 	return copy_op(b, s, (void *)(uintptr_t)dst, src, n, __func__);
 }
 
-vmmrt_status vmmrt_host_memcpy_dtoh_async(vmmrt_backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
+vmmrt_status vmmrt__host_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
 {
 	return copy_op(b, s, dst, (const void *)(uintptr_t)src, n, __func__);
 }
 
-vmmrt_status vmmrt_host_memcpy_dtod_async(vmmrt_backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
+vmmrt_status vmmrt__host_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
 					  vmmrt_stream s)
 {
 	return copy_op(b, s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, __func__);
@@ -901,25 +901,25 @@ vmmrt_status vmmrt_host_memcpy_dtod_async(vmmrt_backend *b, vmmrt_devptr dst, vm
 
 /* ------------------------------------------------------------------ kernels */
 
-vmmrt_status vmmrt_host_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_kernel_id k,
-				      const vmmrt_kernel_args *args)
+vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k,
+				      const vmmrt__kernel_args *args)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct host_op op = {.kind = OP_KERNEL};
 
 	if (status != VMMRT_OK)
 		return status;
 	VMMRT_CHECK_ARG(args, "NULL arguments");
 	if ((unsigned)k >= VMMRT_KERNEL_COUNT_)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown kernel %d", __func__, (int)k);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown kernel %d", __func__, (int)k);
 	if (k != VMMRT_KERNEL_BUSY) {
 		if (args->bytes % 8)
-			return vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: %zu bytes is not a multiple of 8", __func__,
+			return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: %zu bytes is not a multiple of 8", __func__,
 					   args->bytes);
 		if (k == VMMRT_KERNEL_CHECKSUM && (!args->out || (args->bytes && !args->src)))
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: checksum needs src and out", __func__);
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: checksum needs src and out", __func__);
 		if (k != VMMRT_KERNEL_CHECKSUM && args->bytes && !args->dst)
-			return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL destination", __func__);
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL destination", __func__);
 	}
 	op.u.kernel.id = k;
 	op.u.kernel.args = *args;
@@ -928,9 +928,9 @@ vmmrt_status vmmrt_host_kernel_launch(vmmrt_backend *b, vmmrt_stream s, vmmrt_ke
 
 /* ------------------------------------------------------------------- graphs */
 
-vmmrt_status vmmrt_host_begin_capture(vmmrt_backend *b, vmmrt_stream s)
+vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
 
 	if (status != VMMRT_OK)
@@ -939,25 +939,25 @@ vmmrt_status vmmrt_host_begin_capture(vmmrt_backend *b, vmmrt_stream s)
 	if (!st)
 		return unknown_stream(s, __func__);
 	if (st->capturing)
-		status = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: the stream is already capturing", __func__);
+		status = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: the stream is already capturing", __func__);
 	else
 		st->capturing = true;
 	pthread_mutex_unlock(&st->lock);
 	return status;
 }
 
-vmmrt_status vmmrt_host_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgraph **out)
+vmmrt_status vmmrt__host_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
-	vmmrt_bgraph *g;
+	vmmrt__bgraph *g;
 
 	if (status != VMMRT_OK)
 		return status;
 	VMMRT_CHECK_ARG(out, "NULL output");
 	g = calloc(1, sizeof(*g));
 	if (!g)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: graph", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: graph", __func__);
 	st = stream_lock(b, s);
 	if (!st) {
 		free(g);
@@ -966,7 +966,7 @@ vmmrt_status vmmrt_host_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgra
 	if (!st->capturing) {
 		pthread_mutex_unlock(&st->lock);
 		free(g);
-		return vmmrt_error(VMMRT_E_INVALID_STATE, "%s: the stream is not capturing", __func__);
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: the stream is not capturing", __func__);
 	}
 	/* the graph takes the captured ops and the references they hold */
 	g->ops = st->cap_ops;
@@ -988,9 +988,9 @@ vmmrt_status vmmrt_host_end_capture(vmmrt_backend *b, vmmrt_stream s, vmmrt_bgra
 
 /* This backend never invalidates a capture (it refuses what CUDA would
  * invalidate it for), so capturing is the one flag begin/end_capture set. */
-vmmrt_status vmmrt_host_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bool *out)
+vmmrt_status vmmrt__host_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, bool *out)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
 
 	if (status != VMMRT_OK)
@@ -1004,11 +1004,11 @@ vmmrt_status vmmrt_host_stream_is_capturing(vmmrt_backend *b, vmmrt_stream s, bo
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt_host_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_stream s)
+vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct host_op op = {.kind = OP_GRAPH};
-	vmmrt_bgraph *found;
+	vmmrt__bgraph *found;
 
 	if (status != VMMRT_OK)
 		return status;
@@ -1018,15 +1018,15 @@ vmmrt_status vmmrt_host_graph_launch(vmmrt_backend *b, vmmrt_bgraph *g, vmmrt_st
 		uatomic_inc(&found->refs);
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown graph %p", __func__, (void *)g);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown graph %p", __func__, (void *)g);
 	op.u.graph = found;
 	return submit(b, s, &op, __func__);
 }
 
-vmmrt_status vmmrt_host_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g)
+vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 {
-	vmmrt_status status = vmmrt_host_enter(b, __func__);
-	vmmrt_bgraph *found;
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
+	vmmrt__bgraph *found;
 
 	if (status != VMMRT_OK)
 		return status;
@@ -1036,7 +1036,7 @@ vmmrt_status vmmrt_host_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g)
 		cds_list_del(&found->node);
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown graph %p", __func__, (void *)g);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown graph %p", __func__, (void *)g);
 	/* like cuGraphExecDestroy: a launch in flight finishes first */
 	graph_put(found);
 	return VMMRT_OK;
@@ -1044,11 +1044,11 @@ vmmrt_status vmmrt_host_graph_destroy(vmmrt_backend *b, vmmrt_bgraph *g)
 
 /* ------------------------------------------------------------------ closing */
 
-void vmmrt_host_streams_shutdown(vmmrt_backend *b)
+void vmmrt__host_streams_shutdown(vmmrt__backend *b)
 {
 	struct vmmrt_stream_s *st;
-	vmmrt_bgraph *g, *gn;
-	vmmrt_bevent *e, *en;
+	vmmrt__bgraph *g, *gn;
+	vmmrt__bevent *e, *en;
 
 	/* abandon blocked waits and pending work: nothing may outlive close */
 	pthread_mutex_lock(&b->sync_lock);

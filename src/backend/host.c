@@ -45,7 +45,7 @@ struct host_reservation {
 	size_t size;
 };
 
-/* The physical memory behind a vmmrt_bhandle. */
+/* The physical memory behind a vmmrt__bhandle. */
 struct host_mem {
 	struct cds_list_head node;
 	int fd;
@@ -69,17 +69,17 @@ struct host_alloc {
 
 /* ------------------------------------------------------------ shared helpers */
 
-vmmrt_status vmmrt_host_enter(vmmrt_backend *b, const char *func)
+vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func)
 {
 	/* The CUDA 13 driver answers CUDA_ERROR_NOT_PERMITTED here; older ones deadlock. */
-	if (vmmrt_thread_role_get() == VMMRT_ROLE_HOST_FUNC)
-		return vmmrt_error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", func);
+	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC)
+		return vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", func);
 	if (!b)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", func);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", func);
 	return VMMRT_OK;
 }
 
-uint64_t vmmrt_host_now_ns(void)
+uint64_t vmmrt__host_now_ns(void)
 {
 	struct timespec ts;
 
@@ -87,9 +87,9 @@ uint64_t vmmrt_host_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-void vmmrt_host_sleep_until(uint64_t deadline_ns)
+void vmmrt__host_sleep_until(uint64_t deadline_ns)
 {
-	uint64_t now = vmmrt_host_now_ns();
+	uint64_t now = vmmrt__host_now_ns();
 	int slack;
 	uint64_t margin;
 
@@ -112,7 +112,7 @@ void vmmrt_host_sleep_until(uint64_t deadline_ns)
 		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 			;
 	}
-	while (vmmrt_host_now_ns() < deadline_ns)
+	while (vmmrt__host_now_ns() < deadline_ns)
 		caa_cpu_relax();
 }
 
@@ -162,7 +162,7 @@ static double latency_us(enum host_call c, size_t bytes)
 }
 
 /* Make a driver VMM call that started at start_ns last as long as on the H200. */
-static void model_latency(vmmrt_backend *b, enum host_call c, size_t bytes, uint64_t start_ns)
+static void model_latency(vmmrt__backend *b, enum host_call c, size_t bytes, uint64_t start_ns)
 {
 	double factor, us;
 
@@ -170,29 +170,29 @@ static void model_latency(vmmrt_backend *b, enum host_call c, size_t bytes, uint
 		return;
 	factor = 1.0 + LATENCY_K_PER_COPY * (double)uatomic_read(&b->copies_in_flight);
 	us = latency_us(c, bytes) * factor;
-	vmmrt_host_sleep_until(start_ns + (uint64_t)(us * 1000.0));
+	vmmrt__host_sleep_until(start_ns + (uint64_t)(us * 1000.0));
 }
 
 /* ------------------------------------------------------------ open and close */
 
-static vmmrt_status host_open(const vmmrt_backend_config *cfg, vmmrt_backend **out)
+static vmmrt_status host_open(const vmmrt__backend_config *cfg, vmmrt__backend **out)
 {
 	long page = sysconf(_SC_PAGESIZE);
 	pthread_condattr_t ca;
-	vmmrt_backend *b;
+	vmmrt__backend *b;
 
-	if (vmmrt_thread_role_get() == VMMRT_ROLE_HOST_FUNC)
-		return vmmrt_error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", __func__);
+	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC)
+		return vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", __func__);
 	VMMRT_CHECK_ARG(cfg, "NULL config");
 	VMMRT_CHECK_ARG(out, "NULL output");
 	*out = NULL;
 	if (cfg->device_ordinal != 0)
-		return vmmrt_error(VMMRT_E_NO_DEVICE, "%s: the host backend has one device (ordinal 0), not %d",
+		return vmmrt__error(VMMRT_E_NO_DEVICE, "%s: the host backend has one device (ordinal 0), not %d",
 				   __func__, cfg->device_ordinal);
 
 	b = calloc(1, sizeof(*b));
 	if (!b)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: backend", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: backend", __func__);
 	b->cfg = *cfg;
 	if (b->cfg.host_capacity == 0)
 		b->cfg.host_capacity = HOST_DEFAULT_CAPACITY;
@@ -205,7 +205,7 @@ static vmmrt_status host_open(const vmmrt_backend_config *cfg, vmmrt_backend **o
 		size_t g = b->granularity;
 
 		free(b);
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT,
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT,
 				   "%s: granularity %zu is not a power of two multiple of the page size", __func__, g);
 	}
 
@@ -234,7 +234,7 @@ static vmmrt_status host_open(const vmmrt_backend_config *cfg, vmmrt_backend **o
  * reservations and pinned memory. It cannot work from inside a host function
  * (it would join the calling thread), so there it does nothing.
  */
-static void host_close(vmmrt_backend *b)
+static void host_close(vmmrt__backend *b)
 {
 	struct host_mapping *m, *mn;
 	struct host_reservation *r, *rn;
@@ -243,12 +243,12 @@ static void host_close(vmmrt_backend *b)
 
 	if (!b)
 		return;
-	if (vmmrt_thread_role_get() == VMMRT_ROLE_HOST_FUNC) {
-		vmmrt_error(VMMRT_E_NOT_PERMITTED, "%s: called from inside a host function; nothing closed",
+	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC) {
+		vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s: called from inside a host function; nothing closed",
 			    __func__);
 		return;
 	}
-	vmmrt_host_streams_shutdown(b);
+	vmmrt__host_streams_shutdown(b);
 
 	/* mappings lie inside reservations: unmapping the reservations removes them */
 	cds_list_for_each_entry_safe(m, mn, &b->mappings, node) {
@@ -277,9 +277,9 @@ static void host_close(vmmrt_backend *b)
 	free(b);
 }
 
-static vmmrt_status host_device_name(vmmrt_backend *b, char *buf, size_t len)
+static vmmrt_status host_device_name(vmmrt__backend *b, char *buf, size_t len)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
 	if (st != VMMRT_OK)
 		return st;
@@ -289,15 +289,15 @@ static vmmrt_status host_device_name(vmmrt_backend *b, char *buf, size_t len)
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_bind_thread(vmmrt_backend *b)
+static vmmrt_status host_bind_thread(vmmrt__backend *b)
 {
 	/* no context to make current: every thread sees the same address space */
-	return vmmrt_host_enter(b, __func__);
+	return vmmrt__host_enter(b, __func__);
 }
 
-static vmmrt_status host_granularity(vmmrt_backend *b, size_t *out)
+static vmmrt_status host_granularity(vmmrt__backend *b, size_t *out)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
 	if (st != VMMRT_OK)
 		return st;
@@ -308,10 +308,10 @@ static vmmrt_status host_granularity(vmmrt_backend *b, size_t *out)
 
 /* ------------------------------------------------------------ virtual memory */
 
-static vmmrt_status check_size(vmmrt_backend *b, size_t size, const char *func)
+static vmmrt_status check_size(vmmrt__backend *b, size_t size, const char *func)
 {
 	if (size == 0 || size % b->granularity)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: size %zu is not a non-zero multiple of the granularity %zu",
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu is not a non-zero multiple of the granularity %zu",
 				   func, size, b->granularity);
 	return VMMRT_OK;
 }
@@ -319,8 +319,8 @@ static vmmrt_status check_size(vmmrt_backend *b, size_t size, const char *func)
 static vmmrt_status errno_status(int err, const char *func, const char *what)
 {
 	if (err == ENOMEM || err == EMFILE || err == ENFILE || err == EAGAIN)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %s: %s", func, what, strerror(err));
-	return vmmrt_error(VMMRT_E_DRIVER, "%s: %s: %s", func, what, strerror(err));
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %s: %s", func, what, strerror(err));
+	return vmmrt__error(VMMRT_E_DRIVER, "%s: %s: %s", func, what, strerror(err));
 }
 
 /* Put PROT_NONE anonymous memory over [va, va+size): the "unmapped" state of a reservation. */
@@ -331,9 +331,9 @@ static int reset_range(uintptr_t va, size_t size)
 	return p == MAP_FAILED ? errno : 0;
 }
 
-static vmmrt_status host_va_reserve(vmmrt_backend *b, size_t size, size_t align, vmmrt_devptr *out)
+static vmmrt_status host_va_reserve(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_reservation *r;
 	uintptr_t raw, start;
 	size_t span;
@@ -345,15 +345,15 @@ static vmmrt_status host_va_reserve(vmmrt_backend *b, size_t size, size_t align,
 	if ((st = check_size(b, size, __func__)) != VMMRT_OK)
 		return st;
 	if (align & (align - 1))
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: alignment %zu is not a power of two", __func__, align);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: alignment %zu is not a power of two", __func__, align);
 	if (align < b->granularity)
 		align = b->granularity;
 	if (size > SIZE_MAX - align)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: size %zu overflows with alignment %zu", __func__, size, align);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu overflows with alignment %zu", __func__, size, align);
 
 	r = malloc(sizeof(*r));
 	if (!r)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: reservation record", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: reservation record", __func__);
 	/* mmap only promises page alignment: over-reserve, then trim both ends */
 	span = size + align;
 	p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -384,9 +384,9 @@ static bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn)
 	return a < b + bn && b < a + an;
 }
 
-static vmmrt_status host_va_free(vmmrt_backend *b, vmmrt_devptr va, size_t size)
+static vmmrt_status host_va_free(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_reservation *r, *found = NULL;
 	struct host_mapping *m;
 
@@ -400,13 +400,13 @@ static vmmrt_status host_va_free(vmmrt_backend *b, vmmrt_devptr va, size_t size)
 		}
 	}
 	if (!found) {
-		st = vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: no reservation of %zu bytes at 0x%llx", __func__,
+		st = vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: no reservation of %zu bytes at 0x%llx", __func__,
 				 size, (unsigned long long)va);
 		goto out;
 	}
 	cds_list_for_each_entry(m, &b->mappings, node) {
 		if (overlaps(m->va, m->size, found->va, found->size)) {
-			st = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: 0x%llx is still mapped inside the reservation",
+			st = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: 0x%llx is still mapped inside the reservation",
 					 __func__, (unsigned long long)m->va);
 			goto out;
 		}
@@ -420,19 +420,19 @@ out:
 }
 
 /* A live (not released) handle, or NULL. Caller holds vmm_lock. */
-static struct host_mem *mem_lookup(vmmrt_backend *b, vmmrt_bhandle h)
+static struct host_mem *mem_lookup(vmmrt__backend *b, vmmrt__bhandle h)
 {
 	struct host_mem *m;
 
 	cds_list_for_each_entry(m, &b->handles, node) {
-		if ((vmmrt_bhandle)(uintptr_t)m == h)
+		if ((vmmrt__bhandle)(uintptr_t)m == h)
 			return m->released ? NULL : m;
 	}
 	return NULL;
 }
 
 /* The memory goes (and the accounting drops) once released and unmapped. */
-static void mem_put_if_dead(vmmrt_backend *b, struct host_mem *m)
+static void mem_put_if_dead(vmmrt__backend *b, struct host_mem *m)
 {
 	if (!m->released || m->maps > 0)
 		return;
@@ -454,10 +454,10 @@ static int host_memfd(void)
 #endif
 }
 
-static vmmrt_status host_mem_create(vmmrt_backend *b, size_t size, vmmrt_bhandle *out)
+static vmmrt_status host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
 {
-	uint64_t t0 = vmmrt_host_now_ns();
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	uint64_t t0 = vmmrt__host_now_ns();
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mem *m;
 	int fd;
 
@@ -468,11 +468,11 @@ static vmmrt_status host_mem_create(vmmrt_backend *b, size_t size, vmmrt_bhandle
 		return st;
 	m = calloc(1, sizeof(*m));
 	if (!m)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: handle record", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: handle record", __func__);
 
 	pthread_mutex_lock(&b->vmm_lock);
 	if (size > b->cfg.host_capacity - b->created_bytes) {
-		st = vmmrt_error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes requested, %zu of %zu free", __func__, size,
+		st = vmmrt__error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes requested, %zu of %zu free", __func__, size,
 				 b->cfg.host_capacity - b->created_bytes, b->cfg.host_capacity);
 		goto fail;
 	}
@@ -491,7 +491,7 @@ static vmmrt_status host_mem_create(vmmrt_backend *b, size_t size, vmmrt_bhandle
 	m->size = size;
 	b->created_bytes += size;
 	cds_list_add_tail(&m->node, &b->handles);
-	*out = (vmmrt_bhandle)(uintptr_t)m;
+	*out = (vmmrt__bhandle)(uintptr_t)m;
 	/* the driver's cost is paid inside its lock: VMM calls serialise on the H200 too */
 	model_latency(b, CALL_CREATE, size, t0);
 	pthread_mutex_unlock(&b->vmm_lock);
@@ -502,10 +502,10 @@ fail:
 	return st;
 }
 
-static vmmrt_status host_mem_release(vmmrt_backend *b, vmmrt_bhandle h)
+static vmmrt_status host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
 {
-	uint64_t t0 = vmmrt_host_now_ns();
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	uint64_t t0 = vmmrt__host_now_ns();
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mem *m;
 	size_t size;
 
@@ -515,7 +515,7 @@ static vmmrt_status host_mem_release(vmmrt_backend *b, vmmrt_bhandle h)
 	m = mem_lookup(b, h);
 	if (!m) {
 		pthread_mutex_unlock(&b->vmm_lock);
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown or already released handle 0x%llx",
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown or already released handle 0x%llx",
 				   __func__, (unsigned long long)h);
 	}
 	/* CUDA semantics: allowed while mapped; the memory goes with the last unmap */
@@ -528,7 +528,7 @@ static vmmrt_status host_mem_release(vmmrt_backend *b, vmmrt_bhandle h)
 }
 
 /* The reservation holding all of [va, va+size), or NULL. Caller holds vmm_lock. */
-static struct host_reservation *reservation_of(vmmrt_backend *b, uintptr_t va, size_t size)
+static struct host_reservation *reservation_of(vmmrt__backend *b, uintptr_t va, size_t size)
 {
 	struct host_reservation *r;
 
@@ -539,25 +539,25 @@ static struct host_reservation *reservation_of(vmmrt_backend *b, uintptr_t va, s
 	return NULL;
 }
 
-static vmmrt_status check_range(vmmrt_backend *b, vmmrt_devptr va, size_t size, const char *func)
+static vmmrt_status check_range(vmmrt__backend *b, vmmrt_devptr va, size_t size, const char *func)
 {
 	vmmrt_status st = check_size(b, size, func);
 
 	if (st != VMMRT_OK)
 		return st;
 	if (va % b->granularity)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: address 0x%llx is not aligned to the granularity %zu",
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: address 0x%llx is not aligned to the granularity %zu",
 				   func, (unsigned long long)va, b->granularity);
 	if (va > UINTPTR_MAX - size)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: range at 0x%llx wraps around", func,
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: range at 0x%llx wraps around", func,
 				   (unsigned long long)va);
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_mem_map(vmmrt_backend *b, vmmrt_devptr va, size_t size, vmmrt_bhandle h)
+static vmmrt_status host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
 {
-	uint64_t t0 = vmmrt_host_now_ns();
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	uint64_t t0 = vmmrt__host_now_ns();
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *map, *m;
 	struct host_mem *mem;
 	void *p;
@@ -568,28 +568,28 @@ static vmmrt_status host_mem_map(vmmrt_backend *b, vmmrt_devptr va, size_t size,
 		return st;
 	map = malloc(sizeof(*map));
 	if (!map)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: mapping record", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: mapping record", __func__);
 
 	pthread_mutex_lock(&b->vmm_lock);
 	mem = mem_lookup(b, h);
 	if (!mem) {
-		st = vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown or released handle 0x%llx", __func__,
+		st = vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown or released handle 0x%llx", __func__,
 				 (unsigned long long)h);
 		goto fail;
 	}
 	if (size > mem->size) {
-		st = vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: %zu bytes exceed the handle's %zu", __func__, size,
+		st = vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: %zu bytes exceed the handle's %zu", __func__, size,
 				 mem->size);
 		goto fail;
 	}
 	if (!reservation_of(b, (uintptr_t)va, size)) {
-		st = vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: [0x%llx, +%zu) is not inside one reservation",
+		st = vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: [0x%llx, +%zu) is not inside one reservation",
 				 __func__, (unsigned long long)va, size);
 		goto fail;
 	}
 	cds_list_for_each_entry(m, &b->mappings, node) {
 		if (overlaps(m->va, m->size, (uintptr_t)va, size)) {
-			st = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: [0x%llx, +%zu) overlaps the mapping at 0x%llx",
+			st = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: [0x%llx, +%zu) overlaps the mapping at 0x%llx",
 					 __func__, (unsigned long long)va, size, (unsigned long long)m->va);
 			goto fail;
 		}
@@ -618,10 +618,10 @@ fail:
 	return st;
 }
 
-static vmmrt_status host_mem_unmap(vmmrt_backend *b, vmmrt_devptr va, size_t size)
+static vmmrt_status host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	uint64_t t0 = vmmrt_host_now_ns();
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	uint64_t t0 = vmmrt__host_now_ns();
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *m, *mn;
 	size_t covered = 0;
 	int err;
@@ -636,7 +636,7 @@ static vmmrt_status host_mem_unmap(vmmrt_backend *b, vmmrt_devptr va, size_t siz
 		if (!overlaps(m->va, m->size, (uintptr_t)va, size))
 			continue;
 		if (m->va < va || m->va + m->size > va + size) {
-			st = vmmrt_error(VMMRT_E_INVALID_ARGUMENT,
+			st = vmmrt__error(VMMRT_E_INVALID_ARGUMENT,
 					 "%s: [0x%llx, +%zu) cuts through the mapping [0x%llx, +%zu)", __func__,
 					 (unsigned long long)va, size, (unsigned long long)m->va, m->size);
 			goto out;
@@ -644,7 +644,7 @@ static vmmrt_status host_mem_unmap(vmmrt_backend *b, vmmrt_devptr va, size_t siz
 		covered += m->size;
 	}
 	if (covered != size) {
-		st = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: [0x%llx, +%zu) is %s mapped", __func__,
+		st = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: [0x%llx, +%zu) is %s mapped", __func__,
 				 (unsigned long long)va, size, covered ? "only partly" : "not");
 		goto out;
 	}
@@ -668,10 +668,10 @@ out:
 	return st;
 }
 
-static vmmrt_status host_mem_set_access(vmmrt_backend *b, vmmrt_devptr va, size_t size)
+static vmmrt_status host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	uint64_t t0 = vmmrt_host_now_ns();
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	uint64_t t0 = vmmrt__host_now_ns();
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *m;
 	size_t covered = 0;
 
@@ -690,7 +690,7 @@ static vmmrt_status host_mem_set_access(vmmrt_backend *b, vmmrt_devptr va, size_
 		covered += hi - lo;
 	}
 	if (covered != size) {
-		st = vmmrt_error(VMMRT_E_INVALID_STATE, "%s: [0x%llx, +%zu) is %s mapped", __func__,
+		st = vmmrt__error(VMMRT_E_INVALID_STATE, "%s: [0x%llx, +%zu) is %s mapped", __func__,
 				 (unsigned long long)va, size, covered ? "only partly" : "not");
 		goto out;
 	}
@@ -704,9 +704,9 @@ out:
 	return st;
 }
 
-static vmmrt_status host_mem_info(vmmrt_backend *b, size_t *free_bytes, size_t *total_bytes)
+static vmmrt_status host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
 	if (st != VMMRT_OK)
 		return st;
@@ -720,9 +720,9 @@ static vmmrt_status host_mem_info(vmmrt_backend *b, size_t *free_bytes, size_t *
 
 /* --------------------------------------------------------- pinned host memory */
 
-static vmmrt_status host_host_alloc(vmmrt_backend *b, size_t size, void **out)
+static vmmrt_status host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	struct host_alloc *a;
 	void *p;
@@ -731,16 +731,16 @@ static vmmrt_status host_host_alloc(vmmrt_backend *b, size_t size, void **out)
 		return st;
 	VMMRT_CHECK_ARG(out, "NULL output");
 	if (size == 0 || size > SIZE_MAX - page)
-		return vmmrt_error(VMMRT_E_INVALID_SIZE, "%s: size %zu", __func__, size);
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu", __func__, size);
 	size = (size + page - 1) / page * page;
 	a = malloc(sizeof(*a));
 	if (!a)
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: allocation record", __func__);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: allocation record", __func__);
 	/* mmap: page-aligned, and a large staging buffer goes back to the system at free */
 	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		free(a);
-		return vmmrt_error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %zu bytes: %s", __func__, size, strerror(errno));
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %zu bytes: %s", __func__, size, strerror(errno));
 	}
 	a->p = p;
 	a->size = size;
@@ -751,9 +751,9 @@ static vmmrt_status host_host_alloc(vmmrt_backend *b, size_t size, void **out)
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_host_free(vmmrt_backend *b, void *p)
+static vmmrt_status host_host_free(vmmrt__backend *b, void *p)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_alloc *a, *found = NULL;
 
 	if (st != VMMRT_OK)
@@ -768,15 +768,15 @@ static vmmrt_status host_host_free(vmmrt_backend *b, void *p)
 	}
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not a pinned allocation", __func__, p);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not a pinned allocation", __func__, p);
 	munmap(found->p, found->size);
 	free(found);
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_host_devptr(vmmrt_backend *b, void *p, vmmrt_devptr *out)
+static vmmrt_status host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
 {
-	vmmrt_status st = vmmrt_host_enter(b, __func__);
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_alloc *a;
 	bool inside = false;
 
@@ -793,14 +793,14 @@ static vmmrt_status host_host_devptr(vmmrt_backend *b, void *p, vmmrt_devptr *ou
 	}
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!inside)
-		return vmmrt_error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not inside a pinned allocation", __func__, p);
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not inside a pinned allocation", __func__, p);
 	*out = (vmmrt_devptr)(uintptr_t)p;
 	return VMMRT_OK;
 }
 
 /* ----------------------------------------------------------------- ops table */
 
-const vmmrt_backend_ops vmmrt_backend_host = {
+const vmmrt__backend_ops vmmrt__backend_host = {
 	.name = "host",
 	.open = host_open,
 	.close = host_close,
@@ -817,34 +817,34 @@ const vmmrt_backend_ops vmmrt_backend_host = {
 	.mem_set_access = host_mem_set_access,
 	.mem_info = host_mem_info,
 
-	.stream_create = vmmrt_host_stream_create,
-	.stream_destroy = vmmrt_host_stream_destroy,
-	.stream_synchronize = vmmrt_host_stream_synchronize,
-	.stream_query = vmmrt_host_stream_query,
-	.stream_wait_event = vmmrt_host_stream_wait_event,
-	.stream_wait_value32 = vmmrt_host_stream_wait_value32,
-	.stream_write_value32 = vmmrt_host_stream_write_value32,
-	.event_create = vmmrt_host_event_create,
-	.event_destroy = vmmrt_host_event_destroy,
-	.event_record = vmmrt_host_event_record,
-	.event_query = vmmrt_host_event_query,
-	.event_synchronize = vmmrt_host_event_synchronize,
-	.event_elapsed_ms = vmmrt_host_event_elapsed_ms,
-	.launch_host_func = vmmrt_host_launch_host_func,
+	.stream_create = vmmrt__host_stream_create,
+	.stream_destroy = vmmrt__host_stream_destroy,
+	.stream_synchronize = vmmrt__host_stream_synchronize,
+	.stream_query = vmmrt__host_stream_query,
+	.stream_wait_event = vmmrt__host_stream_wait_event,
+	.stream_wait_value32 = vmmrt__host_stream_wait_value32,
+	.stream_write_value32 = vmmrt__host_stream_write_value32,
+	.event_create = vmmrt__host_event_create,
+	.event_destroy = vmmrt__host_event_destroy,
+	.event_record = vmmrt__host_event_record,
+	.event_query = vmmrt__host_event_query,
+	.event_synchronize = vmmrt__host_event_synchronize,
+	.event_elapsed_ms = vmmrt__host_event_elapsed_ms,
+	.launch_host_func = vmmrt__host_launch_host_func,
 
-	.memcpy_htod_async = vmmrt_host_memcpy_htod_async,
-	.memcpy_dtoh_async = vmmrt_host_memcpy_dtoh_async,
-	.memcpy_dtod_async = vmmrt_host_memcpy_dtod_async,
+	.memcpy_htod_async = vmmrt__host_memcpy_htod_async,
+	.memcpy_dtoh_async = vmmrt__host_memcpy_dtoh_async,
+	.memcpy_dtod_async = vmmrt__host_memcpy_dtod_async,
 
 	.host_alloc = host_host_alloc,
 	.host_free = host_host_free,
 	.host_devptr = host_host_devptr,
 
-	.stream_begin_capture = vmmrt_host_begin_capture,
-	.stream_end_capture = vmmrt_host_end_capture,
-	.stream_is_capturing = vmmrt_host_stream_is_capturing,
-	.graph_launch = vmmrt_host_graph_launch,
-	.graph_destroy = vmmrt_host_graph_destroy,
+	.stream_begin_capture = vmmrt__host_begin_capture,
+	.stream_end_capture = vmmrt__host_end_capture,
+	.stream_is_capturing = vmmrt__host_stream_is_capturing,
+	.graph_launch = vmmrt__host_graph_launch,
+	.graph_destroy = vmmrt__host_graph_destroy,
 
-	.kernel_launch = vmmrt_host_kernel_launch,
+	.kernel_launch = vmmrt__host_kernel_launch,
 };

@@ -1,12 +1,12 @@
 /*
- * The built-in kernels of the CUDA backend (see vmmrt_kernel_id in
+ * The built-in kernels of the CUDA backend (see vmmrt__kernel_id in
  * src/backend/backend.h). Compiled by nvcc into a fatbin that is embedded in
  * the library and loaded with cuModuleLoadData; src/backend/cuda.c launches them
  * with cuLaunchKernel, so the parameter lists here and there must agree: every
  * parameter is 8 bytes (a pointer or an unsigned long long).
  *
  * The bytes they produce must be bit-identical to vmmrt_fill_word() and
- * vmmrt_checksum_host() (src/pattern.c): vmmrt_mix64() is repeated here as a
+ * vmmrt_checksum_host() (src/pattern.c): vmmrt__mix64() is repeated here as a
  * device function, and the constants come from backend.h itself.
  *
  * Launch shapes (chosen by cuda.c): VMMRT_KERNEL_THREADS threads per block, a
@@ -22,7 +22,7 @@ typedef unsigned long long u64;
 
 static_assert(sizeof(u64) == sizeof(uint64_t), "u64 is 64 bits");
 
-/* Must stay identical to vmmrt_mix64() in backend.h. */
+/* Must stay identical to vmmrt__mix64() in backend.h. */
 static __device__ __forceinline__ u64 dev_mix64(u64 x)
 {
 	x ^= x >> 30;
@@ -54,7 +54,7 @@ static __device__ __forceinline__ void dev_spin_until(u64 start, u64 ns)
 
 /* VMMRT_KERNEL_FILL: dst[i] = fill_word(seed, i) for i < nwords. */
 extern "C" __global__ void __launch_bounds__(VMMRT_KERNEL_THREADS)
-vmmrt_k_fill(u64 *dst, u64 nwords, u64 seed)
+vmmrt__k_fill(u64 *dst, u64 nwords, u64 seed)
 {
 	const u64 stride = (u64)gridDim.x * blockDim.x;
 
@@ -64,11 +64,11 @@ vmmrt_k_fill(u64 *dst, u64 nwords, u64 seed)
 
 /*
  * First half of VMMRT_KERNEL_CHECKSUM: *out = 0, one thread, launched on the
- * same stream just before vmmrt_k_checksum (which only adds into *out). A
+ * same stream just before vmmrt__k_checksum (which only adds into *out). A
  * kernel rather than cuMemsetD32Async so that out may be any address the
  * device can write, and so that a captured graph holds two kernel nodes.
  */
-extern "C" __global__ void vmmrt_k_zero64(u64 *out)
+extern "C" __global__ void vmmrt__k_zero64(u64 *out)
 {
 	*out = 0;
 }
@@ -79,7 +79,7 @@ extern "C" __global__ void vmmrt_k_zero64(u64 *out)
  * shuffles, shared memory, one atomicAdd per block) does not change the bits.
  */
 extern "C" __global__ void __launch_bounds__(VMMRT_KERNEL_THREADS)
-vmmrt_k_checksum(const u64 *src, u64 nwords, u64 *out)
+vmmrt__k_checksum(const u64 *src, u64 nwords, u64 *out)
 {
 	__shared__ u64 warp_sums[VMMRT_KERNEL_THREADS / 32];
 	const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -103,7 +103,7 @@ vmmrt_k_checksum(const u64 *src, u64 nwords, u64 *out)
 }
 
 /* VMMRT_KERNEL_BUSY: one thread of one block spins on %globaltimer for ns. */
-extern "C" __global__ void vmmrt_k_busy(u64 ns)
+extern "C" __global__ void vmmrt__k_busy(u64 ns)
 {
 	const u64 start = dev_globaltimer();
 
@@ -118,7 +118,7 @@ extern "C" __global__ void vmmrt_k_busy(u64 ns)
  * thread spins, so a grid larger than one wave is not stretched to n * ns.
  */
 extern "C" __global__ void __launch_bounds__(VMMRT_KERNEL_THREADS)
-vmmrt_k_layer(u64 *dst, const u64 *src, u64 nwords, u64 seed, u64 ns)
+vmmrt__k_layer(u64 *dst, const u64 *src, u64 nwords, u64 seed, u64 ns)
 {
 	const u64 start = dev_globaltimer();
 	const u64 stride = (u64)gridDim.x * blockDim.x;

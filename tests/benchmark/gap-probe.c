@@ -48,7 +48,7 @@ int main(int argc, char **argv)
 	vmmrt_runtime *rt;
 	unsigned reps = 200;
 	TRY(vmmrt_options_create(&o));
-	TRY(vmmrt_options_parse_args(o, &argc, argv));
+	TRY(vmmrt__options_parse_args(o, &argc, argv));
 	for (int i = 1; i < argc; i++)
 		if (!strncmp(argv[i], "--reps=", 7))
 			reps = (unsigned)strtoul(argv[i] + 7, NULL, 10);
@@ -56,31 +56,31 @@ int main(int argc, char **argv)
 	vmmrt_options_destroy(o);
 
 	vmmrt_stream compute, other;
-	TRY(vmmrt_drv_stream_create(rt, &compute));
-	TRY(vmmrt_drv_stream_create(rt, &other));
+	TRY(vmmrt__drv_stream_create(rt, &compute));
+	TRY(vmmrt__drv_stream_create(rt, &other));
 	vmmrt_slot *buf;
 	TRY(vmmrt_slot_create(rt, 2u << 20, &buf));
 	TRY(vmmrt_slot_map(buf));
 	void *host;
 	uint32_t *flag;
 	vmmrt_devptr flag_dev;
-	TRY(vmmrt_drv_host_alloc(rt, 2u << 20, &host));
-	TRY(vmmrt_drv_host_alloc(rt, 64, (void **)&flag));
-	TRY(vmmrt_drv_host_devptr(rt, flag, &flag_dev));
+	TRY(vmmrt__drv_host_alloc(rt, 2u << 20, &host));
+	TRY(vmmrt__drv_host_alloc(rt, 64, (void **)&flag));
+	TRY(vmmrt__drv_host_devptr(rt, flag, &flag_dev));
 	*flag = 1;
-	vmmrt_bgraph *work, *copy;
-	TRY(vmmrt_drv_begin_capture(rt, compute));
-	TRY(vmmrt_drv_kernel(rt, compute, VMMRT_KERNEL_BUSY, &(vmmrt_kernel_args){.ns = 200000}));
-	TRY(vmmrt_drv_end_capture(rt, compute, &work));
-	TRY(vmmrt_drv_begin_capture(rt, other));
-	TRY(vmmrt_drv_memcpy_htod_async(rt, vmmrt_slot_address(buf), host, 64 << 10, other));
-	TRY(vmmrt_drv_end_capture(rt, other, &copy));
-	vmmrt_bevent *done, **start = calloc(reps, sizeof(*start)), **end = calloc(reps, sizeof(*end));
+	vmmrt__bgraph *work, *copy;
+	TRY(vmmrt__drv_begin_capture(rt, compute));
+	TRY(vmmrt__drv_kernel(rt, compute, VMMRT_KERNEL_BUSY, &(vmmrt__kernel_args){.ns = 200000}));
+	TRY(vmmrt__drv_end_capture(rt, compute, &work));
+	TRY(vmmrt__drv_begin_capture(rt, other));
+	TRY(vmmrt__drv_memcpy_htod_async(rt, vmmrt_slot_address(buf), host, 64 << 10, other));
+	TRY(vmmrt__drv_end_capture(rt, other, &copy));
+	vmmrt__bevent *done, **start = calloc(reps, sizeof(*start)), **end = calloc(reps, sizeof(*end));
 	float *gap = calloc(reps, sizeof(*gap));
-	TRY(vmmrt_drv_event_create(rt, false, &done));
+	TRY(vmmrt__drv_event_create(rt, false, &done));
 	for (unsigned i = 0; i < reps; i++) {
-		TRY(vmmrt_drv_event_create(rt, true, &start[i]));
-		TRY(vmmrt_drv_event_create(rt, true, &end[i]));
+		TRY(vmmrt__drv_event_create(rt, true, &start[i]));
+		TRY(vmmrt__drv_event_create(rt, true, &end[i]));
 	}
 	vmmrt_runtime_info info;
 	vmmrt_runtime_info_get(rt, &info);
@@ -91,39 +91,39 @@ int main(int argc, char **argv)
 			switch (v) {
 			case EVENT_AFTER_COPY:
 			case EVENT_AND_HOST_FUNC:
-				TRY(vmmrt_drv_memcpy_htod_async(rt, vmmrt_slot_address(buf), host, 64 << 10, other));
-				TRY(vmmrt_drv_event_record(rt, done, other));
+				TRY(vmmrt__drv_memcpy_htod_async(rt, vmmrt_slot_address(buf), host, 64 << 10, other));
+				TRY(vmmrt__drv_event_record(rt, done, other));
 				break;
 			case EVENT_AFTER_COPY_GRAPH:
-				TRY(vmmrt_drv_graph_launch(rt, copy, other));
-				TRY(vmmrt_drv_event_record(rt, done, other));
+				TRY(vmmrt__drv_graph_launch(rt, copy, other));
+				TRY(vmmrt__drv_event_record(rt, done, other));
 				break;
 			case EVENT_AFTER_WAITVALUE_COPY_GRAPH:
-				TRY(vmmrt_drv_stream_wait_value32(rt, other, flag_dev, 1));
-				TRY(vmmrt_drv_graph_launch(rt, copy, other));
-				TRY(vmmrt_drv_event_record(rt, done, other));
+				TRY(vmmrt__drv_stream_wait_value32(rt, other, flag_dev, 1));
+				TRY(vmmrt__drv_graph_launch(rt, copy, other));
+				TRY(vmmrt__drv_event_record(rt, done, other));
 				break;
 			default:
 				break;
 			}
-			TRY(vmmrt_drv_event_record(rt, start[i], compute));
-			TRY(vmmrt_drv_graph_launch(rt, work, compute));
-			TRY(vmmrt_drv_event_record(rt, end[i], compute));
+			TRY(vmmrt__drv_event_record(rt, start[i], compute));
+			TRY(vmmrt__drv_graph_launch(rt, work, compute));
+			TRY(vmmrt__drv_event_record(rt, end[i], compute));
 			if (v == HOST_FUNC_ELSEWHERE || v == EVENT_AND_HOST_FUNC) {
 				/* what remap does after each backward graph: another stream
 				 * waits for it and runs a host function that wakes a worker */
-				TRY(vmmrt_drv_stream_wait_event(rt, other, end[i]));
-				TRY(vmmrt_drv_launch_host_func(rt, other, nothing, NULL));
+				TRY(vmmrt__drv_stream_wait_event(rt, other, end[i]));
+				TRY(vmmrt__drv_launch_host_func(rt, other, nothing, NULL));
 			}
 			if (v == WAITVALUE_HOST)
-				TRY(vmmrt_drv_stream_wait_value32(rt, compute, flag_dev, 1));
+				TRY(vmmrt__drv_stream_wait_value32(rt, compute, flag_dev, 1));
 			else if (v != BACK_TO_BACK && v != HOST_FUNC_ELSEWHERE)
-				TRY(vmmrt_drv_stream_wait_event(rt, compute, done));
+				TRY(vmmrt__drv_stream_wait_event(rt, compute, done));
 		}
-		TRY(vmmrt_drv_stream_synchronize(rt, compute));
-		TRY(vmmrt_drv_stream_synchronize(rt, other));
+		TRY(vmmrt__drv_stream_synchronize(rt, compute));
+		TRY(vmmrt__drv_stream_synchronize(rt, other));
 		for (unsigned i = 0; i + 1 < reps; i++)
-			TRY(vmmrt_drv_event_elapsed_ms(rt, end[i], start[i + 1], &gap[i]));
+			TRY(vmmrt__drv_event_elapsed_ms(rt, end[i], start[i + 1], &gap[i]));
 		qsort(gap, reps - 1, sizeof(float), cmp_float);
 		printf("  %-40s %7.2f\n", names[v], gap[(reps - 1) / 2] * 1000.0f);
 	}

@@ -32,8 +32,8 @@ typedef struct sample_set {
 /* ---------------------------------------------------------- lock-free side */
 
 typedef struct lf_item {
-	vmmrt_request req;
-	vmmrt_workers *w;
+	vmmrt__request req;
+	vmmrt__workers *w;
 	sample_set *out;
 } lf_item;
 
@@ -48,7 +48,7 @@ static void lf_consume(void *arg)
 static void lf_produce(void *arg)
 {
 	lf_item *it = arg;
-	(void)vmmrt_worker_push(it->w, 0, &it->req);
+	(void)vmmrt__worker_push(it->w, 0, &it->req);
 }
 
 /* ------------------------------------------------------------- mutex side */
@@ -73,7 +73,7 @@ static void mx_produce(void *arg)
 	mx_item *it = arg;
 	mx_queue *q = it->q;
 	it->next = NULL;
-	it->enqueue_ns = vmmrt_now_ns(); /* before the lock: waiting for it is hand-off cost */
+	it->enqueue_ns = vmmrt__now_ns(); /* before the lock: waiting for it is hand-off cost */
 	pthread_mutex_lock(&q->lock);
 	*q->tail = it;
 	q->tail = &it->next;
@@ -94,7 +94,7 @@ static void *mx_consumer(void *arg)
 		q->head = it->next;
 		if (!q->head)
 			q->tail = &q->head;
-		uint64_t now = vmmrt_now_ns();
+		uint64_t now = vmmrt__now_ns();
 		q->out->ns[q->out->n++] = now - it->enqueue_ns;
 	}
 	pthread_mutex_unlock(&q->lock);
@@ -128,21 +128,21 @@ static result summarize(sample_set *s, uint64_t elapsed_ns)
 
 /* Enqueue `requests` host functions round-robin on the streams, in bursts. */
 static vmmrt_status drive(vmmrt_runtime *rt, vmmrt_stream *st, unsigned streams, unsigned requests, unsigned burst,
-			  vmmrt_host_fn fn, void *items, size_t item_size, uint64_t *elapsed)
+			  vmmrt__host_fn fn, void *items, size_t item_size, uint64_t *elapsed)
 {
-	uint64_t t0 = vmmrt_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	for (unsigned i = 0; i < requests; i++) {
-		vmmrt_status s = vmmrt_drv_launch_host_func(rt, st[i % streams], fn, (char *)items + i * item_size);
+		vmmrt_status s = vmmrt__drv_launch_host_func(rt, st[i % streams], fn, (char *)items + i * item_size);
 		if (s != VMMRT_OK)
 			return s;
 		if (burst && (i + 1) % burst == 0)
 			for (unsigned k = 0; k < streams; k++)
-				if ((s = vmmrt_drv_stream_synchronize(rt, st[k])) != VMMRT_OK)
+				if ((s = vmmrt__drv_stream_synchronize(rt, st[k])) != VMMRT_OK)
 					return s;
 	}
 	for (unsigned k = 0; k < streams; k++)
-		(void)vmmrt_drv_stream_synchronize(rt, st[k]);
-	*elapsed = vmmrt_now_ns() - t0;
+		(void)vmmrt__drv_stream_synchronize(rt, st[k]);
+	*elapsed = vmmrt__now_ns() - t0;
 	return VMMRT_OK;
 }
 
@@ -168,7 +168,7 @@ int main(int argc, char **argv)
 {
 	vmmrt_options *o;
 	vmmrt_runtime *rt;
-	if (vmmrt_options_create(&o) != VMMRT_OK || vmmrt_options_parse_args(o, &argc, argv) != VMMRT_OK) {
+	if (vmmrt_options_create(&o) != VMMRT_OK || vmmrt__options_parse_args(o, &argc, argv) != VMMRT_OK) {
 		fprintf(stderr, "vmmrt-handoff: %s\n", vmmrt_last_error());
 		return 2;
 	}
@@ -176,7 +176,7 @@ int main(int argc, char **argv)
 		if (!strcmp(argv[i], "--help")) {
 			printf("usage: vmmrt-handoff [--requests=N] [--streams=S] [--burst=B] [--json=FILE] "
 			       "[runtime options]\n");
-			vmmrt_options_print_help(stdout);
+			vmmrt__options_print_help(stdout);
 			return 0;
 		}
 	unsigned requests = flag_u(argc, argv, "--requests", 20000);
@@ -197,19 +197,19 @@ int main(int argc, char **argv)
 
 	vmmrt_stream st[16];
 	for (unsigned k = 0; k < streams; k++)
-		if (vmmrt_drv_stream_create(rt, &st[k]) != VMMRT_OK)
+		if (vmmrt__drv_stream_create(rt, &st[k]) != VMMRT_OK)
 			return 1;
 
 	sample_set lf = {calloc(requests, sizeof(uint64_t)), 0}, mx = {calloc(requests, sizeof(uint64_t)), 0};
 	lf_item *lfi = calloc(requests, sizeof(*lfi));
 	mx_item *mxi = calloc(requests, sizeof(*mxi));
-	vmmrt_workers *w;
-	if (!lf.ns || !mx.ns || !lfi || !mxi || vmmrt_workers_create(rt, 1, &w) != VMMRT_OK) {
+	vmmrt__workers *w;
+	if (!lf.ns || !mx.ns || !lfi || !mxi || vmmrt__workers_create(rt, 1, &w) != VMMRT_OK) {
 		fprintf(stderr, "vmmrt-handoff: setup failed\n");
 		return 1;
 	}
 	for (unsigned i = 0; i < requests; i++) {
-		vmmrt_request_init(&lfi[i].req, VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init(&lfi[i].req, VMMRT_REQ_CALL, NULL);
 		lfi[i].req.fn = lf_consume;
 		lfi[i].req.arg = &lfi[i];
 		lfi[i].w = w;
@@ -234,7 +234,7 @@ int main(int argc, char **argv)
 	drive(rt, st, streams, requests - half, burst, mx_produce, mxi + half, sizeof(*mxi), &e);
 	mx_ns += e;
 
-	vmmrt_workers_destroy(w, true);
+	vmmrt__workers_destroy(w, true);
 	pthread_mutex_lock(&q.lock);
 	q.stop = true;
 	pthread_cond_signal(&q.cond);
@@ -269,7 +269,7 @@ int main(int argc, char **argv)
 		}
 	}
 	for (unsigned k = 0; k < streams; k++)
-		vmmrt_drv_stream_destroy(rt, st[k]);
+		vmmrt__drv_stream_destroy(rt, st[k]);
 	free(lf.ns);
 	free(mx.ns);
 	free(lfi);

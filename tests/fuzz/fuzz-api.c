@@ -232,7 +232,7 @@ static bool make_runtime(fz *f)
 		f->rt = NULL;
 		return false;
 	}
-	vmmrt_drv_set_fault_hook(f->rt, hook, f);
+	vmmrt__drv_set_fault_hook(f->rt, hook, f);
 	return true;
 }
 
@@ -489,7 +489,7 @@ static void step(fz *f)
 			break;
 		hostfn_args *a = &f->hostfn[f->nhostfn];
 		*a = (hostfn_args){f->rt, f->ng ? f->g[0] : NULL, f->s, f->slot[0]};
-		if (!C(vmmrt_drv_launch_host_func(f->rt, f->s, from_host_fn, a)))
+		if (!C(vmmrt__drv_launch_host_func(f->rt, f->s, from_host_fn, a)))
 			f->nhostfn++;
 		break;
 	}

@@ -38,8 +38,8 @@
 #endif
 #endif
 
-static const vmmrt_backend_ops *ops = &vmmrt_backend_cuda;
-static vmmrt_backend *B; /* opened by main() on device 0 */
+static const vmmrt__backend_ops *ops = &vmmrt__backend_cuda;
+static vmmrt__backend *B; /* opened by main() on device 0 */
 static vmmrt_stream S;   /* a stream of B */
 static size_t G;         /* B's granularity */
 
@@ -73,11 +73,11 @@ static void sleep_ms(long ms)
 /* A mapped, accessible VMM buffer. */
 struct dbuf {
 	vmmrt_devptr va;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 	size_t size;
 };
 
-static vmmrt_status dbuf_create(vmmrt_backend *b, size_t size, struct dbuf *d)
+static vmmrt_status dbuf_create(vmmrt__backend *b, size_t size, struct dbuf *d)
 {
 	vmmrt_status st;
 
@@ -105,7 +105,7 @@ free_va:
 	return st;
 }
 
-static vmmrt_status dbuf_destroy(vmmrt_backend *b, struct dbuf *d)
+static vmmrt_status dbuf_destroy(vmmrt__backend *b, struct dbuf *d)
 {
 	vmmrt_status st = ops->mem_unmap(b, d->va, d->size);
 
@@ -116,24 +116,24 @@ static vmmrt_status dbuf_destroy(vmmrt_backend *b, struct dbuf *d)
 	return st;
 }
 
-static vmmrt_status to_host(vmmrt_backend *b, vmmrt_stream s, void *dst, vmmrt_devptr src, size_t n)
+static vmmrt_status to_host(vmmrt__backend *b, vmmrt_stream s, void *dst, vmmrt_devptr src, size_t n)
 {
 	vmmrt_status st = ops->memcpy_dtoh_async(b, dst, src, n, s);
 
 	return st != VMMRT_OK ? st : ops->stream_synchronize(b, s);
 }
 
-static vmmrt_status to_device(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr dst, const void *src, size_t n)
+static vmmrt_status to_device(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr dst, const void *src, size_t n)
 {
 	vmmrt_status st = ops->memcpy_htod_async(b, dst, src, n, s);
 
 	return st != VMMRT_OK ? st : ops->stream_synchronize(b, s);
 }
 
-static vmmrt_status kernel(vmmrt_backend *b, vmmrt_stream s, vmmrt_kernel_id k, vmmrt_devptr dst, vmmrt_devptr src,
+static vmmrt_status kernel(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k, vmmrt_devptr dst, vmmrt_devptr src,
 			   vmmrt_devptr out, size_t bytes, uint64_t seed, uint64_t ns)
 {
-	vmmrt_kernel_args a = {.dst = dst, .src = src, .out = out, .bytes = bytes, .seed = seed, .ns = ns};
+	vmmrt__kernel_args a = {.dst = dst, .src = src, .out = out, .bytes = bytes, .seed = seed, .ns = ns};
 
 	return ops->kernel_launch(b, s, k, &a);
 }
@@ -181,11 +181,11 @@ static void *raw_proc(const char *name, int version)
 
 static void test_open_and_arguments(void **state)
 {
-	vmmrt_backend_config cfg = {.device_ordinal = 999};
-	vmmrt_backend *other = (vmmrt_backend *)&cfg;
+	vmmrt__backend_config cfg = {.device_ordinal = 999};
+	vmmrt__backend *other = (vmmrt__backend *)&cfg;
 	char name[96];
 	size_t free_b = 0, total_b = 0;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 	vmmrt_devptr va;
 
 	OK(ops->device_name(B, name, sizeof(name)));
@@ -213,7 +213,7 @@ static void test_open_and_arguments(void **state)
 static void test_out_of_memory_message(void **state)
 {
 	size_t total_b = 0, huge;
-	vmmrt_bhandle h = 0;
+	vmmrt__bhandle h = 0;
 	vmmrt_status st;
 
 	OK(ops->mem_info(B, NULL, &total_b));
@@ -274,7 +274,7 @@ static void test_graph_replay_after_remap(void **state)
 	struct dbuf slot, out;
 	uint64_t *saved, *other, *sum;
 	uint64_t want_saved, want_other;
-	vmmrt_bgraph *g = NULL;
+	vmmrt__bgraph *g = NULL;
 	vmmrt_devptr va;
 
 	OK(dbuf_create(B, size, &slot));
@@ -332,7 +332,7 @@ static void test_mem_info_delta(void **state)
 	const size_t size = (256 * MiB + G - 1) / G * G;
 	const size_t enough = size / 10 * 9;
 	size_t free0, free1, free2;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 
 	OK(ops->stream_synchronize(B, S));
 	OK(ops->mem_info(B, &free0, NULL));
@@ -348,12 +348,12 @@ static void test_mem_info_delta(void **state)
 
 struct hf_probe {
 	size_t size;
-	vmmrt_thread_role role;
+	vmmrt__thread_role role;
 	vmmrt_status st_create, st_sync, st_launch, st_info;
 	int raw_done;
 	int raw_result;
 	uint64_t raw_handle;
-	vmmrt_thread_role role_after; /* seen by a raw host function after ours */
+	vmmrt__thread_role role_after; /* seen by a raw host function after ours */
 };
 
 #ifdef TEST_RAW_DRIVER
@@ -365,7 +365,7 @@ static void CUDA_CB raw_role_probe(void *arg)
 {
 	struct hf_probe *p = arg;
 
-	p->role_after = vmmrt_thread_role_get();
+	p->role_after = vmmrt__thread_role_get();
 }
 #endif
 
@@ -376,10 +376,10 @@ static void noop_fn(void *arg)
 static void hf_probe_fn(void *arg)
 {
 	struct hf_probe *p = arg;
-	vmmrt_bhandle h = 0;
+	vmmrt__bhandle h = 0;
 	size_t f;
 
-	p->role = vmmrt_thread_role_get();
+	p->role = vmmrt__thread_role_get();
 	p->st_create = ops->mem_create(B, p->size, &h);
 	p->st_sync = ops->stream_synchronize(B, S); /* would deadlock if it reached the driver */
 	p->st_launch = ops->launch_host_func(B, S, noop_fn, NULL);
@@ -425,7 +425,7 @@ static void test_host_func_refused(void **state)
 	assert_int_equal(p.st_sync, VMMRT_E_NOT_PERMITTED);
 	assert_int_equal(p.st_launch, VMMRT_E_NOT_PERMITTED);
 	assert_int_equal(p.st_info, VMMRT_E_NOT_PERMITTED);
-	assert_int_equal(vmmrt_thread_role_get(), VMMRT_ROLE_APP);
+	assert_int_equal(vmmrt__thread_role_get(), VMMRT_ROLE_APP);
 #ifdef TEST_RAW_DRIVER
 	assert_int_equal(p.role_after, VMMRT_ROLE_APP);
 	assert_true(p.raw_done);
@@ -447,7 +447,7 @@ static void count_fn(void *arg)
 static void test_host_func_pool_and_graph(void **state)
 {
 	int count = 0, in_graph = 0;
-	vmmrt_bgraph *g = NULL;
+	vmmrt__bgraph *g = NULL;
 
 	for (int i = 0; i < 1000; i++)
 		OK(ops->launch_host_func(B, S, count_fn, &count));
@@ -545,7 +545,7 @@ static void test_kernels_match_host(void **state)
 /* Timing events around BUSY and LAYER: they last (at least) what was asked. */
 static void test_event_timing(void **state)
 {
-	vmmrt_bevent *e0, *e1, *plain;
+	vmmrt__bevent *e0, *e1, *plain;
 	struct dbuf d;
 	float ms = 0;
 
@@ -592,8 +592,8 @@ static void test_wait_write_value32(void **state)
 	volatile uint32_t *flag;
 	vmmrt_devptr dflag;
 	vmmrt_stream s2;
-	vmmrt_bevent *e;
-	vmmrt_bgraph *g = NULL;
+	vmmrt__bevent *e;
+	vmmrt__bgraph *g = NULL;
 	void *p;
 
 	OK(ops->host_alloc(B, 4096, &p));
@@ -653,9 +653,9 @@ struct vmm_worker {
 static void *vmm_worker_main(void *arg)
 {
 	struct vmm_worker *w = arg;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 
-	vmmrt_thread_role_set(VMMRT_ROLE_WORKER);
+	vmmrt__thread_role_set(VMMRT_ROLE_WORKER);
 	w->st = ops->bind_thread(B);
 	for (int i = 0; i < 4 && w->st == VMMRT_OK; i++) {
 		w->st = ops->mem_create(B, w->size, &h);
@@ -675,7 +675,7 @@ static void test_capture_rules(void **state)
 {
 	struct vmm_worker w = {.size = 8 * G};
 	struct dbuf d, out;
-	vmmrt_bgraph *g = NULL;
+	vmmrt__bgraph *g = NULL;
 	uint64_t *h, *sum;
 	pthread_t t;
 	bool cap = true;
@@ -750,10 +750,10 @@ struct thread_job {
 static void *two_backends_main(void *arg)
 {
 	struct thread_job *job = arg;
-	vmmrt_backend_config cfg = {.device_ordinal = 0};
-	vmmrt_backend *b = NULL;
+	vmmrt__backend_config cfg = {.device_ordinal = 0};
+	vmmrt__backend *b = NULL;
 	vmmrt_stream s = NULL;
-	vmmrt_bgraph *g = NULL;
+	vmmrt__bgraph *g = NULL;
 	struct dbuf d = {0}, out = {0};
 	int have_d = 0, have_out = 0;
 	uint64_t *h = NULL, *sum = NULL;
@@ -927,7 +927,7 @@ static const struct {
 
 int main(void)
 {
-	vmmrt_backend_config cfg;
+	vmmrt__backend_config cfg;
 	vmmrt_status st;
 	size_t n = 0;
 	int have_kernels, rc;
@@ -951,7 +951,7 @@ int main(void)
 	}
 
 	{
-		vmmrt_kernel_args a = {.ns = 0};
+		vmmrt__kernel_args a = {.ns = 0};
 
 		st = ops->kernel_launch(B, S, VMMRT_KERNEL_BUSY, &a);
 		have_kernels = st == VMMRT_OK;

@@ -160,7 +160,7 @@ vmmrt_status model_run(model *m, unsigned count)
 			TRY(vmmrt_graph_launch(m->rt, m->bwd[i], m->compute));
 			HOOK(m, vmmrt_backward_end(m->g[i], m->compute));
 			/* async, so the launch thread never waits for the GPU */
-			TRY(vmmrt_drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * n + i],
+			TRY(vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * n + i],
 							vmmrt_slot_address(m->results) + 8 * i, 8, m->compute));
 		}
 		m->iters++;

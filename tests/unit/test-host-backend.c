@@ -30,7 +30,7 @@
 #define SLOT (4 * MiB)
 #define MS 1000000ULL
 
-static const vmmrt_backend_ops *const ops = &vmmrt_backend_host;
+static const vmmrt__backend_ops *const ops = &vmmrt__backend_host;
 
 #define OK(expr) assert_int_equal((expr), VMMRT_OK)
 /* the status and the message naming it, so a wrong path with the right status is caught */
@@ -58,7 +58,7 @@ static void sleep_ms(unsigned ms)
 }
 
 /* stream_synchronize for waits a broken backend might never release: fail, don't hang */
-static void sync_within(vmmrt_backend *b, vmmrt_stream st, unsigned ms)
+static void sync_within(vmmrt__backend *b, vmmrt_stream st, unsigned ms)
 {
 	uint64_t deadline = now_ns() + ms * MS;
 	vmmrt_status status;
@@ -71,9 +71,9 @@ static void sync_within(vmmrt_backend *b, vmmrt_stream st, unsigned ms)
 	OK(status);
 }
 
-static vmmrt_backend_config test_config(void)
+static vmmrt__backend_config test_config(void)
 {
-	vmmrt_backend_config cfg;
+	vmmrt__backend_config cfg;
 
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.host_capacity = CAP;
@@ -85,8 +85,8 @@ static vmmrt_backend_config test_config(void)
 
 static int setup(void **state)
 {
-	vmmrt_backend_config cfg = test_config();
-	vmmrt_backend *b = NULL;
+	vmmrt__backend_config cfg = test_config();
+	vmmrt__backend *b = NULL;
 
 	if (ops->open(&cfg, &b) != VMMRT_OK)
 		return -1;
@@ -103,23 +103,23 @@ static int teardown(void **state)
 struct slot {
 	vmmrt_devptr va;
 	size_t size;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 };
 
-static void slot_map(vmmrt_backend *b, struct slot *s)
+static void slot_map(vmmrt__backend *b, struct slot *s)
 {
 	OK(ops->mem_create(b, s->size, &s->h));
 	OK(ops->mem_map(b, s->va, s->size, s->h));
 	OK(ops->mem_set_access(b, s->va, s->size));
 }
 
-static void slot_unmap(vmmrt_backend *b, struct slot *s)
+static void slot_unmap(vmmrt__backend *b, struct slot *s)
 {
 	OK(ops->mem_unmap(b, s->va, s->size));
 	OK(ops->mem_release(b, s->h));
 }
 
-static void slot_new(vmmrt_backend *b, struct slot *s, size_t size)
+static void slot_new(vmmrt__backend *b, struct slot *s, size_t size)
 {
 	s->size = size;
 	OK(ops->va_reserve(b, size, 0, &s->va));
@@ -127,13 +127,13 @@ static void slot_new(vmmrt_backend *b, struct slot *s, size_t size)
 	slot_map(b, s);
 }
 
-static void slot_free(vmmrt_backend *b, struct slot *s)
+static void slot_free(vmmrt__backend *b, struct slot *s)
 {
 	slot_unmap(b, s);
 	OK(ops->va_free(b, s->va, s->size));
 }
 
-static void *pinned(vmmrt_backend *b, size_t size)
+static void *pinned(vmmrt__backend *b, size_t size)
 {
 	void *p = NULL;
 
@@ -143,7 +143,7 @@ static void *pinned(vmmrt_backend *b, size_t size)
 	return p;
 }
 
-static vmmrt_devptr devptr(vmmrt_backend *b, void *p)
+static vmmrt_devptr devptr(vmmrt__backend *b, void *p)
 {
 	vmmrt_devptr d = 0;
 
@@ -151,23 +151,23 @@ static vmmrt_devptr devptr(vmmrt_backend *b, void *p)
 	return d;
 }
 
-static void k_fill(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr dst, size_t bytes, uint64_t seed)
+static void k_fill(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr dst, size_t bytes, uint64_t seed)
 {
-	vmmrt_kernel_args a = {.dst = dst, .bytes = bytes, .seed = seed};
+	vmmrt__kernel_args a = {.dst = dst, .bytes = bytes, .seed = seed};
 
 	OK(ops->kernel_launch(b, s, VMMRT_KERNEL_FILL, &a));
 }
 
-static void k_checksum(vmmrt_backend *b, vmmrt_stream s, vmmrt_devptr src, size_t bytes, vmmrt_devptr out)
+static void k_checksum(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr src, size_t bytes, vmmrt_devptr out)
 {
-	vmmrt_kernel_args a = {.src = src, .bytes = bytes, .out = out};
+	vmmrt__kernel_args a = {.src = src, .bytes = bytes, .out = out};
 
 	OK(ops->kernel_launch(b, s, VMMRT_KERNEL_CHECKSUM, &a));
 }
 
-static void k_busy(vmmrt_backend *b, vmmrt_stream s, uint64_t ns)
+static void k_busy(vmmrt__backend *b, vmmrt_stream s, uint64_t ns)
 {
-	vmmrt_kernel_args a = {.ns = ns};
+	vmmrt__kernel_args a = {.ns = ns};
 
 	OK(ops->kernel_launch(b, s, VMMRT_KERNEL_BUSY, &a));
 }
@@ -179,8 +179,8 @@ static uint64_t fill_checksum(uint64_t seed, size_t bytes)
 
 	/* the formula of backend.h, spelled out independently of pattern.c */
 	for (size_t i = 0; i < bytes / 8; i++) {
-		uint64_t w = vmmrt_mix64(seed + VMMRT_GOLDEN * (i + 1));
-		sum += vmmrt_mix64(w + VMMRT_CKSUM_K * (i + 1));
+		uint64_t w = vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1));
+		sum += vmmrt__mix64(w + VMMRT_CKSUM_K * (i + 1));
 	}
 	return sum;
 }
@@ -190,7 +190,7 @@ static uint64_t zero_checksum(size_t bytes)
 	uint64_t sum = 0;
 
 	for (size_t i = 0; i < bytes / 8; i++)
-		sum += vmmrt_mix64(VMMRT_CKSUM_K * (i + 1));
+		sum += vmmrt__mix64(VMMRT_CKSUM_K * (i + 1));
 	return sum;
 }
 
@@ -243,7 +243,7 @@ static int child_signal(void (*fn)(void *), void *arg)
 /* The remap cycle: same address, bytes out, memory really gone, bytes back in. */
 static void test_remap_roundtrip(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	struct slot s;
 	vmmrt_stream st;
 	size_t free_b, total;
@@ -298,7 +298,7 @@ static void touch(void *p)
 
 static void test_unmapped_slot_faults(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	struct slot s = {.size = SLOT};
 	void *p;
 
@@ -335,8 +335,8 @@ static void test_unmapped_slot_faults(void **state)
 /* A copy from an unmapped slot kills the process, like a GPU fault. */
 static void stream_fault_child(void *arg)
 {
-	vmmrt_backend_config cfg = test_config();
-	vmmrt_backend *b;
+	vmmrt__backend_config cfg = test_config();
+	vmmrt__backend *b;
 	vmmrt_stream st;
 	vmmrt_devptr va;
 	static unsigned char buf[4096];
@@ -360,8 +360,8 @@ static void test_stream_fault_kills(void **state)
 
 static void test_capacity_oom(void **state)
 {
-	vmmrt_backend *b = *state;
-	vmmrt_bhandle h[4], extra;
+	vmmrt__backend *b = *state;
+	vmmrt__bhandle h[4], extra;
 	size_t free_b, total;
 
 	OK(ops->mem_info(b, &free_b, &total));
@@ -394,9 +394,9 @@ static void test_capacity_oom(void **state)
 
 static void test_vmm_named_errors(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	vmmrt_devptr va, other;
-	vmmrt_bhandle h, h2;
+	vmmrt__bhandle h, h2;
 	int on_stack;
 
 	OK(ops->va_reserve(b, 8 * MiB, 0, &va));
@@ -426,7 +426,7 @@ static void test_vmm_named_errors(void **state)
 	FAILS(ops->mem_map(b, va, 4 * MiB, h), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->mem_release(b, 0), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->mem_release(b, 0xdeadbeef), VMMRT_E_INVALID_ARGUMENT);
-	FAILS(ops->mem_release(b, (vmmrt_bhandle)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->mem_release(b, (vmmrt__bhandle)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
 	OK(ops->mem_release(b, h2));
 
 	FAILS(ops->va_reserve(b, 3 * MiB, 0, &other), VMMRT_E_INVALID_SIZE);
@@ -442,8 +442,8 @@ static void test_vmm_named_errors(void **state)
 	/* stale and bogus objects elsewhere in the table */
 	FAILS(ops->stream_synchronize(b, NULL), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->stream_query(b, (vmmrt_stream)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
-	FAILS(ops->event_query(b, (vmmrt_bevent *)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
-	FAILS(ops->graph_destroy(b, (vmmrt_bgraph *)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->event_query(b, (vmmrt__bevent *)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->graph_destroy(b, (vmmrt__bgraph *)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->host_free(b, &on_stack), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->mem_info(NULL, NULL, NULL), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->open(NULL, NULL), VMMRT_E_INVALID_ARGUMENT);
@@ -452,9 +452,9 @@ static void test_vmm_named_errors(void **state)
 /* CUDA semantics: release while mapped is fine; the memory goes with the last unmap. */
 static void test_release_while_mapped(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	vmmrt_devptr va1, va2;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 	size_t free_b, total;
 
 	OK(ops->va_reserve(b, 8 * MiB, 0, &va1));
@@ -499,7 +499,7 @@ static void test_release_while_mapped(void **state)
 
 static void test_stream_fifo(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	struct log log = {0};
 	struct log_arg args[200];
 	vmmrt_stream st;
@@ -548,9 +548,9 @@ static void observe_fn(void *p)
 
 static void test_event_cross_stream(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	vmmrt_stream sa, sb;
-	vmmrt_bevent *e, *never;
+	vmmrt__bevent *e, *never;
 	int a_done = 0;
 	struct observe o = {.a = &a_done};
 
@@ -594,9 +594,9 @@ static void test_event_cross_stream(void **state)
  */
 static void test_event_wait_enqueue_time(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	vmmrt_stream sa, sb;
-	vmmrt_bevent *e;
+	vmmrt__bevent *e;
 	int first = 0, second = 0;
 	struct observe o = {.a = &first, .b = &second};
 
@@ -630,11 +630,11 @@ static void test_event_wait_enqueue_time(void **state)
 }
 
 struct inside {
-	vmmrt_backend *b;
+	vmmrt__backend *b;
 	vmmrt_stream st;
-	vmmrt_bevent *e;
+	vmmrt__bevent *e;
 	struct log *log;
-	vmmrt_thread_role role;
+	vmmrt__thread_role role;
 	vmmrt_status st_create, st_map, st_info, st_query, st_sync, st_record, st_kernel, st_alloc, st_open,
 		st_name, st_reserve, st_hostfn, st_capturing;
 	int message_ok;
@@ -648,18 +648,18 @@ static void noop_fn(void *p)
 static void inside_fn(void *p)
 {
 	struct inside *in = p;
-	vmmrt_backend_config cfg = test_config();
-	vmmrt_backend *nb = NULL;
-	vmmrt_bhandle h;
+	vmmrt__backend_config cfg = test_config();
+	vmmrt__backend *nb = NULL;
+	vmmrt__bhandle h;
 	vmmrt_devptr va;
 	size_t f, t;
 	void *mem;
 	char name[64];
-	vmmrt_kernel_args a = {.ns = 1};
+	vmmrt__kernel_args a = {.ns = 1};
 	bool capturing;
 
 	in->log->v[in->log->n++] = 1;
-	in->role = vmmrt_thread_role_get();
+	in->role = vmmrt__thread_role_get();
 	in->st_create = ops->mem_create(in->b, GRAN, &h);
 	in->message_ok = strstr(vmmrt_last_error(), "VMMRT_E_NOT_PERMITTED") != NULL;
 	in->st_map = ops->mem_map(in->b, 0, GRAN, 0);
@@ -678,7 +678,7 @@ static void inside_fn(void *p)
 
 static void test_host_func_rules(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	struct log log = {0};
 	struct log_arg before = {&log, 0}, after = {&log, 2};
 	struct inside in = {.b = b, .log = &log};
@@ -712,7 +712,7 @@ static void test_host_func_rules(void **state)
 	assert_int_equal(in.st_capturing, VMMRT_E_NOT_PERMITTED);
 
 	/* outside, the same calls work, and the caller's role was never touched */
-	assert_int_equal(vmmrt_thread_role_get(), VMMRT_ROLE_APP);
+	assert_int_equal(vmmrt__thread_role_get(), VMMRT_ROLE_APP);
 	OK(ops->mem_info(b, &f, &t));
 	assert_int_equal(f, CAP); /* the refused create created nothing */
 	FAILS(ops->launch_host_func(b, in.st, NULL, NULL), VMMRT_E_INVALID_ARGUMENT);
@@ -737,7 +737,7 @@ static void wv_observe(void *p)
 
 static void test_wait_write_value32(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	uint32_t *flags = pinned(b, 4096);
 	vmmrt_stream sa, sb;
 	int a_done = 0, b_done = 0;
@@ -783,12 +783,12 @@ static void test_wait_write_value32(void **state)
 
 static void test_graph_capture_replay(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	uint64_t *out = pinned(b, 4096);
 	unsigned char *saved = pinned(b, SLOT);
 	struct slot s;
 	vmmrt_stream st;
-	vmmrt_bgraph *g, *g2;
+	vmmrt__bgraph *g, *g2;
 
 	OK(ops->stream_create(b, &st));
 	slot_new(b, &s, SLOT);
@@ -843,9 +843,9 @@ static void test_graph_capture_replay(void **state)
 /* What the hooks ask before they enqueue on an application's stream. */
 static void test_stream_is_capturing(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	vmmrt_stream st, other;
-	vmmrt_bgraph *g;
+	vmmrt__bgraph *g;
 	bool cap = true, other_cap = true;
 	int on_stack;
 
@@ -888,10 +888,10 @@ static void count_fn(void *p)
 /* Host functions, records and waits inside a graph run on every replay, in order. */
 static void test_graph_events(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	vmmrt_stream st, other;
-	vmmrt_bevent *done, *gate;
-	vmmrt_bgraph *g;
+	vmmrt__bevent *done, *gate;
+	vmmrt__bgraph *g;
 	int count = 0, gate_passed = 0;
 	struct observe o = {.a = &gate_passed};
 
@@ -953,13 +953,13 @@ static void test_graph_events(void **state)
 
 static void test_kernels(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	struct slot s1, s2;
 	vmmrt_stream st;
 	unsigned char *buf = pinned(b, SLOT);
 	uint64_t *out = pinned(b, 4096);
-	vmmrt_bevent *t0, *t1, *plain;
-	vmmrt_kernel_args a;
+	vmmrt__bevent *t0, *t1, *plain;
+	vmmrt__kernel_args a;
 	float ms = 0;
 	uint64_t start;
 
@@ -1062,10 +1062,10 @@ static void test_kernels(void **state)
 
 static uint64_t time_set_access(bool latency, size_t bytes)
 {
-	vmmrt_backend_config cfg = test_config();
-	vmmrt_backend *b;
+	vmmrt__backend_config cfg = test_config();
+	vmmrt__backend *b;
 	vmmrt_devptr va;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 	uint64_t t0, dt;
 
 	/* accounting only: untouched memfd pages cost nothing */
@@ -1087,10 +1087,10 @@ static uint64_t time_set_access(bool latency, size_t bytes)
 
 static void test_latency_model(void **state)
 {
-	vmmrt_backend_config cfg = test_config();
+	vmmrt__backend_config cfg = test_config();
 	uint64_t off = time_set_access(false, 256 * MiB);
 	uint64_t on = time_set_access(true, 256 * MiB);
-	vmmrt_backend *b;
+	vmmrt__backend *b;
 	vmmrt_stream st;
 	unsigned char *src, *dst;
 	uint64_t t0;
@@ -1120,7 +1120,7 @@ static void test_latency_model(void **state)
 	dst = pinned(b, SLOT);
 	{
 		vmmrt_devptr va;
-		vmmrt_bhandle h;
+		vmmrt__bhandle h;
 		uint64_t dt;
 
 		OK(ops->va_reserve(b, GRAN, 0, &va));
@@ -1140,7 +1140,7 @@ static void test_latency_model(void **state)
 /* ------------------------------------------------------------- concurrency */
 
 struct worker_arg {
-	vmmrt_backend *b;
+	vmmrt__backend *b;
 	vmmrt_stream shared;
 	int *counter;
 	int failures;
@@ -1150,7 +1150,7 @@ static void *vmm_worker(void *p)
 {
 	struct worker_arg *w = p;
 	vmmrt_devptr va;
-	vmmrt_bhandle h;
+	vmmrt__bhandle h;
 
 	if (ops->va_reserve(w->b, SLOT, 0, &va) != VMMRT_OK) {
 		w->failures++;
@@ -1177,7 +1177,7 @@ static void *vmm_worker(void *p)
 
 static void test_concurrent_callers(void **state)
 {
-	vmmrt_backend *b = *state;
+	vmmrt__backend *b = *state;
 	struct worker_arg w[4];
 	pthread_t th[4];
 	vmmrt_stream st;
@@ -1203,13 +1203,13 @@ static void test_concurrent_callers(void **state)
 /* close() frees what is left, including streams stuck on waits (checked by ASan/valgrind). */
 static void test_close_releases_everything(void **state)
 {
-	vmmrt_backend_config cfg = test_config();
-	vmmrt_backend *b;
+	vmmrt__backend_config cfg = test_config();
+	vmmrt__backend *b;
 	vmmrt_stream st, st2;
-	vmmrt_bevent *e;
-	vmmrt_bgraph *g;
+	vmmrt__bevent *e;
+	vmmrt__bgraph *g;
 	struct slot s;
-	vmmrt_bhandle loose, orphan;
+	vmmrt__bhandle loose, orphan;
 	vmmrt_devptr orphan_va;
 	uint32_t *flag;
 	char name[64];

@@ -85,7 +85,7 @@ static void remap_inline_verifies_and_blocks(void **state)
 	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
 	assert_int_equal(model_run(m, 1), VMMRT_OK);
 	assert_int_equal(model_verify(m, &checked), 0);
-	vmmrt_drv_reset_stats(model_runtime(m));
+	vmmrt__drv_reset_stats(model_runtime(m));
 	assert_int_equal(model_run(m, 3), VMMRT_OK);
 	vmmrt_offload_stats s;
 	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
@@ -118,7 +118,7 @@ static unsigned run_with_fences(int drop)
 	model *m;
 	unsigned checked;
 	assert_int_equal(model_create(&fence_cfg, &m), VMMRT_OK);
-	vmmrt_offload_test_drop_fence(model_runtime(m), drop);
+	vmmrt__offload_test_drop_fence(model_runtime(m), drop);
 	assert_int_equal(model_run(m, 3), VMMRT_OK);
 	unsigned bad = model_verify(m, &checked);
 	model_destroy(m);
@@ -147,7 +147,7 @@ static unsigned run_planted(int drop)
 		unsigned checked;
 		if (model_create(&fence_cfg, &m) != VMMRT_OK)
 			_exit(3);
-		vmmrt_offload_test_drop_fence(model_runtime(m), drop);
+		vmmrt__offload_test_drop_fence(model_runtime(m), drop);
 		if (model_run(m, 3) != VMMRT_OK)
 			_exit(3);
 		unsigned bad = model_verify(m, &checked);
@@ -190,7 +190,7 @@ static void lookahead_follows_recorded_order(void **state)
 		assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
 		assert_int_equal(model_run(m, 2), VMMRT_OK);
 		vmmrt_runtime *rt = model_runtime(m);
-		vmmrt_offload *off = rt->offload;
+		vmmrt__offload *off = rt->offload;
 		for (unsigned k = 0; k < 4; k++)
 			assert_int_equal(off->sched.bwd[k], order[k]);
 		/* In steady state, when backward of order[k] begins, order[k+1]'s restore is queued. */
@@ -318,13 +318,13 @@ static void no_blocking_in_steady_state(void **state)
 		assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
 		assert_int_equal(model_run(m, 1), VMMRT_OK);
 		assert_int_equal(model_verify(m, &checked), 0);
-		vmmrt_drv_reset_stats(model_runtime(m));
+		vmmrt__drv_reset_stats(model_runtime(m));
 		assert_int_equal(model_run(m, 4), VMMRT_OK);
 		vmmrt_offload_stats s;
 		assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
 		assert_int_equal(s.launch_thread_blocking, 0);
 		assert_int_equal(model_verify(m, &checked), 0);
-		assert_true(vmmrt_drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
+		assert_true(vmmrt__drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
 		model_destroy(m);
 	}
 }
@@ -374,13 +374,13 @@ static void remap_survives_out_of_memory(void **state)
 	assert_int_equal(model_verify(m, &checked), 0);
 	/* More failures than one round of retries absorbs (oom_retries is 3). */
 	uatomic_set(&creates_to_fail, 7);
-	vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
+	vmmrt__drv_set_fault_hook(rt, fail_creates, NULL);
 	assert_int_equal(model_run(m, 3), VMMRT_OK);
 	assert_int_equal(model_verify(m, &checked), 0);
 	assert_int_equal(checked, 4 * cfg.layers);
 	assert_int_equal(uatomic_read(&creates_to_fail), 0);
 	assert_true(model_reported(m) >= 1); /* the failure reached the application */
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	model_destroy(m);
 }
 

@@ -19,14 +19,14 @@ static void defaults_are_valid(void **state)
 	/* Every default must pass its own validation, or the runtime would start on a bad value. */
 	vmmrt_options *o;
 	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	for (size_t i = 0; i < vmmrt_options_count(); i++) {
+	for (size_t i = 0; i < vmmrt__options_count(); i++) {
 		vmmrt_option_info info;
 		assert_int_equal(vmmrt_option_describe(i, &info), VMMRT_OK);
 		assert_non_null(info.doc);
 		assert_true(strncmp(info.env, "VMMRT_", 6) == 0);
 		assert_int_equal(vmmrt_options_set(o, info.name, info.default_value), VMMRT_OK);
 	}
-	assert_int_equal(vmmrt_option_describe(vmmrt_options_count(), &(vmmrt_option_info){0}),
+	assert_int_equal(vmmrt_option_describe(vmmrt__options_count(), &(vmmrt_option_info){0}),
 			 VMMRT_E_INVALID_ARGUMENT);
 	vmmrt_options_destroy(o);
 }
@@ -53,15 +53,15 @@ static void values_are_validated(void **state)
 	assert_int_equal(vmmrt_options_set(o, "mode", "remap"), VMMRT_OK);
 	assert_int_equal(vmmrt_options_set(o, "mode", "Remap"), VMMRT_E_INVALID_OPTION);
 	assert_int_equal(vmmrt_options_set(o, "host_capacity", "1G"), VMMRT_OK);
-	assert_int_equal(vmmrt_opt_u(o, VMMRT_OPT_HOST_CAPACITY), 1ull << 30);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_HOST_CAPACITY), 1ull << 30);
 	assert_int_equal(vmmrt_options_set(o, "host_capacity", "64MiB"), VMMRT_OK);
-	assert_int_equal(vmmrt_opt_u(o, VMMRT_OPT_HOST_CAPACITY), 64ull << 20);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_HOST_CAPACITY), 64ull << 20);
 	assert_int_equal(vmmrt_options_set(o, "host_capacity", "99999999999T"), VMMRT_E_INVALID_OPTION);
 	assert_int_equal(vmmrt_options_set(o, "host_capacity", "1Q"), VMMRT_E_INVALID_OPTION);
 	assert_int_equal(vmmrt_options_set(o, "host_granularity", "3M"), VMMRT_E_INVALID_OPTION);
 	assert_int_equal(vmmrt_options_set(o, "host_granularity", "64K"), VMMRT_OK);
 	assert_int_equal(vmmrt_options_set(o, "checked_threads", "off"), VMMRT_OK);
-	assert_int_equal(vmmrt_opt_u(o, VMMRT_OPT_CHECKED_THREADS), 0);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_CHECKED_THREADS), 0);
 	assert_int_equal(vmmrt_options_set(o, "checked_threads", "maybe"), VMMRT_E_INVALID_OPTION);
 	assert_int_equal(vmmrt_options_set(o, "host_copy_gbps", "nan"), VMMRT_E_INVALID_OPTION);
 	assert_int_equal(vmmrt_options_set(o, "host_copy_gbps", "12.5"), VMMRT_OK);
@@ -81,7 +81,7 @@ static void environment_overrides(void **state)
 	assert_int_equal(vmmrt_options_set(o, "lookahead", "1"), VMMRT_OK);
 	setenv("VMMRT_LOOKAHEAD", "3", 1);
 	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_OK);
-	assert_int_equal(vmmrt_opt_u(o, VMMRT_OPT_LOOKAHEAD), 3);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_LOOKAHEAD), 3);
 	setenv("VMMRT_LOOKAHEAD", "many", 1);
 	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_E_INVALID_OPTION);
 	assert_non_null(strstr(vmmrt_last_error(), "VMMRT_LOOKAHEAD"));
@@ -103,16 +103,16 @@ static void command_line(void **state)
 	char *argv[] = {a0, a1, a2, a3, a4, a5, NULL};
 	int argc = 6;
 	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_parse_args(o, &argc, argv), VMMRT_OK);
+	assert_int_equal(vmmrt__options_parse_args(o, &argc, argv), VMMRT_OK);
 	assert_int_equal(argc, 3);
 	assert_string_equal(argv[1], "keep");
 	assert_string_equal(argv[2], "--other");
-	assert_int_equal(vmmrt_opt_u(o, VMMRT_OPT_DRIVER_WORKERS), 3);
-	assert_int_equal(vmmrt_opt_u(o, VMMRT_OPT_MODE), VMMRT_MODE_REMAP);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_DRIVER_WORKERS), 3);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_MODE), VMMRT_MODE_REMAP);
 	char b1[] = "--lookahead=99";
 	char *argv2[] = {a0, b1, NULL};
 	argc = 2;
-	assert_int_equal(vmmrt_options_parse_args(o, &argc, argv2), VMMRT_E_INVALID_OPTION);
+	assert_int_equal(vmmrt__options_parse_args(o, &argc, argv2), VMMRT_E_INVALID_OPTION);
 	vmmrt_options_destroy(o);
 }
 

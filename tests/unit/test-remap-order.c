@@ -92,7 +92,7 @@ static int32_t query_failures, creates_fail;
 /* #16: the first cuEventQuery a driver worker makes fails; creates fail after. */
 static vmmrt_status fail_query(void *ctx, const char *op, uint64_t *delay_us)
 {
-	if (!strcmp(op, "cuEventQuery") && vmmrt_thread_role_get() == VMMRT_ROLE_WORKER &&
+	if (!strcmp(op, "cuEventQuery") && vmmrt__thread_role_get() == VMMRT_ROLE_WORKER &&
 	    uatomic_add_return(&query_failures, 1) == 1) {
 		uatomic_set(&creates_fail, 1);
 		return VMMRT_E_DRIVER;
@@ -107,7 +107,7 @@ static void event_query_failure_keeps_release_order_child(void)
 	vmmrt_group *g;
 	vmmrt_stream c;
 	vmmrt_runtime *rt = slow_remap(1, &g, &c);
-	vmmrt_drv_set_fault_hook(rt, fail_query, NULL);
+	vmmrt__drv_set_fault_hook(rt, fail_query, NULL);
 	/* One iteration: the forward's release waits 50 ms behind its D2H;
 	 * the backward's release (and its failed query) comes 20 ms in. */
 	if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
@@ -156,7 +156,7 @@ static void teardown(bool memory_comes_back)
 	vmmrt_stream c;
 	pthread_t t;
 	vmmrt_runtime *rt = slow_remap(1, &g, &c);
-	vmmrt_drv_set_fault_hook(rt, fail_creates, NULL);
+	vmmrt__drv_set_fault_hook(rt, fail_creates, NULL);
 	if (vmmrt_forward_begin(g, c) || vmmrt_forward_end(g, c) || vmmrt_backward_begin(g, c))
 		_exit(12);
 	usleep(30000);
@@ -241,7 +241,7 @@ static void failed_hook_owes_no_release_child(void)
 	if (iteration(g, 3, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
 		_exit(12);
 	/* The first group's forward release is not handed off. */
-	vmmrt_drv_set_fault_hook(rt, fail_launch, NULL);
+	vmmrt__drv_set_fault_hook(rt, fail_launch, NULL);
 	uatomic_set(&launches_to_fail, 1);
 	if (iteration(g, 3, c, &refused) != VMMRT_E_DRIVER || refused != 10)
 		_exit(13);
@@ -282,7 +282,7 @@ static void owed_release_behind_a_map_ahead_child(void)
 	vmmrt_runtime *rt = slow_remap(2, g, &c);
 	if (iteration(g, 2, c, &refused) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
 		_exit(12);
-	vmmrt_drv_set_fault_hook(rt, fail_record, NULL);
+	vmmrt__drv_set_fault_hook(rt, fail_record, NULL);
 	if (vmmrt_forward_begin(g[0], c) || vmmrt_forward_end(g[0], c) || vmmrt_forward_begin(g[1], c) ||
 	    vmmrt_forward_end(g[1], c) || vmmrt_backward_begin(g[1], c) || vmmrt_backward_end(g[1], c) ||
 	    vmmrt_backward_begin(g[0], c))

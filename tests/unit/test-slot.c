@@ -121,8 +121,8 @@ static void out_of_memory_is_named_and_clean(void **state)
 	/* The failure was reported by the call, not again; the slot is usable again. */
 	assert_int_equal(vmmrt_slot_get_state(b), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt_slot_error(b), VMMRT_OK);
-	vmmrt_worker_stats ws;
-	vmmrt_workers_stats(rt->workers, &ws);
+	vmmrt__worker_stats ws;
+	vmmrt__workers_stats(rt->workers, &ws);
 	assert_int_equal(ws.oom_retries, 1);
 	assert_int_equal(vmmrt_slot_unmap(a), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map(b), VMMRT_OK);
@@ -145,7 +145,7 @@ static vmmrt_status fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	if (!strcmp(op, "cuMemCreate") || !strcmp(op, "cuMemMap") || !strcmp(op, "cuMemSetAccess") ||
 	    !strcmp(op, "cuMemUnmap") || !strcmp(op, "cuMemRelease")) {
 		uatomic_inc(&p->vmm_calls);
-		if (vmmrt_thread_role_get() != VMMRT_ROLE_WORKER)
+		if (vmmrt__thread_role_get() != VMMRT_ROLE_WORKER)
 			uatomic_inc(&p->vmm_off_worker);
 	}
 	if (p->op && !strcmp(op, p->op) && ++p->seen == p->fail_at)
@@ -158,7 +158,7 @@ static void partial_map_is_rolled_back(void **state)
 	vmmrt_runtime *rt = make_rt("64M", "1");
 	fault_plan plan = {.op = "cuMemSetAccess", .fail_at = 1};
 	vmmrt_slot *s;
-	vmmrt_drv_set_fault_hook(rt, fault_hook, &plan);
+	vmmrt__drv_set_fault_hook(rt, fault_hook, &plan);
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_E_DRIVER);
 	assert_non_null(strstr(vmmrt_last_error(), "cuMemSetAccess"));
@@ -175,7 +175,7 @@ static void partial_map_is_rolled_back(void **state)
 	assert_int_equal(vmmrt_slot_error(s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
@@ -184,13 +184,13 @@ static void only_workers_make_vmm_calls(void **state)
 {
 	/* Checked mode: a VMM call from this (application) thread is refused... */
 	vmmrt_runtime *rt = make_rt("64M", "1");
-	vmmrt_bhandle h;
-	assert_int_equal(vmmrt_drv_mem_create(rt, 2 * MiB, &h), VMMRT_E_NOT_PERMITTED);
-	assert_int_equal(vmmrt_drv_mem_unmap(rt, 0x1000, 2 * MiB), VMMRT_E_NOT_PERMITTED);
+	vmmrt__bhandle h;
+	assert_int_equal(vmmrt__drv_mem_create(rt, 2 * MiB, &h), VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(vmmrt__drv_mem_unmap(rt, 0x1000, 2 * MiB), VMMRT_E_NOT_PERMITTED);
 	/* ...and everything the API did went through a worker. */
 	fault_plan plan = {0};
 	vmmrt_slot *s;
-	vmmrt_drv_set_fault_hook(rt, fault_hook, &plan);
+	vmmrt__drv_set_fault_hook(rt, fault_hook, &plan);
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 	for (int i = 0; i < 3; i++) {
 		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
@@ -201,13 +201,13 @@ static void only_workers_make_vmm_calls(void **state)
 	/* create+map+set access, unmap+release: 5 per cycle; a map; unmap+release at destroy */
 	assert_int_equal(plan.vmm_calls, 5 * 3 + 3 + 2);
 	assert_int_equal(plan.vmm_off_worker, 0);
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 
 	/* Unchecked (what remap-inline measures): the same call is allowed. */
 	rt = make_rt("64M", "0");
-	assert_int_equal(vmmrt_drv_mem_create(rt, 2 * MiB, &h), VMMRT_OK);
-	assert_int_equal(vmmrt_drv_mem_release(rt, h), VMMRT_OK);
+	assert_int_equal(vmmrt__drv_mem_create(rt, 2 * MiB, &h), VMMRT_OK);
+	assert_int_equal(vmmrt__drv_mem_release(rt, h), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
@@ -234,7 +234,7 @@ static void api_refuses_host_functions(void **state)
 	hf_ctx c = {.rt = rt};
 	assert_int_equal(vmmrt_slot_create(rt, MiB, &c.slot), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
-	assert_int_equal(vmmrt_drv_launch_host_func(rt, st, inside_host_function, &c), VMMRT_OK);
+	assert_int_equal(vmmrt__drv_launch_host_func(rt, st, inside_host_function, &c), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
 	assert_int_equal(c.map_st, VMMRT_E_NOT_PERMITTED);
 	assert_int_equal(c.info_st, VMMRT_E_NOT_PERMITTED);
@@ -250,9 +250,9 @@ static void destroy_with_requests_in_flight(void **state)
 	for (int i = 0; i < 50; i++) {
 		vmmrt_slot *s;
 		assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
-		assert_int_equal(vmmrt_slot_map_async(s, NULL, NULL), VMMRT_OK);
+		assert_int_equal(vmmrt__slot_map_async(s, NULL, NULL), VMMRT_OK);
 		if (i % 2)
-			assert_int_equal(vmmrt_slot_release_async(s, NULL, NULL), VMMRT_OK);
+			assert_int_equal(vmmrt__slot_release_async(s, NULL, NULL), VMMRT_OK);
 		assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 	}
 	assert_int_equal(used(rt), 0);

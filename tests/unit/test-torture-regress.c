@@ -100,7 +100,7 @@ static void failed_allocate_keeps_its_message_and_leaks_nothing(void **state)
 	plan p = {.op = {"cuMemMap", "cuMemUnmap"}, .at = {2, 1}};
 	add_group(rt, 2 * MiB);
 	add_group(rt, 2 * MiB);
-	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	vmmrt__drv_set_fault_hook(rt, hook, &p);
 	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_E_DRIVER);
 	assert_non_null(strstr(vmmrt_last_error(), "cuMemMap"));
 	assert_null(strstr(vmmrt_last_error(), "cuMemUnmap"));
@@ -109,7 +109,7 @@ static void failed_allocate_keeps_its_message_and_leaks_nothing(void **state)
 	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
 	assert_int_equal(uatomic_read(&rt->live_slots), 0);
 	/* And allocation can be retried. */
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
@@ -145,7 +145,7 @@ static void sync_names_the_failed_map(void **state)
 		for (int it = 0; it < 2; it++) {
 			if (it == 1) {
 				static plan p = {.op = {"cuMemMap"}, .at = {1}, .delay_us = 300000};
-				vmmrt_drv_set_fault_hook(rt, hook, &p);
+				vmmrt__drv_set_fault_hook(rt, hook, &p);
 			}
 			if (vmmrt_forward_begin(g[0], c) || vmmrt_forward_end(g[0], c) || vmmrt_forward_begin(g[1], c) ||
 			    vmmrt_forward_end(g[1], c) || vmmrt_backward_begin(g[1], c) || vmmrt_backward_end(g[1], c))
@@ -199,7 +199,7 @@ static void *fail_repeatedly(void *arg)
 {
 	vmmrt_group *g = arg;
 	for (int i = 0; i < 20000; i++)
-		vmmrt_group_fail(g, VMMRT_E_DRIVER, (i & 1) ? long_why : "short");
+		vmmrt__group_fail(g, VMMRT_E_DRIVER, (i & 1) ? long_why : "short");
 	return NULL;
 }
 
@@ -251,14 +251,14 @@ static void abandoned_destroy_still_tears_down(void **state)
 	vmmrt_slot *s;
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
-	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	vmmrt__drv_set_fault_hook(rt, hook, &p);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_E_TIMEOUT); /* abandoned to the worker */
-	assert_int_equal(vmmrt_workers_trim(rt->workers), VMMRT_OK); /* behind it: it has run */
+	assert_int_equal(vmmrt__workers_trim(rt->workers), VMMRT_OK); /* behind it: it has run */
 	assert_int_equal(p.seen[0], 2);
 	assert_int_equal(uatomic_read(&rt->live_slots), 0);
 	assert_int_equal(uatomic_read(&rt->live_handles), 0);
 	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
@@ -270,7 +270,7 @@ static void runtime_destroy_after_an_abandoned_destroy(void **state)
 	vmmrt_slot *s;
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
-	vmmrt_drv_set_fault_hook(rt, stall_unmap, &p);
+	vmmrt__drv_set_fault_hook(rt, stall_unmap, &p);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_E_TIMEOUT); /* still queued behind the stall */
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
@@ -307,9 +307,9 @@ static void *swap_hooks(void *arg)
 {
 	vmmrt_runtime *rt = arg;
 	for (int i = 0; i < 20000; i++) {
-		vmmrt_drv_set_fault_hook(rt, tag_a, &hook_a);
-		vmmrt_drv_set_fault_hook(rt, tag_b, &hook_b);
-		vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+		vmmrt__drv_set_fault_hook(rt, tag_a, &hook_a);
+		vmmrt__drv_set_fault_hook(rt, tag_b, &hook_b);
+		vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 		if (i % 64 == 0)
 			sched_yield();
 	}
@@ -331,7 +331,7 @@ static void fault_hook_pairs_stay_whole(void **state)
 	}
 	pthread_join(t, NULL);
 	assert_int_equal(uatomic_read(&hook_a.wrong) + uatomic_read(&hook_b.wrong), 0);
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
@@ -378,7 +378,7 @@ static int capture_refused_then_iteration(const char *mode)
 		return 10;
 	if (vmmrt_graph_begin_capture(rt, c))
 		return 11;
-	vmmrt_group_fail(g, VMMRT_E_DRIVER, "an earlier step");
+	vmmrt__group_fail(g, VMMRT_E_DRIVER, "an earlier step");
 	if (!refused_for_capture(vmmrt_forward_begin(g, c), "vmmrt_forward_begin") ||
 	    !refused_for_capture(vmmrt_forward_end(g, c), "vmmrt_forward_end") ||
 	    !refused_for_capture(vmmrt_backward_begin(g, c), "vmmrt_backward_begin") ||
@@ -434,7 +434,7 @@ static void hook_fails_when_the_capture_query_fails(void **state)
 	vmmrt_runtime *rt = one_group("remap", &g, &c, &a);
 	plan p = {.op = {"cuStreamIsCapturing"}, .at = {1}};
 	assert_non_null(rt);
-	vmmrt_drv_set_fault_hook(rt, hook, &p);
+	vmmrt__drv_set_fault_hook(rt, hook, &p);
 	assert_int_equal(vmmrt_forward_begin(g, c), VMMRT_E_DRIVER);
 	assert_non_null(strstr(vmmrt_last_error(), "cuStreamIsCapturing"));
 	assert_non_null(strstr(vmmrt_last_error(), "vmmrt_forward_begin"));
@@ -443,7 +443,7 @@ static void hook_fails_when_the_capture_query_fails(void **state)
 	assert_int_equal(vmmrt_backward_begin(g, c), VMMRT_OK);
 	assert_int_equal(vmmrt_backward_end(g, c), VMMRT_OK);
 	assert_int_equal(p.seen[0], 5);
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);

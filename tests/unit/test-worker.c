@@ -34,7 +34,7 @@ typedef struct tally {
 	int32_t ok, failed, cancelled;
 } tally;
 
-static void count_done(vmmrt_request *req, vmmrt_status st, void *arg)
+static void count_done(vmmrt__request *req, vmmrt_status st, void *arg)
 {
 	tally *t = arg;
 	if (st == VMMRT_OK)
@@ -52,7 +52,7 @@ static void per_slot_order_with_four_workers(void **state)
 	enum { SLOTS = 8, ROUNDS = 40 };
 	vmmrt_runtime *rt = make_rt("4", "0");
 	vmmrt_slot *s[SLOTS];
-	vmmrt_request *reqs = calloc(SLOTS * ROUNDS * 2, sizeof(*reqs));
+	vmmrt__request *reqs = calloc(SLOTS * ROUNDS * 2, sizeof(*reqs));
 	tally t = {0};
 	unsigned seen[4] = {0};
 	for (int i = 0; i < SLOTS; i++) {
@@ -63,14 +63,14 @@ static void per_slot_order_with_four_workers(void **state)
 		assert_true(seen[w] > 0); /* the slots really are spread over the workers */
 	for (int r = 0; r < ROUNDS * 2; r++)
 		for (int i = 0; i < SLOTS; i++) {
-			vmmrt_request *q = &reqs[r * SLOTS + i];
-			vmmrt_request_init(q, r % 2 ? VMMRT_REQ_RELEASE : VMMRT_REQ_MAP, s[i]);
+			vmmrt__request *q = &reqs[r * SLOTS + i];
+			vmmrt__request_init(q, r % 2 ? VMMRT_REQ_RELEASE : VMMRT_REQ_MAP, s[i]);
 			q->done = count_done;
 			q->done_arg = &t;
-			assert_int_equal(vmmrt_worker_push(rt->workers, s[i]->worker, q), VMMRT_OK);
+			assert_int_equal(vmmrt__worker_push(rt->workers, s[i]->worker, q), VMMRT_OK);
 		}
 	for (int r = 0; r < SLOTS * ROUNDS * 2; r++)
-		assert_int_equal(vmmrt_request_wait(&reqs[r], 10000), VMMRT_OK);
+		assert_int_equal(vmmrt__request_wait(&reqs[r], 10000), VMMRT_OK);
 	assert_int_equal(t.ok, SLOTS * ROUNDS * 2);
 	assert_int_equal(t.failed, 0);
 	assert_int_equal(used(rt), 0);
@@ -91,14 +91,14 @@ static void pool_reuses_handles(void **state)
 	assert_int_equal(vmmrt_driver_stats_get(rt, 0, &create), VMMRT_OK);
 	assert_string_equal(create.name, "cuMemCreate");
 	assert_int_equal(create.count, 1); /* one cuMemCreate, nine maps from the pool */
-	vmmrt_worker_stats ws;
-	vmmrt_workers_stats(rt->workers, &ws);
+	vmmrt__worker_stats ws;
+	vmmrt__workers_stats(rt->workers, &ws);
 	assert_int_equal(ws.pool_hits, 9);
 	assert_int_equal(ws.pool_handles, 1);
 	assert_int_equal(used(rt), 4 * MiB); /* pooled memory is still the driver's... */
-	assert_int_equal(vmmrt_workers_trim(rt->workers), VMMRT_OK);
+	assert_int_equal(vmmrt__workers_trim(rt->workers), VMMRT_OK);
 	assert_int_equal(used(rt), 0);       /* ...until trimmed */
-	vmmrt_workers_stats(rt->workers, &ws);
+	vmmrt__workers_stats(rt->workers, &ws);
 	assert_int_equal(ws.pool_handles, 0);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -120,15 +120,15 @@ static void failures_are_retried_then_published(void **state)
 	vmmrt_runtime *rt = make_rt("1", "0");
 	vmmrt_slot *s;
 	tally t = {0};
-	vmmrt_worker_stats ws;
-	vmmrt_drv_set_fault_hook(rt, oom_hook, NULL);
+	vmmrt__worker_stats ws;
+	vmmrt__drv_set_fault_hook(rt, oom_hook, NULL);
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 
 	/* Two OOMs then success: the retry hides them. */
 	uatomic_set(&oom_left, 2);
-	assert_int_equal(vmmrt_slot_map_async(s, count_done, &t), VMMRT_OK);
-	assert_int_equal(vmmrt_request_wait(&s->map_req, 10000), VMMRT_OK);
-	vmmrt_workers_stats(rt->workers, &ws);
+	assert_int_equal(vmmrt__slot_map_async(s, count_done, &t), VMMRT_OK);
+	assert_int_equal(vmmrt__request_wait(&s->map_req, 10000), VMMRT_OK);
+	vmmrt__workers_stats(rt->workers, &ws);
 	assert_int_equal(ws.oom_retries, 2);
 	assert_int_equal(t.ok, 1);
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
@@ -136,11 +136,11 @@ static void failures_are_retried_then_published(void **state)
 
 	/* More OOMs than retries: published on the request and the slot. */
 	uatomic_set(&oom_left, 100);
-	assert_int_equal(vmmrt_slot_map_async(s, count_done, &t), VMMRT_OK);
-	assert_int_equal(vmmrt_request_wait(&s->map_req, 10000), VMMRT_E_OUT_OF_MEMORY);
+	assert_int_equal(vmmrt__slot_map_async(s, count_done, &t), VMMRT_OK);
+	assert_int_equal(vmmrt__request_wait(&s->map_req, 10000), VMMRT_E_OUT_OF_MEMORY);
 	assert_int_equal(t.failed, 1);
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_FAILED);
-	vmmrt_workers_stats(rt->workers, &ws);
+	vmmrt__workers_stats(rt->workers, &ws);
 	assert_int_equal(ws.oom_retries, 2 + 3);
 	assert_int_equal(ws.failed, 1);
 	/* The next API call on the slot reports it, once. */
@@ -149,7 +149,7 @@ static void failures_are_retried_then_published(void **state)
 	uatomic_set(&oom_left, 0);
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
 	assert_int_equal(uatomic_read(&rt->live_handles), 1);
-	vmmrt_drv_set_fault_hook(rt, NULL, NULL);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
@@ -166,12 +166,12 @@ static void hold(void *arg)
 		usleep(100);
 }
 
-static void stall(vmmrt_workers *w, unsigned index, gate *g, vmmrt_request *req)
+static void stall(vmmrt__workers *w, unsigned index, gate *g, vmmrt__request *req)
 {
-	vmmrt_request_init(req, VMMRT_REQ_CALL, NULL);
+	vmmrt__request_init(req, VMMRT_REQ_CALL, NULL);
 	req->fn = hold;
 	req->arg = g;
-	assert_int_equal(vmmrt_worker_push(w, index, req), VMMRT_OK);
+	assert_int_equal(vmmrt__worker_push(w, index, req), VMMRT_OK);
 	while (!uatomic_read(&g->entered))
 		usleep(100);
 }
@@ -193,25 +193,25 @@ static void shutdown_with_queued_work(void **state)
 {
 	for (int drain = 0; drain < 2; drain++) {
 		vmmrt_runtime *rt = make_rt("1", "0");
-		vmmrt_workers *w;
+		vmmrt__workers *w;
 		gate g = {0};
-		vmmrt_request blocker, reqs[20];
+		vmmrt__request blocker, reqs[20];
 		tally t = {0};
 		vmmrt_slot *s;
 		assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 		/* A second pool on the same runtime, so the test owns its whole life. */
-		assert_int_equal(vmmrt_workers_create(rt, 1, &w), VMMRT_OK);
+		assert_int_equal(vmmrt__workers_create(rt, 1, &w), VMMRT_OK);
 		stall(w, 0, &g, &blocker);
 		for (int i = 0; i < 20; i++) {
-			vmmrt_request_init(&reqs[i], i % 2 ? VMMRT_REQ_RELEASE : VMMRT_REQ_MAP, s);
+			vmmrt__request_init(&reqs[i], i % 2 ? VMMRT_REQ_RELEASE : VMMRT_REQ_MAP, s);
 			reqs[i].done = count_done;
 			reqs[i].done_arg = &t;
-			assert_int_equal(vmmrt_worker_push(w, 0, &reqs[i]), VMMRT_OK);
+			assert_int_equal(vmmrt__worker_push(w, 0, &reqs[i]), VMMRT_OK);
 		}
 		opener o = {&g, 20000};
 		pthread_t th;
 		pthread_create(&th, NULL, open_later, &o);
-		uint64_t cancelled = vmmrt_workers_destroy(w, drain);
+		uint64_t cancelled = vmmrt__workers_destroy(w, drain);
 		pthread_join(th, NULL);
 		if (drain) {
 			assert_int_equal(cancelled, 0);
@@ -222,7 +222,7 @@ static void shutdown_with_queued_work(void **state)
 			assert_int_equal(t.ok, 0);
 		}
 		for (int i = 0; i < 20; i++)
-			assert_int_equal(vmmrt_request_poll(&reqs[i]), drain ? VMMRT_OK : VMMRT_E_CANCELLED);
+			assert_int_equal(vmmrt__request_poll(&reqs[i]), drain ? VMMRT_OK : VMMRT_E_CANCELLED);
 		assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 		assert_int_equal(used(rt), 0);
 		assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -245,14 +245,14 @@ static void destroy_while_requests_are_queued(void **state)
 {
 	vmmrt_runtime *rt = make_rt("1", "0");
 	gate g = {0};
-	vmmrt_request blocker;
+	vmmrt__request blocker;
 	tally t = {0};
 	destroyer d = {0};
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &d.s), VMMRT_OK);
 	stall(rt->workers, 0, &g, &blocker);
-	assert_int_equal(vmmrt_slot_map_async(d.s, count_done, &t), VMMRT_OK);
+	assert_int_equal(vmmrt__slot_map_async(d.s, count_done, &t), VMMRT_OK);
 	/* A request object sits in one queue at a time: a second push is refused. */
-	assert_int_equal(vmmrt_slot_map_async(d.s, count_done, &t), VMMRT_E_BUSY);
+	assert_int_equal(vmmrt__slot_map_async(d.s, count_done, &t), VMMRT_E_BUSY);
 	assert_int_equal(vmmrt_slot_get_state(d.s), VMMRT_SLOT_PENDING);
 	pthread_t th;
 	pthread_create(&th, NULL, destroy_thread, &d);
@@ -277,7 +277,7 @@ static void timeout_is_bounded_and_abandons(void **state)
 	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
 	vmmrt_options_destroy(o);
 	gate g = {0};
-	vmmrt_request blocker;
+	vmmrt__request blocker;
 	vmmrt_slot *s;
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 	stall(rt->workers, 0, &g, &blocker);
@@ -286,7 +286,7 @@ static void timeout_is_bounded_and_abandons(void **state)
 	assert_non_null(strstr(vmmrt_last_error(), "stalled"));
 	uatomic_set(&g.open, 1);
 	/* The abandoned destroy still runs, and frees its own request (ASan would see a leak). */
-	assert_int_equal(vmmrt_request_wait(&blocker, 10000), VMMRT_OK);
+	assert_int_equal(vmmrt__request_wait(&blocker, 10000), VMMRT_OK);
 	for (int i = 0; i < 1000 && uatomic_read(&rt->live_slots); i++)
 		usleep(1000);
 	assert_int_equal(uatomic_read(&rt->live_slots), 0);
@@ -294,15 +294,15 @@ static void timeout_is_bounded_and_abandons(void **state)
 }
 
 typedef struct hf_push {
-	vmmrt_workers *w;
-	vmmrt_request *req;
+	vmmrt__workers *w;
+	vmmrt__request *req;
 	vmmrt_status st;
 } hf_push;
 
 static void push_in_host_function(void *arg)
 {
 	hf_push *p = arg;
-	p->st = vmmrt_worker_push(p->w, 0, p->req);
+	p->st = vmmrt__worker_push(p->w, 0, p->req);
 }
 
 static void bump(void *arg)
@@ -315,23 +315,23 @@ static void host_functions_feed_the_workers(void **state)
 	enum { N = 200 };
 	vmmrt_runtime *rt = make_rt("2", "0");
 	vmmrt_stream st[2];
-	vmmrt_request *reqs = calloc(N, sizeof(*reqs));
+	vmmrt__request *reqs = calloc(N, sizeof(*reqs));
 	hf_push *p = calloc(N, sizeof(*p));
 	int32_t ran = 0;
 	for (int k = 0; k < 2; k++)
 		assert_int_equal(vmmrt_stream_create(rt, &st[k]), VMMRT_OK);
 	for (int i = 0; i < N; i++) {
-		vmmrt_request_init(&reqs[i], VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init(&reqs[i], VMMRT_REQ_CALL, NULL);
 		reqs[i].fn = bump;
 		reqs[i].arg = &ran;
 		p[i] = (hf_push){rt->workers, &reqs[i], VMMRT_E_BUSY};
-		assert_int_equal(vmmrt_drv_launch_host_func(rt, st[i % 2], push_in_host_function, &p[i]), VMMRT_OK);
+		assert_int_equal(vmmrt__drv_launch_host_func(rt, st[i % 2], push_in_host_function, &p[i]), VMMRT_OK);
 	}
 	for (int k = 0; k < 2; k++)
 		assert_int_equal(vmmrt_stream_synchronize(rt, st[k]), VMMRT_OK);
 	for (int i = 0; i < N; i++) {
 		assert_int_equal(p[i].st, VMMRT_OK);
-		assert_int_equal(vmmrt_request_wait(&reqs[i], 10000), VMMRT_OK);
+		assert_int_equal(vmmrt__request_wait(&reqs[i], 10000), VMMRT_OK);
 	}
 	assert_int_equal(ran, N);
 	for (int k = 0; k < 2; k++)

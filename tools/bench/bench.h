@@ -91,7 +91,7 @@ typedef struct bench_ctx {
 	bool host_latency;        /* the host backend's latency model was on */
 	double raw_h2d_gbps, raw_d2h_gbps;
 	size_t raw_bytes;
-	vmmrt_trace *trace;       /* --trace, or NULL */
+	vmmrt__trace *trace;       /* --trace, or NULL */
 	bool quiet;
 	/* the host's expectation of the first iteration's forward checksums */
 	size_t expect_bytes;
@@ -143,17 +143,17 @@ typedef struct bench_span {
 	int layer;                 /* -1: several layers */
 	unsigned copies;
 	uint64_t bytes;
-	vmmrt_bevent *a, *b;       /* on the copy stream: before and after the copy */
-	vmmrt_bevent *floor;       /* the copy cannot start before this event, or NULL */
+	vmmrt__bevent *a, *b;       /* on the copy stream: before and after the copy */
+	vmmrt__bevent *floor;       /* the copy cannot start before this event, or NULL */
 	bool approx;               /* a..b may include a wait for a map or a bank */
 } bench_span;
 
 typedef struct bench_timing {
 	vmmrt_runtime *rt;
 	unsigned layers;
-	vmmrt_bevent *ref, *it_s, *it_e;
-	vmmrt_bevent **fwd_s, **fwd_e, **bwd_s, **bwd_e;
-	vmmrt_bevent **pool;       /* copy-span events */
+	vmmrt__bevent *ref, *it_s, *it_e;
+	vmmrt__bevent **fwd_s, **fwd_e, **bwd_s, **bwd_e;
+	vmmrt__bevent **pool;       /* copy-span events */
 	unsigned npool, used;
 	bench_span *span;
 	unsigned nspan, maxspan;
@@ -165,7 +165,7 @@ void bench_timing_destroy(bench_timing *t);
 /* Start an iteration: forget its spans. */
 void bench_timing_reset(bench_timing *t);
 /* A copy-span event, or NULL when the iteration used them all. */
-vmmrt_bevent *bench_timing_take(bench_timing *t);
+vmmrt__bevent *bench_timing_take(bench_timing *t);
 bench_span *bench_timing_add_span(bench_timing *t);
 
 /* What the measured iterations add up to. */
@@ -199,7 +199,7 @@ void bench_sampler_stop(bench_sampler *s, size_t ref_free, size_t *min_free, int
 vmmrt_status bench_raw_bandwidth(bench_ctx *ctx, vmmrt_runtime *rt);
 
 /* The checksum the device computes over a layer's activation in iteration 0. */
-/* Does vmmrt_layer_checksum_host agree with the library's vmmrt_checksum_host? */
+/* Does vmmrt__layer_checksum_host agree with the library's vmmrt_checksum_host? */
 bool bench_checksum_selftest(void);
 
 /* The largest share of a preset's saved bytes that the D2H bandwidth can hide
@@ -223,7 +223,7 @@ void bench_trace_detach(bench_ctx *ctx, vmmrt_runtime *rt);
 /* Tie the device clock to CLOCK_MONOTONIC: a reference event on `s`. */
 vmmrt_status bench_trace_align(bench_timing *t, vmmrt_stream s);
 /* The CLOCK_MONOTONIC time of a completed event, through the reference. */
-uint64_t bench_trace_time(bench_timing *t, vmmrt_bevent *e);
+uint64_t bench_trace_time(bench_timing *t, vmmrt__bevent *e);
 void bench_trace_span(bench_ctx *ctx, const char *track, uint64_t t0, uint64_t t1, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
 

@@ -49,7 +49,7 @@ static bool pool_remove(pool *pl, unsigned b)
 	return false;
 }
 
-void bench_pool_give(pool *pl, unsigned b, vmmrt_bevent *ev)
+void bench_pool_give(pool *pl, unsigned b, vmmrt__bevent *ev)
 {
 	pl->free_ev[b] = ev;
 	pl->fifo[pl->count++] = b;
@@ -85,9 +85,9 @@ vmmrt_status bench_enqueue_backward(model *m, vmmrt_devptr a, unsigned i)
 
 /* ------------------------------------------------------------- iterations */
 
-static vmmrt_bevent *take_event(model *m)
+static vmmrt__bevent *take_event(model *m)
 {
-	vmmrt_bevent *e = bench_timing_take(&m->tm);
+	vmmrt__bevent *e = bench_timing_take(&m->tm);
 	if (!e)
 		bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy timing events (a bug)");
 	return e;
@@ -111,7 +111,7 @@ static vmmrt_status iteration_end(model *m, unsigned it)
 {
 	REC(m, m->tm.it_e, m->compute);
 	/* The checksums of this iteration, asynchronously, after the timed region. */
-	TRY(m, vmmrt_drv_memcpy_dtoh_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
+	TRY(m, vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
 					   m->compute),
 	    "copy of the checksums");
 	return VMMRT_OK;
@@ -148,15 +148,15 @@ static vmmrt_status pool_restore(model *m, unsigned j, bool *done)
 	if (b < 0)
 		return VMMRT_OK; /* none free now: asked again at the next step */
 	if (pl->free_ev[b])
-		TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
+		TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
 	/* the host copy must be complete */
-	TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
-	vmmrt_bevent *a = take_event(m), *e = take_event(m);
+	TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
+	vmmrt__bevent *a = take_event(m), *e = take_event(m);
 	bench_span *sp = bench_timing_add_span(&m->tm);
 	if (!a || !e || !sp)
 		return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
 	REC(m, a, m->h2d);
-	TRY(m, vmmrt_drv_memcpy_htod_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
+	TRY(m, vmmrt__drv_memcpy_htod_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
 	    layer);
 	REC(m, e, m->h2d);
 	*sp = (bench_span){.h2d = true, .layer = (int)layer, .copies = 1, .bytes = m->A, .a = a, .b = e};
@@ -189,7 +189,7 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 			return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: no free pool buffer for layer %u (a bug)", i);
 		}
 		if (pl->free_ev[b])
-			TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
+			TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
 		REC(m, m->tm.fwd_s[i], m->compute);
 		if (naive)
 			TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
@@ -199,13 +199,13 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 		m->fwd_buf[i] = b;
 		if (i + 1 == L)
 			break; /* the tail: its backward comes next, it stays */
-		vmmrt_bevent *a = take_event(m), *e = take_event(m);
+		vmmrt__bevent *a = take_event(m), *e = take_event(m);
 		bench_span *sp = bench_timing_add_span(&m->tm);
 		if (!a || !e || !sp)
 			return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
-		TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
+		TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
 		REC(m, a, m->d2h);
-		TRY(m, vmmrt_drv_memcpy_dtoh_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
+		TRY(m, vmmrt__drv_memcpy_dtoh_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
 		    i);
 		REC(m, e, m->d2h);
 		*sp = (bench_span){.h2d = false, .layer = (int)i, .copies = 1, .bytes = m->A, .a = a, .b = e};
@@ -235,7 +235,7 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 			next = k + 1;
 		}
 		if (k > 0)
-			TRY(m, vmmrt_drv_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
+			TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
 		REC(m, m->tm.bwd_s[k], m->compute);
 		if (naive)
 			TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
@@ -254,13 +254,13 @@ static vmmrt_status iter_pool(model *m, unsigned it)
  * any wait for a map or a bank enqueued with it).
  */
 static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_stream), const char *name, unsigned layer,
-			 vmmrt_bevent *floor)
+			 vmmrt__bevent *floor)
 {
 	if (!m->markers) {
 		TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
 		return VMMRT_OK;
 	}
-	vmmrt_offload *off = m->rt->offload;
+	vmmrt__offload *off = m->rt->offload;
 	/* the byte counters directly: vmmrt_offload_stats_get also reads every
 	 * group's copy events, too much for twice per hook */
 	uint64_t off0 = uatomic_read(&off->bytes_offloaded), res0 = uatomic_read(&off->bytes_restored);
@@ -271,7 +271,7 @@ static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_strea
 	TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
 	uint64_t off1 = uatomic_read(&off->bytes_offloaded), res1 = uatomic_read(&off->bytes_restored);
 	if (off1 > off0 && m->scratch_d2h) {
-		vmmrt_bevent *e = bench_timing_take(&m->tm);
+		vmmrt__bevent *e = bench_timing_take(&m->tm);
 		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
 		if (sp) {
 			REC(m, e, off->d2h);
@@ -282,7 +282,7 @@ static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_strea
 		}
 	}
 	if (res1 > res0 && m->scratch_h2d) {
-		vmmrt_bevent *e = bench_timing_take(&m->tm);
+		vmmrt__bevent *e = bench_timing_take(&m->tm);
 		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
 		if (sp) {
 			REC(m, e, off->h2d);

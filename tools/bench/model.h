@@ -21,14 +21,14 @@
 typedef struct pool {
 	vmmrt_slot **slot;
 	vmmrt_devptr *addr;
-	vmmrt_bevent **free_ev;  /* NULL: free now */
+	vmmrt__bevent **free_ev;  /* NULL: free now */
 	unsigned n;
 	unsigned *fifo;          /* free buffers, least recently freed first */
 	unsigned count;
 } pool;
 
 /* Give buffer b back; the next user's stream waits for ev (NULL: free now). */
-void bench_pool_give(pool *pl, unsigned b, vmmrt_bevent *ev);
+void bench_pool_give(pool *pl, unsigned b, vmmrt__bevent *ev);
 
 /* ------------------------------------------------------------------ model */
 
@@ -49,14 +49,14 @@ typedef struct model {
 	pool pool;
 	unsigned *cap_buf;                /* naive: the buffer each layer's graphs captured */
 	int *fwd_buf, *bwd_buf;           /* pool buffer per layer / per backward step */
-	vmmrt_bevent **d2h_done, **h2d_done;
+	vmmrt__bevent **d2h_done, **h2d_done;
 	void **host;                      /* pool modes: pinned copy per layer (not the tail) */
 	vmmrt_group **g;
 	vmmrt_devptr *gaddr;
 	vmmrt_graph **fwd, **bwd;
 	bench_timing tm;
 	bool markers;                     /* marker events on the library's copy streams */
-	vmmrt_bevent *scratch_d2h, *scratch_h2d;
+	vmmrt__bevent *scratch_d2h, *scratch_h2d;
 	unsigned restores_seen;
 	size_t base_free, fixed_free;
 	bool skip;
@@ -73,7 +73,7 @@ vmmrt_status bench_failed(model *m, vmmrt_status st, const char *fmt, ...) __att
 			return bench_failed((m), st_, __VA_ARGS__); \
 	} while (0)
 
-#define REC(m, ev, s) TRY((m), vmmrt_drv_event_record((m)->rt, (ev), (s)), "timing event")
+#define REC(m, ev, s) TRY((m), vmmrt__drv_event_record((m)->rt, (ev), (s)), "timing event")
 
 bool bench_is_pool_mode(const model *m);
 /* The forward and backward of layer i on the activation at `a`: launched

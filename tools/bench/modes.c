@@ -126,7 +126,7 @@ static vmmrt_status mode_options(model *m, vmmrt_options *o)
 	const char *mode = m->md->lib_mode ? m->md->lib_mode : "none";
 	TRY(m, vmmrt_options_set(o, "mode", mode), "option mode=%s", mode);
 	if (m->id == BM_REMAP_INLINE) {
-		if (vmmrt_options_find("driver_inline") < 0) {
+		if (vmmrt__options_find("driver_inline") < 0) {
 			m->skip = true;
 			snprintf(m->err, sizeof(m->err),
 				 "this libvmmrt has no driver_inline option yet: remap-inline cannot run");
@@ -340,7 +340,7 @@ static void model_teardown(model *m)
  * every group's copy events as vmmrt_offload_stats_get does. */
 static uint64_t blocking_now(vmmrt_runtime *rt)
 {
-	return vmmrt_drv_launch_thread_blocking(rt);
+	return vmmrt__drv_launch_thread_blocking(rt);
 }
 
 /* ----------------------------------------------------------- verification */
@@ -366,8 +366,8 @@ static void verify(model *m, bench_result *r)
 	 * layers 0 and L-1 (the others differ only by the seed). */
 	if (m->iters_run) {
 		if (ctx->expect_bytes != m->A || ctx->expect_layers != L) {
-			ctx->expect[0] = vmmrt_layer_checksum_host(m->A, 1, 1000);
-			ctx->expect[1] = vmmrt_layer_checksum_host(m->A, 1, 1000 + L - 1);
+			ctx->expect[0] = vmmrt__layer_checksum_host(m->A, 1, 1000);
+			ctx->expect[1] = vmmrt__layer_checksum_host(m->A, 1, 1000 + L - 1);
 			ctx->expect_bytes = m->A;
 			ctx->expect_layers = L;
 		}

@@ -28,8 +28,8 @@
 #include "worker.h"
 
 typedef struct name_req {
-	vmmrt_request req;
-	vmmrt_trace *trace;
+	vmmrt__request req;
+	vmmrt__trace *trace;
 	char name[48];
 } name_req;
 
@@ -37,7 +37,7 @@ typedef struct name_req {
 static void name_worker(void *arg)
 {
 	name_req *r = arg;
-	vmmrt_trace_thread_name(r->trace, r->name);
+	vmmrt__trace_thread_name(r->trace, r->name);
 }
 
 vmmrt_status bench_trace_attach(bench_ctx *ctx, vmmrt_runtime *rt, const char *mode)
@@ -56,23 +56,23 @@ vmmrt_status bench_trace_attach(bench_ctx *ctx, vmmrt_runtime *rt, const char *m
 	/* No driver call is in flight yet (the workers are idle after creation), and
 	 * the queue push below orders this store before anything a worker does next. */
 	rt->trace = ctx->trace;
-	unsigned n = vmmrt_workers_count(rt->workers);
+	unsigned n = vmmrt__workers_count(rt->workers);
 	for (unsigned w = 0; w < n; w++) {
 		/* malloc'ed and waited on with wait_owned: should the worker stall past
 		 * the timeout, it frees the request itself when it gets to it. */
 		name_req *r = calloc(1, sizeof(*r));
 		if (!r)
 			return VMMRT_E_HOST_OUT_OF_MEMORY;
-		vmmrt_request_init(&r->req, VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init(&r->req, VMMRT_REQ_CALL, NULL);
 		r->req.fn = name_worker;
 		r->req.arg = r;
 		r->trace = ctx->trace;
 		snprintf(r->name, sizeof(r->name), "%s driver-worker-%u", mode, w);
-		vmmrt_status st = vmmrt_worker_push(rt->workers, w, &r->req);
+		vmmrt_status st = vmmrt__worker_push(rt->workers, w, &r->req);
 		if (st != VMMRT_OK) {
 			free(r);
 		} else {
-			st = vmmrt_request_wait_owned(&r->req, rt->timeout_ms);
+			st = vmmrt__request_wait_owned(&r->req, rt->timeout_ms);
 		}
 		if (st != VMMRT_OK)
 			fprintf(stderr, "vmmrt-bench: %s: naming driver worker %u in the trace: %s\n", mode, w,
@@ -91,23 +91,23 @@ void bench_trace_detach(bench_ctx *ctx, vmmrt_runtime *rt)
 
 vmmrt_status bench_trace_align(bench_timing *t, vmmrt_stream s)
 {
-	vmmrt_status st = vmmrt_drv_event_record(t->rt, t->ref, s);
+	vmmrt_status st = vmmrt__drv_event_record(t->rt, t->ref, s);
 	if (st != VMMRT_OK)
 		return st;
 	/* Poll, not synchronize: the host clock must be read the moment it completes. */
-	uint64_t deadline = vmmrt_now_ns() + 10ull * 1000000000ull;
-	while ((st = vmmrt_drv_event_query(t->rt, t->ref)) == VMMRT_E_BUSY) {
-		if (vmmrt_now_ns() > deadline)
+	uint64_t deadline = vmmrt__now_ns() + 10ull * 1000000000ull;
+	while ((st = vmmrt__drv_event_query(t->rt, t->ref)) == VMMRT_E_BUSY) {
+		if (vmmrt__now_ns() > deadline)
 			return VMMRT_E_TIMEOUT;
 	}
-	t->ref_host_ns = vmmrt_now_ns();
+	t->ref_host_ns = vmmrt__now_ns();
 	return st;
 }
 
-uint64_t bench_trace_time(bench_timing *t, vmmrt_bevent *e)
+uint64_t bench_trace_time(bench_timing *t, vmmrt__bevent *e)
 {
 	float ms = 0;
-	if (vmmrt_drv_event_elapsed_ms(t->rt, t->ref, e, &ms) != VMMRT_OK)
+	if (vmmrt__drv_event_elapsed_ms(t->rt, t->ref, e, &ms) != VMMRT_OK)
 		return t->ref_host_ns;
 	double ns = (double)t->ref_host_ns + (double)ms * 1e6;
 	return ns > 0 ? (uint64_t)ns : 0;
@@ -127,5 +127,5 @@ void bench_trace_span(bench_ctx *ctx, const char *track, uint64_t t0, uint64_t t
 		t1 = t0;
 	if (t1 == 0)
 		return;
-	vmmrt_trace_span(ctx->trace, track, name, t0, t1);
+	vmmrt__trace_span(ctx->trace, track, name, t0, t1);
 }

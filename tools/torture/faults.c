@@ -1,5 +1,5 @@
 /*
- * The fault hook of one runtime (vmmrt_drv_set_fault_hook): consulted before
+ * The fault hook of one runtime (vmmrt__drv_set_fault_hook): consulted before
  * every driver operation the library makes, on whatever thread makes it. It
  * makes an operation fail with the status the real driver would give (device
  * out of memory on create and reserve, host out of memory on pinned
@@ -139,13 +139,13 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 	fault_ctx *f = ctx;
 	atomic_fetch_add_explicit(&T.driver_ops, 1, memory_order_relaxed);
 	uint64_t n = atomic_fetch_add_explicit(&f->counter, 1, memory_order_relaxed);
-	uint64_t r1 = vmmrt_mix64(f->seed ^ (n * 0x9E3779B97F4A7C15ULL));
-	uint64_t r2 = vmmrt_mix64(r1 + 0x632BE59BD9B4E019ULL);
+	uint64_t r1 = vmmrt__mix64(f->seed ^ (n * 0x9E3779B97F4A7C15ULL));
+	uint64_t r2 = vmmrt__mix64(r1 + 0x632BE59BD9B4E019ULL);
 	double u1 = (double)(r1 >> 11) * 0x1p-53, u2 = (double)(r2 >> 11) * 0x1p-53;
 	size_t ci = 0;
 	const opclass *c = classify(op, &ci);
 
-	if (cfg.selftest_hang && c && c->vmm && vmmrt_thread_role_get() == VMMRT_ROLE_WORKER) {
+	if (cfg.selftest_hang && c && c->vmm && vmmrt__thread_role_get() == VMMRT_ROLE_WORKER) {
 		atomic_fetch_add(&f->stalls, 1); /* the errors that follow have their cause */
 		atomic_fetch_add_explicit(&T.stalls, 1, memory_order_relaxed);
 		t_selftest_hang(op);
@@ -158,7 +158,7 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 		atomic_fetch_add_explicit(&T.delays, 1, memory_order_relaxed);
 	}
 	/* A stalled worker: a VMM call on a driver worker that takes longer than the timeout. */
-	if (c && c->vmm && f->stall_us && vmmrt_thread_role_get() == VMMRT_ROLE_WORKER &&
+	if (c && c->vmm && f->stall_us && vmmrt__thread_role_get() == VMMRT_ROLE_WORKER &&
 	    !atomic_load(&f->teardown) && u2 < f->stall_rate && atomic_load(&f->stall_left) > 0 &&
 	    atomic_fetch_sub(&f->stall_left, 1) > 0) {
 		*delay_us = f->stall_us;
@@ -182,7 +182,7 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 		atomic_store(&f->oom_burst, (int)f->oom_retries + 1);
 inject:
 	t_note(3, "  fault: %s fails (%s) on %s", op, vmmrt_status_name(c->st),
-	       vmmrt_thread_role_get() == VMMRT_ROLE_WORKER ? "a driver worker" : "the calling thread");
+	       vmmrt__thread_role_get() == VMMRT_ROLE_WORKER ? "a driver worker" : "the calling thread");
 	atomic_fetch_add(&f->injected, 1);
 	atomic_fetch_add_explicit(&T.faults, 1, memory_order_relaxed);
 	return c->st;

@@ -355,7 +355,7 @@ void hostfn_probe_launch(scen *s)
 {
 	memset(&s->probe, 0, sizeof(s->probe));
 	s->probe.s = s;
-	if (s_ok(s, API(s, "cuLaunchHostFunc(probe)", vmmrt_drv_launch_host_func(s->rt, s->compute, probe_fn, &s->probe)),
+	if (s_ok(s, API(s, "cuLaunchHostFunc(probe)", vmmrt__drv_launch_host_func(s->rt, s->compute, probe_fn, &s->probe)),
 		 "launch of a host function"))
 		s->probe_pending = true;
 }

@@ -331,7 +331,7 @@ static void *torture_main(void *arg)
 		return NULL;
 	}
 	for (uint64_t k = 0; !t_stopping(); k++) {
-		uint64_t seed = vmmrt_mix64(cfg.seed ^ vmmrt_mix64(((uint64_t)th->id << 40) + k + 1));
+		uint64_t seed = vmmrt__mix64(cfg.seed ^ vmmrt__mix64(((uint64_t)th->id << 40) + k + 1));
 		scenario_run(th, seed ? seed : 1);
 	}
 	return NULL;
@@ -368,7 +368,7 @@ static void *watchdog_main(void *arg)
 					vmmrt_runtime *rt = atomic_load(&threads[u].rt);
 					dprintf(STDOUT_FILENO, "  thread %u:\n", u);
 					if (rt)
-						vmmrt_offload_dump(rt, STDOUT_FILENO);
+						vmmrt__offload_dump(rt, STDOUT_FILENO);
 				}
 				t_stacks_dump(STDOUT_FILENO, "hang", atomic_load(&threads[t].tid), NULL);
 				pthread_mutex_unlock(&out_lock);
@@ -632,7 +632,7 @@ static void parse_args(int argc, char **argv)
 		exit(2);
 	}
 	if (!have_seed)
-		cfg.seed = vmmrt_mix64(t_now_ns() ^ ((uint64_t)getpid() << 32));
+		cfg.seed = vmmrt__mix64(t_now_ns() ^ ((uint64_t)getpid() << 32));
 	if (cfg.have_replay)
 		cfg.threads = 1;
 }

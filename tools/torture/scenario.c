@@ -190,7 +190,7 @@ static void configure(scen *s)
 
 	/* Faults: some scenarios run clean, so that long fault-free sequences are covered too. */
 	fault_ctx *f = &s->fc;
-	f->seed = vmmrt_mix64(s->seed ^ 0xfa017ULL);
+	f->seed = vmmrt__mix64(s->seed ^ 0xfa017ULL);
 	bool armed = cfg.fault_rate > 0 && chance(r, 0.65);
 	f->rate = armed ? cfg.fault_rate : 0;
 	f->delay_rate = (armed || chance(r, 0.3)) ? cfg.delay_rate : 0;
@@ -261,7 +261,7 @@ static bool create_runtime(scen *s)
 		t_fail(s->seed, "setup", "vmmrt_mem_info: %s", vmmrt_last_error());
 		goto out;
 	}
-	vmmrt_drv_set_fault_hook(s->rt, t_fault_hook, &s->fc);
+	vmmrt__drv_set_fault_hook(s->rt, t_fault_hook, &s->fc);
 	atomic_store(&s->th->rt, s->rt);
 	good = true;
 out:
@@ -273,7 +273,7 @@ out:
 
 static uint64_t expected_sum(const tens *t, uint64_t iterseed)
 {
-	return vmmrt_layer_checksum_host(t->d.bytes, iterseed, t->seed);
+	return vmmrt__layer_checksum_host(t->d.bytes, iterseed, t->seed);
 }
 
 /* What a wrong result looks like: stale, or another group's bytes. */
@@ -475,7 +475,7 @@ static bool allocate(scen *s)
 		[PLANT_EARLY_RELEASE] = VMMRT_PLANT_EARLY_RELEASE,
 	};
 	if (cfg.plant)
-		vmmrt_offload_test_drop_fence(s->rt, plant_bits[cfg.plant]);
+		vmmrt__offload_test_drop_fence(s->rt, plant_bits[cfg.plant]);
 	return true;
 }
 
@@ -714,7 +714,7 @@ static run_end run_iterations(scen *s)
 				if (bwd && g->nt) {
 					unsigned rix = g->t[0].rix;
 					if (!s_ok(s, API(s, "cuMemcpyDtoHAsync(results)",
-							 vmmrt_drv_memcpy_dtoh_async(
+							 vmmrt__drv_memcpy_dtoh_async(
 								 rt, &s->hres[(size_t)it * s->nres + rix],
 								 vmmrt_slot_address(s->results) + 8 * rix, 8 * g->nt,
 								 s->compute)),
@@ -835,9 +835,9 @@ static void teardown(scen *s, bool sync)
 		destroy_own(s);
 	if (own && chance(r, 0.6)) {
 		/* Two steps, so the counts and the driver's memory can be read in between. */
-		heartbeat(s, "vmmrt_offload_destroy");
-		vmmrt_offload_destroy(rt);
-		(void)vmmrt_workers_trim(rt->workers);
+		heartbeat(s, "vmmrt__offload_destroy");
+		vmmrt__offload_destroy(rt);
+		(void)vmmrt__workers_trim(rt->workers);
 		int64_t h = (int64_t)__atomic_load_n(&rt->live_handles, __ATOMIC_SEQ_CST);
 		int64_t v = (int64_t)__atomic_load_n(&rt->live_reservations, __ATOMIC_SEQ_CST);
 		int64_t sl = (int64_t)__atomic_load_n(&rt->live_slots, __ATOMIC_SEQ_CST);

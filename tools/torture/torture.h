@@ -4,7 +4,7 @@
  * library's invariants (see vmmrt-torture(1)).
  *
  * main.c      options, torture threads, watchdog, progress, SUMMARY, crashes
- * faults.c    the fault hook (vmmrt_drv_set_fault_hook) of one runtime
+ * faults.c    the fault hook (vmmrt__drv_set_fault_hook) of one runtime
  * scenario.c  one runtime from creation to destruction, verified
  * illegal.c   the illegal calls and the named error each must return
  * stacks.c    every thread's stack, for the reports of a hang or a crash
@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "vmmrt.h"
-#include "backend/backend.h" /* vmmrt_mix64: the seeds' mixer too */
+#include "backend/backend.h" /* vmmrt__mix64: the seeds' mixer too */
 
 /* ------------------------------------------------------------------ config */
 
@@ -104,7 +104,7 @@ typedef struct trng {
 static inline uint64_t rnd(trng *r)
 {
 	r->s += 0x9E3779B97F4A7C15ULL;
-	return vmmrt_mix64(r->s);
+	return vmmrt__mix64(r->s);
 }
 static inline uint64_t rnd_in(trng *r, uint64_t lo, uint64_t hi) /* inclusive */
 {
