@@ -36,8 +36,20 @@ extern "C" {
 /* A device virtual address (CUdeviceptr on the CUDA backend). */
 typedef uint64_t vmmrt_devptr;
 
-/* A backend stream (a CUstream on the CUDA backend, cast). */
+/*
+ * A backend stream. On the CUDA backend it is the CUstream itself, cast:
+ * (vmmrt_stream)cuda_stream from C or C++ (a CUstream or a cudaStream_t), and
+ * from PyTorch torch.cuda.current_stream().cuda_stream (an integer) passed as
+ * a pointer. Every stream the driver accepts is valid wherever a stream is
+ * taken: a created stream, NULL (the legacy default stream, PyTorch's default),
+ * VMMRT_STREAM_LEGACY and VMMRT_STREAM_PER_THREAD (CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD). On the host backend those three name one default
+ * stream that the backend creates with the device; it runs in order like any
+ * other stream, without the legacy stream's implicit synchronization.
+ */
 typedef struct vmmrt_stream_s *vmmrt_stream;
+#define VMMRT_STREAM_LEGACY ((vmmrt_stream)0x1)
+#define VMMRT_STREAM_PER_THREAD ((vmmrt_stream)0x2)
 
 typedef enum vmmrt_status {
 	VMMRT_OK = 0,

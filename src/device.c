@@ -26,14 +26,16 @@ vmmrt_status vmmrt_stream_create(vmmrt_runtime *rt, vmmrt_stream *out)
 vmmrt_status vmmrt_stream_destroy(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	ENTRY(rt);
-	VMMRT_CHECK_ARG(stream, "stream is NULL");
+	if (VMMRT__IS_DEFAULT_STREAM(stream))
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT,
+				    "%s: %p is a default stream (NULL, VMMRT_STREAM_LEGACY or VMMRT_STREAM_PER_THREAD), "
+				    "which is never destroyed", __func__, (void *)stream);
 	return vmmrt__drv_stream_destroy(rt, stream);
 }
 
 vmmrt_status vmmrt_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	ENTRY(rt);
-	VMMRT_CHECK_ARG(stream, "stream is NULL");
 	return vmmrt__drv_stream_synchronize(rt, stream);
 }
 
@@ -82,7 +84,6 @@ vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, 
 
 static vmmrt_status kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *a)
 {
-	VMMRT_CHECK_ARG(s, "stream is NULL");
 	if ((k == VMMRT_KERNEL_FILL || k == VMMRT_KERNEL_CHECKSUM) && (a->bytes == 0 || a->bytes % 8))
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "kernel over %zu bytes: need a non-zero multiple of 8",
 				   a->bytes);
@@ -126,21 +127,20 @@ vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_de
 vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	ENTRY(rt);
-	VMMRT_CHECK_ARG(stream, "stream is NULL");
 	return vmmrt__drv_begin_capture(rt, stream);
 }
 
 vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out)
 {
 	ENTRY(rt);
-	VMMRT_CHECK_ARG(stream && out, "NULL argument");
+	VMMRT_CHECK_ARG(out, "out is NULL");
 	return vmmrt__drv_end_capture(rt, stream, (vmmrt__bgraph **)out);
 }
 
 vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream)
 {
 	ENTRY(rt);
-	VMMRT_CHECK_ARG(graph && stream, "NULL argument");
+	VMMRT_CHECK_ARG(graph, "graph is NULL");
 	return vmmrt__drv_graph_launch(rt, (vmmrt__bgraph *)graph, stream);
 }
 

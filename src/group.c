@@ -198,7 +198,6 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 		return vmmrt__error(VMMRT_E_MISMATCH, "group '%s': tensor %u at 0x%llx is outside the slot", g->name,
 				   g->saved, (unsigned long long)dst);
 	if (src) {
-		VMMRT_CHECK_ARG(stream, "stream is NULL with a source to copy");
 		st = vmmrt__drv_memcpy_dtod_async(g->rt, dst, src, d->bytes, stream);
 		if (st != VMMRT_OK)
 			return st;

@@ -160,7 +160,6 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT_CHECK_ARG(g, "group is NULL");
-	VMMRT_CHECK_ARG(compute, "compute stream is NULL");
 	if (!g->off->allocated || g->state == VMMRT_GROUP_DISCOVERING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
 	if (g->state == VMMRT_GROUP_CAPTURING)

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -305,9 +306,19 @@ static const char *range_text(const opt_row *r, char *buf, size_t len)
 	return "";
 }
 
+/* The range texts derive from the constant table, so they are computed once
+ * for the whole process and never change: nothing thread-local is needed. */
+static char range_texts[VMMRT_OPT_COUNT_][96];
+static pthread_once_t range_once = PTHREAD_ONCE_INIT;
+
+static void fill_range_texts(void)
+{
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++)
+		(void)range_text(&table[i], range_texts[i], sizeof(range_texts[i]));
+}
+
 vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
 {
-	static __thread char range[VMMRT_OPT_COUNT_][96];
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	if (index >= VMMRT_OPT_COUNT_)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "option index %zu >= %d", index, VMMRT_OPT_COUNT_);
@@ -315,7 +326,8 @@ vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
 	out->name = r->name;
 	out->env = r->env;
 	out->default_value = r->def;
-	out->range = range_text(r, range[index], sizeof(range[index]));
+	pthread_once(&range_once, fill_range_texts);
+	out->range = range_texts[index];
 	out->doc = r->doc;
 	return VMMRT_OK;
 }

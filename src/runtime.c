@@ -71,6 +71,25 @@ static void register_atfork(void)
 			     urcu_memb_call_rcu_after_fork_child);
 }
 
+static void touch_thread_state(void *arg)
+{
+	(void)arg; /* the trampoline around it sets the thread role: that is the touch */
+}
+
+/*
+ * The library's thread-local state uses the dynamic TLS model (it is loaded
+ * with dlopen), so a thread's first access allocates the block. Do that for
+ * the driver's callback thread here, once, instead of inside the first host
+ * function of the hot path.
+ */
+static vmmrt_status warm_host_function_thread(vmmrt_runtime *rt)
+{
+	vmmrt_status st = rt->ops->launch_host_func(rt->be, rt->sync_stream, touch_thread_state, NULL);
+	if (st == VMMRT_OK)
+		st = rt->ops->stream_synchronize(rt->be, rt->sync_stream);
+	return st;
+}
+
 vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
 {
 	vmmrt_status st = vmmrt__drv_check_caller(__func__);
@@ -135,7 +154,8 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 	memcpy(rt->note, note, sizeof(rt->note));
 	if ((st = rt->ops->granularity(rt->be, &rt->granularity)) != VMMRT_OK ||
 	    (st = rt->ops->device_name(rt->be, rt->device_name, sizeof(rt->device_name))) != VMMRT_OK ||
-	    (st = rt->ops->stream_create(rt->be, &rt->sync_stream)) != VMMRT_OK) {
+	    (st = rt->ops->stream_create(rt->be, &rt->sync_stream)) != VMMRT_OK ||
+	    (st = warm_host_function_thread(rt)) != VMMRT_OK) {
 		free_runtime(rt);
 		return st;
 	}

@@ -3,9 +3,16 @@
 
 #include "backend/backend.h"
 
-/* initial-exec: a host function on the driver's callback thread must not
- * trigger a lazy TLS allocation when libvmmrt was dlopen()ed (e.g. by Python). */
-static __thread __attribute__((tls_model("initial-exec"))) vmmrt__thread_role thread_role = VMMRT_ROLE_APP;
+/*
+ * The default (dynamic) TLS model, never initial-exec: a library that
+ * frameworks dlopen() (Python's ctypes, extension modules) must not need
+ * glibc's small static TLS surplus, or the load fails with "cannot allocate
+ * memory in static TLS block". The price is that a thread's first access to a
+ * dynamic TLS block allocates it; the runtime pays that for the driver's
+ * callback thread once at creation (vmmrt_runtime_create launches one host
+ * function before anything else), not in a host function on the hot path.
+ */
+static __thread vmmrt__thread_role thread_role = VMMRT_ROLE_APP;
 
 vmmrt__thread_role vmmrt__thread_role_get(void)
 {

@@ -29,6 +29,10 @@ typedef uint64_t vmmrt__bhandle;              /* CUmemGenericAllocationHandle */
 
 typedef void (*vmmrt__host_fn)(void *arg);
 
+/* NULL, VMMRT_STREAM_LEGACY and VMMRT_STREAM_PER_THREAD: the driver's default streams. */
+#define VMMRT__IS_DEFAULT_STREAM(s) \
+	((s) == NULL || (s) == VMMRT_STREAM_LEGACY || (s) == VMMRT_STREAM_PER_THREAD)
+
 /* The built-in kernels. Both backends produce the same bytes. */
 typedef enum vmmrt__kernel_id {
 	/* dst[i] = vmmrt_fill_word(seed, i) for each 8-byte word i < bytes/8 */

@@ -40,6 +40,10 @@ struct vmmrt__backend {
 	/* Registries, so that a stale or bogus object is an error, not a crash. */
 	pthread_mutex_t obj_lock;
 	struct cds_list_head streams;
+	/* What NULL, VMMRT_STREAM_LEGACY and VMMRT_STREAM_PER_THREAD name here:
+	 * one ordinary stream made with the device (this backend has no implicit
+	 * synchronization between streams to emulate). Set once at open. */
+	struct vmmrt_stream_s *default_stream;
 	struct cds_list_head events;
 	struct cds_list_head graphs;
 	struct cds_list_head host_allocs;

@@ -150,6 +150,8 @@ static struct vmmrt_stream_s *stream_find(vmmrt__backend *b, vmmrt_stream s)
 {
 	struct vmmrt_stream_s *st;
 
+	if (VMMRT__IS_DEFAULT_STREAM(s))
+		s = b->default_stream;
 	cds_list_for_each_entry(st, &b->streams, node) {
 		if (st == s)
 			return st;
@@ -209,7 +211,6 @@ static struct vmmrt_stream_s *stream_lock(vmmrt__backend *b, vmmrt_stream s)
 
 static vmmrt_status unknown_stream(vmmrt_stream s, const char *func)
 {
-	/* NULL included: this backend has no legacy default stream */
 	return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown stream %p", func, (void *)s);
 }
 
@@ -935,6 +936,10 @@ vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s)
 
 	if (status != VMMRT_OK)
 		return status;
+	/* as CUDA: the legacy default stream cannot capture (the per-thread one can) */
+	if (s == NULL || s == VMMRT_STREAM_LEGACY)
+		return vmmrt__error(VMMRT_E_NOT_SUPPORTED, "%s: the legacy default stream cannot capture a graph",
+				    __func__);
 	st = stream_lock(b, s);
 	if (!st)
 		return unknown_stream(s, __func__);

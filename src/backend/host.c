@@ -175,6 +175,8 @@ static void model_latency(vmmrt__backend *b, enum host_call c, size_t bytes, uin
 
 /* ------------------------------------------------------------ open and close */
 
+static void host_close(vmmrt__backend *b);
+
 static vmmrt_status host_open(const vmmrt__backend_config *cfg, vmmrt__backend **out)
 {
 	long page = sysconf(_SC_PAGESIZE);
@@ -224,6 +226,13 @@ static vmmrt_status host_open(const vmmrt__backend_config *cfg, vmmrt__backend *
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&b->sync_cond, &ca);
 	pthread_condattr_destroy(&ca);
+	vmmrt_stream def;
+	vmmrt_status st = vmmrt__host_stream_create(b, &def);
+	if (st != VMMRT_OK) {
+		host_close(b);
+		return st;
+	}
+	b->default_stream = def;
 	*out = b;
 	return VMMRT_OK;
 }

@@ -146,7 +146,7 @@ void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
 		EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_end(h->g, c));
 	if (chance(r, 0.3)) {
 		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_forward_begin(NULL, c));
-		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_backward_begin(h->g, NULL));
+		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_backward_begin(NULL, NULL));
 	}
 	/* A hook on a stream that is capturing a graph: its waits and records
 	 * would go into the capture, not the stream; refused, nothing changed. */
@@ -258,7 +258,8 @@ void illegal_handles(scen *s)
 	EXPECT(s, VMMRT_E_INVALID_SIZE, vmmrt_host_alloc(rt, 0, &p));
 	EXPECT(s, VMMRT_E_INVALID_SIZE, vmmrt_kernel_fill(rt, s->compute, vmmrt_slot_address(s->input), 12, 1));
 	EXPECT(s, VMMRT_E_INVALID_SIZE, vmmrt_copy_to_host(rt, &word, vmmrt_slot_address(s->input), 0));
-	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_stream_synchronize(rt, NULL));
+	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_stream_destroy(rt, NULL));      /* a default stream */
+	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_stream_destroy(rt, VMMRT_STREAM_PER_THREAD));
 	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_graph_launch(rt, NULL, s->compute));
 	if (s->errored)
 		return;
