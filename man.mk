@@ -69,7 +69,9 @@ man3_pages = \
 	man/man3/vmmrt_stream_create.3 \
 	man/man3/vmmrt_stream_destroy.3 \
 	man/man3/vmmrt_stream_synchronize.3 \
-	man/man3/vmmrt_strerror.3
+	man/man3/vmmrt_strerror.3 \
+	man/man3/vmmrt_version.3 \
+	man/man3/vmmrt_version_string.3
 
 dist_man_MANS += $(man7_pages) $(man3_pages)
 

@@ -31,7 +31,7 @@ int main(void)
 	vmmrt_runtime *rt = NULL;
 	vmmrt_slot *slot = NULL, *result = NULL;
 	vmmrt_stream stream = NULL;
-	vmmrt_runtime_info info;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
 	void *host = NULL;
 	uint64_t sum_before = 0, sum_after = 0;
 	int rc = 1;
@@ -53,7 +53,7 @@ int main(void)
 	CHECK(vmmrt_kernel_checksum(rt, stream, before, bytes, vmmrt_slot_address(result)));
 	CHECK(vmmrt_stream_synchronize(rt, stream));
 	CHECK(vmmrt_copy_to_host(rt, &sum_before, vmmrt_slot_address(result), sizeof(sum_before)));
-	printf("slot at 0x%" PRIx64 ": %zu bytes filled, checksum %016" PRIx64 "\n", before, bytes, sum_before);
+	printf("slot at 0x%llx: %zu bytes filled, checksum %016" PRIx64 "\n", before, bytes, sum_before);
 
 	CHECK(vmmrt_copy_to_host(rt, host, before, bytes)); /* offload (D2H) */
 	CHECK(vmmrt_slot_unmap(slot));                      /* device memory released */
@@ -68,7 +68,7 @@ int main(void)
 	CHECK(vmmrt_kernel_checksum(rt, stream, after, bytes, vmmrt_slot_address(result)));
 	CHECK(vmmrt_stream_synchronize(rt, stream));
 	CHECK(vmmrt_copy_to_host(rt, &sum_after, vmmrt_slot_address(result), sizeof(sum_after)));
-	printf("remapped at 0x%" PRIx64 ": checksum %016" PRIx64 "\n", after, sum_after);
+	printf("remapped at 0x%llx: checksum %016" PRIx64 "\n", after, sum_after);
 
 	uint64_t expect = 0;
 	{

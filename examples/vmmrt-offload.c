@@ -101,7 +101,7 @@ static int run_mode(const char *mode, unsigned iterations, uint64_t *scratch)
 		for (unsigned i = 0; i < LAYERS; i++)
 			ok += got[i] == expected_checksum(it, i, scratch);
 		bad += LAYERS - ok;
-		vmmrt_offload_stats s;
+		vmmrt_offload_stats s = {.size = sizeof(s)};
 		CHECK(vmmrt_offload_stats_get(rt, &s));
 		printf("%-8s iteration %u: %u/%u activations verified, activations on device %3" PRIu64
 		       " MiB (peak %3" PRIu64 " MiB), %3" PRIu64 " MiB offloaded\n",

@@ -16,6 +16,13 @@
  *    host callback): such calls fail with VMMRT_E_NOT_PERMITTED. Accessors
  *    and option calls touch no driver and are allowed anywhere.
  *  - the library never exits or aborts the process.
+ *  - a call that succeeds leaves vmmrt_last_error() empty.
+ *  - structs the library fills (vmmrt_runtime_info, vmmrt_driver_stats,
+ *    vmmrt_offload_stats, vmmrt_option_info) start with a size the caller
+ *    sets to sizeof(the struct) before the call, so they can grow without
+ *    breaking programs built against an older header: the library fills what
+ *    fits in that size and zeroes what it does not know. A size smaller than
+ *    the first release of the struct is VMMRT_E_INVALID_SIZE.
  *
  * See vmmrt(7) for the whole picture and the option table.
  */
@@ -29,12 +36,29 @@
 extern "C" {
 #endif
 
-#define VMMRT_VERSION_MAJOR 0
-#define VMMRT_VERSION_MINOR 1
-#define VMMRT_VERSION_PATCH 0
+/*
+ * The library is built with hidden visibility: what this header declares with
+ * VMMRT_EXTERN is its whole ABI, and nothing else is exported.
+ */
+#if defined(__GNUC__)
+#define VMMRT_EXTERN __attribute__((visibility("default"))) extern
+#else
+#define VMMRT_EXTERN extern
+#endif
 
-/* A device virtual address (CUdeviceptr on the CUDA backend). */
-typedef uint64_t vmmrt_devptr;
+/* The version of this header; vmmrt_version() gives the library's. */
+#define VMMRT_VERSION_MAJOR 0
+#define VMMRT_VERSION_MINOR 2
+#define VMMRT_VERSION_PATCH 0
+#define VMMRT_VERSION_HEX ((VMMRT_VERSION_MAJOR << 16) | (VMMRT_VERSION_MINOR << 8) | VMMRT_VERSION_PATCH)
+
+/* The library's version, as VMMRT_VERSION_HEX (0x000200 for 0.2.0) and as text ("0.2.0"). */
+VMMRT_EXTERN unsigned int vmmrt_version(void);
+VMMRT_EXTERN const char *vmmrt_version_string(void);
+
+/* A device virtual address: exactly CUdeviceptr's type, so a CUdeviceptr *
+ * passes for a vmmrt_devptr * without a cast, in C and in C++. */
+typedef unsigned long long vmmrt_devptr;
 
 /*
  * A backend stream. On the CUDA backend it is the CUstream itself, cast:
@@ -74,11 +98,11 @@ typedef enum vmmrt_status {
 } vmmrt_status;
 
 /* Short description of a status ("device out of memory"). Never NULL. */
-const char *vmmrt_strerror(vmmrt_status status);
+VMMRT_EXTERN const char *vmmrt_strerror(vmmrt_status status);
 /* The enumerator's name ("VMMRT_E_OUT_OF_MEMORY"). Never NULL. */
-const char *vmmrt_status_name(vmmrt_status status);
+VMMRT_EXTERN const char *vmmrt_status_name(vmmrt_status status);
 /* The detailed message of the last failed call made by this thread. */
-const char *vmmrt_last_error(void);
+VMMRT_EXTERN const char *vmmrt_last_error(void);
 
 /* ------------------------------------------------------------------ options */
 
@@ -91,21 +115,22 @@ const char *vmmrt_last_error(void);
  */
 typedef struct vmmrt_options vmmrt_options;
 
-vmmrt_status vmmrt_options_create(vmmrt_options **out);
-void vmmrt_options_destroy(vmmrt_options *opts);
-vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char *value);
-vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char *buf, size_t len);
+VMMRT_EXTERN vmmrt_status vmmrt_options_create(vmmrt_options **out);
+VMMRT_EXTERN void vmmrt_options_destroy(vmmrt_options *opts);
+VMMRT_EXTERN vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char *value);
+VMMRT_EXTERN vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char *buf, size_t len);
 /* Apply every VMMRT_* variable of the environment; runtime creation does this too. */
-vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts);
+VMMRT_EXTERN vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts);
 /* Walk the option table: i-th option's name, variable, default and one-line doc. */
 typedef struct vmmrt_option_info {
+	size_t size;           /* set by the caller: sizeof(vmmrt_option_info) */
 	const char *name;
 	const char *env;
 	const char *default_value;
 	const char *range;
 	const char *doc;
 } vmmrt_option_info;
-vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out);
+VMMRT_EXTERN vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out);
 
 /* ------------------------------------------------------------------ runtime */
 
@@ -118,6 +143,7 @@ typedef enum vmmrt_mode {
 } vmmrt_mode;
 
 typedef struct vmmrt_runtime_info {
+	size_t size;           /* set by the caller: sizeof(vmmrt_runtime_info) */
 	const char *backend;  /* "cuda" or "host" */
 	char backend_note[192]; /* why this backend: "auto: no CUDA driver (...), using host" */
 	char device[96];      /* device name */
@@ -129,13 +155,13 @@ typedef struct vmmrt_runtime_info {
 } vmmrt_runtime_info;
 
 /* opts may be NULL for defaults; the environment is applied on a copy. */
-vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out);
+VMMRT_EXTERN vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out);
 /* Drains or cancels queued work, joins the workers, frees every slot and reservation. */
-vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt);
-vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info *out);
+VMMRT_EXTERN vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt);
+VMMRT_EXTERN vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info *out);
 
 /* Driver-level device memory (cuMemGetInfo), in bytes. */
-vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes);
+VMMRT_EXTERN vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes);
 
 /*
  * Latency of the driver's VMM calls as the runtime made them (all threads),
@@ -144,13 +170,14 @@ vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total
  */
 #define VMMRT_DRIVER_CALLS 5
 typedef struct vmmrt_driver_stats {
+	size_t size;           /* set by the caller: sizeof(vmmrt_driver_stats) */
 	const char *name;      /* "cuMemCreate", ... */
 	uint64_t count;
 	double p50_us, p99_us, max_us;
 } vmmrt_driver_stats;
-vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driver_stats *out);
+VMMRT_EXTERN vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driver_stats *out);
 /* Forget the samples and the launch-thread blocking count (e.g. after warm-up). */
-vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt);
+VMMRT_EXTERN vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt);
 
 /* -------------------------------------------------------------------- slots */
 
@@ -165,19 +192,19 @@ typedef enum vmmrt_slot_state {
 } vmmrt_slot_state;
 
 /* Reserve a fixed VA of bytes (rounded up to the granularity); nothing mapped yet. */
-vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
+VMMRT_EXTERN vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
 /* Create physical memory and map it at the slot's address; waits for the worker. */
-vmmrt_status vmmrt_slot_map(vmmrt_slot *slot);
+VMMRT_EXTERN vmmrt_status vmmrt_slot_map(vmmrt_slot *slot);
 /* Unmap and release the physical memory; the address stays reserved. */
-vmmrt_status vmmrt_slot_unmap(vmmrt_slot *slot);
+VMMRT_EXTERN vmmrt_status vmmrt_slot_unmap(vmmrt_slot *slot);
 /* Release everything, reservation included. Requests still queued for the slot are
  * cancelled (their status becomes VMMRT_E_CANCELLED); the call waits for the worker. */
-vmmrt_status vmmrt_slot_destroy(vmmrt_slot *slot);
-vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *slot);
-size_t vmmrt_slot_size(const vmmrt_slot *slot);
-vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *slot);
+VMMRT_EXTERN vmmrt_status vmmrt_slot_destroy(vmmrt_slot *slot);
+VMMRT_EXTERN vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *slot);
+VMMRT_EXTERN size_t vmmrt_slot_size(const vmmrt_slot *slot);
+VMMRT_EXTERN vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *slot);
 /* The error of the last failed asynchronous request on this slot (VMMRT_OK if none); clears it. */
-vmmrt_status vmmrt_slot_error(vmmrt_slot *slot);
+VMMRT_EXTERN vmmrt_status vmmrt_slot_error(vmmrt_slot *slot);
 
 /* ------------------------------------------------- device helpers (any backend) */
 
@@ -186,31 +213,31 @@ vmmrt_status vmmrt_slot_error(vmmrt_slot *slot);
  * backend emulates a GPU with these, and the CUDA backend forwards them to the
  * driver. Applications with their own CUDA streams pass them cast to vmmrt_stream.
  */
-vmmrt_status vmmrt_stream_create(vmmrt_runtime *rt, vmmrt_stream *out);
-vmmrt_status vmmrt_stream_destroy(vmmrt_runtime *rt, vmmrt_stream stream);
-vmmrt_status vmmrt_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream stream);
-vmmrt_status vmmrt_host_alloc(vmmrt_runtime *rt, size_t bytes, void **out);
-vmmrt_status vmmrt_host_free(vmmrt_runtime *rt, void *ptr);
+VMMRT_EXTERN vmmrt_status vmmrt_stream_create(vmmrt_runtime *rt, vmmrt_stream *out);
+VMMRT_EXTERN vmmrt_status vmmrt_stream_destroy(vmmrt_runtime *rt, vmmrt_stream stream);
+VMMRT_EXTERN vmmrt_status vmmrt_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream stream);
+VMMRT_EXTERN vmmrt_status vmmrt_host_alloc(vmmrt_runtime *rt, size_t bytes, void **out);
+VMMRT_EXTERN vmmrt_status vmmrt_host_free(vmmrt_runtime *rt, void *ptr);
 /* Synchronous copies for setup and checks, never for the hot path. */
-vmmrt_status vmmrt_copy_to_device(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t bytes);
-vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes);
+VMMRT_EXTERN vmmrt_status vmmrt_copy_to_device(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t bytes);
+VMMRT_EXTERN vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes);
 /* Built-in kernels, the same bytes on every backend. */
-vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed);
-vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr src, size_t bytes, vmmrt_devptr result);
-vmmrt_status vmmrt_kernel_busy(vmmrt_runtime *rt, vmmrt_stream stream, uint64_t nanoseconds);
+VMMRT_EXTERN vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed);
+VMMRT_EXTERN vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr src, size_t bytes, vmmrt_devptr result);
+VMMRT_EXTERN vmmrt_status vmmrt_kernel_busy(vmmrt_runtime *rt, vmmrt_stream stream, uint64_t nanoseconds);
 /* A layer-like kernel: dst[i] = src[i] ^ vmmrt_fill_word(seed, i) (src 0: no input), lasting >= ns. */
-vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, vmmrt_devptr src,
+VMMRT_EXTERN vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, vmmrt_devptr src,
 				size_t bytes, uint64_t seed, uint64_t nanoseconds);
 /* Host-side reference of the fill pattern and the checksum. */
-uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index);
-uint64_t vmmrt_checksum_host(const void *data, size_t bytes);
+VMMRT_EXTERN uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index);
+VMMRT_EXTERN uint64_t vmmrt_checksum_host(const void *data, size_t bytes);
 
 /* Graphs: capture the work enqueued on a stream, replay it at the captured addresses. */
 typedef struct vmmrt_graph vmmrt_graph;
-vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream);
-vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out);
-vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream);
-vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph);
+VMMRT_EXTERN vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream);
+VMMRT_EXTERN vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out);
+VMMRT_EXTERN vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream);
+VMMRT_EXTERN vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph);
 
 /* ------------------------------------------------------------ offload groups */
 
@@ -251,36 +278,37 @@ typedef enum vmmrt_group_state {
 	VMMRT_GROUP_FAILED,           /* an asynchronous step failed: see vmmrt_group_error */
 } vmmrt_group_state;
 
-vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out);
-vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *desc);
+VMMRT_EXTERN vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out);
+VMMRT_EXTERN vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *desc);
 /* End discovery for every group: reserve and map slots (or the two banks), pin host buffers. */
-vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt);
-vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g);
+VMMRT_EXTERN vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt);
+VMMRT_EXTERN vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g);
 /*
  * The next saved tensor, in discovery order: checked against its descriptor,
  * then (if src is not 0) copied device-to-device into the slot on `stream`.
  * *addr receives its fixed address inside the slot: what the graphs use.
  */
-vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *desc, vmmrt_devptr src,
+VMMRT_EXTERN vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *desc, vmmrt_devptr src,
 			      vmmrt_stream stream, vmmrt_devptr *addr);
-vmmrt_status vmmrt_group_end_capture(vmmrt_group *g);
-vmmrt_group_state vmmrt_group_get_state(const vmmrt_group *g);
+VMMRT_EXTERN vmmrt_status vmmrt_group_end_capture(vmmrt_group *g);
+VMMRT_EXTERN vmmrt_group_state vmmrt_group_get_state(const vmmrt_group *g);
 /* Base address of the group's activations (its slot, or its bank) and total bytes. */
-vmmrt_devptr vmmrt_group_address(const vmmrt_group *g);
-size_t vmmrt_group_bytes(const vmmrt_group *g);
+VMMRT_EXTERN vmmrt_devptr vmmrt_group_address(const vmmrt_group *g);
+VMMRT_EXTERN size_t vmmrt_group_bytes(const vmmrt_group *g);
 /* The first asynchronous failure of this group, with a message naming it (clears it). */
-vmmrt_status vmmrt_group_error(vmmrt_group *g);
+VMMRT_EXTERN vmmrt_status vmmrt_group_error(vmmrt_group *g);
 
 /* Replay hooks, on the application's compute stream. */
-vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute);
-vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute);
-vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute);
-vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute);
+VMMRT_EXTERN vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute);
+VMMRT_EXTERN vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute);
+VMMRT_EXTERN vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute);
+VMMRT_EXTERN vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute);
 
 /* Wait (bounded by the timeout option) until every offload copy and request has finished. */
-vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt);
+VMMRT_EXTERN vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt);
 
 typedef struct vmmrt_offload_stats {
+	size_t size;           /* set by the caller: sizeof(vmmrt_offload_stats) */
 	uint64_t iterations;             /* backward passes completed (hook calls) */
 	uint64_t bytes_offloaded;        /* D2H bytes enqueued */
 	uint64_t bytes_restored;         /* H2D bytes enqueued */
@@ -298,9 +326,9 @@ typedef struct vmmrt_offload_stats {
 	uint32_t lookahead;
 	uint32_t schedule_recorded;      /* 1 once the first iteration fixed the order */
 } vmmrt_offload_stats;
-vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
+VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
 /* Restart the counters, and the peak from the memory mapped now (after warm-up, say). */
-vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt);
+VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt);
 
 
 #ifdef __cplusplus

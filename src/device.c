@@ -5,27 +5,22 @@
  */
 #include "config.h"
 
+#include "api.h"
 #include "error.h"
 #include "runtime.h"
 
-#define ENTRY(rt) \
-	do { \
-		vmmrt_status st_ = vmmrt__drv_check_caller(__func__); \
-		if (st_ != VMMRT_OK) \
-			return st_; \
-		VMMRT_CHECK_ARG(rt, "runtime is NULL"); \
-	} while (0)
-
 vmmrt_status vmmrt_stream_create(vmmrt_runtime *rt, vmmrt_stream *out)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	return vmmrt__drv_stream_create(rt, out);
 }
 
 vmmrt_status vmmrt_stream_destroy(vmmrt_runtime *rt, vmmrt_stream stream)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	if (VMMRT__IS_DEFAULT_STREAM(stream))
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT,
 				    "%s: %p is a default stream (NULL, VMMRT_STREAM_LEGACY or VMMRT_STREAM_PER_THREAD), "
@@ -35,13 +30,15 @@ vmmrt_status vmmrt_stream_destroy(vmmrt_runtime *rt, vmmrt_stream stream)
 
 vmmrt_status vmmrt_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream stream)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	return vmmrt__drv_stream_synchronize(rt, stream);
 }
 
 vmmrt_status vmmrt_host_alloc(vmmrt_runtime *rt, size_t bytes, void **out)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	if (bytes == 0)
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "host allocation of 0 bytes");
@@ -50,7 +47,8 @@ vmmrt_status vmmrt_host_alloc(vmmrt_runtime *rt, size_t bytes, void **out)
 
 vmmrt_status vmmrt_host_free(vmmrt_runtime *rt, void *ptr)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	if (!ptr)
 		return VMMRT_OK;
 	return vmmrt__drv_host_free(rt, ptr);
@@ -72,13 +70,15 @@ static vmmrt_status sync_copy(vmmrt_runtime *rt, vmmrt_devptr dev, void *host, s
 
 vmmrt_status vmmrt_copy_to_device(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t bytes)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	return sync_copy(rt, dst, (void *)src, bytes, true);
 }
 
 vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	return sync_copy(rt, src, dst, bytes, false);
 }
 
@@ -92,7 +92,8 @@ static vmmrt_status kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k
 
 vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(dst, "dst is 0");
 	return kernel(rt, stream, VMMRT_KERNEL_FILL, &(vmmrt__kernel_args){.dst = dst, .bytes = bytes, .seed = seed});
 }
@@ -100,7 +101,8 @@ vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_dev
 vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr src, size_t bytes,
 				   vmmrt_devptr result)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(src && result, "address is 0");
 	return kernel(rt, stream, VMMRT_KERNEL_CHECKSUM,
 		      &(vmmrt__kernel_args){.src = src, .out = result, .bytes = bytes});
@@ -108,14 +110,16 @@ vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt
 
 vmmrt_status vmmrt_kernel_busy(vmmrt_runtime *rt, vmmrt_stream stream, uint64_t nanoseconds)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	return kernel(rt, stream, VMMRT_KERNEL_BUSY, &(vmmrt__kernel_args){.ns = nanoseconds});
 }
 
 vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, vmmrt_devptr src,
 				size_t bytes, uint64_t seed, uint64_t nanoseconds)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(dst, "dst is 0");
 	if (bytes == 0 || bytes % 8)
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "layer kernel over %zu bytes: need a non-zero multiple of 8",
@@ -126,27 +130,31 @@ vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_de
 
 vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	return vmmrt__drv_begin_capture(rt, stream);
 }
 
 vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	return vmmrt__drv_end_capture(rt, stream, (vmmrt__bgraph **)out);
 }
 
 vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(graph, "graph is NULL");
 	return vmmrt__drv_graph_launch(rt, (vmmrt__bgraph *)graph, stream);
 }
 
 vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph)
 {
-	ENTRY(rt);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(graph, "graph is NULL");
 	return vmmrt__drv_graph_destroy(rt, (vmmrt__bgraph *)graph);
 }

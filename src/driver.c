@@ -24,6 +24,7 @@
 #include <urcu/pointer.h>
 #include <urcu/uatomic.h>
 
+#include "api.h"
 #include "error.h"
 #include "runtime.h"
 #include "trace.h"
@@ -411,17 +412,19 @@ uint64_t vmmrt__drv_launch_thread_blocking(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driver_stats *out)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(rt && out, "NULL argument");
 	if (call >= VMMRT_CALL_COUNT_)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "driver call %u >= %d", call, VMMRT_CALL_COUNT_);
 	vmmrt__call_stats s;
 	vmmrt__drv_call_stats(rt, (vmmrt__drv_call)call, &s);
-	*out = (vmmrt_driver_stats){call_names[call], s.count, s.p50_us, s.p99_us, s.max_us};
-	return VMMRT_OK;
+	vmmrt_driver_stats full = {sizeof(full), call_names[call], s.count, s.p50_us, s.p99_us, s.max_us};
+	return VMMRT__SIZED_OUT(out, full, VMMRT__DRIVER_STATS_SIZE_V1, "vmmrt_driver_stats");
 }
 
 vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__drv_reset_stats(rt);
 	return VMMRT_OK;

@@ -11,24 +11,16 @@
 
 #include <urcu/uatomic.h>
 
+#include "api.h"
 #include "error.h"
 #include "offload.h"
 
 #define DEFAULT_ALIGN 256
 
-#define GROUP_ENTRY(g) \
-	do { \
-		vmmrt_status st_ = vmmrt__drv_check_caller(__func__); \
-		if (st_ != VMMRT_OK) \
-			return st_; \
-		VMMRT_CHECK_ARG(g, "group is NULL"); \
-	} while (0)
-
 vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out)
 {
-	vmmrt_status st = vmmrt__drv_check_caller(__func__);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
+	vmmrt_status st;
 	VMMRT_CHECK_ARG(rt && out, "NULL argument");
 	vmmrt__offload *off = vmmrt__offload_get(rt, &st);
 	if (!off)
@@ -78,7 +70,8 @@ static vmmrt_status check_desc(const vmmrt_group *g, const vmmrt_tensor_desc *d)
 
 vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *d)
 {
-	GROUP_ENTRY(g);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(g, "group is NULL");
 	vmmrt_status st = check_desc(g, d);
 	if (st != VMMRT_OK)
 		return st;
@@ -153,7 +146,8 @@ void vmmrt__group_free(vmmrt_group *g)
 
 vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g)
 {
-	GROUP_ENTRY(g);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(g, "group is NULL");
 	if (g->state != VMMRT_GROUP_ALLOCATED && g->state != VMMRT_GROUP_READY)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': begin capture needs an allocated group",
 				   g->name);
@@ -176,7 +170,8 @@ static bool same_desc(const vmmrt_tensor_desc *a, const vmmrt_tensor_desc *b)
 vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_devptr src, vmmrt_stream stream,
 			      vmmrt_devptr *addr)
 {
-	GROUP_ENTRY(g);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(g, "group is NULL");
 	VMMRT_CHECK_ARG(addr, "addr is NULL");
 	vmmrt_status st = check_desc(g, d);
 	if (st != VMMRT_OK)
@@ -209,7 +204,8 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 
 vmmrt_status vmmrt_group_end_capture(vmmrt_group *g)
 {
-	GROUP_ENTRY(g);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(g, "group is NULL");
 	if (g->state != VMMRT_GROUP_CAPTURING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': end capture without begin", g->name);
 	if (g->saved != g->ndesc) {
@@ -257,6 +253,7 @@ void vmmrt__group_fail(vmmrt_group *g, vmmrt_status st, const char *what)
 
 vmmrt_status vmmrt_group_error(vmmrt_group *g)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(g, "group is NULL");
 	int32_t e = uatomic_read(&g->error);
 	if (e == VMMRT_OK || e == GROUP_ERROR_CLAIMED)

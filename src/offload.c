@@ -12,6 +12,7 @@
 
 #include <urcu/uatomic.h>
 
+#include "api.h"
 #include "error.h"
 #include "offload.h"
 
@@ -45,6 +46,7 @@ void vmmrt__offload_account(vmmrt__offload *off, int64_t delta)
 
 static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt__offload **out)
 {
+	vmmrt__error_clear();
 	vmmrt_status st = vmmrt__drv_check_caller("vmmrt offload");
 	if (st != VMMRT_OK)
 		return st;
@@ -97,9 +99,8 @@ static void release_allocation(vmmrt__offload *off)
 
 vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
 {
-	vmmrt_status st = vmmrt__drv_check_caller(__func__);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
+	vmmrt_status st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = vmmrt__offload_get(rt, &st);
 	if (!off)
@@ -156,6 +157,7 @@ static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, co
 
 static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
 {
+	vmmrt__error_clear();
 	vmmrt_status st = vmmrt__drv_check_caller(what);
 	if (st != VMMRT_OK)
 		return st;
@@ -325,43 +327,46 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out)
 {
+	VMMRT__API_ENTER(); /* the copy times come from driver events */
 	VMMRT_CHECK_ARG(rt && out, "NULL argument");
-	memset(out, 0, sizeof(*out));
-	out->mode = rt->mode;
-	out->lookahead = rt->lookahead;
-	out->launch_thread_blocking = vmmrt__drv_launch_thread_blocking(rt);
+	vmmrt_offload_stats full = {.size = sizeof(full)};
+	vmmrt_offload_stats *o = &full;
+	o->mode = rt->mode;
+	o->lookahead = rt->lookahead;
+	o->launch_thread_blocking = vmmrt__drv_launch_thread_blocking(rt);
 	vmmrt__offload *off = rt->offload;
 	if (!off)
-		return VMMRT_OK;
-	out->groups = off->ngroups;
-	out->iterations = off->iterations;
-	out->schedule_recorded = off->sched.recorded;
-	out->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
-	out->bytes_restored = uatomic_read(&off->bytes_restored);
-	out->activation_bytes = (uint64_t)uatomic_read(&off->activation_bytes);
-	out->activation_peak_bytes = (uint64_t)uatomic_read(&off->activation_peak);
-	out->maps = uatomic_read(&off->maps);
-	out->releases = uatomic_read(&off->releases);
-	out->bank_conflicts = off->bank_conflicts;
+		return VMMRT__SIZED_OUT(out, full, VMMRT__OFFLOAD_STATS_SIZE_V1, "vmmrt_offload_stats");
+	o->groups = off->ngroups;
+	o->iterations = off->iterations;
+	o->schedule_recorded = off->sched.recorded;
+	o->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
+	o->bytes_restored = uatomic_read(&off->bytes_restored);
+	o->activation_bytes = (uint64_t)uatomic_read(&off->activation_bytes);
+	o->activation_peak_bytes = (uint64_t)uatomic_read(&off->activation_peak);
+	o->maps = uatomic_read(&off->maps);
+	o->releases = uatomic_read(&off->releases);
+	o->bank_conflicts = off->bank_conflicts;
 	/* Completed copies only: an event still pending is skipped, not waited for. */
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		float ms;
 		if (g->timed_d2h && vmmrt__drv_event_elapsed_ms(rt, g->d2h_start, g->d2h_done, &ms) == VMMRT_OK) {
-			out->last_d2h_ms += ms;
-			out->last_d2h_bytes += g->bytes;
+			o->last_d2h_ms += ms;
+			o->last_d2h_bytes += g->bytes;
 		}
 		if (g->timed_h2d && vmmrt__drv_event_elapsed_ms(rt, g->h2d_start, g->restored, &ms) == VMMRT_OK) {
-			out->last_h2d_ms += ms;
-			out->last_h2d_bytes += g->bytes;
+			o->last_h2d_ms += ms;
+			o->last_h2d_bytes += g->bytes;
 		}
 	}
-	vmmrt__error_clear();
-	return VMMRT_OK;
+	vmmrt__error_clear(); /* a pending event is not a failure of this call */
+	return VMMRT__SIZED_OUT(out, full, VMMRT__OFFLOAD_STATS_SIZE_V1, "vmmrt_offload_stats");
 }
 
 vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = rt->offload;
 	if (!off)

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "error.h"
 #include "options.h"
 
@@ -220,6 +221,7 @@ void vmmrt__options_defaults(vmmrt_options *o)
 
 vmmrt_status vmmrt_options_create(vmmrt_options **out)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	vmmrt_options *o = malloc(sizeof(*o));
 	if (!o)
@@ -236,6 +238,7 @@ void vmmrt_options_destroy(vmmrt_options *opts)
 
 vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char *value)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(opts, "options is NULL");
 	VMMRT_CHECK_ARG(name, "name is NULL");
 	int id = vmmrt__options_find(name);
@@ -251,6 +254,7 @@ vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char
 
 vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char *buf, size_t len)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(opts, "options is NULL");
 	VMMRT_CHECK_ARG(buf && len, "buffer is NULL or empty");
 	int id = vmmrt__options_find(name);
@@ -272,6 +276,7 @@ vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char
 
 vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(opts, "options is NULL");
 	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
 		const char *v = getenv(table[i].env);
@@ -319,17 +324,14 @@ static void fill_range_texts(void)
 
 vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	if (index >= VMMRT_OPT_COUNT_)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "option index %zu >= %d", index, VMMRT_OPT_COUNT_);
 	const opt_row *r = &table[index];
-	out->name = r->name;
-	out->env = r->env;
-	out->default_value = r->def;
 	pthread_once(&range_once, fill_range_texts);
-	out->range = range_texts[index];
-	out->doc = r->doc;
-	return VMMRT_OK;
+	vmmrt_option_info info = {sizeof(info), r->name, r->env, r->def, range_texts[index], r->doc};
+	return VMMRT__SIZED_OUT(out, info, VMMRT__OPTION_INFO_SIZE_V1, "vmmrt_option_info");
 }
 
 void vmmrt__options_print_help(FILE *out)

@@ -10,6 +10,7 @@
 #include <urcu/uatomic.h>
 #include <urcu/urcu-memb.h>
 
+#include "api.h"
 #include "error.h"
 #include "runtime.h"
 #include "offload.h"
@@ -92,9 +93,8 @@ static vmmrt_status warm_host_function_thread(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
 {
-	vmmrt_status st = vmmrt__drv_check_caller(__func__);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
+	vmmrt_status st;
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	*out = NULL;
 	pthread_once(&atfork_once, register_atfork);
@@ -197,9 +197,8 @@ static size_t destroy_leftover_slots(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 {
-	vmmrt_status st = vmmrt__drv_check_caller(__func__);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
+	vmmrt_status st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 
 	vmmrt_status off_st = vmmrt__offload_destroy(rt);
@@ -227,25 +226,24 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info *out)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
-	memset(out, 0, sizeof(*out));
-	out->backend = rt->ops->name;
-	snprintf(out->backend_note, sizeof(out->backend_note), "%s", rt->note);
-	snprintf(out->device, sizeof(out->device), "%s", rt->device_name);
-	out->device_ordinal = rt->be_cfg.device_ordinal;
-	out->granularity = rt->granularity;
-	out->mode = rt->mode;
-	out->driver_workers = vmmrt__workers_count(rt->workers);
-	out->lookahead = rt->lookahead;
-	return VMMRT_OK;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
+	info.backend = rt->ops->name;
+	snprintf(info.backend_note, sizeof(info.backend_note), "%s", rt->note);
+	snprintf(info.device, sizeof(info.device), "%s", rt->device_name);
+	info.device_ordinal = rt->be_cfg.device_ordinal;
+	info.granularity = rt->granularity;
+	info.mode = rt->mode;
+	info.driver_workers = vmmrt__workers_count(rt->workers);
+	info.lookahead = rt->lookahead;
+	return VMMRT__SIZED_OUT(out, info, VMMRT__RUNTIME_INFO_SIZE_V1, "vmmrt_runtime_info");
 }
 
 vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
 {
-	vmmrt_status st = vmmrt__drv_check_caller(__func__);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(free_bytes && total_bytes, "output pointer is NULL");
 	return vmmrt__drv_mem_info(rt, free_bytes, total_bytes);

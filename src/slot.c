@@ -11,6 +11,7 @@
 
 #include <urcu/uatomic.h>
 
+#include "api.h"
 #include "error.h"
 #include "slot.h"
 #include "tsan.h"
@@ -159,19 +160,9 @@ vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, v
 
 /* ------------------------------------------------------------- public API */
 
-#define SLOT_ENTRY(s) \
-	do { \
-		vmmrt_status st_ = vmmrt__drv_check_caller(__func__); \
-		if (st_ != VMMRT_OK) \
-			return st_; \
-		VMMRT_CHECK_ARG(s, "slot is NULL"); \
-	} while (0)
-
 vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
 {
-	vmmrt_status st = vmmrt__drv_check_caller(__func__);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
 	return vmmrt__slot_reserve(rt, bytes, out);
@@ -199,7 +190,8 @@ static vmmrt_status settle(vmmrt_slot *s, vmmrt_status st)
 
 vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
 {
-	SLOT_ENTRY(s);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
 	vmmrt_status st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
@@ -219,7 +211,8 @@ vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
 
 vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 {
-	SLOT_ENTRY(s);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
 	vmmrt_status st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
@@ -239,7 +232,8 @@ vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 
 vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
 {
-	SLOT_ENTRY(s);
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
 	/*
 	 * The DESTROY request is not part of the slot: the worker frees the
 	 * slot, and must be free to do so the moment it is done. It queues
@@ -280,6 +274,7 @@ vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *s)
 
 vmmrt_status vmmrt_slot_error(vmmrt_slot *s)
 {
+	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(s, "slot is NULL");
 	return pending_error(s);
 }

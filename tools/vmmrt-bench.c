@@ -97,7 +97,7 @@ static void usage(FILE *f)
 		"Not here: mode (each mode sets its own; --mode is refused) and trace (--trace above is the\n"
 		"bench's: one file for all modes):\n");
 	/* the option table itself, so help and library cannot disagree */
-	vmmrt_option_info info;
+	vmmrt_option_info info = {.size = sizeof(info)};
 	for (size_t i = 0; vmmrt_option_describe(i, &info) == VMMRT_OK; i++) {
 		if (strcmp(info.name, "mode") == 0 || strcmp(info.name, "trace") == 0)
 			continue;
@@ -299,7 +299,7 @@ static int parse_modes(const char *list, bench_mode_id *out, unsigned *n)
 static int probe(bench_ctx *ctx, const cli *c)
 {
 	vmmrt_runtime *rt = NULL;
-	vmmrt_runtime_info info;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
 	for (int attempt = 0; attempt < 2; attempt++) {
 		vmmrt_options o = ctx->base;
 		if (vmmrt_options_set(&o, "mode", "none") != VMMRT_OK || vmmrt_runtime_create(&o, &rt) != VMMRT_OK) {

@@ -82,7 +82,7 @@ int main(int argc, char **argv)
 		TRY(vmmrt__drv_event_create(rt, true, &start[i]));
 		TRY(vmmrt__drv_event_create(rt, true, &end[i]));
 	}
-	vmmrt_runtime_info info;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
 	vmmrt_runtime_info_get(rt, &info);
 	printf("gap between two 200 us graph replays on %s, %u replays each (median, us)\n", info.device, reps);
 	for (int v = 0; v < N_VARIANTS; v++) {

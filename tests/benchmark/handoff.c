@@ -192,7 +192,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	vmmrt_options_destroy(o);
-	vmmrt_runtime_info info;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
 	vmmrt_runtime_info_get(rt, &info);
 
 	vmmrt_stream st[16];

@@ -402,9 +402,9 @@ static void step(fz *f)
 		}
 		break;
 	case 17: {
-		vmmrt_offload_stats os;
-		vmmrt_driver_stats ds;
-		vmmrt_runtime_info ri;
+		vmmrt_offload_stats os = {.size = sizeof(os)};
+		vmmrt_driver_stats ds = {.size = sizeof(ds)};
+		vmmrt_runtime_info ri = {.size = sizeof(ri)};
 		size_t a, b;
 		C(vmmrt_offload_stats_get(f->rt, &os));
 		if (u8(f) & 1)
@@ -434,7 +434,7 @@ static void step(fz *f)
 		for (size_t i = 0; i < vl; i++)
 			value[i] = (char)(u8(f) % 95 + 32);
 		value[vl] = '\0';
-		vmmrt_option_info info;
+		vmmrt_option_info info = {.size = sizeof(info)};
 		if (C(vmmrt_option_describe(u8(f) % 24, &info)) == VMMRT_OK && (nl & 1))
 			snprintf(name, sizeof(name), "%s", info.name);
 		if (!C(vmmrt_options_create(&o))) {

@@ -36,7 +36,7 @@ static void run_and_verify(const model_cfg *cfg, unsigned iters)
 	assert_int_equal(model_run(m, iters), VMMRT_OK);
 	assert_int_equal(model_verify(m, &checked), 0);
 	assert_int_equal(checked, iters * cfg->layers);
-	vmmrt_offload_stats s;
+	vmmrt_offload_stats s = {.size = sizeof(s)};
 	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
 	assert_int_equal(s.iterations, iters);
 	assert_true(s.schedule_recorded);
@@ -87,7 +87,7 @@ static void remap_inline_verifies_and_blocks(void **state)
 	assert_int_equal(model_verify(m, &checked), 0);
 	vmmrt__drv_reset_stats(model_runtime(m));
 	assert_int_equal(model_run(m, 3), VMMRT_OK);
-	vmmrt_offload_stats s;
+	vmmrt_offload_stats s = {.size = sizeof(s)};
 	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
 	assert_true(s.launch_thread_blocking > 0); /* what the workers are there to avoid */
 	assert_int_equal(model_verify(m, &checked), 0);
@@ -275,7 +275,7 @@ static size_t measure_peak(const model_cfg *cfg, vmmrt_offload_stats *s)
 static void device_memory_bounds(void **state)
 {
 	const size_t act = 4 * MiB; /* a multiple of the 2 MiB granularity */
-	vmmrt_offload_stats s;
+	vmmrt_offload_stats s = {.size = sizeof(s)};
 
 	model_cfg pp = {.mode = "pingpong", .layers = 6, .act_bytes = act, .lookahead = 1, .latency = true,
 			.copy_gbps = 10, .fwd_ns = 200000, .bwd_ns = 200000};
@@ -320,7 +320,7 @@ static void no_blocking_in_steady_state(void **state)
 		assert_int_equal(model_verify(m, &checked), 0);
 		vmmrt__drv_reset_stats(model_runtime(m));
 		assert_int_equal(model_run(m, 4), VMMRT_OK);
-		vmmrt_offload_stats s;
+		vmmrt_offload_stats s = {.size = sizeof(s)};
 		assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
 		assert_int_equal(s.launch_thread_blocking, 0);
 		assert_int_equal(model_verify(m, &checked), 0);

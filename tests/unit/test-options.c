@@ -20,7 +20,7 @@ static void defaults_are_valid(void **state)
 	vmmrt_options *o;
 	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
 	for (size_t i = 0; i < vmmrt__options_count(); i++) {
-		vmmrt_option_info info;
+		vmmrt_option_info info = {.size = sizeof(info)};
 		assert_int_equal(vmmrt_option_describe(i, &info), VMMRT_OK);
 		assert_non_null(info.doc);
 		assert_true(strncmp(info.env, "VMMRT_", 6) == 0);

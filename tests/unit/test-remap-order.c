@@ -125,7 +125,7 @@ static void event_query_failure_keeps_release_order_child(void)
 		_exit(14); /* the failed query must be reported */
 	if (vmmrt_offload_sync(rt) != VMMRT_OK)
 		_exit(15);
-	vmmrt_offload_stats s;
+	vmmrt_offload_stats s = {.size = sizeof(s)};
 	if (vmmrt_offload_stats_get(rt, &s) || s.releases != 2)
 		_exit(16);
 	_exit(vmmrt_runtime_destroy(rt) == VMMRT_OK ? 0 : 17);

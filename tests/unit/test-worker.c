@@ -82,7 +82,7 @@ static void pool_reuses_handles(void **state)
 {
 	vmmrt_runtime *rt = make_rt("1", "2");
 	vmmrt_slot *s;
-	vmmrt_driver_stats create;
+	vmmrt_driver_stats create = {.size = sizeof(create)};
 	assert_int_equal(vmmrt_slot_create(rt, 4 * MiB, &s), VMMRT_OK);
 	for (int i = 0; i < 10; i++) {
 		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);

@@ -142,7 +142,7 @@ static vmmrt_status mode_options(model *m, vmmrt_options *o)
  * when that changes what this row means. */
 static vmmrt_status check_runtime(model *m)
 {
-	vmmrt_runtime_info info;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
 	TRY(m, vmmrt_runtime_info_get(m->rt, &info), "runtime info");
 	if (m->md->lib_mode) {
 		vmmrt_mode want = strcmp(m->md->lib_mode, "pingpong") == 0 ? VMMRT_MODE_PINGPONG
@@ -411,6 +411,7 @@ static void fill_result(model *m, bench_acc *acc, bench_result *r)
 	}
 	r->driver_call_us_p99 = NAN;
 	for (unsigned c = 0; c < VMMRT_DRIVER_CALLS; c++) {
+		r->calls[c].size = sizeof(r->calls[c]);
 		if (vmmrt_driver_stats_get(m->rt, c, &r->calls[c]) != VMMRT_OK)
 			continue;
 		if (r->calls[c].count && (isnan(r->driver_call_us_p99) || r->calls[c].p99_us > r->driver_call_us_p99))
@@ -438,7 +439,7 @@ static vmmrt_status run_all(model *m, bench_result *r)
 		m->iters_run++;
 	}
 	if (lib_offload && !m->markers) {
-		vmmrt_offload_stats s;
+		vmmrt_offload_stats s = {.size = sizeof(s)};
 		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK && s.bytes_offloaded && !s.last_d2h_bytes &&
 		    !(s.last_d2h_ms > 0))
 			m->markers = true;
@@ -455,7 +456,7 @@ static vmmrt_status run_all(model *m, bench_result *r)
 	}
 	if (m->md->lib_mode) {
 		/* the activation peak from the steady state, not from allocation */
-		vmmrt_offload_stats s;
+		vmmrt_offload_stats s = {.size = sizeof(s)};
 		if ((st = vmmrt_offload_stats_reset(m->rt)) != VMMRT_OK) {
 			bench_failed(m, st, "offload statistics reset");
 			goto out;
@@ -478,7 +479,7 @@ static vmmrt_status run_all(model *m, bench_result *r)
 			break;
 		m->iters_run++;
 		if (lib_offload) {
-			vmmrt_offload_stats s;
+			vmmrt_offload_stats s = {.size = sizeof(s)};
 			if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK) {
 				acc.lib_d2h_ms += s.last_d2h_ms;
 				acc.lib_h2d_ms += s.last_h2d_ms;
@@ -499,7 +500,7 @@ static vmmrt_status run_all(model *m, bench_result *r)
 	r->activation_device_bytes = median_used;
 	r->peak_device_bytes = min_free <= m->base_free ? (int64_t)(m->base_free - min_free) : 0;
 	if (m->md->lib_mode) {
-		vmmrt_offload_stats s;
+		vmmrt_offload_stats s = {.size = sizeof(s)};
 		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK) {
 			r->lib_activation_peak_bytes = s.activation_peak_bytes;
 			r->bank_conflicts = s.bank_conflicts - conflicts0;

@@ -248,7 +248,7 @@ static bool create_runtime(scen *s)
 		s->rt = NULL;
 		goto out;
 	}
-	vmmrt_runtime_info info;
+	vmmrt_runtime_info info = {.size = sizeof(info)};
 	if (vmmrt_runtime_info_get(s->rt, &info) != VMMRT_OK || info.mode != s->mode ||
 	    info.driver_workers != s->workers || info.lookahead != s->lookahead) {
 		t_fail(s->seed, "setup", "runtime info does not match the options: %s", vmmrt_last_error());
@@ -388,7 +388,7 @@ static void invariants(scen *s)
 	}
 	if (s->errored || fault_causes(&s->fc))
 		return;
-	vmmrt_offload_stats st;
+	vmmrt_offload_stats st = {.size = sizeof(st)};
 	if (vmmrt_offload_stats_get(s->rt, &st) != VMMRT_OK) {
 		t_fail(s->seed, "stats", "vmmrt_offload_stats_get: %s", vmmrt_last_error());
 		return;
