@@ -271,9 +271,14 @@ vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_
 	PLAIN(rt, "cuEventRecord", rt->ops->event_record(rt->be, e, s));
 }
 
-vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e)
+vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e, bool *done)
 {
-	PLAIN(rt, "cuEventQuery", rt->ops->event_query(rt->be, e));
+	PLAIN(rt, "cuEventQuery", rt->ops->event_query(rt->be, e, done));
+}
+
+vmmrt_status vmmrt__drv_stream_query(vmmrt_runtime *rt, vmmrt_stream s, bool *done)
+{
+	PLAIN(rt, "cuStreamQuery", rt->ops->stream_query(rt->be, s, done));
 }
 
 vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e)

@@ -55,7 +55,9 @@ vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, 
 vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out);
 vmmrt_status vmmrt__drv_event_destroy(vmmrt_runtime *rt, vmmrt__bevent *e);
 vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_stream s);
-vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e);
+/* *done: whether the event's last record (or all of the stream's work) finished. */
+vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e, bool *done);
+vmmrt_status vmmrt__drv_stream_query(vmmrt_runtime *rt, vmmrt_stream s, bool *done);
 vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e); /* blocking */
 vmmrt_status vmmrt__drv_event_elapsed_ms(vmmrt_runtime *rt, vmmrt__bevent *a, vmmrt__bevent *b, float *ms);
 vmmrt_status vmmrt__drv_launch_host_func(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__host_fn fn, void *arg);

@@ -62,8 +62,9 @@ static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *
 {
 	uint64_t deadline = vmmrt__now_ns() + rt->timeout_ms * 1000000ull;
 	for (unsigned spin = 0;; spin++) {
-		vmmrt_status st = rt->ops->stream_query(rt->be, s);
-		if (st != VMMRT_E_BUSY)
+		bool done = false;
+		vmmrt_status st = vmmrt__drv_stream_query(rt, s, &done);
+		if (st != VMMRT_OK || done)
 			return st;
 		if (vmmrt__now_ns() > deadline)
 			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
@@ -403,8 +404,14 @@ vmmrt_status vmmrt__offload_destroy(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt__offload_wait(vmmrt__offload *off, vmmrt_stream s, vmmrt__bevent *e)
 {
-	if (vmmrt__drv_event_query(off->rt, e) == VMMRT_OK)
-		return VMMRT_OK;
+	bool done = false;
+	if (vmmrt__drv_event_query(off->rt, e, &done) == VMMRT_OK) {
+		if (done)
+			return VMMRT_OK;
+	} else {
+		/* the wait below does the same job, so a failed poll is no failure of the call */
+		vmmrt__error_clear();
+	}
 	return vmmrt__drv_stream_wait_event(off->rt, s, e);
 }
 

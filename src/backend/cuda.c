@@ -1010,9 +1010,23 @@ static vmmrt_status cuda_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_query(vmmrt__backend *b, vmmrt_stream s)
+/* A query: CUDA_ERROR_NOT_READY is the answer "not yet", not a failure. */
+#define CU_QUERY(b, op, call, done, ...) \
+	do { \
+		int pushed_; \
+		CUresult r_; \
+		OP_ENTER(b, op, pushed_); \
+		r_ = (call); \
+		ctx_leave(pushed_); \
+		if (r_ != CUDA_SUCCESS && r_ != CUDA_ERROR_NOT_READY) \
+			return cu_error(r_, __VA_ARGS__); \
+		*(done) = r_ == CUDA_SUCCESS; \
+	} while (0)
+
+static vmmrt_status cuda_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done)
 {
-	CU_CALL(b, "cuStreamQuery", cu.StreamQuery(CU_STREAM(s)), "cuStreamQuery(%p)", (void *)s);
+	VMMRT_CHECK_ARG(done != NULL, "NULL result");
+	CU_QUERY(b, "cuStreamQuery", cu.StreamQuery(CU_STREAM(s)), done, "cuStreamQuery(%p)", (void *)s);
 	return VMMRT_OK;
 }
 
@@ -1074,11 +1088,11 @@ static vmmrt_status cuda_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e)
+static vmmrt_status cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *done)
 {
 	ROLE_CHECK("cuEventQuery");
-	VMMRT_CHECK_ARG(e != NULL, "NULL event");
-	CU_CALL(b, "cuEventQuery", cu.EventQuery(CU_EVENT(e)), "cuEventQuery(%p)", (void *)e);
+	VMMRT_CHECK_ARG(e != NULL && done != NULL, "NULL event or result");
+	CU_QUERY(b, "cuEventQuery", cu.EventQuery(CU_EVENT(e)), done, "cuEventQuery(%p)", (void *)e);
 	return VMMRT_OK;
 }
 

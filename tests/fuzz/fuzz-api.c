@@ -168,11 +168,12 @@ static vmmrt_status chk(vmmrt_status st, const char *what)
 static bool drain(fz *f)
 {
 	for (int i = 0; i < 2000; i++) {
-		vmmrt_status st = f->rt->ops->stream_query(f->rt->be, f->s);
-		if (st == VMMRT_OK)
-			return true;
-		if (st != VMMRT_E_BUSY)
+		bool done = false;
+		vmmrt_status st = f->rt->ops->stream_query(f->rt->be, f->s, &done);
+		if (st != VMMRT_OK)
 			return false;
+		if (done)
+			return true;
 		struct timespec ts = {0, 100000};
 		nanosleep(&ts, NULL);
 	}

@@ -96,7 +96,8 @@ vmmrt_status bench_trace_align(bench_timing *t, vmmrt_stream s)
 		return st;
 	/* Poll, not synchronize: the host clock must be read the moment it completes. */
 	uint64_t deadline = vmmrt__now_ns() + 10ull * 1000000000ull;
-	while ((st = vmmrt__drv_event_query(t->rt, t->ref)) == VMMRT_E_BUSY) {
+	bool done = false;
+	while ((st = vmmrt__drv_event_query(t->rt, t->ref, &done)) == VMMRT_OK && !done) {
 		if (vmmrt__now_ns() > deadline)
 			return VMMRT_E_TIMEOUT;
 	}

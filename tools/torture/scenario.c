@@ -354,11 +354,12 @@ static bool drain_compute(scen *s, uint64_t limit_ms)
 {
 	uint64_t deadline = t_now_ns() + limit_ms * 1000000ull;
 	for (unsigned spin = 0;; spin++) {
-		vmmrt_status st = s->rt->ops->stream_query(s->rt->be, s->compute);
-		if (st == VMMRT_OK)
-			return true;
-		if (st != VMMRT_E_BUSY)
+		bool done = false;
+		vmmrt_status st = s->rt->ops->stream_query(s->rt->be, s->compute, &done);
+		if (st != VMMRT_OK)
 			return false; /* still capturing after a failed capture */
+		if (done)
+			return true;
 		heartbeat(s, "draining the compute stream");
 		if (t_now_ns() > deadline)
 			return false;
