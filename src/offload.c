@@ -177,7 +177,7 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 	if ((st = refuse_capturing(g->off->rt, compute, what)) != VMMRT_OK)
 		return st;
 	/* An earlier asynchronous failure is reported by the next hook on the group. */
-	return vmmrt_group_error(g);
+	return vmmrt__group_take_error(g);
 }
 
 /* The current use must have been requested before the strategy waits on it. */
@@ -293,13 +293,13 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 	/* A group that failed may have left a stream waiting for it: say so now
 	 * rather than time out on the stream. */
 	for (unsigned i = 0; i < off->ngroups; i++)
-		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+		if ((st = vmmrt__group_take_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	uatomic_inc(&rt->launch_blocking);
 	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK) {
 		/* A group that failed while we waited is why the stream is stuck: say that. */
 		for (unsigned i = 0; i < off->ngroups; i++) {
-			vmmrt_status gst = vmmrt_group_error(off->groups[i]);
+			vmmrt_status gst = vmmrt__group_take_error(off->groups[i]);
 			if (gst != VMMRT_OK)
 				return gst;
 		}
@@ -321,7 +321,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 			return st;
 	}
 	for (unsigned i = 0; i < off->ngroups; i++)
-		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+		if ((st = vmmrt__group_take_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	return VMMRT_OK;
 }
@@ -493,11 +493,11 @@ void vmmrt__offload_free_copies(vmmrt__offload *off, vmmrt_group *g)
 
 void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 {
-	vmmrt_status st = vmmrt_slot_destroy(s);
+	vmmrt_status st = vmmrt__slot_destroy(s);
 	/* A refused unmap or VA free leaves the slot alive and whole: try once
 	 * more rather than drop it. A timeout leaves it to the worker. */
 	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT)
-		(void)vmmrt_slot_destroy(s);
+		(void)vmmrt__slot_destroy(s);
 }
 
 void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask)

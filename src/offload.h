@@ -262,4 +262,7 @@ unsigned vmmrt__schedule_group_of(const vmmrt__schedule *s, uint64_t use, bool *
 /* Uses to prefetch now: [*from, *to). Empty until the order is recorded. */
 void vmmrt__schedule_window(vmmrt__schedule *s, unsigned lookahead, uint64_t *from, uint64_t *to);
 
+/* vmmrt_group_error without the public prologue, for the library's own use. */
+vmmrt_status vmmrt__group_take_error(vmmrt_group *g);
+
 #endif

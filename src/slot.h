@@ -58,4 +58,8 @@ vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, v
 /* Record a failure on the slot (worker side) so the next API call reports it. */
 void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st);
 
+/* vmmrt_slot_map and vmmrt_slot_destroy without the public prologue, for the library's own use. */
+vmmrt_status vmmrt__slot_map(vmmrt_slot *s);
+vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s);
+
 #endif

@@ -32,7 +32,7 @@ static vmmrt_status pp_allocate(vmmrt__offload *off)
 	for (unsigned b = 0; b < 2; b++) {
 		vmmrt_status st = vmmrt__slot_reserve(rt, max, &off->bank[b].slot);
 		if (st == VMMRT_OK)
-			st = vmmrt_slot_map(off->bank[b].slot);
+			st = vmmrt__slot_map(off->bank[b].slot);
 		if (st != VMMRT_OK)
 			return vmmrt__error_wrap(st, "ping-pong bank %u of %zu bytes", b, max);
 		off->bank[b].user_done = true;

@@ -4,9 +4,9 @@
 # reported failing (the negative case stays visible), the others verified, and
 # both files must parse. python3 checks them where it exists; otherwise grep
 # checks the keys (a Debian base image may have no python3).
-# Runs from the build directory (make check); VMMRT_BENCH overrides the binary.
+# Runs from the build directory (make check); BENCH_PROGRAM overrides the binary.
 
-bench=${VMMRT_BENCH:-./tools/vmmrt-bench}
+bench=${BENCH_PROGRAM:-./tools/vmmrt-bench}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmrt-bench-smoke.XXXXXX") || {
 	echo "1..0 # SKIP cannot create a temporary directory"
 	exit 0

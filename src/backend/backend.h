@@ -176,11 +176,5 @@ static inline uint64_t vmmrt__mix64(uint64_t x)
 	return x;
 }
 
-/*
- * The checksum of what a layer kernel writes from input_seed's fill into a
- * layer_seed layer: word w = fill(input_seed, w) ^ fill(layer_seed, w),
- * computed word by word (no buffer, whatever the size). src/pattern.c.
- */
-uint64_t vmmrt__layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t layer_seed);
 
 #endif /* VMMRT_BACKEND_H */

@@ -325,6 +325,7 @@ static void no_blocking_in_steady_state(void **state)
 		assert_int_equal(s.launch_thread_blocking, 0);
 		assert_int_equal(model_verify(m, &checked), 0);
 		assert_true(vmmrt__drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
+		assert_int_equal(model_stale_messages(m), 0);
 		model_destroy(m);
 	}
 }

@@ -199,7 +199,7 @@ void bench_sampler_stop(bench_sampler *s, size_t ref_free, size_t *min_free, int
 vmmrt_status bench_raw_bandwidth(bench_ctx *ctx, vmmrt_runtime *rt);
 
 /* The checksum the device computes over a layer's activation in iteration 0. */
-/* Does vmmrt__layer_checksum_host agree with the library's vmmrt_checksum_host? */
+/* Does vmmrt_layer_checksum_host agree with the library's vmmrt_checksum_host? */
 bool bench_checksum_selftest(void);
 
 /* The largest share of a preset's saved bytes that the D2H bandwidth can hide

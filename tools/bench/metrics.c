@@ -365,7 +365,7 @@ bool bench_checksum_selftest(void)
 	uint64_t buf[512];
 	for (size_t w = 0; w < 512; w++)
 		buf[w] = vmmrt_fill_word(7, w) ^ vmmrt_fill_word(1003, w);
-	return vmmrt_checksum_host(buf, sizeof(buf)) == vmmrt__layer_checksum_host(sizeof(buf), 7, 1003);
+	return vmmrt_checksum_host(buf, sizeof(buf)) == vmmrt_layer_checksum_host(sizeof(buf), 7, 1003);
 }
 
 double bench_offload_budget(const bench_preset *pr, double d2h_gbps)

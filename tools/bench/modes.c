@@ -366,8 +366,8 @@ static void verify(model *m, bench_result *r)
 	 * layers 0 and L-1 (the others differ only by the seed). */
 	if (m->iters_run) {
 		if (ctx->expect_bytes != m->A || ctx->expect_layers != L) {
-			ctx->expect[0] = vmmrt__layer_checksum_host(m->A, 1, 1000);
-			ctx->expect[1] = vmmrt__layer_checksum_host(m->A, 1, 1000 + L - 1);
+			ctx->expect[0] = vmmrt_layer_checksum_host(m->A, 1, 1000);
+			ctx->expect[1] = vmmrt_layer_checksum_host(m->A, 1, 1000 + L - 1);
 			ctx->expect_bytes = m->A;
 			ctx->expect_layers = L;
 		}

@@ -273,7 +273,7 @@ out:
 
 static uint64_t expected_sum(const tens *t, uint64_t iterseed)
 {
-	return vmmrt__layer_checksum_host(t->d.bytes, iterseed, t->seed);
+	return vmmrt_layer_checksum_host(t->d.bytes, iterseed, t->seed);
 }
 
 /* What a wrong result looks like: stale, or another group's bytes. */
