@@ -50,28 +50,6 @@ uint64_t vmmrt__now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-struct vmmrt__fault_hook {
-	vmmrt__fault_fn fn;
-	void *ctx;
-	struct vmmrt__fault_hook *next;
-};
-
-void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx)
-{
-	/* One pointer, so a call in flight never pairs one hook's function with
-	 * another's context (test-only: no allocation means no hook). Published
-	 * as RCU does, so a reader never sees it before its fields (the compiler
-	 * may sink plain stores past a plain store of the pointer). */
-	struct vmmrt__fault_hook *h = fn ? calloc(1, sizeof(*h)) : NULL;
-	if (h) {
-		h->fn = fn;
-		h->ctx = ctx;
-		h->next = rt->fault_all;
-		rt->fault_all = h;
-	}
-	rcu_set_pointer(&rt->fault, h);
-}
-
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt)
 {
 	while (rt->fault_all) {

@@ -500,12 +500,6 @@ void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 		(void)vmmrt__slot_destroy(s);
 }
 
-void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask)
-{
-	if (rt->offload)
-		rt->offload->drop_fence = mask;
-}
-
 bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
 	const vmmrt__schedule *s = &off->sched;

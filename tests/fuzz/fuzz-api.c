@@ -31,6 +31,7 @@
 #include "vmmrt.h"
 #include "driver.h"
 #include "runtime.h"
+#include "testing.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -25,6 +25,7 @@
 #include "offload-model.h"
 #include "offload.h"
 #include "test-common.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

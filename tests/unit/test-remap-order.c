@@ -32,6 +32,7 @@
 #include <urcu/uatomic.h>
 
 #include "driver.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

@@ -18,6 +18,7 @@
 #include "runtime.h"
 #include "slot.h"
 #include "test-common.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

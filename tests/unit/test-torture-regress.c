@@ -47,6 +47,7 @@
 #include "offload.h"
 #include "runtime.h"
 #include "worker.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

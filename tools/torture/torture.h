@@ -19,6 +19,7 @@
 
 #include "vmmrt.h"
 #include "backend/backend.h" /* vmmrt__mix64: the seeds' mixer too */
+#include "testing.h"
 
 /* ------------------------------------------------------------------ config */
 
