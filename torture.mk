@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # vmmrt-torture, its man page, the torture runs of `make check`, `make torture`
 # (the long run) and `make fuzz` (the libFuzzer API fuzzer, built with clang).
 # Included at the end of Makefile.am, after bin_PROGRAMS, TESTS, EXTRA_DIST,

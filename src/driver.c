@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Every driver call of the runtime passes here. Three rules are enforced in
  * one place rather than at each call site:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The runtime's only door to the backend. Every driver operation the runtime
  * makes goes through these wrappers, which enforce the thread rules (no driver

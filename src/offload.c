@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The offload hooks: where the schedule (which use comes now, what to
  * prefetch) meets the strategy (what that means for memory). Also allocation,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The test switches of src/testing.h: only in libvmmrt-testing.la. */
 #include "config.h"
 

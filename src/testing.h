@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Test switches: fault injection on every driver op and the planted bugs a
  * test uses to prove it can see one. They live in the convenience library

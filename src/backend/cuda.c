@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The CUDA backend: the ops table of backend.h on the CUDA driver API.
  *

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The built library against the stored ABI (abi/libvmmrt.abi, written by
 # abidw; abi/README.md says when and how it changes), with libabigail's
 # abidiff (TAP). Any difference fails: an incompatible one is a soname bump,

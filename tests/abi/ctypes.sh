@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # libvmmrt from Python's ctypes (TAP): loaded, a runtime on the host backend,
 # a slot round trip through the C API; once more with torch imported first
 # when a python3 with torch is found (frameworks load libvmmrt that way).

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # What libvmmrt.so offers a program that loads it (TAP):
 #  1. its exported symbols are exactly the functions include/vmmrt.h declares
 #     (VMMRT_EXTERN), no internal function, no data;

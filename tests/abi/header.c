@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* include/vmmrt.h as strict C99 (tests/abi/header.sh compiles this with
  * -std=c99 -Wall -Wextra -pedantic -Werror): every declaration, and
  * vmmrt_devptr's type is exactly unsigned long long (an incompatible pointer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 // include/vmmrt.h as C++ (tests/abi/header.sh: -std=c++11 and -std=c++17,
 // -Wall -Wextra -pedantic -Werror): a CUdeviceptr * passes for a
 // vmmrt_devptr * without a cast, and a CUstream converts as documented.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The public header compiles as strict C99 and as C++11 and C++17, warnings
 # as errors (TAP). Environment: srcdir, CC, CXX, CUDA_CPPFLAGS (when cuda.h is
 # there, the C++ check uses CUdeviceptr itself).

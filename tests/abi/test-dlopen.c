@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * libvmmrt loaded the way Python, a PyTorch extension or a plugin system
  * loads it: dlopen() of the built shared library, every function through

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # "make installcheck" (make distcheck runs it): the installed tree as a
 # distribution would ship it and a consumer would use it.
 #  - no libtool .la file; the header, vmmrt.pc and the man pages are there;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* A program built against the installed libvmmrt with nothing but
  * pkg-config's flags (tests/install/check.sh builds it shared and static). */
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Fixed-VA slots on the host backend: the address never changes, every state
  * transition is checked, failures roll back, and nothing leaks. Also the rule

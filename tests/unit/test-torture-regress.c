@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Regression tests for the library bugs vmmrt-torture and the API fuzzer
  * found and that were fixed (numbers as in the torture's report):

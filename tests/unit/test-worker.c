@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Driver workers: per-slot ordering across several workers, the handle pool,
  * failure publication with bounded out-of-memory retries, shutdown with

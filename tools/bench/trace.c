@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The --trace file: one Chrome/Perfetto trace for the whole run.
  *
