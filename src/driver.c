@@ -39,11 +39,6 @@ static const char *const call_names[VMMRT_CALL_COUNT_] = {
 	[VMMRT_CALL_RELEASE] = "cuMemRelease",
 };
 
-const char *vmmrt__drv_call_name(vmmrt__drv_call c)
-{
-	return (unsigned)c < VMMRT_CALL_COUNT_ ? call_names[c] : "unknown";
-}
-
 uint64_t vmmrt__now_ns(void)
 {
 	struct timespec ts;
@@ -228,11 +223,6 @@ vmmrt_status vmmrt__drv_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream s, vmm
 vmmrt_status vmmrt__drv_stream_wait_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
 {
 	PLAIN(rt, "cuStreamWaitValue32", rt->ops->stream_wait_value32(rt->be, s, addr, v));
-}
-
-vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
-{
-	PLAIN(rt, "cuStreamWriteValue32", rt->ops->stream_write_value32(rt->be, s, addr, v));
 }
 
 vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out)

@@ -24,8 +24,6 @@ typedef enum vmmrt__drv_call {
 	VMMRT_CALL_COUNT_
 } vmmrt__drv_call;
 
-const char *vmmrt__drv_call_name(vmmrt__drv_call c);
-
 /*
  * Fault injection: when a hook is set (src/testing.c, which only tests and
  * the torture link), it is consulted before each driver op; a non-OK return
@@ -57,7 +55,6 @@ vmmrt_status vmmrt__drv_stream_destroy(vmmrt_runtime *rt, vmmrt_stream s);
 vmmrt_status vmmrt__drv_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream s); /* blocking */
 vmmrt_status vmmrt__drv_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bevent *e);
 vmmrt_status vmmrt__drv_stream_wait_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v);
-vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v);
 vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out);
 vmmrt_status vmmrt__drv_event_destroy(vmmrt_runtime *rt, vmmrt__bevent *e);
 vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_stream s);

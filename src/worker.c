@@ -6,8 +6,9 @@
  * call cds_wfcq_enqueue, which is wait-free and tells whether the queue was
  * empty; the single consumer uses the unlocked __cds_wfcq_dequeue_nonblocking,
  * so no lock is ever shared with a host function. (An MPSC ck_ring would make
- * a preempted producer stall every other one: measured on this 2-core machine,
- * see DEPENDENCIES.md.)
+ * a preempted producer stall every other one: its enqueue spins until earlier
+ * producers commit, and on a 2-core machine 4 producers and a consumer hit a
+ * 15 s timeout in 8 runs of 12, where wfcqueue did the same work in 0.02 s.)
  *
  * Sleep: a ck_ec32 event count. The worker reads the count, looks at the
  * queue, and sleeps only if the count is unchanged; a producer enqueues first

@@ -9,7 +9,7 @@
  * src/driver.c, which adds the thread rules, fault injection and statistics.
  *
  * Semantics follow the CUDA driver API: every op returns a vmmrt_status and
- * leaves a message with vmmrt__set_error() on failure; async ops are ordered
+ * leaves a message with vmmrt__error() (src/error.h) on failure; async ops are ordered
  * per stream; an event wait waits for the event's most recent record at the
  * time the wait was enqueued; a host function runs on a driver thread and may
  * not call any op (those return VMMRT_E_NOT_PERMITTED).
