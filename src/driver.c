@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* The inline forms of rcu_set_pointer/rcu_dereference: built from uatomic,
  * which tsan.h turns into atomics ThreadSanitizer sees (the library's
@@ -26,6 +25,7 @@
 #include <urcu/uatomic.h>
 
 #include "api.h"
+#include "clock.h"
 #include "error.h"
 #include "runtime.h"
 #include "trace.h"
@@ -38,13 +38,6 @@ static const char *const call_names[VMMRT_CALL_COUNT_] = {
 	[VMMRT_CALL_UNMAP] = "cuMemUnmap",
 	[VMMRT_CALL_RELEASE] = "cuMemRelease",
 };
-
-uint64_t vmmrt__now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt)
 {
@@ -73,11 +66,8 @@ static vmmrt_status enter(vmmrt_runtime *rt, const char *op)
 	if (h) {
 		uint64_t delay_us = 0;
 		st = h->fn(h->ctx, op, &delay_us);
-		if (delay_us) {
-			struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
-			while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0)
-				;
-		}
+		if (delay_us)
+			vmmrt__sleep_ns(delay_us * 1000);
 		if (st != VMMRT_OK)
 			return vmmrt__error(st, "%s: injected fault", op);
 	}

@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <urcu/uatomic.h>
 
 #include "api.h"
+#include "clock.h"
 #include "error.h"
 #include "offload.h"
 
@@ -70,8 +70,7 @@ static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *
 		if (vmmrt__now_ns() > deadline)
 			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
 					   (unsigned long long)rt->timeout_ms);
-		struct timespec ts = {0, spin < 100 ? 20000 : 1000000};
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(spin < 100 ? 20000 : 1000000);
 	}
 }
 

@@ -15,10 +15,10 @@
 #include "config.h"
 
 #include <stdio.h>
-#include <time.h>
 
 #include <urcu/uatomic.h>
 
+#include "clock.h"
 #include "error.h"
 #include "offload.h"
 
@@ -412,8 +412,7 @@ static bool quiesce_group(vmmrt__offload *off, vmmrt_group *g, uint64_t deadline
 		}
 		if (vmmrt__now_ns() > deadline)
 			return false;
-		struct timespec ts = {0, (attempt < 6 ? 1000000L << attempt : 50000000L)};
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(attempt < 6 ? 1000000ull << attempt : 50000000ull);
 	}
 }
 
@@ -437,8 +436,7 @@ static void rm_quiesce(vmmrt__offload *off)
 			off->stuck = true;
 			break;
 		}
-		struct timespec ts = {0, 1000000};
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(1000000);
 	}
 }
 

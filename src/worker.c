@@ -17,7 +17,6 @@
  */
 #include "config.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,7 @@
 #include <urcu/uatomic.h>
 #include <urcu/urcu-memb.h>
 
+#include "clock.h"
 #include "ec.h"
 #include "error.h"
 #include "slot.h"
@@ -130,18 +130,11 @@ static vmmrt_status wait_done(vmmrt__request *req, uint64_t timeout_ms, bool aba
 				vmmrt__error_adopt(req->message);
 			return st;
 		}
-		if (deadline) {
-			struct timespec now;
-			clock_gettime(CLOCK_MONOTONIC, &now);
-			if (now.tv_sec > deadline->tv_sec ||
-			    (now.tv_sec == deadline->tv_sec && now.tv_nsec >= deadline->tv_nsec)) {
-				if (abandon_on_timeout && uatomic_cmpxchg(&req->state, s, VMMRT_REQ_ABANDONED) != s)
-					continue; /* it finished meanwhile */
-				return vmmrt__error(VMMRT_E_TIMEOUT,
-						   "request still %s after %llu ms (worker stalled?)",
-						   s == VMMRT_REQ_QUEUED ? "queued" : "running",
-						   (unsigned long long)timeout_ms);
-			}
+		if (vmmrt__deadline_passed(deadline)) {
+			if (abandon_on_timeout && uatomic_cmpxchg(&req->state, s, VMMRT_REQ_ABANDONED) != s)
+				continue; /* it finished meanwhile */
+			return vmmrt__error(VMMRT_E_TIMEOUT, "request still %s after %llu ms (worker stalled?)",
+					    s == VMMRT_REQ_QUEUED ? "queued" : "running", (unsigned long long)timeout_ms);
 		}
 		vmmrt__futex_wait(&req->state, s, deadline);
 	}
@@ -281,9 +274,7 @@ static vmmrt_status create_handle(worker *wk, size_t size, vmmrt__bhandle *h)
 			return st;
 		uatomic_inc(&wk->stats.oom_retries);
 		uint64_t us = backoff << (attempt < 20 ? attempt : 20);
-		struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-			;
+		vmmrt__sleep_ns(us * 1000);
 	}
 }
 
@@ -468,8 +459,7 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 	vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
 	if (!req->retry_at)
 		return NULL;
-	ts->tv_sec = (time_t)(req->retry_at / 1000000000ull);
-	ts->tv_nsec = (long)(req->retry_at % 1000000000ull);
+	*ts = vmmrt__timespec(req->retry_at);
 	return ts;
 }
 
@@ -527,8 +517,7 @@ static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
 	uint64_t poll = vmmrt__now_ns() + VMMRT_WORKER_POLL_US * 1000ull;
 	if (retry && (uint64_t)retry->tv_sec * 1000000000ull + (uint64_t)retry->tv_nsec < poll)
 		return retry;
-	ts->tv_sec = (time_t)(poll / 1000000000ull);
-	ts->tv_nsec = (long)(poll % 1000000000ull);
+	*ts = vmmrt__timespec(poll);
 	return ts;
 }
 

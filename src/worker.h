@@ -22,6 +22,7 @@
 #include <urcu/list.h>
 #include <urcu/wfcqueue.h>
 
+#include "clock.h" /* the requests' timestamps */
 #include "vmmrt.h"
 
 typedef struct vmmrt_runtime vmmrt_runtime;
@@ -156,8 +157,6 @@ void vmmrt__workers_kick(vmmrt__workers *w);
 
 /* Free the handles the pools hold (also done at destroy). Runs on the workers. */
 vmmrt_status vmmrt__workers_trim(vmmrt__workers *w);
-
-uint64_t vmmrt__now_ns(void);
 
 /* Diagnostics (vmmrt__offload_dump): each worker's queue, parked and waiting requests. */
 void vmmrt__workers_dump(vmmrt__workers *w, int fd);

@@ -31,6 +31,7 @@
 #include "config.h"
 
 #include "backend/backend.h"
+#include "clock.h"
 #include "error.h"
 
 #ifdef HAVE_CUDA_H
@@ -502,11 +503,9 @@ static void hostfn_pool_destroy(struct hostfn_pool *pool)
 	if (pool == NULL)
 		return;
 	for (int ms = 0; __atomic_load_n(&pool->inflight, __ATOMIC_ACQUIRE) != 0; ms++) {
-		struct timespec ts = {0, 1000000};
-
 		if (ms >= HOSTFN_CLOSE_WAIT_MS)
 			return;
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(1000000);
 	}
 	while ((n = cds_lfs_pop_blocking(&pool->free)) != NULL) {
 		struct hostfn_rec *r = caa_container_of(n, struct hostfn_rec, node);

@@ -64,9 +64,6 @@ struct vmmrt__backend {
 /* NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
 vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT_HOST_HIDDEN;
 
-uint64_t vmmrt__host_now_ns(void) VMMRT_HOST_HIDDEN;
-/* Sleep until CLOCK_MONOTONIC reaches deadline_ns, spinning the last microseconds. */
-void vmmrt__host_sleep_until(uint64_t deadline_ns) VMMRT_HOST_HIDDEN;
 
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
 void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;

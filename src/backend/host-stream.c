@@ -34,6 +34,7 @@
 #include <urcu/uatomic.h>
 
 #include "backend/host-internal.h"
+#include "clock.h"
 #include "error.h"
 
 enum op_kind {
@@ -238,7 +239,7 @@ static vmmrt_status lock_idle_stream(vmmrt__backend *b, vmmrt_stream s, const ch
 
 static void run_copy(vmmrt__backend *b, const struct host_op *op)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 
 	if (op->u.copy.n == 0)
 		return;
@@ -260,7 +261,7 @@ static void run_copy(vmmrt__backend *b, const struct host_op *op)
 		for (size_t at = 0; at < n; at += chunk) {
 			size_t len = n - at < chunk ? n - at : chunk;
 			memmove(dst + at, src + at, len);
-			vmmrt__host_sleep_until(t0 + (uint64_t)((double)(at + len) / b->cfg.host_copy_gbps));
+			vmmrt__sleep_until(t0 + (uint64_t)((double)(at + len) / b->cfg.host_copy_gbps));
 		}
 	}
 	uatomic_dec(&b->copies_in_flight);
@@ -269,7 +270,7 @@ static void run_copy(vmmrt__backend *b, const struct host_op *op)
 static void run_kernel(const struct host_op *op)
 {
 	const vmmrt__kernel_args *a = &op->u.kernel.args;
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	unsigned char *dst = (unsigned char *)(uintptr_t)a->dst;
 	const unsigned char *src = (const unsigned char *)(uintptr_t)a->src;
 	size_t words = a->bytes / 8;
@@ -296,10 +297,10 @@ static void run_kernel(const struct host_op *op)
 			w ^= vmmrt_fill_word(a->seed, i);
 			memcpy(dst + i * 8, &w, 8);
 		}
-		vmmrt__host_sleep_until(t0 + a->ns);
+		vmmrt__sleep_until(t0 + a->ns);
 		break;
 	case VMMRT_KERNEL_BUSY:
-		vmmrt__host_sleep_until(t0 + a->ns);
+		vmmrt__sleep_until(t0 + a->ns);
 		break;
 	default:
 		break; /* rejected at launch */
@@ -332,11 +333,7 @@ static void run_wait_value(vmmrt__backend *b, const struct host_op *op)
 	 */
 	pthread_mutex_lock(&b->sync_lock);
 	while (!value_reached(addr, value) && !b->closing) {
-		uint64_t deadline = vmmrt__host_now_ns() + poll_ns;
-		struct timespec ts = {
-			.tv_sec = (time_t)(deadline / 1000000000ULL),
-			.tv_nsec = (long)(deadline % 1000000000ULL),
-		};
+		struct timespec ts = vmmrt__timespec(vmmrt__now_ns() + poll_ns);
 
 		pthread_cond_timedwait(&b->sync_cond, &b->sync_lock, &ts);
 		if (poll_ns < 100000)
@@ -360,7 +357,7 @@ static void run_write_value(vmmrt__backend *b, const struct host_op *op)
 
 static void run_record(vmmrt__backend *b, vmmrt__bevent *e, uint64_t seq)
 {
-	uint64_t now = vmmrt__host_now_ns();
+	uint64_t now = vmmrt__now_ns();
 
 	pthread_mutex_lock(&b->sync_lock);
 	if (seq > e->done_seq) {

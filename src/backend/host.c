@@ -22,15 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <urcu/arch.h>
 #include <urcu/uatomic.h>
 
 #include "backend/host-internal.h"
+#include "clock.h"
 #include "error.h"
 
 #define MiB ((size_t)1 << 20)
@@ -78,43 +76,6 @@ vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func)
 	if (!b)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", func);
 	return VMMRT_OK;
-}
-
-uint64_t vmmrt__host_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
-}
-
-void vmmrt__host_sleep_until(uint64_t deadline_ns)
-{
-	uint64_t now = vmmrt__host_now_ns();
-	int slack;
-	uint64_t margin;
-
-	if (now >= deadline_ns)
-		return;
-	/*
-	 * A sleep ends up to the thread's timer slack (50 us by default) late, so
-	 * sleep to that much before the deadline and spin the rest: a BUSY kernel
-	 * or a modelled 25 us driver call should last what it says, not 75 us.
-	 * Stream threads set their slack to 1 ns and so barely spin.
-	 */
-	slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-	margin = (slack > 0 ? (uint64_t)slack : 50000) + 5000;
-	if (deadline_ns - now > margin) {
-		uint64_t wake = deadline_ns - margin;
-		struct timespec ts = {
-			.tv_sec = (time_t)(wake / 1000000000ULL),
-			.tv_nsec = (long)(wake % 1000000000ULL),
-		};
-		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-			;
-	}
-	while (vmmrt__host_now_ns() < deadline_ns)
-		caa_cpu_relax();
 }
 
 /* ------------------------------------------------------------- latency model */
@@ -171,7 +132,7 @@ static void model_latency(vmmrt__backend *b, enum host_call c, size_t bytes, uin
 		return;
 	factor = 1.0 + LATENCY_K_PER_COPY * (double)uatomic_read(&b->copies_in_flight);
 	us = latency_us(c, bytes) * factor;
-	vmmrt__host_sleep_until(start_ns + (uint64_t)(us * 1000.0));
+	vmmrt__sleep_until(start_ns + (uint64_t)(us * 1000.0));
 }
 
 /* ------------------------------------------------------------ open and close */
@@ -466,7 +427,7 @@ static int host_memfd(void)
 
 static vmmrt_status host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mem *m;
 	int fd;
@@ -514,7 +475,7 @@ fail:
 
 static vmmrt_status host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mem *m;
 	size_t size;
@@ -566,7 +527,7 @@ static vmmrt_status check_range(vmmrt__backend *b, vmmrt_devptr va, size_t size,
 
 static vmmrt_status host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *map, *m;
 	struct host_mem *mem;
@@ -630,7 +591,7 @@ fail:
 
 static vmmrt_status host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *m, *mn;
 	size_t covered = 0;
@@ -680,7 +641,7 @@ out:
 
 static vmmrt_status host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *m;
 	size_t covered = 0;
