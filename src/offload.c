@@ -45,19 +45,6 @@ void vmmrt__offload_account(vmmrt__offload *off, int64_t delta)
 			break;
 }
 
-static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt__offload **out)
-{
-	vmmrt__error_clear();
-	vmmrt_status st = vmmrt__drv_check_caller("vmmrt offload");
-	if (st != VMMRT_OK)
-		return st;
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	if (!rt->offload || !rt->offload->allocated)
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
-	*out = rt->offload;
-	return VMMRT_OK;
-}
-
 /* Bounded wait for a stream without cuStreamSynchronize's unbounded block. */
 static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *name)
 {
@@ -156,12 +143,10 @@ static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, co
 	return VMMRT_OK;
 }
 
+/* After the public prologue (VMMRT__API_ENTER): may the hook run on g now? */
 static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
 {
-	vmmrt__error_clear();
-	vmmrt_status st = vmmrt__drv_check_caller(what);
-	if (st != VMMRT_OK)
-		return st;
+	vmmrt_status st;
 	VMMRT_CHECK_ARG(g, "group is NULL");
 	if (!g->off->allocated || g->state == VMMRT_GROUP_DISCOVERING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
@@ -266,30 +251,36 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 
 vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return begin(g, compute, false, __func__);
 }
 
 vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return end(g, compute, false, __func__);
 }
 
 vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return begin(g, compute, true, __func__);
 }
 
 vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return end(g, compute, true, __func__);
 }
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
-	vmmrt__offload *off = NULL;
-	vmmrt_status st = get_ready(rt, &off);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
+	vmmrt_status st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	vmmrt__offload *off = rt->offload;
+	if (!off || !off->allocated)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
 	/* A group that failed may have left a stream waiting for it: say so now
 	 * rather than time out on the stream. */
 	for (unsigned i = 0; i < off->ngroups; i++)

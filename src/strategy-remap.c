@@ -205,7 +205,7 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
  * thread ran a whole iteration ahead of the workers: wait, and count it. */
 static vmmrt_status reclaim(vmmrt__offload *off, vmmrt__request *req)
 {
-	if (vmmrt__request_poll(req) != VMMRT_E_BUSY)
+	if (vmmrt__request_poll(req, NULL))
 		return VMMRT_OK;
 	uatomic_inc(&off->rt->launch_blocking);
 	vmmrt_status st = vmmrt__request_wait(req, off->rt->timeout_ms);

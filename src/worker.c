@@ -159,12 +159,14 @@ vmmrt_status vmmrt__request_wait_owned(vmmrt__request *req, uint64_t timeout_ms)
 	return st;
 }
 
-vmmrt_status vmmrt__request_poll(const vmmrt__request *req)
+bool vmmrt__request_poll(const vmmrt__request *req, vmmrt_status *status)
 {
 	int32_t s = uatomic_read(&req->state);
 	if (s == VMMRT_REQ_QUEUED || s == VMMRT_REQ_RUNNING)
-		return VMMRT_E_BUSY;
-	return (vmmrt_status)uatomic_read(&req->status);
+		return false;
+	if (status)
+		*status = (vmmrt_status)uatomic_read(&req->status);
+	return true;
 }
 
 /* ----------------------------------------------------------- worker side */

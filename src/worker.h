@@ -135,8 +135,9 @@ vmmrt_status vmmrt__request_wait(vmmrt__request *req, uint64_t timeout_ms);
  * frees it when it finishes, so a stalled worker never leaves a dangling wait.
  */
 vmmrt_status vmmrt__request_wait_owned(vmmrt__request *req, uint64_t timeout_ms);
-/* Non-blocking: VMMRT_E_BUSY while queued or running, else its status. */
-vmmrt_status vmmrt__request_poll(const vmmrt__request *req);
+/* Non-blocking: has req finished (or never been pushed)? Then *status (if not
+ * NULL) is the status of its last run. Not finished is an answer, not an error. */
+bool vmmrt__request_poll(const vmmrt__request *req, vmmrt_status *status);
 
 /* Statistics. */
 typedef struct vmmrt__worker_stats {
