@@ -439,13 +439,13 @@ static vmmrt_status capture_copy(vmmrt__offload *off, vmmrt_group *g, vmmrt_stre
 				 vmmrt__bgraph **out)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt_status st = vmmrt__drv_begin_capture(rt, s);
+	vmmrt_status st = vmmrt__drv_stream_begin_capture(rt, s);
 	if (st != VMMRT_OK)
 		return st;
 	vmmrt_status cst = to_host ? vmmrt__drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, s)
 				   : vmmrt__drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, s);
 	vmmrt__bgraph *graph = NULL;
-	st = vmmrt__drv_end_capture(rt, s, &graph); /* always end what was begun */
+	st = vmmrt__drv_stream_end_capture(rt, s, &graph); /* always end what was begun */
 	if (cst != VMMRT_OK) {
 		if (graph)
 			(void)vmmrt__drv_graph_destroy(rt, graph);

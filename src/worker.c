@@ -565,7 +565,7 @@ static void *worker_main(void *arg)
 	 * started: one attached later (vmmrt-bench) names the workers itself. */
 	if (wk->trace)
 		vmmrt__trace_thread_name(wk->trace, name);
-	(void)rt->ops->bind_thread(rt->be);
+	(void)vmmrt__drv_bind_thread(rt);
 
 	for (;;) {
 		uint32_t seen = ck_ec32_value(&wk->ec);

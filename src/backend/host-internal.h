@@ -68,36 +68,13 @@ vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT_HOST_H
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
 void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 
-vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
-					    uint32_t value) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_write_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
-					     uint32_t value) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *done) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end,
-					 float *ms) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn,
-					 void *arg) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n,
-					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n,
-					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
-					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, bool *out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k,
-				      const vmmrt__kernel_args *args) VMMRT_HOST_HIDDEN;
+/* Every operation of backend-ops.h: vmmrt__host_<op> (host.c: the device, VMM,
+ * pinned memory; host-stream.c: the rest). */
+#define VMMRT__HOST_DECL(op, door, call, params, args) \
+	vmmrt_status vmmrt__host_##op(vmmrt__backend *b VMMRT__LIST params) VMMRT_HOST_HIDDEN;
+#define VMMRT__HOST_DECL_T(op, call, params, args, bytes) VMMRT__HOST_DECL(op, VMM, call, params, args)
+VMMRT__BACKEND_OPS(VMMRT__HOST_DECL, VMMRT__HOST_DECL_T)
+#undef VMMRT__HOST_DECL
+#undef VMMRT__HOST_DECL_T
 
 #endif /* VMMRT_HOST_INTERNAL_H */

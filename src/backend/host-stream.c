@@ -925,7 +925,7 @@ vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt_
 
 /* ------------------------------------------------------------------- graphs */
 
-vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s)
+vmmrt_status vmmrt__host_stream_begin_capture(vmmrt__backend *b, vmmrt_stream s)
 {
 	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;
@@ -947,7 +947,7 @@ vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s)
 	return status;
 }
 
-vmmrt_status vmmrt__host_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out)
+vmmrt_status vmmrt__host_stream_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out)
 {
 	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	struct vmmrt_stream_s *st;

@@ -248,7 +248,7 @@ static void host_close(vmmrt__backend *b)
 	free(b);
 }
 
-static vmmrt_status host_device_name(vmmrt__backend *b, char *buf, size_t len)
+vmmrt_status vmmrt__host_device_name(vmmrt__backend *b, char *buf, size_t len)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
@@ -260,13 +260,13 @@ static vmmrt_status host_device_name(vmmrt__backend *b, char *buf, size_t len)
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_bind_thread(vmmrt__backend *b)
+vmmrt_status vmmrt__host_bind_thread(vmmrt__backend *b)
 {
 	/* no context to make current: every thread sees the same address space */
 	return vmmrt__host_enter(b, __func__);
 }
 
-static vmmrt_status host_granularity(vmmrt__backend *b, size_t *out)
+vmmrt_status vmmrt__host_granularity(vmmrt__backend *b, size_t *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
@@ -302,7 +302,7 @@ static int reset_range(uintptr_t va, size_t size)
 	return p == MAP_FAILED ? errno : 0;
 }
 
-static vmmrt_status host_va_reserve(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out)
+vmmrt_status vmmrt__host_va_reserve(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_reservation *r;
@@ -355,7 +355,7 @@ static bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn)
 	return a < b + bn && b < a + an;
 }
 
-static vmmrt_status host_va_free(vmmrt__backend *b, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__host_va_free(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_reservation *r, *found = NULL;
@@ -425,7 +425,7 @@ static int host_memfd(void)
 #endif
 }
 
-static vmmrt_status host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
+vmmrt_status vmmrt__host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
@@ -473,7 +473,7 @@ fail:
 	return st;
 }
 
-static vmmrt_status host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
+vmmrt_status vmmrt__host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
@@ -525,7 +525,7 @@ static vmmrt_status check_range(vmmrt__backend *b, vmmrt_devptr va, size_t size,
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
+vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
@@ -589,7 +589,7 @@ fail:
 	return st;
 }
 
-static vmmrt_status host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
@@ -639,7 +639,7 @@ out:
 	return st;
 }
 
-static vmmrt_status host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
@@ -675,7 +675,7 @@ out:
 	return st;
 }
 
-static vmmrt_status host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
+vmmrt_status vmmrt__host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
@@ -691,7 +691,7 @@ static vmmrt_status host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t 
 
 /* --------------------------------------------------------- pinned host memory */
 
-static vmmrt_status host_host_alloc(vmmrt__backend *b, size_t size, void **out)
+vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -722,7 +722,7 @@ static vmmrt_status host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_host_free(vmmrt__backend *b, void *p)
+vmmrt_status vmmrt__host_host_free(vmmrt__backend *b, void *p)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_alloc *a, *found = NULL;
@@ -745,7 +745,7 @@ static vmmrt_status host_host_free(vmmrt__backend *b, void *p)
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
+vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_alloc *a;
@@ -775,47 +775,7 @@ const vmmrt__backend_ops vmmrt__backend_host = {
 	.name = "host",
 	.open = host_open,
 	.close = host_close,
-	.device_name = host_device_name,
-	.bind_thread = host_bind_thread,
-
-	.granularity = host_granularity,
-	.va_reserve = host_va_reserve,
-	.va_free = host_va_free,
-	.mem_create = host_mem_create,
-	.mem_release = host_mem_release,
-	.mem_map = host_mem_map,
-	.mem_unmap = host_mem_unmap,
-	.mem_set_access = host_mem_set_access,
-	.mem_info = host_mem_info,
-
-	.stream_create = vmmrt__host_stream_create,
-	.stream_destroy = vmmrt__host_stream_destroy,
-	.stream_synchronize = vmmrt__host_stream_synchronize,
-	.stream_query = vmmrt__host_stream_query,
-	.stream_wait_event = vmmrt__host_stream_wait_event,
-	.stream_wait_value32 = vmmrt__host_stream_wait_value32,
-	.stream_write_value32 = vmmrt__host_stream_write_value32,
-	.event_create = vmmrt__host_event_create,
-	.event_destroy = vmmrt__host_event_destroy,
-	.event_record = vmmrt__host_event_record,
-	.event_query = vmmrt__host_event_query,
-	.event_synchronize = vmmrt__host_event_synchronize,
-	.event_elapsed_ms = vmmrt__host_event_elapsed_ms,
-	.launch_host_func = vmmrt__host_launch_host_func,
-
-	.memcpy_htod_async = vmmrt__host_memcpy_htod_async,
-	.memcpy_dtoh_async = vmmrt__host_memcpy_dtoh_async,
-	.memcpy_dtod_async = vmmrt__host_memcpy_dtod_async,
-
-	.host_alloc = host_host_alloc,
-	.host_free = host_host_free,
-	.host_devptr = host_host_devptr,
-
-	.stream_begin_capture = vmmrt__host_begin_capture,
-	.stream_end_capture = vmmrt__host_end_capture,
-	.stream_is_capturing = vmmrt__host_stream_is_capturing,
-	.graph_launch = vmmrt__host_graph_launch,
-	.graph_destroy = vmmrt__host_graph_destroy,
-
-	.kernel_launch = vmmrt__host_kernel_launch,
+#define HOST_OP(op, door, call, params, args) .op = vmmrt__host_##op,
+#define HOST_OP_T(op, call, params, args, bytes) .op = vmmrt__host_##op,
+	VMMRT__BACKEND_OPS(HOST_OP, HOST_OP_T)
 };
