@@ -4,7 +4,9 @@
  *
  * host.c owns the device (open/close), virtual memory (reservations, memfd
  * handles, mappings), pinned host memory and the latency model; host-stream.c
- * owns streams, events, graphs, copies and kernels. Nothing else includes this.
+ * owns streams, events, graphs, copies and kernels; host-registry.c, below
+ * both, the prologue of every op and the registries of handles. Nothing
+ * else includes this.
  *
  * Lock order (outer first): obj_lock -> stream lock -> sync_lock.
  * vmm_lock is never held together with any of the others.
@@ -61,8 +63,33 @@ struct vmmrt__backend {
 	unsigned long copies_in_flight; /* uatomic: feeds the latency model */
 };
 
-/* NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
+/* host-registry.c: NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
 vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT_HOST_HIDDEN;
+
+/*
+ * host-registry.c: the registries. A kind of object: its list in the
+ * backend, how a handle finds its object, how destroy releases one.
+ */
+typedef struct vmmrt__host_kind {
+	/* The error for a handle that is not registered, given the caller's
+	 * name and the handle: "%s: unknown event %p". */
+	const char *unknown;
+	size_t list; /* offsetof(vmmrt__backend, the kind's list) */
+	/* NULL: the handle is the object, whose list node comes first. */
+	bool (*match)(const struct cds_list_head *node, const void *key);
+	/* What destroy does with the object once it is off the list (no lock held). */
+	void (*release)(vmmrt__backend *b, struct cds_list_head *node);
+} vmmrt__host_kind;
+
+void vmmrt__host_register(vmmrt__backend *b, const vmmrt__host_kind *k, struct cds_list_head *node) VMMRT_HOST_HIDDEN;
+/* The registered object of key, or NULL. Caller holds obj_lock. */
+struct cds_list_head *vmmrt__host_lookup(vmmrt__backend *b, const vmmrt__host_kind *k,
+					 const void *key) VMMRT_HOST_HIDDEN;
+/* Destroy: find, unlink and release; k->unknown if key is not registered. */
+vmmrt_status vmmrt__host_unregister(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key,
+				    const char *func) VMMRT_HOST_HIDDEN;
+/* Close: unlink and release every object of the kind, one at a time. */
+void vmmrt__host_unregister_all(vmmrt__backend *b, const vmmrt__host_kind *k) VMMRT_HOST_HIDDEN;
 
 
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */

@@ -147,40 +147,68 @@ static bool is_event_op(const struct host_op *op)
 	return op->kind == OP_RECORD || op->kind == OP_WAIT_EVENT;
 }
 
-/* The registries make a stale or bogus handle an error instead of a crash. Callers hold obj_lock. */
+/* ------------------------------------------------------------ registries */
+
+static void stream_stop_free(struct vmmrt_stream_s *st);
+
+static void stream_release(vmmrt__backend *b, struct cds_list_head *node)
+{
+	stream_stop_free((struct vmmrt_stream_s *)node);
+}
+
+static void event_release(vmmrt__backend *b, struct cds_list_head *node)
+{
+	/* like cuEventDestroy: pending records and waits keep it alive until they ran */
+	event_put((vmmrt__bevent *)node);
+}
+
+static void graph_release(vmmrt__backend *b, struct cds_list_head *node)
+{
+	/* like cuGraphExecDestroy: a launch in flight finishes first */
+	graph_put((vmmrt__bgraph *)node);
+}
+
+/* A handle is the object: each kind's list node comes first. */
+_Static_assert(offsetof(struct vmmrt_stream_s, node) == 0, "a stream is its list node");
+_Static_assert(offsetof(struct vmmrt__bevent, node) == 0, "an event is its list node");
+_Static_assert(offsetof(struct vmmrt__bgraph, node) == 0, "a graph is its list node");
+
+static const vmmrt__host_kind streams = {
+	.unknown = "%s: unknown stream %p",
+	.list = offsetof(vmmrt__backend, streams),
+	.release = stream_release,
+};
+static const vmmrt__host_kind events = {
+	.unknown = "%s: unknown event %p",
+	.list = offsetof(vmmrt__backend, events),
+	.release = event_release,
+};
+static const vmmrt__host_kind graphs = {
+	.unknown = "%s: unknown graph %p",
+	.list = offsetof(vmmrt__backend, graphs),
+	.release = graph_release,
+};
+
+/* NULL, VMMRT_STREAM_LEGACY and VMMRT_STREAM_PER_THREAD name the default stream. */
+static const void *stream_key(const vmmrt__backend *b, vmmrt_stream s)
+{
+	return VMMRT__IS_DEFAULT_STREAM(s) ? (const void *)b->default_stream : (const void *)s;
+}
+
+/* Callers hold obj_lock. */
 static struct vmmrt_stream_s *stream_find(vmmrt__backend *b, vmmrt_stream s)
 {
-	struct vmmrt_stream_s *st;
-
-	if (VMMRT__IS_DEFAULT_STREAM(s))
-		s = b->default_stream;
-	cds_list_for_each_entry(st, &b->streams, node) {
-		if (st == s)
-			return st;
-	}
-	return NULL;
+	return (struct vmmrt_stream_s *)vmmrt__host_lookup(b, &streams, stream_key(b, s));
 }
 
 static vmmrt__bevent *event_find(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	vmmrt__bevent *it;
-
-	cds_list_for_each_entry(it, &b->events, node) {
-		if (it == e)
-			return it;
-	}
-	return NULL;
+	return (vmmrt__bevent *)vmmrt__host_lookup(b, &events, e);
 }
 
 static vmmrt__bgraph *graph_find(vmmrt__backend *b, vmmrt__bgraph *g)
 {
-	vmmrt__bgraph *it;
-
-	cds_list_for_each_entry(it, &b->graphs, node) {
-		if (it == g)
-			return it;
-	}
-	return NULL;
+	return (vmmrt__bgraph *)vmmrt__host_lookup(b, &graphs, g);
 }
 
 /* A reference on a registered event, taken under obj_lock so a concurrent destroy cannot free it. */
@@ -605,9 +633,7 @@ vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out)
 		free(st);
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: pthread_create: %s", __func__, strerror(rc));
 	}
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_add_tail(&st->node, &b->streams);
-	pthread_mutex_unlock(&b->obj_lock);
+	vmmrt__host_register(b, &streams, &st->node);
 	*out = st;
 	return VMMRT_OK;
 }
@@ -634,19 +660,10 @@ static void stream_stop_free(struct vmmrt_stream_s *st)
 vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s)
 {
 	vmmrt_status status = vmmrt__host_enter(b, __func__);
-	struct vmmrt_stream_s *st;
 
 	if (status != VMMRT_OK)
 		return status;
-	pthread_mutex_lock(&b->obj_lock);
-	st = stream_find(b, s);
-	if (st)
-		cds_list_del(&st->node);
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!st)
-		return unknown_stream(s, __func__);
-	stream_stop_free(st);
-	return VMMRT_OK;
+	return vmmrt__host_unregister(b, &streams, stream_key(b, s), __func__);
 }
 
 vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
@@ -745,9 +762,7 @@ vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: event", __func__);
 	e->refs = 1;
 	e->timing = timing;
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_add_tail(&e->node, &b->events);
-	pthread_mutex_unlock(&b->obj_lock);
+	vmmrt__host_register(b, &events, &e->node);
 	*out = e;
 	return VMMRT_OK;
 }
@@ -755,20 +770,10 @@ vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e)
 {
 	vmmrt_status status = vmmrt__host_enter(b, __func__);
-	vmmrt__bevent *found;
 
 	if (status != VMMRT_OK)
 		return status;
-	pthread_mutex_lock(&b->obj_lock);
-	found = event_find(b, e);
-	if (found)
-		cds_list_del(&found->node);
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!found)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__, (void *)e);
-	/* like cuEventDestroy: pending records and waits keep it alive until they ran */
-	event_put(found);
-	return VMMRT_OK;
+	return vmmrt__host_unregister(b, &events, e, __func__);
 }
 
 vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s)
@@ -980,9 +985,7 @@ vmmrt_status vmmrt__host_stream_end_capture(vmmrt__backend *b, vmmrt_stream s, v
 	for (size_t i = 0; i < g->n; i++)
 		g->n_event_ops += is_event_op(&g->ops[i]);
 	g->refs = 1;
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_add_tail(&g->node, &b->graphs);
-	pthread_mutex_unlock(&b->obj_lock);
+	vmmrt__host_register(b, &graphs, &g->node);
 	*out = g;
 	return VMMRT_OK;
 }
@@ -1027,56 +1030,24 @@ vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt
 vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 {
 	vmmrt_status status = vmmrt__host_enter(b, __func__);
-	vmmrt__bgraph *found;
 
 	if (status != VMMRT_OK)
 		return status;
-	pthread_mutex_lock(&b->obj_lock);
-	found = graph_find(b, g);
-	if (found)
-		cds_list_del(&found->node);
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!found)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown graph %p", __func__, (void *)g);
-	/* like cuGraphExecDestroy: a launch in flight finishes first */
-	graph_put(found);
-	return VMMRT_OK;
+	return vmmrt__host_unregister(b, &graphs, g, __func__);
 }
 
 /* ------------------------------------------------------------------ closing */
 
 void vmmrt__host_streams_shutdown(vmmrt__backend *b)
 {
-	struct vmmrt_stream_s *st;
-	vmmrt__bgraph *g, *gn;
-	vmmrt__bevent *e, *en;
-
 	/* abandon blocked waits and pending work: nothing may outlive close */
 	pthread_mutex_lock(&b->sync_lock);
 	uatomic_set(&b->closing, true);
 	pthread_cond_broadcast(&b->sync_cond);
 	pthread_mutex_unlock(&b->sync_lock);
 
-	for (;;) {
-		pthread_mutex_lock(&b->obj_lock);
-		if (cds_list_empty(&b->streams)) {
-			pthread_mutex_unlock(&b->obj_lock);
-			break;
-		}
-		st = cds_list_first_entry(&b->streams, struct vmmrt_stream_s, node);
-		cds_list_del(&st->node);
-		pthread_mutex_unlock(&b->obj_lock);
-		stream_stop_free(st);
-	}
+	vmmrt__host_unregister_all(b, &streams);
 	/* graphs hold event references: drop them first */
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_for_each_entry_safe(g, gn, &b->graphs, node) {
-		cds_list_del(&g->node);
-		graph_put(g);
-	}
-	cds_list_for_each_entry_safe(e, en, &b->events, node) {
-		cds_list_del(&e->node);
-		event_put(e);
-	}
-	pthread_mutex_unlock(&b->obj_lock);
+	vmmrt__host_unregister_all(b, &graphs);
+	vmmrt__host_unregister_all(b, &events);
 }

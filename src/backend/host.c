@@ -66,17 +66,26 @@ struct host_alloc {
 	size_t size;
 };
 
-/* ------------------------------------------------------------ shared helpers */
-
-vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func)
+/* Pinned allocations are registered by their address, and unmapped at free. */
+static bool alloc_is(const struct cds_list_head *node, const void *p)
 {
-	/* The CUDA 13 driver answers CUDA_ERROR_NOT_PERMITTED here; older ones deadlock. */
-	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC)
-		return vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", func);
-	if (!b)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", func);
-	return VMMRT_OK;
+	return caa_container_of(node, struct host_alloc, node)->p == p;
 }
+
+static void alloc_release(vmmrt__backend *b, struct cds_list_head *node)
+{
+	struct host_alloc *a = caa_container_of(node, struct host_alloc, node);
+
+	munmap(a->p, a->size);
+	free(a);
+}
+
+static const vmmrt__host_kind pinned = {
+	.unknown = "%s: %p is not a pinned allocation",
+	.list = offsetof(vmmrt__backend, host_allocs),
+	.match = alloc_is,
+	.release = alloc_release,
+};
 
 /* ------------------------------------------------------------- latency model */
 
@@ -210,7 +219,6 @@ static void host_close(vmmrt__backend *b)
 	struct host_mapping *m, *mn;
 	struct host_reservation *r, *rn;
 	struct host_mem *h, *hn;
-	struct host_alloc *a, *an;
 
 	if (!b)
 		return;
@@ -236,11 +244,7 @@ static void host_close(vmmrt__backend *b)
 		cds_list_del(&h->node);
 		free(h);
 	}
-	cds_list_for_each_entry_safe(a, an, &b->host_allocs, node) {
-		munmap(a->p, a->size);
-		cds_list_del(&a->node);
-		free(a);
-	}
+	vmmrt__host_unregister_all(b, &pinned);
 	pthread_cond_destroy(&b->sync_cond);
 	pthread_mutex_destroy(&b->sync_lock);
 	pthread_mutex_destroy(&b->obj_lock);
@@ -715,9 +719,7 @@ vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 	}
 	a->p = p;
 	a->size = size;
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_add_tail(&a->node, &b->host_allocs);
-	pthread_mutex_unlock(&b->obj_lock);
+	vmmrt__host_register(b, &pinned, &a->node);
 	*out = p;
 	return VMMRT_OK;
 }
@@ -725,24 +727,10 @@ vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 vmmrt_status vmmrt__host_host_free(vmmrt__backend *b, void *p)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
-	struct host_alloc *a, *found = NULL;
 
 	if (st != VMMRT_OK)
 		return st;
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_for_each_entry(a, &b->host_allocs, node) {
-		if (a->p == p) {
-			found = a;
-			cds_list_del(&a->node);
-			break;
-		}
-	}
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!found)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not a pinned allocation", __func__, p);
-	munmap(found->p, found->size);
-	free(found);
-	return VMMRT_OK;
+	return vmmrt__host_unregister(b, &pinned, p, __func__);
 }
 
 vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
