@@ -303,7 +303,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 		vmmrt__request *barrier = malloc(sizeof(*barrier));
 		if (!barrier)
 			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload sync");
-		vmmrt__request_init(barrier, VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init_call(barrier, NULL, NULL);
 		if ((st = vmmrt__worker_push(rt->workers, w, barrier)) != VMMRT_OK) {
 			free(barrier);
 			return st;

@@ -132,7 +132,8 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		free_runtime(rt);
 		return st;
 	}
-	st = vmmrt__workers_create(rt, (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS), &rt->workers);
+	st = vmmrt__workers_create(rt, (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS),
+				   &vmmrt__slot_worker_class, &rt->workers);
 	if (st != VMMRT_OK) {
 		rt->workers = NULL;
 		free_runtime(rt);

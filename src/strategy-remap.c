@@ -179,15 +179,15 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
 		for (int k = 0; k < 2; k++)
 			for (int j = 0; j < VMMRT_REQ_RING; j++) {
 				vmmrt__remap_req *m = &g->map[k][j], *r = &g->rel[k][j];
-				vmmrt__request_init(&m->req, VMMRT_REQ_MAP, g->slot);
-				m->req.ensure = true; /* the first map finds the initial backing */
+				/* ensure: the first map finds the initial backing */
+				vmmrt__request_init(&m->req, &vmmrt__slot_ensure_ops, g->slot);
 				m->req.admit = admit_map;
 				m->req.persist = true; /* the GPU waits for it: retry, never abandon */
 				m->req.retrying = map_retrying;
 				m->req.done = map_done;
 				m->req.done_arg = m;
 				m->g = g;
-				vmmrt__request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
+				vmmrt__request_init(&r->req, &vmmrt__slot_release_ops, g->slot);
 				r->req.done = release_done;
 				r->req.done_arg = r;
 				r->req.persist = true;
@@ -400,8 +400,7 @@ static bool quiesce_group(vmmrt__offload *off, vmmrt_group *g, uint64_t deadline
 		vmmrt__request *req = malloc(sizeof(*req));
 		if (!req)
 			return false;
-		vmmrt__request_init(req, VMMRT_REQ_MAP, g->slot);
-		req->ensure = true;
+		vmmrt__request_init(req, &vmmrt__slot_ensure_ops, g->slot);
 		if (vmmrt__worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
 			free(req);
 			return false;

@@ -255,7 +255,7 @@ static void abandoned_destroy_still_tears_down(void **state)
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
 	vmmrt__drv_set_fault_hook(rt, hook, &p);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_E_TIMEOUT); /* abandoned to the worker */
-	assert_int_equal(vmmrt__workers_trim(rt->workers), VMMRT_OK); /* behind it: it has run */
+	assert_int_equal(vmmrt__slot_pools_trim(rt->workers), VMMRT_OK); /* behind it: it has run */
 	assert_int_equal(p.seen[0], 2);
 	assert_int_equal(uatomic_read(&rt->live_slots), 0);
 	assert_int_equal(uatomic_read(&rt->live_handles), 0);

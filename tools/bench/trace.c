@@ -64,9 +64,7 @@ vmmrt_status bench_trace_attach(bench_ctx *ctx, vmmrt_runtime *rt, const char *m
 		name_req *r = calloc(1, sizeof(*r));
 		if (!r)
 			return VMMRT_E_HOST_OUT_OF_MEMORY;
-		vmmrt__request_init(&r->req, VMMRT_REQ_CALL, NULL);
-		r->req.fn = name_worker;
-		r->req.arg = r;
+		vmmrt__request_init_call(&r->req, name_worker, r);
 		r->trace = ctx->trace;
 		snprintf(r->name, sizeof(r->name), "%s driver-worker-%u", mode, w);
 		vmmrt_status st = vmmrt__worker_push(rt->workers, w, &r->req);

@@ -839,7 +839,7 @@ static void teardown(scen *s, bool sync)
 		/* Two steps, so the counts and the driver's memory can be read in between. */
 		heartbeat(s, "vmmrt__offload_destroy");
 		vmmrt__offload_destroy(rt);
-		(void)vmmrt__workers_trim(rt->workers);
+		(void)vmmrt__slot_pools_trim(rt->workers);
 		int64_t h = (int64_t)__atomic_load_n(&rt->live_handles, __ATOMIC_SEQ_CST);
 		int64_t v = (int64_t)__atomic_load_n(&rt->live_reservations, __ATOMIC_SEQ_CST);
 		int64_t sl = (int64_t)__atomic_load_n(&rt->live_slots, __ATOMIC_SEQ_CST);
