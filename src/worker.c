@@ -42,7 +42,7 @@ typedef struct vmmrt__worker {
 	bool started;
 	unsigned index;
 	vmmrt__trace *trace; /* the runtime's at creation */
-	vmmrt__workers *pool;
+	vmmrt__workers *set; /* the workers it is one of */
 
 	/* worker-owned: requests waiting for admission, in arrival order */
 	struct cds_list_head parked;
@@ -248,11 +248,11 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 		uatomic_inc(&wk->stats.processed);
 	}
 	if (st != VMMRT_OK && st != VMMRT_E_CANCELLED && req->persist && !cancel && ops->unchanged &&
-	    ops->unchanged(req) && !uatomic_read(&wk->pool->stopping)) {
+	    ops->unchanged(req) && !uatomic_read(&wk->set->stopping)) {
 		/* Nothing changed (a failed map was rolled back, a failed release left
 		 * the slot mapped): try again later, first in line, since nothing
 		 * behind it in schedule order may pass it. */
-		uint64_t backoff_us = vmmrt__opt_u(&wk->pool->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
+		uint64_t backoff_us = vmmrt__opt_u(&wk->set->rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 		backoff_us <<= req->attempts < 7 ? req->attempts : 7;
 		if (backoff_us > 100000 || backoff_us == 0)
 			backoff_us = backoff_us ? 100000 : 1000;
@@ -333,7 +333,7 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 static bool after_done(worker *wk, vmmrt__request *req, vmmrt_status *failed)
 {
 	bool done = false;
-	vmmrt_status st = vmmrt__drv_event_query(wk->pool->rt, req->after, &done);
+	vmmrt_status st = vmmrt__drv_event_query(wk->set->rt, req->after, &done);
 	*failed = VMMRT_OK;
 	if (st == VMMRT_OK)
 		return done;
@@ -410,7 +410,7 @@ void vmmrt__workers_kick(vmmrt__workers *w)
 static void *worker_main(void *arg)
 {
 	worker *wk = arg;
-	vmmrt_runtime *rt = wk->pool->rt;
+	vmmrt_runtime *rt = wk->set->rt;
 	char name[32];
 
 	vmmrt__thread_role_set(VMMRT_ROLE_WORKER);
@@ -426,7 +426,7 @@ static void *worker_main(void *arg)
 	for (;;) {
 		uint32_t seen = ck_ec32_value(&wk->ec);
 		/* Checked before each request, so a cancelling stop cancels what is queued. */
-		if (uatomic_read(&wk->pool->stopping))
+		if (uatomic_read(&wk->set->stopping))
 			break;
 		run_waiting(wk);
 		run_parked(wk);
@@ -435,14 +435,14 @@ static void *worker_main(void *arg)
 			take(wk, req);
 			continue;
 		}
-		if (wk->pool->cls && wk->pool->cls->idle)
-			wk->pool->cls->idle(wk->local);
+		if (wk->set->cls && wk->set->cls->idle)
+			wk->set->cls->idle(wk->local);
 		uatomic_inc(&wk->stats.wakeups);
 		struct timespec ts;
 		ck_ec32_wait(&wk->ec, &vmmrt__ec_mp, seen, next_deadline(wk, &ts));
 	}
 	/* Stopping: what is still queued is run or cancelled, never dropped. */
-	bool drain = uatomic_read(&wk->pool->drain);
+	bool drain = uatomic_read(&wk->set->drain);
 	struct cds_list_head *lists[] = {&wk->waiting, &wk->parked};
 	for (unsigned k = 0; k < 2; k++) {
 		while (!cds_list_empty(lists[k])) {
@@ -459,8 +459,8 @@ static void *worker_main(void *arg)
 		bool ready = !req->after || (after_done(wk, req, &failed) && failed == VMMRT_OK);
 		run(wk, req, !drain || !ready);
 	}
-	if (wk->pool->cls && wk->pool->cls->stop)
-		wk->pool->cls->stop(wk->local);
+	if (wk->set->cls && wk->set->cls->stop)
+		wk->set->cls->stop(wk->local);
 	urcu_memb_unregister_thread();
 	return NULL;
 }
@@ -483,7 +483,7 @@ vmmrt_status vmmrt__workers_create(vmmrt_runtime *rt, unsigned n, const vmmrt__w
 		CDS_INIT_LIST_HEAD(&wk->waiting);
 		ck_ec32_init(&wk->ec, 0);
 		wk->index = i;
-		wk->pool = w;
+		wk->set = w;
 		wk->trace = rt->trace;
 		if (!cls)
 			continue;
