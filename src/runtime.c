@@ -48,6 +48,7 @@ static void free_runtime(vmmrt_runtime *rt)
 	pthread_mutex_destroy(&rt->sync_lock);
 	pthread_mutex_destroy(&rt->slots_lock);
 	vmmrt__drv_free_fault_hooks(rt); /* the workers are gone, the backend closed */
+	free(rt->offload); /* NULL after destroy, empty when creation failed */
 	free(rt->calls);
 	free(rt);
 }
@@ -112,6 +113,10 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 	if (!rt->calls) {
 		free_runtime(rt);
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "call statistics");
+	}
+	if ((st = vmmrt__offload_create(rt)) != VMMRT_OK) {
+		free_runtime(rt);
+		return st;
 	}
 	if (vmmrt__opt_s(&rt->opts, VMMRT_OPT_TRACE)[0]) {
 		st = vmmrt__trace_open(vmmrt__opt_s(&rt->opts, VMMRT_OPT_TRACE), &rt->trace);

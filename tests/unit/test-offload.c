@@ -210,7 +210,7 @@ static void lookahead_follows_recorded_order(void **state)
 				assert_int_equal(next->restore_use, off->sched.use + 2);
 			else /* ping-pong: queued now, or deferred to this graph's end on a bank conflict */
 				assert_true(next->restore_use == off->sched.use + 2 ||
-					    off->bank[next->bank].pending == next);
+					    off->pingpong.bank[next->pingpong.bank].pending == next);
 			assert_int_equal(vmmrt_backward_end(g, c), VMMRT_OK);
 			assert_int_equal(next->restore_use, off->sched.use + 2);
 		}
