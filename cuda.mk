@@ -20,7 +20,7 @@ MOSTLYCLEANFILES = \
 	src/kernels/vmmrt_kernels_fatbin.c \
 	src/kernels/vmmrt_kernels_fatbin.c.tmp
 
-src/kernels/vmmrt_kernels.fatbin: $(srcdir)/src/kernels/vmmrt_kernels.cu $(srcdir)/src/backend/backend.h $(srcdir)/src/backend/backend-ops.h $(srcdir)/include/vmmrt.h
+src/kernels/vmmrt_kernels.fatbin: $(srcdir)/src/kernels/vmmrt_kernels.cu $(srcdir)/src/pattern.h $(srcdir)/include/vmmrt.h
 	$(AM_V_GEN)$(MKDIR_P) src/kernels && \
 	$(NVCC) $(NVCC_ARCH_FLAGS) $(NVCCFLAGS) -I$(srcdir)/include -I$(srcdir)/src \
 		--fatbin -o $@ $(srcdir)/src/kernels/vmmrt_kernels.cu

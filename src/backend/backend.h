@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "backend/backend-ops.h"
+#include "pattern.h"
 #include "vmmrt.h"
 
 typedef struct vmmrt__backend vmmrt__backend;  /* one opened device */
@@ -102,27 +103,5 @@ typedef enum vmmrt__thread_role {
 
 vmmrt__thread_role vmmrt__thread_role_get(void);
 vmmrt__thread_role vmmrt__thread_role_set(vmmrt__thread_role role); /* returns the previous one */
-
-/*
- * The kernels' byte patterns, the same on every backend:
- *   fill word i  = vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1))
- *   checksum     = sum over 8-byte words w_i of vmmrt__mix64(w_i + VMMRT_CKSUM_K * (i + 1)),
- *                  modulo 2^64 (order-free, so a device reduction may add in any order;
- *                  position-dependent, so swapped words are caught)
- */
-#define VMMRT_GOLDEN 0x9E3779B97F4A7C15ULL
-#define VMMRT_CKSUM_K 0xD1B54A32D192ED03ULL
-
-static inline uint64_t vmmrt__mix64(uint64_t x)
-{
-	/* splitmix64 finalizer: cheap, and any bit flip changes the output. */
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
-
 
 #endif /* VMMRT_BACKEND_H */
