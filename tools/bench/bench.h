@@ -113,7 +113,6 @@ typedef struct bench_result {
 	double vs_graph_ratio;          /* NAN without a graph row */
 	int64_t activation_device_bytes, peak_device_bytes;
 	double d2h_gbps, h2d_gbps;      /* NAN: this mode copies nothing */
-	bool copy_estimated;            /* from the bench's marker events, not the library's */
 	double bwd_gap_us_median;
 	vmmrt_driver_stats calls[VMMRT_DRIVER_CALLS];
 	double driver_call_us_p99;      /* worst p99 over the call types; NAN without calls */
@@ -144,8 +143,6 @@ typedef struct bench_span {
 	unsigned copies;
 	uint64_t bytes;
 	vmmrt__bevent *a, *b;       /* on the copy stream: before and after the copy */
-	vmmrt__bevent *floor;       /* the copy cannot start before this event, or NULL */
-	bool approx;               /* a..b may include a wait for a map or a bank */
 } bench_span;
 
 typedef struct bench_timing {
@@ -176,7 +173,6 @@ typedef struct bench_acc {
 	size_t n_gap;
 	double span_d2h_ms, span_h2d_ms;      /* the bench's own copy spans */
 	uint64_t span_d2h_bytes, span_h2d_bytes;
-	bool span_approx;
 	double lib_d2h_ms, lib_h2d_ms;        /* the library's offload statistics */
 	uint64_t lib_d2h_bytes, lib_h2d_bytes;
 	uint64_t blocking;

@@ -13,11 +13,7 @@
 
 #include <string.h>
 
-#include <urcu/uatomic.h>
-
 #include "model.h"
-#include "offload.h"
-#include "runtime.h"
 
 /* The least recently freed buffer at another address than `avoid` if there is
  * one (a reload lands at a new address, as with a caching allocator), else
@@ -96,11 +92,6 @@ static vmmrt__bevent *take_event(model *m)
 static vmmrt_status iteration_start(model *m, unsigned it)
 {
 	bench_timing_reset(&m->tm);
-	m->restores_seen = 0;
-	if (m->markers) {
-		m->scratch_d2h = bench_timing_take(&m->tm);
-		m->scratch_h2d = bench_timing_take(&m->tm);
-	}
 	/* A new input each iteration, before the timed region. */
 	TRY(m, vmmrt_kernel_fill(m->rt, m->compute, m->input_addr, m->A, it + 1), "input fill");
 	REC(m, m->tm.it_s, m->compute);
@@ -247,55 +238,12 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 	return iteration_end(m, it);
 }
 
-/*
- * A hook of the library. With markers on, an event is recorded on each of the
- * runtime's copy streams before the hook and another after it if the hook
- * enqueued a copy there: the pair brackets that copy (and, on the H2D stream,
- * any wait for a map or a bank enqueued with it).
- */
-static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_stream), const char *name, unsigned layer,
-			 vmmrt__bevent *floor)
+/* A hook of the library, on the compute stream. Its copies run on the
+ * runtime's own copy streams, which the public API does not show: the
+ * library's offload statistics time them. */
+static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_stream), const char *name, unsigned layer)
 {
-	if (!m->markers) {
-		TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-		return VMMRT_OK;
-	}
-	vmmrt__offload *off = m->rt->offload;
-	/* the byte counters directly: vmmrt_offload_stats_get also reads every
-	 * group's copy events, too much for twice per hook */
-	uint64_t off0 = uatomic_read(&off->bytes_offloaded), res0 = uatomic_read(&off->bytes_restored);
-	if (m->scratch_d2h)
-		REC(m, m->scratch_d2h, off->d2h);
-	if (m->scratch_h2d)
-		REC(m, m->scratch_h2d, off->h2d);
 	TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-	uint64_t off1 = uatomic_read(&off->bytes_offloaded), res1 = uatomic_read(&off->bytes_restored);
-	if (off1 > off0 && m->scratch_d2h) {
-		vmmrt__bevent *e = bench_timing_take(&m->tm);
-		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
-		if (sp) {
-			REC(m, e, off->d2h);
-			uint64_t bytes = off1 - off0;
-			*sp = (bench_span){.h2d = false, .layer = (int)layer, .copies = (unsigned)(bytes / m->A),
-					   .bytes = bytes, .a = m->scratch_d2h, .b = e, .floor = floor};
-			m->scratch_d2h = bench_timing_take(&m->tm);
-		}
-	}
-	if (res1 > res0 && m->scratch_h2d) {
-		vmmrt__bevent *e = bench_timing_take(&m->tm);
-		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
-		if (sp) {
-			REC(m, e, off->h2d);
-			uint64_t bytes = res1 - res0;
-			unsigned copies = (unsigned)(bytes / m->A);
-			/* restores run in backward order, skipping the tail (step 0) */
-			int first = (int)m->L - 2 - (int)m->restores_seen;
-			*sp = (bench_span){.h2d = true, .layer = copies == 1 ? first : -1, .copies = copies,
-					   .bytes = bytes, .a = m->scratch_h2d, .b = e, .approx = true};
-			m->restores_seen += copies;
-			m->scratch_h2d = bench_timing_take(&m->tm);
-		}
-	}
 	return VMMRT_OK;
 }
 
@@ -305,24 +253,24 @@ static vmmrt_status iter_library(model *m, unsigned it)
 	if (iteration_start(m, it) != VMMRT_OK)
 		return VMMRT_E_INVALID_STATE;
 	for (unsigned i = 0; i < L; i++) {
-		if (hook(m, vmmrt_forward_begin, "forward_begin", i, NULL) != VMMRT_OK)
+		if (hook(m, vmmrt_forward_begin, "forward_begin", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 		REC(m, m->tm.fwd_s[i], m->compute);
 		TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
 		REC(m, m->tm.fwd_e[i], m->compute);
-		if (hook(m, vmmrt_forward_end, "forward_end", i, m->tm.fwd_e[i]) != VMMRT_OK)
+		if (hook(m, vmmrt_forward_end, "forward_end", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 	}
 	for (unsigned k = 0; k < L; k++) {
 		unsigned i = L - 1 - k;
-		if (hook(m, vmmrt_backward_begin, "backward_begin", i, NULL) != VMMRT_OK)
+		if (hook(m, vmmrt_backward_begin, "backward_begin", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 		/* after backward_begin: its stream wait for the restore is enqueued,
 		 * so the gap before this event includes any wait for the H2D */
 		REC(m, m->tm.bwd_s[k], m->compute);
 		TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
 		REC(m, m->tm.bwd_e[k], m->compute);
-		if (hook(m, vmmrt_backward_end, "backward_end", i, NULL) != VMMRT_OK)
+		if (hook(m, vmmrt_backward_end, "backward_end", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 	}
 	return iteration_end(m, it);

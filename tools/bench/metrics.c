@@ -68,7 +68,7 @@ vmmrt_status bench_timing_create(vmmrt_runtime *rt, unsigned layers, bench_timin
 	t->rt = rt;
 	t->layers = layers;
 	/* Per iteration: one D2H per forward and one H2D per backward at most, two
-	 * events each, plus the marker scratch events of the library modes. */
+	 * events each (the pool modes' copies; the library's are its own). */
 	t->npool = 4 * layers + 4;
 	t->maxspan = 2 * layers + 2;
 	if ((st = vmmrt__drv_event_create(rt, true, &t->ref)) != VMMRT_OK ||
@@ -164,17 +164,10 @@ vmmrt_status bench_timing_collect(bench_timing *t, bench_acc *acc, bench_ctx *ct
 	}
 	for (unsigned i = 0; i < t->nspan; i++) {
 		bench_span *s = &t->span[i];
-		double a, b, fl;
-		/* times relative to the iteration start; they may be negative for a
-		 * copy-stream marker that completed before the compute stream got there */
+		double a, b;
+		/* times relative to the iteration start, as every other span */
 		if ((st = elapsed(t, t->it_s, s->a, &a)) != VMMRT_OK || (st = elapsed(t, t->it_s, s->b, &b)) != VMMRT_OK)
 			return st;
-		if (s->floor) {
-			if ((st = elapsed(t, t->it_s, s->floor, &fl)) != VMMRT_OK)
-				return st;
-			if (fl > a)
-				a = fl;
-		}
 		double d = b > a ? b - a : 0;
 		if (s->h2d) {
 			acc->span_h2d_ms += d;
@@ -183,7 +176,6 @@ vmmrt_status bench_timing_collect(bench_timing *t, bench_acc *acc, bench_ctx *ct
 			acc->span_d2h_ms += d;
 			acc->span_d2h_bytes += s->bytes;
 		}
-		acc->span_approx |= s->approx;
 	}
 	if (!ctx->trace)
 		return VMMRT_OK;
@@ -203,20 +195,11 @@ vmmrt_status bench_timing_collect(bench_timing *t, bench_acc *acc, bench_ctx *ct
 	for (unsigned i = 0; i < t->nspan; i++) {
 		bench_span *s = &t->span[i];
 		uint64_t a = bench_trace_time(t, s->a), b = bench_trace_time(t, s->b);
-		if (s->floor) {
-			uint64_t fl = bench_trace_time(t, s->floor);
-			if (fl > a)
-				a = fl;
-		}
-		if (b < a)
-			b = a;
 		const char *what = s->h2d ? "restore" : "offload";
 		if (s->layer >= 0)
-			bench_trace_span(ctx, s->h2d ? "h2d" : "d2h", a, b, "%s %s L%d%s", mode, what, s->layer,
-					 s->approx ? " (+wait)" : "");
+			bench_trace_span(ctx, s->h2d ? "h2d" : "d2h", a, b, "%s %s L%d", mode, what, s->layer);
 		else
-			bench_trace_span(ctx, s->h2d ? "h2d" : "d2h", a, b, "%s %s x%u%s", mode, what, s->copies,
-					 s->approx ? " (+wait)" : "");
+			bench_trace_span(ctx, s->h2d ? "h2d" : "d2h", a, b, "%s %s x%u", mode, what, s->copies);
 	}
 	return VMMRT_OK;
 }

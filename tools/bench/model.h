@@ -55,9 +55,6 @@ typedef struct model {
 	vmmrt_devptr *gaddr;
 	vmmrt_graph **fwd, **bwd;
 	bench_timing tm;
-	bool markers;                     /* marker events on the library's copy streams */
-	vmmrt__bevent *scratch_d2h, *scratch_h2d;
-	unsigned restores_seen;
 	size_t base_free, fixed_free;
 	bool skip;
 	char err[384];

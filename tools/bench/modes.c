@@ -395,19 +395,15 @@ static void fill_result(model *m, bench_acc *acc, bench_result *r)
 	r->launch_thread_blocking = acc->blocking;
 	r->d2h_gbps = r->h2d_gbps = NAN;
 	if (m->md->offload) {
+		/* the library's copies from its statistics, the bench's from its own events */
 		bool lib = m->md->lib_mode != NULL;
-		if (lib && acc->lib_d2h_bytes && acc->lib_d2h_ms > 0) {
-			r->d2h_gbps = (double)acc->lib_d2h_bytes / (acc->lib_d2h_ms * 1e6);
-		} else if (acc->span_d2h_bytes && acc->span_d2h_ms > 0) {
-			r->d2h_gbps = (double)acc->span_d2h_bytes / (acc->span_d2h_ms * 1e6);
-			r->copy_estimated |= lib;
-		}
-		if (lib && acc->lib_h2d_bytes && acc->lib_h2d_ms > 0) {
-			r->h2d_gbps = (double)acc->lib_h2d_bytes / (acc->lib_h2d_ms * 1e6);
-		} else if (acc->span_h2d_bytes && acc->span_h2d_ms > 0) {
-			r->h2d_gbps = (double)acc->span_h2d_bytes / (acc->span_h2d_ms * 1e6);
-			r->copy_estimated |= lib;
-		}
+		double d2h_ms = lib ? acc->lib_d2h_ms : acc->span_d2h_ms, h2d_ms = lib ? acc->lib_h2d_ms : acc->span_h2d_ms;
+		uint64_t d2h_b = lib ? acc->lib_d2h_bytes : acc->span_d2h_bytes;
+		uint64_t h2d_b = lib ? acc->lib_h2d_bytes : acc->span_h2d_bytes;
+		if (d2h_b && d2h_ms > 0)
+			r->d2h_gbps = (double)d2h_b / (d2h_ms * 1e6);
+		if (h2d_b && h2d_ms > 0)
+			r->h2d_gbps = (double)h2d_b / (h2d_ms * 1e6);
 	}
 	r->driver_call_us_p99 = NAN;
 	for (unsigned c = 0; c < VMMRT_DRIVER_CALLS; c++) {
@@ -429,20 +425,10 @@ static vmmrt_status run_all(model *m, bench_result *r)
 
 	if ((st = bench_acc_init(&acc, m->p.iterations, m->L)) != VMMRT_OK)
 		return bench_failed(m, st, "host memory for the measurements");
-	/* Marker events only where they are needed: the trace, or a library that
-	 * reports no copy times (decided after the warm-up). */
-	m->markers = lib_offload && (m->ctx->trace || m->p.warmup == 0);
-
 	for (unsigned w = 0; w < m->p.warmup; w++) {
 		if ((st = bench_run_iteration(m, m->iters_run)) != VMMRT_OK || (st = bench_iteration_sync(m)) != VMMRT_OK)
 			goto out;
 		m->iters_run++;
-	}
-	if (lib_offload && !m->markers) {
-		vmmrt_offload_stats s = {.size = sizeof(s)};
-		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK && s.bytes_offloaded && !s.last_d2h_bytes &&
-		    !(s.last_d2h_ms > 0))
-			m->markers = true;
 	}
 
 	/* The measured window: statistics from zero, memory sampled throughout. */
