@@ -45,7 +45,7 @@ static bool pool_remove(pool *pl, unsigned b)
 	return false;
 }
 
-void bench_pool_give(pool *pl, unsigned b, vmmrt__bevent *ev)
+void bench_pool_give(pool *pl, unsigned b, vmmrt_event *ev)
 {
 	pl->free_ev[b] = ev;
 	pl->fifo[pl->count++] = b;
@@ -81,9 +81,9 @@ vmmrt_status bench_enqueue_backward(model *m, vmmrt_devptr a, unsigned i)
 
 /* ------------------------------------------------------------- iterations */
 
-static vmmrt__bevent *take_event(model *m)
+static vmmrt_event *take_event(model *m)
 {
-	vmmrt__bevent *e = bench_timing_take(&m->tm);
+	vmmrt_event *e = bench_timing_take(&m->tm);
 	if (!e)
 		bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy timing events (a bug)");
 	return e;
@@ -102,7 +102,7 @@ static vmmrt_status iteration_end(model *m, unsigned it)
 {
 	REC(m, m->tm.it_e, m->compute);
 	/* The checksums of this iteration, asynchronously, after the timed region. */
-	TRY(m, vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
+	TRY(m, vmmrt_copy_to_host_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
 					   m->compute),
 	    "copy of the checksums");
 	return VMMRT_OK;
@@ -139,15 +139,15 @@ static vmmrt_status pool_restore(model *m, unsigned j, bool *done)
 	if (b < 0)
 		return VMMRT_OK; /* none free now: asked again at the next step */
 	if (pl->free_ev[b])
-		TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
+		TRY(m, vmmrt_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
 	/* the host copy must be complete */
-	TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
-	vmmrt__bevent *a = take_event(m), *e = take_event(m);
+	TRY(m, vmmrt_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
+	vmmrt_event *a = take_event(m), *e = take_event(m);
 	bench_span *sp = bench_timing_add_span(&m->tm);
 	if (!a || !e || !sp)
 		return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
 	REC(m, a, m->h2d);
-	TRY(m, vmmrt__drv_memcpy_htod_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
+	TRY(m, vmmrt_copy_to_device_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
 	    layer);
 	REC(m, e, m->h2d);
 	*sp = (bench_span){.h2d = true, .layer = (int)layer, .copies = 1, .bytes = m->A, .a = a, .b = e};
@@ -180,7 +180,7 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 			return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: no free pool buffer for layer %u (a bug)", i);
 		}
 		if (pl->free_ev[b])
-			TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
+			TRY(m, vmmrt_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
 		REC(m, m->tm.fwd_s[i], m->compute);
 		if (naive)
 			TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
@@ -190,13 +190,13 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 		m->fwd_buf[i] = b;
 		if (i + 1 == L)
 			break; /* the tail: its backward comes next, it stays */
-		vmmrt__bevent *a = take_event(m), *e = take_event(m);
+		vmmrt_event *a = take_event(m), *e = take_event(m);
 		bench_span *sp = bench_timing_add_span(&m->tm);
 		if (!a || !e || !sp)
 			return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
-		TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
+		TRY(m, vmmrt_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
 		REC(m, a, m->d2h);
-		TRY(m, vmmrt__drv_memcpy_dtoh_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
+		TRY(m, vmmrt_copy_to_host_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
 		    i);
 		REC(m, e, m->d2h);
 		*sp = (bench_span){.h2d = false, .layer = (int)i, .copies = 1, .bytes = m->A, .a = a, .b = e};
@@ -226,7 +226,7 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 			next = k + 1;
 		}
 		if (k > 0)
-			TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
+			TRY(m, vmmrt_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
 		REC(m, m->tm.bwd_s[k], m->compute);
 		if (naive)
 			TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
