@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # vmmrt-bench: the A/B benchmark of libvmmrt, its man page and its smoke test.
 # Included from Makefile.am, after bin_PROGRAMS, TESTS, EXTRA_DIST and
 # dist_man_MANS are first set:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # CUDA backend build fragment: the kernels' fatbin embedded in the library,
 # the GPU tests and `make gpu-check`. Included at the end of Makefile.am:
 #   include $(srcdir)/cuda.mk

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * libvmmrt: fixed-address GPU activation offload for CUDA Graphs.
  *

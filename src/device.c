@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The public device helpers: streams, pinned memory, synchronous copies,
  * built-in kernels and graphs, forwarded to the backend through driver.c so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The runtime's only door to the backend. Every driver operation the runtime
  * makes goes through these wrappers, which enforce the thread rules (no driver
@@ -26,12 +27,17 @@ typedef enum vmmrt__drv_call {
 const char *vmmrt__drv_call_name(vmmrt__drv_call c);
 
 /*
- * Fault injection: when set, consulted before each driver op; a non-OK return
+ * Fault injection: when a hook is set (src/testing.c, which only tests and
+ * the torture link), it is consulted before each driver op; a non-OK return
  * makes the op fail with that status without calling the backend, and a
- * non-zero *delay_us sleeps first (latency spikes). The torture tool sets it.
+ * non-zero *delay_us sleeps first (latency spikes).
  */
 typedef vmmrt_status (*vmmrt__fault_fn)(void *ctx, const char *op, uint64_t *delay_us);
-void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx);
+struct vmmrt__fault_hook {
+	vmmrt__fault_fn fn;
+	void *ctx;
+	struct vmmrt__fault_hook *next; /* every hook ever set, freed at destroy */
+};
 /* Runtime teardown, once no driver call can run: free every hook ever set. */
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt);
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Offload groups: one per runner, holding the descriptors of the tensors its
  * forward saves for its backward. Discovery records them in order; capture

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The offload hooks: where the schedule (which use comes now, what to
  * prefetch) meets the strategy (what that means for memory). Also allocation,
@@ -498,12 +499,6 @@ void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 	 * more rather than drop it. A timeout leaves it to the worker. */
 	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT)
 		(void)vmmrt__slot_destroy(s);
-}
-
-void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask)
-{
-	if (rt->offload)
-		rt->offload->drop_fence = mask;
 }
 
 bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)

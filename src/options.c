@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The option table and everything derived from it. */
 #include "config.h"
 

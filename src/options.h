@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The option table: one row per option (name, VMMRT_* variable, type, default,
  * range, doc). Parsing, validation, the environment, tools' --help and the

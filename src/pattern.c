@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Host reference of the built-in kernels' fill pattern and checksum. */
 #include "config.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Runtime creation and teardown: options (with the environment applied), the
  * backend, the driver workers, and at the end the proof that nothing leaked.

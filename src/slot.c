@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Fixed-VA slots. The reservation is made on the caller's thread (it is not
  * one of the slow, contended VMM calls); everything that maps or unmaps

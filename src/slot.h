@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Fixed-VA slot: one reservation whose address never changes, and the physical
  * memory mapped behind it at times. The application-visible state machine is

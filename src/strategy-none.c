@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * No offload: every group keeps its own slot mapped for the whole run. This
  * is the baseline the A/B is measured against (graphs, activations resident),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Ping-pong: two resident banks (one fixed VA each, mapped once at allocation)
  * shared by all groups, alternately. No driver VMM call after allocation.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Remap: every group has its own fixed-VA slot; physical memory exists only
  * around its uses. After the forward's D2H a host function on the D2H stream

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # vmmrt-bench smoke test, in TAP: every mode on the host backend with a tiny
 # model, with --json and --trace. The exit status must be 0, naive must be
 # reported failing (the negative case stays visible), the others verified, and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # Keep the manual true to the code (TAP).
 #
 #  1. The option block of vmmrt(7) is what man/vmmrt-optdoc prints now

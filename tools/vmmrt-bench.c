@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-bench: the A/B of libvmmrt. A synthetic model of L layers runs in
  * every mode (eager, eager-offload, graph, pingpong, remap, remap-inline,

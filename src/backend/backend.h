@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The backend ops table: the only interface through which libvmmrt talks to a
  * driver. Two implementations: "cuda" (libcuda.so.1, loaded at run time) and

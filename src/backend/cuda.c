@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The CUDA backend: the ops table of backend.h on the CUDA driver API.
  *
@@ -65,6 +66,9 @@
 #else
 #define VMMRT_CU_EVENT_ELAPSED_VERSION 2000
 #endif
+
+/* The oldest driver (cuDriverGetVersion's number) that has every required entry point. */
+#define VMMRT_CU_MIN_DRIVER 12030
 
 #define VMMRT_CU_REQUIRED(X) \
 	X(Init, 2000) \
@@ -244,10 +248,13 @@ static void cu_load_once(void)
 		dlclose(lib);
 		return;
 	}
-	if (cu_driver_version < 12000) {
-		cu_load_fail(VMMRT_E_NOT_SUPPORTED,
-			     "the CUDA driver supports CUDA %d.%d; libvmmrt needs 12.0 or later (stream memory operations v2)",
-			     cu_driver_version / 1000, cu_driver_version % 1000 / 10);
+	/* The newest entry point required above (cuStreamGetCaptureInfo v3,
+	 * which tells a capturing stream apart) is 12.3's: one minimum, stated
+	 * the same in README and vmmrt(7). */
+	if (cu_driver_version < VMMRT_CU_MIN_DRIVER) {
+		cu_load_fail(VMMRT_E_NOT_SUPPORTED, "the CUDA driver supports CUDA %d.%d; libvmmrt needs %d.%d or later",
+			     cu_driver_version / 1000, cu_driver_version % 1000 / 10, VMMRT_CU_MIN_DRIVER / 1000,
+			     VMMRT_CU_MIN_DRIVER % 1000 / 10);
 		dlclose(lib);
 		return;
 	}

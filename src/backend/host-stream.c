@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The host backend's streams, events, graphs, copies and kernels.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * libFuzzer target: the input bytes are a program of libvmmrt API calls on the
  * host backend (`make fuzz` builds it with clang, ASan and UBSan; `make check`
@@ -31,6 +32,7 @@
 #include "vmmrt.h"
 #include "driver.h"
 #include "runtime.h"
+#include "testing.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * GPU tests of the CUDA backend, driven through its ops table directly (no
  * runtime): VMM round trips, a graph replayed across a remap at the same

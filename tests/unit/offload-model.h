@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * A synthetic model for the offload tests: n layers, each with one group
  * whose forward graph writes an activation derived from the iteration's input

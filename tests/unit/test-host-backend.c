@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The host backend against the contract in src/backend/backend.h: VMM state
  * rules and accounting, faults on unmapped slots, stream/event/value ordering,

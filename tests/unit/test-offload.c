@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Offload on the host backend: both strategies keep every restored activation
  * intact (checksums per layer and iteration), the ping-pong fences are needed
@@ -25,6 +26,7 @@
 #include "offload-model.h"
 #include "offload.h"
 #include "test-common.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The option table: defaults valid, validation strict, environment wins. */
 #include "config.h"
 

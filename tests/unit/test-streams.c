@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The streams a framework computes on: the legacy default stream (NULL, as
  * PyTorch passes its default stream), VMMRT_STREAM_LEGACY and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-bench: the A/B comparison of libvmmrt's offload strategies against
  * eager execution, whole-layer graphs without offload, and the naive graph

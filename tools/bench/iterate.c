@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * One iteration of each kind of mode, enqueued without a host wait:
  *   eager          kernels on the per-layer activations;

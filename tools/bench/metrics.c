@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * What the bench measures, and how: device timing events for everything on a
  * stream (iterations, graphs, copies), a sampler thread for the driver's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The model's state, shared by modes.c (setup, the measured run,
  * verification, teardown) and iterate.c (one iteration of each mode).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * What the bench prints: the offload budget of the real layer shapes, one
  * table row per mode on stdout (the seed's style: one line per configuration,

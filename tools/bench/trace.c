@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The --trace file, one mode's part: its runtime's trace option, the device
  * spans the bench adds to that runtime's trace, and the span that lets

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * One scenario: a runtime with a random configuration, driven from creation
  * to destruction through a random legal sequence with illegal calls mixed in,
