@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Runtime options: what the command line gives every mode's runtime, and what
  * a runtime has in force.

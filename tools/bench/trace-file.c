@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The --trace file of the whole run, merged from the runtimes' own.
  *
