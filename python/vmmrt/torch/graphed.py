@@ -23,7 +23,7 @@ from vmmrt.torch.offload import Offload
 log = logging.getLogger("vmmrt.torch")
 
 _OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
-            "offload", "graphs", "grads", "names", "options", "margin")
+            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes")
 
 
 def _reject_unknown(kwargs):
@@ -35,7 +35,8 @@ def _reject_unknown(kwargs):
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
                            capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
-                           graphs=True, grads="static", names=None, options=None, margin=0.9, **unknown):
+                           graphs=True, grads="static", names=None, options=None, margin=0.9,
+                           min_bytes=1 << 16, **unknown):
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -73,6 +74,9 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         no static gradient buffers in the pool; parameter hooks do not run).
     names
         one name per callable for messages, traces and statistics.
+    min_bytes
+        regions (distinct saved byte ranges) smaller than this stay on the
+        device: scalars and index tensors are not worth a copy each.
     options
         further libvmmrt options ({"driver_workers": 1, ...}; see
         ``vmmrt.options_table()``).
@@ -101,7 +105,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs CUDA tensors (sample arguments are on %s); use graphs=False for "
                          "eager offload" % device)
-    off = Offload(mode=mode, lookahead=lookahead, device=device, options=options)
+    off = Offload(mode=mode, lookahead=lookahead, device=device, options=options, min_bytes=min_bytes)
     try:
         for r in runners:
             static = r.params + r.buffers + (r.sample if graphs else ())
@@ -150,7 +154,7 @@ def _plan(runners, off, margin):
     d2h, h2d = planner.measure_bandwidth(off.device)
     rows = []
     for r in runners:
-        sizes = [g.nbytes for g in r.layer.regions if g.reason is None]
+        sizes = [g.nbytes for g in off.candidates(r.layer)]
         rows.append((r.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
     return planner.plan(rows, d2h, h2d, margin)
 

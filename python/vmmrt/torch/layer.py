@@ -173,12 +173,12 @@ class LayerOffload:
 
     def saved_bytes(self):
         """Bytes of this layer's saved tensors: "views" (as autograd saved them,
-        each view counted), "distinct" (the regions behind them that could
-        move), "moved" (the regions that do)."""
+        each view counted, kept tensors not), "distinct" (the regions behind
+        those views, each once), "moved" (the regions that are offloaded)."""
         if not self.plan:
             return {"views": 0, "distinct": 0, "moved": 0}
         return {"views": self.plan.view_bytes(),
-                "distinct": sum(r.nbytes for r in self.regions if r.reason in (None, "budget")),
+                "distinct": sum(r.nbytes for r in self.regions),
                 "moved": sum(r.nbytes for r in self.moving())}
 
     # ------------------------------------------------------------- hooks

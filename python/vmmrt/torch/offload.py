@@ -40,9 +40,11 @@ class Offload:
     ``device``: a CUDA device (the cuda backend), or "cpu" for the host
     backend (a GPU emulated on host memory; CPU tensors). ``options``: any
     further C option ("driver_workers", "handle_pool", "timeout_ms", ...).
+    ``min_bytes``: smaller regions stay (a copy node in the graph and a slot
+    offset each, for memory that does not matter: scalars, index tensors).
     """
 
-    def __init__(self, mode="pingpong", lookahead=1, device=None, options=None):
+    def __init__(self, mode="pingpong", lookahead=1, device=None, options=None, min_bytes=1 << 16):
         if mode not in MODES:
             raise ValueError("mode %r is not one of %s" % (mode, ", ".join(MODES)))
         if device is None:
@@ -69,6 +71,7 @@ class Offload:
         self.plan = None
         self.failed = None
         self._ranges = []
+        self.min_bytes = min_bytes
 
     # ------------------------------------------------------------- state
     def fail(self, why):
@@ -95,6 +98,14 @@ class Offload:
         return lay
 
     # -------------------------------------------------------- allocation
+    def candidates(self, lay):
+        """The regions of a layer that may move (in discovery order): not kept for
+        a reason, and not smaller than min_bytes."""
+        for r in lay.regions:
+            if r.reason is None and r.nbytes < self.min_bytes:
+                r.selected, r.reason = False, "small"
+        return [r for r in lay.regions if r.reason is None]
+
     def allocate(self, offload=1.0, plan=None):
         """End discovery: choose what moves, describe it to the groups, allocate
         (slots or banks, pinned host buffers) and learn every fixed address.
@@ -112,16 +123,16 @@ class Offload:
         if isinstance(offload, bool):
             offload = 1.0 if offload else 0.0
         for i, lay in enumerate(self.layers):
+            cand = self.candidates(lay)
             if plan is not None:
                 chosen = set(plan.layers[i].chosen)
-                cand = [r for r in lay.regions if r.reason is None]
                 for k, r in enumerate(cand):
                     r.selected = k in chosen
                     if not r.selected:
                         r.reason = "budget"
             else:
-                cand = [r.nbytes for r in lay.regions if r.reason is None]
-                select.apply(lay.regions, None if offload >= 1.0 else select.fraction_budget(cand, offload))
+                sizes = [r.nbytes for r in cand]
+                select.apply(cand, None if offload >= 1.0 else select.fraction_budget(sizes, offload))
             lay.describe_to_group()
         self.plan = plan
         try:

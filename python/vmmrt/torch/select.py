@@ -24,10 +24,9 @@ def fraction_budget(sizes, fraction):
     return fraction * sum(sizes)
 
 
-def apply(regions, budget):
-    """Select the candidate regions (those not kept for a reason) under budget
-    (None: all of them); the others are kept, with the reason 'budget'."""
-    cand = [r for r in regions if r.reason is None]
+def apply(cand, budget):
+    """Select among candidate regions under budget (None: all of them); the
+    others are kept, with the reason 'budget'. Returns the bytes that move."""
     if budget is None:
         picked = set(range(len(cand)))
     else:
@@ -36,4 +35,4 @@ def apply(regions, budget):
         r.selected = i in picked
         if not r.selected:
             r.reason = "budget"
-    return sum(r.nbytes for r in regions if r.selected)
+    return sum(r.nbytes for r in cand if r.selected)
