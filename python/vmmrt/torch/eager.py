@@ -15,6 +15,7 @@ from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat
+from vmmrt.torch.saved import original_error
 
 
 def current_stream(off):
@@ -43,6 +44,7 @@ class _EagerLayer(torch.autograd.Function):
                             % (k, type(o).__name__), "layer %r" % runner.name)
         runner.out_spec = spec
         ctx.runner = runner
+        ctx.rec = p.rec
         ctx.inner_in = detached
         ctx.inner_out = leaves
         return tuple(o.detach() for o in leaves)
@@ -75,7 +77,10 @@ class _EagerLayer(torch.autograd.Function):
             # the slot is reused: give autograd its own copy.
             res = [off.own(g) for g in res]
         except BaseException as e:
-            off.fail("%r: backward failed: %s" % (runner.name, e))
+            err = original_error(e, [ctx.rec])
+            off.fail("layer %r: backward failed: %s" % (runner.name, err or e))
+            if err is not None:
+                raise err from None
             raise
         finally:
             ctx.inner_out = None

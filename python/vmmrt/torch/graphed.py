@@ -19,6 +19,7 @@ from torch.autograd.function import once_differentiable
 from vmmrt import Error, _capi
 from vmmrt.torch import _callables, _compat, eager, planner
 from vmmrt.torch.offload import Offload
+from vmmrt.torch.saved import original_error
 
 log = logging.getLogger("vmmrt.torch")
 
@@ -174,6 +175,7 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
         if inner is None:
             inner = e
     if inner is not None:
+        inner = original_error(inner, [r.layer.last_rec]) or inner
         r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
         if isinstance(inner, Error):
             raise inner

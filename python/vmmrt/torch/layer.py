@@ -50,17 +50,24 @@ class Pass:
             if self.kind == "eager":
                 lay.group.forward_begin(self.stream)
             lay.group.begin_capture()
+        lay.last_rec = self.rec
         self._hooks = self.rec.hooks()
         self._hooks.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self._hooks.__exit__(exc_type, exc, tb)
         lay, rec = self.layer, self.rec
-        if exc_type is not None:
+        raised = exc
+        try:
+            self._hooks.__exit__(exc_type, exc, tb)
+        except BaseException as e:  # the Error a hook raised, unwrapped
+            raised = e
+        if raised is not None:
             rec.release()
             if self.kind != "discover":
-                lay.offload.fail("%s: %s pass failed: %s" % (lay._where(), self.kind, exc))
+                lay.offload.fail("%s: %s pass failed: %s" % (lay._where(), self.kind, raised))
+            if raised is not exc:
+                raise raised
             return False
         try:
             moves = rec.finish(_compat.tree_leaves(self.outputs))
@@ -102,6 +109,7 @@ class LayerOffload:
         self.bwd_ms = []
         self._restored = False      # between backward_begin and backward_end
         self._bwd_capture = False
+        self.last_rec = None        # the recorder of the latest pass (its hooks' errors)
 
     def _where(self):
         return "layer %r" % self.name

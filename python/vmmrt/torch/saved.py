@@ -159,16 +159,24 @@ class Recorder:
         self.entries = []
         self.regions = []
         self._by_storage = {}
-        self._alive = []              # originals, until the pass ends
-        self._versions = []
+        self._alive = []              # (index, original, its version), until the pass ends
         self.finished = False
         # Called before a view is rebuilt, to refuse one the layer's backward
         # has not restored (or has already let go of).
         self.guard = None
+        self.error = None             # the first Error a hook raised
 
     # ------------------------------------------------------------ hooks
     def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        """The saved_tensors_hooks context of this pass. An error raised in a hook
+        reaches the caller as a RuntimeError (autograd wraps it); leaving the
+        context raises the original :class:`vmmrt.Error` instead."""
+        return _Hooks(self)
+
+    def _fail(self, e):
+        if self.error is None:
+            self.error = e
+        raise e
 
     def _classify(self, t):
         if not isinstance(t, torch.Tensor):
@@ -190,7 +198,7 @@ class Recorder:
 
     def pack(self, t):
         if self.finished:
-            raise Error(_capi.E_INVALID_STATE, "a tensor was saved after the layer's pass ended", self._where())
+            self._fail(Error(_capi.E_INVALID_STATE, "a tensor was saved after the layer's pass ended", self._where()))
         kind, storage = self._classify(t)
         i = len(self.entries)
         if kind != "view":
@@ -210,8 +218,7 @@ class Recorder:
         end = start + _compat.span_elements(t.shape, t.stride()) * t.element_size()
         r.extend(start, end, t.dtype)
         self.entries.append(Entry("view", r.index, t, start, nbytes))
-        self._alive.append(t)
-        self._versions.append((i, t, t._version))
+        self._alive.append((i, t, t._version))
         self._check(i)
         if self.keep_all or not self._moves(r.index):
             return Packed(self, i, t.detach())
@@ -234,19 +241,19 @@ class Recorder:
             return
         plan = self.plan.entries
         if i >= len(plan):
-            raise Error(_capi.E_MISMATCH, "saved tensor %d (%s) was not saved at discovery, which saw %d; "
-                        "a layer must save the same tensors, in the same order, at every call"
-                        % (i, self.entries[i].describe(), len(plan)), self._where())
+            self._fail(Error(_capi.E_MISMATCH, "saved tensor %d (%s) was not saved at discovery, which saw %d; "
+                             "a layer must save the same tensors, in the same order, at every call"
+                             % (i, self.entries[i].describe(), len(plan)), self._where()))
         if self.entries[i].key() != plan[i].key():
-            raise Error(_capi.E_MISMATCH, "saved tensor %d is %s where discovery saw %s; a layer must save the "
-                        "same tensors (shapes, dtypes, views) in the same order at every call"
-                        % (i, self.entries[i].describe(), plan[i].describe()), self._where())
+            self._fail(Error(_capi.E_MISMATCH, "saved tensor %d is %s where discovery saw %s; a layer must save "
+                             "the same tensors (shapes, dtypes, views) in the same order at every call"
+                             % (i, self.entries[i].describe(), plan[i].describe()), self._where()))
 
     def finish(self, outputs=()):
         """End the pass: check it against the plan, mark output regions kept, and
         return the originals of the regions that move (in region order)."""
         self.finished = True
-        for i, t, v in self._versions:
+        for i, t, v in self._alive:
             if t._version != v:
                 raise Error(_capi.E_MISMATCH, "saved tensor %d (%s) was modified in place after it was saved"
                             % (i, self.entries[i].describe()), self._where())
@@ -275,7 +282,6 @@ class Recorder:
     def release(self):
         """Drop the originals (after their bytes are copied, or the pass failed)."""
         self._alive = []
-        self._versions = []
 
     # ------------------------------------------------------- rebuilding
     def rebuild(self, i):
@@ -283,7 +289,10 @@ class Recorder:
         e = self.plan.entries[i]
         r = self.plan.regions[e.region]
         if self.guard is not None:
-            self.guard(i)
+            try:
+                self.guard(i)
+            except Error as err:
+                self._fail(err)
         base = r.bases[e.dtype]
         item = base.element_size()
         return torch.as_strided(base, e.shape, e.stride, (e.offset - r.lo) // item)
@@ -295,3 +304,28 @@ class Recorder:
     def view_bytes(self):
         return sum(_compat.span_elements(e.shape, e.stride) * torch.empty((), dtype=e.dtype).element_size()
                    for e in self.entries if e.kind == "view")
+
+
+class _Hooks:
+    def __init__(self, rec):
+        self.rec = rec
+        self.ctx = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack)
+
+    def __enter__(self):
+        self.ctx.__enter__()
+        return self.rec
+
+    def __exit__(self, exc_type, exc, tb):
+        self.ctx.__exit__(exc_type, exc, tb)
+        err = self.rec.error
+        if exc is not None and err is not None and exc is not err:
+            raise err from None
+        return False
+
+
+def original_error(exc, recs):
+    """The vmmrt.Error one of recs' hooks raised, if exc is autograd's wrapping of it."""
+    for rec in recs:
+        if rec is not None and rec.error is not None and exc is not rec.error:
+            return rec.error
+    return None
