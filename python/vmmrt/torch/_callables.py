@@ -44,8 +44,9 @@ class Runner:
         """Every input of the graph that may need a gradient: user args, then parameters."""
         return self.sample + self.params
 
-    def check_args(self, leaves):
-        """The arguments of a call must match the sample's: a graph cannot take others."""
+    def check_args(self, leaves, grad=True):
+        """The arguments of a call must match the sample's: a graph cannot take
+        others (and, with grad, the tensors saved depend on which need one)."""
         if len(leaves) != len(self.sample):
             raise Error(_capi.E_MISMATCH, "called with %d tensor arguments, the sample had %d"
                         % (len(leaves), len(self.sample)), "layer %r" % self.name)
@@ -53,6 +54,10 @@ class Runner:
             if not isinstance(a, torch.Tensor):
                 raise Error(_capi.E_MISMATCH, "argument %d is a %s, the sample's is a tensor"
                             % (k, type(a).__name__), "layer %r" % self.name)
+            if grad and a.requires_grad != s.requires_grad:
+                raise Error(_capi.E_MISMATCH, "argument %d has requires_grad=%s where the sample's has %s: the "
+                            "sample arguments must require gradients exactly as the real ones do"
+                            % (k, a.requires_grad, s.requires_grad), "layer %r" % self.name)
             if a.shape != s.shape or a.dtype != s.dtype or a.device != s.device:
                 raise Error(_capi.E_MISMATCH, "argument %d is %s %s on %s where the sample was %s %s on %s: the "
                             "shapes a layer sees may not change between calls (capture one set of callables "

@@ -100,7 +100,7 @@ def wrap(runner):
 
     def offloaded(*user_args):
         leaves = _compat.tree_leaves(*user_args)
-        runner.check_args(leaves)
+        runner.check_args(leaves, torch.is_grad_enabled())
         runner.layer.offload.check_usable()
         if not torch.is_grad_enabled():
             # Nothing is saved without grad: no group work, no schedule entry.

@@ -321,7 +321,7 @@ def _graphed(r, fwd_graph, bwd_graph, grads):
 
     def functionalized(*user_args):
         leaves = _compat.tree_leaves(*user_args)
-        r.check_args(leaves)
+        r.check_args(leaves, torch.is_grad_enabled())
         lay.offload.check_usable()
         if not torch.is_grad_enabled():
             # No backward will come: replaying would leave the group's schedule
