@@ -10,10 +10,9 @@ import ctypes
 import torch
 
 # __cuda_array_interface__ typestrs by element size: the tensor is made with
-# an integer type of the same size, then viewed as the real dtype (bf16 and
-# bool have no typestr of their own).
-_TYPESTR = {1: "|u1", 2: "<u2", 4: "<u4", 8: "<u8"}
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# an integer type of the same size (types every PyTorch has), then viewed as
+# the real dtype (bf16 and bool have no typestr of their own).
+_TYPESTR = {1: "|u1", 2: "<i2", 4: "<i4", 8: "<i8"}
 
 
 class _CudaMemory:

@@ -102,8 +102,8 @@ def wrap(runner):
         leaves = _compat.tree_leaves(*user_args)
         runner.check_args(leaves, torch.is_grad_enabled())
         runner.layer.offload.check_usable()
-        if not torch.is_grad_enabled():
-            # Nothing is saved without grad: no group work, no schedule entry.
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
+            # No backward will come: no group work, no schedule entry.
             return runner.call(leaves)
         out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
         return _compat.tree_unflatten(list(out), runner.out_spec)

@@ -323,7 +323,7 @@ def _graphed(r, fwd_graph, bwd_graph, grads):
         leaves = _compat.tree_leaves(*user_args)
         r.check_args(leaves, torch.is_grad_enabled())
         lay.offload.check_usable()
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + params):
             # No backward will come: replaying would leave the group's schedule
             # waiting for it, so the callable runs eagerly.
             return r.call(leaves)
