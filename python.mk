@@ -39,6 +39,7 @@ vmmrt_py_tests = \
 	python/tests/test_eager.py \
 	python/tests/test_errors.py \
 	python/tests/test_gpu.py \
+	python/tests/test_readme.py \
 	python/tests/gpu_run.sh
 
 TESTS += tests/python.sh
