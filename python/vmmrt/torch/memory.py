@@ -13,21 +13,26 @@ import torch
 MiB = float(1 << 20)
 
 
-def _pool_bytes():
-    """(graph-pool bytes, other caching-allocator bytes) reserved, from the segments."""
+def _pool_bytes(index):
+    """(graph-pool bytes, other caching-allocator bytes) reserved on a device, from
+    the segments (graph pools are the segments not in the default pool (0, 0))."""
     try:
         segs = torch.cuda.memory_snapshot()
     except Exception:
-        return None, torch.cuda.memory_reserved()
+        return None, torch.cuda.memory_reserved(index)
     pool = other = 0
+    known = False
     for s in segs:
+        if s.get("device", index) != index:
+            continue
         pid = s.get("segment_pool_id")
+        known = known or pid is not None
         size = s.get("total_size", 0)
         if pid is not None and tuple(pid) != (0, 0):
             pool += size
         else:
             other += size
-    return pool, other
+    return (pool if known else None), other
 
 
 def snapshot(offloads=(), device=None):
@@ -35,7 +40,7 @@ def snapshot(offloads=(), device=None):
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
         free, total = torch.cuda.mem_get_info()
-        pool, other = _pool_bytes()
+        pool, other = _pool_bytes(dev.index)
     slots = sum(o.device_bytes() for o in offloads)
     used = total - free
     known = (pool or 0) + other + slots
