@@ -40,6 +40,7 @@ vmmrt_py_tests = \
 	python/tests/test_errors.py \
 	python/tests/test_gpu.py \
 	python/tests/test_readme.py \
+	python/tests/test_runner_api.py \
 	python/tests/gpu_run.sh
 
 TESTS += tests/python.sh
