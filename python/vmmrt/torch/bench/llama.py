@@ -138,16 +138,21 @@ class DecoderLayer(torch.nn.Module):
 
 
 def init_(layers, seed=1234):
-    """The same weights for the same seed, whatever device or dtype."""
-    g = torch.Generator().manual_seed(seed)
+    """The same weights for the same seed on the same device (drawn there: a
+    CPU generator would spend seconds on billions of numbers)."""
+    gens = {}
     with torch.no_grad():
         for m in layers:
             for name, p in m.named_parameters():
+                g = gens.get(p.device)
+                if g is None:
+                    g = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+                w = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
                 if name.endswith("norm.weight") or "layernorm" in name:
-                    w = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+                    w = 1.0 + 0.1 * w
                 else:
-                    w = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
-                p.copy_(w.to(p.dtype))
+                    w /= math.sqrt(p.shape[-1])
+                p.copy_(w)
     return layers
 
 
