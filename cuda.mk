@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # CUDA backend build fragment: the kernels' fatbin embedded in the library,
 # the GPU tests and `make gpu-check`. Included at the end of Makefile.am:
 #   include $(srcdir)/cuda.mk
@@ -50,7 +51,7 @@ gpu-check: $(gpu_tests)
 # backend's own GPU tests, and the runtime-level unit tests (slots, workers,
 # offload) run again against the CUDA backend (VMMRT_BACKEND=cuda; the tests
 # that need the host emulation leave themselves out there).
-gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload tests/unit/test-streams
 gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
 	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)
 .PHONY: gpu-suite

@@ -1,10 +1,13 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # vmmrt-torture, its man page, the torture runs of `make check`, `make torture`
 # (the long run) and `make fuzz` (the libFuzzer API fuzzer, built with clang).
 # Included at the end of Makefile.am, after bin_PROGRAMS, TESTS, EXTRA_DIST,
 # AM_TESTS_ENVIRONMENT and dist_man_MANS are first set:
 #   include $(srcdir)/torture.mk
 
-bin_PROGRAMS += tools/vmmrt-torture
+# Built in the tree, not installed: it injects faults through the library's
+# test switches (src/testing.h), which the installed libvmmrt.so does not have.
+noinst_PROGRAMS += tools/vmmrt-torture
 tools_vmmrt_torture_SOURCES = \
 	tools/torture/main.c \
 	tools/torture/faults.c \
@@ -15,12 +18,13 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/scenario.h
 # It sets the fault hook and reads the live-object counts (internal headers),
 # so it links the convenience library, not libvmmrt.la (public API only).
-tools_vmmrt_torture_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
+tools_vmmrt_torture_LDADD = libvmmrt-testing.la libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
 # -export-dynamic (-rdynamic): the stacks of a hang or crash name the
 # executable's global functions (the library's included) through dladdr().
 tools_vmmrt_torture_LDFLAGS = $(AM_LDFLAGS) -export-dynamic
 
-dist_man_MANS += man/man1/vmmrt-torture.1
+# Its page ships in the tarball and is read in the tree: man ./man/man1/vmmrt-torture.1
+EXTRA_DIST += man/man1/vmmrt-torture.1
 
 # ---- make check: a short clean run, the planted bugs (each must make the run
 # fail), the report of a hang (every thread's stack), and the fuzzer's corpus
@@ -57,7 +61,7 @@ tests_unit_test_torture_regress_LDADD = $(TEST_LDADD)
 
 check_PROGRAMS += tests/fuzz/fuzz-replay
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz-api.c tests/fuzz/fuzz-replay.c
-tests_fuzz_fuzz_replay_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread
+tests_fuzz_fuzz_replay_LDADD = libvmmrt-testing.la libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread
 
 AM_TESTS_ENVIRONMENT += \
 	TORTURE=$(abs_top_builddir)/tools/vmmrt-torture$(EXEEXT); export TORTURE; \
@@ -95,7 +99,7 @@ FUZZ_SANITIZE = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefi
 FUZZ_CFLAGS = -g -O1 -std=gnu11 -fno-omit-frame-pointer
 FUZZ_FLAGS = -timeout=60 -rss_limit_mb=4096 -max_len=1024
 fuzz_target = tests/fuzz/vmmrt-fuzz
-fuzz_sources = tests/fuzz/fuzz-api.c $(libvmmrt_core_la_SOURCES)
+fuzz_sources = tests/fuzz/fuzz-api.c $(libvmmrt_core_la_SOURCES) $(libvmmrt_testing_la_SOURCES)
 
 $(fuzz_target): $(fuzz_sources) $(nodist_libvmmrt_core_la_SOURCES) config.h
 	$(AM_V_GEN)$(MKDIR_P) tests/fuzz && \

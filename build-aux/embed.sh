@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # embed.sh SYMBOL FILE: write on stdout a C source that embeds FILE's bytes as
 #   const unsigned char SYMBOL[];   (16-byte aligned, hidden visibility)
 #   const size_t SYMBOL_size;

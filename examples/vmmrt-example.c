@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-example: the smallest complete round trip through libvmmrt.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-offload: the offload cycle an integration runs, end to end, with the
  * public API only. A model of LAYERS layers: each forward graph writes an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * libvmmrt: fixed-address GPU activation offload for CUDA Graphs.
  *
@@ -159,6 +160,18 @@ VMMRT_EXTERN vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_
 /* Drains or cancels queued work, joins the workers, frees every slot and reservation. */
 VMMRT_EXTERN vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt);
 VMMRT_EXTERN vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info *out);
+/* The options in force (the program's, with the environment applied as the
+ * "environment" option says), copied into out (from vmmrt_options_create). */
+VMMRT_EXTERN vmmrt_status vmmrt_runtime_options_get(const vmmrt_runtime *rt, vmmrt_options *out);
+
+/*
+ * Add a span to the runtime's trace (the "trace" option; VMMRT_OK and nothing
+ * written when it is off): track names a row ("compute", "layer 3"), times are
+ * CLOCK_MONOTONIC nanoseconds, so an application's spans line up with the
+ * driver calls the runtime records.
+ */
+VMMRT_EXTERN vmmrt_status vmmrt_trace_span(vmmrt_runtime *rt, const char *track, const char *name, uint64_t t0_ns,
+					   uint64_t t1_ns);
 
 /* Driver-level device memory (cuMemGetInfo), in bytes. */
 VMMRT_EXTERN vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes);
@@ -221,6 +234,25 @@ VMMRT_EXTERN vmmrt_status vmmrt_host_free(vmmrt_runtime *rt, void *ptr);
 /* Synchronous copies for setup and checks, never for the hot path. */
 VMMRT_EXTERN vmmrt_status vmmrt_copy_to_device(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t bytes);
 VMMRT_EXTERN vmmrt_status vmmrt_copy_to_host(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes);
+/* Asynchronous copies on a stream (host memory pinned with vmmrt_host_alloc to overlap). */
+VMMRT_EXTERN vmmrt_status vmmrt_copy_to_device_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src,
+						     size_t bytes, vmmrt_stream stream);
+VMMRT_EXTERN vmmrt_status vmmrt_copy_to_host_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes,
+						   vmmrt_stream stream);
+
+/* Events, as CUDA's: a record marks a point in a stream; waits and queries refer
+ * to the most recent record; an event never recorded counts as complete. */
+typedef struct vmmrt_event vmmrt_event;
+#define VMMRT_EVENT_TIMING 0x1u /* can be timed with vmmrt_event_elapsed_ms (costs a little) */
+VMMRT_EXTERN vmmrt_status vmmrt_event_create(vmmrt_runtime *rt, unsigned int flags, vmmrt_event **out);
+VMMRT_EXTERN vmmrt_status vmmrt_event_destroy(vmmrt_runtime *rt, vmmrt_event *event);
+VMMRT_EXTERN vmmrt_status vmmrt_event_record(vmmrt_runtime *rt, vmmrt_event *event, vmmrt_stream stream);
+/* *done: 1 once the most recent record has completed, else 0 (not an error). */
+VMMRT_EXTERN vmmrt_status vmmrt_event_query(vmmrt_runtime *rt, vmmrt_event *event, int *done);
+VMMRT_EXTERN vmmrt_status vmmrt_event_synchronize(vmmrt_runtime *rt, vmmrt_event *event);
+VMMRT_EXTERN vmmrt_status vmmrt_event_elapsed_ms(vmmrt_runtime *rt, vmmrt_event *start, vmmrt_event *end, float *ms);
+/* Work enqueued on stream after this call waits, on the device, for event's most recent record. */
+VMMRT_EXTERN vmmrt_status vmmrt_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_event *event);
 /* Built-in kernels, the same bytes on every backend. */
 VMMRT_EXTERN vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed);
 VMMRT_EXTERN vmmrt_status vmmrt_kernel_checksum(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr src, size_t bytes, vmmrt_devptr result);
@@ -231,6 +263,8 @@ VMMRT_EXTERN vmmrt_status vmmrt_kernel_layer(vmmrt_runtime *rt, vmmrt_stream str
 /* Host-side reference of the fill pattern and the checksum. */
 VMMRT_EXTERN uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index);
 VMMRT_EXTERN uint64_t vmmrt_checksum_host(const void *data, size_t bytes);
+/* The checksum of what vmmrt_kernel_layer(layer_seed) writes over input_seed's fill, without a buffer. */
+VMMRT_EXTERN uint64_t vmmrt_layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t layer_seed);
 
 /* Graphs: capture the work enqueued on a stream, replay it at the captured addresses. */
 typedef struct vmmrt_graph vmmrt_graph;

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # Replace the generated option block of vmmrt(7) with the output of
 # vmmrt-optdoc, the option table of src/options.c printed as man(7) rows.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-optdoc: print the option table of libvmmrt as man(7) .TP rows, the
  * body of the ENVIRONMENT section of vmmrt(7). man/update-options.sh puts its

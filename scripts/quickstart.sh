@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # Quick start for a fresh Debian or Ubuntu machine, from the project's root:
 # installs what is missing (with apt-get), configures, builds, runs the
 # smallest example and then the main program, vmmrt-bench (about 10 s without

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The prologue of every public call, and the copy-out of the structs the
  * library fills. One place, so every entry point keeps the same promises:

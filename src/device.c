@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The public device helpers: streams, pinned memory, synchronous copies,
  * built-in kernels and graphs, forwarded to the backend through driver.c so
@@ -157,4 +158,98 @@ vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph)
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(graph, "graph is NULL");
 	return vmmrt__drv_graph_destroy(rt, (vmmrt__bgraph *)graph);
+}
+
+static vmmrt_status async_copy(vmmrt_runtime *rt, vmmrt_devptr dev, void *host, size_t bytes, vmmrt_stream s,
+			       bool to_device)
+{
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(dev && host, "NULL address");
+	if (bytes == 0)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "copy of 0 bytes");
+	return to_device ? vmmrt__drv_memcpy_htod_async(rt, dev, host, bytes, s)
+			 : vmmrt__drv_memcpy_dtoh_async(rt, host, dev, bytes, s);
+}
+
+vmmrt_status vmmrt_copy_to_device_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t bytes,
+					vmmrt_stream stream)
+{
+	VMMRT__API_ENTER();
+	return async_copy(rt, dst, (void *)src, bytes, stream, true);
+}
+
+vmmrt_status vmmrt_copy_to_host_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes,
+				      vmmrt_stream stream)
+{
+	VMMRT__API_ENTER();
+	return async_copy(rt, src, dst, bytes, stream, false);
+}
+
+/* A public event is the backend's event itself, as a public graph is. */
+#define EVENT(e) ((vmmrt__bevent *)(e))
+
+vmmrt_status vmmrt_event_create(vmmrt_runtime *rt, unsigned int flags, vmmrt_event **out)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(out, "out is NULL");
+	if (flags & ~VMMRT_EVENT_TIMING)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown flags 0x%x (only VMMRT_EVENT_TIMING)",
+				    __func__, flags & ~VMMRT_EVENT_TIMING);
+	vmmrt__bevent *e = NULL;
+	vmmrt_status st = vmmrt__drv_event_create(rt, (flags & VMMRT_EVENT_TIMING) != 0, &e);
+	*out = st == VMMRT_OK ? (vmmrt_event *)e : NULL;
+	return st;
+}
+
+vmmrt_status vmmrt_event_destroy(vmmrt_runtime *rt, vmmrt_event *event)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	if (!event)
+		return VMMRT_OK;
+	return vmmrt__drv_event_destroy(rt, EVENT(event));
+}
+
+vmmrt_status vmmrt_event_record(vmmrt_runtime *rt, vmmrt_event *event, vmmrt_stream stream)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(event, "event is NULL");
+	return vmmrt__drv_event_record(rt, EVENT(event), stream);
+}
+
+vmmrt_status vmmrt_event_query(vmmrt_runtime *rt, vmmrt_event *event, int *done)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(event && done, "NULL argument");
+	bool d = false;
+	vmmrt_status st = vmmrt__drv_event_query(rt, EVENT(event), &d);
+	*done = st == VMMRT_OK && d;
+	return st;
+}
+
+vmmrt_status vmmrt_event_synchronize(vmmrt_runtime *rt, vmmrt_event *event)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(event, "event is NULL");
+	return vmmrt__drv_event_synchronize(rt, EVENT(event));
+}
+
+vmmrt_status vmmrt_event_elapsed_ms(vmmrt_runtime *rt, vmmrt_event *start, vmmrt_event *end, float *ms)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(start && end && ms, "NULL argument");
+	return vmmrt__drv_event_elapsed_ms(rt, EVENT(start), EVENT(end), ms);
+}
+
+vmmrt_status vmmrt_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_event *event)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(event, "event is NULL");
+	return vmmrt__drv_stream_wait_event(rt, stream, EVENT(event));
 }

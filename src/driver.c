@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Every driver call of the runtime passes here. Three rules are enforced in
  * one place rather than at each call site:
@@ -48,28 +49,6 @@ uint64_t vmmrt__now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-struct vmmrt__fault_hook {
-	vmmrt__fault_fn fn;
-	void *ctx;
-	struct vmmrt__fault_hook *next;
-};
-
-void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx)
-{
-	/* One pointer, so a call in flight never pairs one hook's function with
-	 * another's context (test-only: no allocation means no hook). Published
-	 * as RCU does, so a reader never sees it before its fields (the compiler
-	 * may sink plain stores past a plain store of the pointer). */
-	struct vmmrt__fault_hook *h = fn ? calloc(1, sizeof(*h)) : NULL;
-	if (h) {
-		h->fn = fn;
-		h->ctx = ctx;
-		h->next = rt->fault_all;
-		rt->fault_all = h;
-	}
-	rcu_set_pointer(&rt->fault, h);
 }
 
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt)
@@ -271,9 +250,14 @@ vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_
 	PLAIN(rt, "cuEventRecord", rt->ops->event_record(rt->be, e, s));
 }
 
-vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e)
+vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e, bool *done)
 {
-	PLAIN(rt, "cuEventQuery", rt->ops->event_query(rt->be, e));
+	PLAIN(rt, "cuEventQuery", rt->ops->event_query(rt->be, e, done));
+}
+
+vmmrt_status vmmrt__drv_stream_query(vmmrt_runtime *rt, vmmrt_stream s, bool *done)
+{
+	PLAIN(rt, "cuStreamQuery", rt->ops->stream_query(rt->be, s, done));
 }
 
 vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The runtime's only door to the backend. Every driver operation the runtime
  * makes goes through these wrappers, which enforce the thread rules (no driver
@@ -26,12 +27,17 @@ typedef enum vmmrt__drv_call {
 const char *vmmrt__drv_call_name(vmmrt__drv_call c);
 
 /*
- * Fault injection: when set, consulted before each driver op; a non-OK return
+ * Fault injection: when a hook is set (src/testing.c, which only tests and
+ * the torture link), it is consulted before each driver op; a non-OK return
  * makes the op fail with that status without calling the backend, and a
- * non-zero *delay_us sleeps first (latency spikes). The torture tool sets it.
+ * non-zero *delay_us sleeps first (latency spikes).
  */
 typedef vmmrt_status (*vmmrt__fault_fn)(void *ctx, const char *op, uint64_t *delay_us);
-void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx);
+struct vmmrt__fault_hook {
+	vmmrt__fault_fn fn;
+	void *ctx;
+	struct vmmrt__fault_hook *next; /* every hook ever set, freed at destroy */
+};
 /* Runtime teardown, once no driver call can run: free every hook ever set. */
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt);
 
@@ -55,7 +61,9 @@ vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, 
 vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out);
 vmmrt_status vmmrt__drv_event_destroy(vmmrt_runtime *rt, vmmrt__bevent *e);
 vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_stream s);
-vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e);
+/* *done: whether the event's last record (or all of the stream's work) finished. */
+vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e, bool *done);
+vmmrt_status vmmrt__drv_stream_query(vmmrt_runtime *rt, vmmrt_stream s, bool *done);
 vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e); /* blocking */
 vmmrt_status vmmrt__drv_event_elapsed_ms(vmmrt_runtime *rt, vmmrt__bevent *a, vmmrt__bevent *b, float *ms);
 vmmrt_status vmmrt__drv_launch_host_func(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__host_fn fn, void *arg);

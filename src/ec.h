@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Sleeping and waking: ConcurrencyKit event counts (ck_ec) for the workers,
  * plain futex waits for request completion. ck_ec ships no OS glue, so this

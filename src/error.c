@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Status names and the per-thread message behind vmmrt_last_error(). */
 #include "config.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Error reporting: every failing internal path calls vmmrt__error() once, at the
  * place that knows the cause, and returns its status. The message is kept per

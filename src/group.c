@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Offload groups: one per runner, holding the descriptors of the tensors its
  * forward saves for its backward. Discovery records them in order; capture
@@ -255,6 +256,11 @@ vmmrt_status vmmrt_group_error(vmmrt_group *g)
 {
 	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(g, "group is NULL");
+	return vmmrt__group_take_error(g);
+}
+
+vmmrt_status vmmrt__group_take_error(vmmrt_group *g)
+{
 	int32_t e = uatomic_read(&g->error);
 	if (e == VMMRT_OK || e == GROUP_ERROR_CLAIMED)
 		return VMMRT_OK; /* a failure being published is reported by the next call */

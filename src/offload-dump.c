@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * A snapshot of a runtime's offload pipeline, for diagnosing a hang: what
  * each remap group's GPU waits are waiting for (its flag against the maps

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The offload hooks: where the schedule (which use comes now, what to
  * prefetch) meets the strategy (what that means for memory). Also allocation,
@@ -62,8 +63,9 @@ static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *
 {
 	uint64_t deadline = vmmrt__now_ns() + rt->timeout_ms * 1000000ull;
 	for (unsigned spin = 0;; spin++) {
-		vmmrt_status st = rt->ops->stream_query(rt->be, s);
-		if (st != VMMRT_E_BUSY)
+		bool done = false;
+		vmmrt_status st = vmmrt__drv_stream_query(rt, s, &done);
+		if (st != VMMRT_OK || done)
 			return st;
 		if (vmmrt__now_ns() > deadline)
 			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
@@ -176,7 +178,7 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 	if ((st = refuse_capturing(g->off->rt, compute, what)) != VMMRT_OK)
 		return st;
 	/* An earlier asynchronous failure is reported by the next hook on the group. */
-	return vmmrt_group_error(g);
+	return vmmrt__group_take_error(g);
 }
 
 /* The current use must have been requested before the strategy waits on it. */
@@ -292,13 +294,13 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 	/* A group that failed may have left a stream waiting for it: say so now
 	 * rather than time out on the stream. */
 	for (unsigned i = 0; i < off->ngroups; i++)
-		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+		if ((st = vmmrt__group_take_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	uatomic_inc(&rt->launch_blocking);
 	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK) {
 		/* A group that failed while we waited is why the stream is stuck: say that. */
 		for (unsigned i = 0; i < off->ngroups; i++) {
-			vmmrt_status gst = vmmrt_group_error(off->groups[i]);
+			vmmrt_status gst = vmmrt__group_take_error(off->groups[i]);
 			if (gst != VMMRT_OK)
 				return gst;
 		}
@@ -320,7 +322,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 			return st;
 	}
 	for (unsigned i = 0; i < off->ngroups; i++)
-		if ((st = vmmrt_group_error(off->groups[i])) != VMMRT_OK)
+		if ((st = vmmrt__group_take_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	return VMMRT_OK;
 }
@@ -403,8 +405,14 @@ vmmrt_status vmmrt__offload_destroy(vmmrt_runtime *rt)
 
 vmmrt_status vmmrt__offload_wait(vmmrt__offload *off, vmmrt_stream s, vmmrt__bevent *e)
 {
-	if (vmmrt__drv_event_query(off->rt, e) == VMMRT_OK)
-		return VMMRT_OK;
+	bool done = false;
+	if (vmmrt__drv_event_query(off->rt, e, &done) == VMMRT_OK) {
+		if (done)
+			return VMMRT_OK;
+	} else {
+		/* the wait below does the same job, so a failed poll is no failure of the call */
+		vmmrt__error_clear();
+	}
 	return vmmrt__drv_stream_wait_event(off->rt, s, e);
 }
 
@@ -486,17 +494,11 @@ void vmmrt__offload_free_copies(vmmrt__offload *off, vmmrt_group *g)
 
 void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 {
-	vmmrt_status st = vmmrt_slot_destroy(s);
+	vmmrt_status st = vmmrt__slot_destroy(s);
 	/* A refused unmap or VA free leaves the slot alive and whole: try once
 	 * more rather than drop it. A timeout leaves it to the worker. */
 	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT)
-		(void)vmmrt_slot_destroy(s);
-}
-
-void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask)
-{
-	if (rt->offload)
-		rt->offload->drop_fence = mask;
+		(void)vmmrt__slot_destroy(s);
 }
 
 bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)

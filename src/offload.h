@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Offload internals shared by the group, schedule and strategy files.
  *
@@ -222,8 +223,6 @@ vmmrt_status vmmrt__group_alloc_common(vmmrt_group *g);
 void vmmrt__group_release(vmmrt_group *g);
 void vmmrt__group_free(vmmrt_group *g);
 
-/* Test-only switch (VMMRT_DROP_* | VMMRT_PLANT_*): lets a test prove it can see the bug. */
-void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask);
 /*
  * Is use `use` of g (its forward, or its backward) the tail: the last forward
  * followed at once by its own backward? Its activations then stay on the
@@ -261,5 +260,8 @@ vmmrt_status vmmrt__schedule_enter(vmmrt__schedule *s, vmmrt_group *g, bool back
 unsigned vmmrt__schedule_group_of(const vmmrt__schedule *s, uint64_t use, bool *backward);
 /* Uses to prefetch now: [*from, *to). Empty until the order is recorded. */
 void vmmrt__schedule_window(vmmrt__schedule *s, unsigned lookahead, uint64_t *from, uint64_t *to);
+
+/* vmmrt_group_error without the public prologue, for the library's own use. */
+vmmrt_status vmmrt__group_take_error(vmmrt_group *g);
 
 #endif

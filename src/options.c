@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The option table and everything derived from it. */
 #include "config.h"
 
@@ -73,6 +74,10 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 	[VMMRT_OPT_TRACE] = {"trace", "VMMRT_TRACE", T_STRING, "", {0}, 0, 0,
 		"write a Chrome/Perfetto trace of streams, copies and driver calls to this file at "
 		"runtime destroy (empty: off)"},
+	[VMMRT_OPT_ENVIRONMENT] = {"environment", "VMMRT_ENVIRONMENT", T_ENUM, "override", {"override", "fallback", "ignore"}, 0, 0,
+		"how VMMRT_* variables combine with what the program set: override (a variable wins), "
+		"fallback (a variable fills only what the program left unset), ignore (the environment "
+		"is not read); VMMRT_ENVIRONMENT itself applies only when the program left this unset"},
 };
 
 size_t vmmrt__options_count(void)
@@ -249,6 +254,8 @@ vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char
 	if (st != VMMRT_OK)
 		return st;
 	opts->v[id] = v;
+	opts->from_program[id] = true;
+	opts->from_env[id] = false;
 	return VMMRT_OK;
 }
 
@@ -274,21 +281,127 @@ vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char
 	return VMMRT_OK;
 }
 
+/* libvmmrt's variables that are not options: known, so never called typos. */
+static const struct {
+	const char *name;
+	const char *doc;
+} other_vars[] = {
+	{"VMMRT_LIBRARY", "the libvmmrt file the Python package vmmrt loads"},
+};
+
+static bool is_known_var(const char *name)
+{
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++)
+		if (strcmp(name, table[i].env) == 0)
+			return true;
+	for (size_t i = 0; i < sizeof(other_vars) / sizeof(other_vars[0]); i++)
+		if (strcmp(name, other_vars[i].name) == 0)
+			return true;
+	return false;
+}
+
+/* Levenshtein distance, case-insensitive; names are short (< 64 bytes). */
+static size_t edit_distance(const char *a, const char *b)
+{
+	size_t la = strlen(a), lb = strlen(b), row[64];
+	if (la >= 64 || lb >= 64)
+		return SIZE_MAX;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = j;
+	for (size_t i = 1; i <= la; i++) {
+		size_t diag = row[0];
+		row[0] = i;
+		for (size_t j = 1; j <= lb; j++) {
+			size_t up = row[j];
+			size_t sub = diag + (toupper((unsigned char)a[i - 1]) != toupper((unsigned char)b[j - 1]));
+			size_t best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
+			row[j] = sub < best ? sub : best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+static const char *nearest_var(const char *name)
+{
+	const char *best = NULL;
+	size_t best_d = SIZE_MAX;
+	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
+		size_t d = edit_distance(name, table[i].env);
+		if (d < best_d) {
+			best_d = d;
+			best = table[i].env;
+		}
+	}
+	for (size_t i = 0; i < sizeof(other_vars) / sizeof(other_vars[0]); i++) {
+		size_t d = edit_distance(name, other_vars[i].name);
+		if (d < best_d) {
+			best_d = d;
+			best = other_vars[i].name;
+		}
+	}
+	return best;
+}
+
+/* A VMMRT_* variable that libvmmrt does not know is a typo until proven
+ * otherwise: silently ignoring VMMRT_LOOKAHAED would run with the default. */
+static vmmrt_status check_unknown_vars(void)
+{
+	extern char **environ;
+	for (char **e = environ; e && *e; e++) {
+		if (strncmp(*e, "VMMRT_", 6) != 0)
+			continue;
+		char name[64];
+		size_t n = strcspn(*e, "=");
+		snprintf(name, sizeof(name), "%.*s", (int)(n < sizeof(name) ? n : sizeof(name) - 1), *e);
+		if (n < sizeof(name) && is_known_var(name))
+			continue;
+		return vmmrt__error(VMMRT_E_INVALID_OPTION,
+				    "environment: %s is not a libvmmrt variable; did you mean %s? (vmmrt(7) lists "
+				    "them; option \"environment\"=ignore stops reading the environment)",
+				    name, nearest_var(name));
+	}
+	return VMMRT_OK;
+}
+
+static vmmrt_status env_value(vmmrt_options *o, int id)
+{
+	const char *v = getenv(table[id].env);
+	if (!v)
+		return VMMRT_OK;
+	vmmrt_status st = parse_value(id, v, &o->v[id]);
+	if (st == VMMRT_OK)
+		o->from_env[id] = true;
+	return st;
+}
+
 vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts)
 {
 	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(opts, "options is NULL");
+	return vmmrt__options_apply_env(opts);
+}
+
+vmmrt_status vmmrt__options_apply_env(vmmrt_options *opts)
+{
+	/* All or nothing: a bad variable leaves opts as they were. */
+	vmmrt_options o = *opts;
+	vmmrt_status st;
+	/* The mode itself: the program's choice wins, or "ignore" could be undone. */
+	if (!o.from_program[VMMRT_OPT_ENVIRONMENT] && (st = env_value(&o, VMMRT_OPT_ENVIRONMENT)) != VMMRT_OK)
+		return st;
+	vmmrt__env_mode mode = (vmmrt__env_mode)o.v[VMMRT_OPT_ENVIRONMENT].u;
+	if (mode == VMMRT_ENV_IGNORE)
+		return VMMRT_OK;
+	if ((st = check_unknown_vars()) != VMMRT_OK)
+		return st;
 	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {
-		const char *v = getenv(table[i].env);
-		if (!v)
+		if (i == VMMRT_OPT_ENVIRONMENT || (mode == VMMRT_ENV_FALLBACK && o.from_program[i]))
 			continue;
-		vmmrt__opt_value val;
-		vmmrt_status st = parse_value(i, v, &val);
-		if (st != VMMRT_OK)
+		if ((st = env_value(&o, i)) != VMMRT_OK)
 			return st;
-		opts->v[i] = val;
-		opts->from_env[i] = true;
 	}
+	*opts = o;
 	return VMMRT_OK;
 }
 
@@ -406,6 +519,7 @@ vmmrt_status vmmrt__options_parse_args(vmmrt_options *o, int *argc, char **argv)
 		vmmrt_status st = parse_value(id, value, &o->v[id]);
 		if (st != VMMRT_OK)
 			return st;
+		o->from_program[id] = true;
 	}
 	argv[keep] = NULL;
 	*argc = keep;

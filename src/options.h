@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The option table: one row per option (name, VMMRT_* variable, type, default,
  * range, doc). Parsing, validation, the environment, tools' --help and the
@@ -28,6 +29,7 @@ typedef enum vmmrt__opt_id {
 	VMMRT_OPT_HOST_LATENCY,
 	VMMRT_OPT_HOST_COPY_GBPS,
 	VMMRT_OPT_TRACE,
+	VMMRT_OPT_ENVIRONMENT,
 	VMMRT_OPT_COUNT_
 } vmmrt__opt_id;
 
@@ -37,6 +39,13 @@ typedef enum vmmrt__backend_choice {
 	VMMRT_BACKEND_HOST,
 } vmmrt__backend_choice;
 
+/* How the environment combines with what the program set (option "environment"). */
+typedef enum vmmrt__env_mode {
+	VMMRT_ENV_OVERRIDE = 0, /* a VMMRT_* variable replaces the program's value */
+	VMMRT_ENV_FALLBACK,     /* a variable applies only where the program set nothing */
+	VMMRT_ENV_IGNORE,       /* the environment is not read */
+} vmmrt__env_mode;
+
 typedef union vmmrt__opt_value {
 	uint64_t u;   /* uint, size, bool and enum options (enum: index of the choice) */
 	double d;     /* double options */
@@ -45,7 +54,8 @@ typedef union vmmrt__opt_value {
 
 struct vmmrt_options {
 	vmmrt__opt_value v[VMMRT_OPT_COUNT_];
-	bool from_env[VMMRT_OPT_COUNT_];
+	bool from_env[VMMRT_OPT_COUNT_];    /* the value in force came from the environment */
+	bool from_program[VMMRT_OPT_COUNT_]; /* the program set it (vmmrt_options_set, argv) */
 };
 
 /* Typed accessors for the runtime (the value was validated when set). */
@@ -54,6 +64,8 @@ static inline double vmmrt__opt_d(const vmmrt_options *o, vmmrt__opt_id id) { re
 static inline const char *vmmrt__opt_s(const vmmrt_options *o, vmmrt__opt_id id) { return o->v[id].s; }
 
 void vmmrt__options_defaults(vmmrt_options *o);
+/* vmmrt_options_apply_env without the public prologue. */
+vmmrt_status vmmrt__options_apply_env(vmmrt_options *opts);
 size_t vmmrt__options_count(void);
 /* Look an option up by name ("driver_workers"), by variable ("VMMRT_DRIVER_WORKERS")
  * or by command-line spelling ("driver-workers"). */

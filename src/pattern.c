@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Host reference of the built-in kernels' fill pattern and checksum. */
 #include "config.h"
 
@@ -10,7 +11,7 @@ uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index)
 	return vmmrt__mix64(seed + VMMRT_GOLDEN * (index + 1));
 }
 
-uint64_t vmmrt__layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t layer_seed)
+uint64_t vmmrt_layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t layer_seed)
 {
 	uint64_t sum = 0;
 	for (size_t i = 0; i < bytes / 8; i++) {

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Remap: when a stream may wait for a map. A restore requested ahead
  * (look-ahead) has its map queued at once, but its wait goes on the H2D

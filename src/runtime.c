@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Runtime creation and teardown: options (with the environment applied), the
  * backend, the driver workers, and at the end the proof that nothing leaked.
@@ -109,7 +110,7 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		rt->opts = *opts;
 	else
 		vmmrt__options_defaults(&rt->opts);
-	st = vmmrt_options_apply_env(&rt->opts);
+	st = vmmrt__options_apply_env(&rt->opts);
 	if (st != VMMRT_OK) {
 		free_runtime(rt);
 		return st;
@@ -189,7 +190,7 @@ static size_t destroy_leftover_slots(vmmrt_runtime *rt)
 			list[k++] = s;
 	pthread_mutex_unlock(&rt->slots_lock);
 	for (size_t i = 0; i < k; i++)
-		if (vmmrt_slot_destroy(list[i]) != VMMRT_OK)
+		if (vmmrt__slot_destroy(list[i]) != VMMRT_OK)
 			failed++;
 	free(list);
 	return failed;
@@ -239,6 +240,28 @@ vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info 
 	info.driver_workers = vmmrt__workers_count(rt->workers);
 	info.lookahead = rt->lookahead;
 	return VMMRT__SIZED_OUT(out, info, VMMRT__RUNTIME_INFO_SIZE_V1, "vmmrt_runtime_info");
+}
+
+vmmrt_status vmmrt_runtime_options_get(const vmmrt_runtime *rt, vmmrt_options *out)
+{
+	VMMRT__API_ENTER_ANYWHERE();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(out, "out is NULL (make one with vmmrt_options_create)");
+	*out = rt->opts;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_trace_span(vmmrt_runtime *rt, const char *track, const char *name, uint64_t t0_ns, uint64_t t1_ns)
+{
+	VMMRT__API_ENTER(); /* the trace may allocate: not in a host function */
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(track && name, "track or name is NULL");
+	if (t1_ns < t0_ns)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: span '%s' ends (%llu ns) before it starts (%llu ns)",
+				    __func__, name, (unsigned long long)t1_ns, (unsigned long long)t0_ns);
+	if (rt->trace)
+		vmmrt__trace_span(rt->trace, track, name, t0_ns, t1_ns);
+	return VMMRT_OK;
 }
 
 vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)

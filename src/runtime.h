@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The runtime object: one opened backend device, its options, its driver
  * workers and the bookkeeping every other concept hangs off.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The schedule: the order in which the runners' graphs actually run. The
  * first iteration records it (forward order, then backward order, which need

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Fixed-VA slots. The reservation is made on the caller's thread (it is not
  * one of the slow, contended VMM calls); everything that maps or unmaps
@@ -188,10 +189,8 @@ static vmmrt_status settle(vmmrt_slot *s, vmmrt_status st)
 	return st;
 }
 
-vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
+vmmrt_status vmmrt__slot_map(vmmrt_slot *s)
 {
-	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
 	vmmrt_status st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
@@ -230,10 +229,8 @@ vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 	return settle(s, vmmrt__request_wait(&s->release_req, s->rt->timeout_ms));
 }
 
-vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
+vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s)
 {
-	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
 	/*
 	 * The DESTROY request is not part of the slot: the worker frees the
 	 * slot, and must be free to do so the moment it is done. It queues
@@ -255,6 +252,22 @@ vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
 		return st;
 	}
 	return vmmrt__request_wait_owned(req, timeout_ms);
+}
+
+/* The public calls: their prologue, then what the library's own code calls
+ * directly (a prologue clears the message a caller inside may still return). */
+vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
+	return vmmrt__slot_map(s);
+}
+
+vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
+	return vmmrt__slot_destroy(s);
 }
 
 vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *s)

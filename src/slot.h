@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Fixed-VA slot: one reservation whose address never changes, and the physical
  * memory mapped behind it at times. The application-visible state machine is
@@ -57,5 +58,9 @@ vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, v
 
 /* Record a failure on the slot (worker side) so the next API call reports it. */
 void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st);
+
+/* vmmrt_slot_map and vmmrt_slot_destroy without the public prologue, for the library's own use. */
+vmmrt_status vmmrt__slot_map(vmmrt_slot *s);
+vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s);
 
 #endif

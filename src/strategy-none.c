@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * No offload: every group keeps its own slot mapped for the whole run. This
  * is the baseline the A/B is measured against (graphs, activations resident),
@@ -16,7 +17,7 @@ static vmmrt_status none_allocate(vmmrt__offload *off)
 			continue;
 		vmmrt_status st = vmmrt__slot_reserve(off->rt, g->bytes, &g->slot);
 		if (st == VMMRT_OK)
-			st = vmmrt_slot_map(g->slot);
+			st = vmmrt__slot_map(g->slot);
 		if (st != VMMRT_OK)
 			return vmmrt__error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
 		g->base = vmmrt_slot_address(g->slot);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Ping-pong: two resident banks (one fixed VA each, mapped once at allocation)
  * shared by all groups, alternately. No driver VMM call after allocation.
@@ -32,7 +33,7 @@ static vmmrt_status pp_allocate(vmmrt__offload *off)
 	for (unsigned b = 0; b < 2; b++) {
 		vmmrt_status st = vmmrt__slot_reserve(rt, max, &off->bank[b].slot);
 		if (st == VMMRT_OK)
-			st = vmmrt_slot_map(off->bank[b].slot);
+			st = vmmrt__slot_map(off->bank[b].slot);
 		if (st != VMMRT_OK)
 			return vmmrt__error_wrap(st, "ping-pong bank %u of %zu bytes", b, max);
 		off->bank[b].user_done = true;

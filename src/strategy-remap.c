@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Remap: every group has its own fixed-VA slot; physical memory exists only
  * around its uses. After the forward's D2H a host function on the D2H stream
@@ -162,7 +163,7 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
 			continue;
 		vmmrt_status st = vmmrt__slot_reserve(rt, g->bytes, &g->slot);
 		if (st == VMMRT_OK)
-			st = vmmrt_slot_map(g->slot); /* the initial backing, for capture */
+			st = vmmrt__slot_map(g->slot); /* the initial backing, for capture */
 		if (st == VMMRT_OK)
 			st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->flag);
 		if (st == VMMRT_OK)

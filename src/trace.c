@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Trace events are appended to a growable array under a spinlock: appends are
  * rare next to the driver calls they describe (tens of microseconds each), and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Chrome/Perfetto trace events ("Trace Event Format", JSON): complete events
  * ("ph":"X") on named tracks. Driver calls land on one track per worker

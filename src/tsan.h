@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * ThreadSanitizer and the atomics it cannot see.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The library's version at run time: what was linked may differ from the header compiled against. */
 #include "config.h"
 

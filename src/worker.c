@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Resident driver workers: see worker.h for the contract.
  *
@@ -482,12 +483,11 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
  */
 static bool after_done(worker *wk, vmmrt__request *req, vmmrt_status *failed)
 {
-	vmmrt_status st = vmmrt__drv_event_query(wk->pool->rt, req->after);
+	bool done = false;
+	vmmrt_status st = vmmrt__drv_event_query(wk->pool->rt, req->after, &done);
 	*failed = VMMRT_OK;
 	if (st == VMMRT_OK)
-		return true;
-	if (st == VMMRT_E_BUSY)
-		return false;
+		return done;
 	if (!req->persist) {
 		*failed = st;
 		return true;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Resident driver workers. Each worker is a thread that owns its share of the
  * VMM calls (cuMemCreate/Map/SetAccess/Unmap/Release): requests reach it

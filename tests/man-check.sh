@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # Keep the manual true to the code (TAP).
 #
 #  1. The option block of vmmrt(7) is what man/vmmrt-optdoc prints now
@@ -13,12 +14,12 @@
 #  4. Every page of man3 is for a function the header declares, and every
 #     .so link points to a full page.
 #
-# Environment: srcdir (set by automake; default .), VMMRT_OPTDOC (default
+# Environment: srcdir (set by automake; default .), OPTDOC (default
 # ./man/vmmrt-optdoc, the build tree), MANDOC (default: mandoc in PATH).
 set -u
 
 srcdir=${srcdir:-.}
-optdoc=${VMMRT_OPTDOC:-./man/vmmrt-optdoc}
+optdoc=${OPTDOC:-./man/vmmrt-optdoc}
 mandir=$srcdir/man
 header=$srcdir/include/vmmrt.h
 page7=$mandir/man7/vmmrt.7

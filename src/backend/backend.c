@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* What is shared by the backends: the calling thread's role. */
 #include "config.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The backend ops table: the only interface through which libvmmrt talks to a
  * driver. Two implementations: "cuda" (libcuda.so.1, loaded at run time) and
@@ -95,8 +96,9 @@ typedef struct vmmrt__backend_ops {
 	vmmrt_status (*stream_create)(vmmrt__backend *b, vmmrt_stream *out);
 	vmmrt_status (*stream_destroy)(vmmrt__backend *b, vmmrt_stream s);
 	vmmrt_status (*stream_synchronize)(vmmrt__backend *b, vmmrt_stream s);
-	/* VMMRT_OK when idle, VMMRT_E_BUSY while work is pending. */
-	vmmrt_status (*stream_query)(vmmrt__backend *b, vmmrt_stream s);
+	/* *done: whether all its work has finished. Not finished is an answer, not
+	 * an error: a poll on the hot path formats no message. */
+	vmmrt_status (*stream_query)(vmmrt__backend *b, vmmrt_stream s, bool *done);
 	vmmrt_status (*stream_wait_event)(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e);
 	/* Stream memory operations on a 32-bit word (host-pinned via host_devptr, or device). */
 	vmmrt_status (*stream_wait_value32)(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value);
@@ -105,8 +107,8 @@ typedef struct vmmrt__backend_ops {
 	vmmrt_status (*event_create)(vmmrt__backend *b, bool timing, vmmrt__bevent **out);
 	vmmrt_status (*event_destroy)(vmmrt__backend *b, vmmrt__bevent *e);
 	vmmrt_status (*event_record)(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s);
-	/* VMMRT_OK when complete (or never recorded), VMMRT_E_BUSY otherwise. */
-	vmmrt_status (*event_query)(vmmrt__backend *b, vmmrt__bevent *e);
+	/* *done: whether its most recent record completed (true if never recorded). */
+	vmmrt_status (*event_query)(vmmrt__backend *b, vmmrt__bevent *e, bool *done);
 	vmmrt_status (*event_synchronize)(vmmrt__backend *b, vmmrt__bevent *e);
 	vmmrt_status (*event_elapsed_ms)(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end, float *ms);
 	vmmrt_status (*launch_host_func)(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn, void *arg);
@@ -175,11 +177,5 @@ static inline uint64_t vmmrt__mix64(uint64_t x)
 	return x;
 }
 
-/*
- * The checksum of what a layer kernel writes from input_seed's fill into a
- * layer_seed layer: word w = fill(input_seed, w) ^ fill(layer_seed, w),
- * computed word by word (no buffer, whatever the size). src/pattern.c.
- */
-uint64_t vmmrt__layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t layer_seed);
 
 #endif /* VMMRT_BACKEND_H */

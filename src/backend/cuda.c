@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The CUDA backend: the ops table of backend.h on the CUDA driver API.
  *
@@ -65,6 +66,9 @@
 #else
 #define VMMRT_CU_EVENT_ELAPSED_VERSION 2000
 #endif
+
+/* The oldest driver (cuDriverGetVersion's number) that has every required entry point. */
+#define VMMRT_CU_MIN_DRIVER 12030
 
 #define VMMRT_CU_REQUIRED(X) \
 	X(Init, 2000) \
@@ -244,10 +248,13 @@ static void cu_load_once(void)
 		dlclose(lib);
 		return;
 	}
-	if (cu_driver_version < 12000) {
-		cu_load_fail(VMMRT_E_NOT_SUPPORTED,
-			     "the CUDA driver supports CUDA %d.%d; libvmmrt needs 12.0 or later (stream memory operations v2)",
-			     cu_driver_version / 1000, cu_driver_version % 1000 / 10);
+	/* The newest entry point required above (cuStreamGetCaptureInfo v3,
+	 * which tells a capturing stream apart) is 12.3's: one minimum, stated
+	 * the same in README and vmmrt(7). */
+	if (cu_driver_version < VMMRT_CU_MIN_DRIVER) {
+		cu_load_fail(VMMRT_E_NOT_SUPPORTED, "the CUDA driver supports CUDA %d.%d; libvmmrt needs %d.%d or later",
+			     cu_driver_version / 1000, cu_driver_version % 1000 / 10, VMMRT_CU_MIN_DRIVER / 1000,
+			     VMMRT_CU_MIN_DRIVER % 1000 / 10);
 		dlclose(lib);
 		return;
 	}
@@ -1010,9 +1017,23 @@ static vmmrt_status cuda_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_stream_query(vmmrt__backend *b, vmmrt_stream s)
+/* A query: CUDA_ERROR_NOT_READY is the answer "not yet", not a failure. */
+#define CU_QUERY(b, op, call, done, ...) \
+	do { \
+		int pushed_; \
+		CUresult r_; \
+		OP_ENTER(b, op, pushed_); \
+		r_ = (call); \
+		ctx_leave(pushed_); \
+		if (r_ != CUDA_SUCCESS && r_ != CUDA_ERROR_NOT_READY) \
+			return cu_error(r_, __VA_ARGS__); \
+		*(done) = r_ == CUDA_SUCCESS; \
+	} while (0)
+
+static vmmrt_status cuda_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done)
 {
-	CU_CALL(b, "cuStreamQuery", cu.StreamQuery(CU_STREAM(s)), "cuStreamQuery(%p)", (void *)s);
+	VMMRT_CHECK_ARG(done != NULL, "NULL result");
+	CU_QUERY(b, "cuStreamQuery", cu.StreamQuery(CU_STREAM(s)), done, "cuStreamQuery(%p)", (void *)s);
 	return VMMRT_OK;
 }
 
@@ -1074,11 +1095,11 @@ static vmmrt_status cuda_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt
 	return VMMRT_OK;
 }
 
-static vmmrt_status cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e)
+static vmmrt_status cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *done)
 {
 	ROLE_CHECK("cuEventQuery");
-	VMMRT_CHECK_ARG(e != NULL, "NULL event");
-	CU_CALL(b, "cuEventQuery", cu.EventQuery(CU_EVENT(e)), "cuEventQuery(%p)", (void *)e);
+	VMMRT_CHECK_ARG(e != NULL && done != NULL, "NULL event or result");
+	CU_QUERY(b, "cuEventQuery", cu.EventQuery(CU_EVENT(e)), done, "cuEventQuery(%p)", (void *)e);
 	return VMMRT_OK;
 }
 

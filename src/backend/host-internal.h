@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The host backend's shared state: a GPU emulated on host memory.
  *
@@ -73,7 +74,7 @@ void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
 					    uint32_t value) VMMRT_HOST_HIDDEN;
@@ -82,7 +83,7 @@ vmmrt_status vmmrt__host_stream_write_value32(vmmrt__backend *b, vmmrt_stream s,
 vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *done) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
 vmmrt_status vmmrt__host_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end,
 					 float *ms) VMMRT_HOST_HIDDEN;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The host backend's streams, events, graphs, copies and kernels.
  *
@@ -667,18 +668,16 @@ vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s)
+vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done)
 {
 	struct vmmrt_stream_s *st;
-	uint64_t pending;
+	VMMRT_CHECK_ARG(done, "NULL result");
 	vmmrt_status status = lock_idle_stream(b, s, __func__, &st);
 
 	if (status != VMMRT_OK)
 		return status;
-	pending = st->enqueued - st->completed;
+	*done = st->enqueued == st->completed;
 	pthread_mutex_unlock(&st->lock);
-	if (pending)
-		return vmmrt__error(VMMRT_E_BUSY, "%s: %llu items pending", __func__, (unsigned long long)pending);
 	return VMMRT_OK;
 }
 
@@ -788,7 +787,7 @@ vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt
 	return submit(b, s, &op, __func__);
 }
 
-vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e)
+vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *out)
 {
 	vmmrt_status status = vmmrt__host_enter(b, __func__);
 	vmmrt__bevent *found;
@@ -796,6 +795,7 @@ vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e)
 
 	if (status != VMMRT_OK)
 		return status;
+	VMMRT_CHECK_ARG(out, "NULL result");
 	pthread_mutex_lock(&b->obj_lock);
 	found = event_find(b, e);
 	if (found) {
@@ -806,8 +806,7 @@ vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e)
 	pthread_mutex_unlock(&b->obj_lock);
 	if (!found)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown event %p", __func__, (void *)e);
-	if (!done)
-		return vmmrt__error(VMMRT_E_BUSY, "%s: the most recent record has not completed", __func__);
+	*out = done;
 	return VMMRT_OK;
 }
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The host backend: a GPU emulated on host memory, so that the whole library
  * runs and is tested without a GPU (it is the default where there is none, and

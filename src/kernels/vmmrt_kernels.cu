@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The built-in kernels of the CUDA backend (see vmmrt__kernel_id in
  * src/backend/backend.h). Compiled by nvcc into a fatbin that is embedded in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-gap-probe: what a compute stream pays between two graph replays for
  * each kind of dependency the offload strategies put there. Each variant

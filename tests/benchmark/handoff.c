@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-handoff: how fast a host function hands a request to a driver worker.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * libFuzzer target: the input bytes are a program of libvmmrt API calls on the
  * host backend (`make fuzz` builds it with clang, ASan and UBSan; `make check`
@@ -31,6 +32,7 @@
 #include "vmmrt.h"
 #include "driver.h"
 #include "runtime.h"
+#include "testing.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -168,11 +170,12 @@ static vmmrt_status chk(vmmrt_status st, const char *what)
 static bool drain(fz *f)
 {
 	for (int i = 0; i < 2000; i++) {
-		vmmrt_status st = f->rt->ops->stream_query(f->rt->be, f->s);
-		if (st == VMMRT_OK)
-			return true;
-		if (st != VMMRT_E_BUSY)
+		bool done = false;
+		vmmrt_status st = f->rt->ops->stream_query(f->rt->be, f->s, &done);
+		if (st != VMMRT_OK)
 			return false;
+		if (done)
+			return true;
 		struct timespec ts = {0, 100000};
 		nanosleep(&ts, NULL);
 	}

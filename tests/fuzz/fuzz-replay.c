@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Replays fuzzer inputs without libFuzzer (built by gcc for make check): each
  * file named on the command line, or each file of each directory, goes

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Writes the seed corpus of the API fuzzer (tests/fuzz/corpus/).
 
 Each seed is a program in the byte code of fuzz-api.c: two configuration

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The API fuzzer's seed corpus and regression inputs, replayed through a plain
 # build of the fuzz target (TAP, one line per input). `make fuzz` runs the
 # libFuzzer build itself. Inputs in tests/fuzz/known/ reproduce reported

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # gpu-check.sh PROGRAM...: run the GPU test programs (cmocka, TAP output) and
 # print a short table: program, test, result. Full logs go to $GPU_CHECK_LOGS
 # (default: $OUT/gpu-check when OUT is set, else tests/gpu/test-gpu-check-logs

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * One runtime per device, both running the offload cycle at once in one
  * process: each runtime's workers bind its own device's context. Needs two

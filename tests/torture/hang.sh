@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The report of a hang, in TAP: with --selftest-hang every driver worker
 # blocks for ever in its first VMM call (inside the fault hook, in
 # t_selftest_hang), so a torture thread waits for it with no end and the

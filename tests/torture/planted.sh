@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # Planted bugs, in TAP: each must make a short torture run fail, and for the
 # right reason. The library's test switch (vmmrt__offload_test_drop_fence)
 # drops a ping-pong fence, or (remap) queues the release after a forward at

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The short torture of `make check`, in TAP (see vmmrt-torture(1)):
 #   1. fault-free, both strategies, look-ahead 0-1: must pass;
 #   2. every fault kind (failures, latency spikes, stalled workers), look-ahead 0-1;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "config.h"
 
 #include <stdio.h>
@@ -10,9 +11,11 @@
 #define MAX_ITERS 64
 
 struct model {
+	unsigned stale_messages; /* successful hooks that left a message */
 	model_cfg cfg;
 	vmmrt_runtime *rt;
-	vmmrt_stream compute;
+	vmmrt_stream compute; /* where the graphs are captured */
+	vmmrt_stream run;     /* where they are replayed, with the hooks */
 	vmmrt_group **g;
 	vmmrt_graph **fwd, **bwd;
 	vmmrt_slot *input, *results;   /* input activation source; 8-byte result per layer */
@@ -37,6 +40,12 @@ struct model {
 		if (st != VMMRT_OK) { \
 			fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, vmmrt_last_error()); \
 			goto fail; \
+		} \
+		/* a hook that succeeds leaves no message (a poll is no error) */ \
+		if (vmmrt_last_error()[0]) { \
+			fprintf(stderr, "%s:%d: %s succeeded but left: %s\n", __FILE__, __LINE__, #x, \
+				vmmrt_last_error()); \
+			(m)->stale_messages++; \
 		} \
 	} while (0)
 
@@ -87,6 +96,19 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	}
 	TRY(vmmrt_runtime_create(o, &m->rt));
 	TRY(vmmrt_stream_create(m->rt, &m->compute));
+	m->run = m->compute;
+	if (cfg->replay_on) {
+		if (!strcmp(cfg->replay_on, "null"))
+			m->run = NULL;
+		else if (!strcmp(cfg->replay_on, "legacy"))
+			m->run = VMMRT_STREAM_LEGACY;
+		else if (!strcmp(cfg->replay_on, "per-thread"))
+			m->run = VMMRT_STREAM_PER_THREAD;
+		else {
+			st = VMMRT_E_INVALID_ARGUMENT;
+			goto fail;
+		}
+	}
 	{
 		size_t f, t;
 		TRY(vmmrt_mem_info(m->rt, &f, &t));
@@ -148,20 +170,20 @@ vmmrt_status model_run(model *m, unsigned count)
 		unsigned iter = m->iters;
 		if (iter >= MAX_ITERS)
 			return VMMRT_E_INVALID_ARGUMENT;
-		TRY(vmmrt_kernel_fill(m->rt, m->compute, vmmrt_slot_address(m->input), m->cfg.act_bytes, iter + 1));
+		TRY(vmmrt_kernel_fill(m->rt, m->run, vmmrt_slot_address(m->input), m->cfg.act_bytes, iter + 1));
 		for (unsigned i = 0; i < n; i++) {
-			HOOK(m, vmmrt_forward_begin(m->g[i], m->compute));
-			TRY(vmmrt_graph_launch(m->rt, m->fwd[i], m->compute));
-			HOOK(m, vmmrt_forward_end(m->g[i], m->compute));
+			HOOK(m, vmmrt_forward_begin(m->g[i], m->run));
+			TRY(vmmrt_graph_launch(m->rt, m->fwd[i], m->run));
+			HOOK(m, vmmrt_forward_end(m->g[i], m->run));
 		}
 		for (unsigned k = 0; k < n; k++) {
 			unsigned i = m->cfg.bwd_order ? m->cfg.bwd_order[k] : n - 1 - k;
-			HOOK(m, vmmrt_backward_begin(m->g[i], m->compute));
-			TRY(vmmrt_graph_launch(m->rt, m->bwd[i], m->compute));
-			HOOK(m, vmmrt_backward_end(m->g[i], m->compute));
+			HOOK(m, vmmrt_backward_begin(m->g[i], m->run));
+			TRY(vmmrt_graph_launch(m->rt, m->bwd[i], m->run));
+			HOOK(m, vmmrt_backward_end(m->g[i], m->run));
 			/* async, so the launch thread never waits for the GPU */
 			TRY(vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * n + i],
-							vmmrt_slot_address(m->results) + 8 * i, 8, m->compute));
+							vmmrt_slot_address(m->results) + 8 * i, 8, m->run));
 		}
 		m->iters++;
 	}
@@ -180,7 +202,7 @@ unsigned model_verify(model *m, unsigned *checked)
 		m->reported++;
 		sst = vmmrt_offload_sync(m->rt);
 	}
-	if (sst != VMMRT_OK || vmmrt_stream_synchronize(m->rt, m->compute) != VMMRT_OK) {
+	if (sst != VMMRT_OK || vmmrt_stream_synchronize(m->rt, m->run) != VMMRT_OK) {
 		fprintf(stderr, "verify: sync failed: %s\n", vmmrt_last_error());
 		bad++;
 	}
@@ -202,6 +224,11 @@ unsigned model_verify(model *m, unsigned *checked)
 vmmrt_runtime *model_runtime(model *m)
 {
 	return m->rt;
+}
+
+unsigned model_stale_messages(model *m)
+{
+	return m->stale_messages;
 }
 
 unsigned model_reported(model *m)
@@ -226,6 +253,8 @@ void model_destroy(model *m)
 	if (m->rt) {
 		if (m->compute)
 			(void)vmmrt_stream_synchronize(m->rt, m->compute);
+		if (m->run != m->compute)
+			(void)vmmrt_stream_synchronize(m->rt, m->run);
 		for (unsigned i = 0; i < m->cfg.layers; i++) {
 			if (m->fwd[i])
 				vmmrt_graph_destroy(m->rt, m->fwd[i]);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * A synthetic model for the offload tests: n layers, each with one group
  * whose forward graph writes an activation derived from the iteration's input
@@ -25,6 +26,10 @@ typedef struct model_cfg {
 	const char *capacity;       /* host backend capacity, default "1G" */
 	bool driver_inline;         /* remap: VMM calls on the launch thread */
 	int device;                 /* device ordinal (0 by default) */
+	/* NULL: everything on the stream the graphs were captured on; else
+	 * replay, hooks and copies on a default stream: "null" (the legacy
+	 * stream as PyTorch passes it), "legacy" or "per-thread". */
+	const char *replay_on;
 } model_cfg;
 
 typedef struct model model;
@@ -36,6 +41,8 @@ vmmrt_status model_run(model *m, unsigned count);
  * returns the number of corrupted activations. */
 unsigned model_verify(model *m, unsigned *checked);
 vmmrt_runtime *model_runtime(model *m);
+/* Hooks that returned VMMRT_OK yet left a message in vmmrt_last_error(). */
+unsigned model_stale_messages(model *m);
 /* Asynchronous failures the hooks reported (and the model called them again). */
 unsigned model_reported(model *m);
 /* Device memory in use right after the runtime was created, before allocation. */

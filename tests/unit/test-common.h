@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * What the runtime-level tests share: they run on the host backend by
  * default and on a GPU when VMMRT_BACKEND=cuda is set (make gpu-suite). Tests

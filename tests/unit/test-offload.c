@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Offload on the host backend: both strategies keep every restored activation
  * intact (checksums per layer and iteration), the ping-pong fences are needed
@@ -25,6 +26,7 @@
 #include "offload-model.h"
 #include "offload.h"
 #include "test-common.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 
@@ -325,6 +327,7 @@ static void no_blocking_in_steady_state(void **state)
 		assert_int_equal(s.launch_thread_blocking, 0);
 		assert_int_equal(model_verify(m, &checked), 0);
 		assert_true(vmmrt__drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
+		assert_int_equal(model_stale_messages(m), 0);
 		model_destroy(m);
 	}
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* The option table: defaults valid, validation strict, environment wins. */
 #include "config.h"
 
@@ -116,6 +117,180 @@ static void command_line(void **state)
 	vmmrt_options_destroy(o);
 }
 
+/* A VMMRT_* variable libvmmrt does not know is a typo, named with the nearest known one. */
+static void unknown_variables_are_named(void **state)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt = (vmmrt_runtime *)0x1;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	setenv("VMMRT_LOOKAHAED", "2", 1);
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_E_INVALID_OPTION);
+	assert_non_null(strstr(vmmrt_last_error(), "VMMRT_LOOKAHAED"));
+	assert_non_null(strstr(vmmrt_last_error(), "did you mean VMMRT_LOOKAHEAD?"));
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_E_INVALID_OPTION);
+	assert_null(rt);
+	/* a program that does not want the environment read at all */
+	assert_int_equal(vmmrt_options_set(o, "environment", "ignore"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	unsetenv("VMMRT_LOOKAHAED");
+	/* libvmmrt's variables that are not options are known too */
+	assert_int_equal(vmmrt_options_set(o, "environment", "override"), VMMRT_OK);
+	setenv("VMMRT_LIBRARY", "/nowhere/libvmmrt.so.1", 1);
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_OK);
+	unsetenv("VMMRT_LIBRARY");
+	vmmrt_options_destroy(o);
+}
+
+/* override, fallback and ignore, and the program's own choice of them. */
+static void environment_modes(void **state)
+{
+	vmmrt_options *o, *base;
+	assert_int_equal(vmmrt_options_create(&base), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(base, "lookahead", "1"), VMMRT_OK);
+	setenv("VMMRT_LOOKAHEAD", "3", 1);
+	setenv("VMMRT_DRIVER_WORKERS", "2", 1);
+	static const struct {
+		const char *program, *variable;
+		unsigned lookahead, workers;
+	} cases[] = {
+		{NULL, NULL, 3, 2},          /* default: override */
+		{"override", NULL, 3, 2},
+		{"fallback", NULL, 1, 2},    /* only what the program left unset */
+		{"ignore", NULL, 1, 1},
+		{NULL, "fallback", 1, 2},    /* VMMRT_ENVIRONMENT when the program says nothing */
+		{NULL, "ignore", 1, 1},
+		{"override", "ignore", 3, 2}, /* the program's choice wins over the variable */
+		{"ignore", "override", 1, 1},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+		*o = *base;
+		if (cases[i].program)
+			assert_int_equal(vmmrt_options_set(o, "environment", cases[i].program), VMMRT_OK);
+		if (cases[i].variable)
+			setenv("VMMRT_ENVIRONMENT", cases[i].variable, 1);
+		assert_int_equal(vmmrt_options_apply_env(o), VMMRT_OK);
+		unsetenv("VMMRT_ENVIRONMENT");
+		if (vmmrt__opt_u(o, VMMRT_OPT_LOOKAHEAD) != cases[i].lookahead ||
+		    vmmrt__opt_u(o, VMMRT_OPT_DRIVER_WORKERS) != cases[i].workers)
+			fail_msg("case %zu: lookahead %llu workers %llu, want %u and %u", i,
+				 (unsigned long long)vmmrt__opt_u(o, VMMRT_OPT_LOOKAHEAD),
+				 (unsigned long long)vmmrt__opt_u(o, VMMRT_OPT_DRIVER_WORKERS), cases[i].lookahead,
+				 cases[i].workers);
+		vmmrt_options_destroy(o);
+	}
+	/* a bad variable changes nothing */
+	setenv("VMMRT_MODE", "sideways", 1);
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_E_INVALID_OPTION);
+	assert_int_equal(vmmrt__opt_u(o, VMMRT_OPT_LOOKAHEAD), 1);
+	unsetenv("VMMRT_MODE");
+	unsetenv("VMMRT_LOOKAHEAD");
+	unsetenv("VMMRT_DRIVER_WORKERS");
+	vmmrt_options_destroy(o);
+	vmmrt_options_destroy(base);
+}
+
+/* What the runtime reports is what it runs with, not what the program asked. */
+static void runtime_reports_values_in_force(void **state)
+{
+	vmmrt_options *o, *got;
+	vmmrt_runtime *rt;
+	char buf[32];
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_create(&got), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "lookahead", "1"), VMMRT_OK);
+	setenv("VMMRT_LOOKAHEAD", "2", 1);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	unsetenv("VMMRT_LOOKAHEAD");
+	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
+	assert_int_equal(vmmrt_options_get(got, "lookahead", buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(buf, "2");
+	assert_int_equal(vmmrt_options_get(got, "backend", buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(buf, "host");
+	vmmrt_runtime_info info = {.size = sizeof(info)};
+	assert_int_equal(vmmrt_runtime_info_get(rt, &info), VMMRT_OK);
+	assert_int_equal(info.lookahead, 2);
+	assert_int_equal(vmmrt_runtime_options_get(rt, NULL), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	vmmrt_options_destroy(got);
+	vmmrt_options_destroy(o);
+}
+
+/* A call that succeeds leaves no message; a failure leaves its own. */
+static void success_leaves_no_message(void **state)
+{
+	vmmrt_options *o;
+	char buf[32];
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "lookahead", "99"), VMMRT_E_INVALID_OPTION);
+	assert_true(vmmrt_last_error()[0] != '\0');
+	assert_int_equal(vmmrt_options_get(o, "lookahead", buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(vmmrt_last_error(), "");
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	vmmrt_runtime *rt;
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	assert_string_equal(vmmrt_last_error(), "");
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 0, &s), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_slot_create(rt, 1, &s), VMMRT_OK);
+	assert_string_equal(vmmrt_last_error(), "");
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+}
+
+/* Sized structs: the caller's size decides what is written, never more. */
+static void structs_carry_their_size(void **state)
+{
+	vmmrt_options *o;
+	vmmrt_runtime *rt;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	vmmrt_runtime_info small = {0};
+	assert_int_equal(vmmrt_runtime_info_get(rt, &small), VMMRT_E_INVALID_SIZE);
+	assert_non_null(strstr(vmmrt_last_error(), "sizeof(vmmrt_runtime_info)"));
+	assert_null(small.backend);
+	/* a caller built against a later, larger struct: the tail it has and we don't is zeroed */
+	struct {
+		vmmrt_runtime_info info;
+		unsigned char later[64];
+	} big;
+	memset(&big, 0xa5, sizeof(big));
+	big.info.size = sizeof(big);
+	assert_int_equal(vmmrt_runtime_info_get(rt, &big.info), VMMRT_OK);
+	assert_string_equal(big.info.backend, "host");
+	assert_int_equal(big.info.size, sizeof(big));
+	for (size_t i = 0; i < sizeof(big.later); i++)
+		assert_int_equal(big.later[i], 0);
+	vmmrt_driver_stats ds = {.size = 1};
+	assert_int_equal(vmmrt_driver_stats_get(rt, 0, &ds), VMMRT_E_INVALID_SIZE);
+	ds.size = sizeof(ds);
+	assert_int_equal(vmmrt_driver_stats_get(rt, 0, &ds), VMMRT_OK);
+	assert_string_equal(ds.name, "cuMemCreate");
+	vmmrt_offload_stats os = {.size = 0};
+	assert_int_equal(vmmrt_offload_stats_get(rt, &os), VMMRT_E_INVALID_SIZE);
+	os.size = sizeof(os);
+	assert_int_equal(vmmrt_offload_stats_get(rt, &os), VMMRT_OK);
+	vmmrt_option_info oi = {.size = 0};
+	assert_int_equal(vmmrt_option_describe(0, &oi), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	vmmrt_options_destroy(o);
+}
+
+static void version_matches_the_header(void **state)
+{
+	char want[32];
+	assert_int_equal(vmmrt_version(), VMMRT_VERSION_HEX);
+	snprintf(want, sizeof(want), "%d.%d.%d", VMMRT_VERSION_MAJOR, VMMRT_VERSION_MINOR, VMMRT_VERSION_PATCH);
+	assert_string_equal(vmmrt_version_string(), want);
+}
+
 static void status_strings(void **state)
 {
 	for (int s = 0; s < VMMRT_STATUS_COUNT_; s++) {
@@ -134,6 +309,12 @@ int main(void)
 		cmocka_unit_test(environment_overrides),
 		cmocka_unit_test(command_line),
 		cmocka_unit_test(status_strings),
+		cmocka_unit_test(unknown_variables_are_named),
+		cmocka_unit_test(environment_modes),
+		cmocka_unit_test(runtime_reports_values_in_force),
+		cmocka_unit_test(success_leaves_no_message),
+		cmocka_unit_test(structs_carry_their_size),
+		cmocka_unit_test(version_matches_the_header),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Remap: a slot's releases and maps stay in order whatever fails. A map may
  * run only once every release handed off before it ran: one that passes a
@@ -32,6 +33,7 @@
 #include <urcu/uatomic.h>
 
 #include "driver.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Fixed-VA slots on the host backend: the address never changes, every state
  * transition is checked, failures roll back, and nothing leaks. Also the rule
@@ -18,6 +19,7 @@
 #include "runtime.h"
 #include "slot.h"
 #include "test-common.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

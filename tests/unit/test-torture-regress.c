@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Regression tests for the library bugs vmmrt-torture and the API fuzzer
  * found and that were fixed (numbers as in the torture's report):
@@ -47,6 +48,7 @@
 #include "offload.h"
 #include "runtime.h"
 #include "worker.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Driver workers: per-slot ordering across several workers, the handle pool,
  * failure publication with bounded out-of-memory retries, shutdown with
@@ -21,6 +22,7 @@
 #include "runtime.h"
 #include "slot.h"
 #include "test-common.h"
+#include "testing.h"
 
 #define MiB (1024ull * 1024)
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * --sweep: where does offload stop being free? At fixed activation bytes, the
  * compute time is varied so that the copy/compute ratio (the D2H time of one

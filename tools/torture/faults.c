@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The fault hook of one runtime (vmmrt__drv_set_fault_hook): consulted before
  * every driver operation the library makes, on whatever thread makes it. It

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * Illegal calls: each must come back with its named error and change
  * nothing, which the scenario then proves by carrying on with the legal

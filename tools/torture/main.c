@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-torture: the driver. Parses the options, starts the torture threads
  * (each runs scenario after scenario, one runtime at a time), watches them

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * One scenario: a runtime with a random configuration, driven from creation
  * to destruction through a random legal sequence with illegal calls mixed in,
@@ -273,7 +274,7 @@ out:
 
 static uint64_t expected_sum(const tens *t, uint64_t iterseed)
 {
-	return vmmrt__layer_checksum_host(t->d.bytes, iterseed, t->seed);
+	return vmmrt_layer_checksum_host(t->d.bytes, iterseed, t->seed);
 }
 
 /* What a wrong result looks like: stale, or another group's bytes. */
@@ -354,11 +355,12 @@ static bool drain_compute(scen *s, uint64_t limit_ms)
 {
 	uint64_t deadline = t_now_ns() + limit_ms * 1000000ull;
 	for (unsigned spin = 0;; spin++) {
-		vmmrt_status st = s->rt->ops->stream_query(s->rt->be, s->compute);
-		if (st == VMMRT_OK)
-			return true;
-		if (st != VMMRT_E_BUSY)
+		bool done = false;
+		vmmrt_status st = s->rt->ops->stream_query(s->rt->be, s->compute, &done);
+		if (st != VMMRT_OK)
 			return false; /* still capturing after a failed capture */
+		if (done)
+			return true;
 		heartbeat(s, "draining the compute stream");
 		if (t_now_ns() > deadline)
 			return false;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-torture: where every thread of the process is, for the reports of a
  * hang (the watchdog) and of a crash (the crash handler). There is no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * vmmrt-torture: random legal and illegal API sequences on many runtimes at
  * once, with faults injected at the backend boundary, checked against the
@@ -19,6 +20,7 @@
 
 #include "vmmrt.h"
 #include "backend/backend.h" /* vmmrt__mix64: the seeds' mixer too */
+#include "testing.h"
 
 /* ------------------------------------------------------------------ config */
 

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * Test switches: fault injection on every driver op and the planted bugs a
+ * test uses to prove it can see one. They live in the convenience library
+ * libvmmrt-testing.la, which the tests and the torture link; libvmmrt.so does
+ * not contain them, so no program can turn a fence off or fake a failure.
+ */
+#ifndef VMMRT_TESTING_H
+#define VMMRT_TESTING_H
+
+#include "driver.h"
+#include "offload.h"
+
+/* Set (or, with fn NULL, clear) the runtime's fault hook; see vmmrt__fault_fn. */
+void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx);
+
+/* Drop a fence or plant a bug (VMMRT_DROP_* | VMMRT_PLANT_*) in the runtime's offload. */
+void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask);
+
+#endif
