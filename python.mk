@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The Python package (python/vmmrt: the ctypes binding of the C API, and
 # vmmrt.torch, the PyTorch integration): installed under $(pythondir) by
 # `make install` for the python3 configure found (PYTHON=... ./configure picks

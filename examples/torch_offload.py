@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """vmmrt.torch in a training loop: Llama-style decoder layers as whole-layer
 CUDA graphs whose saved activations live at fixed addresses and go to pinned
 host memory between the forward and the backward.

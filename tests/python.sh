@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The Python package's tests (python/tests, pytest) under make check, in TAP.
 #
 # They need a python3 that imports torch and pytest. $PYTHON, python3 and

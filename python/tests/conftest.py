@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Shared pieces of the Python tests: small layers that save every kind of
 tensor autograd saves, and runners for the eager-offload path on the host
 backend (CPU tensors at libvmmrt's emulated device addresses)."""

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # The GPU half of vmmrt.torch's checks, in one batch for the H200: the pytest
 # suite (its GPU tests run there, the CPU ones too), then the benchmark's
 # tables. Every log and JSON goes to $OUT (./gpu-out without it); the last

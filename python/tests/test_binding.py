@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The ctypes binding: loading, errors as exceptions, the C API's structs."""
 import os
 import subprocess

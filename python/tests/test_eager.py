@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Eager offload through the groups on the host backend: every saved tensor
 goes to its fixed address, to pinned host memory and back, and gradients are
 bitwise those of the same layers without offload."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Bad input: each a clear error naming the layer and the cause; the process
 keeps running and no gradient is silently wrong."""
 import copy

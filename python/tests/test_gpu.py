@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The graph path on a CUDA device (skipped without one): gradients bitwise
 equal to torch.cuda.make_graphed_callables' with deterministic (math)
 attention, in every mode and look-ahead; memory proven with the driver's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The README's example runs as written (on the CPU: eagerly, host backend)."""
 import os
 import subprocess

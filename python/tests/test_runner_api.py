@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The per-runner API (Offload, LayerOffload) as a framework with its own
 runners uses it: discovery passes, allocation, then each forward through its
 group and each backward bracketed by the hooks (eagerly, on the host backend)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The saved-tensor hooks: what stays, what moves, one copy per storage region."""
 import gc
 import weakref

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """What moves: selection under a byte budget, and the planner's arithmetic."""
 import pytest
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """pytest plugin: one TAP line per test on file descriptor 3 (stdout when fd 3
 is not open), for automake's TAP driver; pytest's own report goes to stderr
 (tests/python.sh redirects it), so the two never mix."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """libvmmrt from Python: a thin ctypes binding of the C API (include/vmmrt.h).
 
 The C library stays the single source of truth for addresses, fences and
@@ -17,8 +18,9 @@ from vmmrt import _capi
 from vmmrt._capi import MODES, GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
 from vmmrt._loader import LibraryNotFound, load as _load
 
-__all__ = ["Error", "LibraryNotFound", "Runtime", "Group", "Slot", "library", "version",
-           "version_string", "options_table", "STREAM_LEGACY", "STREAM_PER_THREAD"]
+__all__ = ["Error", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
+           "version_string", "options_table", "fill_word", "checksum_host", "layer_checksum_host",
+           "STREAM_LEGACY", "STREAM_PER_THREAD"]
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -87,6 +89,20 @@ def options_table():
             return rows
         rows.append({k: _decode(getattr(info, k)) for k in ("name", "env", "default_value", "range", "doc")})
         i += 1
+
+
+def fill_word(seed, index):
+    """The built-in fill pattern's word at index (the host reference of vmmrt_kernel_fill)."""
+    return library().vmmrt_fill_word(seed, index)
+
+
+def checksum_host(ptr, nbytes):
+    """The built-in checksum of nbytes of host memory at ptr."""
+    return library().vmmrt_checksum_host(ctypes.c_void_p(ptr), nbytes)
+
+
+def layer_checksum_host(nbytes, input_seed, layer_seed):
+    return library().vmmrt_layer_checksum_host(nbytes, input_seed, layer_seed)
 
 
 def _stream(s):
@@ -162,6 +178,28 @@ class Runtime:
                 "granularity": i.granularity, "mode": _capi.MODES[i.mode],
                 "driver_workers": i.driver_workers, "lookahead": i.lookahead}
 
+    def options(self):
+        """The options in force, by name: the program's with the environment
+        applied (a VMMRT_* variable may have replaced what was asked)."""
+        lib = self._lib
+        opts = ctypes.c_void_p()
+        check(lib.vmmrt_options_create(ctypes.byref(opts)), "vmmrt_options_create")
+        try:
+            check(lib.vmmrt_runtime_options_get(self._handle(), opts), "vmmrt_runtime_options_get")
+            out = {}
+            buf = ctypes.create_string_buffer(4096)
+            for row in options_table():
+                check(lib.vmmrt_options_get(opts, row["name"].encode(), buf, len(buf)), "vmmrt_options_get")
+                out[row["name"]] = _decode(buf.value)
+            return out
+        finally:
+            lib.vmmrt_options_destroy(opts)
+
+    def trace_span(self, track, name, t0_ns, t1_ns):
+        """A span on the runtime's trace (CLOCK_MONOTONIC ns; nothing when tracing is off)."""
+        check(self._lib.vmmrt_trace_span(self._handle(), track.encode(), name.encode(), t0_ns, t1_ns),
+              "vmmrt_trace_span")
+
     def mem_info(self):
         """Driver-level (free, total) device bytes (cuMemGetInfo)."""
         f, t = ctypes.c_size_t(), ctypes.c_size_t()
@@ -199,6 +237,59 @@ class Runtime:
     def copy_to_host(self, dst_ptr, src, nbytes):
         check(self._lib.vmmrt_copy_to_host(self._handle(), ctypes.c_void_p(dst_ptr), src, nbytes),
               "vmmrt_copy_to_host")
+
+    def copy_to_device_async(self, dst, src_ptr, nbytes, stream=None):
+        check(self._lib.vmmrt_copy_to_device_async(self._handle(), dst, ctypes.c_void_p(src_ptr), nbytes,
+                                                   _stream(stream)), "vmmrt_copy_to_device_async")
+
+    def copy_to_host_async(self, dst_ptr, src, nbytes, stream=None):
+        check(self._lib.vmmrt_copy_to_host_async(self._handle(), ctypes.c_void_p(dst_ptr), src, nbytes,
+                                                 _stream(stream)), "vmmrt_copy_to_host_async")
+
+    def host_alloc(self, nbytes):
+        """Pinned host memory (an address); free it with :meth:`host_free`."""
+        p = ctypes.c_void_p()
+        check(self._lib.vmmrt_host_alloc(self._handle(), nbytes, ctypes.byref(p)), "vmmrt_host_alloc")
+        return p.value
+
+    def host_free(self, ptr):
+        check(self._lib.vmmrt_host_free(self._handle(), ctypes.c_void_p(ptr)), "vmmrt_host_free")
+
+    def event(self, timing=False):
+        return Event(self, timing)
+
+    def stream_wait_event(self, stream, event):
+        check(self._lib.vmmrt_stream_wait_event(self._handle(), _stream(stream), event._e), "vmmrt_stream_wait_event")
+
+    def kernel_fill(self, dst, nbytes, seed, stream=None):
+        check(self._lib.vmmrt_kernel_fill(self._handle(), _stream(stream), dst, nbytes, seed), "vmmrt_kernel_fill")
+
+    def kernel_checksum(self, src, nbytes, result, stream=None):
+        check(self._lib.vmmrt_kernel_checksum(self._handle(), _stream(stream), src, nbytes, result),
+              "vmmrt_kernel_checksum")
+
+    def kernel_busy(self, nanoseconds, stream=None):
+        check(self._lib.vmmrt_kernel_busy(self._handle(), _stream(stream), nanoseconds), "vmmrt_kernel_busy")
+
+    def kernel_layer(self, dst, src, nbytes, seed, nanoseconds, stream=None):
+        check(self._lib.vmmrt_kernel_layer(self._handle(), _stream(stream), dst, src, nbytes, seed, nanoseconds),
+              "vmmrt_kernel_layer")
+
+    # -- graphs of the library's own streams (the C API's; PyTorch's are torch.cuda.CUDAGraph)
+    def graph_begin_capture(self, stream):
+        check(self._lib.vmmrt_graph_begin_capture(self._handle(), _stream(stream)), "vmmrt_graph_begin_capture")
+
+    def graph_end_capture(self, stream):
+        g = ctypes.c_void_p()
+        check(self._lib.vmmrt_graph_end_capture(self._handle(), _stream(stream), ctypes.byref(g)),
+              "vmmrt_graph_end_capture")
+        return g
+
+    def graph_launch(self, graph, stream=None):
+        check(self._lib.vmmrt_graph_launch(self._handle(), graph, _stream(stream)), "vmmrt_graph_launch")
+
+    def graph_destroy(self, graph):
+        check(self._lib.vmmrt_graph_destroy(self._handle(), graph), "vmmrt_graph_destroy")
 
     # -- slots
     def slot(self, nbytes):
@@ -259,6 +350,40 @@ class Slot:
     @property
     def state(self):
         return _capi.SLOT_STATES[self._rt._lib.vmmrt_slot_get_state(self._s)]
+
+
+class Event:
+    """A device event (vmmrt_event): record on a stream, query, wait, time."""
+
+    def __init__(self, rt, timing=False):
+        self._rt = rt
+        e = ctypes.c_void_p()
+        check(rt._lib.vmmrt_event_create(rt._handle(), _capi.EVENT_TIMING if timing else 0, ctypes.byref(e)),
+              "vmmrt_event_create")
+        self._e = e
+
+    def record(self, stream=None):
+        check(self._rt._lib.vmmrt_event_record(self._rt._handle(), self._e, _stream(stream)), "vmmrt_event_record")
+
+    def query(self):
+        done = ctypes.c_int()
+        check(self._rt._lib.vmmrt_event_query(self._rt._handle(), self._e, ctypes.byref(done)), "vmmrt_event_query")
+        return bool(done.value)
+
+    def synchronize(self):
+        check(self._rt._lib.vmmrt_event_synchronize(self._rt._handle(), self._e), "vmmrt_event_synchronize")
+
+    def elapsed_ms(self, end):
+        """Milliseconds from this event's record to end's (both timing events)."""
+        ms = ctypes.c_float()
+        check(self._rt._lib.vmmrt_event_elapsed_ms(self._rt._handle(), self._e, end._e, ctypes.byref(ms)),
+              "vmmrt_event_elapsed_ms")
+        return ms.value
+
+    def destroy(self):
+        if self._e is not None:
+            check(self._rt._lib.vmmrt_event_destroy(self._rt._handle(), self._e), "vmmrt_event_destroy")
+            self._e = None
 
 
 class Group:

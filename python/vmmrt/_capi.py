@@ -1,9 +1,10 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """ctypes declarations of include/vmmrt.h: structs, enums and prototypes.
 
 Kept in the header's order, so a change there is easy to mirror here.
 """
 import ctypes
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_int, c_int64,
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int64,
                     c_size_t, c_uint, c_uint32, c_uint64, c_ulonglong, c_void_p)
 
 # vmmrt_status
@@ -24,6 +25,7 @@ MAX_DIMS = 8
 DRIVER_CALLS = 5
 STREAM_LEGACY = 1
 STREAM_PER_THREAD = 2
+EVENT_TIMING = 0x1
 
 vmmrt_devptr = c_ulonglong
 vmmrt_stream = c_void_p
@@ -86,6 +88,8 @@ _PROTOTYPES = {
     "vmmrt_runtime_create": (status_t, [handle, _P(handle)]),
     "vmmrt_runtime_destroy": (status_t, [handle]),
     "vmmrt_runtime_info_get": (status_t, [handle, _P(RuntimeInfo)]),
+    "vmmrt_runtime_options_get": (status_t, [handle, handle]),
+    "vmmrt_trace_span": (status_t, [handle, c_char_p, c_char_p, c_uint64, c_uint64]),
     "vmmrt_mem_info": (status_t, [handle, _P(c_size_t), _P(c_size_t)]),
     "vmmrt_driver_stats_get": (status_t, [handle, c_uint, _P(DriverStats)]),
     "vmmrt_driver_stats_reset": (status_t, [handle]),
@@ -104,6 +108,15 @@ _PROTOTYPES = {
     "vmmrt_host_free": (status_t, [handle, c_void_p]),
     "vmmrt_copy_to_device": (status_t, [handle, vmmrt_devptr, c_void_p, c_size_t]),
     "vmmrt_copy_to_host": (status_t, [handle, c_void_p, vmmrt_devptr, c_size_t]),
+    "vmmrt_copy_to_device_async": (status_t, [handle, vmmrt_devptr, c_void_p, c_size_t, vmmrt_stream]),
+    "vmmrt_copy_to_host_async": (status_t, [handle, c_void_p, vmmrt_devptr, c_size_t, vmmrt_stream]),
+    "vmmrt_event_create": (status_t, [handle, c_uint, _P(handle)]),
+    "vmmrt_event_destroy": (status_t, [handle, handle]),
+    "vmmrt_event_record": (status_t, [handle, handle, vmmrt_stream]),
+    "vmmrt_event_query": (status_t, [handle, handle, _P(c_int)]),
+    "vmmrt_event_synchronize": (status_t, [handle, handle]),
+    "vmmrt_event_elapsed_ms": (status_t, [handle, handle, handle, _P(c_float)]),
+    "vmmrt_stream_wait_event": (status_t, [handle, vmmrt_stream, handle]),
     "vmmrt_kernel_fill": (status_t, [handle, vmmrt_stream, vmmrt_devptr, c_size_t, c_uint64]),
     "vmmrt_kernel_checksum": (status_t, [handle, vmmrt_stream, vmmrt_devptr, c_size_t, vmmrt_devptr]),
     "vmmrt_kernel_busy": (status_t, [handle, vmmrt_stream, c_uint64]),
@@ -111,6 +124,7 @@ _PROTOTYPES = {
                                       c_uint64, c_uint64]),
     "vmmrt_fill_word": (c_uint64, [c_uint64, c_uint64]),
     "vmmrt_checksum_host": (c_uint64, [c_void_p, c_size_t]),
+    "vmmrt_layer_checksum_host": (c_uint64, [c_size_t, c_uint64, c_uint64]),
     "vmmrt_graph_begin_capture": (status_t, [handle, vmmrt_stream]),
     "vmmrt_graph_end_capture": (status_t, [handle, vmmrt_stream, _P(handle)]),
     "vmmrt_graph_launch": (status_t, [handle, handle, vmmrt_stream]),

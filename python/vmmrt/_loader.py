@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Find and load libvmmrt (the C library) with ctypes.
 
 The places tried, in order:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """PyTorch integration of libvmmrt: whole-layer CUDA graphs with CPU activation offload.
 
 - :func:`make_graphed_callables`: a drop-in for torch.cuda.make_graphed_callables

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Tensors over memory the C library owns, at its fixed addresses.
 
 Built once, right after allocation, while every slot is mapped: making a CUDA

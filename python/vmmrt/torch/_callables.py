@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """What the graphed and the eager paths share: the callables, their argument
 surfaces, and the warm-up passes that are also discovery.
 

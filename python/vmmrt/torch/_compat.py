@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """What differs between the PyTorch versions this package runs on.
 
 CI has Debian's torch 1.13 (CPU only: no untyped_storage(), no

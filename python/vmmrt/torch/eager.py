@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Eager offload: each layer runs as usual (no graph), and the tensors its
 forward saves go through its vmmrt group as they would under graphs: copied
 into the fixed address at the end of the forward, offloaded (D2H), restored

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """make_graphed_callables with CPU activation offload.
 
 The same contract as torch.cuda.make_graphed_callables (same positional
@@ -152,7 +153,7 @@ def _warmup(runners, off, iters, allow_unused_input):
 
 
 def _plan(runners, off, margin):
-    d2h, h2d = planner.measure_bandwidth(off.device)
+    d2h, h2d = planner.measure_bandwidth(off.device, runtime=off.runtime)
     rows = []
     for r in runners:
         sizes = [g.nbytes for g in off.candidates(r.layer)]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """One runner (a layer with a forward and a backward) and its vmmrt group.
 
 This is the per-runner API for frameworks that own their graph runners (as

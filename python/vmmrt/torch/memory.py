@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Device memory as the driver sees it, and where it goes.
 
 Allocator statistics alone cannot prove that offload gave memory back:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """One libvmmrt runtime and the layers that offload through it.
 
 An :class:`Offload` is what :func:`vmmrt.torch.make_graphed_callables` builds
@@ -21,6 +22,17 @@ from vmmrt.torch.layer import LayerOffload
 log = logging.getLogger("vmmrt.torch")
 
 MODES = ("pingpong", "remap", "none")
+
+
+def runtime_options(device):
+    """The C options that put a runtime on a torch device: the cuda backend on
+    its ordinal, or the host backend (CPU tensors)."""
+    if device.type == "cuda":
+        return {"backend": "cuda", "device": device.index if device.index is not None else
+                torch.cuda.current_device()}
+    if device.type == "cpu":
+        return {"backend": "host"}
+    raise ValueError("no libvmmrt backend for device %s" % device)
 
 
 def _storages(tensors):
@@ -53,12 +65,7 @@ class Offload:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         opts = {"mode": mode, "lookahead": lookahead}
-        if device.type == "cuda":
-            opts.update(backend="cuda", device=device.index)
-        elif device.type == "cpu":
-            opts.update(backend="host")
-        else:
-            raise ValueError("no libvmmrt backend for device %s" % device)
+        opts.update(runtime_options(device))
         opts.update(options or {})
         self.runtime = vmmrt.Runtime(opts)
         self.device = device

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The automatic choice of what to offload: as much as the copies can hide.
 
 A layer's activations leave the device while the next layer's forward runs
@@ -12,10 +13,9 @@ first, so libvmmrt keeps its activations on the device and copies nothing;
 all of it may move into the slot at no copy cost. :func:`plan` is arithmetic
 only; :func:`measure_bandwidth` and the layer timings feed it.
 """
-import time
-
 import torch
 
+import vmmrt
 from vmmrt.torch import select
 
 
@@ -93,32 +93,46 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9):
     return Plan(out, d2h_gbps, h2d_gbps, margin)
 
 
-def measure_bandwidth(device, nbytes=64 << 20, repeats=3):
-    """(D2H, H2D) GB/s of pinned copies on device (host memcpy for "cpu")."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        a = torch.empty(nbytes, dtype=torch.uint8)
-        b = torch.empty(nbytes, dtype=torch.uint8)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            b.copy_(a)
-            best = min(best, time.perf_counter() - t0)
-        gbps = nbytes / best / 1e9
-        return gbps, gbps
-    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    s = torch.cuda.Stream(device)
-    res = []
-    for d2h in (True, False):
-        best = float("inf")
-        with torch.cuda.stream(s):
+def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
+    """(D2H, H2D) GB/s of the copies libvmmrt itself makes: one of its slots and
+    its pinned host memory, asynchronous copies on a stream of its own, timed
+    with its events; the best of ``repeats``. ``runtime``: the one to measure
+    with (a temporary one for ``device`` otherwise)."""
+    from vmmrt.torch.offload import runtime_options
+    own = runtime is None
+    rt = vmmrt.Runtime(runtime_options(torch.device(device))) if own else runtime
+    slot = host = stream = None
+    events = []
+    try:
+        slot = rt.slot(nbytes)
+        slot.map()
+        host = rt.host_alloc(nbytes)
+        stream = rt.stream_create()
+        res = []
+        for d2h in (True, False):
+            best = float("inf")
             for _ in range(repeats):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record(s)
-                (host.copy_(dev, non_blocking=True) if d2h else dev.copy_(host, non_blocking=True))
-                e1.record(s)
+                e0, e1 = rt.event(True), rt.event(True)
+                events += [e0, e1]
+                e0.record(stream)
+                if d2h:
+                    rt.copy_to_host_async(host, slot.address, nbytes, stream)
+                else:
+                    rt.copy_to_device_async(slot.address, host, nbytes, stream)
+                e1.record(stream)
                 e1.synchronize()
-                best = min(best, e0.elapsed_time(e1))
-        res.append(nbytes / (best * 1e-3) / 1e9)
-    return res[0], res[1]
+                best = min(best, e0.elapsed_ms(e1))
+            res.append(nbytes / (max(best, 1e-6) * 1e-3) / 1e9)
+        return res[0], res[1]
+    finally:
+        for e in events:
+            e.destroy()
+        if stream is not None:
+            rt.stream_synchronize(stream)
+            rt.stream_destroy(stream)
+        if host is not None:
+            rt.host_free(host)
+        if slot is not None:
+            slot.destroy()
+        if own:
+            rt.close()

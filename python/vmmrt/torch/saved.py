@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Saved tensors of one runner's forward: which stay, which move, and how.
 
 Every tensor autograd saves reaches :class:`Recorder.pack`. It is either

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Which regions of a layer move: every one, a byte fraction, or a byte budget.
 
 Pure arithmetic over region sizes, so it is tested without a device. A region

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """python3 -m vmmrt.torch.bench: whole-layer CUDA graphs with CPU activation
 offload on Llama-style decoder layers, against eager, save_on_cpu and
 graph-only, in one run.
@@ -155,8 +156,8 @@ def main(argv=None):
     print("vmmrt.torch.bench: %d layers, %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
           % (args.layers, shape.as_dict(), args.dtype, args.attention, info["device"], info["torch"],
              info["vmmrt"]), flush=True)
-    print("%s copies (%d MiB): D2H %.1f GB/s, H2D %.1f GB/s"
-          % ("pinned" if dev.type == "cuda" else "host", probe >> 20, bw[0], bw[1]), flush=True)
+    print("libvmmrt's copies (a slot and pinned host memory, %d MiB): D2H %.1f GB/s, H2D %.1f GB/s"
+          % (probe >> 20, bw[0], bw[1]), flush=True)
     doc = {"config": dict(vars(args), shape=shape.as_dict()), "info": info,
            "bandwidth": {"d2h_gbps": bw[0], "h2d_gbps": bw[1]}, "sets": []}
     sets = []

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """Llama-style decoder layers for the benchmark and the tests.
 
 :class:`DecoderLayer` is written with plain torch ops (RMSNorm, rotary

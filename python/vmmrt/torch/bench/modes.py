@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The benchmark's modes: how each one builds its callables, and one measured run.
 
 Every mode runs the same layers (the same weights), the same input and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 """The benchmark's output: a progress line per mode, the table, the targets of
 issue #12 (met, or missed by how much), and the JSON document."""
 import json
