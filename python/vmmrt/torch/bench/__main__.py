@@ -127,7 +127,7 @@ def run_set(title, make_layers, args, shape, dtype, bw):
     for r in ordered:
         if "error" in r:
             print("  %s: FAILED: %s" % (r["mode"], r["error"]), flush=True)
-    ts = report.targets(ok, bw[0], bw[1], args.fraction >= 1.0) if args.device == "cuda" else []
+    ts = report.targets(ok, bw[0], bw[1], args.fraction >= 1.0, shape.seq) if args.device == "cuda" else []
     if ts:
         print(report.print_targets(ts, "targets (issue #12):"), flush=True)
     return {"title": title, "rows": ordered, "targets": ts}
