@@ -121,7 +121,7 @@ void vmmrt__slot_retire(vmmrt_slot *s)
 	uatomic_dec(&rt->live_slots);
 	/* Readers walking rt->slots may still hold s: free after a grace period. */
 	VMMRT_TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
-	urcu_memb_call_rcu(&s->rcu, free_slot_rcu);
+	urcu_bp_call_rcu(&s->rcu, free_slot_rcu);
 }
 
 void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st)

@@ -8,7 +8,7 @@
 #ifndef VMMRT_SLOT_H
 #define VMMRT_SLOT_H
 
-#include <urcu/urcu-memb.h>
+#include <urcu/urcu-bp.h>
 
 #include "runtime.h"
 #include "worker.h"

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include <urcu/uatomic.h>
-#include <urcu/urcu-memb.h>
+#include <urcu/urcu-bp.h>
 
 #include "ec.h"
 #include "error.h"
@@ -365,7 +365,7 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 
 	uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
 	req->start_ns = vmmrt__now_ns();
-	urcu_memb_read_lock();
+	urcu_bp_read_lock();
 	if (cancel && req->kind != VMMRT_REQ_DESTROY) {
 		st = VMMRT_E_CANCELLED;
 		uatomic_inc(&wk->stats.cancelled);
@@ -405,7 +405,7 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 		if (req->retrying)
 			req->retrying(req, st, req->done_arg);
 		cds_list_add(&req->parked, &wk->parked);
-		urcu_memb_read_unlock();
+		urcu_bp_read_unlock();
 		return;
 	}
 	if (s && req->kind != VMMRT_REQ_CALL && req->kind != VMMRT_REQ_DESTROY) {
@@ -416,7 +416,7 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 		else
 			vmmrt__slot_publish_error(s, st); /* the next API call on the slot reports it */
 	}
-	urcu_memb_read_unlock();
+	urcu_bp_read_unlock();
 	finish(wk, req, st);
 }
 
@@ -566,7 +566,7 @@ static void *worker_main(void *arg)
 	char name[32];
 
 	vmmrt__thread_role_set(VMMRT_ROLE_WORKER);
-	urcu_memb_register_thread();
+	urcu_bp_register_thread();
 	snprintf(name, sizeof(name), "vmmrt-drv-%u", wk->index);
 	pthread_setname_np(pthread_self(), name);
 	/* The trace the runtime was created with, read before this thread
@@ -612,7 +612,7 @@ static void *worker_main(void *arg)
 		run(wk, req, !drain || !ready);
 	}
 	(void)trim_pool(wk);
-	urcu_memb_unregister_thread();
+	urcu_bp_unregister_thread();
 	return NULL;
 }
 
