@@ -20,7 +20,7 @@ from vmmrt._loader import LibraryNotFound, load as _load
 
 __all__ = ["Error", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
            "version_string", "options_table", "fill_word", "checksum_host", "layer_checksum_host",
-           "STREAM_LEGACY", "STREAM_PER_THREAD"]
+           "STREAM_LEGACY", "STREAM_PER_THREAD", "MODES", "GROUP_STATES", "SLOT_STATES"]
 
 _lib = None
 _lib_lock = threading.Lock()
