@@ -176,6 +176,7 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
         if inner is None:
             inner = e
     if inner is not None:
+        _reset_capture_state(stream)
         inner = original_error(inner, [r.layer.last_rec]) or inner
         r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
         if isinstance(inner, Error):
@@ -184,6 +185,21 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
                     "captured, such as a host synchronization, .item(), or a shape that depends on data?): "
                     "%s: %s" % (what, type(inner).__name__, inner), "layer %r" % r.name) from inner
     return result
+
+
+def _reset_capture_state(stream):
+    """A capture the driver invalidated (a .item(), a host sync) makes
+    CUDAGraph.capture_end raise before it ends the CUDA generator's capture,
+    which then refuses every later random number outside a graph ("Offset
+    increment outside graph capture"). An empty capture on the same stream
+    begins and ends it again."""
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            pass
+        del g
+    except Exception:  # the original failure is what the caller reports
+        pass
 
 
 def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads):
@@ -226,7 +242,24 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
             else:
                 static.append(None)
         r.static_grad_inputs = tuple(static)
-    return [_graphed(r, f, b, grads) for r, f, b in zip(runners, fwd_graphs, bwd_graphs)]
+    # (parameter, its static gradient buffer) of every layer: see _unalias.
+    aliases = [(p, r.static_grad_inputs[r.n_user + k]) for r in runners for k, p in enumerate(r.params)
+               if grads == "static" and r.static_grad_inputs[r.n_user + k] is not None]
+    return [_graphed(r, f, b, grads, aliases) for r, f, b in zip(runners, fwd_graphs, bwd_graphs)]
+
+
+def _unalias(aliases):
+    """AccumulateGrad keeps a static gradient buffer itself as .grad when .grad
+    was None (a tensor it may steal). The next replay of ANY graph may write
+    that buffer: the pool hands the blocks of tensors freed after a forward
+    capture (the saved originals, once copied to their fixed addresses) to
+    later captures, so a backward graph's static buffer can share memory with
+    an earlier forward graph's intermediates. So before a forward replays,
+    every .grad that is still such a buffer becomes a copy of its own."""
+    for p, sg in aliases:
+        g = p.grad
+        if g is not None and g.data_ptr() == sg.data_ptr():
+            p.grad = g.clone()
 
 
 def _prepare_accumulate(runners):
@@ -261,7 +294,7 @@ def _backward_accumulate(r, need, gos):
     return tuple(res) + (None,) * (len(wrt) - len(inputs))
 
 
-def _graphed(r, fwd_graph, bwd_graph, grads):
+def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
     lay = r.layer
     n_user = r.n_user
     static_in = r.surface
@@ -277,6 +310,7 @@ def _graphed(r, fwd_graph, bwd_graph, grads):
             if r.pending:
                 raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
                             "one microbatch at a time (forward, then its backward)", "layer %r" % r.name)
+            _unalias(aliases)
             for i in range(n_user):
                 if static_in[i].data_ptr() != inputs[i].data_ptr():
                     static_in[i].copy_(inputs[i])
@@ -306,13 +340,6 @@ def _graphed(r, fwd_graph, bwd_graph, grads):
                     elif p.grad.data_ptr() != acc.data_ptr():
                         acc.copy_(p.grad)
                         p.grad = acc
-            else:
-                for k, p in enumerate(params):
-                    sg = static_gin[n_user + k]
-                    # AccumulateGrad kept the static buffer itself as .grad last
-                    # time; the replay is about to overwrite it.
-                    if sg is not None and p.grad is not None and p.grad.data_ptr() == sg.data_ptr():
-                        p.grad = p.grad.clone()
             s = torch.cuda.current_stream().cuda_stream
             lay.backward_begin(s)
             bwd_graph.replay()

@@ -27,6 +27,17 @@ from vmmrt.torch import _address, _compat
 from vmmrt.torch.saved import Recorder
 
 
+def _kernel_copy(region, ptr, device):
+    """Region's bytes from the original storage at ptr into its fixed address,
+    as an elementwise kernel on the current stream (torch's copy_ of two
+    contiguous tensors is a cudaMemcpyAsync, which the driver validates at
+    enqueue)."""
+    import torch
+    src = _address.tensor_at(ptr + region.lo, region.nbytes, torch.uint8, device)
+    dst = _address.tensor_at(region.addr, region.nbytes, torch.uint8, device)
+    torch.bitwise_or(src, 0, out=dst)
+
+
 class Pass:
     """The context of one pass: set ``outputs`` to what the forward returned."""
 
@@ -75,8 +86,16 @@ class Pass:
             if self.kind == "discover":
                 lay._discovered(rec)
                 return False
+            eager_cuda = self.kind == "eager" and not lay.offload.host
             for r, ptr in moves:
-                addr = lay.group.save(r.desc(), ptr + r.lo, self.stream)
+                if eager_cuda:
+                    # The driver checks a copy's addresses when it is enqueued, and
+                    # a remap slot is mapped only once the stream reaches the map
+                    # the forward hook waited for: a kernel checks nothing then.
+                    _kernel_copy(r, ptr, lay.offload.device)
+                    addr = lay.group.save(r.desc(), 0, None)
+                else:
+                    addr = lay.group.save(r.desc(), ptr + r.lo, self.stream)
                 if addr != r.addr:
                     raise Error(_capi.E_MISMATCH, "region %d got address 0x%x, learned 0x%x"
                                 % (r.index, addr, r.addr), lay._where())

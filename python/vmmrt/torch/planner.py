@@ -9,8 +9,10 @@ look-ahead ahead): the copy of layer i hides when
 
 This is vmmrt-bench's offload budget (min(1, fwd_ms / copy_ms)) applied per
 layer. The last layer in forward order is the *tail*: its backward comes
-first, so libvmmrt keeps its activations on the device and copies nothing;
-all of it may move into the slot at no copy cost. :func:`plan` is arithmetic
+first, so libvmmrt keeps its activations on the device and copies nothing.
+Moving them into the slot would save no memory (they would sit in a bank
+instead of the pool) and would grow both ping-pong banks to the tail's size:
+the tail moves nothing. :func:`plan` is arithmetic
 only; :func:`measure_bandwidth` and the layer timings feed it.
 """
 import torch
@@ -36,7 +38,7 @@ class LayerPlan:
 
     def as_dict(self):
         return {"name": self.name, "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "saved_bytes": self.total,
-                "budget_bytes": None if self.budget == float("inf") else self.budget,
+                "budget_bytes": self.budget,
                 "offloaded_bytes": self.moved, "regions": len(self.sizes), "offloaded_regions": len(self.chosen),
                 "tail": self.tail}
 
@@ -61,7 +63,7 @@ class Plan:
             lines.append("  %-24s fwd %7.2f ms  saved %8.1f MiB  budget %9s  moves %8.1f MiB (%d of %d regions)%s"
                          % (p.name, p.fwd_ms, p.total / mib,
                             "tail" if p.tail else "%.1f MiB" % (p.budget / mib), p.moved / mib,
-                            len(p.chosen), len(p.sizes), " [tail: no copy]" if p.tail else ""))
+                            len(p.chosen), len(p.sizes), " [tail: stays, no copy]" if p.tail else ""))
         return "\n".join(lines)
 
     def as_dict(self):
@@ -81,7 +83,7 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9):
     for i, (name, fwd_ms, bwd_ms, sizes) in enumerate(layers):
         tail = i == n - 1
         if tail:
-            budget = float("inf")
+            budget = 0.0
         else:
             _, nfwd, nbwd, _ = layers[i + 1]
             cap = nfwd * d2h_gbps  # GB/s * ms = 1e6 bytes
