@@ -9,16 +9,19 @@ tools_vmmrt_bench_SOURCES = \
 	tools/vmmrt-bench.c \
 	tools/bench/bench.h \
 	tools/bench/model.h \
+	tools/bench/options.c \
 	tools/bench/modes.c \
 	tools/bench/iterate.c \
 	tools/bench/metrics.c \
 	tools/bench/output.c \
 	tools/bench/trace.c \
+	tools/bench/trace-file.c \
 	tools/bench/sweep.c
-# It uses internal headers (timing events, the runtime's trace and copy
-# streams), so it links the convenience library rather than libvmmrt.la,
-# whose exported symbols are the public API only.
-tools_vmmrt_bench_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
+# A client of the public API only: it links the installed shared library, and
+# its include path is the public header's directory alone (not AM_CPPFLAGS,
+# which adds src/), so an internal header does not compile here.
+tools_vmmrt_bench_CPPFLAGS = -I$(top_srcdir)/include
+tools_vmmrt_bench_LDADD = libvmmrt.la -lpthread -lm
 
 dist_man_MANS += man/man1/vmmrt-bench.1
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
 # Manual pages (included at the end of Makefile.am: it appends to
 # noinst_PROGRAMS, TESTS, EXTRA_DIST and dist_man_MANS).
 #
@@ -17,9 +18,17 @@ man3_pages = \
 	man/man3/vmmrt_backward_end.3 \
 	man/man3/vmmrt_checksum_host.3 \
 	man/man3/vmmrt_copy_to_device.3 \
+	man/man3/vmmrt_copy_to_device_async.3 \
 	man/man3/vmmrt_copy_to_host.3 \
+	man/man3/vmmrt_copy_to_host_async.3 \
 	man/man3/vmmrt_driver_stats_get.3 \
 	man/man3/vmmrt_driver_stats_reset.3 \
+	man/man3/vmmrt_event_create.3 \
+	man/man3/vmmrt_event_destroy.3 \
+	man/man3/vmmrt_event_elapsed_ms.3 \
+	man/man3/vmmrt_event_query.3 \
+	man/man3/vmmrt_event_record.3 \
+	man/man3/vmmrt_event_synchronize.3 \
 	man/man3/vmmrt_fill_word.3 \
 	man/man3/vmmrt_forward_begin.3 \
 	man/man3/vmmrt_forward_end.3 \
@@ -43,6 +52,7 @@ man3_pages = \
 	man/man3/vmmrt_kernel_fill.3 \
 	man/man3/vmmrt_kernel_layer.3 \
 	man/man3/vmmrt_last_error.3 \
+	man/man3/vmmrt_layer_checksum_host.3 \
 	man/man3/vmmrt_mem_info.3 \
 	man/man3/vmmrt_offload_allocate.3 \
 	man/man3/vmmrt_offload_stats_get.3 \
@@ -57,6 +67,7 @@ man3_pages = \
 	man/man3/vmmrt_runtime_create.3 \
 	man/man3/vmmrt_runtime_destroy.3 \
 	man/man3/vmmrt_runtime_info_get.3 \
+	man/man3/vmmrt_runtime_options_get.3 \
 	man/man3/vmmrt_slot_address.3 \
 	man/man3/vmmrt_slot_create.3 \
 	man/man3/vmmrt_slot_destroy.3 \
@@ -69,7 +80,9 @@ man3_pages = \
 	man/man3/vmmrt_stream_create.3 \
 	man/man3/vmmrt_stream_destroy.3 \
 	man/man3/vmmrt_stream_synchronize.3 \
+	man/man3/vmmrt_stream_wait_event.3 \
 	man/man3/vmmrt_strerror.3 \
+	man/man3/vmmrt_trace_span.3 \
 	man/man3/vmmrt_version.3 \
 	man/man3/vmmrt_version_string.3
 

@@ -160,26 +160,29 @@ vmmrt_status vmmrt_graph_destroy(vmmrt_runtime *rt, vmmrt_graph *graph)
 	return vmmrt__drv_graph_destroy(rt, (vmmrt__bgraph *)graph);
 }
 
+static vmmrt_status async_copy(vmmrt_runtime *rt, vmmrt_devptr dev, void *host, size_t bytes, vmmrt_stream s,
+			       bool to_device)
+{
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(dev && host, "NULL address");
+	if (bytes == 0)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "copy of 0 bytes");
+	return to_device ? vmmrt__drv_memcpy_htod_async(rt, dev, host, bytes, s)
+			 : vmmrt__drv_memcpy_dtoh_async(rt, host, dev, bytes, s);
+}
+
 vmmrt_status vmmrt_copy_to_device_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t bytes,
 					vmmrt_stream stream)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(dst && src, "NULL address");
-	if (bytes == 0)
-		return vmmrt__error(VMMRT_E_INVALID_SIZE, "copy of 0 bytes");
-	return vmmrt__drv_memcpy_htod_async(rt, dst, src, bytes, stream);
+	return async_copy(rt, dst, (void *)src, bytes, stream, true);
 }
 
 vmmrt_status vmmrt_copy_to_host_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t bytes,
 				      vmmrt_stream stream)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(dst && src, "NULL address");
-	if (bytes == 0)
-		return vmmrt__error(VMMRT_E_INVALID_SIZE, "copy of 0 bytes");
-	return vmmrt__drv_memcpy_dtoh_async(rt, dst, src, bytes, stream);
+	return async_copy(rt, src, dst, bytes, stream, false);
 }
 
 /* A public event is the backend's event itself, as a public graph is. */

@@ -72,8 +72,9 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 	[VMMRT_OPT_HOST_COPY_GBPS] = {"host_copy_gbps", "VMMRT_HOST_COPY_GBPS", T_DOUBLE, "55", {0}, 0.01, 10000,
 		"host backend: modelled pinned copy bandwidth in GB/s when host_latency is on"},
 	[VMMRT_OPT_TRACE] = {"trace", "VMMRT_TRACE", T_STRING, "", {0}, 0, 0,
-		"write a Chrome/Perfetto trace of streams, copies and driver calls to this file at "
-		"runtime destroy (empty: off)"},
+		"write a Chrome/Perfetto trace of the runtime's VMM driver calls (a track per thread) and "
+		"of the spans the application adds with vmmrt_trace_span to this file at runtime destroy "
+		"(empty: off)"},
 	[VMMRT_OPT_ENVIRONMENT] = {"environment", "VMMRT_ENVIRONMENT", T_ENUM, "override", {"override", "fallback", "ignore"}, 0, 0,
 		"how VMMRT_* variables combine with what the program set: override (a variable wins), "
 		"fallback (a variable fills only what the program left unset), ignore (the environment "
@@ -391,8 +392,10 @@ vmmrt_status vmmrt__options_apply_env(vmmrt_options *opts)
 	if (!o.from_program[VMMRT_OPT_ENVIRONMENT] && (st = env_value(&o, VMMRT_OPT_ENVIRONMENT)) != VMMRT_OK)
 		return st;
 	vmmrt__env_mode mode = (vmmrt__env_mode)o.v[VMMRT_OPT_ENVIRONMENT].u;
-	if (mode == VMMRT_ENV_IGNORE)
+	if (mode == VMMRT_ENV_IGNORE) {
+		*opts = o; /* the mode itself may have come from VMMRT_ENVIRONMENT */
 		return VMMRT_OK;
+	}
 	if ((st = check_unknown_vars()) != VMMRT_OK)
 		return st;
 	for (int i = 0; i < VMMRT_OPT_COUNT_; i++) {

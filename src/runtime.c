@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include <urcu/uatomic.h>
-#include <urcu/urcu-memb.h>
+#include <urcu/urcu-bp.h>
 
 #include "api.h"
 #include "error.h"
@@ -37,6 +37,8 @@ static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 		return vmmrt__error_wrap(st, "cuda backend");
 	/* auto: no usable GPU here, so emulate one; say why. */
 	snprintf(note, note_len, "auto: %s; using the host backend", vmmrt_last_error());
+	/* The reason now lives in the note: a runtime created on the fallback is a success. */
+	vmmrt__error_clear();
 	return vmmrt__drv_open(rt, &vmmrt__backend_host);
 }
 
@@ -53,19 +55,40 @@ static void free_runtime(vmmrt_runtime *rt)
 	free(rt);
 }
 
-
-
 /*
- * liburcu's call_rcu thread (it frees slots) exists in the process that made
- * it: a child of fork() that creates a runtime would wait forever for it in
- * vmmrt_runtime_destroy (urcu_memb_barrier) unless liburcu's fork hooks run.
+ * fork() without exec (a framework's data-loader workers) copies only the
+ * forking thread. Two pieces of liburcu state would then lie to the child:
+ * the call_rcu thread (it frees slots) would be missing, so the child's
+ * vmmrt_runtime_destroy would wait forever in urcu_bp_barrier; and the RCU
+ * registry would still list the parent's driver workers, whose stacks the
+ * child's new threads reuse, so its first grace period would wait on or read
+ * garbage. The "bulletproof" flavour is the one liburcu makes for this: its
+ * fork hooks recreate the call_rcu thread and prune the registry of readers
+ * that did not survive. Registered once per process, in liburcu's order.
  */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+static void before_fork(void)
+{
+	urcu_bp_call_rcu_before_fork();
+	urcu_bp_before_fork();
+}
+
+static void after_fork_parent(void)
+{
+	urcu_bp_after_fork_parent();
+	urcu_bp_call_rcu_after_fork_parent();
+}
+
+static void after_fork_child(void)
+{
+	urcu_bp_after_fork_child();
+	urcu_bp_call_rcu_after_fork_child();
+}
+
 static void register_atfork(void)
 {
-	(void)pthread_atfork(urcu_memb_call_rcu_before_fork, urcu_memb_call_rcu_after_fork_parent,
-			     urcu_memb_call_rcu_after_fork_child);
+	(void)pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
 vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
@@ -100,6 +123,9 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		rt->lookahead = 0;
 	/* Inline driver calls are made on the launch thread by definition. */
 	rt->checked_threads = vmmrt__opt_u(&rt->opts, VMMRT_OPT_CHECKED_THREADS) != 0 && !rt->driver_inline;
+	/* What vmmrt_runtime_options_get reports is what runs, derived values included. */
+	rt->opts.v[VMMRT_OPT_LOOKAHEAD].u = rt->lookahead;
+	rt->opts.v[VMMRT_OPT_CHECKED_THREADS].u = rt->checked_threads;
 	rt->timeout_ms = vmmrt__opt_u(&rt->opts, VMMRT_OPT_TIMEOUT_MS);
 	rt->be_cfg = (vmmrt__backend_config){
 		.device_ordinal = (int)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DEVICE),
@@ -186,7 +212,7 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 	(void)destroy_leftover_slots(rt);
 	vmmrt__workers_destroy(rt->workers, true);
 	/* Slots are freed by call_rcu: let those callbacks run before we go. */
-	urcu_memb_barrier();
+	urcu_bp_barrier();
 	/* Counted after the drain: a destroy that timed out may have finished since. */
 	int64_t stuck = uatomic_read(&rt->live_slots);
 	int64_t handles = uatomic_read(&rt->live_handles);

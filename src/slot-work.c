@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include <urcu/uatomic.h>
-#include <urcu/urcu-memb.h>
+#include <urcu/urcu-bp.h>
 
 #include "error.h"
 #include "slot.h"
@@ -111,7 +111,7 @@ static void retire(vmmrt_slot *s)
 	uatomic_dec(&rt->live_slots);
 	/* Readers walking rt->slots may still hold s: free after a grace period. */
 	VMMRT_TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
-	urcu_memb_call_rcu(&s->rcu, free_slot_rcu);
+	urcu_bp_call_rcu(&s->rcu, free_slot_rcu);
 }
 
 /* Record a failure on the slot so the next API call reports it. */

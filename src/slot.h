@@ -13,7 +13,7 @@
 #define VMMRT_SLOT_H
 
 #include <urcu/uatomic.h>
-#include <urcu/urcu-memb.h>
+#include <urcu/urcu-bp.h>
 
 #include "runtime.h"
 #include "worker.h"

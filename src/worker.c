@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include <urcu/uatomic.h>
-#include <urcu/urcu-memb.h>
+#include <urcu/urcu-bp.h>
 
 #include "clock.h"
 #include "ec.h"
@@ -237,7 +237,7 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 
 	uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
 	req->start_ns = vmmrt__now_ns();
-	urcu_memb_read_lock();
+	urcu_bp_read_lock();
 	if (cancel && !ops->uncancellable) {
 		st = VMMRT_E_CANCELLED;
 		uatomic_inc(&wk->stats.cancelled);
@@ -261,12 +261,12 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 		if (req->retrying)
 			req->retrying(req, st, req->done_arg);
 		cds_list_add(&req->parked, &wk->parked);
-		urcu_memb_read_unlock();
+		urcu_bp_read_unlock();
 		return;
 	}
 	if (ops->settle)
 		ops->settle(req, st);
-	urcu_memb_read_unlock();
+	urcu_bp_read_unlock();
 	finish(wk, req, st);
 }
 
@@ -414,7 +414,7 @@ static void *worker_main(void *arg)
 	char name[32];
 
 	vmmrt__thread_role_set(VMMRT_ROLE_WORKER);
-	urcu_memb_register_thread();
+	urcu_bp_register_thread();
 	snprintf(name, sizeof(name), "vmmrt-drv-%u", wk->index);
 	pthread_setname_np(pthread_self(), name);
 	/* The trace the runtime was created with, read before this thread
@@ -461,7 +461,7 @@ static void *worker_main(void *arg)
 	}
 	if (wk->set->cls && wk->set->cls->stop)
 		wk->set->cls->stop(wk->local);
-	urcu_memb_unregister_thread();
+	urcu_bp_unregister_thread();
 	return NULL;
 }
 

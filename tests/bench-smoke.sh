@@ -96,18 +96,36 @@ for want in ("compute", "d2h", "h2d"):
     assert want in tracks, (want, tracks)
 assert any(e["name"].startswith("cuMem") for e in x), "driver calls"
 assert all(e["dur"] >= 0 for e in x), "negative durations"
+# merged from each mode's runtime trace: one "MODE runtime" span per mode, on
+# one clock (one after the other), and each mode's driver calls inside its own
+runs = sorted((e["ts"], e["ts"] + e["dur"], e["name"][:-len(" runtime")]) for e in x
+              if names.get((e["pid"], e["tid"])) == "bench" and e["name"].endswith(" runtime"))
+want = ["eager", "eager-offload", "graph", "pingpong", "remap", "remap-inline", "naive"]
+if sys.argv[2] == "1":
+    want.remove("naive")
+assert [r[2] for r in runs] == want, runs
+assert all(a[1] <= b[0] for a, b in zip(runs, runs[1:])), ("modes overlap", runs)
+span = {r[2]: r for r in runs}
+for e in x:
+    n = names.get((e["pid"], e["tid"]), "")
+    if e["pid"] == 1 and n != "launch thread":
+        mode = n.rsplit(" ", 1)[0]
+        assert mode in span and span[mode][0] <= e["ts"], (n, e)
+assert "launch thread" in names.values(), "the launch thread's track"
 EOF
-	check "the trace parses, with spans on compute, d2h and h2d and driver calls" "" \
-		python3 "$tmp/trace.py" "$tmp/trace.json"
+	check "the trace parses, with spans on compute, d2h and h2d and driver calls, every mode on one clock" "" \
+		python3 "$tmp/trace.py" "$tmp/trace.json" "$no_naive"
 else
 	check "the JSON has the mode keys (grep: no python3)" "" \
 		grep -q '"launch_thread_blocking_calls"' "$tmp/bench.json"
 	check "the JSON reports naive unverified (grep)" "" \
 		sh -c "[ $no_naive = 1 ] || grep -q '\"mode\": \"naive\", .*\"verified\": false' '$tmp/bench.json'"
-	check "the trace has compute, d2h, h2d tracks and driver calls (grep)" "" sh -c \
+	check "the trace has compute, d2h, h2d tracks, driver calls and each mode's runtime (grep)" "" sh -c \
 		"grep -q '\"name\":\"compute\"' '$tmp/trace.json' && grep -q '\"name\":\"d2h\"' '$tmp/trace.json' &&
 		 grep -q '\"name\":\"h2d\"' '$tmp/trace.json' && grep -q '\"name\":\"cuMemCreate\"' '$tmp/trace.json' &&
-		 grep -q '\"ph\":\"X\",\"pid\":2' '$tmp/trace.json'"
+		 grep -q '\"ph\":\"X\",\"pid\":2' '$tmp/trace.json' && grep -q '\"name\":\"eager runtime\"' '$tmp/trace.json' &&
+		 grep -q '\"name\":\"remap-inline runtime\"' '$tmp/trace.json' &&
+		 grep -q '\"name\":\"remap vmmrt-drv-0\"' '$tmp/trace.json'"
 fi
 
 "$bench" --modes=eager,bogus >"$tmp/usage" 2>&1

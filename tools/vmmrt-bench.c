@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
-#include "runtime.h"
 
 /* Real layers on the H200 (PyTorch 2.11, bf16; shared/gpu/README.md). */
 const bench_preset bench_presets[BENCH_NPRESETS] = {
@@ -96,7 +95,7 @@ static void usage(FILE *f)
 		"\n"
 		"Runtime options (every mode's runtime gets them; VMMRT_* variables override them).\n"
 		"Not here: mode (each mode sets its own; --mode is refused) and trace (--trace above is the\n"
-		"bench's: one file for all modes):\n");
+		"bench's: one file for all modes, merged from each mode's runtime trace):\n");
 	/* the option table itself, so help and library cannot disagree */
 	vmmrt_option_info info = {.size = sizeof(info)};
 	for (size_t i = 0; vmmrt_option_describe(i, &info) == VMMRT_OK; i++) {
@@ -180,7 +179,7 @@ static const struct {
 /*
  * The bench's own options come out of argv first, so that --trace (also the
  * name of a runtime option, which would make each runtime overwrite the file)
- * means the bench's trace; the rest goes to vmmrt__options_parse_args.
+ * means the bench's trace; the rest goes to bench_options_parse_args.
  */
 static int parse_cli(cli *c, int *argc, char **argv)
 {
@@ -301,13 +300,19 @@ static int probe(bench_ctx *ctx, const cli *c)
 {
 	vmmrt_runtime *rt = NULL;
 	vmmrt_runtime_info info = {.size = sizeof(info)};
+	bool latency = false;
 	for (int attempt = 0; attempt < 2; attempt++) {
-		vmmrt_options o = ctx->base;
-		if (vmmrt_options_set(&o, "mode", "none") != VMMRT_OK || vmmrt_runtime_create(&o, &rt) != VMMRT_OK) {
+		vmmrt_options *o = NULL;
+		vmmrt_status st = bench_options_new(ctx, &o);
+		if (st == VMMRT_OK && (st = vmmrt_options_set(o, "mode", "none")) == VMMRT_OK)
+			st = vmmrt_runtime_create(o, &rt);
+		vmmrt_options_destroy(o);
+		if (st != VMMRT_OK) {
 			fprintf(stderr, "vmmrt-bench: cannot create a runtime: %s\n", vmmrt_last_error());
 			return -1;
 		}
-		if (vmmrt_runtime_info_get(rt, &info) != VMMRT_OK) {
+		if (vmmrt_runtime_info_get(rt, &info) != VMMRT_OK ||
+		    bench_runtime_flag(ctx, rt, "host_latency", &latency) != VMMRT_OK) {
 			fprintf(stderr, "vmmrt-bench: runtime info: %s\n", vmmrt_last_error());
 			(void)vmmrt_runtime_destroy(rt);
 			return -1;
@@ -315,11 +320,10 @@ static int probe(bench_ctx *ctx, const cli *c)
 		/* A CPU has no copy engines and no driver: without the H200's costs
 		 * modelled, the A/B would compare memcpy with memcpy. */
 		bool host = strcmp(info.backend, "host") == 0;
-		if (attempt == 0 && host && !c->host_latency_given && !getenv("VMMRT_HOST_LATENCY") &&
-		    !rt->be_cfg.host_latency) {
+		if (attempt == 0 && host && !c->host_latency_given && !getenv("VMMRT_HOST_LATENCY") && !latency) {
 			(void)vmmrt_runtime_destroy(rt);
 			rt = NULL;
-			if (vmmrt_options_set(&ctx->base, "host_latency", "1") != VMMRT_OK) {
+			if (bench_options_set(ctx, "host_latency", "1") != VMMRT_OK) {
 				fprintf(stderr, "vmmrt-bench: host_latency=1: %s\n", vmmrt_last_error());
 				return -1;
 			}
@@ -331,11 +335,11 @@ static int probe(bench_ctx *ctx, const cli *c)
 	snprintf(ctx->device, sizeof(ctx->device), "%s", info.device);
 	snprintf(ctx->backend_note, sizeof(ctx->backend_note), "%s", info.backend_note);
 	ctx->granularity = info.granularity;
-	ctx->host_latency = strcmp(info.backend, "host") == 0 && rt->be_cfg.host_latency;
+	ctx->host_latency = strcmp(info.backend, "host") == 0 && latency;
 	ctx->p.lookahead = info.lookahead;
 	ctx->p.workers = info.driver_workers;
 	/* The modes' runtimes must open the same backend the probe found. */
-	if (vmmrt_options_set(&ctx->base, "backend", info.backend) != VMMRT_OK) {
+	if (bench_options_set(ctx, "backend", info.backend) != VMMRT_OK) {
 		fprintf(stderr, "vmmrt-bench: backend=%s: %s\n", info.backend, vmmrt_last_error());
 		(void)vmmrt_runtime_destroy(rt);
 		return -1;
@@ -509,6 +513,44 @@ static void install_crash_handler(void)
 	}
 }
 
+/* Everything up to the modes; returns 0, or the exit status of a usage or setup error. */
+static int setup(bench_ctx *ctx, cli *c, int *argc, char **argv, bench_mode_id *modes, unsigned *nmodes)
+{
+	if (parse_cli(c, argc, argv) != 0)
+		return 2;
+	if (c->help || c->version)
+		return 0;
+	if (bench_options_parse_args(ctx, argc, argv) != VMMRT_OK) {
+		fprintf(stderr, "vmmrt-bench: %s\n", vmmrt_last_error());
+		return 2;
+	}
+	if (*argc > 1) {
+		fprintf(stderr, "vmmrt-bench: unknown argument '%s' (see --help)\n", argv[1]);
+		return 2;
+	}
+	if (parse_modes(c->modes, modes, nmodes) != 0 || check_preset(ctx, c) != 0)
+		return 2;
+	if (c->sweep && c->modes)
+		fprintf(stderr, "vmmrt-bench: --sweep runs graph, pingpong and remap; --modes is ignored\n");
+	if (!bench_checksum_selftest()) {
+		fprintf(stderr, "vmmrt-bench: the bench's checksum formula disagrees with vmmrt_checksum_host: "
+				"rebuild the bench with this library\n");
+		return 2;
+	}
+	if (getenv("VMMRT_MODE"))
+		fprintf(stderr, "vmmrt-bench: warning: VMMRT_MODE is set and overrides every mode's strategy; "
+				"those rows are reported as skipped\n");
+	ctx->quiet = c->quiet;
+
+	if (probe(ctx, c) != 0 || resolve_params(ctx, c) != 0)
+		return 2;
+	print_header(ctx);
+	fflush(stdout);
+	if (c->trace && bench_trace_open(ctx, c->trace) != 0)
+		return 2;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	cli c = {0};
@@ -521,51 +563,21 @@ int main(int argc, char **argv)
 
 	memset(&ctx, 0, sizeof(ctx));
 	install_crash_handler();
-	vmmrt__options_defaults(&ctx.base);
-	if (parse_cli(&c, &argc, argv) != 0)
-		return 2;
-	if (c.help) {
-		usage(stdout);
-		return 0;
-	}
-	if (c.version) {
-		printf("vmmrt-bench (libvmmrt) %s\n", PACKAGE_VERSION);
-		return 0;
-	}
-	if (vmmrt__options_parse_args(&ctx.base, &argc, argv) != VMMRT_OK) {
+	if (bench_options_init(&ctx) != VMMRT_OK) {
 		fprintf(stderr, "vmmrt-bench: %s\n", vmmrt_last_error());
 		return 2;
 	}
-	if (argc > 1) {
-		fprintf(stderr, "vmmrt-bench: unknown argument '%s' (see --help)\n", argv[1]);
-		return 2;
+	if ((exit_code = setup(&ctx, &c, &argc, argv, modes, &nmodes)) != 0)
+		goto out;
+	if (c.help) {
+		usage(stdout);
+		goto out;
 	}
-	if (parse_modes(c.modes, modes, &nmodes) != 0 || check_preset(&ctx, &c) != 0)
-		return 2;
-	if (c.sweep && c.modes)
-		fprintf(stderr, "vmmrt-bench: --sweep runs graph, pingpong and remap; --modes is ignored\n");
-	if (!bench_checksum_selftest()) {
-		fprintf(stderr, "vmmrt-bench: the bench's checksum formula disagrees with vmmrt_checksum_host: "
-				"rebuild the bench with this library\n");
-		return 2;
+	if (c.version) {
+		printf("vmmrt-bench (libvmmrt) %s\n", PACKAGE_VERSION);
+		goto out;
 	}
-	if (getenv("VMMRT_MODE"))
-		fprintf(stderr, "vmmrt-bench: warning: VMMRT_MODE is set and overrides every mode's strategy; "
-				"those rows are reported as skipped\n");
-	ctx.quiet = c.quiet;
-
-	if (probe(&ctx, &c) != 0 || resolve_params(&ctx, &c) != 0)
-		return 2;
-	print_header(&ctx);
-	fflush(stdout);
-
-	if (c.trace) {
-		if (vmmrt__trace_open(c.trace, &ctx.trace) != VMMRT_OK) {
-			fprintf(stderr, "vmmrt-bench: --trace: %s\n", vmmrt_last_error());
-			return 2;
-		}
-		vmmrt__trace_thread_name(ctx.trace, "launch thread");
-	}
+	exit_code = 2;
 
 	int bad;
 	if (c.sweep) {
@@ -604,13 +616,12 @@ int main(int argc, char **argv)
 	}
 out:
 	if (ctx.trace) {
-		if (vmmrt__trace_close(ctx.trace) != VMMRT_OK) {
-			fprintf(stderr, "vmmrt-bench: --trace: %s\n", vmmrt_last_error());
+		if (bench_trace_close(&ctx) != 0)
 			exit_code = 2;
-		} else {
+		else
 			printf("trace: %s\n", c.trace);
-		}
 	}
+	bench_options_free(&ctx);
 	free(rows);
 	free(sweep_rows);
 	return exit_code;

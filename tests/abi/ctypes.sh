@@ -63,17 +63,17 @@ ok(lib.vmmrt_slot_destroy(s)); ok(lib.vmmrt_runtime_destroy(rt))
 print("libvmmrt", lib.vmmrt_version_string().decode(), "slot round trip at 0x%x" % at)
 '
 echo "1..2"
-if out=$("$py" -c "$script" "$so" plain 2>&1); then
-	echo "ok 1 - ctypes load and slot round trip ($py: $out)"
-else
-	echo "not ok 1 - ctypes load and slot round trip ($py)"
-	printf '%s\n' "$out" | sed 's/^/# /'
-fi
+run() { # number, description, python3, mode
+	if out=$("$3" -c "$script" "$so" "$4" 2>&1); then
+		echo "ok $1 - $2 ($3: $out)"
+	else
+		echo "not ok $1 - $2 ($3)"
+		printf '%s\n' "$out" | sed 's/^/# /'
+	fi
+}
+run 1 "ctypes load and slot round trip" "$py" plain
 if [ -z "$torch_py" ]; then
 	echo "ok 2 # SKIP no python3 with torch"
-elif out=$("$torch_py" -c "$script" "$so" torch 2>&1); then
-	echo "ok 2 - ctypes load with torch imported first ($torch_py: $out)"
 else
-	echo "not ok 2 - ctypes load with torch imported first ($torch_py)"
-	printf '%s\n' "$out" | sed 's/^/# /'
+	run 2 "ctypes load with torch imported first" "$torch_py" torch
 fi

@@ -217,6 +217,24 @@ static void runtime_reports_values_in_force(void **state)
 	assert_int_equal(info.lookahead, 2);
 	assert_int_equal(vmmrt_runtime_options_get(rt, NULL), VMMRT_E_INVALID_ARGUMENT);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	/* derived values are what runs: driver_inline maps at each use, on the launch thread */
+	assert_int_equal(vmmrt_options_set(o, "mode", "remap"), VMMRT_OK);
+	assert_int_equal(vmmrt_options_set(o, "driver_inline", "1"), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
+	assert_int_equal(vmmrt_options_get(got, "lookahead", buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(buf, "0");
+	assert_int_equal(vmmrt_options_get(got, "checked_threads", buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(buf, "0");
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	/* the mode the environment chose is the one reported */
+	setenv("VMMRT_ENVIRONMENT", "ignore", 1);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	unsetenv("VMMRT_ENVIRONMENT");
+	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
+	assert_int_equal(vmmrt_options_get(got, "environment", buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(buf, "ignore");
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 	vmmrt_options_destroy(got);
 	vmmrt_options_destroy(o);
 }
@@ -240,6 +258,11 @@ static void success_leaves_no_message(void **state)
 	assert_int_equal(vmmrt_slot_create(rt, 1, &s), VMMRT_OK);
 	assert_string_equal(vmmrt_last_error(), "");
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	/* backend auto: the reason it chose what it chose is in the note, not an error */
+	assert_int_equal(vmmrt_options_set(o, "backend", "auto"), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
+	assert_string_equal(vmmrt_last_error(), "");
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 	vmmrt_options_destroy(o);
 }

@@ -194,6 +194,47 @@ static void runtime_in_a_forked_child(void **state)
 	assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/*
+ * A data-loader worker: forked while the parent's runtime (its driver
+ * workers registered with liburcu) is alive and busy, the child makes and
+ * destroys runtimes of its own, twice (new threads reuse the stacks of the
+ * parent's, which were liburcu readers), and the parent goes on after.
+ */
+static void runtime_in_a_child_while_the_parent_has_one(void **state)
+{
+	vmmrt_runtime *rt = make_rt("remap", "2000");
+	vmmrt_slot *s;
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		alarm(30);
+		for (int round = 0; round < 2; round++) {
+			vmmrt_runtime *crt;
+			vmmrt_slot *cs;
+			if (vmmrt_runtime_create(NULL, &crt) != VMMRT_OK)
+				_exit(2);
+			for (int i = 0; i < 8; i++)
+				if (vmmrt_slot_create(crt, 2 * MiB, &cs) != VMMRT_OK || vmmrt_slot_map(cs) != VMMRT_OK ||
+				    vmmrt_slot_destroy(cs) != VMMRT_OK)
+					_exit(3);
+			if (vmmrt_runtime_destroy(crt) != VMMRT_OK)
+				_exit(4);
+		}
+		_exit(0);
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	if (WIFSIGNALED(status))
+		fail_msg("the child died of signal %d", WTERMSIG(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 /* #11: a worker-side failure (here: a thread) while the application reads. */
 static const char long_why[] = "a step whose description is long enough to be caught half-written";
 
@@ -459,6 +500,7 @@ int main(void)
 		cmocka_unit_test(failed_allocate_keeps_its_message_and_leaks_nothing),
 		cmocka_unit_test(sync_names_the_failed_map),
 		cmocka_unit_test(runtime_in_a_forked_child),
+		cmocka_unit_test(runtime_in_a_child_while_the_parent_has_one),
 		cmocka_unit_test(group_error_message_is_whole),
 		cmocka_unit_test(abandoned_destroy_still_tears_down),
 		cmocka_unit_test(runtime_destroy_after_an_abandoned_destroy),

@@ -8,14 +8,15 @@
  *   vmmrt-bench.c  command line, defaults, presets, the run, exit status
  *   modes.c        the synthetic model: each mode from setup to verification
  *   iterate.c      one iteration of each mode (model.h: their shared state)
+ *   options.c      runtime options: the command line's, replayed for each runtime
  *   metrics.c      timing events, the memory sampler, percentiles, raw bandwidth
  *   output.c       the table on stdout and the JSON file
- *   trace.c        the Chrome/Perfetto trace: device clock alignment, spans, worker tracks
+ *   trace.c        the Chrome/Perfetto trace: device clock alignment, spans, one runtime's part
+ *   trace-file.c   reading a runtime's trace file, writing the merged --trace file
  *   sweep.c        the copy/compute sweep and its SVG plot
  *
- * The bench links the library's convenience archive and uses a few internal
- * headers: timing events (driver.h), the runtime's trace and copy streams
- * (runtime.h, offload.h) and the checksum definition (backend.h).
+ * A client of the public API only (<vmmrt.h>), linked with the shared library
+ * like any application.
  */
 #ifndef VMMRT_BENCH_H
 #define VMMRT_BENCH_H
@@ -25,10 +26,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "vmmrt.h"
-#include "driver.h"
-#include "options.h"
-#include "trace.h"
+#include <vmmrt.h>
 
 #define MiB_D (1024.0 * 1024.0)
 
@@ -79,9 +77,14 @@ typedef struct bench_preset {
 #define BENCH_NPRESETS 4
 extern const bench_preset bench_presets[BENCH_NPRESETS];
 
+typedef struct bench_option bench_option;
+typedef struct bench_trace bench_trace;
+
 /* Everything a run shares between its modes. */
 typedef struct bench_ctx {
-	vmmrt_options base;       /* runtime options from the command line */
+	bench_option *opts;       /* runtime options from the command line (and the probe), in order */
+	size_t nopts;
+	vmmrt_options *scratch;   /* options are validated on it and read from a runtime into it */
 	bench_params p;
 	const bench_preset *preset;
 	double offload_fraction;
@@ -92,13 +95,31 @@ typedef struct bench_ctx {
 	bool host_latency;        /* the host backend's latency model was on */
 	double raw_h2d_gbps, raw_d2h_gbps;
 	size_t raw_bytes;
-	vmmrt__trace *trace;       /* --trace, or NULL */
+	bench_trace *trace;       /* --trace, or NULL */
+	const char *trace_path;   /* its file */
 	bool quiet;
 	/* the host's expectation of the first iteration's forward checksums */
 	size_t expect_bytes;
 	unsigned expect_layers;
 	uint64_t expect[2];       /* layers 0 and layers-1 */
 } bench_ctx;
+
+/* ---------------------------------------------------------------- options */
+
+vmmrt_status bench_options_init(bench_ctx *ctx);
+void bench_options_free(bench_ctx *ctx);
+/* Give every later runtime name=value (validated now; the message is vmmrt_last_error). */
+vmmrt_status bench_options_set(bench_ctx *ctx, const char *name, const char *value);
+/* --name=value and --name value for every library option (dashes for
+ * underscores); other arguments are left in argv (compacted), *argc updated. */
+vmmrt_status bench_options_parse_args(bench_ctx *ctx, int *argc, char **argv);
+/* A new options object with the settings made so far (vmmrt_options_destroy it). */
+vmmrt_status bench_options_new(const bench_ctx *ctx, vmmrt_options **out);
+/* Does this library have the option? */
+bool bench_option_exists(const char *name);
+/* The value rt has in force (the environment applied), as vmmrt_options_get writes it. */
+vmmrt_status bench_runtime_option(bench_ctx *ctx, const vmmrt_runtime *rt, const char *name, char *buf, size_t len);
+vmmrt_status bench_runtime_flag(bench_ctx *ctx, const vmmrt_runtime *rt, const char *name, bool *on);
 
 /* ----------------------------------------------------------------- results */
 
@@ -114,7 +135,6 @@ typedef struct bench_result {
 	double vs_graph_ratio;          /* NAN without a graph row */
 	int64_t activation_device_bytes, peak_device_bytes;
 	double d2h_gbps, h2d_gbps;      /* NAN: this mode copies nothing */
-	bool copy_estimated;            /* from the bench's marker events, not the library's */
 	double bwd_gap_us_median;
 	vmmrt_driver_stats calls[VMMRT_DRIVER_CALLS];
 	double driver_call_us_p99;      /* worst p99 over the call types; NAN without calls */
@@ -144,17 +164,15 @@ typedef struct bench_span {
 	int layer;                 /* -1: several layers */
 	unsigned copies;
 	uint64_t bytes;
-	vmmrt__bevent *a, *b;       /* on the copy stream: before and after the copy */
-	vmmrt__bevent *floor;       /* the copy cannot start before this event, or NULL */
-	bool approx;               /* a..b may include a wait for a map or a bank */
+	vmmrt_event *a, *b;        /* on the copy stream: before and after the copy */
 } bench_span;
 
 typedef struct bench_timing {
 	vmmrt_runtime *rt;
 	unsigned layers;
-	vmmrt__bevent *ref, *it_s, *it_e;
-	vmmrt__bevent **fwd_s, **fwd_e, **bwd_s, **bwd_e;
-	vmmrt__bevent **pool;       /* copy-span events */
+	vmmrt_event *ref, *it_s, *it_e;
+	vmmrt_event **fwd_s, **fwd_e, **bwd_s, **bwd_e;
+	vmmrt_event **pool;       /* copy-span events */
 	unsigned npool, used;
 	bench_span *span;
 	unsigned nspan, maxspan;
@@ -166,7 +184,7 @@ void bench_timing_destroy(bench_timing *t);
 /* Start an iteration: forget its spans. */
 void bench_timing_reset(bench_timing *t);
 /* A copy-span event, or NULL when the iteration used them all. */
-vmmrt__bevent *bench_timing_take(bench_timing *t);
+vmmrt_event *bench_timing_take(bench_timing *t);
 bench_span *bench_timing_add_span(bench_timing *t);
 
 /* What the measured iterations add up to. */
@@ -177,7 +195,6 @@ typedef struct bench_acc {
 	size_t n_gap;
 	double span_d2h_ms, span_h2d_ms;      /* the bench's own copy spans */
 	uint64_t span_d2h_bytes, span_h2d_bytes;
-	bool span_approx;
 	double lib_d2h_ms, lib_h2d_ms;        /* the library's offload statistics */
 	uint64_t lib_d2h_bytes, lib_h2d_bytes;
 	uint64_t blocking;
@@ -218,15 +235,40 @@ void bench_json_string(FILE *f, const char *s);
 
 /* ------------------------------------------------------------------- trace */
 
-/* Give the runtime the bench's trace (driver calls) and name its workers' tracks. */
-vmmrt_status bench_trace_attach(bench_ctx *ctx, vmmrt_runtime *rt, const char *mode);
-void bench_trace_detach(bench_ctx *ctx, vmmrt_runtime *rt);
+/*
+ * --trace=FILE. Each mode's runtime is created with the option "trace"=FILE:
+ * it records its driver calls and its workers' tracks, the bench adds its
+ * device spans with vmmrt_trace_span, and the runtime writes the file when it
+ * is destroyed. The bench then reads the file back into one merged trace,
+ * which it writes to FILE at the end: one file, every mode on one clock.
+ */
+/* Check that path can be written; returns 0, or -1 with a message on stderr. */
+int bench_trace_open(bench_ctx *ctx, const char *path);
+/* Write the merged trace to the file and free it; returns 0, or -1 with a message. */
+int bench_trace_close(bench_ctx *ctx);
+/* The option a mode's runtime needs for the trace (nothing without --trace). */
+vmmrt_status bench_trace_option(const bench_ctx *ctx, vmmrt_options *o);
+/* After a mode's runtime was created: does it write the --trace file? (It
+ * does not when VMMRT_TRACE overrides the option; says so on stderr.) */
+bool bench_trace_check(bench_ctx *ctx, vmmrt_runtime *rt, const char *mode);
+/* Just before that runtime is destroyed: the span of its life on the "bench"
+ * track ("MODE runtime"), from created_ns, the host clock right after creation.
+ * Its file's times are relative to an origin of the file's own; this span is
+ * how the merge puts them back on the host clock. */
+void bench_trace_mark(bench_ctx *ctx, vmmrt_runtime *rt, const char *mode, uint64_t created_ns);
+/* After it was destroyed: take its file's events into the merged trace. A
+ * failure is said on stderr, and bench_trace_close then returns -1. */
+void bench_trace_absorb(bench_ctx *ctx, const char *mode, uint64_t created_ns);
+
+/* CLOCK_MONOTONIC in nanoseconds: the clock of the runtime's trace. */
+uint64_t bench_now_ns(void);
 /* Tie the device clock to CLOCK_MONOTONIC: a reference event on `s`. */
 vmmrt_status bench_trace_align(bench_timing *t, vmmrt_stream s);
 /* The CLOCK_MONOTONIC time of a completed event, through the reference. */
-uint64_t bench_trace_time(bench_timing *t, vmmrt__bevent *e);
-void bench_trace_span(bench_ctx *ctx, const char *track, uint64_t t0, uint64_t t1, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
+uint64_t bench_trace_time(bench_timing *t, vmmrt_event *e);
+/* A span on a named track of rt's trace (nothing without --trace). */
+void bench_trace_span(const bench_ctx *ctx, vmmrt_runtime *rt, const char *track, uint64_t t0, uint64_t t1,
+		      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* ------------------------------------------------------------------- sweep */
 

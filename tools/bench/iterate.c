@@ -14,11 +14,7 @@
 
 #include <string.h>
 
-#include <urcu/uatomic.h>
-
 #include "model.h"
-#include "offload.h"
-#include "runtime.h"
 
 /* The least recently freed buffer at another address than `avoid` if there is
  * one (a reload lands at a new address, as with a caching allocator), else
@@ -50,7 +46,7 @@ static bool pool_remove(pool *pl, unsigned b)
 	return false;
 }
 
-void bench_pool_give(pool *pl, unsigned b, vmmrt__bevent *ev)
+void bench_pool_give(pool *pl, unsigned b, vmmrt_event *ev)
 {
 	pl->free_ev[b] = ev;
 	pl->fifo[pl->count++] = b;
@@ -86,9 +82,9 @@ vmmrt_status bench_enqueue_backward(model *m, vmmrt_devptr a, unsigned i)
 
 /* ------------------------------------------------------------- iterations */
 
-static vmmrt__bevent *take_event(model *m)
+static vmmrt_event *take_event(model *m)
 {
-	vmmrt__bevent *e = bench_timing_take(&m->tm);
+	vmmrt_event *e = bench_timing_take(&m->tm);
 	if (!e)
 		bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy timing events (a bug)");
 	return e;
@@ -97,11 +93,6 @@ static vmmrt__bevent *take_event(model *m)
 static vmmrt_status iteration_start(model *m, unsigned it)
 {
 	bench_timing_reset(&m->tm);
-	m->restores_seen = 0;
-	if (m->markers) {
-		m->scratch_d2h = bench_timing_take(&m->tm);
-		m->scratch_h2d = bench_timing_take(&m->tm);
-	}
 	/* A new input each iteration, before the timed region. */
 	TRY(m, vmmrt_kernel_fill(m->rt, m->compute, m->input_addr, m->A, it + 1), "input fill");
 	REC(m, m->tm.it_s, m->compute);
@@ -112,7 +103,7 @@ static vmmrt_status iteration_end(model *m, unsigned it)
 {
 	REC(m, m->tm.it_e, m->compute);
 	/* The checksums of this iteration, asynchronously, after the timed region. */
-	TRY(m, vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
+	TRY(m, vmmrt_copy_to_host_async(m->rt, &m->host_results[(size_t)it * 2 * m->L], m->res_addr, 16 * (size_t)m->L,
 					   m->compute),
 	    "copy of the checksums");
 	return VMMRT_OK;
@@ -149,15 +140,15 @@ static vmmrt_status pool_restore(model *m, unsigned j, bool *done)
 	if (b < 0)
 		return VMMRT_OK; /* none free now: asked again at the next step */
 	if (pl->free_ev[b])
-		TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
+		TRY(m, vmmrt_stream_wait_event(m->rt, m->h2d, pl->free_ev[b]), "H2D wait for a free buffer");
 	/* the host copy must be complete */
-	TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
-	vmmrt__bevent *a = take_event(m), *e = take_event(m);
+	TRY(m, vmmrt_stream_wait_event(m->rt, m->h2d, m->d2h_done[layer]), "H2D wait for the D2H");
+	vmmrt_event *a = take_event(m), *e = take_event(m);
 	bench_span *sp = bench_timing_add_span(&m->tm);
 	if (!a || !e || !sp)
 		return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
 	REC(m, a, m->h2d);
-	TRY(m, vmmrt__drv_memcpy_htod_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
+	TRY(m, vmmrt_copy_to_device_async(m->rt, pl->addr[b], m->host[layer], m->A, m->h2d), "reload of layer %u",
 	    layer);
 	REC(m, e, m->h2d);
 	*sp = (bench_span){.h2d = true, .layer = (int)layer, .copies = 1, .bytes = m->A, .a = a, .b = e};
@@ -190,7 +181,7 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 			return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: no free pool buffer for layer %u (a bug)", i);
 		}
 		if (pl->free_ev[b])
-			TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
+			TRY(m, vmmrt_stream_wait_event(m->rt, m->compute, pl->free_ev[b]), "wait for a free buffer");
 		REC(m, m->tm.fwd_s[i], m->compute);
 		if (naive)
 			TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
@@ -200,13 +191,13 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 		m->fwd_buf[i] = b;
 		if (i + 1 == L)
 			break; /* the tail: its backward comes next, it stays */
-		vmmrt__bevent *a = take_event(m), *e = take_event(m);
+		vmmrt_event *a = take_event(m), *e = take_event(m);
 		bench_span *sp = bench_timing_add_span(&m->tm);
 		if (!a || !e || !sp)
 			return bench_failed(m, VMMRT_E_INVALID_STATE, "bench: out of copy spans (a bug)");
-		TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
+		TRY(m, vmmrt_stream_wait_event(m->rt, m->d2h, m->tm.fwd_e[i]), "D2H wait for the forward");
 		REC(m, a, m->d2h);
-		TRY(m, vmmrt__drv_memcpy_dtoh_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
+		TRY(m, vmmrt_copy_to_host_async(m->rt, m->host[i], pl->addr[b], m->A, m->d2h), "offload of layer %u",
 		    i);
 		REC(m, e, m->d2h);
 		*sp = (bench_span){.h2d = false, .layer = (int)i, .copies = 1, .bytes = m->A, .a = a, .b = e};
@@ -236,7 +227,7 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 			next = k + 1;
 		}
 		if (k > 0)
-			TRY(m, vmmrt__drv_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
+			TRY(m, vmmrt_stream_wait_event(m->rt, m->compute, m->h2d_done[k]), "wait for the reload");
 		REC(m, m->tm.bwd_s[k], m->compute);
 		if (naive)
 			TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
@@ -248,55 +239,12 @@ static vmmrt_status iter_pool(model *m, unsigned it)
 	return iteration_end(m, it);
 }
 
-/*
- * A hook of the library. With markers on, an event is recorded on each of the
- * runtime's copy streams before the hook and another after it if the hook
- * enqueued a copy there: the pair brackets that copy (and, on the H2D stream,
- * any wait for a map or a bank enqueued with it).
- */
-static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_stream), const char *name, unsigned layer,
-			 vmmrt__bevent *floor)
+/* A hook of the library, on the compute stream. Its copies run on the
+ * runtime's own copy streams, which the public API does not show: the
+ * library's offload statistics time them. */
+static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_stream), const char *name, unsigned layer)
 {
-	if (!m->markers) {
-		TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-		return VMMRT_OK;
-	}
-	vmmrt__offload *off = m->rt->offload;
-	/* the byte counters directly: vmmrt_offload_stats_get also reads every
-	 * group's copy events, too much for twice per hook */
-	uint64_t off0 = uatomic_read(&off->bytes_offloaded), res0 = uatomic_read(&off->bytes_restored);
-	if (m->scratch_d2h)
-		REC(m, m->scratch_d2h, off->d2h);
-	if (m->scratch_h2d)
-		REC(m, m->scratch_h2d, off->h2d);
 	TRY(m, fn(m->g[layer], m->compute), "%s of layer %u", name, layer);
-	uint64_t off1 = uatomic_read(&off->bytes_offloaded), res1 = uatomic_read(&off->bytes_restored);
-	if (off1 > off0 && m->scratch_d2h) {
-		vmmrt__bevent *e = bench_timing_take(&m->tm);
-		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
-		if (sp) {
-			REC(m, e, off->d2h);
-			uint64_t bytes = off1 - off0;
-			*sp = (bench_span){.h2d = false, .layer = (int)layer, .copies = (unsigned)(bytes / m->A),
-					   .bytes = bytes, .a = m->scratch_d2h, .b = e, .floor = floor};
-			m->scratch_d2h = bench_timing_take(&m->tm);
-		}
-	}
-	if (res1 > res0 && m->scratch_h2d) {
-		vmmrt__bevent *e = bench_timing_take(&m->tm);
-		bench_span *sp = e ? bench_timing_add_span(&m->tm) : NULL;
-		if (sp) {
-			REC(m, e, off->h2d);
-			uint64_t bytes = res1 - res0;
-			unsigned copies = (unsigned)(bytes / m->A);
-			/* restores run in backward order, skipping the tail (step 0) */
-			int first = (int)m->L - 2 - (int)m->restores_seen;
-			*sp = (bench_span){.h2d = true, .layer = copies == 1 ? first : -1, .copies = copies,
-					   .bytes = bytes, .a = m->scratch_h2d, .b = e, .approx = true};
-			m->restores_seen += copies;
-			m->scratch_h2d = bench_timing_take(&m->tm);
-		}
-	}
 	return VMMRT_OK;
 }
 
@@ -306,24 +254,24 @@ static vmmrt_status iter_library(model *m, unsigned it)
 	if (iteration_start(m, it) != VMMRT_OK)
 		return VMMRT_E_INVALID_STATE;
 	for (unsigned i = 0; i < L; i++) {
-		if (hook(m, vmmrt_forward_begin, "forward_begin", i, NULL) != VMMRT_OK)
+		if (hook(m, vmmrt_forward_begin, "forward_begin", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 		REC(m, m->tm.fwd_s[i], m->compute);
 		TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
 		REC(m, m->tm.fwd_e[i], m->compute);
-		if (hook(m, vmmrt_forward_end, "forward_end", i, m->tm.fwd_e[i]) != VMMRT_OK)
+		if (hook(m, vmmrt_forward_end, "forward_end", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 	}
 	for (unsigned k = 0; k < L; k++) {
 		unsigned i = L - 1 - k;
-		if (hook(m, vmmrt_backward_begin, "backward_begin", i, NULL) != VMMRT_OK)
+		if (hook(m, vmmrt_backward_begin, "backward_begin", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 		/* after backward_begin: its stream wait for the restore is enqueued,
 		 * so the gap before this event includes any wait for the H2D */
 		REC(m, m->tm.bwd_s[k], m->compute);
 		TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
 		REC(m, m->tm.bwd_e[k], m->compute);
-		if (hook(m, vmmrt_backward_end, "backward_end", i, NULL) != VMMRT_OK)
+		if (hook(m, vmmrt_backward_end, "backward_end", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 	}
 	return iteration_end(m, it);

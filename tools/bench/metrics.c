@@ -17,7 +17,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend.h"
 #include "bench.h"
 
 static int cmp_double(const void *a, const void *b)
@@ -38,27 +37,27 @@ double bench_percentile(double *v, size_t n, double q)
 
 /* ------------------------------------------------------------ timing events */
 
-static vmmrt_status event_array(vmmrt_runtime *rt, unsigned n, vmmrt__bevent ***out)
+static vmmrt_status event_array(vmmrt_runtime *rt, unsigned n, vmmrt_event ***out)
 {
-	vmmrt__bevent **a = calloc(n ? n : 1, sizeof(*a));
+	vmmrt_event **a = calloc(n ? n : 1, sizeof(*a));
 	if (!a)
 		return VMMRT_E_HOST_OUT_OF_MEMORY;
 	*out = a;
 	for (unsigned i = 0; i < n; i++) {
-		vmmrt_status st = vmmrt__drv_event_create(rt, true, &a[i]);
+		vmmrt_status st = vmmrt_event_create(rt, VMMRT_EVENT_TIMING, &a[i]);
 		if (st != VMMRT_OK)
 			return st;
 	}
 	return VMMRT_OK;
 }
 
-static void event_array_free(vmmrt_runtime *rt, vmmrt__bevent **a, unsigned n)
+static void event_array_free(vmmrt_runtime *rt, vmmrt_event **a, unsigned n)
 {
 	if (!a)
 		return;
 	for (unsigned i = 0; i < n; i++)
 		if (a[i])
-			(void)vmmrt__drv_event_destroy(rt, a[i]);
+			(void)vmmrt_event_destroy(rt, a[i]);
 	free(a);
 }
 
@@ -69,12 +68,12 @@ vmmrt_status bench_timing_create(vmmrt_runtime *rt, unsigned layers, bench_timin
 	t->rt = rt;
 	t->layers = layers;
 	/* Per iteration: one D2H per forward and one H2D per backward at most, two
-	 * events each, plus the marker scratch events of the library modes. */
+	 * events each (the pool modes' copies; the library's are its own). */
 	t->npool = 4 * layers + 4;
 	t->maxspan = 2 * layers + 2;
-	if ((st = vmmrt__drv_event_create(rt, true, &t->ref)) != VMMRT_OK ||
-	    (st = vmmrt__drv_event_create(rt, true, &t->it_s)) != VMMRT_OK ||
-	    (st = vmmrt__drv_event_create(rt, true, &t->it_e)) != VMMRT_OK ||
+	if ((st = vmmrt_event_create(rt, VMMRT_EVENT_TIMING, &t->ref)) != VMMRT_OK ||
+	    (st = vmmrt_event_create(rt, VMMRT_EVENT_TIMING, &t->it_s)) != VMMRT_OK ||
+	    (st = vmmrt_event_create(rt, VMMRT_EVENT_TIMING, &t->it_e)) != VMMRT_OK ||
 	    (st = event_array(rt, layers, &t->fwd_s)) != VMMRT_OK ||
 	    (st = event_array(rt, layers, &t->fwd_e)) != VMMRT_OK ||
 	    (st = event_array(rt, layers, &t->bwd_s)) != VMMRT_OK ||
@@ -89,10 +88,10 @@ void bench_timing_destroy(bench_timing *t)
 {
 	if (!t->rt)
 		return;
-	vmmrt__bevent *single[] = {t->ref, t->it_s, t->it_e};
+	vmmrt_event *single[] = {t->ref, t->it_s, t->it_e};
 	for (unsigned i = 0; i < 3; i++)
 		if (single[i])
-			(void)vmmrt__drv_event_destroy(t->rt, single[i]);
+			(void)vmmrt_event_destroy(t->rt, single[i]);
 	event_array_free(t->rt, t->fwd_s, t->layers);
 	event_array_free(t->rt, t->fwd_e, t->layers);
 	event_array_free(t->rt, t->bwd_s, t->layers);
@@ -108,7 +107,7 @@ void bench_timing_reset(bench_timing *t)
 	t->nspan = 0;
 }
 
-vmmrt__bevent *bench_timing_take(bench_timing *t)
+vmmrt_event *bench_timing_take(bench_timing *t)
 {
 	return t->used < t->npool ? t->pool[t->used++] : NULL;
 }
@@ -138,10 +137,10 @@ void bench_acc_free(bench_acc *a)
 	memset(a, 0, sizeof(*a));
 }
 
-static vmmrt_status elapsed(bench_timing *t, vmmrt__bevent *a, vmmrt__bevent *b, double *ms)
+static vmmrt_status elapsed(bench_timing *t, vmmrt_event *a, vmmrt_event *b, double *ms)
 {
 	float f = 0;
-	vmmrt_status st = vmmrt__drv_event_elapsed_ms(t->rt, a, b, &f);
+	vmmrt_status st = vmmrt_event_elapsed_ms(t->rt, a, b, &f);
 	*ms = f;
 	return st;
 }
@@ -165,17 +164,10 @@ vmmrt_status bench_timing_collect(bench_timing *t, bench_acc *acc, bench_ctx *ct
 	}
 	for (unsigned i = 0; i < t->nspan; i++) {
 		bench_span *s = &t->span[i];
-		double a, b, fl;
-		/* times relative to the iteration start; they may be negative for a
-		 * copy-stream marker that completed before the compute stream got there */
+		double a, b;
+		/* times relative to the iteration start, as every other span */
 		if ((st = elapsed(t, t->it_s, s->a, &a)) != VMMRT_OK || (st = elapsed(t, t->it_s, s->b, &b)) != VMMRT_OK)
 			return st;
-		if (s->floor) {
-			if ((st = elapsed(t, t->it_s, s->floor, &fl)) != VMMRT_OK)
-				return st;
-			if (fl > a)
-				a = fl;
-		}
 		double d = b > a ? b - a : 0;
 		if (s->h2d) {
 			acc->span_h2d_ms += d;
@@ -184,40 +176,31 @@ vmmrt_status bench_timing_collect(bench_timing *t, bench_acc *acc, bench_ctx *ct
 			acc->span_d2h_ms += d;
 			acc->span_d2h_bytes += s->bytes;
 		}
-		acc->span_approx |= s->approx;
 	}
 	if (!ctx->trace)
 		return VMMRT_OK;
 
 	/* The trace: the iteration, each graph (or eager layer) and each copy. */
+	vmmrt_runtime *rt = t->rt;
 	uint64_t it0 = bench_trace_time(t, t->it_s), it1 = bench_trace_time(t, t->it_e);
 	if (!acc->trace_first_ns)
 		acc->trace_first_ns = it0;
 	acc->trace_last_ns = it1;
-	bench_trace_span(ctx, "bench", it0, it1, "%s iteration %u", mode, iteration);
+	bench_trace_span(ctx, rt, "bench", it0, it1, "%s iteration %u", mode, iteration);
 	for (unsigned i = 0; i < L; i++)
-		bench_trace_span(ctx, "compute", bench_trace_time(t, t->fwd_s[i]), bench_trace_time(t, t->fwd_e[i]),
+		bench_trace_span(ctx, rt, "compute", bench_trace_time(t, t->fwd_s[i]), bench_trace_time(t, t->fwd_e[i]),
 				 "%s F%u", mode, i);
 	for (unsigned k = 0; k < L; k++)
-		bench_trace_span(ctx, "compute", bench_trace_time(t, t->bwd_s[k]), bench_trace_time(t, t->bwd_e[k]),
+		bench_trace_span(ctx, rt, "compute", bench_trace_time(t, t->bwd_s[k]), bench_trace_time(t, t->bwd_e[k]),
 				 "%s B%u", mode, L - 1 - k);
 	for (unsigned i = 0; i < t->nspan; i++) {
 		bench_span *s = &t->span[i];
 		uint64_t a = bench_trace_time(t, s->a), b = bench_trace_time(t, s->b);
-		if (s->floor) {
-			uint64_t fl = bench_trace_time(t, s->floor);
-			if (fl > a)
-				a = fl;
-		}
-		if (b < a)
-			b = a;
 		const char *what = s->h2d ? "restore" : "offload";
 		if (s->layer >= 0)
-			bench_trace_span(ctx, s->h2d ? "h2d" : "d2h", a, b, "%s %s L%d%s", mode, what, s->layer,
-					 s->approx ? " (+wait)" : "");
+			bench_trace_span(ctx, rt, s->h2d ? "h2d" : "d2h", a, b, "%s %s L%d", mode, what, s->layer);
 		else
-			bench_trace_span(ctx, s->h2d ? "h2d" : "d2h", a, b, "%s %s x%u%s", mode, what, s->copies,
-					 s->approx ? " (+wait)" : "");
+			bench_trace_span(ctx, rt, s->h2d ? "h2d" : "d2h", a, b, "%s %s x%u", mode, what, s->copies);
 	}
 	return VMMRT_OK;
 }
@@ -311,15 +294,15 @@ vmmrt_status bench_raw_bandwidth(bench_ctx *ctx, vmmrt_runtime *rt)
 	size_t bytes = strcmp(ctx->backend, "cuda") == 0 ? 256u << 20 : 64u << 20;
 	vmmrt_slot *slot = NULL;
 	vmmrt_stream s = NULL;
-	vmmrt__bevent *e0 = NULL, *e1 = NULL;
+	vmmrt_event *e0 = NULL, *e1 = NULL;
 	void *host = NULL;
 	vmmrt_status st;
 	double h2d[3], d2h[3];
 
 	if ((st = vmmrt_slot_create(rt, bytes, &slot)) != VMMRT_OK || (st = vmmrt_slot_map(slot)) != VMMRT_OK ||
 	    (st = vmmrt_stream_create(rt, &s)) != VMMRT_OK || (st = vmmrt_host_alloc(rt, bytes, &host)) != VMMRT_OK ||
-	    (st = vmmrt__drv_event_create(rt, true, &e0)) != VMMRT_OK ||
-	    (st = vmmrt__drv_event_create(rt, true, &e1)) != VMMRT_OK)
+	    (st = vmmrt_event_create(rt, VMMRT_EVENT_TIMING, &e0)) != VMMRT_OK ||
+	    (st = vmmrt_event_create(rt, VMMRT_EVENT_TIMING, &e1)) != VMMRT_OK)
 		goto out;
 	memset(host, 0x5a, bytes); /* touch the pages: first-touch faults are not bandwidth */
 	vmmrt_devptr dev = vmmrt_slot_address(slot);
@@ -327,12 +310,12 @@ vmmrt_status bench_raw_bandwidth(bench_ctx *ctx, vmmrt_runtime *rt)
 	for (int rep = -1; rep < 3; rep++) {
 		for (int dir = 0; dir < 2; dir++) {
 			float ms = 0;
-			if ((st = vmmrt__drv_event_record(rt, e0, s)) != VMMRT_OK ||
-			    (st = dir == 0 ? vmmrt__drv_memcpy_htod_async(rt, dev, host, bytes, s)
-					   : vmmrt__drv_memcpy_dtoh_async(rt, host, dev, bytes, s)) != VMMRT_OK ||
-			    (st = vmmrt__drv_event_record(rt, e1, s)) != VMMRT_OK ||
+			if ((st = vmmrt_event_record(rt, e0, s)) != VMMRT_OK ||
+			    (st = dir == 0 ? vmmrt_copy_to_device_async(rt, dev, host, bytes, s)
+					   : vmmrt_copy_to_host_async(rt, host, dev, bytes, s)) != VMMRT_OK ||
+			    (st = vmmrt_event_record(rt, e1, s)) != VMMRT_OK ||
 			    (st = vmmrt_stream_synchronize(rt, s)) != VMMRT_OK ||
-			    (st = vmmrt__drv_event_elapsed_ms(rt, e0, e1, &ms)) != VMMRT_OK)
+			    (st = vmmrt_event_elapsed_ms(rt, e0, e1, &ms)) != VMMRT_OK)
 				goto out;
 			if (rep >= 0)
 				(dir == 0 ? h2d : d2h)[rep] = ms > 0 ? (double)bytes / (ms * 1e6) : NAN;
@@ -347,9 +330,9 @@ out:
 	if (s)
 		(void)vmmrt_stream_synchronize(rt, s);
 	if (e0)
-		(void)vmmrt__drv_event_destroy(rt, e0);
+		(void)vmmrt_event_destroy(rt, e0);
 	if (e1)
-		(void)vmmrt__drv_event_destroy(rt, e1);
+		(void)vmmrt_event_destroy(rt, e1);
 	if (host)
 		(void)vmmrt_host_free(rt, host);
 	if (s)

@@ -22,14 +22,14 @@
 typedef struct pool {
 	vmmrt_slot **slot;
 	vmmrt_devptr *addr;
-	vmmrt__bevent **free_ev;  /* NULL: free now */
+	vmmrt_event **free_ev;    /* NULL: free now */
 	unsigned n;
 	unsigned *fifo;          /* free buffers, least recently freed first */
 	unsigned count;
 } pool;
 
 /* Give buffer b back; the next user's stream waits for ev (NULL: free now). */
-void bench_pool_give(pool *pl, unsigned b, vmmrt__bevent *ev);
+void bench_pool_give(pool *pl, unsigned b, vmmrt_event *ev);
 
 /* ------------------------------------------------------------------ model */
 
@@ -50,15 +50,15 @@ typedef struct model {
 	pool pool;
 	unsigned *cap_buf;                /* naive: the buffer each layer's graphs captured */
 	int *fwd_buf, *bwd_buf;           /* pool buffer per layer / per backward step */
-	vmmrt__bevent **d2h_done, **h2d_done;
+	vmmrt_event **d2h_done, **h2d_done;
 	void **host;                      /* pool modes: pinned copy per layer (not the tail) */
 	vmmrt_group **g;
 	vmmrt_devptr *gaddr;
 	vmmrt_graph **fwd, **bwd;
+	bool allocated;                   /* library modes: vmmrt_offload_allocate succeeded */
 	bench_timing tm;
-	bool markers;                     /* marker events on the library's copy streams */
-	vmmrt__bevent *scratch_d2h, *scratch_h2d;
-	unsigned restores_seen;
+	bool traced;                      /* the runtime writes the --trace file */
+	uint64_t created_ns;              /* CLOCK_MONOTONIC right after the runtime's creation */
 	size_t base_free, fixed_free;
 	bool skip;
 	char err[384];
@@ -74,7 +74,7 @@ vmmrt_status bench_failed(model *m, vmmrt_status st, const char *fmt, ...) __att
 			return bench_failed((m), st_, __VA_ARGS__); \
 	} while (0)
 
-#define REC(m, ev, s) TRY((m), vmmrt__drv_event_record((m)->rt, (ev), (s)), "timing event")
+#define REC(m, ev, s) TRY((m), vmmrt_event_record((m)->rt, (ev), (s)), "timing event")
 
 bool bench_is_pool_mode(const model *m);
 /* The forward and backward of layer i on the activation at `a`: launched

@@ -23,11 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <urcu/uatomic.h>
-
 #include "model.h"
-#include "offload.h"
-#include "runtime.h"
 
 const bench_mode_desc bench_modes[BM_COUNT_] = {
 	[BM_EAGER] = {"eager", "no graph, no offload: kernels launched directly, activations resident", false, false,
@@ -123,11 +119,10 @@ static void *xcalloc(model *m, size_t n, size_t size)
 /* The runtime options of this mode: the command line's, then the mode's own. */
 static vmmrt_status mode_options(model *m, vmmrt_options *o)
 {
-	*o = m->ctx->base;
 	const char *mode = m->md->lib_mode ? m->md->lib_mode : "none";
 	TRY(m, vmmrt_options_set(o, "mode", mode), "option mode=%s", mode);
 	if (m->id == BM_REMAP_INLINE) {
-		if (vmmrt__options_find("driver_inline") < 0) {
+		if (!bench_option_exists("driver_inline")) {
 			m->skip = true;
 			snprintf(m->err, sizeof(m->err),
 				 "this libvmmrt has no driver_inline option yet: remap-inline cannot run");
@@ -136,7 +131,20 @@ static vmmrt_status mode_options(model *m, vmmrt_options *o)
 		TRY(m, vmmrt_options_set(o, "driver_inline", "1"), "option driver_inline=1");
 		TRY(m, vmmrt_options_set(o, "checked_threads", "0"), "option checked_threads=0");
 	}
+	TRY(m, bench_trace_option(m->ctx, o), "option trace=%s", m->ctx->trace_path);
 	return VMMRT_OK;
+}
+
+/* The runtime of this mode, with its options. */
+static vmmrt_status mode_runtime(model *m)
+{
+	vmmrt_options *o = NULL;
+	vmmrt_status st;
+	TRY(m, bench_options_new(m->ctx, &o), "runtime options");
+	if ((st = mode_options(m, o)) == VMMRT_OK && (st = vmmrt_runtime_create(o, &m->rt)) != VMMRT_OK)
+		bench_failed(m, st, "runtime for mode %s", m->md->name);
+	vmmrt_options_destroy(o);
+	return st;
 }
 
 /* The environment (VMMRT_*) overrides the command line and the mode: say so
@@ -158,7 +166,11 @@ static vmmrt_status check_runtime(model *m)
 		}
 	}
 	if (m->id == BM_REMAP_INLINE) {
-		if (!m->rt->driver_inline || m->rt->checked_threads) {
+		bool inline_calls, checked;
+		TRY(m, bench_runtime_flag(m->ctx, m->rt, "driver_inline", &inline_calls), "option driver_inline");
+		TRY(m, bench_runtime_flag(m->ctx, m->rt, "checked_threads", &checked), "option checked_threads");
+		checked = checked && !inline_calls; /* driver_inline turns checked_threads off (vmmrt(7)) */
+		if (!inline_calls || checked) {
 			m->skip = true;
 			snprintf(m->err, sizeof(m->err),
 				 "VMMRT_DRIVER_INLINE=0 or VMMRT_CHECKED_THREADS=1 in the environment overrides what "
@@ -172,17 +184,15 @@ static vmmrt_status check_runtime(model *m)
 static vmmrt_status model_setup(model *m)
 {
 	unsigned L = m->L;
-	vmmrt_options o;
 	size_t total;
 
-	if (mode_options(m, &o) != VMMRT_OK)
+	if (mode_runtime(m) != VMMRT_OK)
 		return VMMRT_E_INVALID_OPTION;
-	TRY(m, vmmrt_runtime_create(&o, &m->rt), "runtime for mode %s", m->md->name);
+	m->created_ns = bench_now_ns();
+	m->traced = bench_trace_check(m->ctx, m->rt, m->md->name);
 	if (check_runtime(m) != VMMRT_OK)
 		return VMMRT_E_INVALID_OPTION;
 	TRY(m, vmmrt_mem_info(m->rt, &m->base_free, &total), "device memory info");
-	if (bench_trace_attach(m->ctx, m->rt, m->md->name) != VMMRT_OK)
-		return bench_failed(m, VMMRT_E_TIMEOUT, "trace: naming the driver workers");
 
 	TRY(m, vmmrt_stream_create(m->rt, &m->compute), "compute stream");
 	if (bench_is_pool_mode(m)) {
@@ -263,6 +273,7 @@ static vmmrt_status model_setup(model *m)
 			TRY(m, vmmrt_group_discover(m->g[i], &d), "discovery of layer %u", i);
 		}
 		TRY(m, vmmrt_offload_allocate(m->rt), "offload allocation (%u groups of %zu bytes)", L, m->A);
+		m->allocated = true;
 		for (unsigned i = 0; i < L; i++) {
 			TRY(m, vmmrt_group_begin_capture(m->g[i]), "group capture of layer %u", i);
 			TRY(m, vmmrt_group_save(m->g[i], &d, 0, NULL, &m->gaddr[i]), "saving layer %u's activation", i);
@@ -282,16 +293,15 @@ static void model_teardown(model *m)
 	vmmrt_runtime *rt = m->rt;
 	if (!rt)
 		return;
-	/* Nothing may be in flight when the trace is taken back and memory freed. */
+	/* Nothing may be in flight when memory is freed. */
 	if (m->compute)
 		(void)vmmrt_stream_synchronize(rt, m->compute);
 	if (m->d2h)
 		(void)vmmrt_stream_synchronize(rt, m->d2h);
 	if (m->h2d)
 		(void)vmmrt_stream_synchronize(rt, m->h2d);
-	if (rt->offload && rt->offload->allocated)
+	if (m->allocated)
 		(void)vmmrt_offload_sync(rt);
-	bench_trace_detach(m->ctx, rt);
 	for (unsigned i = 0; i < m->L; i++) {
 		if (m->fwd && m->fwd[i])
 			(void)vmmrt_graph_destroy(rt, m->fwd[i]);
@@ -316,10 +326,15 @@ static void model_teardown(model *m)
 	for (unsigned i = 0; i < 3; i++)
 		if (s[i])
 			(void)vmmrt_stream_destroy(rt, s[i]);
-	/* Groups belong to the runtime: destroy frees them with their slots. */
+	if (m->traced)
+		bench_trace_mark(m->ctx, rt, m->md->name, m->created_ns);
+	/* Groups belong to the runtime: destroy frees them with their slots; it
+	 * writes the runtime's trace. */
 	if (vmmrt_runtime_destroy(rt) != VMMRT_OK)
 		fprintf(stderr, "vmmrt-bench: %s: runtime destroy: %s\n", m->md->name, vmmrt_last_error());
 	m->rt = NULL;
+	if (m->traced)
+		bench_trace_absorb(m->ctx, m->md->name, m->created_ns);
 	free(m->fwd);
 	free(m->bwd);
 	free(m->act);
@@ -337,11 +352,12 @@ static void model_teardown(model *m)
 	free(m->gaddr);
 }
 
-/* What vmmrt_offload_stats reports as launch_thread_blocking, without reading
- * every group's copy events as vmmrt_offload_stats_get does. */
+/* The blocking calls application threads have made on rt so far (the offload
+ * statistics count them in every mode, with or without groups). */
 static uint64_t blocking_now(vmmrt_runtime *rt)
 {
-	return vmmrt__drv_launch_thread_blocking(rt);
+	vmmrt_offload_stats s = {.size = sizeof(s)};
+	return vmmrt_offload_stats_get(rt, &s) == VMMRT_OK ? s.launch_thread_blocking : 0;
 }
 
 /* ----------------------------------------------------------- verification */
@@ -396,19 +412,15 @@ static void fill_result(model *m, bench_acc *acc, bench_result *r)
 	r->launch_thread_blocking = acc->blocking;
 	r->d2h_gbps = r->h2d_gbps = NAN;
 	if (m->md->offload) {
+		/* the library's copies from its statistics, the bench's from its own events */
 		bool lib = m->md->lib_mode != NULL;
-		if (lib && acc->lib_d2h_bytes && acc->lib_d2h_ms > 0) {
-			r->d2h_gbps = (double)acc->lib_d2h_bytes / (acc->lib_d2h_ms * 1e6);
-		} else if (acc->span_d2h_bytes && acc->span_d2h_ms > 0) {
-			r->d2h_gbps = (double)acc->span_d2h_bytes / (acc->span_d2h_ms * 1e6);
-			r->copy_estimated |= lib;
-		}
-		if (lib && acc->lib_h2d_bytes && acc->lib_h2d_ms > 0) {
-			r->h2d_gbps = (double)acc->lib_h2d_bytes / (acc->lib_h2d_ms * 1e6);
-		} else if (acc->span_h2d_bytes && acc->span_h2d_ms > 0) {
-			r->h2d_gbps = (double)acc->span_h2d_bytes / (acc->span_h2d_ms * 1e6);
-			r->copy_estimated |= lib;
-		}
+		double d2h_ms = lib ? acc->lib_d2h_ms : acc->span_d2h_ms, h2d_ms = lib ? acc->lib_h2d_ms : acc->span_h2d_ms;
+		uint64_t d2h_b = lib ? acc->lib_d2h_bytes : acc->span_d2h_bytes;
+		uint64_t h2d_b = lib ? acc->lib_h2d_bytes : acc->span_h2d_bytes;
+		if (d2h_b && d2h_ms > 0)
+			r->d2h_gbps = (double)d2h_b / (d2h_ms * 1e6);
+		if (h2d_b && h2d_ms > 0)
+			r->h2d_gbps = (double)h2d_b / (h2d_ms * 1e6);
 	}
 	r->driver_call_us_p99 = NAN;
 	for (unsigned c = 0; c < VMMRT_DRIVER_CALLS; c++) {
@@ -430,20 +442,10 @@ static vmmrt_status run_all(model *m, bench_result *r)
 
 	if ((st = bench_acc_init(&acc, m->p.iterations, m->L)) != VMMRT_OK)
 		return bench_failed(m, st, "host memory for the measurements");
-	/* Marker events only where they are needed: the trace, or a library that
-	 * reports no copy times (decided after the warm-up). */
-	m->markers = lib_offload && (m->ctx->trace || m->p.warmup == 0);
-
 	for (unsigned w = 0; w < m->p.warmup; w++) {
 		if ((st = bench_run_iteration(m, m->iters_run)) != VMMRT_OK || (st = bench_iteration_sync(m)) != VMMRT_OK)
 			goto out;
 		m->iters_run++;
-	}
-	if (lib_offload && !m->markers) {
-		vmmrt_offload_stats s = {.size = sizeof(s)};
-		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK && s.bytes_offloaded && !s.last_d2h_bytes &&
-		    !(s.last_d2h_ms > 0))
-			m->markers = true;
 	}
 
 	/* The measured window: statistics from zero, memory sampled throughout. */
@@ -509,7 +511,7 @@ static vmmrt_status run_all(model *m, bench_result *r)
 	}
 	fill_result(m, &acc, r);
 	if (m->ctx->trace && acc.trace_last_ns)
-		bench_trace_span(m->ctx, "bench", acc.trace_first_ns, acc.trace_last_ns, "%s (%u iterations)",
+		bench_trace_span(m->ctx, m->rt, "bench", acc.trace_first_ns, acc.trace_last_ns, "%s (%u iterations)",
 				 m->md->name, m->p.iterations);
 	r->ran = true;
 out:

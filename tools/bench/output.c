@@ -34,14 +34,14 @@ static void cell(char *buf, size_t len, const char *fmt, double v)
 		snprintf(buf, len, fmt, v);
 }
 
-static void gbps_cell(char *buf, size_t len, double v, double raw, bool est)
+static void gbps_cell(char *buf, size_t len, double v, double raw)
 {
 	if (isnan(v))
 		snprintf(buf, len, "-");
 	else if (raw > 0)
-		snprintf(buf, len, "%s%.1f (%.0f%%)", est ? "~" : "", v, 100.0 * v / raw);
+		snprintf(buf, len, "%.1f (%.0f%%)", v, 100.0 * v / raw);
 	else
-		snprintf(buf, len, "%s%.1f", est ? "~" : "", v);
+		snprintf(buf, len, "%.1f", v);
 }
 
 static const char *verdict(const bench_result *r)
@@ -72,8 +72,8 @@ void bench_print_table(FILE *f, const bench_ctx *ctx, const bench_result *rows, 
 		cell(c, sizeof(c), "%.3f", r->vs_graph_ratio);
 		cell(d, sizeof(d), "%.1f", (double)r->activation_device_bytes / MiB_D);
 		cell(e, sizeof(e), "%.1f", (double)r->peak_device_bytes / MiB_D);
-		gbps_cell(g, sizeof(g), r->d2h_gbps, ctx->raw_d2h_gbps, r->copy_estimated);
-		gbps_cell(h, sizeof(h), r->h2d_gbps, ctx->raw_h2d_gbps, r->copy_estimated);
+		gbps_cell(g, sizeof(g), r->d2h_gbps, ctx->raw_d2h_gbps);
+		gbps_cell(h, sizeof(h), r->h2d_gbps, ctx->raw_h2d_gbps);
 		cell(i2, sizeof(i2), "%.1f", r->bwd_gap_us_median);
 		cell(j, sizeof(j), "%.1f", r->driver_call_us_p99);
 		fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %8" PRIu64 "  %s\n", bench_modes[r->mode].name, a, b,
@@ -97,12 +97,6 @@ void bench_print_table(FILE *f, const bench_ctx *ctx, const bench_result *rows, 
 				s->name ? s->name : "?", s->count, s->p50_us, s->p99_us, s->max_us);
 		}
 	}
-	bool est = false;
-	for (size_t k = 0; k < n; k++)
-		est |= rows[k].ran && rows[k].copy_estimated;
-	if (est)
-		fprintf(f, "\n~ GB/s from the bench's marker events on the library's copy streams (the library reported "
-			   "no copy times); H2D includes the wait for a map or a bank, so it reads low.\n");
 }
 
 void bench_json_string(FILE *f, const char *s)
@@ -164,8 +158,9 @@ static void json_row(FILE *f, const bench_result *r, bool with_ratio)
 	fprintf(f, "\"expected_to_fail\": %s, \"as_expected\": %s, \"skipped\": %s, \"ran\": %s, ",
 		bench_modes[r->mode].must_fail ? "true" : "false", bench_result_as_expected(r) ? "true" : "false",
 		r->skipped ? "true" : "false", r->ran ? "true" : "false");
-	fprintf(f, "\"checked\": %u, \"corrupted\": %u, \"copy_gbps_estimated\": %s, ", r->checked, r->bad,
-		r->copy_estimated ? "true" : "false");
+	/* copy_gbps_estimated: the bench no longer estimates the library's copies
+	 * (it has no access to the runtime's copy streams): always false */
+	fprintf(f, "\"checked\": %u, \"corrupted\": %u, \"copy_gbps_estimated\": false, ", r->checked, r->bad);
 	if (r->pool_buffers)
 		fprintf(f, "\"pool_buffers\": %u, ", r->pool_buffers);
 	if (bench_modes[r->mode].lib_mode)

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+# The Python package (python/vmmrt: the ctypes binding of the C API, and
+# vmmrt.torch, the PyTorch integration): installed under $(pythondir) by
+# `make install` for the python3 configure found (PYTHON=... ./configure picks
+# another), with vmmrt/_config.py recording $(libdir) for the loader; tested by
+# tests/python.sh under `make check` (skipped without a python3 that has torch).
+# `pip install ./python` installs the same package without the libdir record.
+# Included at the end of Makefile.am (after TESTS and EXTRA_DIST are set):
+#   include $(srcdir)/python.mk
+
+vmmrt_py_core = \
+	python/vmmrt/__init__.py \
+	python/vmmrt/_capi.py \
+	python/vmmrt/_loader.py
+vmmrt_py_torch = \
+	python/vmmrt/torch/__init__.py \
+	python/vmmrt/torch/_address.py \
+	python/vmmrt/torch/_callables.py \
+	python/vmmrt/torch/_compat.py \
+	python/vmmrt/torch/eager.py \
+	python/vmmrt/torch/graphed.py \
+	python/vmmrt/torch/layer.py \
+	python/vmmrt/torch/memory.py \
+	python/vmmrt/torch/offload.py \
+	python/vmmrt/torch/planner.py \
+	python/vmmrt/torch/saved.py \
+	python/vmmrt/torch/select.py
+vmmrt_py_bench = \
+	python/vmmrt/torch/bench/__init__.py \
+	python/vmmrt/torch/bench/__main__.py \
+	python/vmmrt/torch/bench/llama.py \
+	python/vmmrt/torch/bench/modes.py \
+	python/vmmrt/torch/bench/report.py
+vmmrt_py_tests = \
+	python/tests/conftest.py \
+	python/tests/vmmrt_tap.py \
+	python/tests/test_binding.py \
+	python/tests/test_saved.py \
+	python/tests/test_select.py \
+	python/tests/test_eager.py \
+	python/tests/test_errors.py \
+	python/tests/test_gpu.py \
+	python/tests/test_readme.py \
+	python/tests/test_runner_api.py \
+	python/tests/gpu_run.sh
+
+TESTS += tests/python.sh
+EXTRA_DIST += tests/python.sh python/pyproject.toml python/README.md $(vmmrt_py_tests) \
+	examples/torch_offload.py
+
+if HAVE_PYTHON
+vmmrtdir = $(pythondir)/vmmrt
+vmmrt_PYTHON = $(vmmrt_py_core)
+vmmrttorchdir = $(vmmrtdir)/torch
+vmmrttorch_PYTHON = $(vmmrt_py_torch)
+vmmrtbenchdir = $(vmmrttorchdir)/bench
+vmmrtbench_PYTHON = $(vmmrt_py_bench)
+
+# Where the library went, for vmmrt._loader (before the dynamic loader's path,
+# which a prefix like /usr/local or $HOME/.local may not be on).
+install-data-local:
+	$(MKDIR_P) '$(DESTDIR)$(vmmrtdir)'
+	printf '"""Written by make install: where libvmmrt was installed."""\nLIBDIR = %s\n' \
+		"'$(libdir)'" >'$(DESTDIR)$(vmmrtdir)/_config.py'
+
+uninstall-local:
+	rm -f '$(DESTDIR)$(vmmrtdir)/_config.py'
+endif

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The graph path on a CUDA device (skipped without one): gradients bitwise
+equal to torch.cuda.make_graphed_callables' with deterministic (math)
+attention, in every mode and look-ahead; memory proven with the driver's
+numbers; capture errors named. Run on the H200 by python/tests/gpu_run.sh."""
+import copy
+import gc
+
+import pytest
+import torch
+
+import vmmrt
+import vmmrt.torch as vt
+from vmmrt.torch import memory
+from vmmrt.torch.bench import llama
+
+pytestmark = pytest.mark.gpu
+
+SMALL = dict(hidden=256, ffn=512, heads=4, kv_heads=2, seq=256, batch=2)
+
+
+def layers_and_copy(n=4, attention="math", **shape):
+    s = llama.Shape(**dict(SMALL, **shape))
+    base = llama.torch_layers(n, s, "cuda", torch.bfloat16, attention)
+    return s, base, copy.deepcopy(base)
+
+
+def sample(s):
+    return torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+
+def through(seq, x):
+    for m in seq:
+        x = m(x)
+    return x
+
+
+def step(seq, layers, x, gy):
+    for m in layers:
+        m.zero_grad(set_to_none=True)
+    x.grad = None
+    y = through(seq, x)
+    y.backward(gy)
+    torch.cuda.synchronize()
+    return y, [x.grad.clone()] + [p.grad.clone() for m in layers for p in m.parameters()]
+
+
+def equal(a, b):
+    return all(torch.equal(u, v) for u, v in zip(a, b)) and len(a) == len(b)
+
+
+def cleanup(*layer_lists):
+    for ls in layer_lists:
+        for m in ls:
+            m.__dict__.pop("forward", None)
+            m.zero_grad(set_to_none=True)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_graphs_bitwise_equal_to_graph_only(mode, lookahead):
+    s, base, ref = layers_and_copy()
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), mode=mode,
+                                      lookahead=lookahead, offload=1.0)
+        off = vt.offload_of(g[0])
+        assert off.saved_bytes()["moved"] > 0
+        torch.manual_seed(3)
+        for it in range(4):
+            x = sample(s)
+            gy = torch.randn_like(x)
+            xr = x.detach().clone().requires_grad_()
+            y, got = step(g, base, x, gy)
+            yr, want = step(gref, ref, xr, gy)
+            assert torch.equal(y, yr), "output, iteration %d" % it
+            assert equal(got, want), "gradients, iteration %d" % it
+        off.sync()
+        st = off.stats()
+        assert st["iterations"] >= 3 and st["launch_thread_blocking"] <= 2
+    cleanup(base, ref)
+    off.close()
+
+
+@pytest.mark.parametrize("grads", ["static", "accumulate"])
+def test_gradient_accumulation_over_microbatches(grads):
+    s, base, ref = layers_and_copy(n=3)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), grads=grads)
+        xs = [sample(s) for _ in range(3)]
+        gys = [torch.randn_like(x) for x in xs]
+        for m in base:
+            m.zero_grad(set_to_none=True)
+        for x, gy in zip(xs, gys):           # three microbatches into .grad
+            through(g, x).backward(gy)
+        got = [p.grad.clone() for m in base for p in m.parameters()]
+        # The reference: graph-only one microbatch at a time, summed by hand
+        # (its own .grad aliases its static buffers, so it cannot accumulate).
+        total = None
+        for x, gy in zip(xs, gys):
+            _, gr = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+            gr = gr[1:]
+            total = [t.clone() for t in gr] if total is None else [t.add_(u) for t, u in zip(total, gr)]
+        assert equal(got, total)
+        if grads == "accumulate":
+            ptrs = {p.grad.data_ptr() for m in base for p in m.parameters()}
+            for m in base:
+                m.zero_grad(set_to_none=True)
+            through(g, xs[0]).backward(gys[0])
+            assert {p.grad.data_ptr() for m in base for p in m.parameters()} == ptrs  # one .grad, reused
+    cleanup(base, ref)
+    vt.offload_of(g[0]).close()
+
+
+def used_between(seq, layers, x, gy, offs=()):
+    for m in layers:
+        m.zero_grad(set_to_none=True)
+    y = through(seq, x)
+    torch.cuda.synchronize()
+    for o in offs:
+        o.sync()
+    snap = memory.snapshot(offs)
+    y.backward(gy)
+    torch.cuda.synchronize()
+    return snap
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap"])
+def test_offload_lowers_driver_level_memory(mode):
+    shape = dict(hidden=1024, ffn=2816, heads=8, kv_heads=4, seq=2048, batch=4)
+    s, base, _ = layers_and_copy(n=6, attention="auto", **shape)
+    x, gy = sample(s), None
+    gy = torch.randn_like(x)
+    g0 = torch.cuda.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base))
+    for _ in range(2):
+        used_between(g0, base, x, gy)
+    ref = used_between(g0, base, x, gy)
+    del g0
+    cleanup(base)
+    g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), mode=mode, lookahead=1)
+    off = vt.offload_of(g[0])
+    for _ in range(2):
+        used_between(g, base, x, gy, [off])
+    got = used_between(g, base, x, gy, [off])
+    gran = off.runtime.info()["granularity"]
+    big = max(off.group_bytes())
+    banks = 2 * ((big + gran - 1) // gran * gran)
+    moved = off.saved_bytes()["moved"]
+    print("graph-only", memory.describe(ref), "| %s" % mode, memory.describe(got))
+    assert got["vmmrt"] <= banks                        # two banks, or look-ahead + 1 = 2 groups
+    assert got["used"] < ref["used"] - 0.5 * (moved - banks)
+    cleanup(base)
+    off.close()
+
+
+def test_capture_unsafe_op_is_named_with_its_layer():
+    class Syncs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64, device="cuda")
+
+        def forward(self, x):
+            h = self.lin(x)
+            if h.sum().item() > 1e30:        # a host synchronization: not capturable
+                h = h * 2
+            return h.relu()
+
+    m = Syncs()
+    with pytest.raises(vmmrt.Error) as e:
+        vt.make_graphed_callables(m, (torch.randn(8, 64, device="cuda", requires_grad=True),), names=["syncs"])
+    assert e.value.name == "VMMRT_E_CAPTURE"
+    assert "layer 'syncs'" in str(e.value) and "forward capture failed" in str(e.value)
+    assert torch.ones(4, device="cuda").sum().item() == 4   # the process goes on
+
+
+def test_bad_calls_are_refused_before_they_run():
+    s, base, ref = layers_and_copy(n=2)
+    with llama.attention_backend("math"):
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base))
+        x = sample(s)
+        with pytest.raises(vmmrt.Error) as e:
+            g[0](torch.randn(s.batch, s.seq // 2, s.hidden, device="cuda", dtype=torch.bfloat16,
+                             requires_grad=True))
+        assert e.value.name == "VMMRT_E_MISMATCH" and "layer '0:DecoderLayer'" in str(e.value)
+        y = g[0](x)
+        with pytest.raises(vmmrt.Error) as e:
+            g[0](x)                               # a second forward before the first one's backward
+        assert e.value.name == "VMMRT_E_INVALID_STATE" and "one microbatch at a time" in str(e.value)
+        through(g[1:], y).sum().backward()        # the first call still completes, correctly
+        with torch.no_grad():
+            assert torch.allclose(through(g, x).float(), through(ref, x).float(), atol=0, rtol=0)
+    cleanup(base, ref)
+    vt.offload_of(g[0]).close()
+
+
+def test_planner_offloads_part_and_keeps_gradients():
+    s, base, ref = layers_and_copy(n=4)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), offload="auto")
+        off = vt.offload_of(g[0])
+        assert off.plan is not None and "offload plan" in off.plan.summary()
+        x = sample(s)
+        gy = torch.randn_like(x)
+        for _ in range(2):
+            _, got = step(g, base, x, gy)
+            _, want = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+        assert equal(got, want)
+    cleanup(base, ref)
+    off.close()
+
+
+def test_eager_offload_on_the_gpu_is_bitwise():
+    s, base, ref = layers_and_copy(n=3)
+    with llama.attention_backend("math"):
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), graphs=False)
+        x = sample(s)
+        gy = torch.randn_like(x)
+        for _ in range(3):
+            y, got = step(g, base, x, gy)
+            yr, want = step(ref, ref, x.detach().clone().requires_grad_(), gy)
+            assert torch.equal(y, yr) and equal(got, want)
+    off = vt.offload_of(g[0])
+    off.sync()
+    assert off.stats()["bytes_offloaded"] > 0
+    cleanup(base, ref)
+    off.close()

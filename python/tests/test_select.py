@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""What moves: selection under a byte budget, and the planner's arithmetic."""
+import pytest
+
+from vmmrt.torch import planner, select
+from vmmrt.torch.saved import Region
+
+
+def regions(*sizes):
+    out = []
+    for i, n in enumerate(sizes):
+        r = Region(i, n)
+        r.lo, r.hi = 0, n
+        out.append(r)
+    return out
+
+
+def test_choose_takes_the_largest_that_fit():
+    assert select.choose([10, 50, 30, 20], 59) == [1]           # 50, then nothing else fits
+    assert select.choose([10, 50, 30, 20], 65) == [0, 1]        # 50 + 10 (30 and 20 do not fit)
+    assert select.choose([10, 50, 30, 20], 110) == [0, 1, 2, 3]
+    assert select.choose([10, 50, 30, 20], 0) == []
+    assert select.choose([5, 5, 5], 10) == [0, 1]               # ties in discovery order
+
+
+def test_fraction_budget():
+    assert select.fraction_budget([100, 300], 0.25) == 100
+    with pytest.raises(ValueError):
+        select.fraction_budget([1], 1.5)
+
+
+def test_apply_marks_the_rest_kept_for_the_budget():
+    rs = regions(100, 400, 300, 200)
+    moved = select.apply(rs, 500)
+    assert moved == 500
+    assert [r.selected for r in rs] == [True, True, False, False]
+    assert [r.reason for r in rs] == [None, None, "budget", "budget"]
+    rs = regions(1, 2)
+    assert select.apply(rs, None) == 3 and all(r.selected for r in rs)
+
+
+def test_plan_hides_each_copy_behind_the_next_forward():
+    mib = 1 << 20
+    sizes = [200 * mib, 100 * mib, 60 * mib, 40 * mib]
+    rows = [("l%d" % i, 3.0, 7.0, sizes) for i in range(3)]
+    p = planner.plan(rows, d2h_gbps=50.0, h2d_gbps=50.0, margin=0.9)
+    budget = 0.9 * 3.0 * 50.0 * 1e6                             # 135 MB behind a 3 ms forward at 50 GB/s
+    for lp in p.layers[:-1]:
+        assert lp.budget == pytest.approx(budget)
+        assert lp.moved <= budget
+        assert lp.chosen == [1]                                 # 100 MiB fits, 100 + 60 does not
+    tail = p.layers[-1]
+    assert tail.tail and tail.chosen == []     # the tail stays in the pool: moving it would only grow the banks
+    assert 0 < p.fraction < 1
+
+
+def test_plan_is_bound_by_the_backward_when_it_is_shorter():
+    rows = [("a", 10.0, 1.0, [10 ** 8]), ("b", 10.0, 1.0, [10 ** 8])]
+    p = planner.plan(rows, d2h_gbps=50.0, h2d_gbps=20.0, margin=1.0)
+    assert p.layers[0].budget == pytest.approx(1.0 * 20.0 * 1e6)  # H2D 20 GB/s behind a 1 ms backward
+    assert p.layers[0].chosen == []
+
+
+def test_plan_says_what_it_chose():
+    rows = [("first", 1.0, 4.0, [1 << 20, 1 << 24]), ("last", 1.0, 4.0, [1 << 20])]
+    p = planner.plan(rows, 10.0, 10.0)
+    text = p.summary()
+    assert "first" in text and "last" in text and "tail" in text and "GB/s" in text
+    d = p.as_dict()
+    assert d["layers"][0]["offloaded_bytes"] == 1 << 20 and d["layers"][1]["tail"]
+
+
+def test_plan_refuses_nonsense():
+    with pytest.raises(ValueError):
+        planner.plan([("a", 1.0, 1.0, [1])], 0.0)
+    with pytest.raises(ValueError):
+        planner.plan([("a", 1.0, 1.0, [1])], 10.0, margin=0)
+
+
+def test_measured_host_bandwidth_is_positive():
+    d2h, h2d = planner.measure_bandwidth("cpu", nbytes=1 << 20, repeats=2)
+    assert d2h > 0 and h2d > 0

@@ -1,0 +1,462 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""libvmmrt from Python: a thin ctypes binding of the C API (include/vmmrt.h).
+
+The C library stays the single source of truth for addresses, fences and
+driver workers; this module only turns its calls into Python ones and every
+non-OK status into :class:`Error`. The PyTorch integration is
+:mod:`vmmrt.torch`.
+
+The library is loaded on first use (see :mod:`vmmrt._loader` for where it is
+looked for), so ``import vmmrt`` works everywhere and a missing library is
+reported, with every place tried, by the first call that needs it.
+"""
+import ctypes
+import threading
+import weakref
+
+from vmmrt import _capi
+from vmmrt._capi import MODES, GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
+from vmmrt._loader import LibraryNotFound, load as _load
+
+__all__ = ["Error", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
+           "version_string", "options_table", "fill_word", "checksum_host", "layer_checksum_host",
+           "STREAM_LEGACY", "STREAM_PER_THREAD", "MODES", "GROUP_STATES", "SLOT_STATES"]
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library():
+    """The loaded C library (a ctypes.CDLL with prototypes); loads it on first call."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                _lib = _capi.declare(_load())
+    return _lib
+
+
+class Error(Exception):
+    """A libvmmrt call failed.
+
+    ``status`` is the vmmrt_status value, ``name`` its enumerator name
+    ("VMMRT_E_MISMATCH"), ``detail`` the library's message, and ``where`` what
+    was being done (the layer or group, the call), when known. ``str()`` says
+    all of it on one line.
+    """
+
+    def __init__(self, status, detail="", where=None):
+        self.status = int(status)
+        if 0 <= self.status < len(_capi.STATUS_NAMES):
+            self.name = _capi.STATUS_NAMES[self.status]
+        else:
+            self.name = "VMMRT_STATUS_%d" % self.status
+        self.detail = detail
+        self.where = where
+        text = detail if detail.startswith(self.name) else "%s: %s" % (self.name, detail)
+        super().__init__("%s: %s" % (where, text) if where else text)
+
+
+def _decode(b):
+    return b.decode("utf-8", "replace") if b else ""
+
+
+def check(status, where=None):
+    """Raise :class:`Error` for a non-OK status, with the thread's last message."""
+    if status == _capi.OK:
+        return
+    lib = library()
+    detail = _decode(lib.vmmrt_last_error()) or _decode(lib.vmmrt_strerror(status))
+    raise Error(status, detail, where)
+
+
+def version():
+    """The library's version as (major, minor, patch)."""
+    v = library().vmmrt_version()
+    return (v >> 16, (v >> 8) & 0xFF, v & 0xFF)
+
+
+def version_string():
+    return _decode(library().vmmrt_version_string())
+
+
+def options_table():
+    """Every option of the C library: a list of dicts (name, env, default, range, doc)."""
+    lib, rows, i = library(), [], 0
+    while True:
+        info = _capi.sized(_capi.OptionInfo)
+        if lib.vmmrt_option_describe(i, ctypes.byref(info)) != _capi.OK:
+            return rows
+        rows.append({k: _decode(getattr(info, k)) for k in ("name", "env", "default_value", "range", "doc")})
+        i += 1
+
+
+def fill_word(seed, index):
+    """The built-in fill pattern's word at index (the host reference of vmmrt_kernel_fill)."""
+    return library().vmmrt_fill_word(seed, index)
+
+
+def checksum_host(ptr, nbytes):
+    """The built-in checksum of nbytes of host memory at ptr."""
+    return library().vmmrt_checksum_host(ctypes.c_void_p(ptr), nbytes)
+
+
+def layer_checksum_host(nbytes, input_seed, layer_seed):
+    return library().vmmrt_layer_checksum_host(nbytes, input_seed, layer_seed)
+
+
+def _stream(s):
+    """A stream argument: None (the legacy default stream), an int handle, or an object
+    with ``cuda_stream`` (a torch.cuda.Stream)."""
+    if s is None:
+        return None
+    s = getattr(s, "cuda_stream", s)
+    return ctypes.c_void_p(int(s)) if int(s) else None
+
+
+class Runtime:
+    """One opened device (vmmrt_runtime): backend, options, driver workers, groups.
+
+    ``options`` maps C option names ("mode", "lookahead", "backend", ...; see
+    :func:`options_table`) to values; each is validated by the library, so a
+    typo is an :class:`Error` (VMMRT_E_INVALID_OPTION) naming it. The VMMRT_*
+    environment overrides them, as for any libvmmrt program.
+    """
+
+    def __init__(self, options=None):
+        lib = library()
+        self._lib = lib
+        opts = ctypes.c_void_p()
+        check(lib.vmmrt_options_create(ctypes.byref(opts)), "vmmrt_options_create")
+        try:
+            for k, v in (options or {}).items():
+                if isinstance(v, bool):
+                    v = int(v)
+                check(lib.vmmrt_options_set(opts, str(k).encode(), str(v).encode()),
+                      "option %s=%r" % (k, v))
+            rt = ctypes.c_void_p()
+            check(lib.vmmrt_runtime_create(opts, ctypes.byref(rt)), "vmmrt_runtime_create")
+        finally:
+            lib.vmmrt_options_destroy(opts)
+        self._rt = rt
+        self._groups = []
+        self._finalizer = weakref.finalize(self, lib.vmmrt_runtime_destroy, rt)
+        info = self.info()
+        self.backend = info["backend"]
+        self.mode = info["mode"]
+        self.lookahead = info["lookahead"]
+
+    # -- lifetime
+    def close(self):
+        """Destroy the runtime (drains copies, joins workers, frees every slot)."""
+        if self._finalizer.alive:
+            self._finalizer.detach()
+            check(self._lib.vmmrt_runtime_destroy(self._rt), "vmmrt_runtime_destroy")
+            self._rt = None
+
+    @property
+    def closed(self):
+        return self._rt is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _handle(self):
+        if self._rt is None:
+            raise Error(_capi.E_INVALID_STATE, "the runtime was closed", "vmmrt.Runtime")
+        return self._rt
+
+    # -- information
+    def info(self):
+        i = _capi.sized(_capi.RuntimeInfo)
+        check(self._lib.vmmrt_runtime_info_get(self._handle(), ctypes.byref(i)), "vmmrt_runtime_info_get")
+        return {"backend": _decode(i.backend), "backend_note": _decode(i.backend_note),
+                "device": _decode(i.device), "device_ordinal": i.device_ordinal,
+                "granularity": i.granularity, "mode": _capi.MODES[i.mode],
+                "driver_workers": i.driver_workers, "lookahead": i.lookahead}
+
+    def options(self):
+        """The options in force, by name: the program's with the environment
+        applied (a VMMRT_* variable may have replaced what was asked)."""
+        lib = self._lib
+        opts = ctypes.c_void_p()
+        check(lib.vmmrt_options_create(ctypes.byref(opts)), "vmmrt_options_create")
+        try:
+            check(lib.vmmrt_runtime_options_get(self._handle(), opts), "vmmrt_runtime_options_get")
+            out = {}
+            buf = ctypes.create_string_buffer(4096)
+            for row in options_table():
+                check(lib.vmmrt_options_get(opts, row["name"].encode(), buf, len(buf)), "vmmrt_options_get")
+                out[row["name"]] = _decode(buf.value)
+            return out
+        finally:
+            lib.vmmrt_options_destroy(opts)
+
+    def trace_span(self, track, name, t0_ns, t1_ns):
+        """A span on the runtime's trace (CLOCK_MONOTONIC ns; nothing when tracing is off)."""
+        check(self._lib.vmmrt_trace_span(self._handle(), track.encode(), name.encode(), t0_ns, t1_ns),
+              "vmmrt_trace_span")
+
+    def mem_info(self):
+        """Driver-level (free, total) device bytes (cuMemGetInfo)."""
+        f, t = ctypes.c_size_t(), ctypes.c_size_t()
+        check(self._lib.vmmrt_mem_info(self._handle(), ctypes.byref(f), ctypes.byref(t)), "vmmrt_mem_info")
+        return f.value, t.value
+
+    def driver_stats(self):
+        out = []
+        for call in range(_capi.DRIVER_CALLS):
+            s = _capi.sized(_capi.DriverStats)
+            check(self._lib.vmmrt_driver_stats_get(self._handle(), call, ctypes.byref(s)), "vmmrt_driver_stats_get")
+            out.append({"name": _decode(s.name), "count": s.count, "p50_us": s.p50_us,
+                        "p99_us": s.p99_us, "max_us": s.max_us})
+        return out
+
+    def driver_stats_reset(self):
+        check(self._lib.vmmrt_driver_stats_reset(self._handle()), "vmmrt_driver_stats_reset")
+
+    # -- device helpers
+    def stream_create(self):
+        s = ctypes.c_void_p()
+        check(self._lib.vmmrt_stream_create(self._handle(), ctypes.byref(s)), "vmmrt_stream_create")
+        return s.value
+
+    def stream_destroy(self, stream):
+        check(self._lib.vmmrt_stream_destroy(self._handle(), _stream(stream)), "vmmrt_stream_destroy")
+
+    def stream_synchronize(self, stream=None):
+        check(self._lib.vmmrt_stream_synchronize(self._handle(), _stream(stream)), "vmmrt_stream_synchronize")
+
+    def copy_to_device(self, dst, src_ptr, nbytes):
+        check(self._lib.vmmrt_copy_to_device(self._handle(), dst, ctypes.c_void_p(src_ptr), nbytes),
+              "vmmrt_copy_to_device")
+
+    def copy_to_host(self, dst_ptr, src, nbytes):
+        check(self._lib.vmmrt_copy_to_host(self._handle(), ctypes.c_void_p(dst_ptr), src, nbytes),
+              "vmmrt_copy_to_host")
+
+    def copy_to_device_async(self, dst, src_ptr, nbytes, stream=None):
+        check(self._lib.vmmrt_copy_to_device_async(self._handle(), dst, ctypes.c_void_p(src_ptr), nbytes,
+                                                   _stream(stream)), "vmmrt_copy_to_device_async")
+
+    def copy_to_host_async(self, dst_ptr, src, nbytes, stream=None):
+        check(self._lib.vmmrt_copy_to_host_async(self._handle(), ctypes.c_void_p(dst_ptr), src, nbytes,
+                                                 _stream(stream)), "vmmrt_copy_to_host_async")
+
+    def host_alloc(self, nbytes):
+        """Pinned host memory (an address); free it with :meth:`host_free`."""
+        p = ctypes.c_void_p()
+        check(self._lib.vmmrt_host_alloc(self._handle(), nbytes, ctypes.byref(p)), "vmmrt_host_alloc")
+        return p.value
+
+    def host_free(self, ptr):
+        check(self._lib.vmmrt_host_free(self._handle(), ctypes.c_void_p(ptr)), "vmmrt_host_free")
+
+    def event(self, timing=False):
+        return Event(self, timing)
+
+    def stream_wait_event(self, stream, event):
+        check(self._lib.vmmrt_stream_wait_event(self._handle(), _stream(stream), event._e), "vmmrt_stream_wait_event")
+
+    def kernel_fill(self, dst, nbytes, seed, stream=None):
+        check(self._lib.vmmrt_kernel_fill(self._handle(), _stream(stream), dst, nbytes, seed), "vmmrt_kernel_fill")
+
+    def kernel_checksum(self, src, nbytes, result, stream=None):
+        check(self._lib.vmmrt_kernel_checksum(self._handle(), _stream(stream), src, nbytes, result),
+              "vmmrt_kernel_checksum")
+
+    def kernel_busy(self, nanoseconds, stream=None):
+        check(self._lib.vmmrt_kernel_busy(self._handle(), _stream(stream), nanoseconds), "vmmrt_kernel_busy")
+
+    def kernel_layer(self, dst, src, nbytes, seed, nanoseconds, stream=None):
+        check(self._lib.vmmrt_kernel_layer(self._handle(), _stream(stream), dst, src, nbytes, seed, nanoseconds),
+              "vmmrt_kernel_layer")
+
+    # -- graphs of the library's own streams (the C API's; PyTorch's are torch.cuda.CUDAGraph)
+    def graph_begin_capture(self, stream):
+        check(self._lib.vmmrt_graph_begin_capture(self._handle(), _stream(stream)), "vmmrt_graph_begin_capture")
+
+    def graph_end_capture(self, stream):
+        g = ctypes.c_void_p()
+        check(self._lib.vmmrt_graph_end_capture(self._handle(), _stream(stream), ctypes.byref(g)),
+              "vmmrt_graph_end_capture")
+        return g
+
+    def graph_launch(self, graph, stream=None):
+        check(self._lib.vmmrt_graph_launch(self._handle(), graph, _stream(stream)), "vmmrt_graph_launch")
+
+    def graph_destroy(self, graph):
+        check(self._lib.vmmrt_graph_destroy(self._handle(), graph), "vmmrt_graph_destroy")
+
+    # -- slots
+    def slot(self, nbytes):
+        """A fixed-VA slot of nbytes (rounded up to the granularity), nothing mapped."""
+        return Slot(self, nbytes)
+
+    # -- offload
+    def group(self, name):
+        """A new offload group (create them in forward order, before :meth:`offload_allocate`)."""
+        g = Group(self, name)
+        self._groups.append(g)
+        return g
+
+    @property
+    def groups(self):
+        return tuple(self._groups)
+
+    def offload_allocate(self):
+        check(self._lib.vmmrt_offload_allocate(self._handle()), "vmmrt_offload_allocate")
+
+    def offload_sync(self):
+        check(self._lib.vmmrt_offload_sync(self._handle()), "vmmrt_offload_sync")
+
+    def offload_stats(self):
+        s = _capi.sized(_capi.OffloadStats)
+        check(self._lib.vmmrt_offload_stats_get(self._handle(), ctypes.byref(s)), "vmmrt_offload_stats_get")
+        d = {name: getattr(s, name) for name, _ in _capi.OffloadStats._fields_ if name != "size"}
+        d["mode"] = _capi.MODES[d["mode"]]
+        return d
+
+    def offload_stats_reset(self):
+        check(self._lib.vmmrt_offload_stats_reset(self._handle()), "vmmrt_offload_stats_reset")
+
+
+class Slot:
+    """One fixed virtual-address range (vmmrt_slot); the address never changes."""
+
+    def __init__(self, rt, nbytes):
+        self._rt = rt
+        lib = rt._lib
+        s = ctypes.c_void_p()
+        check(lib.vmmrt_slot_create(rt._handle(), nbytes, ctypes.byref(s)), "vmmrt_slot_create")
+        self._s = s
+        self.address = lib.vmmrt_slot_address(s)
+        self.size = lib.vmmrt_slot_size(s)
+
+    def map(self):
+        check(self._rt._lib.vmmrt_slot_map(self._s), "vmmrt_slot_map")
+
+    def unmap(self):
+        check(self._rt._lib.vmmrt_slot_unmap(self._s), "vmmrt_slot_unmap")
+
+    def destroy(self):
+        if self._s is not None:
+            check(self._rt._lib.vmmrt_slot_destroy(self._s), "vmmrt_slot_destroy")
+            self._s = None
+
+    @property
+    def state(self):
+        return _capi.SLOT_STATES[self._rt._lib.vmmrt_slot_get_state(self._s)]
+
+
+class Event:
+    """A device event (vmmrt_event): record on a stream, query, wait, time."""
+
+    def __init__(self, rt, timing=False):
+        self._rt = rt
+        e = ctypes.c_void_p()
+        check(rt._lib.vmmrt_event_create(rt._handle(), _capi.EVENT_TIMING if timing else 0, ctypes.byref(e)),
+              "vmmrt_event_create")
+        self._e = e
+
+    def record(self, stream=None):
+        check(self._rt._lib.vmmrt_event_record(self._rt._handle(), self._e, _stream(stream)), "vmmrt_event_record")
+
+    def query(self):
+        done = ctypes.c_int()
+        check(self._rt._lib.vmmrt_event_query(self._rt._handle(), self._e, ctypes.byref(done)), "vmmrt_event_query")
+        return bool(done.value)
+
+    def synchronize(self):
+        check(self._rt._lib.vmmrt_event_synchronize(self._rt._handle(), self._e), "vmmrt_event_synchronize")
+
+    def elapsed_ms(self, end):
+        """Milliseconds from this event's record to end's (both timing events)."""
+        ms = ctypes.c_float()
+        check(self._rt._lib.vmmrt_event_elapsed_ms(self._rt._handle(), self._e, end._e, ctypes.byref(ms)),
+              "vmmrt_event_elapsed_ms")
+        return ms.value
+
+    def destroy(self):
+        if self._e is not None:
+            check(self._rt._lib.vmmrt_event_destroy(self._rt._handle(), self._e), "vmmrt_event_destroy")
+            self._e = None
+
+
+class Group:
+    """The tensors one runner saves for its backward (vmmrt_group).
+
+    Life cycle: :meth:`discover` per tensor, :meth:`Runtime.offload_allocate`,
+    then :meth:`begin_capture` / :meth:`save` / :meth:`end_capture`, then the
+    four replay hooks around every graph launch. Errors name the group.
+    """
+
+    def __init__(self, rt, name):
+        self._rt = rt
+        self._lib = rt._lib
+        self.name = name
+        g = ctypes.c_void_p()
+        check(self._lib.vmmrt_group_create(rt._handle(), name.encode(), ctypes.byref(g)),
+              "group %r: vmmrt_group_create" % name)
+        self._g = g
+
+    def _where(self, call):
+        return "group %r: %s" % (self.name, call)
+
+    @staticmethod
+    def desc(nbytes, dtype=0, shape=(), stride=(), align=0):
+        """A vmmrt_tensor_desc: bytes, a dtype tag (compared, not interpreted), shape, stride."""
+        if len(shape) > _capi.MAX_DIMS or len(stride) != len(shape):
+            raise ValueError("a descriptor takes up to %d dimensions with one stride each" % _capi.MAX_DIMS)
+        d = _capi.TensorDesc()
+        d.bytes, d.dtype, d.ndim, d.align = nbytes, dtype, len(shape), align
+        for i, (n, s) in enumerate(zip(shape, stride)):
+            d.shape[i], d.stride[i] = n, s
+        return d
+
+    def discover(self, desc):
+        check(self._lib.vmmrt_group_discover(self._g, ctypes.byref(desc)), self._where("vmmrt_group_discover"))
+
+    def begin_capture(self):
+        check(self._lib.vmmrt_group_begin_capture(self._g), self._where("vmmrt_group_begin_capture"))
+
+    def save(self, desc, src=0, stream=None):
+        """The next tensor's fixed address; with src, a D2D copy from src on stream."""
+        addr = _capi.vmmrt_devptr()
+        check(self._lib.vmmrt_group_save(self._g, ctypes.byref(desc), src, _stream(stream), ctypes.byref(addr)),
+              self._where("vmmrt_group_save"))
+        return addr.value
+
+    def end_capture(self):
+        check(self._lib.vmmrt_group_end_capture(self._g), self._where("vmmrt_group_end_capture"))
+
+    @property
+    def state(self):
+        return _capi.GROUP_STATES[self._lib.vmmrt_group_get_state(self._g)]
+
+    @property
+    def address(self):
+        return self._lib.vmmrt_group_address(self._g)
+
+    @property
+    def nbytes(self):
+        return self._lib.vmmrt_group_bytes(self._g)
+
+    def error(self):
+        """Raise the group's first asynchronous failure, if any (and clear it)."""
+        check(self._lib.vmmrt_group_error(self._g), self._where("vmmrt_group_error"))
+
+    def forward_begin(self, stream=None):
+        check(self._lib.vmmrt_forward_begin(self._g, _stream(stream)), self._where("vmmrt_forward_begin"))
+
+    def forward_end(self, stream=None):
+        check(self._lib.vmmrt_forward_end(self._g, _stream(stream)), self._where("vmmrt_forward_end"))
+
+    def backward_begin(self, stream=None):
+        check(self._lib.vmmrt_backward_begin(self._g, _stream(stream)), self._where("vmmrt_backward_begin"))
+
+    def backward_end(self, stream=None):
+        check(self._lib.vmmrt_backward_end(self._g, _stream(stream)), self._where("vmmrt_backward_end"))

@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""ctypes declarations of include/vmmrt.h: structs, enums and prototypes.
+
+Kept in the header's order, so a change there is easy to mirror here.
+"""
+import ctypes
+from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int64,
+                    c_size_t, c_uint, c_uint32, c_uint64, c_ulonglong, c_void_p)
+
+# vmmrt_status
+STATUS_NAMES = (
+    "VMMRT_OK", "VMMRT_E_INVALID_ARGUMENT", "VMMRT_E_INVALID_SIZE", "VMMRT_E_INVALID_STATE",
+    "VMMRT_E_INVALID_OPTION", "VMMRT_E_OUT_OF_MEMORY", "VMMRT_E_HOST_OUT_OF_MEMORY",
+    "VMMRT_E_NOT_PERMITTED", "VMMRT_E_NOT_SUPPORTED", "VMMRT_E_NO_DEVICE", "VMMRT_E_DRIVER",
+    "VMMRT_E_TIMEOUT", "VMMRT_E_BUSY", "VMMRT_E_MISMATCH", "VMMRT_E_CANCELLED",
+    "VMMRT_E_CORRUPTED", "VMMRT_E_CAPTURE", "VMMRT_E_FAULT",
+)
+for _i, _n in enumerate(STATUS_NAMES):
+    globals()[_n[len("VMMRT_"):]] = _i  # OK, E_MISMATCH, ...
+
+MODES = ("pingpong", "remap", "none")  # vmmrt_mode values 0, 1, 2
+GROUP_STATES = ("discovering", "allocated", "capturing", "ready", "failed")
+SLOT_STATES = ("reserved", "mapped", "pending", "failed")
+MAX_DIMS = 8
+DRIVER_CALLS = 5
+STREAM_LEGACY = 1
+STREAM_PER_THREAD = 2
+EVENT_TIMING = 0x1
+
+vmmrt_devptr = c_ulonglong
+vmmrt_stream = c_void_p
+status_t = c_int
+handle = c_void_p
+
+
+class OptionInfo(Structure):
+    _fields_ = [("size", c_size_t), ("name", c_char_p), ("env", c_char_p),
+                ("default_value", c_char_p), ("range", c_char_p), ("doc", c_char_p)]
+
+
+class RuntimeInfo(Structure):
+    _fields_ = [("size", c_size_t), ("backend", c_char_p), ("backend_note", c_char * 192),
+                ("device", c_char * 96), ("device_ordinal", c_int), ("granularity", c_size_t),
+                ("mode", c_int), ("driver_workers", c_uint), ("lookahead", c_uint)]
+
+
+class DriverStats(Structure):
+    _fields_ = [("size", c_size_t), ("name", c_char_p), ("count", c_uint64),
+                ("p50_us", c_double), ("p99_us", c_double), ("max_us", c_double)]
+
+
+class TensorDesc(Structure):
+    _fields_ = [("bytes", c_size_t), ("dtype", c_uint32), ("ndim", c_uint32),
+                ("shape", c_int64 * MAX_DIMS), ("stride", c_int64 * MAX_DIMS), ("align", c_size_t)]
+
+
+class OffloadStats(Structure):
+    _fields_ = [("size", c_size_t), ("iterations", c_uint64), ("bytes_offloaded", c_uint64),
+                ("bytes_restored", c_uint64), ("activation_bytes", c_uint64),
+                ("activation_peak_bytes", c_uint64), ("maps", c_uint64), ("releases", c_uint64),
+                ("launch_thread_blocking", c_uint64), ("bank_conflicts", c_uint64),
+                ("last_d2h_ms", c_double), ("last_h2d_ms", c_double),
+                ("last_d2h_bytes", c_uint64), ("last_h2d_bytes", c_uint64),
+                ("groups", c_uint32), ("mode", c_int), ("lookahead", c_uint32),
+                ("schedule_recorded", c_uint32)]
+
+
+def sized(struct_type):
+    """An output struct with its size member set, as every call that fills one wants."""
+    s = struct_type()
+    s.size = ctypes.sizeof(struct_type)
+    return s
+
+
+_P = POINTER
+_PROTOTYPES = {
+    "vmmrt_version": (c_uint, []),
+    "vmmrt_version_string": (c_char_p, []),
+    "vmmrt_strerror": (c_char_p, [status_t]),
+    "vmmrt_status_name": (c_char_p, [status_t]),
+    "vmmrt_last_error": (c_char_p, []),
+    "vmmrt_options_create": (status_t, [_P(handle)]),
+    "vmmrt_options_destroy": (None, [handle]),
+    "vmmrt_options_set": (status_t, [handle, c_char_p, c_char_p]),
+    "vmmrt_options_get": (status_t, [handle, c_char_p, c_char_p, c_size_t]),
+    "vmmrt_options_apply_env": (status_t, [handle]),
+    "vmmrt_option_describe": (status_t, [c_size_t, _P(OptionInfo)]),
+    "vmmrt_runtime_create": (status_t, [handle, _P(handle)]),
+    "vmmrt_runtime_destroy": (status_t, [handle]),
+    "vmmrt_runtime_info_get": (status_t, [handle, _P(RuntimeInfo)]),
+    "vmmrt_runtime_options_get": (status_t, [handle, handle]),
+    "vmmrt_trace_span": (status_t, [handle, c_char_p, c_char_p, c_uint64, c_uint64]),
+    "vmmrt_mem_info": (status_t, [handle, _P(c_size_t), _P(c_size_t)]),
+    "vmmrt_driver_stats_get": (status_t, [handle, c_uint, _P(DriverStats)]),
+    "vmmrt_driver_stats_reset": (status_t, [handle]),
+    "vmmrt_slot_create": (status_t, [handle, c_size_t, _P(handle)]),
+    "vmmrt_slot_map": (status_t, [handle]),
+    "vmmrt_slot_unmap": (status_t, [handle]),
+    "vmmrt_slot_destroy": (status_t, [handle]),
+    "vmmrt_slot_address": (vmmrt_devptr, [handle]),
+    "vmmrt_slot_size": (c_size_t, [handle]),
+    "vmmrt_slot_get_state": (c_int, [handle]),
+    "vmmrt_slot_error": (status_t, [handle]),
+    "vmmrt_stream_create": (status_t, [handle, _P(vmmrt_stream)]),
+    "vmmrt_stream_destroy": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_stream_synchronize": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_host_alloc": (status_t, [handle, c_size_t, _P(c_void_p)]),
+    "vmmrt_host_free": (status_t, [handle, c_void_p]),
+    "vmmrt_copy_to_device": (status_t, [handle, vmmrt_devptr, c_void_p, c_size_t]),
+    "vmmrt_copy_to_host": (status_t, [handle, c_void_p, vmmrt_devptr, c_size_t]),
+    "vmmrt_copy_to_device_async": (status_t, [handle, vmmrt_devptr, c_void_p, c_size_t, vmmrt_stream]),
+    "vmmrt_copy_to_host_async": (status_t, [handle, c_void_p, vmmrt_devptr, c_size_t, vmmrt_stream]),
+    "vmmrt_event_create": (status_t, [handle, c_uint, _P(handle)]),
+    "vmmrt_event_destroy": (status_t, [handle, handle]),
+    "vmmrt_event_record": (status_t, [handle, handle, vmmrt_stream]),
+    "vmmrt_event_query": (status_t, [handle, handle, _P(c_int)]),
+    "vmmrt_event_synchronize": (status_t, [handle, handle]),
+    "vmmrt_event_elapsed_ms": (status_t, [handle, handle, handle, _P(c_float)]),
+    "vmmrt_stream_wait_event": (status_t, [handle, vmmrt_stream, handle]),
+    "vmmrt_kernel_fill": (status_t, [handle, vmmrt_stream, vmmrt_devptr, c_size_t, c_uint64]),
+    "vmmrt_kernel_checksum": (status_t, [handle, vmmrt_stream, vmmrt_devptr, c_size_t, vmmrt_devptr]),
+    "vmmrt_kernel_busy": (status_t, [handle, vmmrt_stream, c_uint64]),
+    "vmmrt_kernel_layer": (status_t, [handle, vmmrt_stream, vmmrt_devptr, vmmrt_devptr, c_size_t,
+                                      c_uint64, c_uint64]),
+    "vmmrt_fill_word": (c_uint64, [c_uint64, c_uint64]),
+    "vmmrt_checksum_host": (c_uint64, [c_void_p, c_size_t]),
+    "vmmrt_layer_checksum_host": (c_uint64, [c_size_t, c_uint64, c_uint64]),
+    "vmmrt_graph_begin_capture": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_graph_end_capture": (status_t, [handle, vmmrt_stream, _P(handle)]),
+    "vmmrt_graph_launch": (status_t, [handle, handle, vmmrt_stream]),
+    "vmmrt_graph_destroy": (status_t, [handle, handle]),
+    "vmmrt_group_create": (status_t, [handle, c_char_p, _P(handle)]),
+    "vmmrt_group_discover": (status_t, [handle, _P(TensorDesc)]),
+    "vmmrt_offload_allocate": (status_t, [handle]),
+    "vmmrt_group_begin_capture": (status_t, [handle]),
+    "vmmrt_group_save": (status_t, [handle, _P(TensorDesc), vmmrt_devptr, vmmrt_stream,
+                                    _P(vmmrt_devptr)]),
+    "vmmrt_group_end_capture": (status_t, [handle]),
+    "vmmrt_group_get_state": (c_int, [handle]),
+    "vmmrt_group_address": (vmmrt_devptr, [handle]),
+    "vmmrt_group_bytes": (c_size_t, [handle]),
+    "vmmrt_group_error": (status_t, [handle]),
+    "vmmrt_forward_begin": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_forward_end": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_backward_begin": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_backward_end": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_offload_sync": (status_t, [handle]),
+    "vmmrt_offload_stats_get": (status_t, [handle, _P(OffloadStats)]),
+    "vmmrt_offload_stats_reset": (status_t, [handle]),
+}
+
+
+def declare(lib):
+    """Give every function of the library its prototype (ctypes defaults to int)."""
+    for name, (res, args) in _PROTOTYPES.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib

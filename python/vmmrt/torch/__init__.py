@@ -1,0 +1,29 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""PyTorch integration of libvmmrt: whole-layer CUDA graphs with CPU activation offload.
+
+- :func:`make_graphed_callables`: a drop-in for torch.cuda.make_graphed_callables
+  whose saved tensors live at fixed addresses and move to pinned host memory
+  between forward and backward (``graphs=False``: the same offload, eagerly);
+- :func:`mark_not_offload` and :class:`no_offload`: tensors that stay;
+- :class:`Offload` and :class:`LayerOffload`: the per-runner API (discovery,
+  capture, the four replay hooks) for frameworks that own their graph runners;
+- :mod:`vmmrt.torch.planner`: what to offload so the copies hide behind compute;
+- :mod:`vmmrt.torch.memory`: driver-level device memory and where it goes;
+- ``python3 -m vmmrt.torch.bench``: the benchmark on Llama-style layers.
+
+Importing this module imports torch; the C library loads on first use.
+"""
+from vmmrt import Error  # noqa: F401
+from vmmrt.torch.graphed import make_graphed_callables, offload_of  # noqa: F401
+from vmmrt.torch.layer import LayerOffload  # noqa: F401
+from vmmrt.torch.offload import Offload  # noqa: F401
+from vmmrt.torch.saved import mark_not_offload, no_offload  # noqa: F401
+
+
+def make_offloaded_callables(callables, sample_args, **kwargs):
+    """make_graphed_callables(..., graphs=False): eager layers with the same offload."""
+    return make_graphed_callables(callables, sample_args, graphs=False, **kwargs)
+
+
+__all__ = ["Error", "make_graphed_callables", "make_offloaded_callables", "offload_of", "mark_not_offload",
+           "no_offload", "Offload", "LayerOffload"]

@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""What the graphed and the eager paths share: the callables, their argument
+surfaces, and the warm-up passes that are also discovery.
+
+The checks follow torch.cuda.make_graphed_callables, so a callable accepted
+there is accepted here, and one refused there is refused with the same
+reason; every error names the callable.
+"""
+import time
+
+import torch
+
+from vmmrt import Error, _capi
+from vmmrt.torch import _compat
+
+
+class Runner:
+    """One callable: its function, parameters, sample arguments and layer."""
+
+    def __init__(self, index, fn, sample_args, name):
+        self.index = index
+        self.fn = fn
+        self.module = fn if isinstance(fn, torch.nn.Module) else None
+        self.name = name
+        leaves, self.in_spec = _compat.tree_flatten(tuple(sample_args))
+        for k, a in enumerate(leaves):
+            if not isinstance(a, torch.Tensor):
+                raise TypeError("%s: sample argument %d is a %s; sample_args may only hold tensors "
+                                "(as for torch.cuda.make_graphed_callables)" % (name, k, type(a).__name__))
+        self.sample = tuple(leaves)
+        self.sample_args = tuple(sample_args)
+        self.params = tuple(self.module.parameters()) if self.module is not None else ()
+        self.buffers = tuple(self.module.buffers()) if self.module is not None else ()
+        self.layer = None
+        self.out_spec = None
+        self.orig_forward = None
+        self.training = self.module.training if self.module is not None else True
+
+    @property
+    def n_user(self):
+        return len(self.sample)
+
+    @property
+    def surface(self):
+        """Every input of the graph that may need a gradient: user args, then parameters."""
+        return self.sample + self.params
+
+    def check_args(self, leaves, grad=True):
+        """The arguments of a call must match the sample's: a graph cannot take
+        others (and, with grad, the tensors saved depend on which need one)."""
+        if len(leaves) != len(self.sample):
+            raise Error(_capi.E_MISMATCH, "called with %d tensor arguments, the sample had %d"
+                        % (len(leaves), len(self.sample)), "layer %r" % self.name)
+        for k, (a, s) in enumerate(zip(leaves, self.sample)):
+            if not isinstance(a, torch.Tensor):
+                raise Error(_capi.E_MISMATCH, "argument %d is a %s, the sample's is a tensor"
+                            % (k, type(a).__name__), "layer %r" % self.name)
+            if grad and a.requires_grad != s.requires_grad:
+                raise Error(_capi.E_MISMATCH, "argument %d has requires_grad=%s where the sample's has %s: the "
+                            "sample arguments must require gradients exactly as the real ones do"
+                            % (k, a.requires_grad, s.requires_grad), "layer %r" % self.name)
+            if a.shape != s.shape or a.dtype != s.dtype or a.device != s.device:
+                raise Error(_capi.E_MISMATCH, "argument %d is %s %s on %s where the sample was %s %s on %s: the "
+                            "shapes a layer sees may not change between calls (capture one set of callables "
+                            "per shape)" % (k, str(a.dtype).replace("torch.", ""), list(a.shape), a.device,
+                                            str(s.dtype).replace("torch.", ""), list(s.shape), s.device),
+                            "layer %r" % self.name)
+
+    def call(self, leaves):
+        """Run the callable itself (a module's own forward once it was replaced)."""
+        args = _compat.tree_unflatten(list(leaves), self.in_spec)
+        return (self.orig_forward or self.fn)(*args)
+
+
+def default_name(i, fn):
+    kind = type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__name__", "callable")
+    return "%d:%s" % (i, kind)
+
+
+def prepare(callables, sample_args, names):
+    """(just_one, runners), with torch.cuda.make_graphed_callables' checks."""
+    just_one = not isinstance(callables, tuple)
+    if just_one:
+        callables, sample_args = (callables,), (sample_args,)
+    if len(callables) != len(sample_args):
+        raise ValueError("%d callables but %d sample argument tuples" % (len(callables), len(sample_args)))
+    if names is not None and len(names) != len(callables):
+        raise ValueError("%d names for %d callables" % (len(names), len(callables)))
+    runners = []
+    for i, (c, args) in enumerate(zip(callables, sample_args)):
+        name = names[i] if names is not None else default_name(i, c)
+        if isinstance(c, torch.nn.Module):
+            if c._backward_hooks or c._forward_hooks or c._forward_pre_hooks:
+                raise ValueError("%s: modules must not have hooks registered at the time they are passed "
+                                 "(registering hooks after make_graphed_callables is allowed)" % name)
+            if any(b.requires_grad for b in c.buffers()):
+                raise ValueError("%s: only parameters may be trainable; every buffer must have "
+                                 "requires_grad=False" % name)
+        if not isinstance(args, tuple):
+            raise TypeError("%s: sample_args must be a tuple of tensors per callable" % name)
+        runners.append(Runner(i, c, args, name))
+    return just_one, runners
+
+
+class _Timer:
+    """Device time of a region of work on the current stream (wall time on CPU)."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+
+    def __enter__(self):
+        if self.cuda:
+            self.e0 = torch.cuda.Event(enable_timing=True)
+            self.e1 = torch.cuda.Event(enable_timing=True)
+            self.e0.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.e1.record()
+        else:
+            self.ms = (time.perf_counter() - self.t0) * 1e3
+
+    def elapsed(self):
+        if self.cuda:
+            self.e1.synchronize()
+            return self.e0.elapsed_time(self.e1)
+        return self.ms
+
+
+def warmup(runners, iters, allow_unused_input):
+    """The warm-up passes of every callable, each one a discovery pass: the
+    forward under the layer's recording hooks, then its gradients, as
+    make_graphed_callables warms up. Runs on the caller's current stream (a
+    side stream, on CUDA). Records forward and backward times for the planner."""
+    for r in runners:
+        cuda = r.layer.offload.device_type == "cuda"
+        for _ in range(max(1, iters)):
+            with _Timer(cuda) as tf:
+                with r.layer.discovering() as p:
+                    out = r.call(r.sample)
+                    p.outputs = out
+            outputs = _compat.tree_leaves(out)
+            need = tuple(o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad)
+            wrt = tuple(i for i in r.surface if i.requires_grad)
+            with _Timer(cuda) as tb:
+                if need and wrt:
+                    torch.autograd.grad(need, wrt, tuple(torch.empty_like(o) for o in need), only_inputs=True,
+                                        allow_unused=allow_unused_input)
+            r.layer.fwd_ms.append(tf.elapsed())
+            r.layer.bwd_ms.append(tb.elapsed())
+            del out, outputs, need

@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""What differs between the PyTorch versions this package runs on.
+
+CI has Debian's torch 1.13 (CPU only: no untyped_storage(), no
+scaled_dot_product_attention, an older pytree); the GPU machine has 2.11.
+Every difference is feature-detected here, never decided by version number.
+"""
+import torch
+import torch.utils._pytree as _pytree
+
+HAS_UNTYPED_STORAGE = hasattr(torch.Tensor, "untyped_storage")
+HAS_SDPA = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+
+
+def storage_of(t):
+    """(data_ptr, nbytes) of the storage behind t."""
+    s = t.untyped_storage() if HAS_UNTYPED_STORAGE else t.storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def storage_offset_bytes(t):
+    return t.storage_offset() * t.element_size()
+
+
+def tree_leaves(*args):
+    """The leaves of the positional arguments, as make_graphed_callables flattens them."""
+    leaves, _ = _pytree.tree_flatten(args)
+    return leaves
+
+
+def tree_flatten(obj):
+    return _pytree.tree_flatten(obj)
+
+
+def tree_unflatten(leaves, spec):
+    return _pytree.tree_unflatten(leaves, spec)
+
+
+def cuda_available():
+    return torch.cuda.is_available()
+
+
+def is_capturing():
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    if not torch.cuda.is_available():
+        return False
+    return torch.cuda.is_current_stream_capturing()
+
+
+def span_elements(shape, stride):
+    """Elements from a strided view's first element to its last, inclusive (0 if empty)."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride))

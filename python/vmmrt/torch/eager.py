@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Eager offload: each layer runs as usual (no graph), and the tensors its
+forward saves go through its vmmrt group as they would under graphs: copied
+into the fixed address at the end of the forward, offloaded (D2H), restored
+(H2D) before its backward. The originals are freed after the forward, which
+is where the memory goes down.
+
+Each callable becomes one autograd node, as under make_graphed_callables:
+its forward runs the callable under the recording hooks; its backward waits
+for the restore, runs the callable's own backward (a nested autograd.grad
+over the graph kept from the forward) and lets the group go. Parameter
+gradients come back to autograd, so ``.grad`` accumulates as usual.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from vmmrt import Error, _capi
+from vmmrt.torch import _compat
+from vmmrt.torch.saved import original_error
+
+
+def current_stream(off):
+    """The stream the hooks go on: the current CUDA stream, or the host
+    backend's default stream (NULL) for CPU tensors."""
+    if off.host:
+        return None
+    return torch.cuda.current_stream().cuda_stream
+
+
+class _EagerLayer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, runner, *inputs):
+        n = runner.n_user
+        detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs[:n])
+        off = runner.layer.offload
+        stream = current_stream(off)
+        with torch.enable_grad():
+            with runner.layer.offloading(stream) as p:
+                out = runner.call(detached)
+                p.outputs = out
+        leaves, spec = _compat.tree_flatten(out)
+        for k, o in enumerate(leaves):
+            if not isinstance(o, torch.Tensor):
+                raise Error(_capi.E_INVALID_ARGUMENT, "output %d is a %s; outputs may only be tensors"
+                            % (k, type(o).__name__), "layer %r" % runner.name)
+        runner.out_spec = spec
+        ctx.runner = runner
+        ctx.rec = p.rec
+        ctx.inner_in = detached
+        ctx.inner_out = leaves
+        return tuple(o.detach() for o in leaves)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        runner = ctx.runner
+        lay = runner.layer
+        off = lay.offload
+        if ctx.inner_out is None:
+            raise Error(_capi.E_INVALID_STATE, "backward through this call ran twice (retain_graph); each call "
+                        "is offloaded once", "layer %r" % runner.name)
+        outs, gos = [], []
+        for o, g in zip(ctx.inner_out, grads):
+            if o.requires_grad and g is not None:
+                outs.append(o)
+                gos.append(g)
+        wrt_in = [k for k, x in enumerate(ctx.inner_in) if x.requires_grad]
+        wrt_p = [k for k, p in enumerate(runner.params) if p.requires_grad]
+        wrt = [ctx.inner_in[k] for k in wrt_in] + [runner.params[k] for k in wrt_p]
+        stream = current_stream(off)
+        lay.backward_begin(stream)
+        try:
+            if outs and wrt:
+                res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
+            else:
+                res = [None] * len(wrt)
+            # A gradient that is a view of a restored tensor would change when
+            # the slot is reused: give autograd its own copy.
+            res = [off.own(g) for g in res]
+        except BaseException as e:
+            err = original_error(e, [ctx.rec])
+            off.fail("layer %r: backward failed: %s" % (runner.name, err or e))
+            if err is not None:
+                raise err from None
+            raise
+        finally:
+            ctx.inner_out = None
+            ctx.inner_in = None
+            lay.backward_end(stream)
+        grads_in = [None] * runner.n_user
+        grads_p = [None] * len(runner.params)
+        for j, k in enumerate(wrt_in):
+            grads_in[k] = res[j]
+        for j, k in enumerate(wrt_p):
+            grads_p[k] = res[len(wrt_in) + j]
+        return (None,) + tuple(grads_in) + tuple(grads_p)
+
+
+def wrap(runner):
+    """The eager-offload version of runner's callable."""
+
+    def offloaded(*user_args):
+        leaves = _compat.tree_leaves(*user_args)
+        runner.check_args(leaves, torch.is_grad_enabled())
+        runner.layer.offload.check_usable()
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
+            # No backward will come: no group work, no schedule entry.
+            return runner.call(leaves)
+        out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
+        return _compat.tree_unflatten(list(out), runner.out_spec)
+
+    return offloaded

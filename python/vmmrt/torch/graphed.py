@@ -1,0 +1,392 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""make_graphed_callables with CPU activation offload.
+
+The same contract as torch.cuda.make_graphed_callables (same positional
+arguments, one forward and one backward graph per callable in one shared
+pool, captured in execution order: every forward, then the backwards in
+reverse), plus: the tensors each forward saves for its backward live at
+libvmmrt's fixed addresses, are copied to pinned host memory after the
+forward graph and restored before the backward graph, outside the graphs.
+
+Everything before capture (warm-up, discovery, allocation, learning the fixed
+addresses) runs outside capture on a side stream, as PyTorch's warm-up does.
+"""
+import difflib
+import logging
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from vmmrt import Error, _capi
+from vmmrt.torch import _callables, _compat, eager, planner
+from vmmrt.torch.offload import Offload
+from vmmrt.torch.saved import original_error
+
+log = logging.getLogger("vmmrt.torch")
+
+_OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
+            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes")
+
+
+def _reject_unknown(kwargs):
+    for k in kwargs:
+        near = difflib.get_close_matches(k, _OPTIONS, n=1)
+        raise TypeError("make_graphed_callables() got an unexpected keyword argument %r%s"
+                        % (k, " (did you mean %r?)" % near[0] if near else ""))
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
+                           capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
+                           graphs=True, grads="static", names=None, options=None, margin=0.9,
+                           min_bytes=1 << 16, **unknown):
+    """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
+
+    A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
+    a module or function, or a tuple of them in the order they run;
+    ``sample_args`` a tuple of tensors (a tuple of such tuples for several
+    callables). The training loop stays ``y = model(x); loss.backward();
+    optimizer.step()``; parameter gradients accumulate into ``.grad`` across
+    microbatches run one after another (one forward, then its backward).
+
+    Offload arguments (keyword only):
+
+    mode
+        "pingpong" (two resident banks; no driver call after allocation),
+        "remap" (device memory released after each D2H and mapped again
+        before the H2D) or "none" (slots stay resident: the same machinery
+        without offload, for A/B runs).
+    lookahead
+        how many layers ahead the restores (and remap's maps) start.
+    offload
+        what moves: 1.0 (every saved tensor that can), a fraction of each
+        layer's distinct saved bytes, 0.0 (nothing), or "auto": the planner
+        measures each layer's forward and the pinned bandwidth and moves the
+        most that hides behind compute (see :mod:`vmmrt.torch.planner`;
+        ``offload_of(c).plan.summary()`` says what it chose; ``margin`` is
+        its safety factor). Tensors marked with :func:`mark_not_offload`
+        never move.
+    graphs
+        False: no CUDA graphs, the same offload eagerly (also on CPU tensors
+        with the host backend, for tests).
+    grads
+        "static" (PyTorch's contract: the backward graph writes static
+        gradient buffers handed to autograd, so parameter hooks run; an
+        accumulated ``.grad`` is copied out of them first) or "accumulate"
+        (the backward graph adds into each parameter's ``.grad`` in place:
+        no static gradient buffers in the pool; parameter hooks do not run).
+    names
+        one name per callable for messages, traces and statistics.
+    min_bytes
+        regions (distinct saved byte ranges) smaller than this stay on the
+        device: scalars and index tensors are not worth a copy each.
+    options
+        further libvmmrt options ({"driver_workers": 1, ...}; see
+        ``vmmrt.options_table()``).
+
+    Returns what torch.cuda.make_graphed_callables returns; each returned
+    callable has ``offload_of(c)`` (the :class:`Offload`: statistics, memory,
+    the plan). Errors name the layer and the cause (:class:`vmmrt.Error`).
+    """
+    if unknown:
+        _reject_unknown(unknown)
+    if mode not in ("pingpong", "remap", "none"):
+        raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none'%s" % (
+            mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
+                str(mode), ("pingpong", "remap", "none"), n=1))))
+    if grads not in ("static", "accumulate"):
+        raise ValueError("grads=%r: choose 'static' or 'accumulate'" % (grads,))
+    if not (offload == "auto" or isinstance(offload, (bool, int, float))):
+        raise ValueError("offload=%r: a fraction between 0 and 1, True/False, or 'auto'" % (offload,))
+    if not isinstance(offload, str) and not 0 <= float(offload) <= 1:
+        raise ValueError("offload=%r: a fraction between 0 and 1, True/False, or 'auto'" % (offload,))
+    if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
+        raise RuntimeError("make_graphed_callables does not support the autocast caching. "
+                           "Please set `cache_enabled=False`.")
+    just_one, runners = _callables.prepare(callables, sample_args, names)
+    device = _device_of(runners)
+    if graphs and device.type != "cuda":
+        raise ValueError("graphs=True needs CUDA tensors (sample arguments are on %s); use graphs=False for "
+                         "eager offload" % device)
+    off = Offload(mode=mode, lookahead=lookahead, device=device, options=options, min_bytes=min_bytes)
+    try:
+        for r in runners:
+            static = r.params + r.buffers + (r.sample if graphs else ())
+            r.layer = off.layer(r.name, static=static)
+        stream = _warmup(runners, off, num_warmup_iters, allow_unused_input)
+        plan = None
+        if offload == "auto":
+            plan = _plan(runners, off, margin)
+            off.allocate(plan=plan)
+            log.info("%s", plan.summary())
+        else:
+            off.allocate(offload=float(offload))
+        if graphs:
+            funcs = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads)
+        else:
+            funcs = [eager.wrap(r) for r in runners]
+    except BaseException:
+        off.close()
+        raise
+    return _finish(runners, funcs, off, just_one)
+
+
+def _device_of(runners):
+    for r in runners:
+        for t in r.sample + r.params:
+            return t.device
+    return torch.device("cuda") if _compat.cuda_available() else torch.device("cpu")
+
+
+def _warmup(runners, off, iters, allow_unused_input):
+    """Warm-up and discovery, on a side stream on CUDA: autograd nodes made on
+    the legacy default stream and kept alive made a later backward capture
+    depend on it (cudaErrorStreamCaptureImplicit)."""
+    if off.device_type != "cuda":
+        _callables.warmup(runners, iters, allow_unused_input)
+        return None
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        _callables.warmup(runners, iters, allow_unused_input)
+    torch.cuda.synchronize()
+    return stream
+
+
+def _plan(runners, off, margin):
+    d2h, h2d = planner.measure_bandwidth(off.device, runtime=off.runtime)
+    rows = []
+    for r in runners:
+        sizes = [g.nbytes for g in off.candidates(r.layer)]
+        rows.append((r.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
+    return planner.plan(rows, d2h, h2d, margin)
+
+
+def _capture(r, what, graph, pool, stream, error_mode, body):
+    """Capture body() into graph; any failure becomes an Error naming the layer,
+    what was captured and the cause (the first one: a failed capture's end
+    reports only that the capture was invalidated)."""
+    inner, result = None, None
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
+            try:
+                result = body()
+            except BaseException as e:  # noqa: B902 - re-raised below, after the capture ends
+                inner = e
+    except BaseException as e:
+        if inner is None:
+            inner = e
+    if inner is not None:
+        _reset_capture_state(stream)
+        inner = original_error(inner, [r.layer.last_rec]) or inner
+        r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
+        if isinstance(inner, Error):
+            raise inner
+        raise Error(_capi.E_CAPTURE, "%s capture failed (is there an operation inside the layer that cannot be "
+                    "captured, such as a host synchronization, .item(), or a shape that depends on data?): "
+                    "%s: %s" % (what, type(inner).__name__, inner), "layer %r" % r.name) from inner
+    return result
+
+
+def _reset_capture_state(stream):
+    """A capture the driver invalidated (a .item(), a host sync) makes
+    CUDAGraph.capture_end raise before it ends the CUDA generator's capture,
+    which then refuses every later random number outside a graph ("Offset
+    increment outside graph capture"). An empty capture on the same stream
+    begins and ends it again."""
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            pass
+        del g
+    except Exception:  # the original failure is what the caller reports
+        pass
+
+
+def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads):
+    mempool = torch.cuda.graph_pool_handle() if pool is None else pool
+    handle = stream.cuda_stream
+    fwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
+    bwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
+    if grads == "accumulate":
+        _prepare_accumulate(runners)
+
+    for r, g in zip(runners, fwd_graphs):
+        def fwd(r=r):
+            with r.layer.capturing(handle) as p:
+                out = r.call(r.sample)
+                p.outputs = out
+            return out
+        out = _capture(r, "forward", g, mempool, stream, error_mode, fwd)
+        leaves, r.out_spec = _compat.tree_flatten(out)
+        r.static_outputs = tuple(leaves)
+
+    for r, g in zip(reversed(runners), reversed(bwd_graphs)):
+        r.static_grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in r.static_outputs)
+        need = tuple(o for o in r.static_outputs if o.requires_grad)
+        grad_inputs = None
+        if need:
+            def bwd(r=r, need=need):
+                with r.layer.capturing_backward():
+                    gos = tuple(o for o in r.static_grad_outputs if o is not None)
+                    if grads == "static":
+                        return torch.autograd.grad(need, tuple(i for i in r.surface if i.requires_grad), gos,
+                                                   only_inputs=True, allow_unused=allow_unused_input)
+                    return _backward_accumulate(r, need, gos)
+            grad_inputs = _capture(r, "backward", g, mempool, stream, error_mode, bwd)
+        static = []
+        k = 0
+        for a in r.surface:
+            if a.requires_grad and grad_inputs is not None:
+                static.append(grad_inputs[k])
+                k += 1
+            else:
+                static.append(None)
+        r.static_grad_inputs = tuple(static)
+    # (parameter, its static gradient buffer) of every layer: see _unalias.
+    aliases = [(p, r.static_grad_inputs[r.n_user + k]) for r in runners for k, p in enumerate(r.params)
+               if grads == "static" and r.static_grad_inputs[r.n_user + k] is not None]
+    return [_graphed(r, f, b, grads, aliases) for r, f, b in zip(runners, fwd_graphs, bwd_graphs)]
+
+
+def _unalias(aliases):
+    """AccumulateGrad keeps a static gradient buffer itself as .grad when .grad
+    was None (a tensor it may steal). The next replay of ANY graph may write
+    that buffer: the pool hands the blocks of tensors freed after a forward
+    capture (the saved originals, once copied to their fixed addresses) to
+    later captures, so a backward graph's static buffer can share memory with
+    an earlier forward graph's intermediates. So before a forward replays,
+    every .grad that is still such a buffer becomes a copy of its own."""
+    for p, sg in aliases:
+        g = p.grad
+        if g is not None and g.data_ptr() == sg.data_ptr():
+            p.grad = g.clone()
+
+
+def _prepare_accumulate(runners):
+    """grads="accumulate": each parameter's .grad is one preallocated tensor,
+    outside the graph pool, that the backward graph adds into."""
+    for r in runners:
+        for p in r.params:
+            if not p.requires_grad:
+                continue
+            if getattr(p, "_post_accumulate_grad_hooks", None) or getattr(p, "_backward_hooks", None):
+                raise ValueError("layer %r: a parameter has gradient hooks, which grads='accumulate' would skip "
+                                 "(the backward graph writes .grad itself); use grads='static'" % r.name)
+            acc = torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
+            p.grad = acc
+        r.acc = tuple(p.grad if p.requires_grad else None for p in r.params)
+
+
+def _backward_accumulate(r, need, gos):
+    """The backward with parameters' AccumulateGrad inside the capture: with
+    .grad defined, it is an in-place add (captured), and each temporary
+    gradient is freed as soon as it is added."""
+    inputs = [x for x in r.sample if x.requires_grad]
+    kept = [x.grad for x in inputs]
+    for x in inputs:
+        x.grad = None
+    wrt = inputs + [p for p in r.params if p.requires_grad]
+    torch.autograd.backward(need, gos, inputs=wrt)
+    res = []
+    for x, old in zip(inputs, kept):
+        res.append(x.grad)
+        x.grad = old
+    return tuple(res) + (None,) * (len(wrt) - len(inputs))
+
+
+def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
+    lay = r.layer
+    n_user = r.n_user
+    static_in = r.surface
+    static_out = r.static_outputs
+    static_gout = r.static_grad_outputs
+    static_gin = r.static_grad_inputs
+    params = r.params
+    r.pending = False
+
+    class Graphed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            if r.pending:
+                raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
+                            "one microbatch at a time (forward, then its backward)", "layer %r" % r.name)
+            _unalias(aliases)
+            for i in range(n_user):
+                if static_in[i].data_ptr() != inputs[i].data_ptr():
+                    static_in[i].copy_(inputs[i])
+            s = torch.cuda.current_stream().cuda_stream
+            lay.forward_begin(s)
+            fwd_graph.replay()
+            lay.forward_end(s)
+            r.pending = True
+            return tuple(o.detach() for o in static_out)
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, *gouts):
+            if not r.pending:
+                raise Error(_capi.E_INVALID_STATE, "backward without a forward (or twice for one forward)",
+                            "layer %r" % r.name)
+            for g, grad in zip(static_gout, gouts):
+                if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
+                    g.copy_(grad)
+            if grads == "accumulate":
+                for p, acc in zip(params, r.acc):
+                    if acc is None:
+                        continue
+                    if p.grad is None:
+                        acc.zero_()
+                        p.grad = acc
+                    elif p.grad.data_ptr() != acc.data_ptr():
+                        acc.copy_(p.grad)
+                        p.grad = acc
+            s = torch.cuda.current_stream().cuda_stream
+            lay.backward_begin(s)
+            bwd_graph.replay()
+            lay.backward_end(s)
+            r.pending = False
+            return tuple(b.detach() if b is not None else None for b in static_gin)
+
+    def functionalized(*user_args):
+        leaves = _compat.tree_leaves(*user_args)
+        r.check_args(leaves, torch.is_grad_enabled())
+        lay.offload.check_usable()
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + params):
+            # No backward will come: replaying would leave the group's schedule
+            # waiting for it, so the callable runs eagerly.
+            return r.call(leaves)
+        out = Graphed.apply(*(tuple(leaves) + params))
+        return _compat.tree_unflatten(list(out), r.out_spec)
+
+    return functionalized
+
+
+def _finish(runners, funcs, off, just_one):
+    ret = []
+    for r, f in zip(runners, funcs):
+        f.vmmrt_offload = off
+        if r.module is not None:
+            m = r.module
+            orig = m.forward
+            r.orig_forward = orig
+            training = m.training
+
+            def new_forward(*args, _m=m, _f=f, _orig=orig, _training=training, **kwargs):
+                if _m.training == _training:
+                    return _f(*args, **kwargs)
+                return _orig(*args, **kwargs)
+
+            m.forward = new_forward
+            m.vmmrt_offload = off
+            ret.append(m)
+        else:
+            ret.append(f)
+    return ret[0] if just_one else tuple(ret)
+
+
+def offload_of(c):
+    """The :class:`Offload` behind a callable returned by make_graphed_callables."""
+    off = getattr(c, "vmmrt_offload", None)
+    if off is None:
+        raise ValueError("%r did not come from vmmrt.torch.make_graphed_callables" % (c,))
+    return off

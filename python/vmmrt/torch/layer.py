@@ -1,0 +1,232 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""One runner (a layer with a forward and a backward) and its vmmrt group.
+
+This is the per-runner API for frameworks that own their graph runners (as
+Megatron does); :func:`vmmrt.torch.make_graphed_callables` is built on it.
+A runner goes through, in order:
+
+1. ``with layer.discovering() as p:`` around an eager forward (a warm-up,
+   on a side stream), setting ``p.outputs``; the saved tensors are recorded
+   and handed back to autograd unchanged;
+2. :meth:`vmmrt.torch.Offload.allocate` (all layers at once);
+3. ``with layer.capturing(stream) as p:`` around the forward being captured
+   into a graph: each moving region is copied into its fixed address at the
+   end of the forward, inside the graph; ``with layer.capturing_backward():``
+   around the backward's capture, whose saved tensors are then views at the
+   fixed addresses;
+4. every iteration, :meth:`forward_begin` / :meth:`forward_end` around the
+   forward graph's launch and :meth:`backward_begin` / :meth:`backward_end`
+   around the backward's, on the stream they are launched on.
+
+Without graphs, ``with layer.offloading(stream) as p:`` runs one eager
+forward through the same group (the copies and the D2H), and the backward is
+bracketed by the same two backward hooks.
+"""
+from vmmrt import Error, _capi
+from vmmrt.torch import _address, _compat
+from vmmrt.torch.saved import Recorder
+
+
+def _kernel_copy(region, ptr, device):
+    """Region's bytes from the original storage at ptr into its fixed address,
+    as an elementwise kernel on the current stream (torch's copy_ of two
+    contiguous tensors is a cudaMemcpyAsync, which the driver validates at
+    enqueue)."""
+    import torch
+    src = _address.tensor_at(ptr + region.lo, region.nbytes, torch.uint8, device)
+    dst = _address.tensor_at(region.addr, region.nbytes, torch.uint8, device)
+    torch.bitwise_or(src, 0, out=dst)
+
+
+class Pass:
+    """The context of one pass: set ``outputs`` to what the forward returned."""
+
+    def __init__(self, layer, kind, stream=None):
+        self.layer, self.kind, self.stream = layer, kind, stream
+        self.outputs = ()
+        self.rec = None
+        self._hooks = None
+
+    def __enter__(self):
+        lay = self.layer
+        lay._check_usable()
+        if self.kind == "discover":
+            if lay.offload.allocated:
+                raise Error(_capi.E_INVALID_STATE, "discovery after allocation", lay._where())
+            self.rec = Recorder(lay.name, lay.offload.device_type, lay.static, keep_all=True)
+        else:
+            if not lay.offload.allocated:
+                raise Error(_capi.E_INVALID_STATE, "%s before Offload.allocate()" % self.kind, lay._where())
+            self.rec = Recorder(lay.name, lay.offload.device_type, lay.static, plan=lay.plan)
+            self.rec.guard = lay._guard
+            if self.kind == "eager":
+                lay.group.forward_begin(self.stream)
+            lay.group.begin_capture()
+        lay.last_rec = self.rec
+        self._hooks = self.rec.hooks()
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        lay, rec = self.layer, self.rec
+        raised = exc
+        try:
+            self._hooks.__exit__(exc_type, exc, tb)
+        except BaseException as e:  # the Error a hook raised, unwrapped
+            raised = e
+        if raised is not None:
+            rec.release()
+            if self.kind != "discover":
+                lay.offload.fail("%s: %s pass failed: %s" % (lay._where(), self.kind, raised))
+            if raised is not exc:
+                raise raised
+            return False
+        try:
+            moves = rec.finish(_compat.tree_leaves(self.outputs))
+            if self.kind == "discover":
+                lay._discovered(rec)
+                return False
+            eager_cuda = self.kind == "eager" and not lay.offload.host
+            for r, ptr in moves:
+                if eager_cuda:
+                    # The driver checks a copy's addresses when it is enqueued, and
+                    # a remap slot is mapped only once the stream reaches the map
+                    # the forward hook waited for: a kernel checks nothing then.
+                    _kernel_copy(r, ptr, lay.offload.device)
+                    addr = lay.group.save(r.desc(), 0, None)
+                else:
+                    addr = lay.group.save(r.desc(), ptr + r.lo, self.stream)
+                if addr != r.addr:
+                    raise Error(_capi.E_MISMATCH, "region %d got address 0x%x, learned 0x%x"
+                                % (r.index, addr, r.addr), lay._where())
+            lay.group.end_capture()
+            if lay.offload.host:
+                # Host backend: the copies run on a stream thread and read the
+                # originals, which are freed next.
+                lay.offload.runtime.stream_synchronize(self.stream)
+            if self.kind == "eager":
+                lay.group.forward_end(self.stream)
+        except BaseException as e:
+            if self.kind != "discover":
+                lay.offload.fail("%s: %s pass failed: %s" % (lay._where(), self.kind, e))
+            raise
+        finally:
+            rec.release()
+        return False
+
+
+class LayerOffload:
+    """The offload state of one runner; made by :meth:`vmmrt.torch.Offload.layer`."""
+
+    def __init__(self, offload, name, static_storages):
+        self.offload = offload
+        self.name = name
+        self.static = frozenset(static_storages)
+        self.group = offload.runtime.group(name)
+        self.plan = None            # the discovery Recorder: signature and regions
+        self.passes = 0
+        self.fwd_ms = []
+        self.bwd_ms = []
+        self._restored = False      # between backward_begin and backward_end
+        self._bwd_capture = False
+        self.last_rec = None        # the recorder of the latest pass (its hooks' errors)
+
+    def _where(self):
+        return "layer %r" % self.name
+
+    def _check_usable(self):
+        self.offload.check_usable()
+
+    # ------------------------------------------------------------ passes
+    def discovering(self):
+        return Pass(self, "discover")
+
+    def capturing(self, stream):
+        return Pass(self, "capture", stream)
+
+    def offloading(self, stream):
+        return Pass(self, "eager", stream)
+
+    def capturing_backward(self):
+        lay = self
+
+        class _Ctx:
+            def __enter__(self):
+                lay._bwd_capture = True
+
+            def __exit__(self, *exc):
+                lay._bwd_capture = False
+
+        return _Ctx()
+
+    def _discovered(self, rec):
+        if self.plan is not None:
+            old, new = [e.key() for e in self.plan.entries], [e.key() for e in rec.entries]
+            if old != new:
+                i = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+                was = self.plan.entries[i].describe() if i < len(old) else "nothing"
+                now = rec.entries[i].describe() if i < len(new) else "nothing"
+                raise Error(_capi.E_MISMATCH, "warm-up passes saved different tensors: tensor %d was %s, then %s; "
+                            "a layer must save the same tensors at every call" % (i, was, now), self._where())
+        self.plan = rec
+        self.passes += 1
+
+    def _guard(self, i):
+        if not (self._restored or self._bwd_capture):
+            raise Error(_capi.E_INVALID_STATE, "saved tensor %d was used outside the layer's backward (its bytes "
+                        "are only there between backward_begin and backward_end)" % i, self._where())
+
+    # -------------------------------------------------------- allocation
+    @property
+    def regions(self):
+        return self.plan.regions if self.plan else []
+
+    def moving(self):
+        return [r for r in self.regions if r.selected]
+
+    def describe_to_group(self):
+        for r in self.moving():
+            self.group.discover(r.desc())
+
+    def learn_addresses(self):
+        """Ask the group for each region's fixed address (no copy) and build the
+        tensors over them, while every slot is mapped and outside any capture."""
+        moving = self.moving()
+        self.group.begin_capture()
+        for r in moving:
+            r.addr = self.group.save(r.desc(), 0, None)
+        self.group.end_capture()
+        for r in moving:
+            r.bases = {dt: _address.tensor_at(r.addr, r.nbytes, dt, self.offload.device) for dt in r.dtypes}
+
+    def saved_bytes(self):
+        """Bytes of this layer's saved tensors: "views" (as autograd saved them,
+        each view counted, kept tensors not), "distinct" (the regions behind
+        those views, each once), "moved" (the regions that are offloaded)."""
+        if not self.plan:
+            return {"views": 0, "distinct": 0, "moved": 0}
+        return {"views": self.plan.view_bytes(),
+                "distinct": sum(r.nbytes for r in self.regions),
+                "moved": sum(r.nbytes for r in self.moving())}
+
+    # ------------------------------------------------------------- hooks
+    def forward_begin(self, stream=None):
+        self._check_usable()
+        self.group.forward_begin(stream)
+
+    def forward_end(self, stream=None):
+        self.group.forward_end(stream)
+
+    def backward_begin(self, stream=None):
+        self._check_usable()
+        self.group.backward_begin(stream)
+        if self.offload.host:
+            # Host backend: the CPU reads the restored bytes itself, so it
+            # waits here for the restore the stream waits for.
+            self.offload.runtime.stream_synchronize(stream)
+        self._restored = True
+
+    def backward_end(self, stream=None):
+        self._restored = False
+        self.group.backward_end(stream)
+

@@ -1,0 +1,211 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""One libvmmrt runtime and the layers that offload through it.
+
+An :class:`Offload` is what :func:`vmmrt.torch.make_graphed_callables` builds
+for its callables; frameworks with their own runners use it directly:
+
+    off = vmmrt.torch.Offload(mode="pingpong", lookahead=1)
+    layers = [off.layer("layer%d" % i, static=m.parameters()) for i, m in enumerate(model)]
+    ... discovery passes (LayerOffload.discovering) ...
+    off.allocate(offload=1.0)          # or a fraction, or plan=vmmrt.torch.planner.plan(...)
+    ... captures and replays (LayerOffload.capturing, the four hooks) ...
+"""
+import logging
+
+import torch
+
+import vmmrt
+from vmmrt import Error, _capi
+from vmmrt.torch import _compat, select
+from vmmrt.torch.layer import LayerOffload
+
+log = logging.getLogger("vmmrt.torch")
+
+MODES = ("pingpong", "remap", "none")
+
+
+def runtime_options(device):
+    """The C options that put a runtime on a torch device: the cuda backend on
+    its ordinal, or the host backend (CPU tensors)."""
+    if device.type == "cuda":
+        return {"backend": "cuda", "device": device.index if device.index is not None else
+                torch.cuda.current_device()}
+    if device.type == "cpu":
+        return {"backend": "host"}
+    raise ValueError("no libvmmrt backend for device %s" % device)
+
+
+def _storages(tensors):
+    out = set()
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.numel():
+            out.add(_compat.storage_of(t)[0])
+    return out
+
+
+class Offload:
+    """A libvmmrt runtime for one set of layers, created in forward order.
+
+    ``mode``: "pingpong" (two resident banks), "remap" (memory released after
+    the D2H and mapped again before the H2D) or "none" (resident, same hooks).
+    ``lookahead``: restores started ahead of the backward being run.
+    ``device``: a CUDA device (the cuda backend), or "cpu" for the host
+    backend (a GPU emulated on host memory; CPU tensors). ``options``: any
+    further C option ("driver_workers", "handle_pool", "timeout_ms", ...).
+    ``min_bytes``: smaller regions stay (a copy node in the graph and a slot
+    offset each, for memory that does not matter: scalars, index tensors).
+    """
+
+    def __init__(self, mode="pingpong", lookahead=1, device=None, options=None, min_bytes=1 << 16):
+        if mode not in MODES:
+            raise ValueError("mode %r is not one of %s" % (mode, ", ".join(MODES)))
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        opts = {"mode": mode, "lookahead": lookahead}
+        opts.update(runtime_options(device))
+        opts.update(options or {})
+        self.runtime = vmmrt.Runtime(opts)
+        self.device = device
+        self.host = self.runtime.backend == "host"
+        self.device_type = "cpu" if self.host else "cuda"
+        self.mode = self.runtime.mode          # the environment may override what was asked
+        self.lookahead = self.runtime.lookahead
+        self.layers = []
+        self.allocated = False
+        self.plan = None
+        self.failed = None
+        self._ranges = []
+        self.min_bytes = min_bytes
+
+    # ------------------------------------------------------------- state
+    def fail(self, why):
+        if self.failed is None:
+            self.failed = why
+            log.error("vmmrt offload unusable: %s", why)
+
+    def check_usable(self):
+        if self.failed is not None:
+            raise Error(_capi.E_INVALID_STATE, "this offload cannot be used after an earlier failure (%s); "
+                        "build the graphed callables again" % self.failed)
+        if self.runtime.closed:
+            raise Error(_capi.E_INVALID_STATE, "this offload was closed")
+
+    def layer(self, name, static=()):
+        """A new layer (its group), in forward order; ``static``: tensors whose
+        storage never moves (parameters, buffers, static graph inputs)."""
+        if self.allocated:
+            raise Error(_capi.E_INVALID_STATE, "layer %r created after allocate()" % name)
+        if any(l.name == name for l in self.layers):
+            raise ValueError("two layers named %r" % name)
+        lay = LayerOffload(self, name, _storages(static))
+        self.layers.append(lay)
+        return lay
+
+    # -------------------------------------------------------- allocation
+    def candidates(self, lay):
+        """The regions of a layer that may move (in discovery order): not kept for
+        a reason, and not smaller than min_bytes."""
+        for r in lay.regions:
+            if r.reason is None and r.nbytes < self.min_bytes:
+                r.selected, r.reason = False, "small"
+        return [r for r in lay.regions if r.reason is None]
+
+    def allocate(self, offload=1.0, plan=None):
+        """End discovery: choose what moves, describe it to the groups, allocate
+        (slots or banks, pinned host buffers) and learn every fixed address.
+
+        ``offload``: a fraction of each layer's distinct saved bytes (1.0: all),
+        or ignored when ``plan`` (a :class:`vmmrt.torch.planner.Plan`) is given.
+        """
+        self.check_usable()
+        if self.allocated:
+            raise Error(_capi.E_INVALID_STATE, "allocate() called twice")
+        for lay in self.layers:
+            if lay.plan is None:
+                raise Error(_capi.E_INVALID_STATE, "layer %r was never discovered (run a discovery pass of every "
+                            "layer before allocate)" % lay.name)
+        if isinstance(offload, bool):
+            offload = 1.0 if offload else 0.0
+        for i, lay in enumerate(self.layers):
+            cand = self.candidates(lay)
+            if plan is not None:
+                chosen = set(plan.layers[i].chosen)
+                for k, r in enumerate(cand):
+                    r.selected = k in chosen
+                    if not r.selected:
+                        r.reason = "budget"
+            else:
+                sizes = [r.nbytes for r in cand]
+                select.apply(cand, None if offload >= 1.0 else select.fraction_budget(sizes, offload))
+            lay.describe_to_group()
+        self.plan = plan
+        try:
+            self.runtime.offload_allocate()
+            self.allocated = True
+            for lay in self.layers:
+                lay.learn_addresses()
+        except BaseException as e:
+            self.fail("allocation: %s" % e)
+            raise
+        self._ranges = [(lay.group.address, lay.group.address + lay.group.nbytes)
+                        for lay in self.layers if lay.moving()]
+        log.info("vmmrt: %s", self.describe())
+
+    def own(self, t):
+        """t, or a copy of it if it lies in a slot (where its bytes will not stay)."""
+        if t is None or not t.numel():
+            return t
+        p = t.data_ptr()
+        for lo, hi in self._ranges:
+            if lo <= p < hi:
+                return t.clone()
+        return t
+
+    # ------------------------------------------------------ information
+    def saved_bytes(self):
+        out = {"views": 0, "distinct": 0, "moved": 0}
+        for lay in self.layers:
+            for k, v in lay.saved_bytes().items():
+                out[k] += v
+        return out
+
+    def group_bytes(self):
+        return [lay.group.nbytes for lay in self.layers]
+
+    def device_bytes(self):
+        """Device memory libvmmrt maps for activations now (driver workers' count)."""
+        return self.runtime.offload_stats()["activation_bytes"]
+
+    def expected_bytes(self):
+        """What the strategy should hold in the steady state: two banks of the largest
+        group (pingpong), look-ahead + 1 groups (remap), every group (none); unrounded."""
+        sizes = self.group_bytes()
+        if not sizes:
+            return 0
+        if self.mode == "pingpong":
+            return 2 * max(sizes)
+        if self.mode == "remap":
+            return sum(sorted(sizes, reverse=True)[:self.lookahead + 1])
+        return sum(sizes)
+
+    def describe(self):
+        b = self.saved_bytes()
+        mib = 1 << 20
+        return ("%s, look-ahead %d, %d layers: saved %.1f MiB as views, %.1f MiB distinct, %.1f MiB offloaded"
+                % (self.mode, self.lookahead, len(self.layers), b["views"] / mib, b["distinct"] / mib,
+                   b["moved"] / mib))
+
+    def stats(self):
+        return self.runtime.offload_stats()
+
+    def sync(self):
+        """Wait for every copy and driver request in flight (end of training, tests)."""
+        self.runtime.offload_sync()
+
+    def close(self):
+        """Destroy the runtime: the graphs built over its addresses must not run again."""
+        if not self.runtime.closed:
+            self.runtime.close()
