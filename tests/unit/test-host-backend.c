@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <urcu/uatomic.h>
 
+#include "backend-check.h"
 #include "backend/backend.h"
 
 #define MiB ((size_t)1 << 20)
@@ -43,18 +44,8 @@ static const vmmrt__backend_ops *const ops = &vmmrt__backend_host;
 
 /* A query's answer (finished or not); an error fails the test. */
 static bool qd;
-static bool ev_done(vmmrt__backend *b, vmmrt__bevent *e)
-{
-	bool d = false;
-	OK(ops->event_query(b, e, &d));
-	return d;
-}
-static bool st_done(vmmrt__backend *b, vmmrt_stream s)
-{
-	bool d = false;
-	OK(ops->stream_query(b, s, &d));
-	return d;
-}
+#define ev_done(b, e) test_event_done(ops, (b), (e))
+#define st_done(b, s) test_stream_done(ops, (b), (s))
 
 /* --------------------------------------------------------------- helpers */
 

@@ -342,15 +342,7 @@ static void two_runtimes_at_once(void **state)
 		{.cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1, .workers = 2,
 			 .fwd_ns = 100000, .bwd_ns = 100000}, .iterations = 3},
 	};
-	pthread_t t[2];
-	for (int i = 0; i < 2; i++)
-		assert_int_equal(pthread_create(&t[i], NULL, model_job_run, &r[i]), 0);
-	for (int i = 0; i < 2; i++) {
-		pthread_join(t[i], NULL);
-		assert_int_equal(r[i].st, VMMRT_OK);
-		assert_int_equal(r[i].bad, 0);
-		assert_int_equal(r[i].checked, 3 * r[i].cfg.layers);
-	}
+	assert_int_equal(model_jobs_run(r, 2), 0);
 }
 
 /* Out of memory on the maps a stream waits for: reported, retried, no byte lost. */
