@@ -59,6 +59,7 @@ typedef struct scen {
 	unsigned nres;           /* tensors in all groups */
 	size_t input_bytes;
 	unsigned target_iters;
+	bool end_in_flight;      /* remap: end right after a last forward, copies slow (see configure) */
 
 	/* objects of the application side */
 	vmmrt_stream compute;
@@ -71,6 +72,7 @@ typedef struct scen {
 	uint8_t verified[MAXIT][MAXG];
 	unsigned iters;
 	bool allocated, captured, stats_reset;
+	unsigned quiet_it;       /* the first iteration after the last quiet point (a checkpoint) */
 	size_t base_free, base_total;
 
 	/* what happened */
