@@ -56,9 +56,14 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 		return vmmrt__error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
 	st = vmmrt__drv_mem_set_access(rt, s->va, s->size);
 	if (st != VMMRT_OK) {
-		/* Roll the partial map back so the slot is exactly as before. */
-		vmmrt_status st2 = vmmrt__drv_mem_unmap(rt, s->va, s->size);
-		(void)st2;
+		/* Roll the partial map back so the slot is exactly as before; a
+		 * refused unmap is tried once more, as a destroy does, or the
+		 * memory would stay mapped behind a slot that says it is not. */
+		char why[512];
+		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+		if (vmmrt__drv_mem_unmap(rt, s->va, s->size) != VMMRT_OK)
+			(void)vmmrt__drv_mem_unmap(rt, s->va, s->size);
+		vmmrt__error_adopt(why);
 		return vmmrt__error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
 	}
 	s->mapped = true;
