@@ -126,24 +126,18 @@ static inline void count_handles(vmmrt_runtime *rt, vmmrt__drv_call c)
 		return rt->ops->op(rt->be VMMRT__LIST args); \
 	}
 
-#define DOOR_PLAIN(op, call, params, args) \
+/* enter(), then `before` (a statement), then the call. */
+#define DOOR_ENTERED(op, call, params, args, before) \
 	vmmrt_status vmmrt__drv_##op(vmmrt_runtime *rt VMMRT__LIST params) \
 	{ \
 		vmmrt_status st_ = enter(rt, call); \
 		if (st_ != VMMRT_OK) \
 			return st_; \
+		before; \
 		return rt->ops->op(rt->be VMMRT__LIST args); \
 	}
-
-#define DOOR_BLOCKING(op, call, params, args) \
-	vmmrt_status vmmrt__drv_##op(vmmrt_runtime *rt VMMRT__LIST params) \
-	{ \
-		vmmrt_status st_ = enter(rt, call); \
-		if (st_ != VMMRT_OK) \
-			return st_; \
-		count_blocking(rt); \
-		return rt->ops->op(rt->be VMMRT__LIST args); \
-	}
+#define DOOR_PLAIN(op, call, params, args) DOOR_ENTERED(op, call, params, args, (void)0)
+#define DOOR_BLOCKING(op, call, params, args) DOOR_ENTERED(op, call, params, args, count_blocking(rt))
 
 #define DOOR_OWN(op, call, params, args)
 #define DOOR_NONE(op, call, params, args)

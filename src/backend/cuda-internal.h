@@ -235,17 +235,23 @@ static inline void vmmrt__cuda_ctx_leave(int pushed)
 			return st_enter_; \
 	} while (0)
 
-/* One driver call inside an op: enter, call, leave, report. */
-#define CU_CALL(b, op, call, ...) \
+/* One driver call inside an op: enter, call, leave, report a result other
+ * than success and `also` (then, with the result in r_, run `then`). */
+#define CU_CALL_ACCEPT(b, op, call, also, then, ...) \
 	do { \
 		int pushed_; \
 		CUresult r_; \
 		OP_ENTER(b, op, pushed_); \
 		r_ = (call); \
 		vmmrt__cuda_ctx_leave(pushed_); \
-		if (r_ != CUDA_SUCCESS) \
+		if (r_ != CUDA_SUCCESS && r_ != (also)) \
 			return vmmrt__cuda_error(r_, __VA_ARGS__); \
+		then; \
 	} while (0)
+#define CU_CALL(b, op, call, ...) CU_CALL_ACCEPT(b, op, call, CUDA_SUCCESS, (void)0, __VA_ARGS__)
+/* A query: CUDA_ERROR_NOT_READY is the answer "not yet", not a failure. */
+#define CU_QUERY(b, op, call, done, ...) \
+	CU_CALL_ACCEPT(b, op, call, CUDA_ERROR_NOT_READY, *(done) = r_ == CUDA_SUCCESS, __VA_ARGS__)
 
 #define CU_STREAM(s) ((CUstream)(s))
 #define CU_EVENT(e) ((CUevent)(e))
@@ -272,11 +278,8 @@ void vmmrt__cuda_load_kernels(vmmrt__backend *b);
 /* ------------------------------------------------------------ the ops */
 
 /* Every operation of backend-ops.h: vmmrt__cuda_<op>. */
-#define VMMRT__CUDA_DECL(op, door, call, params, args) vmmrt_status vmmrt__cuda_##op(vmmrt__backend *b VMMRT__LIST params);
-#define VMMRT__CUDA_DECL_T(op, call, params, args, bytes) VMMRT__CUDA_DECL(op, VMM, call, params, args)
-VMMRT__BACKEND_OPS(VMMRT__CUDA_DECL, VMMRT__CUDA_DECL_T)
-#undef VMMRT__CUDA_DECL
-#undef VMMRT__CUDA_DECL_T
+#define VMMRT__OP_PREFIX vmmrt__cuda_
+VMMRT__BACKEND_DECLS
 
 #endif /* VMMRT_CUDA_IMPL */
 #endif /* VMMRT_CUDA_INTERNAL_H */

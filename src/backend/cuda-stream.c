@@ -41,19 +41,6 @@ vmmrt_status vmmrt__cuda_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 	return VMMRT_OK;
 }
 
-/* A query: CUDA_ERROR_NOT_READY is the answer "not yet", not a failure. */
-#define CU_QUERY(b, op, call, done, ...) \
-	do { \
-		int pushed_; \
-		CUresult r_; \
-		OP_ENTER(b, op, pushed_); \
-		r_ = (call); \
-		vmmrt__cuda_ctx_leave(pushed_); \
-		if (r_ != CUDA_SUCCESS && r_ != CUDA_ERROR_NOT_READY) \
-			return vmmrt__cuda_error(r_, __VA_ARGS__); \
-		*(done) = r_ == CUDA_SUCCESS; \
-	} while (0)
-
 vmmrt_status vmmrt__cuda_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done)
 {
 	VMMRT_CHECK_ARG(done != NULL, "NULL result");
@@ -70,24 +57,28 @@ vmmrt_status vmmrt__cuda_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vm
 	return VMMRT_OK;
 }
 
+/* cuStreamWaitValue32 (>= value) or cuStreamWriteValue32: one signature, the same checks. */
+static vmmrt_status value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value, bool wait)
+{
+	const char *op = wait ? "cuStreamWaitValue32" : "cuStreamWriteValue32";
+	PFN_cuStreamWaitValue32_v11070 fn = wait ? vmmrt__cu.StreamWaitValue32 : vmmrt__cu.StreamWriteValue32;
+
+	ROLE_CHECK(op);
+	VMMRT_CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
+	CU_CALL(b, op,
+		fn(CU_STREAM(s), (CUdeviceptr)addr, value, wait ? CU_STREAM_WAIT_VALUE_GEQ : CU_STREAM_WRITE_VALUE_DEFAULT),
+		"%s(%p, 0x%llx, %s%u)", op, (void *)s, (unsigned long long)addr, wait ? ">= " : "", value);
+	return VMMRT_OK;
+}
+
 vmmrt_status vmmrt__cuda_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
 {
-	ROLE_CHECK("cuStreamWaitValue32");
-	VMMRT_CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
-	CU_CALL(b, "cuStreamWaitValue32",
-		vmmrt__cu.StreamWaitValue32(CU_STREAM(s), (CUdeviceptr)addr, value, CU_STREAM_WAIT_VALUE_GEQ),
-		"cuStreamWaitValue32(%p, 0x%llx, >= %u)", (void *)s, (unsigned long long)addr, value);
-	return VMMRT_OK;
+	return value32(b, s, addr, value, true);
 }
 
 vmmrt_status vmmrt__cuda_stream_write_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value)
 {
-	ROLE_CHECK("cuStreamWriteValue32");
-	VMMRT_CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
-	CU_CALL(b, "cuStreamWriteValue32",
-		vmmrt__cu.StreamWriteValue32(CU_STREAM(s), (CUdeviceptr)addr, value, CU_STREAM_WRITE_VALUE_DEFAULT),
-		"cuStreamWriteValue32(%p, 0x%llx, %u)", (void *)s, (unsigned long long)addr, value);
-	return VMMRT_OK;
+	return value32(b, s, addr, value, false);
 }
 
 vmmrt_status vmmrt__cuda_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out)
