@@ -36,6 +36,8 @@
 
 /* Expand a parenthesized parameter or argument list: VMMRT__LIST (, a, b) is , a, b */
 #define VMMRT__LIST(...) __VA_ARGS__
+#define VMMRT__PASTE(a, b) VMMRT__PASTE_(a, b)
+#define VMMRT__PASTE_(a, b) a##b
 
 #define VMMRT__BACKEND_OPS(X, T) \
 	/* the device */ \
@@ -107,5 +109,20 @@
 	/* the built-in kernels */ \
 	X(kernel_launch, PLAIN, "cuLaunchKernel", (, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *args), \
 	  (, s, k, args))
+
+/*
+ * A backend's side of the list. With VMMRT__OP_PREFIX defined as the prefix
+ * of its functions (vmmrt__host_): VMMRT__BACKEND_DECLS declares them all,
+ * VMMRT__BACKEND_TABLE(name, open, close) is its table, filled with them,
+ * so a backend that lacks one does not build.
+ */
+#define VMMRT__OP_DECL(op, door, call, params, args) \
+	vmmrt_status VMMRT__PASTE(VMMRT__OP_PREFIX, op)(vmmrt__backend * b VMMRT__LIST params);
+#define VMMRT__OP_DECL_T(op, call, params, args, bytes) VMMRT__OP_DECL(op, VMM, call, params, args)
+#define VMMRT__BACKEND_DECLS VMMRT__BACKEND_OPS(VMMRT__OP_DECL, VMMRT__OP_DECL_T)
+#define VMMRT__OP_ENTRY(op, door, call, params, args) .op = VMMRT__PASTE(VMMRT__OP_PREFIX, op),
+#define VMMRT__OP_ENTRY_T(op, call, params, args, bytes) VMMRT__OP_ENTRY(op, VMM, call, params, args)
+#define VMMRT__BACKEND_ENTRIES VMMRT__BACKEND_OPS(VMMRT__OP_ENTRY, VMMRT__OP_ENTRY_T)
+#define VMMRT__BACKEND_TABLE(name_, open_, close_) {.name = name_, .open = open_, .close = close_, VMMRT__BACKEND_ENTRIES}
 
 #endif

@@ -392,14 +392,7 @@ vmmrt_status vmmrt__cuda_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 	return VMMRT_OK;
 }
 
-const vmmrt__backend_ops vmmrt__backend_cuda = {
-	.name = "cuda",
-	.open = cuda_open,
-	.close = cuda_close,
-#define CUDA_OP(op, door, call, params, args) .op = vmmrt__cuda_##op,
-#define CUDA_OP_T(op, call, params, args, bytes) .op = vmmrt__cuda_##op,
-	VMMRT__BACKEND_OPS(CUDA_OP, CUDA_OP_T)
-};
+const vmmrt__backend_ops vmmrt__backend_cuda = VMMRT__BACKEND_TABLE("cuda", cuda_open, cuda_close);
 
 #else /* !VMMRT_CUDA_IMPL */
 

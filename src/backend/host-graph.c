@@ -48,24 +48,12 @@ vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 
 vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	vmmrt_status status = vmmrt__host_enter(b, __func__);
-
-	if (status != VMMRT_OK)
-		return status;
-	return vmmrt__host_unregister(b, &vmmrt__host_events_kind, e, __func__);
+	return vmmrt__host_destroy(b, &vmmrt__host_events_kind, e, __func__);
 }
 
 vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt__host_enter(b, __func__);
-	struct host_op op = {.kind = OP_RECORD};
-
-	if (status != VMMRT_OK)
-		return status;
-	if ((status = vmmrt__host_event_ref(b, e, __func__)) != VMMRT_OK)
-		return status;
-	op.u.event = e;
-	return vmmrt__host_submit(b, s, &op, __func__);
+	return vmmrt__host_event_op(b, s, e, OP_RECORD, __func__);
 }
 
 vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *out)
@@ -246,9 +234,5 @@ vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt
 
 vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 {
-	vmmrt_status status = vmmrt__host_enter(b, __func__);
-
-	if (status != VMMRT_OK)
-		return status;
-	return vmmrt__host_unregister(b, &vmmrt__host_graphs_kind, g, __func__);
+	return vmmrt__host_destroy(b, &vmmrt__host_graphs_kind, g, __func__);
 }

@@ -87,9 +87,10 @@ void vmmrt__host_register(vmmrt__backend *b, const vmmrt__host_kind *k, struct c
 /* The registered object of key, or NULL. Caller holds obj_lock. */
 struct cds_list_head *vmmrt__host_lookup(vmmrt__backend *b, const vmmrt__host_kind *k,
 					 const void *key) VMMRT_HOST_HIDDEN;
-/* Destroy: find, unlink and release; k->unknown if key is not registered. */
-vmmrt_status vmmrt__host_unregister(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key,
-				    const char *func) VMMRT_HOST_HIDDEN;
+/* A destroy op: the prologue, then find, unlink and release; k->unknown if
+ * key is not registered. */
+vmmrt_status vmmrt__host_destroy(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key,
+				 const char *func) VMMRT_HOST_HIDDEN;
 /* Close: unlink and release every object of the kind, one at a time. */
 void vmmrt__host_unregister_all(vmmrt__backend *b, const vmmrt__host_kind *k) VMMRT_HOST_HIDDEN;
 
@@ -190,6 +191,9 @@ struct vmmrt_stream_s *vmmrt__host_stream_lock(vmmrt__backend *b, vmmrt_stream s
 vmmrt_status vmmrt__host_unknown_stream(vmmrt_stream s, const char *func) VMMRT_HOST_HIDDEN;
 /* A reference on a registered event, taken under obj_lock so a concurrent destroy cannot free it. */
 vmmrt_status vmmrt__host_event_ref(vmmrt__backend *b, vmmrt__bevent *e, const char *func) VMMRT_HOST_HIDDEN;
+/* An event's record or wait, enqueued on s (func: the op, for messages). */
+vmmrt_status vmmrt__host_event_op(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e,
+				  enum vmmrt__host_op_kind kind, const char *func) VMMRT_HOST_HIDDEN;
 /* Enqueue op on stream s, or record it when s is capturing. Takes over the
  * reference op holds, also on failure. */
 vmmrt_status vmmrt__host_submit(vmmrt__backend *b, vmmrt_stream s, const struct host_op *op,
@@ -199,12 +203,8 @@ vmmrt_status vmmrt__host_submit(vmmrt__backend *b, vmmrt_stream s, const struct 
 void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 
 /* Every operation of backend-ops.h: vmmrt__host_<op> (host.c: the device, VMM,
- * pinned memory; host-stream.c: the rest). */
-#define VMMRT__HOST_DECL(op, door, call, params, args) \
-	vmmrt_status vmmrt__host_##op(vmmrt__backend *b VMMRT__LIST params) VMMRT_HOST_HIDDEN;
-#define VMMRT__HOST_DECL_T(op, call, params, args, bytes) VMMRT__HOST_DECL(op, VMM, call, params, args)
-VMMRT__BACKEND_OPS(VMMRT__HOST_DECL, VMMRT__HOST_DECL_T)
-#undef VMMRT__HOST_DECL
-#undef VMMRT__HOST_DECL_T
+ * pinned memory; host-graph.c: events and graphs; host-stream.c: the rest). */
+#define VMMRT__OP_PREFIX vmmrt__host_
+VMMRT__BACKEND_DECLS
 
 #endif /* VMMRT_HOST_INTERNAL_H */

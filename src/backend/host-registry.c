@@ -44,10 +44,13 @@ struct cds_list_head *vmmrt__host_lookup(vmmrt__backend *b, const vmmrt__host_ki
 	return NULL;
 }
 
-vmmrt_status vmmrt__host_unregister(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key, const char *func)
+vmmrt_status vmmrt__host_destroy(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key, const char *func)
 {
 	struct cds_list_head *node;
+	vmmrt_status st = vmmrt__host_enter(b, func);
 
+	if (st != VMMRT_OK)
+		return st;
 	pthread_mutex_lock(&b->obj_lock);
 	node = vmmrt__host_lookup(b, k, key);
 	if (node)

@@ -46,9 +46,17 @@ _Static_assert(offsetof(struct vmmrt_stream_s, node) == 0, "a stream is its list
 _Static_assert(offsetof(struct vmmrt__bevent, node) == 0, "an event is its list node");
 _Static_assert(offsetof(struct vmmrt__bgraph, node) == 0, "a graph is its list node");
 
+/* NULL, VMMRT_STREAM_LEGACY and VMMRT_STREAM_PER_THREAD name the default stream. */
+static bool stream_is(const struct cds_list_head *node, const void *s)
+{
+	const struct vmmrt_stream_s *st = (const struct vmmrt_stream_s *)node;
+	return VMMRT__IS_DEFAULT_STREAM((vmmrt_stream)s) ? st == st->b->default_stream : st == s;
+}
+
 static const vmmrt__host_kind streams = {
 	.unknown = "%s: unknown stream %p",
 	.list = offsetof(vmmrt__backend, streams),
+	.match = stream_is,
 	.release = stream_release,
 };
 const vmmrt__host_kind vmmrt__host_events_kind = {
@@ -62,16 +70,10 @@ const vmmrt__host_kind vmmrt__host_graphs_kind = {
 	.release = graph_release,
 };
 
-/* NULL, VMMRT_STREAM_LEGACY and VMMRT_STREAM_PER_THREAD name the default stream. */
-static const void *stream_key(const vmmrt__backend *b, vmmrt_stream s)
-{
-	return VMMRT__IS_DEFAULT_STREAM(s) ? (const void *)b->default_stream : (const void *)s;
-}
-
 /* Callers hold obj_lock. */
 static struct vmmrt_stream_s *stream_find(vmmrt__backend *b, vmmrt_stream s)
 {
-	return (struct vmmrt_stream_s *)vmmrt__host_lookup(b, &streams, stream_key(b, s));
+	return (struct vmmrt_stream_s *)vmmrt__host_lookup(b, &streams, s);
 }
 
 /* A reference on a registered event, taken under obj_lock so a concurrent destroy cannot free it. */
@@ -291,11 +293,7 @@ static void stream_stop_free(struct vmmrt_stream_s *st)
 
 vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s)
 {
-	vmmrt_status status = vmmrt__host_enter(b, __func__);
-
-	if (status != VMMRT_OK)
-		return status;
-	return vmmrt__host_unregister(b, &streams, stream_key(b, s), __func__);
+	return vmmrt__host_destroy(b, &streams, s, __func__);
 }
 
 vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
@@ -327,17 +325,23 @@ vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *d
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e)
+vmmrt_status vmmrt__host_event_op(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e,
+				  enum vmmrt__host_op_kind kind, const char *func)
 {
-	vmmrt_status status = vmmrt__host_enter(b, __func__);
-	struct host_op op = {.kind = OP_WAIT_EVENT};
+	vmmrt_status status = vmmrt__host_enter(b, func);
+	struct host_op op = {.kind = kind};
 
 	if (status != VMMRT_OK)
 		return status;
-	if ((status = vmmrt__host_event_ref(b, e, __func__)) != VMMRT_OK)
+	if ((status = vmmrt__host_event_ref(b, e, func)) != VMMRT_OK)
 		return status;
 	op.u.event = e;
-	return vmmrt__host_submit(b, s, &op, __func__);
+	return vmmrt__host_submit(b, s, &op, func);
+}
+
+vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e)
+{
+	return vmmrt__host_event_op(b, s, e, OP_WAIT_EVENT, __func__);
 }
 
 static vmmrt_status value_op(vmmrt__backend *b, vmmrt_stream s, enum vmmrt__host_op_kind kind, vmmrt_devptr addr,

@@ -144,6 +144,27 @@ static void model_latency(vmmrt__backend *b, enum host_call c, size_t bytes, uin
 	vmmrt__sleep_until(start_ns + (uint64_t)(us * 1000.0));
 }
 
+/*
+ * The end of a VMM op that adds a record under vmm_lock: on success, add it
+ * to its list and pay the driver's cost inside the lock (VMM calls
+ * serialise on the H200 too); on failure, drop the record.
+ */
+static vmmrt_status vmm_commit(vmmrt__backend *b, struct cds_list_head *node, struct cds_list_head *list,
+			       enum host_call c, size_t size, uint64_t t0)
+{
+	cds_list_add_tail(node, list);
+	model_latency(b, c, size, t0);
+	pthread_mutex_unlock(&b->vmm_lock);
+	return VMMRT_OK;
+}
+
+static vmmrt_status vmm_abort(vmmrt__backend *b, void *record, vmmrt_status st)
+{
+	pthread_mutex_unlock(&b->vmm_lock);
+	free(record);
+	return st;
+}
+
 /* ------------------------------------------------------------ open and close */
 
 static void host_close(vmmrt__backend *b);
@@ -465,16 +486,10 @@ vmmrt_status vmmrt__host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhand
 	m->fd = fd;
 	m->size = size;
 	b->created_bytes += size;
-	cds_list_add_tail(&m->node, &b->handles);
 	*out = (vmmrt__bhandle)(uintptr_t)m;
-	/* the driver's cost is paid inside its lock: VMM calls serialise on the H200 too */
-	model_latency(b, CALL_CREATE, size, t0);
-	pthread_mutex_unlock(&b->vmm_lock);
-	return VMMRT_OK;
+	return vmm_commit(b, &m->node, &b->handles, CALL_CREATE, size, t0);
 fail:
-	pthread_mutex_unlock(&b->vmm_lock);
-	free(m);
-	return st;
+	return vmm_abort(b, m, st);
 }
 
 vmmrt_status vmmrt__host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
@@ -583,14 +598,9 @@ vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size
 	map->size = size;
 	map->mem = mem;
 	mem->maps++;
-	cds_list_add_tail(&map->node, &b->mappings);
-	model_latency(b, CALL_MAP, size, t0);
-	pthread_mutex_unlock(&b->vmm_lock);
-	return VMMRT_OK;
+	return vmm_commit(b, &map->node, &b->mappings, CALL_MAP, size, t0);
 fail:
-	pthread_mutex_unlock(&b->vmm_lock);
-	free(map);
-	return st;
+	return vmm_abort(b, map, st);
 }
 
 vmmrt_status vmmrt__host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
@@ -726,11 +736,7 @@ vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 
 vmmrt_status vmmrt__host_host_free(vmmrt__backend *b, void *p)
 {
-	vmmrt_status st = vmmrt__host_enter(b, __func__);
-
-	if (st != VMMRT_OK)
-		return st;
-	return vmmrt__host_unregister(b, &pinned, p, __func__);
+	return vmmrt__host_destroy(b, &pinned, p, __func__);
 }
 
 vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
@@ -759,11 +765,4 @@ vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 
 /* ----------------------------------------------------------------- ops table */
 
-const vmmrt__backend_ops vmmrt__backend_host = {
-	.name = "host",
-	.open = host_open,
-	.close = host_close,
-#define HOST_OP(op, door, call, params, args) .op = vmmrt__host_##op,
-#define HOST_OP_T(op, call, params, args, bytes) .op = vmmrt__host_##op,
-	VMMRT__BACKEND_OPS(HOST_OP, HOST_OP_T)
-};
+const vmmrt__backend_ops vmmrt__backend_host = VMMRT__BACKEND_TABLE("host", host_open, host_close);
