@@ -400,29 +400,13 @@ static void settle(vmmrt__request *req, vmmrt_status st)
 		publish_error(s, st);
 }
 
-const vmmrt__request_ops vmmrt__slot_map_ops = {
-	.name = "map",
-	.run = run_map,
-	.withdrawn = slot_dying,
-	.unchanged = map_unchanged,
-	.settle = settle,
-};
+/* A map or release: withdrawn when its slot dies, settled into the slot's state. */
+#define SLOT_REQUEST(name_, run_, unchanged_) \
+	{.name = name_, .run = run_, .withdrawn = slot_dying, .unchanged = unchanged_, .settle = settle}
 
-const vmmrt__request_ops vmmrt__slot_ensure_ops = {
-	.name = "map",
-	.run = run_ensure,
-	.withdrawn = slot_dying,
-	.unchanged = map_unchanged,
-	.settle = settle,
-};
-
-const vmmrt__request_ops vmmrt__slot_release_ops = {
-	.name = "release",
-	.run = run_release,
-	.withdrawn = slot_dying,
-	.unchanged = release_unchanged,
-	.settle = settle,
-};
+const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_unchanged);
+const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
+const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
 
 /* Never cancelled: it runs even when its worker stops without draining. */
 const vmmrt__request_ops vmmrt__slot_destroy_ops = {

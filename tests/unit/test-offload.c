@@ -77,20 +77,29 @@ static void one_layer_each_strategy(void **state)
 	}
 }
 
+/* A model past its first iteration (which records the schedule and
+ * blocks, for its verification), with the statistics of `iterations` more. */
+static model *steady_state(const model_cfg *cfg, unsigned iterations, vmmrt_offload_stats *s)
+{
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(cfg, &m), VMMRT_OK);
+	assert_int_equal(model_run(m, 1), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	vmmrt__drv_reset_stats(model_runtime(m));
+	assert_int_equal(model_run(m, iterations), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), s), VMMRT_OK);
+	return m;
+}
+
 /* The comparison mode: VMM calls on the launch thread, which then blocks
  * (regression: a look-ahead map ran before the release of the use before). */
 static void remap_inline_verifies_and_blocks(void **state)
 {
 	model_cfg cfg = {.mode = "remap", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1, .driver_inline = true};
-	model *m;
 	unsigned checked;
-	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
-	assert_int_equal(model_run(m, 1), VMMRT_OK);
-	assert_int_equal(model_verify(m, &checked), 0);
-	vmmrt__drv_reset_stats(model_runtime(m));
-	assert_int_equal(model_run(m, 3), VMMRT_OK);
 	vmmrt_offload_stats s = {.size = sizeof(s)};
-	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+	model *m = steady_state(&cfg, 3, &s);
 	assert_true(s.launch_thread_blocking > 0); /* what the workers are there to avoid */
 	assert_int_equal(model_verify(m, &checked), 0);
 	model_destroy(m);
@@ -347,15 +356,9 @@ static void no_blocking_in_steady_state(void **state)
 	const char *modes[] = {"pingpong", "remap"};
 	for (int i = 0; i < 2; i++) {
 		model_cfg cfg = {.mode = modes[i], .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1};
-		model *m;
 		unsigned checked;
-		assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
-		assert_int_equal(model_run(m, 1), VMMRT_OK);
-		assert_int_equal(model_verify(m, &checked), 0);
-		vmmrt__drv_reset_stats(model_runtime(m));
-		assert_int_equal(model_run(m, 4), VMMRT_OK);
 		vmmrt_offload_stats s = {.size = sizeof(s)};
-		assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+		model *m = steady_state(&cfg, 4, &s);
 		assert_int_equal(s.launch_thread_blocking, 0);
 		assert_int_equal(model_verify(m, &checked), 0);
 		assert_true(vmmrt__drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
