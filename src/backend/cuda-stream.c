@@ -93,12 +93,18 @@ vmmrt_status vmmrt__cuda_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 	return VMMRT_OK;
 }
 
+/* An op that is one cu<Name>(event) call. */
+#define CU_EVENT_CALL(b, e, Name) \
+	do { \
+		ROLE_CHECK("cu" #Name); \
+		VMMRT_CHECK_ARG(e != NULL, "NULL event"); \
+		CU_CALL(b, "cu" #Name, vmmrt__cu.Name(CU_EVENT(e)), "cu" #Name "(%p)", (void *)e); \
+		return VMMRT_OK; \
+	} while (0)
+
 vmmrt_status vmmrt__cuda_event_destroy(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	ROLE_CHECK("cuEventDestroy");
-	VMMRT_CHECK_ARG(e != NULL, "NULL event");
-	CU_CALL(b, "cuEventDestroy", vmmrt__cu.EventDestroy(CU_EVENT(e)), "cuEventDestroy(%p)", (void *)e);
-	return VMMRT_OK;
+	CU_EVENT_CALL(b, e, EventDestroy);
 }
 
 vmmrt_status vmmrt__cuda_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s)
@@ -120,10 +126,7 @@ vmmrt_status vmmrt__cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *
 
 vmmrt_status vmmrt__cuda_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e)
 {
-	ROLE_CHECK("cuEventSynchronize");
-	VMMRT_CHECK_ARG(e != NULL, "NULL event");
-	CU_CALL(b, "cuEventSynchronize", vmmrt__cu.EventSynchronize(CU_EVENT(e)), "cuEventSynchronize(%p)", (void *)e);
-	return VMMRT_OK;
+	CU_EVENT_CALL(b, e, EventSynchronize);
 }
 
 vmmrt_status vmmrt__cuda_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end, float *ms)
