@@ -19,6 +19,17 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/vmmrt-layering.XXXXXX") || { echo "1..0 # SKIP 
 trap 'rm -rf "$tmp"' EXIT INT TERM
 echo "1..4"
 
+# result N WHAT COUNTS PROBLEMS: "ok N - WHAT (COUNTS)", or "not ok N - WHAT"
+# and PROBLEMS (lines "# ...") under it.
+result() {
+	if [ -z "$4" ]; then
+		echo "ok $1 - $2 ($3)"
+	else
+		echo "not ok $1 - $2"
+		printf '%s\n' "$4"
+	fi
+}
+
 # The table: "    NN  file file ..." rows, and rows of more files for the same
 # layer, between the "layer  files" header and the first empty line.
 awk '
@@ -45,12 +56,7 @@ bad1=$(awk 'NR == FNR { layer[$1] = $2; next }
 	{ seen[$1] = 1; if (!($1 in layer)) print "# " $1 ": not in the table of src/README" }
 	END { for (f in layer) if (!(f in seen) && f !~ /_fatbin\.c$/) print "# " f ": in the table, not in src/" }' \
 	"$tmp/layers" "$tmp/files")
-if [ -z "$bad1" ]; then
-	echo "ok 1 - every file of src/ has its layer in src/README ($(wc -l <"$tmp/files") files)"
-else
-	echo "not ok 1 - every file of src/ has its layer in src/README"
-	printf '%s\n' "$bad1"
-fi
+result 1 "every file of src/ has its layer in src/README" "$(wc -l <"$tmp/files") files" "$bad1"
 
 # 2. includes: "x.h" is src/x.h, or next to the including file; others
 # (config.h, vmmrt.h, system headers) are not the library's layers.
@@ -69,12 +75,7 @@ bad2=$(awk 'NR == FNR { layer[$1] = $2; next }
 	($1 in layer) && ($2 in layer) && layer[$2] + 0 > layer[$1] + 0 {
 		print "# " $1 " (layer " layer[$1] ") includes " $2 " (layer " layer[$2] ")" }' \
 	"$tmp/layers" "$tmp/includes")
-if [ -z "$bad2" ]; then
-	echo "ok 2 - #include lines point down or across ($(wc -l <"$tmp/includes") includes)"
-else
-	echo "not ok 2 - #include lines point down or across"
-	printf '%s\n' "$bad2"
-fi
+result 2 "#include lines point down or across" "$(wc -l <"$tmp/includes") includes" "$bad2"
 
 # 3. calls: each .c's object (libtool's non-PIC one, or the PIC one), its
 # global definitions and its undefined symbols.
@@ -122,12 +123,7 @@ else
 	edges=$(awk 'NR == FNR { if ($3 ~ /^[TDBRCVW]$/) def[$2] = $1; next }
 		$3 == "U" && ($2 in def) && def[$2] != $1 { print $1, def[$2] }' "$tmp/syms" "$tmp/syms" |
 		LC_ALL=C sort -u | wc -l)
-	if [ -z "$bad3" ]; then
-		echo "ok 3 - calls point down ($objects objects, $edges file-to-file arrows)"
-	else
-		echo "not ok 3 - calls point down"
-		printf '%s\n' "$bad3"
-	fi
+	result 3 "calls point down" "$objects objects, $edges file-to-file arrows" "$bad3"
 fi
 
 # 4. sizes
@@ -135,11 +131,6 @@ bad4=$(while read -r f; do
 	n=$(wc -l <"$srcdir/src/$f")
 	[ "$n" -gt "$limit" ] && echo "# $f: $n lines"
 done <"$tmp/files")
-if [ -z "$bad4" ]; then
-	largest=$(while read -r f; do echo "$(wc -l <"$srcdir/src/$f") $f"; done <"$tmp/files" | sort -n | tail -n 1)
-	echo "ok 4 - no file of src/ is over $limit lines (the largest: ${largest#* }, ${largest%% *})"
-else
-	echo "not ok 4 - no file of src/ is over $limit lines"
-	printf '%s\n' "$bad4"
-fi
+largest=$(while read -r f; do echo "$(wc -l <"$srcdir/src/$f") $f"; done <"$tmp/files" | sort -n | tail -n 1)
+result 4 "no file of src/ is over $limit lines" "the largest: ${largest#* }, ${largest%% *}" "$bad4"
 exit 0
