@@ -23,7 +23,7 @@
 # program of the tree names its own).
 TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests/common $(CMOCKA_CFLAGS)
 LDADD = libvmmrt-testing.la libvmmrt-core.la $(CMOCKA_LIBS) $(URCU_LIBS) $(CK_LIBS)
-test_model = tests/common/offload-model.c tests/common/offload-model.h tests/common/test-common.h
+test_model = tests/common/offload-model.c tests/common/offload-model.h tests/common/test-common.h tests/common/check-ok.h
 
 # ------------------------------------------------------------ how they run
 # Every test speaks TAP, through one driver, under a time limit: a test that
@@ -75,11 +75,11 @@ unit_tests = \
 	tests/unit/test-streams
 tests_unit_test_options_SOURCES = tests/unit/test-options.c
 tests_unit_test_options_CPPFLAGS = $(TEST_CPPFLAGS)
-tests_unit_test_host_backend_SOURCES = tests/unit/test-host-backend.c tests/common/backend-check.h
+tests_unit_test_host_backend_SOURCES = tests/unit/test-host-backend.c tests/common/backend-check.h tests/common/check-ok.h
 tests_unit_test_host_backend_CPPFLAGS = $(TEST_CPPFLAGS)
-tests_unit_test_slot_SOURCES = tests/unit/test-slot.c tests/common/test-common.h
+tests_unit_test_slot_SOURCES = tests/unit/test-slot.c tests/common/test-common.h tests/common/check-ok.h
 tests_unit_test_slot_CPPFLAGS = $(TEST_CPPFLAGS)
-tests_unit_test_worker_SOURCES = tests/unit/test-worker.c tests/common/test-common.h
+tests_unit_test_worker_SOURCES = tests/unit/test-worker.c tests/common/test-common.h tests/common/check-ok.h
 tests_unit_test_worker_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_offload_SOURCES = tests/unit/test-offload.c $(test_model)
 tests_unit_test_offload_CPPFLAGS = $(TEST_CPPFLAGS)
@@ -97,7 +97,7 @@ tests_regression_test_torture_regress_CPPFLAGS = $(TEST_CPPFLAGS)
 
 # ------------------------------------------------------------ gpu
 gpu_tests = tests/gpu/test-cuda-backend tests/gpu/test-two-devices
-tests_gpu_test_cuda_backend_SOURCES = tests/gpu/test-cuda-backend.c tests/common/backend-check.h
+tests_gpu_test_cuda_backend_SOURCES = tests/gpu/test-cuda-backend.c tests/common/backend-check.h tests/common/check-ok.h
 tests_gpu_test_cuda_backend_CPPFLAGS = $(TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_gpu_test_two_devices_SOURCES = tests/gpu/test-two-devices.c $(test_model)
 tests_gpu_test_two_devices_CPPFLAGS = $(TEST_CPPFLAGS)

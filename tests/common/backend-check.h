@@ -10,23 +10,20 @@
 #include <stdbool.h>
 
 #include "backend/backend.h"
+#include "check-ok.h"
 
 /* A query's answer (finished or not); an error fails the test. */
 static inline bool test_event_done(const vmmrt__backend_ops *ops, vmmrt__backend *b, vmmrt__bevent *e)
 {
 	bool d = false;
-	vmmrt_status st = ops->event_query(b, e, &d);
-	if (st != VMMRT_OK)
-		fail_msg("event_query -> %s: %s", vmmrt_status_name(st), vmmrt_last_error());
+	OK(ops->event_query(b, e, &d));
 	return d;
 }
 
 static inline bool test_stream_done(const vmmrt__backend_ops *ops, vmmrt__backend *b, vmmrt_stream s)
 {
 	bool d = false;
-	vmmrt_status st = ops->stream_query(b, s, &d);
-	if (st != VMMRT_OK)
-		fail_msg("stream_query -> %s: %s", vmmrt_status_name(st), vmmrt_last_error());
+	OK(ops->stream_query(b, s, &d));
 	return d;
 }
 

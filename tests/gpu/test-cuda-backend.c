@@ -47,14 +47,6 @@ static size_t G;         /* B's granularity */
 
 #define MiB ((size_t)1 << 20)
 
-/* cmocka's asserts may only be used on the test's own thread. */
-#define OK(call) \
-	do { \
-		vmmrt_status st_ = (call); \
-		if (st_ != VMMRT_OK) \
-			fail_msg("%s -> %s: %s", #call, vmmrt_status_name(st_), vmmrt_last_error()); \
-	} while (0)
-
 #define EXPECT(status, call) \
 	do { \
 		vmmrt_status st_ = (call); \
