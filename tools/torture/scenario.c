@@ -980,10 +980,10 @@ void scenario_run(tthread *th, uint64_t seed)
 	if (s_ok(s, API(s, "vmmrt_stream_create", vmmrt_stream_create(s->rt, &s->compute)), "vmmrt_stream_create")) {
 		if (discover(s)) {
 			if (chance(&s->r, 0.3))
-				illegal_before_allocate(s);
+				illegal_life_cycle(s, false);
 			if (!s->errored && allocate(s)) {
 				if (chance(&s->r, 0.3))
-					illegal_after_allocate(s);
+					illegal_life_cycle(s, true);
 				if (!s->errored && app_objects(s) && capture(s)) {
 					switch (run_iterations(s)) {
 					case RUN_MIDWAY:

@@ -104,8 +104,7 @@ void s_quiet(scen *s, bool on);
 /* illegal.c */
 /* An illegal call must return exactly `want`, change nothing, and name the error. */
 void s_expect(scen *s, vmmrt_status got, vmmrt_status want, const char *what);
-void illegal_before_allocate(scen *s);
-void illegal_after_allocate(scen *s);
+void illegal_life_cycle(scen *s, bool allocated);
 void illegal_slots(scen *s);
 void illegal_handles(scen *s);
 void illegal_options(scen *s);
