@@ -112,6 +112,7 @@ def wrap(runner):
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
             # No backward will come: no group work, no schedule entry.
             return runner.call(leaves)
+        runner.check_params()
         out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
         return _compat.tree_unflatten(list(out), runner.out_spec)
 
