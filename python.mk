@@ -41,10 +41,12 @@ vmmrt_py_tests = \
 	python/tests/test_gpu.py \
 	python/tests/test_readme.py \
 	python/tests/test_runner_api.py \
-	python/tests/gpu_run.sh
+	python/tests/test_ddp.py \
+	python/tests/gpu_run.sh \
+	python/tests/ddp_run.sh
 
 EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \
-	examples/torch_offload.py
+	examples/torch_offload.py examples/torch_ddp.py
 
 if HAVE_PYTHON
 vmmrtdir = $(pythondir)/vmmrt

@@ -30,6 +30,10 @@ class Runner:
         self.sample = tuple(leaves)
         self.sample_args = tuple(sample_args)
         self.params = tuple(self.module.parameters()) if self.module is not None else ()
+        # What the graphs and the offload's record of what stays hold on to:
+        # each parameter's object and address (see check_params).
+        self.param_names = tuple(n for n, _ in self.module.named_parameters()) if self.module is not None else ()
+        self.param_ptrs = tuple(q.data_ptr() for q in self.params)
         self.buffers = tuple(self.module.buffers()) if self.module is not None else ()
         self.layer = None
         self.out_spec = None
@@ -65,6 +69,39 @@ class Runner:
                             "per shape)" % (k, str(a.dtype).replace("torch.", ""), list(a.shape), a.device,
                                             str(s.dtype).replace("torch.", ""), list(s.shape), s.device),
                             "layer %r" % self.name)
+
+    def check_params(self):
+        """The module's parameters must still be the tensors it was graphed with,
+        at the same addresses: the graphs replay over those addresses, the
+        autograd node hands gradients to those objects, and the offload keeps
+        their storages on the device. A wrapper or call that replaces or
+        re-allocates parameters afterwards (FSDP and fully_shard, which swap in
+        sharded and unsharded parameters and free and re-allocate the
+        unsharded storage around each layer; model.to(), .half(); a new
+        nn.Parameter) would leave the graphs reading stale memory and the
+        gradients going nowhere: refused. DDP keeps the parameters in place."""
+        if self.module is None:
+            return
+        now = tuple(self.module.parameters())
+        why = None
+        if len(now) != len(self.params):
+            why = "it has %d parameters, it was graphed with %d" % (len(now), len(self.params))
+        else:
+            for k, (a, b, ptr) in enumerate(zip(now, self.params, self.param_ptrs)):
+                if a is not b:
+                    why = "parameter %d (%s) is another tensor than the one it was graphed with" % (
+                        k, self.param_names[k])
+                    break
+                if a.data_ptr() != ptr:
+                    why = "parameter %d (%s) moved from 0x%x to 0x%x since it was graphed" % (
+                        k, self.param_names[k], ptr, a.data_ptr())
+                    break
+        if why is not None:
+            raise Error(_capi.E_MISMATCH, "%s: the graphs replay over the parameters' addresses as they were at "
+                        "make_graphed_callables, and gradients go to those tensors; a wrapper or call that replaces "
+                        "or re-allocates parameters afterwards is not supported (FSDP / fully_shard, model.to(), "
+                        ".half(), assigning a new nn.Parameter); DistributedDataParallel keeps them and works"
+                        % why, "layer %r" % self.name)
 
     def call(self, leaves):
         """Run the callable itself (a module's own forward once it was replaced)."""

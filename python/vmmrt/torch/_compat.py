@@ -52,3 +52,20 @@ def span_elements(shape, stride):
     if any(n == 0 for n in shape):
         return 0
     return 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride))
+
+
+def ddp_forward_active():
+    """Whether a DistributedDataParallel forward is running on this thread's
+    call stack: DDP sets its class attribute ``_active_ddp_module`` around the
+    wrapped module's forward (torch 1.13 to 2.11, for TorchDynamo). False where
+    torch has no such attribute, and under DDP's "python reducer" (compiled
+    autograd), which does not set it."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return False
+    get = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
+    try:
+        return get is not None and get() is not None
+    except Exception:
+        return False

@@ -69,6 +69,12 @@ class _EagerLayer(torch.autograd.Function):
         wrt = [ctx.inner_in[k] for k in wrt_in] + [runner.params[k] for k in wrt_p]
         stream = current_stream(off)
         lay.backward_begin(stream)
+        if off.mode == "remap" and not off.host:
+            # Eager, torch's own ops read the restored tensors, and some are
+            # cudaMemcpyAsync (a clone), which the driver validates at enqueue:
+            # the slot must be mapped by then, not only once the stream gets
+            # there. (Graph replays check nothing; this wait is eager-only.)
+            off.runtime.stream_synchronize(stream)
         try:
             if outs and wrt:
                 res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
@@ -106,6 +112,7 @@ def wrap(runner):
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
             # No backward will come: no group work, no schedule entry.
             return runner.call(leaves)
+        runner.check_params()
         out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
         return _compat.tree_unflatten(list(out), runner.out_spec)
 

@@ -355,6 +355,13 @@ def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
             # No backward will come: replaying would leave the group's schedule
             # waiting for it, so the callable runs eagerly.
             return r.call(leaves)
+        r.check_params()
+        if grads == "accumulate" and _compat.ddp_forward_active():
+            raise Error(_capi.E_NOT_SUPPORTED, "grads='accumulate' under DistributedDataParallel: the backward graph "
+                        "adds into .grad itself, so no parameter's AccumulateGrad hook runs and DDP's reducer would "
+                        "never all-reduce these gradients (every rank would silently keep its own); use "
+                        "grads='static' (the default: the gradients go through autograd, and DDP's hooks run), or "
+                        "all-reduce .grad yourself after the backward without DDP", "layer %r" % r.name)
         out = Graphed.apply(*(tuple(leaves) + params))
         return _compat.tree_unflatten(list(out), r.out_spec)
 

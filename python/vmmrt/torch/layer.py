@@ -22,6 +22,8 @@ Without graphs, ``with layer.offloading(stream) as p:`` runs one eager
 forward through the same group (the copies and the D2H), and the backward is
 bracketed by the same two backward hooks.
 """
+import torch
+
 from vmmrt import Error, _capi
 from vmmrt.torch import _address, _compat
 from vmmrt.torch.saved import Recorder
@@ -32,10 +34,8 @@ def _kernel_copy(region, ptr, device):
     as an elementwise kernel on the current stream (torch's copy_ of two
     contiguous tensors is a cudaMemcpyAsync, which the driver validates at
     enqueue)."""
-    import torch
     src = _address.tensor_at(ptr + region.lo, region.nbytes, torch.uint8, device)
-    dst = _address.tensor_at(region.addr, region.nbytes, torch.uint8, device)
-    torch.bitwise_or(src, 0, out=dst)
+    torch.bitwise_or(src, 0, out=region.bases[torch.uint8][:region.nbytes])
 
 
 class Pass:
@@ -197,7 +197,10 @@ class LayerOffload:
             r.addr = self.group.save(r.desc(), 0, None)
         self.group.end_capture()
         for r in moving:
-            r.bases = {dt: _address.tensor_at(r.addr, r.nbytes, dt, self.offload.device) for dt in r.dtypes}
+            # uint8 too: the eager copies in (a tensor over an address is made
+            # here, while mapped: torch asks the driver about the pointer)
+            r.bases = {dt: _address.tensor_at(r.addr, r.nbytes, dt, self.offload.device)
+                       for dt in set(r.dtypes) | {torch.uint8}}
 
     def saved_bytes(self):
         """Bytes of this layer's saved tensors: "views" (as autograd saved them,

@@ -11,6 +11,7 @@ for its callables; frameworks with their own runners use it directly:
     ... captures and replays (LayerOffload.capturing, the four hooks) ...
 """
 import logging
+import os
 
 import torch
 
@@ -35,6 +36,28 @@ def runtime_options(device):
     raise ValueError("no libvmmrt backend for device %s" % device)
 
 
+def check_runtime_device(info, device):
+    """Raise unless a runtime (its ``vmmrt.Runtime.info()``) works on the torch
+    device its tensors are on. The VMMRT_* environment overrides the options
+    the package passes (option "environment", default override): a
+    VMMRT_DEVICE or VMMRT_BACKEND exported for a whole job would put the
+    runtime of every process of a torchrun job on one device, or on the host
+    backend, under CUDA tensors of another."""
+    if device.type != "cuda":
+        return
+    if info["backend"] == "cuda" and info["device_ordinal"] == device.index:
+        return
+    env = ", ".join("%s=%s" % (k, os.environ[k]) for k in ("VMMRT_BACKEND", "VMMRT_DEVICE", "VMMRT_ENVIRONMENT")
+                    if k in os.environ)
+    raise Error(_capi.E_MISMATCH, "the tensors are on %s, but libvmmrt's runtime opened %s device %d (%s)%s: the "
+                "VMMRT_* environment overrides the device and backend vmmrt.torch asks for; unset VMMRT_DEVICE and "
+                "VMMRT_BACKEND (vmmrt.torch takes each process's device from its tensors: under torchrun, "
+                "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before building the layers), or pass "
+                "options={'environment': 'fallback'}"
+                % (device, info["backend"], info["device_ordinal"], info.get("device", "?"),
+                   " with " + env if env else ""), "vmmrt.torch.Offload")
+
+
 def _storages(tensors):
     out = set()
     for t in tensors:
@@ -49,9 +72,13 @@ class Offload:
     ``mode``: "pingpong" (two resident banks), "remap" (memory released after
     the D2H and mapped again before the H2D) or "none" (resident, same hooks).
     ``lookahead``: restores started ahead of the backward being run.
-    ``device``: a CUDA device (the cuda backend), or "cpu" for the host
-    backend (a GPU emulated on host memory; CPU tensors). ``options``: any
-    further C option ("driver_workers", "handle_pool", "timeout_ms", ...).
+    ``device``: a CUDA device (the cuda backend on its ordinal; by default
+    the current device, so under torchrun the one torch.cuda.set_device gave
+    the process), or "cpu" for the host backend (a GPU emulated on host
+    memory; CPU tensors); a runtime the environment put elsewhere
+    (VMMRT_DEVICE, VMMRT_BACKEND) is refused. One runtime per process and
+    device; runtimes of different processes are independent. ``options``:
+    any further C option ("driver_workers", "handle_pool", "timeout_ms", ...).
     ``min_bytes``: smaller regions stay (a copy node in the graph and a slot
     offset each, for memory that does not matter: scalars, index tensors).
     """
@@ -68,6 +95,11 @@ class Offload:
         opts.update(runtime_options(device))
         opts.update(options or {})
         self.runtime = vmmrt.Runtime(opts)
+        try:
+            check_runtime_device(self.runtime.info(), device)
+        except BaseException:
+            self.runtime.close()
+            raise
         self.device = device
         self.host = self.runtime.backend == "host"
         self.device_type = "cpu" if self.host else "cuda"
