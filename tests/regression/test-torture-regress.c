@@ -52,6 +52,21 @@
 #include "runtime.h"
 #include "worker.h"
 #include "testing.h"
+#include "tsan.h"
+
+/*
+ * GCC's ThreadSanitizer keeps the parent's threads in a forked child's
+ * registry and dies there ("dup thread with used id", exit 66) when a thread
+ * the child creates gets the stack, hence the id, of one that was running at
+ * the fork: liburcu's call_rcu thread, a parent runtime's workers. Under it
+ * a child can make no threads, so what runs in a child elsewhere runs here
+ * in this process, or not at all when the fork is the point.
+ */
+#ifdef VMMRT_TSAN
+#define CHILD_MAY_MAKE_THREADS 0
+#else
+#define CHILD_MAY_MAKE_THREADS 1
+#endif
 
 #define MiB (1024ull * 1024)
 
@@ -225,6 +240,8 @@ static void runtime_in_a_forked_child(void **state)
  */
 static void runtime_in_a_child_while_the_parent_has_one(void **state)
 {
+	if (!CHILD_MAY_MAKE_THREADS)
+		skip(); /* the threads of the child are the test */
 	vmmrt_runtime *rt = make_rt("remap", "2000");
 	vmmrt_slot *s;
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
@@ -470,6 +487,12 @@ static void hooks_refuse_a_capturing_stream(void **state)
 {
 	static const char *const modes[] = {"pingpong", "remap", "none"};
 	for (unsigned i = 0; i < 3; i++) {
+		if (!CHILD_MAY_MAKE_THREADS) {
+			int rc = capture_refused_then_iteration(modes[i]);
+			if (rc)
+				fail_msg("mode %s: step %d: %s", modes[i], rc, vmmrt_last_error());
+			continue;
+		}
 		fflush(NULL);
 		pid_t pid = fork();
 		assert_true(pid >= 0);
