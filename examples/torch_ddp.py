@@ -261,8 +261,8 @@ def run_mode(mode, args, d, shape, dtype, refs, x, gy):
         torch.cuda.empty_cache()          # the previous mode's blocks: not in this one's numbers
     if mode in GRAPH_MODES:
         _quiesce(d)
-    t0 = time.perf_counter()
     layers = llama.torch_layers(args.layers, shape, d.device, dtype, args.attention)
+    t0 = time.perf_counter()
     err = None
     try:
         with llama.attention_backend(args.attention):
@@ -273,6 +273,8 @@ def run_mode(mode, args, d, shape, dtype, refs, x, gy):
     errors = [e for e in d.gather(err) if e is not None]
     if errors:
         row["error"] = errors[0] if err is None else err
+        if off is not None:               # built here, failed on another rank
+            off.close()
         del seq, layers
         gc.collect()
         return row
