@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-# vmmrt-bench: the A/B benchmark of libvmmrt, its man page and its smoke test.
-# Included from Makefile.am, after bin_PROGRAMS, TESTS, EXTRA_DIST and
-# dist_man_MANS are first set:
-#   include $(srcdir)/bench.mk
+# vmmrt-bench: the A/B benchmark of libvmmrt and its man page (its smoke
+# test is tests.mk's).
 
 bin_PROGRAMS += tools/vmmrt-bench
 tools_vmmrt_bench_SOURCES = \
@@ -24,9 +22,3 @@ tools_vmmrt_bench_CPPFLAGS = -I$(top_srcdir)/include
 tools_vmmrt_bench_LDADD = libvmmrt.la -lpthread -lm
 
 dist_man_MANS += man/man1/vmmrt-bench.1
-
-# A TAP script: with man.mk's TEST_EXTENSIONS = .sh it runs through
-# SH_LOG_DRIVER (the TAP driver) under $(SHELL); without it, through the
-# generic LOG_DRIVER, directly (it is executable).
-TESTS += tests/bench-smoke.sh
-EXTRA_DIST += tests/bench-smoke.sh

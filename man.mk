@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-# Manual pages (included at the end of Makefile.am: it appends to
-# noinst_PROGRAMS, TESTS, EXTRA_DIST and dist_man_MANS).
+# Manual pages (tests/man-check.sh, which checks them, is tests.mk's).
 #
 #  man/man7/vmmrt.7        the overview; its ENVIRONMENT section is generated
 #                          from the option table (src/options.c)
@@ -92,12 +91,7 @@ noinst_PROGRAMS += man/vmmrt-optdoc
 man_vmmrt_optdoc_SOURCES = man/vmmrt-optdoc.c
 man_vmmrt_optdoc_LDADD = libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS)
 
-# Shell tests speak TAP through the same driver as the unit tests.
-TEST_EXTENSIONS = .sh
-SH_LOG_DRIVER = $(LOG_DRIVER)
-SH_LOG_COMPILER = $(SHELL)
-TESTS += tests/man-check.sh
-EXTRA_DIST += tests/man-check.sh man/update-options.sh
+EXTRA_DIST += man/update-options.sh
 
 # Regenerate the option block of vmmrt(7) after changing the option table.
 .PHONY: update-man

@@ -3,10 +3,9 @@
 # vmmrt.torch, the PyTorch integration): installed under $(pythondir) by
 # `make install` for the python3 configure found (PYTHON=... ./configure picks
 # another), with vmmrt/_config.py recording $(libdir) for the loader; tested by
-# tests/python.sh under `make check` (skipped without a python3 that has torch).
-# `pip install ./python` installs the same package without the libdir record.
-# Included at the end of Makefile.am (after TESTS and EXTRA_DIST are set):
-#   include $(srcdir)/python.mk
+# tests/python.sh under `make check` (tests.mk; skipped without a python3 that
+# has torch). `pip install ./python` installs the same package without the
+# libdir record.
 
 vmmrt_py_core = \
 	python/vmmrt/__init__.py \
@@ -46,8 +45,7 @@ vmmrt_py_tests = \
 	python/tests/gpu_run.sh \
 	python/tests/ddp_run.sh
 
-TESTS += tests/python.sh
-EXTRA_DIST += tests/python.sh python/pyproject.toml python/README.md $(vmmrt_py_tests) \
+EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \
 	examples/torch_offload.py examples/torch_ddp.py
 
 if HAVE_PYTHON

@@ -88,7 +88,7 @@ static vmmrt_status kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k
 	if ((k == VMMRT_KERNEL_FILL || k == VMMRT_KERNEL_CHECKSUM) && (a->bytes == 0 || a->bytes % 8))
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "kernel over %zu bytes: need a non-zero multiple of 8",
 				   a->bytes);
-	return vmmrt__drv_kernel(rt, s, k, a);
+	return vmmrt__drv_kernel_launch(rt, s, k, a);
 }
 
 vmmrt_status vmmrt_kernel_fill(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_devptr dst, size_t bytes, uint64_t seed)
@@ -133,7 +133,7 @@ vmmrt_status vmmrt_graph_begin_capture(vmmrt_runtime *rt, vmmrt_stream stream)
 {
 	VMMRT__API_ENTER();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	return vmmrt__drv_begin_capture(rt, stream);
+	return vmmrt__drv_stream_begin_capture(rt, stream);
 }
 
 vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmmrt_graph **out)
@@ -141,7 +141,7 @@ vmmrt_status vmmrt_graph_end_capture(vmmrt_runtime *rt, vmmrt_stream stream, vmm
 	VMMRT__API_ENTER();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
-	return vmmrt__drv_end_capture(rt, stream, (vmmrt__bgraph **)out);
+	return vmmrt__drv_stream_end_capture(rt, stream, (vmmrt__bgraph **)out);
 }
 
 vmmrt_status vmmrt_graph_launch(vmmrt_runtime *rt, vmmrt_graph *graph, vmmrt_stream stream)

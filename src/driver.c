@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* The inline forms of rcu_set_pointer/rcu_dereference: built from uatomic,
  * which tsan.h turns into atomics ThreadSanitizer sees (the library's
@@ -26,30 +25,25 @@
 #include <urcu/uatomic.h>
 
 #include "api.h"
+#include "clock.h"
 #include "error.h"
 #include "runtime.h"
 #include "trace.h"
 #include "tsan.h"
 
-static const char *const call_names[VMMRT_CALL_COUNT_] = {
-	[VMMRT_CALL_CREATE] = "cuMemCreate",
-	[VMMRT_CALL_MAP] = "cuMemMap",
-	[VMMRT_CALL_SET_ACCESS] = "cuMemSetAccess",
-	[VMMRT_CALL_UNMAP] = "cuMemUnmap",
-	[VMMRT_CALL_RELEASE] = "cuMemRelease",
+#define NO_NAME_X(op, door, call, params, args)
+#define CALL_NAME_T(op, call, params, args, bytes) [VMMRT_CALL_##op] = call,
+static const char *const call_names[VMMRT_CALL_COUNT_] = {VMMRT__BACKEND_OPS(NO_NAME_X, CALL_NAME_T)};
+
+/* Every operation's driver call, for the wrappers written out (OWN). */
+enum op_id {
+#define OP_ID_X(op, door, call, params, args) OP_##op,
+#define OP_ID_T(op, call, params, args, bytes) OP_##op,
+	VMMRT__BACKEND_OPS(OP_ID_X, OP_ID_T)
 };
-
-const char *vmmrt__drv_call_name(vmmrt__drv_call c)
-{
-	return (unsigned)c < VMMRT_CALL_COUNT_ ? call_names[c] : "unknown";
-}
-
-uint64_t vmmrt__now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#define OP_NAME_X(op, door, call, params, args) [OP_##op] = call,
+#define OP_NAME_T(op, call, params, args, bytes) [OP_##op] = call,
+static const char *const op_calls[] = {VMMRT__BACKEND_OPS(OP_NAME_X, OP_NAME_T)};
 
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt)
 {
@@ -78,11 +72,8 @@ static vmmrt_status enter(vmmrt_runtime *rt, const char *op)
 	if (h) {
 		uint64_t delay_us = 0;
 		st = h->fn(h->ctx, op, &delay_us);
-		if (delay_us) {
-			struct timespec ts = {(time_t)(delay_us / 1000000), (long)(delay_us % 1000000) * 1000};
-			while (clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, &ts) != 0)
-				;
-		}
+		if (delay_us)
+			vmmrt__sleep_ns(delay_us * 1000);
 		if (st != VMMRT_OK)
 			return vmmrt__error(st, "%s: injected fault", op);
 	}
@@ -116,28 +107,62 @@ static void count_blocking(vmmrt_runtime *rt)
 		uatomic_inc(&rt->launch_blocking);
 }
 
-#define TIMED_VMM(rt, c, bytes, call) \
-	do { \
-		vmmrt_status st_ = enter_vmm(rt, c); \
+/* Created and released handles are counted: what destroy reports as leaked. */
+static inline void count_handles(vmmrt_runtime *rt, vmmrt__drv_call c)
+{
+	if (c == VMMRT_CALL_mem_create)
+		uatomic_inc(&rt->live_handles);
+	else if (c == VMMRT_CALL_mem_release)
+		uatomic_dec(&rt->live_handles);
+}
+
+/* ------------------------------------------------ the wrappers, by door */
+
+#define DOOR(op, door, call, params, args) DOOR_##door(op, call, params, args)
+
+#define DOOR_RAW(op, call, params, args) \
+	vmmrt_status vmmrt__drv_##op(vmmrt_runtime *rt VMMRT__LIST params) \
+	{ \
+		return rt->ops->op(rt->be VMMRT__LIST args); \
+	}
+
+/* enter(), then `before` (a statement), then the call. */
+#define DOOR_ENTERED(op, call, params, args, before) \
+	vmmrt_status vmmrt__drv_##op(vmmrt_runtime *rt VMMRT__LIST params) \
+	{ \
+		vmmrt_status st_ = enter(rt, call); \
+		if (st_ != VMMRT_OK) \
+			return st_; \
+		before; \
+		return rt->ops->op(rt->be VMMRT__LIST args); \
+	}
+#define DOOR_PLAIN(op, call, params, args) DOOR_ENTERED(op, call, params, args, (void)0)
+#define DOOR_BLOCKING(op, call, params, args) DOOR_ENTERED(op, call, params, args, count_blocking(rt))
+
+#define DOOR_OWN(op, call, params, args)
+#define DOOR_NONE(op, call, params, args)
+
+#define DOOR_T(op, call, params, args, bytes) \
+	vmmrt_status vmmrt__drv_##op(vmmrt_runtime *rt VMMRT__LIST params) \
+	{ \
+		vmmrt_status st_ = enter_vmm(rt, VMMRT_CALL_##op); \
 		if (st_ != VMMRT_OK) \
 			return st_; \
 		uint64_t t0_ = vmmrt__now_ns(); \
-		st_ = (call); \
-		record_call(rt, c, t0_, bytes); \
+		st_ = rt->ops->op(rt->be VMMRT__LIST args); \
+		record_call(rt, VMMRT_CALL_##op, t0_, bytes); \
+		if (st_ == VMMRT_OK) \
+			count_handles(rt, VMMRT_CALL_##op); \
 		return st_; \
-	} while (0)
+	}
 
-#define PLAIN(rt, name, call) \
-	do { \
-		vmmrt_status st_ = enter(rt, name); \
-		if (st_ != VMMRT_OK) \
-			return st_; \
-		return (call); \
-	} while (0)
+VMMRT__BACKEND_OPS(DOOR, DOOR_T)
+
+/* ------------------------------------------------ the wrappers written out */
 
 vmmrt_status vmmrt__drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr *out)
 {
-	vmmrt_status st = enter(rt, "cuMemAddressReserve");
+	vmmrt_status st = enter(rt, op_calls[OP_va_reserve]);
 	if (st == VMMRT_OK)
 		st = rt->ops->va_reserve(rt->be, size, rt->granularity, out);
 	if (st == VMMRT_OK)
@@ -147,7 +172,7 @@ vmmrt_status vmmrt__drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr 
 
 vmmrt_status vmmrt__drv_va_free(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
 {
-	vmmrt_status st = enter(rt, "cuMemAddressFree");
+	vmmrt_status st = enter(rt, op_calls[OP_va_free]);
 	if (st == VMMRT_OK)
 		st = rt->ops->va_free(rt->be, va, size);
 	if (st == VMMRT_OK)
@@ -155,171 +180,13 @@ vmmrt_status vmmrt__drv_va_free(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
 	return st;
 }
 
-vmmrt_status vmmrt__drv_mem_create(vmmrt_runtime *rt, size_t size, vmmrt__bhandle *out)
+vmmrt_status vmmrt__drv_stream_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bgraph **out)
 {
-	vmmrt_status st = enter_vmm(rt, VMMRT_CALL_CREATE);
+	const char *call = op_calls[OP_stream_end_capture];
+	vmmrt_status st = vmmrt__drv_check_caller(call);
 	if (st != VMMRT_OK)
 		return st;
-	uint64_t t0 = vmmrt__now_ns();
-	st = rt->ops->mem_create(rt->be, size, out);
-	record_call(rt, VMMRT_CALL_CREATE, t0, size);
-	if (st == VMMRT_OK)
-		uatomic_inc(&rt->live_handles);
-	return st;
-}
-
-vmmrt_status vmmrt__drv_mem_release(vmmrt_runtime *rt, vmmrt__bhandle h)
-{
-	vmmrt_status st = enter_vmm(rt, VMMRT_CALL_RELEASE);
-	if (st != VMMRT_OK)
-		return st;
-	uint64_t t0 = vmmrt__now_ns();
-	st = rt->ops->mem_release(rt->be, h);
-	record_call(rt, VMMRT_CALL_RELEASE, t0, 0);
-	if (st == VMMRT_OK)
-		uatomic_dec(&rt->live_handles);
-	return st;
-}
-
-vmmrt_status vmmrt__drv_mem_map(vmmrt_runtime *rt, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
-{
-	TIMED_VMM(rt, VMMRT_CALL_MAP, size, rt->ops->mem_map(rt->be, va, size, h));
-}
-
-vmmrt_status vmmrt__drv_mem_unmap(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
-{
-	TIMED_VMM(rt, VMMRT_CALL_UNMAP, size, rt->ops->mem_unmap(rt->be, va, size));
-}
-
-vmmrt_status vmmrt__drv_mem_set_access(vmmrt_runtime *rt, vmmrt_devptr va, size_t size)
-{
-	TIMED_VMM(rt, VMMRT_CALL_SET_ACCESS, size, rt->ops->mem_set_access(rt->be, va, size));
-}
-
-vmmrt_status vmmrt__drv_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
-{
-	PLAIN(rt, "cuMemGetInfo", rt->ops->mem_info(rt->be, free_bytes, total_bytes));
-}
-
-vmmrt_status vmmrt__drv_stream_create(vmmrt_runtime *rt, vmmrt_stream *out)
-{
-	PLAIN(rt, "cuStreamCreate", rt->ops->stream_create(rt->be, out));
-}
-
-vmmrt_status vmmrt__drv_stream_destroy(vmmrt_runtime *rt, vmmrt_stream s)
-{
-	PLAIN(rt, "cuStreamDestroy", rt->ops->stream_destroy(rt->be, s));
-}
-
-vmmrt_status vmmrt__drv_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream s)
-{
-	vmmrt_status st = enter(rt, "cuStreamSynchronize");
-	if (st != VMMRT_OK)
-		return st;
-	count_blocking(rt);
-	return rt->ops->stream_synchronize(rt->be, s);
-}
-
-vmmrt_status vmmrt__drv_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bevent *e)
-{
-	PLAIN(rt, "cuStreamWaitEvent", rt->ops->stream_wait_event(rt->be, s, e));
-}
-
-vmmrt_status vmmrt__drv_stream_wait_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
-{
-	PLAIN(rt, "cuStreamWaitValue32", rt->ops->stream_wait_value32(rt->be, s, addr, v));
-}
-
-vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v)
-{
-	PLAIN(rt, "cuStreamWriteValue32", rt->ops->stream_write_value32(rt->be, s, addr, v));
-}
-
-vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out)
-{
-	PLAIN(rt, "cuEventCreate", rt->ops->event_create(rt->be, timing, out));
-}
-
-vmmrt_status vmmrt__drv_event_destroy(vmmrt_runtime *rt, vmmrt__bevent *e)
-{
-	PLAIN(rt, "cuEventDestroy", rt->ops->event_destroy(rt->be, e));
-}
-
-vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_stream s)
-{
-	PLAIN(rt, "cuEventRecord", rt->ops->event_record(rt->be, e, s));
-}
-
-vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e, bool *done)
-{
-	PLAIN(rt, "cuEventQuery", rt->ops->event_query(rt->be, e, done));
-}
-
-vmmrt_status vmmrt__drv_stream_query(vmmrt_runtime *rt, vmmrt_stream s, bool *done)
-{
-	PLAIN(rt, "cuStreamQuery", rt->ops->stream_query(rt->be, s, done));
-}
-
-vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e)
-{
-	vmmrt_status st = enter(rt, "cuEventSynchronize");
-	if (st != VMMRT_OK)
-		return st;
-	count_blocking(rt);
-	return rt->ops->event_synchronize(rt->be, e);
-}
-
-vmmrt_status vmmrt__drv_event_elapsed_ms(vmmrt_runtime *rt, vmmrt__bevent *a, vmmrt__bevent *b, float *ms)
-{
-	PLAIN(rt, "cuEventElapsedTime", rt->ops->event_elapsed_ms(rt->be, a, b, ms));
-}
-
-vmmrt_status vmmrt__drv_launch_host_func(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__host_fn fn, void *arg)
-{
-	PLAIN(rt, "cuLaunchHostFunc", rt->ops->launch_host_func(rt->be, s, fn, arg));
-}
-
-vmmrt_status vmmrt__drv_memcpy_htod_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t n, vmmrt_stream s)
-{
-	PLAIN(rt, "cuMemcpyHtoDAsync", rt->ops->memcpy_htod_async(rt->be, dst, src, n, s));
-}
-
-vmmrt_status vmmrt__drv_memcpy_dtoh_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
-{
-	PLAIN(rt, "cuMemcpyDtoHAsync", rt->ops->memcpy_dtoh_async(rt->be, dst, src, n, s));
-}
-
-vmmrt_status vmmrt__drv_memcpy_dtod_async(vmmrt_runtime *rt, vmmrt_devptr dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
-{
-	PLAIN(rt, "cuMemcpyDtoDAsync", rt->ops->memcpy_dtod_async(rt->be, dst, src, n, s));
-}
-
-vmmrt_status vmmrt__drv_host_alloc(vmmrt_runtime *rt, size_t size, void **out)
-{
-	PLAIN(rt, "cuMemHostAlloc", rt->ops->host_alloc(rt->be, size, out));
-}
-
-vmmrt_status vmmrt__drv_host_free(vmmrt_runtime *rt, void *p)
-{
-	PLAIN(rt, "cuMemFreeHost", rt->ops->host_free(rt->be, p));
-}
-
-vmmrt_status vmmrt__drv_host_devptr(vmmrt_runtime *rt, void *p, vmmrt_devptr *out)
-{
-	PLAIN(rt, "cuMemHostGetDevicePointer", rt->ops->host_devptr(rt->be, p, out));
-}
-
-vmmrt_status vmmrt__drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s)
-{
-	PLAIN(rt, "cuStreamBeginCapture", rt->ops->stream_begin_capture(rt->be, s));
-}
-
-vmmrt_status vmmrt__drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bgraph **out)
-{
-	vmmrt_status st = vmmrt__drv_check_caller("cuStreamEndCapture");
-	if (st != VMMRT_OK)
-		return st;
-	if ((st = enter(rt, "cuStreamEndCapture")) != VMMRT_OK) {
+	if ((st = enter(rt, call)) != VMMRT_OK) {
 		/* An injected failure: cuStreamEndCapture leaves capture mode even
 		 * when it fails, so end it here too (and drop the graph), or the
 		 * stream would stay in a state no driver leaves it in. */
@@ -334,24 +201,46 @@ vmmrt_status vmmrt__drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bg
 	return rt->ops->stream_end_capture(rt->be, s, out);
 }
 
-vmmrt_status vmmrt__drv_stream_is_capturing(vmmrt_runtime *rt, vmmrt_stream s, bool *out)
+/* ------------------------------------------------ the opened device */
+
+vmmrt_status vmmrt__drv_open(vmmrt_runtime *rt, const vmmrt__backend_ops *ops)
 {
-	PLAIN(rt, "cuStreamIsCapturing", rt->ops->stream_is_capturing(rt->be, s, out));
+	rt->ops = ops;
+	return ops->open(&rt->be_cfg, &rt->be);
 }
 
-vmmrt_status vmmrt__drv_graph_launch(vmmrt_runtime *rt, vmmrt__bgraph *g, vmmrt_stream s)
+static void touch_thread_state(void *arg)
 {
-	PLAIN(rt, "cuGraphLaunch", rt->ops->graph_launch(rt->be, g, s));
+	(void)arg; /* the trampoline around it sets the thread role: that is the touch */
 }
 
-vmmrt_status vmmrt__drv_graph_destroy(vmmrt_runtime *rt, vmmrt__bgraph *g)
+vmmrt_status vmmrt__drv_setup(vmmrt_runtime *rt)
 {
-	PLAIN(rt, "cuGraphExecDestroy", rt->ops->graph_destroy(rt->be, g));
+	vmmrt_status st;
+	if ((st = rt->ops->granularity(rt->be, &rt->granularity)) != VMMRT_OK ||
+	    (st = rt->ops->device_name(rt->be, rt->device_name, sizeof(rt->device_name))) != VMMRT_OK ||
+	    (st = rt->ops->stream_create(rt->be, &rt->sync_stream)) != VMMRT_OK)
+		return st;
+	/*
+	 * The library's thread-local state uses the dynamic TLS model (it is
+	 * loaded with dlopen), so a thread's first access allocates the block.
+	 * Do that for the driver's callback thread here, once, instead of inside
+	 * the first host function of the hot path.
+	 */
+	st = rt->ops->launch_host_func(rt->be, rt->sync_stream, touch_thread_state, NULL);
+	if (st == VMMRT_OK)
+		st = rt->ops->stream_synchronize(rt->be, rt->sync_stream);
+	return st;
 }
 
-vmmrt_status vmmrt__drv_kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *a)
+void vmmrt__drv_close(vmmrt_runtime *rt)
 {
-	PLAIN(rt, "cuLaunchKernel", rt->ops->kernel_launch(rt->be, s, k, a));
+	if (rt->sync_stream)
+		(void)rt->ops->stream_destroy(rt->be, rt->sync_stream);
+	rt->sync_stream = NULL;
+	if (rt->be)
+		rt->ops->close(rt->be);
+	rt->be = NULL;
 }
 
 static int cmp_float(const void *a, const void *b)

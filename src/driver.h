@@ -14,17 +14,16 @@
 
 typedef struct vmmrt_runtime vmmrt_runtime;
 
-/* The VMM call types that are timed (driver_call_us_p99 and friends). */
+/* The VMM calls that are timed, in vmmrt_driver_stats's order: VMMRT_CALL_mem_create, ... */
 typedef enum vmmrt__drv_call {
-	VMMRT_CALL_CREATE = 0,
-	VMMRT_CALL_MAP,
-	VMMRT_CALL_SET_ACCESS,
-	VMMRT_CALL_UNMAP,
-	VMMRT_CALL_RELEASE,
+#define VMMRT__CALL_ENUM_X(op, door, call, params, args)
+#define VMMRT__CALL_ENUM_T(op, call, params, args, bytes) VMMRT_CALL_##op,
+	VMMRT__BACKEND_OPS(VMMRT__CALL_ENUM_X, VMMRT__CALL_ENUM_T)
+#undef VMMRT__CALL_ENUM_X
+#undef VMMRT__CALL_ENUM_T
 	VMMRT_CALL_COUNT_
 } vmmrt__drv_call;
-
-const char *vmmrt__drv_call_name(vmmrt__drv_call c);
+_Static_assert(VMMRT_CALL_COUNT_ == VMMRT_DRIVER_CALLS, "the timed calls of backend-ops.h are vmmrt.h's driver calls");
 
 /*
  * Fault injection: when a hook is set (src/testing.c, which only tests and
@@ -41,45 +40,39 @@ struct vmmrt__fault_hook {
 /* Runtime teardown, once no driver call can run: free every hook ever set. */
 void vmmrt__drv_free_fault_hooks(vmmrt_runtime *rt);
 
-/* VMM */
+/*
+ * The opened device: open it with a backend's ops (rt->be_cfg), then read
+ * what the runtime keeps of it (granularity, name), make the stream of the
+ * synchronous helpers and warm the driver's callback thread; close undoes it.
+ * The runtime's own calls, made before any fault hook can be set and after
+ * the last: none is checked, counted or hooked.
+ */
+vmmrt_status vmmrt__drv_open(vmmrt_runtime *rt, const vmmrt__backend_ops *ops);
+vmmrt_status vmmrt__drv_setup(vmmrt_runtime *rt);
+void vmmrt__drv_close(vmmrt_runtime *rt);
+
+/* Every operation of backend-ops.h with a wrapper: vmmrt__drv_<op>(rt, its parameters). */
+#define VMMRT__DRV_PROTO(op, door, call, params, args) VMMRT__DRV_PROTO_##door(op, params)
+#define VMMRT__DRV_PROTO_T(op, call, params, args, bytes) VMMRT__DRV_PROTO_PLAIN(op, params)
+#define VMMRT__DRV_PROTO_PLAIN(op, params) vmmrt_status vmmrt__drv_##op(vmmrt_runtime *rt VMMRT__LIST params);
+#define VMMRT__DRV_PROTO_RAW VMMRT__DRV_PROTO_PLAIN
+#define VMMRT__DRV_PROTO_BLOCKING VMMRT__DRV_PROTO_PLAIN
+#define VMMRT__DRV_PROTO_OWN(op, params)
+#define VMMRT__DRV_PROTO_NONE(op, params)
+VMMRT__BACKEND_OPS(VMMRT__DRV_PROTO, VMMRT__DRV_PROTO_T)
+#undef VMMRT__DRV_PROTO
+#undef VMMRT__DRV_PROTO_T
+#undef VMMRT__DRV_PROTO_PLAIN
+#undef VMMRT__DRV_PROTO_RAW
+#undef VMMRT__DRV_PROTO_BLOCKING
+#undef VMMRT__DRV_PROTO_OWN
+#undef VMMRT__DRV_PROTO_NONE
+
+/* The OWN ones. A reservation is aligned to the granularity, and counted live. */
 vmmrt_status vmmrt__drv_va_reserve(vmmrt_runtime *rt, size_t size, vmmrt_devptr *out);
 vmmrt_status vmmrt__drv_va_free(vmmrt_runtime *rt, vmmrt_devptr va, size_t size);
-vmmrt_status vmmrt__drv_mem_create(vmmrt_runtime *rt, size_t size, vmmrt__bhandle *out);
-vmmrt_status vmmrt__drv_mem_release(vmmrt_runtime *rt, vmmrt__bhandle h);
-vmmrt_status vmmrt__drv_mem_map(vmmrt_runtime *rt, vmmrt_devptr va, size_t size, vmmrt__bhandle h);
-vmmrt_status vmmrt__drv_mem_unmap(vmmrt_runtime *rt, vmmrt_devptr va, size_t size);
-vmmrt_status vmmrt__drv_mem_set_access(vmmrt_runtime *rt, vmmrt_devptr va, size_t size);
-vmmrt_status vmmrt__drv_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes);
-
-/* streams, events, copies: async ones are fine on the launch thread */
-vmmrt_status vmmrt__drv_stream_create(vmmrt_runtime *rt, vmmrt_stream *out);
-vmmrt_status vmmrt__drv_stream_destroy(vmmrt_runtime *rt, vmmrt_stream s);
-vmmrt_status vmmrt__drv_stream_synchronize(vmmrt_runtime *rt, vmmrt_stream s); /* blocking */
-vmmrt_status vmmrt__drv_stream_wait_event(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bevent *e);
-vmmrt_status vmmrt__drv_stream_wait_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v);
-vmmrt_status vmmrt__drv_stream_write_value32(vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr addr, uint32_t v);
-vmmrt_status vmmrt__drv_event_create(vmmrt_runtime *rt, bool timing, vmmrt__bevent **out);
-vmmrt_status vmmrt__drv_event_destroy(vmmrt_runtime *rt, vmmrt__bevent *e);
-vmmrt_status vmmrt__drv_event_record(vmmrt_runtime *rt, vmmrt__bevent *e, vmmrt_stream s);
-/* *done: whether the event's last record (or all of the stream's work) finished. */
-vmmrt_status vmmrt__drv_event_query(vmmrt_runtime *rt, vmmrt__bevent *e, bool *done);
-vmmrt_status vmmrt__drv_stream_query(vmmrt_runtime *rt, vmmrt_stream s, bool *done);
-vmmrt_status vmmrt__drv_event_synchronize(vmmrt_runtime *rt, vmmrt__bevent *e); /* blocking */
-vmmrt_status vmmrt__drv_event_elapsed_ms(vmmrt_runtime *rt, vmmrt__bevent *a, vmmrt__bevent *b, float *ms);
-vmmrt_status vmmrt__drv_launch_host_func(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__host_fn fn, void *arg);
-vmmrt_status vmmrt__drv_memcpy_htod_async(vmmrt_runtime *rt, vmmrt_devptr dst, const void *src, size_t n, vmmrt_stream s);
-vmmrt_status vmmrt__drv_memcpy_dtoh_async(vmmrt_runtime *rt, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s);
-vmmrt_status vmmrt__drv_memcpy_dtod_async(vmmrt_runtime *rt, vmmrt_devptr dst, vmmrt_devptr src, size_t n, vmmrt_stream s);
-vmmrt_status vmmrt__drv_host_alloc(vmmrt_runtime *rt, size_t size, void **out);
-vmmrt_status vmmrt__drv_host_free(vmmrt_runtime *rt, void *p);
-vmmrt_status vmmrt__drv_host_devptr(vmmrt_runtime *rt, void *p, vmmrt_devptr *out);
-vmmrt_status vmmrt__drv_begin_capture(vmmrt_runtime *rt, vmmrt_stream s);
-vmmrt_status vmmrt__drv_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bgraph **out);
-/* *out: whether work enqueued on s now would be captured instead of run. */
-vmmrt_status vmmrt__drv_stream_is_capturing(vmmrt_runtime *rt, vmmrt_stream s, bool *out);
-vmmrt_status vmmrt__drv_graph_launch(vmmrt_runtime *rt, vmmrt__bgraph *g, vmmrt_stream s);
-vmmrt_status vmmrt__drv_graph_destroy(vmmrt_runtime *rt, vmmrt__bgraph *g);
-vmmrt_status vmmrt__drv_kernel(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *a);
+/* An injected failure ends the capture too (as cuStreamEndCapture's own failures do). */
+vmmrt_status vmmrt__drv_stream_end_capture(vmmrt_runtime *rt, vmmrt_stream s, vmmrt__bgraph **out);
 
 /* Public entry guard: VMMRT_E_NOT_PERMITTED inside a host function. */
 vmmrt_status vmmrt__drv_check_caller(const char *api);

@@ -10,6 +10,7 @@
 
 #include <urcu/futex.h>
 
+#include "clock.h"
 #include "ec.h"
 
 static long futex_bitset_wait(const void *addr, uint32_t expected, const struct timespec *deadline)
@@ -23,7 +24,8 @@ static long futex_bitset_wait(const void *addr, uint32_t expected, const struct 
 
 static int ec_gettime(const struct ck_ec_ops *ops, struct timespec *out)
 {
-	return clock_gettime(CLOCK_MONOTONIC, out);
+	*out = vmmrt__timespec(vmmrt__now_ns());
+	return 0;
 }
 
 static void ec_wait32(const struct ck_ec_wait_state *st, const uint32_t *addr, uint32_t expected,
@@ -63,20 +65,6 @@ const struct ck_ec_mode vmmrt__ec_mp = {
 	.ops = &ec_ops,
 	.single_producer = false,
 };
-
-const struct timespec *vmmrt__deadline(struct timespec *ts, uint64_t timeout_ms)
-{
-	if (timeout_ms == UINT64_MAX)
-		return NULL;
-	clock_gettime(CLOCK_MONOTONIC, ts);
-	ts->tv_sec += (time_t)(timeout_ms / 1000);
-	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (ts->tv_nsec >= 1000000000L) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000L;
-	}
-	return ts;
-}
 
 void vmmrt__futex_wait(int32_t *addr, int32_t expected, const struct timespec *deadline)
 {

@@ -16,9 +16,6 @@
 /* Many producers (host functions of several streams, application threads). */
 extern const struct ck_ec_mode vmmrt__ec_mp;
 
-/* Absolute CLOCK_MONOTONIC deadline timeout_ms from now (UINT64_MAX: none -> NULL). */
-const struct timespec *vmmrt__deadline(struct timespec *ts, uint64_t timeout_ms);
-
 /* Sleep while *addr == expected, until the deadline (NULL: forever). Returns
  * early on wake-ups and signals: callers loop on their condition. */
 void vmmrt__futex_wait(int32_t *addr, int32_t expected, const struct timespec *deadline);

@@ -21,11 +21,8 @@
 vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out)
 {
 	VMMRT__API_ENTER();
-	vmmrt_status st;
 	VMMRT_CHECK_ARG(rt && out, "NULL argument");
-	vmmrt__offload *off = vmmrt__offload_get(rt, &st);
-	if (!off)
-		return st;
+	vmmrt__offload *off = rt->offload;
 	if (off->allocated)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s' created after vmmrt_offload_allocate",
 				   name ? name : "");

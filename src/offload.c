@@ -1,31 +1,29 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The offload hooks: where the schedule (which use comes now, what to
- * prefetch) meets the strategy (what that means for memory). Also allocation,
- * synchronization, statistics and teardown of the runtime's offload state.
+ * prefetch) meets the strategy (what that means for memory). Also the
+ * offload state's creation with the runtime, allocation, synchronization,
+ * statistics and teardown.
  */
 #include "config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <urcu/uatomic.h>
 
 #include "api.h"
+#include "clock.h"
 #include "error.h"
 #include "offload.h"
+#include "worker.h"
 
-vmmrt__offload *vmmrt__offload_get(vmmrt_runtime *rt, vmmrt_status *st)
+vmmrt_status vmmrt__offload_create(vmmrt_runtime *rt)
 {
-	if (rt->offload)
-		return rt->offload;
 	vmmrt__offload *off = calloc(1, sizeof(*off));
-	if (!off) {
-		*st = vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload state");
-		return NULL;
-	}
+	if (!off)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload state");
 	off->rt = rt;
 	switch (rt->mode) {
 	case VMMRT_MODE_PINGPONG: off->ops = &vmmrt__strategy_pingpong; break;
@@ -33,28 +31,6 @@ vmmrt__offload *vmmrt__offload_get(vmmrt_runtime *rt, vmmrt_status *st)
 	default: off->ops = &vmmrt__strategy_none; break;
 	}
 	rt->offload = off;
-	return off;
-}
-
-void vmmrt__offload_account(vmmrt__offload *off, int64_t delta)
-{
-	int64_t now = uatomic_add_return(&off->activation_bytes, delta);
-	for (int64_t peak = uatomic_read(&off->activation_peak); now > peak;
-	     peak = uatomic_read(&off->activation_peak))
-		if (uatomic_cmpxchg(&off->activation_peak, peak, now) == peak)
-			break;
-}
-
-static vmmrt_status get_ready(vmmrt_runtime *rt, vmmrt__offload **out)
-{
-	vmmrt__error_clear();
-	vmmrt_status st = vmmrt__drv_check_caller("vmmrt offload");
-	if (st != VMMRT_OK)
-		return st;
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	if (!rt->offload || !rt->offload->allocated)
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
-	*out = rt->offload;
 	return VMMRT_OK;
 }
 
@@ -70,8 +46,7 @@ static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *
 		if (vmmrt__now_ns() > deadline)
 			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
 					   (unsigned long long)rt->timeout_ms);
-		struct timespec ts = {0, spin < 100 ? 20000 : 1000000};
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(spin < 100 ? 20000 : 1000000);
 	}
 }
 
@@ -104,9 +79,7 @@ vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
 	VMMRT__API_ENTER();
 	vmmrt_status st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	vmmrt__offload *off = vmmrt__offload_get(rt, &st);
-	if (!off)
-		return st;
+	vmmrt__offload *off = rt->offload;
 	if (off->allocated)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload already allocated");
 	unsigned n = 0;
@@ -157,12 +130,10 @@ static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, co
 	return VMMRT_OK;
 }
 
+/* After the public prologue (VMMRT__API_ENTER): may the hook run on g now? */
 static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
 {
-	vmmrt__error_clear();
-	vmmrt_status st = vmmrt__drv_check_caller(what);
-	if (st != VMMRT_OK)
-		return st;
+	vmmrt_status st;
 	VMMRT_CHECK_ARG(g, "group is NULL");
 	if (!g->off->allocated || g->state == VMMRT_GROUP_DISCOVERING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
@@ -267,30 +238,36 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 
 vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return begin(g, compute, false, __func__);
 }
 
 vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return end(g, compute, false, __func__);
 }
 
 vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return begin(g, compute, true, __func__);
 }
 
 vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 {
+	VMMRT__API_ENTER();
 	return end(g, compute, true, __func__);
 }
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
-	vmmrt__offload *off = NULL;
-	vmmrt_status st = get_ready(rt, &off);
-	if (st != VMMRT_OK)
-		return st;
+	VMMRT__API_ENTER();
+	vmmrt_status st;
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	vmmrt__offload *off = rt->offload;
+	if (!off || !off->allocated)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
 	/* A group that failed may have left a stream waiting for it: say so now
 	 * rather than time out on the stream. */
 	for (unsigned i = 0; i < off->ngroups; i++)
@@ -313,7 +290,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 		vmmrt__request *barrier = malloc(sizeof(*barrier));
 		if (!barrier)
 			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload sync");
-		vmmrt__request_init(barrier, VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init_call(barrier, NULL, NULL);
 		if ((st = vmmrt__worker_push(rt->workers, w, barrier)) != VMMRT_OK) {
 			free(barrier);
 			return st;
@@ -403,128 +380,3 @@ vmmrt_status vmmrt__offload_destroy(vmmrt_runtime *rt)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt__offload_wait(vmmrt__offload *off, vmmrt_stream s, vmmrt__bevent *e)
-{
-	bool done = false;
-	if (vmmrt__drv_event_query(off->rt, e, &done) == VMMRT_OK) {
-		if (done)
-			return VMMRT_OK;
-	} else {
-		/* the wait below does the same job, so a failed poll is no failure of the call */
-		vmmrt__error_clear();
-	}
-	return vmmrt__drv_stream_wait_event(off->rt, s, e);
-}
-
-/* Timing events around the copy give the bandwidth "while copying". */
-vmmrt_status vmmrt__offload_d2h(vmmrt__offload *off, vmmrt_group *g)
-{
-	vmmrt_runtime *rt = off->rt;
-	vmmrt_status st;
-	if ((st = vmmrt__drv_event_record(rt, g->d2h_start, off->d2h)) != VMMRT_OK ||
-	    (st = g->d2h_graph ? vmmrt__drv_graph_launch(rt, g->d2h_graph, off->d2h)
-			       : vmmrt__drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt__drv_event_record(rt, g->d2h_done, off->d2h)) != VMMRT_OK)
-		return st;
-	g->timed_d2h = true;
-	uatomic_add(&off->bytes_offloaded, g->bytes);
-	return VMMRT_OK;
-}
-
-vmmrt_status vmmrt__offload_h2d(vmmrt__offload *off, vmmrt_group *g)
-{
-	vmmrt_runtime *rt = off->rt;
-	vmmrt_status st;
-	if ((st = vmmrt__drv_event_record(rt, g->h2d_start, off->h2d)) != VMMRT_OK ||
-	    (st = g->h2d_graph ? vmmrt__drv_graph_launch(rt, g->h2d_graph, off->h2d)
-			       : vmmrt__drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, off->h2d)) != VMMRT_OK ||
-	    (st = vmmrt__drv_event_record(rt, g->restored, off->h2d)) != VMMRT_OK)
-		return st;
-	g->timed_h2d = true;
-	uatomic_add(&off->bytes_restored, g->bytes);
-	return VMMRT_OK;
-}
-
-static vmmrt_status capture_copy(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream s, bool to_host,
-				 vmmrt__bgraph **out)
-{
-	vmmrt_runtime *rt = off->rt;
-	vmmrt_status st = vmmrt__drv_begin_capture(rt, s);
-	if (st != VMMRT_OK)
-		return st;
-	vmmrt_status cst = to_host ? vmmrt__drv_memcpy_dtoh_async(rt, g->host, g->base, g->bytes, s)
-				   : vmmrt__drv_memcpy_htod_async(rt, g->base, g->host, g->bytes, s);
-	vmmrt__bgraph *graph = NULL;
-	st = vmmrt__drv_end_capture(rt, s, &graph); /* always end what was begun */
-	if (cst != VMMRT_OK) {
-		if (graph)
-			(void)vmmrt__drv_graph_destroy(rt, graph);
-		return cst;
-	}
-	if (st == VMMRT_OK)
-		*out = graph;
-	return st;
-}
-
-vmmrt_status vmmrt__offload_capture_copies(vmmrt__offload *off, vmmrt_group *g)
-{
-	vmmrt_stream s;
-	vmmrt_status st = vmmrt__drv_stream_create(off->rt, &s);
-	if (st != VMMRT_OK)
-		return st;
-	st = capture_copy(off, g, s, true, &g->d2h_graph);
-	if (st == VMMRT_OK)
-		st = capture_copy(off, g, s, false, &g->h2d_graph);
-	(void)vmmrt__drv_stream_destroy(off->rt, s);
-	if (st != VMMRT_OK) {
-		vmmrt__offload_free_copies(off, g);
-		return vmmrt__error_wrap(st, "group '%s': capture of its copies", g->name);
-	}
-	return VMMRT_OK;
-}
-
-void vmmrt__offload_free_copies(vmmrt__offload *off, vmmrt_group *g)
-{
-	if (g->d2h_graph)
-		(void)vmmrt__drv_graph_destroy(off->rt, g->d2h_graph);
-	if (g->h2d_graph)
-		(void)vmmrt__drv_graph_destroy(off->rt, g->h2d_graph);
-	g->d2h_graph = g->h2d_graph = NULL;
-}
-
-void vmmrt__offload_destroy_slot(vmmrt_slot *s)
-{
-	vmmrt_status st = vmmrt__slot_destroy(s);
-	/* A refused unmap or VA free leaves the slot alive and whole: try once
-	 * more rather than drop it. A timeout leaves it to the worker. */
-	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT)
-		(void)vmmrt__slot_destroy(s);
-}
-
-bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
-{
-	const vmmrt__schedule *s = &off->sched;
-	uint64_t fwd_use = backward ? use - 1 : use;
-	return s->recorded && s->n && use >= 1 && fwd_use >= 2ull * s->n && s->fwd[s->n - 1] == g->index &&
-	       s->bwd[0] == g->index;
-}
-
-/* Host function: runs on the driver's callback thread, so it only pushes the
- * preallocated request (wait-free, no allocation, no lock). */
-static void push_from_host_func(void *arg)
-{
-	vmmrt__remap_req *r = arg;
-	vmmrt_status st = vmmrt__worker_push(r->g->rt->workers, r->g->slot->worker, &r->req);
-	if (st != VMMRT_OK) {
-		/* The slot stays mapped. The release was counted as handed off when
-		 * this function was launched: count it finished, in stream order, or
-		 * the group's next map would wait for it forever. */
-		vmmrt__group_fail(r->g, st, "queue a release after the copy");
-		vmmrt__remap_release_counted(r->g);
-	}
-}
-
-vmmrt_status vmmrt__offload_push_after(vmmrt__offload *off, vmmrt_stream s, vmmrt__remap_req *r)
-{
-	return vmmrt__drv_launch_host_func(off->rt, s, push_from_host_func, r);
-}

@@ -4,7 +4,8 @@
 
 #include <string.h>
 
-#include "backend/backend.h"
+#include "pattern.h"
+#include "vmmrt.h"
 
 uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index)
 {

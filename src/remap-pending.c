@@ -12,8 +12,10 @@
  */
 #include "config.h"
 
+#include "driver.h"
 #include "error.h"
-#include "offload.h"
+#include "pipeline.h"
+#include "remap-pending.h"
 
 /*
  * Will the map of group g that needs `need` releases be admitted without any
@@ -24,7 +26,7 @@
  */
 static bool map_assured(vmmrt__offload *off, vmmrt_group *g, uint64_t need)
 {
-	if (g->releases_planned < need)
+	if (g->remap.releases_planned < need)
 		return false;
 	if (need == 0)
 		return true; /* the initial backing: it takes no budget */
@@ -34,18 +36,18 @@ static bool map_assured(vmmrt__offload *off, vmmrt_group *g, uint64_t need)
 		if (h == g || !h->slot)
 			continue;
 		/* Allocation maps every group once: that counts as a first map. */
-		uint64_t maps = h->maps_requested ? h->maps_requested : 1;
-		mapped += maps > h->releases_planned;
+		uint64_t maps = h->remap.maps_requested ? h->remap.maps_requested : 1;
+		mapped += maps > h->remap.releases_planned;
 	}
-	return mapped < off->budget;
+	return mapped < off->remap.budget;
 }
 
 /* The restore: behind the map on the H2D stream, never on the launch thread. */
-static vmmrt_status enqueue_restore(vmmrt__offload *off, const struct vmmrt__pending_map *p)
+static vmmrt_status enqueue_restore(vmmrt__offload *off, const vmmrt__pending_map *p)
 {
 	vmmrt_group *g = p->g;
 	vmmrt_status st;
-	if ((st = vmmrt__drv_stream_wait_value32(off->rt, off->h2d, g->flag_dev, p->seq)) != VMMRT_OK ||
+	if ((st = vmmrt__drv_stream_wait_value32(off->rt, off->h2d, g->remap.flag_dev, p->seq)) != VMMRT_OK ||
 	    (st = vmmrt__offload_h2d(off, g)) != VMMRT_OK)
 		return vmmrt__error_wrap(st, "group '%s': restore", g->name);
 	g->restore_use = p->use + 1;
@@ -60,13 +62,13 @@ static vmmrt_status enqueue_restore(vmmrt__offload *off, const struct vmmrt__pen
  */
 vmmrt_status vmmrt__remap_pending_flush(vmmrt__offload *off, uint64_t now)
 {
-	while (off->pending_n) {
-		struct vmmrt__pending_map *p = &off->pending[off->pending_head];
+	while (off->remap.pending_n) {
+		vmmrt__pending_map *p = &off->remap.pending[off->remap.pending_head];
 		if (p->use > now && !map_assured(off, p->g, p->need))
 			return VMMRT_OK; /* and every later one with it: tickets go in order */
-		struct vmmrt__pending_map taken = *p;
-		off->pending_head = (off->pending_head + 1) % VMMRT_PENDING_MAPS;
-		off->pending_n--;
+		vmmrt__pending_map taken = *p;
+		off->remap.pending_head = (off->remap.pending_head + 1) % VMMRT_PENDING_MAPS;
+		off->remap.pending_n--;
 		if (taken.backward) {
 			vmmrt_status st = enqueue_restore(off, &taken);
 			if (st != VMMRT_OK)
@@ -76,14 +78,14 @@ vmmrt_status vmmrt__remap_pending_flush(vmmrt__offload *off, uint64_t now)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt__remap_pending_add(vmmrt__offload *off, const struct vmmrt__pending_map *p)
+vmmrt_status vmmrt__remap_pending_add(vmmrt__offload *off, const vmmrt__pending_map *p)
 {
 	if (off->rt->driver_inline) /* mapped already, by this thread */
 		return p->backward ? enqueue_restore(off, p) : VMMRT_OK;
 	vmmrt_status st;
-	if (off->pending_n == VMMRT_PENDING_MAPS &&
-	    (st = vmmrt__remap_pending_flush(off, off->pending[off->pending_head].use)) != VMMRT_OK)
+	if (off->remap.pending_n == VMMRT_PENDING_MAPS &&
+	    (st = vmmrt__remap_pending_flush(off, off->remap.pending[off->remap.pending_head].use)) != VMMRT_OK)
 		return st;
-	off->pending[(off->pending_head + off->pending_n++) % VMMRT_PENDING_MAPS] = *p;
+	off->remap.pending[(off->remap.pending_head + off->remap.pending_n++) % VMMRT_PENDING_MAPS] = *p;
 	return vmmrt__remap_pending_flush(off, off->sched.use);
 }

@@ -25,11 +25,9 @@ static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 
 	if (choice == VMMRT_BACKEND_HOST) {
 		snprintf(note, note_len, "host backend requested");
-		rt->ops = &vmmrt__backend_host;
-		return rt->ops->open(&rt->be_cfg, &rt->be);
+		return vmmrt__drv_open(rt, &vmmrt__backend_host);
 	}
-	rt->ops = &vmmrt__backend_cuda;
-	st = rt->ops->open(&rt->be_cfg, &rt->be);
+	st = vmmrt__drv_open(rt, &vmmrt__backend_cuda);
 	if (st == VMMRT_OK) {
 		snprintf(note, note_len, "%s", choice == VMMRT_BACKEND_AUTO ? "auto: CUDA driver and device found"
 									     : "cuda backend requested");
@@ -41,21 +39,18 @@ static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 	snprintf(note, note_len, "auto: %s; using the host backend", vmmrt_last_error());
 	/* The reason now lives in the note: a runtime created on the fallback is a success. */
 	vmmrt__error_clear();
-	rt->ops = &vmmrt__backend_host;
-	return rt->ops->open(&rt->be_cfg, &rt->be);
+	return vmmrt__drv_open(rt, &vmmrt__backend_host);
 }
 
 static void free_runtime(vmmrt_runtime *rt)
 {
-	if (rt->sync_stream)
-		(void)rt->ops->stream_destroy(rt->be, rt->sync_stream);
-	if (rt->be)
-		rt->ops->close(rt->be);
+	vmmrt__drv_close(rt);
 	if (rt->trace)
 		(void)vmmrt__trace_close(rt->trace);
 	pthread_mutex_destroy(&rt->sync_lock);
 	pthread_mutex_destroy(&rt->slots_lock);
 	vmmrt__drv_free_fault_hooks(rt); /* the workers are gone, the backend closed */
+	free(rt->offload); /* NULL after destroy, empty when creation failed */
 	free(rt->calls);
 	free(rt);
 }
@@ -94,25 +89,6 @@ static void after_fork_child(void)
 static void register_atfork(void)
 {
 	(void)pthread_atfork(before_fork, after_fork_parent, after_fork_child);
-}
-
-static void touch_thread_state(void *arg)
-{
-	(void)arg; /* the trampoline around it sets the thread role: that is the touch */
-}
-
-/*
- * The library's thread-local state uses the dynamic TLS model (it is loaded
- * with dlopen), so a thread's first access allocates the block. Do that for
- * the driver's callback thread here, once, instead of inside the first host
- * function of the hot path.
- */
-static vmmrt_status warm_host_function_thread(vmmrt_runtime *rt)
-{
-	vmmrt_status st = rt->ops->launch_host_func(rt->be, rt->sync_stream, touch_thread_state, NULL);
-	if (st == VMMRT_OK)
-		st = rt->ops->stream_synchronize(rt->be, rt->sync_stream);
-	return st;
 }
 
 vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out)
@@ -164,6 +140,10 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		free_runtime(rt);
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "call statistics");
 	}
+	if ((st = vmmrt__offload_create(rt)) != VMMRT_OK) {
+		free_runtime(rt);
+		return st;
+	}
 	if (vmmrt__opt_s(&rt->opts, VMMRT_OPT_TRACE)[0]) {
 		st = vmmrt__trace_open(vmmrt__opt_s(&rt->opts, VMMRT_OPT_TRACE), &rt->trace);
 		if (st != VMMRT_OK) {
@@ -179,14 +159,12 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 		return st;
 	}
 	memcpy(rt->note, note, sizeof(rt->note));
-	if ((st = rt->ops->granularity(rt->be, &rt->granularity)) != VMMRT_OK ||
-	    (st = rt->ops->device_name(rt->be, rt->device_name, sizeof(rt->device_name))) != VMMRT_OK ||
-	    (st = rt->ops->stream_create(rt->be, &rt->sync_stream)) != VMMRT_OK ||
-	    (st = warm_host_function_thread(rt)) != VMMRT_OK) {
+	if ((st = vmmrt__drv_setup(rt)) != VMMRT_OK) {
 		free_runtime(rt);
 		return st;
 	}
-	st = vmmrt__workers_create(rt, (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS), &rt->workers);
+	st = vmmrt__workers_create(rt, (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_WORKERS),
+				   &vmmrt__slot_worker_class, &rt->workers);
 	if (st != VMMRT_OK) {
 		rt->workers = NULL;
 		free_runtime(rt);

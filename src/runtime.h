@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The runtime object: one opened backend device, its options, its driver
- * workers and the bookkeeping every other concept hangs off.
+ * workers and the bookkeeping every other concept hangs off. Data only
+ * (runtime.c makes and destroys it): every layer from driver.c up reads it.
  */
 #ifndef VMMRT_RUNTIME_H
 #define VMMRT_RUNTIME_H
@@ -14,7 +15,8 @@
 #include "backend/backend.h"
 #include "driver.h"
 #include "options.h"
-#include "worker.h"
+
+typedef struct vmmrt__workers vmmrt__workers;
 
 /* Timing samples for one VMM call type: a ring of the most recent ones. */
 #define VMMRT_CALL_SAMPLES 65536

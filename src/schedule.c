@@ -12,7 +12,8 @@
 #include <string.h>
 
 #include "error.h"
-#include "offload.h"
+#include "group.h"
+#include "schedule.h"
 
 vmmrt_status vmmrt__schedule_init(vmmrt__schedule *s, unsigned n)
 {

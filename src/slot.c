@@ -2,8 +2,8 @@
 /*
  * Fixed-VA slots. The reservation is made on the caller's thread (it is not
  * one of the slow, contended VMM calls); everything that maps or unmaps
- * physical memory runs on the slot's driver worker, which is why the public
- * map/unmap/destroy are a push followed by a bounded wait.
+ * physical memory runs on the slot's driver worker (slot-work.c), which is
+ * why the public map/unmap/destroy are a push followed by a bounded wait.
  */
 #include "config.h"
 
@@ -15,12 +15,6 @@
 #include "api.h"
 #include "error.h"
 #include "slot.h"
-#include "tsan.h"
-
-static void set_state(vmmrt_slot *s, vmmrt_slot_state st)
-{
-	uatomic_set(&s->state, (int32_t)st);
-}
 
 vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
 {
@@ -44,9 +38,9 @@ vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **o
 	s->size = size;
 	s->id = uatomic_add_return(&rt->next_slot_id, 1);
 	s->worker = vmmrt__workers_route(rt->workers, s->id);
-	vmmrt__request_init(&s->map_req, VMMRT_REQ_MAP, s);
-	vmmrt__request_init(&s->release_req, VMMRT_REQ_RELEASE, s);
-	set_state(s, VMMRT_SLOT_RESERVED);
+	vmmrt__request_init(&s->map_req, &vmmrt__slot_map_ops, s);
+	vmmrt__request_init(&s->release_req, &vmmrt__slot_release_ops, s);
+	vmmrt__slot_set_state(s, VMMRT_SLOT_RESERVED);
 
 	pthread_mutex_lock(&rt->slots_lock);
 	cds_list_add_rcu(&s->link, &rt->slots);
@@ -54,81 +48,6 @@ vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **o
 	uatomic_inc(&rt->live_slots);
 	*out = s;
 	return VMMRT_OK;
-}
-
-vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
-{
-	vmmrt_runtime *rt = s->rt;
-
-	if (s->mapped)
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
-				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h);
-	if (st != VMMRT_OK)
-		return vmmrt__error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
-	st = vmmrt__drv_mem_set_access(rt, s->va, s->size);
-	if (st != VMMRT_OK) {
-		/* Roll the partial map back so the slot is exactly as before. */
-		vmmrt_status st2 = vmmrt__drv_mem_unmap(rt, s->va, s->size);
-		(void)st2;
-		return vmmrt__error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
-	}
-	s->mapped = true;
-	s->handle = h;
-	return VMMRT_OK;
-}
-
-vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
-{
-	if (!s->mapped)
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
-				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
-	if (st != VMMRT_OK)
-		return vmmrt__error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
-	s->mapped = false;
-	*h = s->handle;
-	s->handle = 0;
-	return VMMRT_OK;
-}
-
-vmmrt_status vmmrt__slot_teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *had_handle)
-{
-	*had_handle = false;
-	if (s->mapped) {
-		vmmrt_status st = vmmrt__slot_detach(s, handle_out);
-		if (st != VMMRT_OK)
-			return st;
-		*had_handle = true;
-	}
-	return vmmrt__drv_va_free(s->rt, s->va, s->size);
-}
-
-static void free_slot_rcu(struct rcu_head *head)
-{
-	vmmrt_slot *s = caa_container_of(head, vmmrt_slot, rcu);
-	VMMRT_TSAN_ACQUIRE(s); /* after the grace period: pairs with vmmrt__slot_retire */
-	free(s);
-}
-
-void vmmrt__slot_retire(vmmrt_slot *s)
-{
-	vmmrt_runtime *rt = s->rt;
-
-	pthread_mutex_lock(&rt->slots_lock);
-	cds_list_del_rcu(&s->link);
-	pthread_mutex_unlock(&rt->slots_lock);
-	uatomic_dec(&rt->live_slots);
-	/* Readers walking rt->slots may still hold s: free after a grace period. */
-	VMMRT_TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
-	urcu_bp_call_rcu(&s->rcu, free_slot_rcu);
-}
-
-void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st)
-{
-	snprintf(s->errmsg, sizeof(s->errmsg), "%s", vmmrt_last_error());
-	uatomic_set(&s->error, (int32_t)st);
-	set_state(s, VMMRT_SLOT_FAILED);
 }
 
 static vmmrt_status push(vmmrt_slot *s, vmmrt__request *req, vmmrt__req_done_fn done, void *arg)
@@ -174,7 +93,7 @@ static vmmrt_status pending_error(vmmrt_slot *s)
 {
 	int32_t e = uatomic_xchg(&s->error, VMMRT_OK);
 	if (e != VMMRT_OK) {
-		set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
 		return vmmrt__error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed: %s",
 				   (unsigned long long)s->id, s->errmsg);
 	}
@@ -185,7 +104,7 @@ static vmmrt_status pending_error(vmmrt_slot *s)
 static vmmrt_status settle(vmmrt_slot *s, vmmrt_status st)
 {
 	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT && uatomic_xchg(&s->error, VMMRT_OK) != VMMRT_OK)
-		set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
 	return st;
 }
 
@@ -241,7 +160,7 @@ vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s)
 	vmmrt__request *req = malloc(sizeof(*req));
 	if (!req)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot destroy request");
-	vmmrt__request_init(req, VMMRT_REQ_DESTROY, s);
+	vmmrt__request_init(req, &vmmrt__slot_destroy_ops, s);
 	uatomic_set(&s->dying, true);
 	/* Once pushed, the slot may be freed at any moment: read what we need first. */
 	uint64_t timeout_ms = s->rt->timeout_ms;

@@ -4,10 +4,15 @@
  * memory mapped behind it at times. The application-visible state machine is
  * vmmrt_slot_state; the driver-side truth (mapped or not, which handle) is
  * owned by the slot's driver worker, the only thread that maps or unmaps it.
+ *
+ * slot.c: reservation, the requests queued for a slot, the public calls.
+ * slot-work.c (below it): what the worker does with those requests, and
+ * each worker's handle pool.
  */
 #ifndef VMMRT_SLOT_H
 #define VMMRT_SLOT_H
 
+#include <urcu/uatomic.h>
 #include <urcu/urcu-bp.h>
 
 #include "runtime.h"
@@ -37,27 +42,55 @@ struct vmmrt_slot {
 	struct rcu_head rcu;   /* the worker frees the slot through call_rcu */
 };
 
+static inline void vmmrt__slot_set_state(vmmrt_slot *s, vmmrt_slot_state st)
+{
+	uatomic_set(&s->state, (int32_t)st);
+}
+
+/* ------------------------------------------------------------ slot-work.c */
+
+/*
+ * A slot's requests, for vmmrt__request_init(req, ops, slot): map (an
+ * error if mapped), ensure (map unless mapped), release (unmap, the handle
+ * to the pool or cuMemRelease), destroy (unmap and release what is mapped,
+ * free the VA, free the slot after an RCU grace period; requests still
+ * waiting for the slot on its worker are cancelled first).
+ */
+extern const vmmrt__request_ops vmmrt__slot_map_ops;
+extern const vmmrt__request_ops vmmrt__slot_ensure_ops;
+extern const vmmrt__request_ops vmmrt__slot_release_ops;
+extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
+
+/* The runtime's workers are of this class: each keeps a handle pool. */
+extern const vmmrt__worker_class vmmrt__slot_worker_class;
+
+/* Map h at the slot's address and set access; on failure the mapping is
+ * rolled back and h is still the caller's. On the slot's worker (or, inline,
+ * on the launch thread). */
+vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h);
+/* Unmap; the handle goes back to the caller (*h). */
+vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h);
+
+/* The pools of a set of workers of vmmrt__slot_worker_class. */
+typedef struct vmmrt__slot_pool_stats {
+	uint64_t oom_retries;    /* out-of-memory retries made */
+	uint64_t pool_hits;      /* maps served from the handle pool */
+	uint64_t pool_handles;   /* handles held in the pools now */
+} vmmrt__slot_pool_stats;
+void vmmrt__slot_pools_stats(vmmrt__workers *w, vmmrt__slot_pool_stats *out);
+/* Free the handles the pools hold (also done at stop). Runs on the workers. */
+vmmrt_status vmmrt__slot_pools_trim(vmmrt__workers *w);
+
+/* ------------------------------------------------------------ slot.c */
+
 /* Reserve the VA (any thread: cuMemAddressReserve is not a hot VMM call). */
 vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
-
-/* Worker side: map h at the slot's address and set access; on failure the
- * mapping is rolled back and h is still the caller's. */
-vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h);
-/* Worker side: unmap; the handle goes back to the caller (*h). */
-vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h);
-/* Worker side (DESTROY): unmap and release what is mapped, free the VA,
- * unlink the slot and free it after an RCU grace period. */
-vmmrt_status vmmrt__slot_teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *had_handle);
-void vmmrt__slot_retire(vmmrt_slot *s);
 
 /* Queue a map / release on the slot's worker; done(req, status, arg) runs on
  * the worker when it finishes. Safe in a host function (release) and on the
  * launch thread (never blocks). */
 vmmrt_status vmmrt__slot_map_async(vmmrt_slot *s, vmmrt__req_done_fn done, void *arg);
 vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, void *arg);
-
-/* Record a failure on the slot (worker side) so the next API call reports it. */
-void vmmrt__slot_publish_error(vmmrt_slot *s, vmmrt_status st);
 
 /* vmmrt_slot_map and vmmrt_slot_destroy without the public prologue, for the library's own use. */
 vmmrt_status vmmrt__slot_map(vmmrt_slot *s);

@@ -7,7 +7,7 @@
 #include "config.h"
 
 #include "error.h"
-#include "offload.h"
+#include "pipeline.h"
 
 static vmmrt_status none_allocate(vmmrt__offload *off)
 {

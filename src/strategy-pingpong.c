@@ -16,10 +16,13 @@
  */
 #include "config.h"
 
+#include <stdio.h>
+
 #include <urcu/uatomic.h>
 
+#include "driver.h"
 #include "error.h"
-#include "offload.h"
+#include "pipeline.h"
 
 static vmmrt_status pp_allocate(vmmrt__offload *off)
 {
@@ -31,13 +34,13 @@ static vmmrt_status pp_allocate(vmmrt__offload *off)
 	if (max == 0)
 		return VMMRT_OK; /* only empty groups: nothing to allocate */
 	for (unsigned b = 0; b < 2; b++) {
-		vmmrt_status st = vmmrt__slot_reserve(rt, max, &off->bank[b].slot);
+		vmmrt_status st = vmmrt__slot_reserve(rt, max, &off->pingpong.bank[b].slot);
 		if (st == VMMRT_OK)
-			st = vmmrt__slot_map(off->bank[b].slot);
+			st = vmmrt__slot_map(off->pingpong.bank[b].slot);
 		if (st != VMMRT_OK)
 			return vmmrt__error_wrap(st, "ping-pong bank %u of %zu bytes", b, max);
-		off->bank[b].user_done = true;
-		vmmrt__offload_account(off, (int64_t)vmmrt_slot_size(off->bank[b].slot));
+		off->pingpong.bank[b].user_done = true;
+		vmmrt__offload_account(off, (int64_t)vmmrt_slot_size(off->pingpong.bank[b].slot));
 	}
 	/* Alternate in forward order: with the usual reverse backward order the
 	 * backward alternates too, so each restore overlaps the graph before it. */
@@ -46,8 +49,8 @@ static vmmrt_status pp_allocate(vmmrt__offload *off)
 		vmmrt_group *g = off->groups[i];
 		if (!g->ndesc)
 			continue;
-		g->bank = k++ % 2;
-		g->base = vmmrt_slot_address(off->bank[g->bank].slot);
+		g->pingpong.bank = k++ % 2;
+		g->base = vmmrt_slot_address(off->pingpong.bank[g->pingpong.bank].slot);
 	}
 	return VMMRT_OK;
 }
@@ -55,7 +58,7 @@ static vmmrt_status pp_allocate(vmmrt__offload *off)
 static vmmrt_status enqueue_restore(vmmrt__offload *off, vmmrt_group *g, uint64_t use)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt__bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->pingpong.bank[g->pingpong.bank];
 	vmmrt_status st = VMMRT_OK;
 
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_BACKWARD_FENCE))
@@ -90,13 +93,13 @@ static vmmrt_status pp_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backwa
 		g->timed_h2d = false;
 		return VMMRT_OK; /* the tail never left */
 	}
-	vmmrt__bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->pingpong.bank[g->pingpong.bank];
 	if (bank->user_done)
 		return enqueue_restore(off, g, use);
 	if (bank->pending)
 		return vmmrt__error(VMMRT_E_INVALID_STATE,
 				   "group '%s': bank %u already has a deferred restore (look-ahead beyond two banks)",
-				   g->name, g->bank);
+				   g->name, g->pingpong.bank);
 	if (off->sched.recorded)
 		off->bank_conflicts++;
 	bank->pending = g;
@@ -106,10 +109,10 @@ static vmmrt_status pp_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backwa
 
 static vmmrt_status pp_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
-	vmmrt__bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->pingpong.bank[g->pingpong.bank];
 	if (!bank->user_done)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': bank %u is still held by group '%s'", g->name,
-				   g->bank, bank->user ? bank->user->name : "?");
+				   g->pingpong.bank, bank->user ? bank->user->name : "?");
 	/* Fence 1: the previous activation in this bank has reached host memory. */
 	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_FORWARD_FENCE)) {
 		vmmrt_status st = vmmrt__offload_wait(off, compute, bank->free_ev);
@@ -124,7 +127,7 @@ static vmmrt_status pp_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_
 static vmmrt_status pp_forward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt__bank *bank = &off->bank[g->bank];
+	vmmrt__bank *bank = &off->pingpong.bank[g->pingpong.bank];
 	if (vmmrt__offload_is_tail(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays in the bank */
@@ -146,7 +149,7 @@ static vmmrt_status pp_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt__error(VMMRT_E_INVALID_STATE,
 				   "group '%s': its restore could not start (bank %u still held by group '%s')",
-				   g->name, g->bank, off->bank[g->bank].user ? off->bank[g->bank].user->name : "?");
+				   g->name, g->pingpong.bank, off->pingpong.bank[g->pingpong.bank].user ? off->pingpong.bank[g->pingpong.bank].user->name : "?");
 	/* The compute stream waits on the GPU for the H2D; the launch thread goes on. */
 	return vmmrt__offload_wait(off, compute, g->restored);
 }
@@ -156,19 +159,42 @@ static vmmrt_status pp_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_s
 	vmmrt_status st = vmmrt__drv_event_record(off->rt, g->consumed, compute);
 	if (st != VMMRT_OK)
 		return st;
-	return release_bank(off, &off->bank[g->bank], g->consumed);
+	return release_bank(off, &off->pingpong.bank[g->pingpong.bank], g->consumed);
 }
 
 static void pp_destroy(vmmrt__offload *off)
 {
 	for (unsigned b = 0; b < 2; b++) {
-		vmmrt__bank *bank = &off->bank[b];
+		vmmrt__bank *bank = &off->pingpong.bank[b];
 		if (bank->slot) {
 			vmmrt__offload_account(off, -(int64_t)vmmrt_slot_size(bank->slot));
 			vmmrt__offload_destroy_slot(bank->slot);
 		}
 		*bank = (vmmrt__bank){0};
 	}
+}
+
+/* For a hang report: who holds each bank, and the restore waiting for it. */
+static void pp_dump(vmmrt__offload *off, int fd)
+{
+	if (!off->pingpong.bank[0].slot) {
+		dprintf(fd, "; no banks");
+		return;
+	}
+	for (unsigned b = 0; b < 2; b++) {
+		const vmmrt__bank *bank = &off->pingpong.bank[b];
+		dprintf(fd, "; bank %u: user '%s', %s%s%s", b, bank->user ? bank->user->name : "",
+			bank->user_done ? "let go" : "held", bank->pending ? ", restore of '" : "",
+			bank->pending ? bank->pending->name : "");
+		if (bank->pending)
+			dprintf(fd, "' waits");
+	}
+}
+
+static void pp_dump_group(vmmrt__offload *off, vmmrt_group *g, int fd)
+{
+	if (g->ndesc)
+		dprintf(fd, ", bank %u", g->pingpong.bank);
 }
 
 const vmmrt__strategy_ops vmmrt__strategy_pingpong = {
@@ -181,4 +207,6 @@ const vmmrt__strategy_ops vmmrt__strategy_pingpong = {
 	.backward_begin = pp_backward_begin,
 	.backward_end = pp_backward_end,
 	.destroy = pp_destroy,
+	.dump = pp_dump,
+	.dump_group = pp_dump_group,
 };

@@ -14,20 +14,25 @@
  */
 #include "config.h"
 
+#include <inttypes.h>
 #include <stdio.h>
-#include <time.h>
 
 #include <urcu/uatomic.h>
 
+#include "clock.h"
+#include "driver.h"
 #include "error.h"
-#include "offload.h"
+#include "pipeline.h"
+#include "remap-pending.h"
+
+static void release_counted(vmmrt_group *g);
 
 /* Releases the streams waiting on this word (a plain store reaches the GPU).
  * Only ever forward: teardown may have moved it past this map already. */
 static void publish_flag(vmmrt_group *g, uint32_t seq)
 {
-	for (uint32_t cur = uatomic_read(g->flag); (int32_t)(seq - cur) > 0; cur = uatomic_read(g->flag))
-		if (uatomic_cmpxchg(g->flag, cur, seq) == cur)
+	for (uint32_t cur = uatomic_read(g->remap.flag); (int32_t)(seq - cur) > 0; cur = uatomic_read(g->remap.flag))
+		if (uatomic_cmpxchg(g->remap.flag, cur, seq) == cur)
 			break;
 }
 
@@ -37,18 +42,18 @@ static bool admit_map(vmmrt__request *req, void *arg)
 	vmmrt_group *g = r->g;
 	vmmrt__offload *off = g->off;
 
-	if ((uint64_t)uatomic_read(&off->admit_ticket) != r->ticket)
+	if ((uint64_t)uatomic_read(&off->remap.admit_ticket) != r->ticket)
 		return false;
-	if (uatomic_read(&g->releases_done) < r->need)
+	if (uatomic_read(&g->remap.releases_done) < r->need)
 		return false;
 	/* Runs on the slot's own worker: g->slot->mapped is ours to read. */
 	r->grew = !g->slot->mapped;
 	if (r->grew) {
-		if (uatomic_read(&off->resident) >= off->budget)
+		if (uatomic_read(&off->remap.resident) >= off->remap.budget)
 			return false;
-		uatomic_inc(&off->resident);
+		uatomic_inc(&off->remap.resident);
 	}
-	uatomic_inc(&off->admit_ticket);
+	uatomic_inc(&off->remap.admit_ticket);
 	/* The next ticket may be parked on another worker. */
 	vmmrt__workers_kick(g->rt->workers);
 	return true;
@@ -62,7 +67,7 @@ static void map_done(vmmrt__request *req, vmmrt_status st, void *arg)
 
 	if (st != VMMRT_OK) {
 		if (r->grew)
-			uatomic_dec(&off->resident);
+			uatomic_dec(&off->remap.resident);
 		if (st != VMMRT_E_CANCELLED)
 			vmmrt__group_fail(g, st, "map before use");
 		return;
@@ -98,14 +103,14 @@ static void release_done(vmmrt__request *req, vmmrt_status st, void *arg)
 		/* Account first, then free the budget: a map admitted on another
 		 * worker the moment the budget frees must not see these bytes too. */
 		vmmrt__offload_account(off, -(int64_t)g->slot->size);
-		uatomic_dec(&off->resident);
+		uatomic_dec(&off->remap.resident);
 		uatomic_inc(&off->releases);
 	} else if (st != VMMRT_E_CANCELLED) {
 		vmmrt__group_fail(g, st, "release after use");
 	}
 	/* Counted even on failure: a slot left mapped is reused as it is, and no
 	 * later map may wait forever for a release that will not come. */
-	vmmrt__remap_release_counted(g);
+	release_counted(g);
 }
 
 /*
@@ -114,12 +119,33 @@ static void release_done(vmmrt__request *req, vmmrt_status st, void *arg)
  * owe_release counts an owed release, never both: each publishes its side
  * (the count, the owed index) with a full barrier before it reads the other.
  */
-void vmmrt__remap_release_counted(vmmrt_group *g)
+static void release_counted(vmmrt_group *g)
 {
-	uint64_t done = uatomic_add_return(&g->releases_done, 1);
-	if (uatomic_read(&g->owed_index) == done && uatomic_cmpxchg(&g->owed_index, done, VMMRT_NOT_OWED) == done)
-		uatomic_inc(&g->releases_done);
+	uint64_t done = uatomic_add_return(&g->remap.releases_done, 1);
+	if (uatomic_read(&g->remap.owed_index) == done && uatomic_cmpxchg(&g->remap.owed_index, done, VMMRT_NOT_OWED) == done)
+		uatomic_inc(&g->remap.releases_done);
 	vmmrt__workers_kick(g->rt->workers);
+}
+
+/* Host function: runs on the driver's callback thread, so it only pushes the
+ * preallocated request (wait-free, no allocation, no lock). */
+static void push_from_host_func(void *arg)
+{
+	vmmrt__remap_req *r = arg;
+	vmmrt_status st = vmmrt__worker_push(r->g->rt->workers, r->g->slot->worker, &r->req);
+	if (st != VMMRT_OK) {
+		/* The slot stays mapped. The release was counted as handed off when
+		 * this function was launched: count it finished, in stream order, or
+		 * the group's next map would wait for it forever. */
+		vmmrt__group_fail(r->g, st, "queue a release after the copy");
+		release_counted(r->g);
+	}
+}
+
+/* Enqueue on s a host function that pushes r to its slot's worker. */
+static vmmrt_status push_after(vmmrt__offload *off, vmmrt_stream s, vmmrt__remap_req *r)
+{
+	return vmmrt__drv_launch_host_func(off->rt, s, push_from_host_func, r);
 }
 
 /*
@@ -134,7 +160,7 @@ static vmmrt_status inline_map(vmmrt__offload *off, vmmrt__remap_req *r)
 	r->grew = !g->slot->mapped;
 	if (r->grew) {
 		vmmrt__bhandle h;
-		uatomic_inc(&off->resident); /* as admission does; map_done undoes it on failure */
+		uatomic_inc(&off->remap.resident); /* as admission does; map_done undoes it on failure */
 		st = vmmrt__drv_mem_create(off->rt, g->slot->size, &h);
 		if (st == VMMRT_OK && (st = vmmrt__slot_attach(g->slot, h)) != VMMRT_OK)
 			(void)vmmrt__drv_mem_release(off->rt, h);
@@ -156,7 +182,7 @@ static vmmrt_status inline_release(vmmrt__offload *off, vmmrt__remap_req *r)
 static vmmrt_status rm_allocate(vmmrt__offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
-	off->budget = (int64_t)rt->lookahead + 1;
+	off->remap.budget = (int64_t)rt->lookahead + 1;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		if (!g->ndesc)
@@ -165,29 +191,29 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
 		if (st == VMMRT_OK)
 			st = vmmrt__slot_map(g->slot); /* the initial backing, for capture */
 		if (st == VMMRT_OK)
-			st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->flag);
+			st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->remap.flag);
 		if (st == VMMRT_OK)
-			st = vmmrt__drv_host_devptr(rt, g->flag, &g->flag_dev);
+			st = vmmrt__drv_host_devptr(rt, g->remap.flag, &g->remap.flag_dev);
 		if (st != VMMRT_OK)
 			return vmmrt__error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
-		*g->flag = 0;
+		*g->remap.flag = 0;
 		g->base = vmmrt_slot_address(g->slot);
 		if ((st = vmmrt__offload_capture_copies(off, g)) != VMMRT_OK)
 			return st;
-		uatomic_inc(&off->resident);
+		uatomic_inc(&off->remap.resident);
 		vmmrt__offload_account(off, (int64_t)g->slot->size);
 		for (int k = 0; k < 2; k++)
 			for (int j = 0; j < VMMRT_REQ_RING; j++) {
-				vmmrt__remap_req *m = &g->map[k][j], *r = &g->rel[k][j];
-				vmmrt__request_init(&m->req, VMMRT_REQ_MAP, g->slot);
-				m->req.ensure = true; /* the first map finds the initial backing */
+				vmmrt__remap_req *m = &g->remap.map[k][j], *r = &g->remap.rel[k][j];
+				/* ensure: the first map finds the initial backing */
+				vmmrt__request_init(&m->req, &vmmrt__slot_ensure_ops, g->slot);
 				m->req.admit = admit_map;
 				m->req.persist = true; /* the GPU waits for it: retry, never abandon */
 				m->req.retrying = map_retrying;
 				m->req.done = map_done;
 				m->req.done_arg = m;
 				m->g = g;
-				vmmrt__request_init(&r->req, VMMRT_REQ_RELEASE, g->slot);
+				vmmrt__request_init(&r->req, &vmmrt__slot_release_ops, g->slot);
 				r->req.done = release_done;
 				r->req.done_arg = r;
 				r->req.persist = true;
@@ -196,7 +222,7 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
 				if (k == USE_B && (st = vmmrt__drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
 					return vmmrt__error_wrap(st, "group '%s': release events", g->name);
 			}
-		g->owed_index = VMMRT_NOT_OWED;
+		g->remap.owed_index = VMMRT_NOT_OWED;
 	}
 	return VMMRT_OK;
 }
@@ -205,7 +231,7 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
  * thread ran a whole iteration ahead of the workers: wait, and count it. */
 static vmmrt_status reclaim(vmmrt__offload *off, vmmrt__request *req)
 {
-	if (vmmrt__request_poll(req) != VMMRT_E_BUSY)
+	if (vmmrt__request_poll(req, NULL))
 		return VMMRT_OK;
 	uatomic_inc(&off->rt->launch_blocking);
 	vmmrt_status st = vmmrt__request_wait(req, off->rt->timeout_ms);
@@ -223,46 +249,45 @@ static vmmrt_status reclaim(vmmrt__offload *off, vmmrt__request *req)
 static void owe_release(vmmrt__offload *off, vmmrt_group *g, uint64_t index)
 {
 	if (off->rt->driver_inline) { /* no admission reads the count */
-		uatomic_inc(&g->releases_done);
+		uatomic_inc(&g->remap.releases_done);
 		return;
 	}
-	if (uatomic_cmpxchg(&g->owed_index, VMMRT_NOT_OWED, index) != VMMRT_NOT_OWED) {
+	if (uatomic_cmpxchg(&g->remap.owed_index, VMMRT_NOT_OWED, index) != VMMRT_NOT_OWED) {
 		vmmrt__group_fail(g, VMMRT_E_INVALID_STATE, "a second release owed (left uncounted)");
 		return;
 	}
-	if (uatomic_read(&g->releases_done) == index &&
-	    uatomic_cmpxchg(&g->owed_index, index, VMMRT_NOT_OWED) == index) {
-		uatomic_inc(&g->releases_done);
+	if (uatomic_read(&g->remap.releases_done) == index &&
+	    uatomic_cmpxchg(&g->remap.owed_index, index, VMMRT_NOT_OWED) == index) {
+		uatomic_inc(&g->remap.releases_done);
 		vmmrt__workers_kick(off->rt->workers);
 	}
 }
 
 static vmmrt_status request_map(vmmrt__offload *off, vmmrt_group *g, int kind, uint64_t use)
 {
-	vmmrt__remap_req *r = &g->map[kind][g->map_next[kind]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->remap.map[kind][g->remap.map_next[kind]++ % VMMRT_REQ_RING];
 	vmmrt_status st = reclaim(off, &r->req);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "group '%s': previous map", g->name);
-	uint32_t prev_seq_of = g->map_seq_of[kind];
-	r->seq = ++g->map_seq;
-	g->map_seq_of[kind] = r->seq;
-	r->ticket = off->next_ticket++;
+	uint32_t prev_seq_of = g->remap.map_seq_of[kind];
+	r->seq = ++g->remap.map_seq;
+	g->remap.map_seq_of[kind] = r->seq;
+	r->ticket = off->remap.next_ticket++;
 	/* Every earlier map of this group is followed by a release, which must
 	 * have run first (the first map finds the initial backing in place). */
-	r->need = g->maps_requested++;
+	r->need = g->remap.maps_requested++;
 	if (off->rt->driver_inline) {
 		st = inline_map(off, r);
 	} else if ((st = vmmrt__worker_push(off->rt->workers, g->slot->worker, &r->req)) != VMMRT_OK) {
 		/* Not queued: give the ticket and the counts back, or every later
 		 * map would wait for this one forever (admission goes in order). */
-		off->next_ticket--;
-		g->maps_requested--;
-		g->map_seq--;
-		g->map_seq_of[kind] = prev_seq_of;
+		off->remap.next_ticket--;
+		g->remap.maps_requested--;
+		g->remap.map_seq--;
+		g->remap.map_seq_of[kind] = prev_seq_of;
 	}
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "group '%s': %s map", g->name, off->rt->driver_inline ? "inline" : "queue");
-	g->map_use[kind] = use + 1;
 	return VMMRT_OK;
 }
 
@@ -276,8 +301,8 @@ static vmmrt_status rm_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backwa
 	if (st != VMMRT_OK)
 		return st;
 	int kind = backward ? USE_B : USE_F;
-	struct vmmrt__pending_map p = {g, use, g->map[kind][(g->map_next[kind] - 1) % VMMRT_REQ_RING].need,
-				      g->map_seq_of[kind], backward};
+	vmmrt__pending_map p = {g, use, g->remap.map[kind][(g->remap.map_next[kind] - 1) % VMMRT_REQ_RING].need,
+				      g->remap.map_seq_of[kind], backward};
 	return vmmrt__remap_pending_add(off, &p);
 }
 
@@ -288,17 +313,17 @@ static vmmrt_status rm_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_
 		return st;
 	/* The worker stores the flag once the map call returned: if it is there
 	 * already, the memory is mapped and nothing needs to wait on the GPU. */
-	uint32_t seq = g->map_seq_of[USE_F];
-	if ((int32_t)(uatomic_read(g->flag) - seq) >= 0)
+	uint32_t seq = g->remap.map_seq_of[USE_F];
+	if ((int32_t)(uatomic_read(g->remap.flag) - seq) >= 0)
 		return VMMRT_OK;
-	return vmmrt__drv_stream_wait_value32(off->rt, compute, g->flag_dev, seq);
+	return vmmrt__drv_stream_wait_value32(off->rt, compute, g->remap.flag_dev, seq);
 }
 
 /* After `s` reaches this point (`done` is recorded there), the group's memory
  * is released by a worker; inline, the launch thread waits for `done` itself. */
 static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream s, int kind, vmmrt__bevent *done)
 {
-	vmmrt__remap_req *r = &g->rel[kind][g->rel_next[kind]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->remap.rel[kind][g->remap.rel_next[kind]++ % VMMRT_REQ_RING];
 	if (off->rt->driver_inline) {
 		vmmrt_status st = vmmrt__drv_event_synchronize(off->rt, done);
 		if (st == VMMRT_OK)
@@ -309,7 +334,7 @@ static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_str
 	if (st == VMMRT_OK && kind == USE_F && (off->drop_fence & VMMRT_PLANT_EARLY_RELEASE))
 		st = vmmrt__worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
 	else if (st == VMMRT_OK)
-		st = vmmrt__offload_push_after(off, s, r);
+		st = push_after(off, s, r);
 	return st;
 }
 
@@ -321,7 +346,7 @@ static vmmrt_status rm_forward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_st
 		return VMMRT_OK; /* its backward is next: it stays mapped */
 	}
 	vmmrt_status st;
-	uint64_t index = g->releases_planned++;
+	uint64_t index = g->remap.releases_planned++;
 	if ((st = vmmrt__drv_event_record(rt, g->fwd_done, compute)) != VMMRT_OK ||
 	    (st = vmmrt__drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
 	    (st = vmmrt__offload_d2h(off, g)) != VMMRT_OK ||
@@ -350,9 +375,9 @@ static vmmrt_status rm_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt
 static vmmrt_status rm_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt__remap_req *r = &g->rel[USE_B][g->rel_next[USE_B]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->remap.rel[USE_B][g->remap.rel_next[USE_B]++ % VMMRT_REQ_RING];
 	vmmrt_status st;
-	uint64_t index = g->releases_planned++;
+	uint64_t index = g->remap.releases_planned++;
 	/*
 	 * The release must follow the graph that read the slot. No host function
 	 * on a stream waiting for the compute stream (it would cost the compute
@@ -400,20 +425,18 @@ static bool quiesce_group(vmmrt__offload *off, vmmrt_group *g, uint64_t deadline
 		vmmrt__request *req = malloc(sizeof(*req));
 		if (!req)
 			return false;
-		vmmrt__request_init(req, VMMRT_REQ_MAP, g->slot);
-		req->ensure = true;
+		vmmrt__request_init(req, &vmmrt__slot_ensure_ops, g->slot);
 		if (vmmrt__worker_push(rt->workers, g->slot->worker, req) != VMMRT_OK) {
 			free(req);
 			return false;
 		}
 		if (vmmrt__request_wait_owned(req, rt->timeout_ms) == VMMRT_OK) {
-			publish_flag(g, g->map_seq);
+			publish_flag(g, g->remap.map_seq);
 			return true;
 		}
 		if (vmmrt__now_ns() > deadline)
 			return false;
-		struct timespec ts = {0, (attempt < 6 ? 1000000L << attempt : 50000000L)};
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(attempt < 6 ? 1000000ull << attempt : 50000000ull);
 	}
 }
 
@@ -424,9 +447,9 @@ static void rm_quiesce(vmmrt__offload *off)
 		bool in_flight = false;
 		for (unsigned i = 0; i < off->ngroups; i++) {
 			vmmrt_group *g = off->groups[i];
-			if (!g->slot || !g->flag || (int32_t)(uatomic_read(g->flag) - g->map_seq) >= 0)
+			if (!g->slot || !g->remap.flag || (int32_t)(uatomic_read(g->remap.flag) - g->remap.map_seq) >= 0)
 				continue;
-			if (uatomic_read(&g->releases_done) < g->releases_planned)
+			if (uatomic_read(&g->remap.releases_done) < g->remap.releases_planned)
 				in_flight = true;
 			else if (!quiesce_group(off, g, deadline))
 				off->stuck = true;
@@ -437,8 +460,7 @@ static void rm_quiesce(vmmrt__offload *off)
 			off->stuck = true;
 			break;
 		}
-		struct timespec ts = {0, 1000000};
-		nanosleep(&ts, NULL);
+		vmmrt__sleep_ns(1000000);
 	}
 }
 
@@ -454,16 +476,38 @@ static void rm_destroy(vmmrt__offload *off)
 			vmmrt__offload_destroy_slot(g->slot);
 		g->slot = NULL;
 		for (int j = 0; j < VMMRT_REQ_RING; j++) {
-			if (g->rel[USE_B][j].ev)
-				(void)vmmrt__drv_event_destroy(rt, g->rel[USE_B][j].ev);
-			g->rel[USE_B][j].ev = NULL;
+			if (g->remap.rel[USE_B][j].ev)
+				(void)vmmrt__drv_event_destroy(rt, g->remap.rel[USE_B][j].ev);
+			g->remap.rel[USE_B][j].ev = NULL;
 		}
-		if (g->flag && !off->stuck)
-			(void)vmmrt__drv_host_free(rt, g->flag);
-		g->flag = NULL;
+		if (g->remap.flag && !off->stuck)
+			(void)vmmrt__drv_host_free(rt, g->remap.flag);
+		g->remap.flag = NULL;
 	}
 	uatomic_set(&off->activation_bytes, 0);
-	uatomic_set(&off->resident, 0);
+	uatomic_set(&off->remap.resident, 0);
+}
+
+/* For a hang report: admission, and what each group's GPU waits are waiting for. */
+static void rm_dump(vmmrt__offload *off, int fd)
+{
+	dprintf(fd, "; tickets admitted %" PRIu64 " of %" PRIu64 "; resident %" PRId64 " of %" PRId64,
+		(uint64_t)uatomic_read(&off->remap.admit_ticket), off->remap.next_ticket,
+		(int64_t)uatomic_read(&off->remap.resident), off->remap.budget);
+}
+
+static void rm_dump_group(vmmrt__offload *off, vmmrt_group *g, int fd)
+{
+	vmmrt__remap_group *rg = &g->remap;
+	if (!rg->flag)
+		return;
+	dprintf(fd,
+		", flag %u (maps: last %u, fwd %u, bwd %u), maps requested %" PRIu64 ", releases planned %" PRIu64
+		" done %" PRIu64,
+		uatomic_read(rg->flag), rg->map_seq, rg->map_seq_of[0], rg->map_seq_of[1], rg->maps_requested,
+		rg->releases_planned, (uint64_t)uatomic_read(&rg->releases_done));
+	if (uatomic_read(&rg->owed_index) != VMMRT_NOT_OWED)
+		dprintf(fd, ", owes release %" PRIu64, (uint64_t)uatomic_read(&rg->owed_index));
 }
 
 const vmmrt__strategy_ops vmmrt__strategy_remap = {
@@ -477,4 +521,6 @@ const vmmrt__strategy_ops vmmrt__strategy_remap = {
 	.backward_begin = rm_backward_begin,
 	.backward_end = rm_backward_end,
 	.destroy = rm_destroy,
+	.dump = rm_dump,
+	.dump_group = rm_dump_group,
 };

@@ -12,6 +12,10 @@
  *
  * All requests for one slot go to the same worker (vmmrt__workers_route), so a
  * slot's release and its later map can never run out of order.
+ *
+ * A request carries what it does (vmmrt__request_ops: slot-work.c has the
+ * slots' map, release and destroy): the worker queues, admits, polls,
+ * retries and runs it, and knows nothing of slots.
  */
 #ifndef VMMRT_WORKER_H
 #define VMMRT_WORKER_H
@@ -22,20 +26,33 @@
 #include <urcu/list.h>
 #include <urcu/wfcqueue.h>
 
+#include "clock.h" /* the requests' timestamps */
 #include "vmmrt.h"
 
 typedef struct vmmrt_runtime vmmrt_runtime;
-typedef struct vmmrt_slot vmmrt_slot;
 typedef struct vmmrt__workers vmmrt__workers;
+typedef struct vmmrt__worker vmmrt__worker; /* one of them, as a request's run sees it */
 typedef struct vmmrt__request vmmrt__request;
 typedef struct vmmrt__bevent vmmrt__bevent;
 
-typedef enum vmmrt__req_kind {
-	VMMRT_REQ_MAP = 0,  /* create (or take from the pool) + map + set access */
-	VMMRT_REQ_RELEASE,  /* unmap + release (or return to the pool) */
-	VMMRT_REQ_DESTROY,  /* unmap/release whatever is mapped, free the VA, free the slot */
-	VMMRT_REQ_CALL,     /* run fn(arg) on the worker (tests, benchmarks, barriers) */
-} vmmrt__req_kind;
+/*
+ * What a request does, on its worker. The worker calls, in this order:
+ * withdrawn (optional: the owner no longer wants it, say its slot is being
+ * destroyed: it ends cancelled without running), run (inside an RCU
+ * read-side section), unchanged (optional, after a failed run: nothing
+ * changed, so a persistent request may run again later), settle (optional:
+ * publish the outcome to the owner, before done). A request the worker
+ * cancels (a stop without drain, its owner's destroy) does not run unless
+ * it is uncancellable (a destroy, which must free what it owns).
+ */
+typedef struct vmmrt__request_ops {
+	const char *name; /* "map": diagnostics */
+	vmmrt_status (*run)(vmmrt__request *req, vmmrt__worker *wk);
+	bool (*withdrawn)(const vmmrt__request *req);
+	bool (*unchanged)(const vmmrt__request *req);
+	void (*settle)(vmmrt__request *req, vmmrt_status st);
+	bool uncancellable;
+} vmmrt__request_ops;
 
 /* Request life: IDLE -> QUEUED (push) -> RUNNING -> DONE; waiters sleep on `state`. */
 typedef enum vmmrt__req_state {
@@ -66,11 +83,10 @@ struct vmmrt__request {
 	struct cds_wfcq_node node;
 	struct cds_list_head parked;  /* worker-private: the admission wait list */
 	vmmrt__req_admit_fn admit;     /* optional */
-	vmmrt__req_kind kind;
-	bool ensure;                 /* MAP: a slot already mapped is success, not an error */
-	vmmrt_slot *slot;            /* MAP, RELEASE, DESTROY */
-	void (*fn)(void *arg);       /* CALL */
-	void *arg;                   /* CALL */
+	const vmmrt__request_ops *ops;
+	void *owner;                 /* what it acts on (a slot); vmmrt__worker_cancel_owned */
+	void (*fn)(void *arg);       /* vmmrt__request_init_call */
+	void *arg;
 	vmmrt__req_done_fn done;      /* optional */
 	void *done_arg;
 	/*
@@ -105,11 +121,29 @@ struct vmmrt__request {
 	char message[192];           /* the worker's error message, for the waiter */
 };
 
-/* Prepare a request for its first push (any kind). */
-void vmmrt__request_init(vmmrt__request *req, vmmrt__req_kind kind, vmmrt_slot *slot);
+/* Prepare a request for its first push. */
+void vmmrt__request_init(vmmrt__request *req, const vmmrt__request_ops *ops, void *owner);
+/* A request that runs fn(arg) on its worker (fn NULL: nothing, a barrier). */
+void vmmrt__request_init_call(vmmrt__request *req, void (*fn)(void *arg), void *arg);
 
-/* Start n resident workers, each bound to the runtime's device context. */
-vmmrt_status vmmrt__workers_create(vmmrt_runtime *rt, unsigned n, vmmrt__workers **out);
+/*
+ * What the layer above keeps per worker (the slots' handle pools): local
+ * state of local_size bytes, zeroed, init'ed at create on the creating
+ * thread, given to each request's run (vmmrt__worker_local); idle runs on
+ * the worker before it sleeps, stop after its last request, fini at destroy.
+ */
+typedef struct vmmrt__worker_class {
+	size_t local_size;
+	vmmrt_status (*init)(void *local, vmmrt_runtime *rt);
+	void (*idle)(void *local);
+	void (*stop)(void *local);
+	void (*fini)(void *local);
+} vmmrt__worker_class;
+
+/* Start n resident workers of class cls (NULL: none, for requests that
+ * need no local state), each bound to the runtime's device context. */
+vmmrt_status vmmrt__workers_create(vmmrt_runtime *rt, unsigned n, const vmmrt__worker_class *cls,
+				   vmmrt__workers **out);
 /*
  * Stop: requests still queued are cancelled (their status becomes
  * VMMRT_E_CANCELLED and their done callbacks run) unless drain is true, in which
@@ -134,17 +168,22 @@ vmmrt_status vmmrt__request_wait(vmmrt__request *req, uint64_t timeout_ms);
  * frees it when it finishes, so a stalled worker never leaves a dangling wait.
  */
 vmmrt_status vmmrt__request_wait_owned(vmmrt__request *req, uint64_t timeout_ms);
-/* Non-blocking: VMMRT_E_BUSY while queued or running, else its status. */
-vmmrt_status vmmrt__request_poll(const vmmrt__request *req);
+/* Non-blocking: has req finished (or never been pushed)? Then *status (if not
+ * NULL) is the status of its last run. Not finished is an answer, not an error. */
+bool vmmrt__request_poll(const vmmrt__request *req, vmmrt_status *status);
+
+/* The class's local state: of the worker running a request, or of worker index. */
+void *vmmrt__worker_local(vmmrt__worker *wk);
+void *vmmrt__workers_local(vmmrt__workers *w, unsigned index);
+/* In a request's run: cancel the requests of owner that wait on this worker
+ * (parked for admission or for their event): they must not outlive it. */
+void vmmrt__worker_cancel_owned(vmmrt__worker *wk, const void *owner);
 
 /* Statistics. */
 typedef struct vmmrt__worker_stats {
 	uint64_t processed;      /* requests run */
 	uint64_t cancelled;      /* requests cancelled at shutdown */
 	uint64_t failed;         /* requests that ended with an error */
-	uint64_t oom_retries;    /* out-of-memory retries made */
-	uint64_t pool_hits;      /* maps served from the handle pool */
-	uint64_t pool_handles;   /* handles held in the pools now */
 	uint64_t wakeups;        /* times a worker slept and was woken */
 } vmmrt__worker_stats;
 void vmmrt__workers_stats(const vmmrt__workers *w, vmmrt__worker_stats *out);
@@ -153,11 +192,6 @@ void vmmrt__workers_stats(const vmmrt__workers *w, vmmrt__worker_stats *out);
 
 /* Wake every worker so parked requests are checked again (host-function safe). */
 void vmmrt__workers_kick(vmmrt__workers *w);
-
-/* Free the handles the pools hold (also done at destroy). Runs on the workers. */
-vmmrt_status vmmrt__workers_trim(vmmrt__workers *w);
-
-uint64_t vmmrt__now_ns(void);
 
 /* Diagnostics (vmmrt__offload_dump): each worker's queue, parked and waiting requests. */
 void vmmrt__workers_dump(vmmrt__workers *w, int fd);

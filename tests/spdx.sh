@@ -7,7 +7,7 @@ set -u
 srcdir=${srcdir:-.}
 echo "1..2"
 missing=$(cd "$srcdir" && find . \( -name .git -o -name .gpu -o -name autom4te.cache -o -name m4 \
-		-o -path ./tests/fuzz/corpus -o -path ./tests/fuzz/regress -o -path ./tests/fuzz/known \
+		-o -path ./tests/fuzz/corpus -o -path ./tests/regression/fuzz -o -path ./tests/fuzz/known \
 		-o -name __pycache__ -o -name '*.egg-info' -o -name '_build' \) -prune -o -type f \
 	\( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cc' -o -name '*.sh' -o -name '*.py' \
 	   -o -name '*.am' -o -name '*.mk' -o -name configure.ac -o -name '*.pc.in' -o -name '*.supp' \

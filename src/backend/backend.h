@@ -9,7 +9,7 @@
  * src/driver.c, which adds the thread rules, fault injection and statistics.
  *
  * Semantics follow the CUDA driver API: every op returns a vmmrt_status and
- * leaves a message with vmmrt__set_error() on failure; async ops are ordered
+ * leaves a message with vmmrt__error() (src/error.h) on failure; async ops are ordered
  * per stream; an event wait waits for the event's most recent record at the
  * time the wait was enqueued; a host function runs on a driver thread and may
  * not call any op (those return VMMRT_E_NOT_PERMITTED).
@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend-ops.h"
+#include "pattern.h"
 #include "vmmrt.h"
 
 typedef struct vmmrt__backend vmmrt__backend;  /* one opened device */
@@ -76,67 +78,13 @@ typedef struct vmmrt__backend_ops {
 	/* Open the device; VMMRT_E_NO_DEVICE when there is none. */
 	vmmrt_status (*open)(const vmmrt__backend_config *cfg, vmmrt__backend **out);
 	void (*close)(vmmrt__backend *b);
-	vmmrt_status (*device_name)(vmmrt__backend *b, char *buf, size_t len);
-	/* Make the backend's context current on the calling thread (workers call this). */
-	vmmrt_status (*bind_thread)(vmmrt__backend *b);
 
-	/* --- virtual memory management */
-	vmmrt_status (*granularity)(vmmrt__backend *b, size_t *out);
-	vmmrt_status (*va_reserve)(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out);
-	vmmrt_status (*va_free)(vmmrt__backend *b, vmmrt_devptr va, size_t size);
-	vmmrt_status (*mem_create)(vmmrt__backend *b, size_t size, vmmrt__bhandle *out);
-	vmmrt_status (*mem_release)(vmmrt__backend *b, vmmrt__bhandle h);
-	vmmrt_status (*mem_map)(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h);
-	vmmrt_status (*mem_unmap)(vmmrt__backend *b, vmmrt_devptr va, size_t size);
-	/* read/write access for the device (and, on the host backend, the CPU). */
-	vmmrt_status (*mem_set_access)(vmmrt__backend *b, vmmrt_devptr va, size_t size);
-	vmmrt_status (*mem_info)(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes);
-
-	/* --- streams and events */
-	vmmrt_status (*stream_create)(vmmrt__backend *b, vmmrt_stream *out);
-	vmmrt_status (*stream_destroy)(vmmrt__backend *b, vmmrt_stream s);
-	vmmrt_status (*stream_synchronize)(vmmrt__backend *b, vmmrt_stream s);
-	/* *done: whether all its work has finished. Not finished is an answer, not
-	 * an error: a poll on the hot path formats no message. */
-	vmmrt_status (*stream_query)(vmmrt__backend *b, vmmrt_stream s, bool *done);
-	vmmrt_status (*stream_wait_event)(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e);
-	/* Stream memory operations on a 32-bit word (host-pinned via host_devptr, or device). */
-	vmmrt_status (*stream_wait_value32)(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value);
-	vmmrt_status (*stream_write_value32)(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr, uint32_t value);
-	/* timing: events that can be used with event_elapsed */
-	vmmrt_status (*event_create)(vmmrt__backend *b, bool timing, vmmrt__bevent **out);
-	vmmrt_status (*event_destroy)(vmmrt__backend *b, vmmrt__bevent *e);
-	vmmrt_status (*event_record)(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s);
-	/* *done: whether its most recent record completed (true if never recorded). */
-	vmmrt_status (*event_query)(vmmrt__backend *b, vmmrt__bevent *e, bool *done);
-	vmmrt_status (*event_synchronize)(vmmrt__backend *b, vmmrt__bevent *e);
-	vmmrt_status (*event_elapsed_ms)(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end, float *ms);
-	vmmrt_status (*launch_host_func)(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn, void *arg);
-
-	/* --- copies (host side must be pinned for the async ones to overlap) */
-	vmmrt_status (*memcpy_htod_async)(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n, vmmrt_stream s);
-	vmmrt_status (*memcpy_dtoh_async)(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s);
-	vmmrt_status (*memcpy_dtod_async)(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n, vmmrt_stream s);
-
-	/* --- pinned host memory, visible to the device at host_devptr() */
-	vmmrt_status (*host_alloc)(vmmrt__backend *b, size_t size, void **out);
-	vmmrt_status (*host_free)(vmmrt__backend *b, void *p);
-	vmmrt_status (*host_devptr)(vmmrt__backend *b, void *p, vmmrt_devptr *out);
-
-	/* --- graphs: capture a stream's work, instantiate, replay */
-	vmmrt_status (*stream_begin_capture)(vmmrt__backend *b, vmmrt_stream s);
-	vmmrt_status (*stream_end_capture)(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out);
-	/*
-	 * *out = whether s is capturing: work enqueued on it now would go into a
-	 * graph instead of running (a capture the driver has invalidated counts
-	 * too: it stays capturing until ended).
-	 */
-	vmmrt_status (*stream_is_capturing)(vmmrt__backend *b, vmmrt_stream s, bool *out);
-	vmmrt_status (*graph_launch)(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s);
-	vmmrt_status (*graph_destroy)(vmmrt__backend *b, vmmrt__bgraph *g);
-
-	/* --- built-in kernels */
-	vmmrt_status (*kernel_launch)(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *args);
+	/* Every operation on an open device, from the one list (backend-ops.h). */
+#define VMMRT__OP_FIELD(op, door, call, params, args) vmmrt_status (*op)(vmmrt__backend *b VMMRT__LIST params);
+#define VMMRT__OP_FIELD_T(op, call, params, args, bytes) VMMRT__OP_FIELD(op, VMM, call, params, args)
+	VMMRT__BACKEND_OPS(VMMRT__OP_FIELD, VMMRT__OP_FIELD_T)
+#undef VMMRT__OP_FIELD
+#undef VMMRT__OP_FIELD_T
 } vmmrt__backend_ops;
 
 extern const vmmrt__backend_ops vmmrt__backend_host;
@@ -155,27 +103,5 @@ typedef enum vmmrt__thread_role {
 
 vmmrt__thread_role vmmrt__thread_role_get(void);
 vmmrt__thread_role vmmrt__thread_role_set(vmmrt__thread_role role); /* returns the previous one */
-
-/*
- * The kernels' byte patterns, the same on every backend:
- *   fill word i  = vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1))
- *   checksum     = sum over 8-byte words w_i of vmmrt__mix64(w_i + VMMRT_CKSUM_K * (i + 1)),
- *                  modulo 2^64 (order-free, so a device reduction may add in any order;
- *                  position-dependent, so swapped words are caught)
- */
-#define VMMRT_GOLDEN 0x9E3779B97F4A7C15ULL
-#define VMMRT_CKSUM_K 0xD1B54A32D192ED03ULL
-
-static inline uint64_t vmmrt__mix64(uint64_t x)
-{
-	/* splitmix64 finalizer: cheap, and any bit flip changes the output. */
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
-
 
 #endif /* VMMRT_BACKEND_H */

@@ -2,9 +2,13 @@
 /*
  * The host backend's shared state: a GPU emulated on host memory.
  *
- * host.c owns the device (open/close), virtual memory (reservations, memfd
- * handles, mappings), pinned host memory and the latency model; host-stream.c
- * owns streams, events, graphs, copies and kernels. Nothing else includes this.
+ * Four files, each calling only those below it: host.c owns the device
+ * (open/close), virtual memory (reservations, memfd handles, mappings),
+ * pinned host memory and the latency model; host-graph.c events and graphs;
+ * host-stream.c streams, copies, kernels and the registries of streams,
+ * events and graphs; host-exec.c what a stream thread runs; host-registry.c,
+ * beside it, the prologue of every op and the registry helper. Nothing else
+ * includes this.
  *
  * Lock order (outer first): obj_lock -> stream lock -> sync_lock.
  * vmm_lock is never held together with any of the others.
@@ -61,46 +65,146 @@ struct vmmrt__backend {
 	unsigned long copies_in_flight; /* uatomic: feeds the latency model */
 };
 
-/* NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
+/* host-registry.c: NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
 vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT_HOST_HIDDEN;
 
-uint64_t vmmrt__host_now_ns(void) VMMRT_HOST_HIDDEN;
-/* Sleep until CLOCK_MONOTONIC reaches deadline_ns, spinning the last microseconds. */
-void vmmrt__host_sleep_until(uint64_t deadline_ns) VMMRT_HOST_HIDDEN;
+/*
+ * host-registry.c: the registries. A kind of object: its list in the
+ * backend, how a handle finds its object, how destroy releases one.
+ */
+typedef struct vmmrt__host_kind {
+	/* The error for a handle that is not registered, given the caller's
+	 * name and the handle: "%s: unknown event %p". */
+	const char *unknown;
+	size_t list; /* offsetof(vmmrt__backend, the kind's list) */
+	/* NULL: the handle is the object, whose list node comes first. */
+	bool (*match)(const struct cds_list_head *node, const void *key);
+	/* What destroy does with the object once it is off the list (no lock held). */
+	void (*release)(vmmrt__backend *b, struct cds_list_head *node);
+} vmmrt__host_kind;
+
+void vmmrt__host_register(vmmrt__backend *b, const vmmrt__host_kind *k, struct cds_list_head *node) VMMRT_HOST_HIDDEN;
+/* The registered object of key, or NULL. Caller holds obj_lock. */
+struct cds_list_head *vmmrt__host_lookup(vmmrt__backend *b, const vmmrt__host_kind *k,
+					 const void *key) VMMRT_HOST_HIDDEN;
+/* A destroy op: the prologue, then find, unlink and release; k->unknown if
+ * key is not registered. */
+vmmrt_status vmmrt__host_destroy(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key,
+				 const char *func) VMMRT_HOST_HIDDEN;
+/* Close: unlink and release every object of the kind, one at a time. */
+void vmmrt__host_unregister_all(vmmrt__backend *b, const vmmrt__host_kind *k) VMMRT_HOST_HIDDEN;
+
+
+/* ------------------------------------------------------------ streams' work */
+
+enum vmmrt__host_op_kind {
+	OP_COPY,
+	OP_KERNEL,
+	OP_HOST_FN,
+	OP_RECORD,
+	OP_WAIT_EVENT,
+	OP_WAIT_VALUE,
+	OP_WRITE_VALUE,
+	OP_GRAPH,
+};
+
+/* One operation as enqueued or captured. Holds a reference on its event or graph. */
+struct host_op {
+	enum vmmrt__host_op_kind kind;
+	union {
+		struct {
+			void *dst;
+			const void *src;
+			size_t n;
+		} copy;
+		struct {
+			vmmrt__kernel_id id;
+			vmmrt__kernel_args args;
+		} kernel;
+		struct {
+			vmmrt__host_fn fn;
+			void *arg;
+		} host;
+		vmmrt__bevent *event;
+		struct {
+			uint32_t *addr;
+			uint32_t value;
+		} value;
+		vmmrt__bgraph *graph;
+	} u;
+};
+
+struct host_item {
+	struct host_item *next;
+	struct host_op op;
+	uint64_t seq;   /* record / wait: the record this item completes or waits for */
+	uint64_t *seqs; /* graph launch: one per event op of the graph, fixed at enqueue */
+};
+
+struct vmmrt_stream_s {
+	struct cds_list_head node;
+	vmmrt__backend *b;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t work_cond; /* new work, or stop */
+	pthread_cond_t idle_cond; /* an item completed */
+	struct host_item *head, *tail;
+	uint64_t enqueued, completed;
+	bool stop;
+	bool capturing;
+	struct host_op *cap_ops;
+	size_t cap_n, cap_len;
+};
+
+struct vmmrt__bevent {
+	struct cds_list_head node;
+	long refs; /* uatomic: the registry, pending items, graphs */
+	bool timing;
+	/* under b->sync_lock */
+	uint64_t record_seq; /* most recent record enqueued; 0: never recorded */
+	uint64_t done_seq;   /* highest record completed */
+	uint64_t done_ns;    /* CLOCK_MONOTONIC when done_seq completed */
+};
+
+struct vmmrt__bgraph {
+	struct cds_list_head node;
+	long refs; /* uatomic: the registry (the caller's handle) and pending launches */
+	size_t n;
+	struct host_op *ops;
+	size_t n_event_ops;
+};
+
+/* host-exec.c: the references queued and captured work holds, and the stream thread. */
+void vmmrt__host_event_put(vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
+void vmmrt__host_graph_put(vmmrt__bgraph *g) VMMRT_HOST_HIDDEN;
+void vmmrt__host_op_release(const struct host_op *op) VMMRT_HOST_HIDDEN;
+bool vmmrt__host_is_event_op(const struct host_op *op) VMMRT_HOST_HIDDEN;
+void vmmrt__host_run_item(vmmrt__backend *b, const struct host_item *item) VMMRT_HOST_HIDDEN;
+void vmmrt__host_item_free(struct host_item *item) VMMRT_HOST_HIDDEN;
+void *vmmrt__host_stream_main(void *arg) VMMRT_HOST_HIDDEN;
+
+/* host-stream.c: the registries of events and graphs (streams are its own). */
+extern const vmmrt__host_kind vmmrt__host_events_kind VMMRT_HOST_HIDDEN;
+extern const vmmrt__host_kind vmmrt__host_graphs_kind VMMRT_HOST_HIDDEN;
+/* A known stream, returned locked (NULL: unknown). */
+struct vmmrt_stream_s *vmmrt__host_stream_lock(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_unknown_stream(vmmrt_stream s, const char *func) VMMRT_HOST_HIDDEN;
+/* A reference on a registered event, taken under obj_lock so a concurrent destroy cannot free it. */
+vmmrt_status vmmrt__host_event_ref(vmmrt__backend *b, vmmrt__bevent *e, const char *func) VMMRT_HOST_HIDDEN;
+/* An event's record or wait, enqueued on s (func: the op, for messages). */
+vmmrt_status vmmrt__host_event_op(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e,
+				  enum vmmrt__host_op_kind kind, const char *func) VMMRT_HOST_HIDDEN;
+/* Enqueue op on stream s, or record it when s is capturing. Takes over the
+ * reference op holds, also on failure. */
+vmmrt_status vmmrt__host_submit(vmmrt__backend *b, vmmrt_stream s, const struct host_op *op,
+				const char *func) VMMRT_HOST_HIDDEN;
 
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
 void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 
-vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_destroy(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_wait_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
-					    uint32_t value) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_write_value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr,
-					     uint32_t value) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bevent **out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_destroy(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *done) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_synchronize(vmmrt__backend *b, vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *start, vmmrt__bevent *end,
-					 float *ms) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn,
-					 void *arg) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n,
-					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n,
-					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
-					  vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_begin_capture(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_end_capture(vmmrt__backend *b, vmmrt_stream s, vmmrt__bgraph **out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, bool *out) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt__kernel_id k,
-				      const vmmrt__kernel_args *args) VMMRT_HOST_HIDDEN;
+/* Every operation of backend-ops.h: vmmrt__host_<op> (host.c: the device, VMM,
+ * pinned memory; host-graph.c: events and graphs; host-stream.c: the rest). */
+#define VMMRT__OP_PREFIX vmmrt__host_
+VMMRT__BACKEND_DECLS
 
 #endif /* VMMRT_HOST_INTERNAL_H */

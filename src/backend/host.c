@@ -22,15 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <urcu/arch.h>
 #include <urcu/uatomic.h>
 
 #include "backend/host-internal.h"
+#include "clock.h"
 #include "error.h"
 
 #define MiB ((size_t)1 << 20)
@@ -68,54 +66,26 @@ struct host_alloc {
 	size_t size;
 };
 
-/* ------------------------------------------------------------ shared helpers */
-
-vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func)
+/* Pinned allocations are registered by their address, and unmapped at free. */
+static bool alloc_is(const struct cds_list_head *node, const void *p)
 {
-	/* The CUDA 13 driver answers CUDA_ERROR_NOT_PERMITTED here; older ones deadlock. */
-	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC)
-		return vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", func);
-	if (!b)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: NULL backend", func);
-	return VMMRT_OK;
+	return caa_container_of(node, struct host_alloc, node)->p == p;
 }
 
-uint64_t vmmrt__host_now_ns(void)
+static void alloc_release(vmmrt__backend *b, struct cds_list_head *node)
 {
-	struct timespec ts;
+	struct host_alloc *a = caa_container_of(node, struct host_alloc, node);
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+	munmap(a->p, a->size);
+	free(a);
 }
 
-void vmmrt__host_sleep_until(uint64_t deadline_ns)
-{
-	uint64_t now = vmmrt__host_now_ns();
-	int slack;
-	uint64_t margin;
-
-	if (now >= deadline_ns)
-		return;
-	/*
-	 * A sleep ends up to the thread's timer slack (50 us by default) late, so
-	 * sleep to that much before the deadline and spin the rest: a BUSY kernel
-	 * or a modelled 25 us driver call should last what it says, not 75 us.
-	 * Stream threads set their slack to 1 ns and so barely spin.
-	 */
-	slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-	margin = (slack > 0 ? (uint64_t)slack : 50000) + 5000;
-	if (deadline_ns - now > margin) {
-		uint64_t wake = deadline_ns - margin;
-		struct timespec ts = {
-			.tv_sec = (time_t)(wake / 1000000000ULL),
-			.tv_nsec = (long)(wake % 1000000000ULL),
-		};
-		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-			;
-	}
-	while (vmmrt__host_now_ns() < deadline_ns)
-		caa_cpu_relax();
-}
+static const vmmrt__host_kind pinned = {
+	.unknown = "%s: %p is not a pinned allocation",
+	.list = offsetof(vmmrt__backend, host_allocs),
+	.match = alloc_is,
+	.release = alloc_release,
+};
 
 /* ------------------------------------------------------------- latency model */
 
@@ -171,7 +141,28 @@ static void model_latency(vmmrt__backend *b, enum host_call c, size_t bytes, uin
 		return;
 	factor = 1.0 + LATENCY_K_PER_COPY * (double)uatomic_read(&b->copies_in_flight);
 	us = latency_us(c, bytes) * factor;
-	vmmrt__host_sleep_until(start_ns + (uint64_t)(us * 1000.0));
+	vmmrt__sleep_until(start_ns + (uint64_t)(us * 1000.0));
+}
+
+/*
+ * The end of a VMM op that adds a record under vmm_lock: on success, add it
+ * to its list and pay the driver's cost inside the lock (VMM calls
+ * serialise on the H200 too); on failure, drop the record.
+ */
+static vmmrt_status vmm_commit(vmmrt__backend *b, struct cds_list_head *node, struct cds_list_head *list,
+			       enum host_call c, size_t size, uint64_t t0)
+{
+	cds_list_add_tail(node, list);
+	model_latency(b, c, size, t0);
+	pthread_mutex_unlock(&b->vmm_lock);
+	return VMMRT_OK;
+}
+
+static vmmrt_status vmm_abort(vmmrt__backend *b, void *record, vmmrt_status st)
+{
+	pthread_mutex_unlock(&b->vmm_lock);
+	free(record);
+	return st;
 }
 
 /* ------------------------------------------------------------ open and close */
@@ -249,7 +240,6 @@ static void host_close(vmmrt__backend *b)
 	struct host_mapping *m, *mn;
 	struct host_reservation *r, *rn;
 	struct host_mem *h, *hn;
-	struct host_alloc *a, *an;
 
 	if (!b)
 		return;
@@ -275,11 +265,7 @@ static void host_close(vmmrt__backend *b)
 		cds_list_del(&h->node);
 		free(h);
 	}
-	cds_list_for_each_entry_safe(a, an, &b->host_allocs, node) {
-		munmap(a->p, a->size);
-		cds_list_del(&a->node);
-		free(a);
-	}
+	vmmrt__host_unregister_all(b, &pinned);
 	pthread_cond_destroy(&b->sync_cond);
 	pthread_mutex_destroy(&b->sync_lock);
 	pthread_mutex_destroy(&b->obj_lock);
@@ -287,7 +273,7 @@ static void host_close(vmmrt__backend *b)
 	free(b);
 }
 
-static vmmrt_status host_device_name(vmmrt__backend *b, char *buf, size_t len)
+vmmrt_status vmmrt__host_device_name(vmmrt__backend *b, char *buf, size_t len)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
@@ -299,13 +285,13 @@ static vmmrt_status host_device_name(vmmrt__backend *b, char *buf, size_t len)
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_bind_thread(vmmrt__backend *b)
+vmmrt_status vmmrt__host_bind_thread(vmmrt__backend *b)
 {
 	/* no context to make current: every thread sees the same address space */
 	return vmmrt__host_enter(b, __func__);
 }
 
-static vmmrt_status host_granularity(vmmrt__backend *b, size_t *out)
+vmmrt_status vmmrt__host_granularity(vmmrt__backend *b, size_t *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
@@ -341,7 +327,7 @@ static int reset_range(uintptr_t va, size_t size)
 	return p == MAP_FAILED ? errno : 0;
 }
 
-static vmmrt_status host_va_reserve(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out)
+vmmrt_status vmmrt__host_va_reserve(vmmrt__backend *b, size_t size, size_t align, vmmrt_devptr *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_reservation *r;
@@ -394,7 +380,7 @@ static bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn)
 	return a < b + bn && b < a + an;
 }
 
-static vmmrt_status host_va_free(vmmrt__backend *b, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__host_va_free(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_reservation *r, *found = NULL;
@@ -464,9 +450,9 @@ static int host_memfd(void)
 #endif
 }
 
-static vmmrt_status host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
+vmmrt_status vmmrt__host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhandle *out)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mem *m;
 	int fd;
@@ -500,21 +486,15 @@ static vmmrt_status host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhand
 	m->fd = fd;
 	m->size = size;
 	b->created_bytes += size;
-	cds_list_add_tail(&m->node, &b->handles);
 	*out = (vmmrt__bhandle)(uintptr_t)m;
-	/* the driver's cost is paid inside its lock: VMM calls serialise on the H200 too */
-	model_latency(b, CALL_CREATE, size, t0);
-	pthread_mutex_unlock(&b->vmm_lock);
-	return VMMRT_OK;
+	return vmm_commit(b, &m->node, &b->handles, CALL_CREATE, size, t0);
 fail:
-	pthread_mutex_unlock(&b->vmm_lock);
-	free(m);
-	return st;
+	return vmm_abort(b, m, st);
 }
 
-static vmmrt_status host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
+vmmrt_status vmmrt__host_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mem *m;
 	size_t size;
@@ -564,9 +544,9 @@ static vmmrt_status check_range(vmmrt__backend *b, vmmrt_devptr va, size_t size,
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
+vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *map, *m;
 	struct host_mem *mem;
@@ -618,19 +598,14 @@ static vmmrt_status host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size
 	map->size = size;
 	map->mem = mem;
 	mem->maps++;
-	cds_list_add_tail(&map->node, &b->mappings);
-	model_latency(b, CALL_MAP, size, t0);
-	pthread_mutex_unlock(&b->vmm_lock);
-	return VMMRT_OK;
+	return vmm_commit(b, &map->node, &b->mappings, CALL_MAP, size, t0);
 fail:
-	pthread_mutex_unlock(&b->vmm_lock);
-	free(map);
-	return st;
+	return vmm_abort(b, map, st);
 }
 
-static vmmrt_status host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__host_mem_unmap(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *m, *mn;
 	size_t covered = 0;
@@ -678,9 +653,9 @@ out:
 	return st;
 }
 
-static vmmrt_status host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
+vmmrt_status vmmrt__host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size_t size)
 {
-	uint64_t t0 = vmmrt__host_now_ns();
+	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_mapping *m;
 	size_t covered = 0;
@@ -714,7 +689,7 @@ out:
 	return st;
 }
 
-static vmmrt_status host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
+vmmrt_status vmmrt__host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 
@@ -730,7 +705,7 @@ static vmmrt_status host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t 
 
 /* --------------------------------------------------------- pinned host memory */
 
-static vmmrt_status host_host_alloc(vmmrt__backend *b, size_t size, void **out)
+vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -754,37 +729,17 @@ static vmmrt_status host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 	}
 	a->p = p;
 	a->size = size;
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_add_tail(&a->node, &b->host_allocs);
-	pthread_mutex_unlock(&b->obj_lock);
+	vmmrt__host_register(b, &pinned, &a->node);
 	*out = p;
 	return VMMRT_OK;
 }
 
-static vmmrt_status host_host_free(vmmrt__backend *b, void *p)
+vmmrt_status vmmrt__host_host_free(vmmrt__backend *b, void *p)
 {
-	vmmrt_status st = vmmrt__host_enter(b, __func__);
-	struct host_alloc *a, *found = NULL;
-
-	if (st != VMMRT_OK)
-		return st;
-	pthread_mutex_lock(&b->obj_lock);
-	cds_list_for_each_entry(a, &b->host_allocs, node) {
-		if (a->p == p) {
-			found = a;
-			cds_list_del(&a->node);
-			break;
-		}
-	}
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!found)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not a pinned allocation", __func__, p);
-	munmap(found->p, found->size);
-	free(found);
-	return VMMRT_OK;
+	return vmmrt__host_destroy(b, &pinned, p, __func__);
 }
 
-static vmmrt_status host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
+vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
 	struct host_alloc *a;
@@ -810,51 +765,4 @@ static vmmrt_status host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 
 /* ----------------------------------------------------------------- ops table */
 
-const vmmrt__backend_ops vmmrt__backend_host = {
-	.name = "host",
-	.open = host_open,
-	.close = host_close,
-	.device_name = host_device_name,
-	.bind_thread = host_bind_thread,
-
-	.granularity = host_granularity,
-	.va_reserve = host_va_reserve,
-	.va_free = host_va_free,
-	.mem_create = host_mem_create,
-	.mem_release = host_mem_release,
-	.mem_map = host_mem_map,
-	.mem_unmap = host_mem_unmap,
-	.mem_set_access = host_mem_set_access,
-	.mem_info = host_mem_info,
-
-	.stream_create = vmmrt__host_stream_create,
-	.stream_destroy = vmmrt__host_stream_destroy,
-	.stream_synchronize = vmmrt__host_stream_synchronize,
-	.stream_query = vmmrt__host_stream_query,
-	.stream_wait_event = vmmrt__host_stream_wait_event,
-	.stream_wait_value32 = vmmrt__host_stream_wait_value32,
-	.stream_write_value32 = vmmrt__host_stream_write_value32,
-	.event_create = vmmrt__host_event_create,
-	.event_destroy = vmmrt__host_event_destroy,
-	.event_record = vmmrt__host_event_record,
-	.event_query = vmmrt__host_event_query,
-	.event_synchronize = vmmrt__host_event_synchronize,
-	.event_elapsed_ms = vmmrt__host_event_elapsed_ms,
-	.launch_host_func = vmmrt__host_launch_host_func,
-
-	.memcpy_htod_async = vmmrt__host_memcpy_htod_async,
-	.memcpy_dtoh_async = vmmrt__host_memcpy_dtoh_async,
-	.memcpy_dtod_async = vmmrt__host_memcpy_dtod_async,
-
-	.host_alloc = host_host_alloc,
-	.host_free = host_host_free,
-	.host_devptr = host_host_devptr,
-
-	.stream_begin_capture = vmmrt__host_begin_capture,
-	.stream_end_capture = vmmrt__host_end_capture,
-	.stream_is_capturing = vmmrt__host_stream_is_capturing,
-	.graph_launch = vmmrt__host_graph_launch,
-	.graph_destroy = vmmrt__host_graph_destroy,
-
-	.kernel_launch = vmmrt__host_kernel_launch,
-};
+const vmmrt__backend_ops vmmrt__backend_host = VMMRT__BACKEND_TABLE("host", host_open, host_close);

@@ -2,20 +2,20 @@
 /*
  * The built-in kernels of the CUDA backend (see vmmrt__kernel_id in
  * src/backend/backend.h). Compiled by nvcc into a fatbin that is embedded in
- * the library and loaded with cuModuleLoadData; src/backend/cuda.c launches them
+ * the library and loaded with cuModuleLoadData; src/backend/cuda-stream.c launches them
  * with cuLaunchKernel, so the parameter lists here and there must agree: every
  * parameter is 8 bytes (a pointer or an unsigned long long).
  *
  * The bytes they produce must be bit-identical to vmmrt_fill_word() and
- * vmmrt_checksum_host() (src/pattern.c): vmmrt__mix64() is repeated here as a
- * device function, and the constants come from backend.h itself.
+ * vmmrt_checksum_host() (src/pattern.c): vmmrt__mix64() and the constants are
+ * pattern.h's, the host's own.
  *
- * Launch shapes (chosen by cuda.c): VMMRT_KERNEL_THREADS threads per block, a
+ * Launch shapes (chosen by cuda-stream.c): VMMRT_KERNEL_THREADS threads per block, a
  * grid-stride loop, at most a few blocks per SM.
  */
 #include <stdint.h>
 
-#include "backend/backend.h"
+#include "pattern.h"
 
 #define VMMRT_KERNEL_THREADS 256
 
@@ -23,20 +23,9 @@ typedef unsigned long long u64;
 
 static_assert(sizeof(u64) == sizeof(uint64_t), "u64 is 64 bits");
 
-/* Must stay identical to vmmrt__mix64() in backend.h. */
-static __device__ __forceinline__ u64 dev_mix64(u64 x)
-{
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
-
 static __device__ __forceinline__ u64 dev_fill_word(u64 seed, u64 i)
 {
-	return dev_mix64(seed + VMMRT_GOLDEN * (i + 1));
+	return vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1));
 }
 
 /* Nanoseconds since an arbitrary epoch, the same for every SM. */
@@ -87,7 +76,7 @@ vmmrt__k_checksum(const u64 *src, u64 nwords, u64 *out)
 	u64 sum = 0;
 
 	for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords; i += stride)
-		sum += dev_mix64(src[i] + VMMRT_CKSUM_K * (i + 1));
+		sum += vmmrt__mix64(src[i] + VMMRT_CKSUM_K * (i + 1));
 
 	for (int off = 16; off > 0; off >>= 1)
 		sum += __shfl_down_sync(0xffffffffu, sum, off);

@@ -70,12 +70,12 @@ int main(int argc, char **argv)
 	TRY(vmmrt__drv_host_devptr(rt, flag, &flag_dev));
 	*flag = 1;
 	vmmrt__bgraph *work, *copy;
-	TRY(vmmrt__drv_begin_capture(rt, compute));
-	TRY(vmmrt__drv_kernel(rt, compute, VMMRT_KERNEL_BUSY, &(vmmrt__kernel_args){.ns = 200000}));
-	TRY(vmmrt__drv_end_capture(rt, compute, &work));
-	TRY(vmmrt__drv_begin_capture(rt, other));
+	TRY(vmmrt__drv_stream_begin_capture(rt, compute));
+	TRY(vmmrt__drv_kernel_launch(rt, compute, VMMRT_KERNEL_BUSY, &(vmmrt__kernel_args){.ns = 200000}));
+	TRY(vmmrt__drv_stream_end_capture(rt, compute, &work));
+	TRY(vmmrt__drv_stream_begin_capture(rt, other));
 	TRY(vmmrt__drv_memcpy_htod_async(rt, vmmrt_slot_address(buf), host, 64 << 10, other));
-	TRY(vmmrt__drv_end_capture(rt, other, &copy));
+	TRY(vmmrt__drv_stream_end_capture(rt, other, &copy));
 	vmmrt__bevent *done, **start = calloc(reps, sizeof(*start)), **end = calloc(reps, sizeof(*end));
 	float *gap = calloc(reps, sizeof(*gap));
 	TRY(vmmrt__drv_event_create(rt, false, &done));

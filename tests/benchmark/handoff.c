@@ -205,12 +205,12 @@ int main(int argc, char **argv)
 	lf_item *lfi = calloc(requests, sizeof(*lfi));
 	mx_item *mxi = calloc(requests, sizeof(*mxi));
 	vmmrt__workers *w;
-	if (!lf.ns || !mx.ns || !lfi || !mxi || vmmrt__workers_create(rt, 1, &w) != VMMRT_OK) {
+	if (!lf.ns || !mx.ns || !lfi || !mxi || vmmrt__workers_create(rt, 1, NULL, &w) != VMMRT_OK) {
 		fprintf(stderr, "vmmrt-handoff: setup failed\n");
 		return 1;
 	}
 	for (unsigned i = 0; i < requests; i++) {
-		vmmrt__request_init(&lfi[i].req, VMMRT_REQ_CALL, NULL);
+		vmmrt__request_init_call(&lfi[i].req, NULL, NULL);
 		lfi[i].req.fn = lf_consume;
 		lfi[i].req.arg = &lfi[i];
 		lfi[i].w = w;

@@ -28,6 +28,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "backend-check.h"
 #include "backend/backend.h"
 #include "error.h"
 
@@ -46,14 +47,6 @@ static size_t G;         /* B's granularity */
 
 #define MiB ((size_t)1 << 20)
 
-/* cmocka's asserts may only be used on the test's own thread. */
-#define OK(call) \
-	do { \
-		vmmrt_status st_ = (call); \
-		if (st_ != VMMRT_OK) \
-			fail_msg("%s -> %s: %s", #call, vmmrt_status_name(st_), vmmrt_last_error()); \
-	} while (0)
-
 #define EXPECT(status, call) \
 	do { \
 		vmmrt_status st_ = (call); \
@@ -64,18 +57,8 @@ static size_t G;         /* B's granularity */
 
 /* A query's answer (finished or not); an error fails the test. */
 static bool qd;
-static bool ev_done(vmmrt__backend *b, vmmrt__bevent *e)
-{
-	bool d = false;
-	OK(ops->event_query(b, e, &d));
-	return d;
-}
-static bool st_done(vmmrt__backend *b, vmmrt_stream s)
-{
-	bool d = false;
-	OK(ops->stream_query(b, s, &d));
-	return d;
-}
+#define ev_done(b, e) test_event_done(ops, (b), (e))
+#define st_done(b, s) test_stream_done(ops, (b), (s))
 
 static void sleep_ms(long ms)
 {

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "../unit/offload-model.h"
+#include "offload-model.h"
 
 #define MiB (1024ull * 1024)
 
@@ -28,15 +28,7 @@ static void one_runtime_per_device(void **state)
 		{.cfg = {.mode = "remap", .layers = 4, .act_bytes = 64 * MiB, .lookahead = 1, .fwd_ns = 500000,
 			 .bwd_ns = 1000000, .device = 1}, .iterations = 4},
 	};
-	pthread_t t[2];
-	for (int i = 0; i < 2; i++)
-		assert_int_equal(pthread_create(&t[i], NULL, model_job_run, &r[i]), 0);
-	for (int i = 0; i < 2; i++) {
-		pthread_join(t[i], NULL);
-		assert_int_equal(r[i].st, VMMRT_OK);
-		assert_int_equal(r[i].bad, 0);
-		assert_int_equal(r[i].checked, 4 * r[i].cfg.layers);
-	}
+	assert_int_equal(model_jobs_run(r, 2), 0);
 }
 
 int main(void)

@@ -15,7 +15,7 @@
 torture=${TORTURE:-./tools/vmmrt-torture}
 secs=${TORTURE_SHORT:-12}
 # No known bug is open (#16 and #17, the last ones, are fixed: their
-# reproducers are tests/unit/test-remap-order.c). To list one while it is
+# reproducers are tests/regression/test-remap-order.c). To list one while it is
 # being fixed, name it in the KNOWN_BUG argument of its run below.
 
 # ThreadSanitizer makes everything many times slower: bound waits further out

@@ -77,20 +77,29 @@ static void one_layer_each_strategy(void **state)
 	}
 }
 
+/* A model past its first iteration (which records the schedule and
+ * blocks, for its verification), with the statistics of `iterations` more. */
+static model *steady_state(const model_cfg *cfg, unsigned iterations, vmmrt_offload_stats *s)
+{
+	model *m;
+	unsigned checked;
+	assert_int_equal(model_create(cfg, &m), VMMRT_OK);
+	assert_int_equal(model_run(m, 1), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	vmmrt__drv_reset_stats(model_runtime(m));
+	assert_int_equal(model_run(m, iterations), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), s), VMMRT_OK);
+	return m;
+}
+
 /* The comparison mode: VMM calls on the launch thread, which then blocks
  * (regression: a look-ahead map ran before the release of the use before). */
 static void remap_inline_verifies_and_blocks(void **state)
 {
 	model_cfg cfg = {.mode = "remap", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1, .driver_inline = true};
-	model *m;
 	unsigned checked;
-	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
-	assert_int_equal(model_run(m, 1), VMMRT_OK);
-	assert_int_equal(model_verify(m, &checked), 0);
-	vmmrt__drv_reset_stats(model_runtime(m));
-	assert_int_equal(model_run(m, 3), VMMRT_OK);
 	vmmrt_offload_stats s = {.size = sizeof(s)};
-	assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+	model *m = steady_state(&cfg, 3, &s);
 	assert_true(s.launch_thread_blocking > 0); /* what the workers are there to avoid */
 	assert_int_equal(model_verify(m, &checked), 0);
 	model_destroy(m);
@@ -210,7 +219,7 @@ static void lookahead_follows_recorded_order(void **state)
 				assert_int_equal(next->restore_use, off->sched.use + 2);
 			else /* ping-pong: queued now, or deferred to this graph's end on a bank conflict */
 				assert_true(next->restore_use == off->sched.use + 2 ||
-					    off->bank[next->bank].pending == next);
+					    off->pingpong.bank[next->pingpong.bank].pending == next);
 			assert_int_equal(vmmrt_backward_end(g, c), VMMRT_OK);
 			assert_int_equal(next->restore_use, off->sched.use + 2);
 		}
@@ -251,7 +260,7 @@ static void *poll_mem(void *arg)
  * baseline is taken after a first iteration and a sync: everything in use
  * then that is not an activation stays constant, and is subtracted.
  */
-static size_t measure_peak(const model_cfg *cfg, vmmrt_offload_stats *s)
+static size_t measure_peak_over(const model_cfg *cfg, unsigned iterations, vmmrt_offload_stats *s)
 {
 	model *m;
 	unsigned checked;
@@ -265,13 +274,18 @@ static size_t measure_peak(const model_cfg *cfg, vmmrt_offload_stats *s)
 	poller p = {.rt = rt};
 	pthread_t t;
 	assert_int_equal(pthread_create(&t, NULL, poll_mem, &p), 0);
-	assert_int_equal(model_run(m, 3), VMMRT_OK);
+	assert_int_equal(model_run(m, iterations), VMMRT_OK);
 	assert_int_equal(model_verify(m, &checked), 0);
 	uatomic_set(&p.stop, 1);
 	pthread_join(t, NULL);
 	assert_int_equal(vmmrt_offload_stats_get(rt, s), VMMRT_OK);
 	model_destroy(m);
 	return p.peak_used - other;
+}
+
+static size_t measure_peak(const model_cfg *cfg, vmmrt_offload_stats *s)
+{
+	return measure_peak_over(cfg, 3, s);
 }
 
 static void device_memory_bounds(void **state)
@@ -310,20 +324,41 @@ static void device_memory_bounds(void **state)
 	assert_true(peak <= 6 * act);
 }
 
+/*
+ * The remap bound with several workers: a map admitted on one worker the
+ * moment a release on another frees the budget must not find the released
+ * bytes still counted (the release accounts them before it frees the
+ * budget), or the accounted peak passes the bound for a moment.
+ */
+static void remap_memory_bound_with_several_workers(void **state)
+{
+	const size_t act = 2 * MiB;
+	vmmrt_offload_stats s = {.size = sizeof(s)};
+	for (unsigned workers = 2; workers <= 3; workers++) {
+		for (unsigned la = 1; la <= 2; la++) {
+			model_cfg rm = {.mode = "remap", .layers = 8, .act_bytes = act, .lookahead = la,
+					.workers = workers, .latency = true, .copy_gbps = 20, .fwd_ns = 50000,
+					.bwd_ns = 50000};
+			size_t peak = measure_peak_over(&rm, 12, &s);
+			printf("# remap, %u workers, lookahead %u: activation peak %zu MiB (driver), %llu MiB "
+			       "(accounted), bound %zu MiB\n",
+			       workers, la, peak >> 20, (unsigned long long)s.activation_peak_bytes >> 20,
+			       (la + 1) * act >> 20);
+			assert_true(s.activation_peak_bytes <= (la + 1) * act);
+			assert_true(peak <= (la + 1) * act);
+			assert_true(s.maps > 0 && s.releases > 0);
+		}
+	}
+}
+
 static void no_blocking_in_steady_state(void **state)
 {
 	const char *modes[] = {"pingpong", "remap"};
 	for (int i = 0; i < 2; i++) {
 		model_cfg cfg = {.mode = modes[i], .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1};
-		model *m;
 		unsigned checked;
-		assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
-		assert_int_equal(model_run(m, 1), VMMRT_OK);
-		assert_int_equal(model_verify(m, &checked), 0);
-		vmmrt__drv_reset_stats(model_runtime(m));
-		assert_int_equal(model_run(m, 4), VMMRT_OK);
 		vmmrt_offload_stats s = {.size = sizeof(s)};
-		assert_int_equal(vmmrt_offload_stats_get(model_runtime(m), &s), VMMRT_OK);
+		model *m = steady_state(&cfg, 4, &s);
 		assert_int_equal(s.launch_thread_blocking, 0);
 		assert_int_equal(model_verify(m, &checked), 0);
 		assert_true(vmmrt__drv_launch_thread_blocking(model_runtime(m)) > 0); /* the verify itself did */
@@ -342,15 +377,7 @@ static void two_runtimes_at_once(void **state)
 		{.cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1, .workers = 2,
 			 .fwd_ns = 100000, .bwd_ns = 100000}, .iterations = 3},
 	};
-	pthread_t t[2];
-	for (int i = 0; i < 2; i++)
-		assert_int_equal(pthread_create(&t[i], NULL, model_job_run, &r[i]), 0);
-	for (int i = 0; i < 2; i++) {
-		pthread_join(t[i], NULL);
-		assert_int_equal(r[i].st, VMMRT_OK);
-		assert_int_equal(r[i].bad, 0);
-		assert_int_equal(r[i].checked, 3 * r[i].cfg.layers);
-	}
+	assert_int_equal(model_jobs_run(r, 2), 0);
 }
 
 /* Out of memory on the maps a stream waits for: reported, retried, no byte lost. */
@@ -384,6 +411,64 @@ static void remap_survives_out_of_memory(void **state)
 	assert_int_equal(uatomic_read(&creates_to_fail), 0);
 	assert_true(model_reported(m) >= 1); /* the failure reached the application */
 	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
+	model_destroy(m);
+}
+
+/*
+ * vmmrt_offload_sync's promise with several workers: once it returns, every
+ * worker has taken what was queued on it. The releases worker 1 makes take
+ * 40 ms each, so it lags behind worker 0; after a sync every release a copy
+ * stream handed off has run. Then, with the streams idle, a request queued
+ * on worker 1 takes 100 ms: the next sync must wait for it, worker 1's
+ * barrier queued behind it, not return after worker 0's.
+ */
+static int32_t slow_releases, slow_call_done;
+static vmmrt__request slow_call; /* static: a worker may still hold it when an assert fails */
+
+static void sleep_then_mark(void *arg)
+{
+	usleep(100000);
+	uatomic_set((int32_t *)arg, 1);
+}
+
+static vmmrt_status slow_on_worker_1(void *ctx, const char *op, uint64_t *delay_us)
+{
+	char name[32] = "";
+	pthread_getname_np(pthread_self(), name, sizeof(name));
+	if (!strcmp(op, "cuMemUnmap") && !strcmp(name, "vmmrt-drv-1")) {
+		uatomic_inc(&slow_releases);
+		*delay_us = 40000;
+	}
+	return VMMRT_OK;
+}
+
+static void sync_waits_for_every_worker(void **state)
+{
+	model_cfg cfg = {.mode = "remap", .layers = 4, .act_bytes = 2 * MiB, .lookahead = 1, .workers = 2};
+	model *m;
+	unsigned checked, on_worker_1 = 0;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	assert_int_equal(model_run(m, 1), VMMRT_OK);
+	assert_int_equal(model_verify(m, &checked), 0);
+	vmmrt__drv_set_fault_hook(rt, slow_on_worker_1, NULL);
+	assert_int_equal(model_run(m, 2), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
+	/* Every release a copy stream handed off (after a forward's D2H) has run. */
+	for (unsigned i = 0; i < cfg.layers; i++) {
+		vmmrt_group *g = model_group(m, i);
+		on_worker_1 += g->slot->worker == 1;
+		for (unsigned j = 0; j < VMMRT_REQ_RING; j++)
+			assert_true(vmmrt__request_poll(&g->remap.rel[USE_F][j].req, NULL));
+	}
+	assert_true(on_worker_1 > 0 && on_worker_1 < cfg.layers); /* both workers have groups */
+	assert_true(uatomic_read(&slow_releases) > 0);
+	vmmrt__request_init_call(&slow_call, sleep_then_mark, &slow_call_done);
+	assert_int_equal(vmmrt__worker_push(rt->workers, 1, &slow_call), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
+	assert_int_equal(uatomic_read(&slow_call_done), 1);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(model_verify(m, &checked), 0);
 	model_destroy(m);
 }
 
@@ -560,8 +645,10 @@ int main(void)
 		host_only_test(dropping_backward_fence_is_caught),
 		cmocka_unit_test(lookahead_follows_recorded_order),
 		cmocka_unit_test(device_memory_bounds),
+		cmocka_unit_test(remap_memory_bound_with_several_workers),
 		cmocka_unit_test(no_blocking_in_steady_state),
 		cmocka_unit_test(remap_survives_out_of_memory),
+		cmocka_unit_test(sync_waits_for_every_worker),
 		cmocka_unit_test(two_runtimes_at_once),
 		cmocka_unit_test(naive_reload_reads_wrong_bytes),
 		host_only_test(reading_a_released_slot_faults), /* a GPU fault is no signal */

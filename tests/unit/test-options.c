@@ -194,24 +194,31 @@ static void environment_modes(void **state)
 	vmmrt_options_destroy(base);
 }
 
+/* Option `key` of what `rt` runs with is `want`. */
+static void assert_in_force(vmmrt_runtime *rt, const char *key, const char *want)
+{
+	vmmrt_options *got;
+	char buf[32];
+	assert_int_equal(vmmrt_options_create(&got), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
+	assert_int_equal(vmmrt_options_get(got, key, buf, sizeof(buf)), VMMRT_OK);
+	assert_string_equal(buf, want);
+	vmmrt_options_destroy(got);
+}
+
 /* What the runtime reports is what it runs with, not what the program asked. */
 static void runtime_reports_values_in_force(void **state)
 {
-	vmmrt_options *o, *got;
+	vmmrt_options *o;
 	vmmrt_runtime *rt;
-	char buf[32];
 	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_create(&got), VMMRT_OK);
 	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
 	assert_int_equal(vmmrt_options_set(o, "lookahead", "1"), VMMRT_OK);
 	setenv("VMMRT_LOOKAHEAD", "2", 1);
 	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
 	unsetenv("VMMRT_LOOKAHEAD");
-	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
-	assert_int_equal(vmmrt_options_get(got, "lookahead", buf, sizeof(buf)), VMMRT_OK);
-	assert_string_equal(buf, "2");
-	assert_int_equal(vmmrt_options_get(got, "backend", buf, sizeof(buf)), VMMRT_OK);
-	assert_string_equal(buf, "host");
+	assert_in_force(rt, "lookahead", "2");
+	assert_in_force(rt, "backend", "host");
 	vmmrt_runtime_info info = {.size = sizeof(info)};
 	assert_int_equal(vmmrt_runtime_info_get(rt, &info), VMMRT_OK);
 	assert_int_equal(info.lookahead, 2);
@@ -221,25 +228,18 @@ static void runtime_reports_values_in_force(void **state)
 	assert_int_equal(vmmrt_options_set(o, "mode", "remap"), VMMRT_OK);
 	assert_int_equal(vmmrt_options_set(o, "driver_inline", "1"), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
-	assert_int_equal(vmmrt_options_get(got, "lookahead", buf, sizeof(buf)), VMMRT_OK);
-	assert_string_equal(buf, "0");
-	assert_int_equal(vmmrt_options_get(got, "checked_threads", buf, sizeof(buf)), VMMRT_OK);
-	assert_string_equal(buf, "0");
+	assert_in_force(rt, "lookahead", "0");
+	assert_in_force(rt, "checked_threads", "0");
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 	/* the mode the environment chose is the one reported */
 	setenv("VMMRT_ENVIRONMENT", "ignore", 1);
 	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
 	unsetenv("VMMRT_ENVIRONMENT");
-	assert_int_equal(vmmrt_runtime_options_get(rt, got), VMMRT_OK);
-	assert_int_equal(vmmrt_options_get(got, "environment", buf, sizeof(buf)), VMMRT_OK);
-	assert_string_equal(buf, "ignore");
+	assert_in_force(rt, "environment", "ignore");
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
-	vmmrt_options_destroy(got);
 	vmmrt_options_destroy(o);
 }
 
-/* A call that succeeds leaves no message; a failure leaves its own. */
 static void success_leaves_no_message(void **state)
 {
 	vmmrt_options *o;

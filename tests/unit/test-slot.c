@@ -123,9 +123,9 @@ static void out_of_memory_is_named_and_clean(void **state)
 	/* The failure was reported by the call, not again; the slot is usable again. */
 	assert_int_equal(vmmrt_slot_get_state(b), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt_slot_error(b), VMMRT_OK);
-	vmmrt__worker_stats ws;
-	vmmrt__workers_stats(rt->workers, &ws);
-	assert_int_equal(ws.oom_retries, 1);
+	vmmrt__slot_pool_stats ps;
+	vmmrt__slot_pools_stats(rt->workers, &ps);
+	assert_int_equal(ps.oom_retries, 1);
 	assert_int_equal(vmmrt_slot_unmap(a), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map(b), VMMRT_OK);
 	assert_int_equal(uatomic_read(&rt->live_handles), 1);

@@ -20,13 +20,6 @@
 #include "offload-model.h"
 #include "test-common.h"
 
-#define OK(call) \
-	do { \
-		vmmrt_status st_ = (call); \
-		if (st_ != VMMRT_OK) \
-			fail_msg("%s -> %s: %s", #call, vmmrt_status_name(st_), vmmrt_last_error()); \
-	} while (0)
-
 static const char *const defaults[] = {"null", "legacy", "per-thread"};
 
 static void round_trip(const char *mode, const char *replay_on)

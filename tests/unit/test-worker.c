@@ -66,7 +66,7 @@ static void per_slot_order_with_four_workers(void **state)
 	for (int r = 0; r < ROUNDS * 2; r++)
 		for (int i = 0; i < SLOTS; i++) {
 			vmmrt__request *q = &reqs[r * SLOTS + i];
-			vmmrt__request_init(q, r % 2 ? VMMRT_REQ_RELEASE : VMMRT_REQ_MAP, s[i]);
+			vmmrt__request_init(q, r % 2 ? &vmmrt__slot_release_ops : &vmmrt__slot_map_ops, s[i]);
 			q->done = count_done;
 			q->done_arg = &t;
 			assert_int_equal(vmmrt__worker_push(rt->workers, s[i]->worker, q), VMMRT_OK);
@@ -93,14 +93,14 @@ static void pool_reuses_handles(void **state)
 	assert_int_equal(vmmrt_driver_stats_get(rt, 0, &create), VMMRT_OK);
 	assert_string_equal(create.name, "cuMemCreate");
 	assert_int_equal(create.count, 1); /* one cuMemCreate, nine maps from the pool */
-	vmmrt__worker_stats ws;
-	vmmrt__workers_stats(rt->workers, &ws);
+	vmmrt__slot_pool_stats ws;
+	vmmrt__slot_pools_stats(rt->workers, &ws);
 	assert_int_equal(ws.pool_hits, 9);
 	assert_int_equal(ws.pool_handles, 1);
 	assert_int_equal(used(rt), 4 * MiB); /* pooled memory is still the driver's... */
-	assert_int_equal(vmmrt__workers_trim(rt->workers), VMMRT_OK);
+	assert_int_equal(vmmrt__slot_pools_trim(rt->workers), VMMRT_OK);
 	assert_int_equal(used(rt), 0);       /* ...until trimmed */
-	vmmrt__workers_stats(rt->workers, &ws);
+	vmmrt__slot_pools_stats(rt->workers, &ws);
 	assert_int_equal(ws.pool_handles, 0);
 	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -122,6 +122,7 @@ static void failures_are_retried_then_published(void **state)
 	vmmrt_runtime *rt = make_rt("1", "0");
 	vmmrt_slot *s;
 	tally t = {0};
+	vmmrt__slot_pool_stats ps;
 	vmmrt__worker_stats ws;
 	vmmrt__drv_set_fault_hook(rt, oom_hook, NULL);
 	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
@@ -130,8 +131,8 @@ static void failures_are_retried_then_published(void **state)
 	uatomic_set(&oom_left, 2);
 	assert_int_equal(vmmrt__slot_map_async(s, count_done, &t), VMMRT_OK);
 	assert_int_equal(vmmrt__request_wait(&s->map_req, 10000), VMMRT_OK);
-	vmmrt__workers_stats(rt->workers, &ws);
-	assert_int_equal(ws.oom_retries, 2);
+	vmmrt__slot_pools_stats(rt->workers, &ps);
+	assert_int_equal(ps.oom_retries, 2);
 	assert_int_equal(t.ok, 1);
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
@@ -142,8 +143,9 @@ static void failures_are_retried_then_published(void **state)
 	assert_int_equal(vmmrt__request_wait(&s->map_req, 10000), VMMRT_E_OUT_OF_MEMORY);
 	assert_int_equal(t.failed, 1);
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_FAILED);
+	vmmrt__slot_pools_stats(rt->workers, &ps);
+	assert_int_equal(ps.oom_retries, 2 + 3);
 	vmmrt__workers_stats(rt->workers, &ws);
-	assert_int_equal(ws.oom_retries, 2 + 3);
 	assert_int_equal(ws.failed, 1);
 	/* The next API call on the slot reports it, once. */
 	assert_int_equal(vmmrt_slot_map(s), VMMRT_E_OUT_OF_MEMORY);
@@ -170,9 +172,7 @@ static void hold(void *arg)
 
 static void stall(vmmrt__workers *w, unsigned index, gate *g, vmmrt__request *req)
 {
-	vmmrt__request_init(req, VMMRT_REQ_CALL, NULL);
-	req->fn = hold;
-	req->arg = g;
+	vmmrt__request_init_call(req, hold, g);
 	assert_int_equal(vmmrt__worker_push(w, index, req), VMMRT_OK);
 	while (!uatomic_read(&g->entered))
 		usleep(100);
@@ -202,10 +202,10 @@ static void shutdown_with_queued_work(void **state)
 		vmmrt_slot *s;
 		assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
 		/* A second pool on the same runtime, so the test owns its whole life. */
-		assert_int_equal(vmmrt__workers_create(rt, 1, &w), VMMRT_OK);
+		assert_int_equal(vmmrt__workers_create(rt, 1, &vmmrt__slot_worker_class, &w), VMMRT_OK);
 		stall(w, 0, &g, &blocker);
 		for (int i = 0; i < 20; i++) {
-			vmmrt__request_init(&reqs[i], i % 2 ? VMMRT_REQ_RELEASE : VMMRT_REQ_MAP, s);
+			vmmrt__request_init(&reqs[i], i % 2 ? &vmmrt__slot_release_ops : &vmmrt__slot_map_ops, s);
 			reqs[i].done = count_done;
 			reqs[i].done_arg = &t;
 			assert_int_equal(vmmrt__worker_push(w, 0, &reqs[i]), VMMRT_OK);
@@ -223,8 +223,11 @@ static void shutdown_with_queued_work(void **state)
 			assert_int_equal(t.cancelled, 20);
 			assert_int_equal(t.ok, 0);
 		}
-		for (int i = 0; i < 20; i++)
-			assert_int_equal(vmmrt__request_poll(&reqs[i]), drain ? VMMRT_OK : VMMRT_E_CANCELLED);
+		for (int i = 0; i < 20; i++) {
+			vmmrt_status st = VMMRT_E_DRIVER;
+			assert_true(vmmrt__request_poll(&reqs[i], &st));
+			assert_int_equal(st, drain ? VMMRT_OK : VMMRT_E_CANCELLED);
+		}
 		assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
 		assert_int_equal(used(rt), 0);
 		assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -323,9 +326,7 @@ static void host_functions_feed_the_workers(void **state)
 	for (int k = 0; k < 2; k++)
 		assert_int_equal(vmmrt_stream_create(rt, &st[k]), VMMRT_OK);
 	for (int i = 0; i < N; i++) {
-		vmmrt__request_init(&reqs[i], VMMRT_REQ_CALL, NULL);
-		reqs[i].fn = bump;
-		reqs[i].arg = &ran;
+		vmmrt__request_init_call(&reqs[i], bump, &ran);
 		p[i] = (hf_push){rt->workers, &reqs[i], VMMRT_E_BUSY};
 		assert_int_equal(vmmrt__drv_launch_host_func(rt, st[i % 2], push_in_host_function, &p[i]), VMMRT_OK);
 	}

@@ -158,6 +158,9 @@ vmmrt_status t_fault_hook(void *ctx, const char *op, uint64_t *delay_us)
 		atomic_fetch_add(&f->delays, 1);
 		atomic_fetch_add_explicit(&T.delays, 1, memory_order_relaxed);
 	}
+	/* Slow creates in teardown (the scenarios that end with copies in flight). */
+	if (atomic_load(&f->teardown) && atomic_load(&f->teardown_create_us) && strcmp(op, "cuMemCreate") == 0)
+		*delay_us = atomic_load(&f->teardown_create_us);
 	/* A stalled worker: a VMM call on a driver worker that takes longer than the timeout. */
 	if (c && c->vmm && f->stall_us && vmmrt__thread_role_get() == VMMRT_ROLE_WORKER &&
 	    !atomic_load(&f->teardown) && u2 < f->stall_rate && atomic_load(&f->stall_left) > 0 &&

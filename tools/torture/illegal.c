@@ -68,33 +68,29 @@ static grp *pick_nonempty(scen *s, unsigned not_gi)
 
 /* --------------------------------------------------------- life-cycle calls */
 
-void illegal_before_allocate(scen *s)
+/* The life-cycle calls refused before vmmrt_offload_allocate (allocated
+ * false) or after it, on a non-empty group. */
+void illegal_life_cycle(scen *s, bool allocated)
 {
 	grp *g = pick_nonempty(s, MAXG);
 	vmmrt_group *h = NULL;
 	vmmrt_devptr a;
 	if (!g)
 		return;
-	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_discover(g->g, NULL));
-	EXPECT(s, VMMRT_E_INVALID_SIZE, vmmrt_group_discover(g->g, &(vmmrt_tensor_desc){.bytes = 0}));
-	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_discover(g->g, &(vmmrt_tensor_desc){.bytes = 8, .ndim = 9}));
-	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_discover(g->g, &(vmmrt_tensor_desc){.bytes = 8, .align = 3}));
-	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_group_begin_capture(g->g));
-	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_group_save(g->g, &g->t[0].d, 0, NULL, &a));
-	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_forward_begin(g->g, s->compute));
-	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_end(g->g, s->compute));
-	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_offload_sync(s->rt));
-	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_create(NULL, "x", &h));
-	EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_create(s->rt, "x", NULL));
-}
-
-void illegal_after_allocate(scen *s)
-{
-	grp *g = pick_nonempty(s, MAXG);
-	vmmrt_group *h = NULL;
-	vmmrt_devptr a;
-	if (!g)
+	if (!allocated) {
+		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_discover(g->g, NULL));
+		EXPECT(s, VMMRT_E_INVALID_SIZE, vmmrt_group_discover(g->g, &(vmmrt_tensor_desc){.bytes = 0}));
+		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_discover(g->g, &(vmmrt_tensor_desc){.bytes = 8, .ndim = 9}));
+		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_discover(g->g, &(vmmrt_tensor_desc){.bytes = 8, .align = 3}));
+		EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_group_begin_capture(g->g));
+		EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_group_save(g->g, &g->t[0].d, 0, NULL, &a));
+		EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_forward_begin(g->g, s->compute));
+		EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_end(g->g, s->compute));
+		EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_offload_sync(s->rt));
+		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_create(NULL, "x", &h));
+		EXPECT(s, VMMRT_E_INVALID_ARGUMENT, vmmrt_group_create(s->rt, "x", NULL));
 		return;
+	}
 	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_group_create(s->rt, "late", &h));
 	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_offload_allocate(s->rt));
 	EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_group_discover(g->g, &g->t[0].d));

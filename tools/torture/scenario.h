@@ -59,6 +59,7 @@ typedef struct scen {
 	unsigned nres;           /* tensors in all groups */
 	size_t input_bytes;
 	unsigned target_iters;
+	bool end_in_flight;      /* remap: end right after a last forward, copies slow (see configure) */
 
 	/* objects of the application side */
 	vmmrt_stream compute;
@@ -71,6 +72,7 @@ typedef struct scen {
 	uint8_t verified[MAXIT][MAXG];
 	unsigned iters;
 	bool allocated, captured, stats_reset;
+	unsigned quiet_it;       /* the first iteration after the last quiet point (a checkpoint) */
 	size_t base_free, base_total;
 
 	/* what happened */
@@ -102,8 +104,7 @@ void s_quiet(scen *s, bool on);
 /* illegal.c */
 /* An illegal call must return exactly `want`, change nothing, and name the error. */
 void s_expect(scen *s, vmmrt_status got, vmmrt_status want, const char *what);
-void illegal_before_allocate(scen *s);
-void illegal_after_allocate(scen *s);
+void illegal_life_cycle(scen *s, bool allocated);
 void illegal_slots(scen *s);
 void illegal_handles(scen *s);
 void illegal_options(scen *s);

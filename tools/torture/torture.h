@@ -161,6 +161,7 @@ typedef struct fault_ctx {
 	bool cuda;
 	_Atomic uint64_t counter;
 	_Atomic int teardown;     /* no failures (latency only) */
+	_Atomic uint64_t teardown_create_us; /* in teardown, every cuMemCreate this slow (0: none) */
 	_Atomic int armed;        /* failures allowed at all */
 	_Atomic int stall_left;   /* stalls still to inject */
 	_Atomic int oom_burst;    /* creates still to fail in a row */

@@ -58,5 +58,8 @@ typedef struct model_job {
 	vmmrt_status st;
 } model_job;
 void *model_job_run(void *job);
+/* Run the jobs at once, a thread each; how many failed (an error, a corrupted
+ * activation, or fewer checked than iterations x layers). Messages on stderr. */
+unsigned model_jobs_run(model_job *jobs, unsigned n);
 
 #endif

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 #include "config.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,4 +286,25 @@ void *model_job_run(void *arg)
 	j->bad = model_verify(m, &j->checked);
 	model_destroy(m);
 	return NULL;
+}
+
+unsigned model_jobs_run(model_job *jobs, unsigned n)
+{
+	pthread_t t[16];
+	unsigned failed = 0;
+	if (n > 16)
+		return n;
+	for (unsigned i = 0; i < n; i++)
+		if (pthread_create(&t[i], NULL, model_job_run, &jobs[i]) != 0)
+			return n;
+	for (unsigned i = 0; i < n; i++) {
+		model_job *j = &jobs[i];
+		pthread_join(t[i], NULL);
+		if (j->st != VMMRT_OK || j->bad || j->checked != j->iterations * j->cfg.layers) {
+			fprintf(stderr, "model job %u (%s): %s, %u of %u activations corrupted\n", i, j->cfg.mode,
+				vmmrt_status_name(j->st), j->bad, j->checked);
+			failed++;
+		}
+	}
+	return failed;
 }

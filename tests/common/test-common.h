@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check-ok.h"
 #include "vmmrt.h"
 
 #define HOST_ONLY ((void *)"host-only")

@@ -125,7 +125,10 @@ static void event_query_failure_keeps_release_order_child(void)
 	vmmrt_status st = vmmrt_offload_sync(rt);
 	if (st == VMMRT_OK)
 		_exit(14); /* the failed query must be reported */
-	if (vmmrt_offload_sync(rt) != VMMRT_OK)
+	/* The backward's release follows its event on the compute stream, which
+	 * is the application's: vmmrt_offload_sync does not wait for it, so the
+	 * release has run only once that stream is done (under load it had not). */
+	if (vmmrt_stream_synchronize(rt, c) != VMMRT_OK || vmmrt_offload_sync(rt) != VMMRT_OK)
 		_exit(15);
 	vmmrt_offload_stats s = {.size = sizeof(s)};
 	if (vmmrt_offload_stats_get(rt, &s) || s.releases != 2)

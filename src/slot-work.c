@@ -1,0 +1,416 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * What a driver worker does to a slot: the requests map, ensure (map unless
+ * mapped), release and destroy, and each worker's handle pool. worker.c
+ * runs a request by its ops (vmmrt__request_ops) and knows nothing of slots;
+ * this file is the slots' side of it. Everything here runs on the slot's
+ * worker, the only thread that maps or unmaps it (attach/detach also on the
+ * launch thread in driver_inline mode, where there is no worker).
+ *
+ * The pool (handle_pool option): released handles kept per worker for the
+ * next map of the same size instead of cuMemRelease. A handle whose
+ * cuMemRelease failed is stashed and released again when the worker is next
+ * idle, at trim and at stop.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <urcu/uatomic.h>
+#include <urcu/urcu-bp.h>
+
+#include "error.h"
+#include "slot.h"
+#include "tsan.h"
+
+typedef struct pooled_handle {
+	size_t size;
+	vmmrt__bhandle h;
+} pooled_handle;
+
+/* One worker's pool: its vmmrt__worker_class local state. */
+typedef struct slot_pool {
+	vmmrt_runtime *rt;
+	unsigned cap;
+	/* released handles kept for reuse */
+	pooled_handle *handles;
+	unsigned nhandles;
+	/* handles whose cuMemRelease failed, released again later */
+	vmmrt__bhandle *stash;
+	unsigned nstash, capstash;
+	vmmrt__slot_pool_stats stats; /* updated with uatomic by the worker, read by anyone */
+} slot_pool;
+
+/* ------------------------------------------------------------ the slot */
+
+vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
+{
+	vmmrt_runtime *rt = s->rt;
+
+	if (s->mapped)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
+				   (unsigned long long)s->id, (unsigned long long)s->va);
+	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h);
+	if (st != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
+	st = vmmrt__drv_mem_set_access(rt, s->va, s->size);
+	if (st != VMMRT_OK) {
+		/* Roll the partial map back so the slot is exactly as before; a
+		 * refused unmap is tried once more, as a destroy does, or the
+		 * memory would stay mapped behind a slot that says it is not. */
+		char why[512];
+		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+		if (vmmrt__drv_mem_unmap(rt, s->va, s->size) != VMMRT_OK)
+			(void)vmmrt__drv_mem_unmap(rt, s->va, s->size);
+		vmmrt__error_adopt(why);
+		return vmmrt__error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
+	}
+	s->mapped = true;
+	s->handle = h;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
+{
+	if (!s->mapped)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
+				   (unsigned long long)s->id, (unsigned long long)s->va);
+	vmmrt_status st = vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
+	if (st != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
+	s->mapped = false;
+	*h = s->handle;
+	s->handle = 0;
+	return VMMRT_OK;
+}
+
+/* DESTROY: unmap what is mapped (the handle back to the caller) and free the VA. */
+static vmmrt_status teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *had_handle)
+{
+	*had_handle = false;
+	if (s->mapped) {
+		vmmrt_status st = vmmrt__slot_detach(s, handle_out);
+		if (st != VMMRT_OK)
+			return st;
+		*had_handle = true;
+	}
+	return vmmrt__drv_va_free(s->rt, s->va, s->size);
+}
+
+static void free_slot_rcu(struct rcu_head *head)
+{
+	vmmrt_slot *s = caa_container_of(head, vmmrt_slot, rcu);
+	VMMRT_TSAN_ACQUIRE(s); /* after the grace period: pairs with retire */
+	free(s);
+}
+
+/* Unlink the slot and free it after an RCU grace period. */
+static void retire(vmmrt_slot *s)
+{
+	vmmrt_runtime *rt = s->rt;
+
+	pthread_mutex_lock(&rt->slots_lock);
+	cds_list_del_rcu(&s->link);
+	pthread_mutex_unlock(&rt->slots_lock);
+	uatomic_dec(&rt->live_slots);
+	/* Readers walking rt->slots may still hold s: free after a grace period. */
+	VMMRT_TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
+	urcu_bp_call_rcu(&s->rcu, free_slot_rcu);
+}
+
+/* Record a failure on the slot so the next API call reports it. */
+static void publish_error(vmmrt_slot *s, vmmrt_status st)
+{
+	snprintf(s->errmsg, sizeof(s->errmsg), "%s", vmmrt_last_error());
+	uatomic_set(&s->error, (int32_t)st);
+	vmmrt__slot_set_state(s, VMMRT_SLOT_FAILED);
+}
+
+/* ------------------------------------------------------------ the pool */
+
+/*
+ * The slot is unmapped by then: a failed cuMemRelease must not undo that or
+ * fail the request (a retry would find nothing to unmap). The handle is kept
+ * and released again at the worker's next idle moment, at trim and at stop;
+ * what still fails then stays counted in live_handles, which destroy reports.
+ */
+static vmmrt_status release_handle(slot_pool *p, size_t size, vmmrt__bhandle h)
+{
+	if (p->nhandles < p->cap) {
+		p->handles[p->nhandles++] = (pooled_handle){size, h};
+		uatomic_inc(&p->stats.pool_handles);
+		return VMMRT_OK;
+	}
+	vmmrt_status st = vmmrt__drv_mem_release(p->rt, h);
+	if (st == VMMRT_OK)
+		return VMMRT_OK;
+	if (p->nstash == p->capstash) {
+		unsigned cap = p->capstash ? p->capstash * 2 : 8;
+		vmmrt__bhandle *n = realloc(p->stash, cap * sizeof(*n));
+		if (!n)
+			return st;
+		p->stash = n;
+		p->capstash = cap;
+	}
+	p->stash[p->nstash++] = h;
+	return VMMRT_OK;
+}
+
+static void release_stash(slot_pool *p)
+{
+	unsigned kept = 0;
+	for (unsigned i = 0; i < p->nstash; i++)
+		if (vmmrt__drv_mem_release(p->rt, p->stash[i]) != VMMRT_OK)
+			p->stash[kept++] = p->stash[i];
+	p->nstash = kept;
+}
+
+static vmmrt_status trim_pool(slot_pool *p)
+{
+	vmmrt_status first = VMMRT_OK;
+	release_stash(p);
+	while (p->nhandles) {
+		pooled_handle *ph = &p->handles[--p->nhandles];
+		vmmrt_status st = vmmrt__drv_mem_release(p->rt, ph->h);
+		uatomic_dec(&p->stats.pool_handles);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	return first;
+}
+
+static bool take_pooled(slot_pool *p, size_t size, vmmrt__bhandle *h)
+{
+	for (unsigned i = p->nhandles; i-- > 0;) {
+		if (p->handles[i].size == size) {
+			*h = p->handles[i].h;
+			p->handles[i] = p->handles[--p->nhandles];
+			uatomic_dec(&p->stats.pool_handles);
+			uatomic_inc(&p->stats.pool_hits);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* cuMemCreate with bounded, doubling back-off on out-of-memory: memory that a
+ * release in flight on the GPU is about to return may be there shortly. */
+static vmmrt_status create_handle(slot_pool *p, size_t size, vmmrt__bhandle *h)
+{
+	vmmrt_runtime *rt = p->rt;
+	uint64_t retries = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_RETRIES);
+	uint64_t backoff = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
+
+	if (take_pooled(p, size, h))
+		return VMMRT_OK;
+	for (uint64_t attempt = 0;; attempt++) {
+		vmmrt_status st = vmmrt__drv_mem_create(rt, size, h);
+		if (st != VMMRT_OK && st == VMMRT_E_OUT_OF_MEMORY && p->nhandles) {
+			/* Pooled handles of other sizes are memory we can give back now. */
+			(void)trim_pool(p);
+			st = vmmrt__drv_mem_create(rt, size, h);
+		}
+		if (st != VMMRT_E_OUT_OF_MEMORY || attempt >= retries)
+			return st;
+		uatomic_inc(&p->stats.oom_retries);
+		uint64_t us = backoff << (attempt < 20 ? attempt : 20);
+		vmmrt__sleep_ns(us * 1000);
+	}
+}
+
+/* The worker class of the runtime's workers: one pool each. */
+static vmmrt_status pool_init(void *local, vmmrt_runtime *rt)
+{
+	slot_pool *p = local;
+	p->rt = rt;
+	p->cap = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_HANDLE_POOL);
+	if (p->cap && !(p->handles = calloc(p->cap, sizeof(pooled_handle))))
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", p->cap);
+	return VMMRT_OK;
+}
+
+static void pool_idle(void *local)
+{
+	slot_pool *p = local;
+	if (p->nstash)
+		release_stash(p);
+}
+
+static void pool_stop(void *local)
+{
+	(void)trim_pool(local);
+}
+
+static void pool_fini(void *local)
+{
+	slot_pool *p = local;
+	free(p->handles);
+	free(p->stash);
+}
+
+const vmmrt__worker_class vmmrt__slot_worker_class = {
+	.local_size = sizeof(slot_pool),
+	.init = pool_init,
+	.idle = pool_idle,
+	.stop = pool_stop,
+	.fini = pool_fini,
+};
+
+static void trim_call(void *arg)
+{
+	(void)trim_pool(arg);
+}
+
+vmmrt_status vmmrt__slot_pools_trim(vmmrt__workers *w)
+{
+	unsigned n = vmmrt__workers_count(w);
+	vmmrt__request *reqs = calloc(n, sizeof(*reqs));
+	vmmrt_status first = VMMRT_OK;
+	if (!reqs)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "trim");
+	for (unsigned i = 0; i < n; i++) {
+		vmmrt__request_init_call(&reqs[i], trim_call, vmmrt__workers_local(w, i));
+		vmmrt_status st = vmmrt__worker_push(w, i, &reqs[i]);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		vmmrt_status st = vmmrt__request_wait(&reqs[i], UINT64_MAX);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	free(reqs);
+	return first;
+}
+
+void vmmrt__slot_pools_stats(vmmrt__workers *w, vmmrt__slot_pool_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (unsigned i = 0; i < vmmrt__workers_count(w); i++) {
+		const vmmrt__slot_pool_stats *s = &((slot_pool *)vmmrt__workers_local(w, i))->stats;
+		out->oom_retries += uatomic_read(&s->oom_retries);
+		out->pool_hits += uatomic_read(&s->pool_hits);
+		out->pool_handles += uatomic_read(&s->pool_handles);
+	}
+}
+
+/* ------------------------------------------------------------ the requests */
+
+static vmmrt_status map_slot(vmmrt__request *req, vmmrt__worker *wk, bool ensure)
+{
+	vmmrt_slot *s = req->owner;
+	slot_pool *p = vmmrt__worker_local(wk);
+	vmmrt__bhandle h;
+	if (s->mapped && ensure)
+		return VMMRT_OK;
+	if (s->mapped)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+	vmmrt_status st = create_handle(p, s->size, &h);
+	if (st != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: create %zu bytes", (unsigned long long)s->id, s->size);
+	st = vmmrt__slot_attach(s, h);
+	if (st != VMMRT_OK) {
+		vmmrt_status st2 = release_handle(p, s->size, h);
+		(void)st2;
+	}
+	return st;
+}
+
+static vmmrt_status run_map(vmmrt__request *req, vmmrt__worker *wk)
+{
+	return map_slot(req, wk, false);
+}
+
+static vmmrt_status run_ensure(vmmrt__request *req, vmmrt__worker *wk)
+{
+	return map_slot(req, wk, true);
+}
+
+static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
+{
+	vmmrt_slot *s = req->owner;
+	vmmrt__bhandle h;
+	vmmrt_status st = vmmrt__slot_detach(s, &h);
+	if (st != VMMRT_OK)
+		return st;
+	return release_handle(vmmrt__worker_local(wk), s->size, h);
+}
+
+static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
+{
+	vmmrt_slot *s = req->owner;
+	/* Requests parked for admission or an event must not outlive their slot. */
+	vmmrt__worker_cancel_owned(wk, s);
+	vmmrt__bhandle h;
+	bool had;
+	vmmrt_status st, rel = VMMRT_OK;
+	/* A refused unmap or VA free leaves the slot whole: try once more here,
+	 * where it also helps a destroy whose waiter timed out and left. */
+	for (int attempt = 0;; attempt++) {
+		st = teardown(s, &h, &had);
+		if (had) {
+			vmmrt_status st2 = release_handle(vmmrt__worker_local(wk), s->size, h);
+			if (rel == VMMRT_OK)
+				rel = st2;
+		}
+		if (st == VMMRT_OK || attempt == 1)
+			break;
+	}
+	if (st == VMMRT_OK)
+		st = rel;
+	if (st != VMMRT_OK) {
+		/* Keep the slot alive and reported: nothing may leak silently. */
+		uatomic_set(&s->dying, false);
+		publish_error(s, st);
+		return st;
+	}
+	retire(s);
+	return VMMRT_OK;
+}
+
+/* A map or release of a slot being destroyed is not made. */
+static bool slot_dying(const vmmrt__request *req)
+{
+	const vmmrt_slot *s = req->owner;
+	return uatomic_read(&s->dying);
+}
+
+/* A failed map was rolled back, a failed release left the slot mapped. */
+static bool map_unchanged(const vmmrt__request *req)
+{
+	const vmmrt_slot *s = req->owner;
+	return !s->mapped;
+}
+
+static bool release_unchanged(const vmmrt__request *req)
+{
+	const vmmrt_slot *s = req->owner;
+	return s->mapped;
+}
+
+/* The slot's state once its map or release ended: a failure is kept for the
+ * next API call on the slot to report. */
+static void settle(vmmrt__request *req, vmmrt_status st)
+{
+	vmmrt_slot *s = req->owner;
+	if (st == VMMRT_OK || st == VMMRT_E_CANCELLED)
+		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+	else
+		publish_error(s, st);
+}
+
+/* A map or release: withdrawn when its slot dies, settled into the slot's state. */
+#define SLOT_REQUEST(name_, run_, unchanged_) \
+	{.name = name_, .run = run_, .withdrawn = slot_dying, .unchanged = unchanged_, .settle = settle}
+
+const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_unchanged);
+const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
+const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
+
+/* Never cancelled: it runs even when its worker stops without draining. */
+const vmmrt__request_ops vmmrt__slot_destroy_ops = {
+	.name = "destroy",
+	.run = run_destroy,
+	.uncancellable = true,
+};
