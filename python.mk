@@ -43,6 +43,7 @@ vmmrt_py_tests = \
 	python/tests/test_runner_api.py \
 	python/tests/test_ddp.py \
 	python/tests/gpu_run.sh \
+	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh
 
 EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \

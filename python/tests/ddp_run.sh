@@ -33,21 +33,12 @@ out=${OUT:-$tree/ddp-out}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 
-if [ -z "${VMMRT_LIBRARY:-}" ]; then
-	for cand in "$tree/.libs/libvmmrt.so.1" /tmp/build/libvmmrt-*/.libs/libvmmrt.so.1; do
-		if [ -f "$cand" ]; then VMMRT_LIBRARY=$cand; break; fi
-	done
-fi
-export VMMRT_LIBRARY
-[ -d /opt/deps/usr/lib/x86_64-linux-gnu ] &&
-	export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$tree/python:$tree/python/tests${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONDONTWRITEBYTECODE=1
+. "$here/gpu_env.sh"
 # NVLink multicast stays off (NVLS in NCCL, and PyTorch's symmetric memory on it).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 # vmmrt.torch takes each rank's device from LOCAL_RANK; nothing may override it.
-unset VMMRT_MODE VMMRT_LOOKAHEAD VMMRT_BACKEND VMMRT_TRACE VMMRT_DEVICE
+unset VMMRT_DEVICE
 
 summary=$out/summary.txt
 : >"$summary"

@@ -20,17 +20,7 @@ out=${OUT:-$tree/gpu-out}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 
-if [ -z "${VMMRT_LIBRARY:-}" ]; then
-	for cand in "$tree/.libs/libvmmrt.so.1" /tmp/build/libvmmrt-*/.libs/libvmmrt.so.1; do
-		if [ -f "$cand" ]; then VMMRT_LIBRARY=$cand; break; fi
-	done
-fi
-export VMMRT_LIBRARY
-[ -d /opt/deps/usr/lib/x86_64-linux-gnu ] &&
-	export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$tree/python:$tree/python/tests${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONDONTWRITEBYTECODE=1
-unset VMMRT_MODE VMMRT_LOOKAHEAD VMMRT_BACKEND VMMRT_TRACE
+. "$here/gpu_env.sh"
 
 summary=$out/summary.txt
 : >"$summary"
