@@ -52,7 +52,10 @@ typedef struct vmmrt__remap {
 	unsigned pending_head, pending_n;
 	uint64_t admit_ticket;        /* uatomic, workers */
 	int64_t resident;             /* uatomic: groups mapped or admitted */
-	int64_t budget;
+	int64_t budget;               /* the most groups mapped at once the schedule needs */
+	/* Abort (uatomic, read by the workers): admit maps out of ticket order
+	 * and past the budget, so everything a stream may wait for can run. */
+	int32_t aborting;
 } vmmrt__remap;
 
 /* Per group. */
