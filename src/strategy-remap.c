@@ -56,6 +56,7 @@ static bool admit_map(vmmrt__request *req, void *arg)
 		if (!aborting && uatomic_read(&off->remap.resident) >= uatomic_read(&off->remap.budget))
 			return false;
 		uatomic_inc(&off->remap.resident);
+		uatomic_set(&g->remap.counted, 1);
 	}
 	uatomic_inc(&off->remap.admit_ticket);
 	/* The next ticket may be parked on another worker. */
@@ -70,7 +71,7 @@ static void map_done(vmmrt__request *req, vmmrt_status st, void *arg)
 	vmmrt__offload *off = g->off;
 
 	if (st != VMMRT_OK) {
-		if (r->grew)
+		if (r->grew && uatomic_xchg(&g->remap.counted, 0))
 			uatomic_dec(&off->remap.resident);
 		if (st != VMMRT_E_CANCELLED)
 			vmmrt__group_fail(g, st, "map before use");
@@ -107,7 +108,8 @@ static void release_done(vmmrt__request *req, vmmrt_status st, void *arg)
 		/* Account first, then free the budget: a map admitted on another
 		 * worker the moment the budget frees must not see these bytes too. */
 		vmmrt__offload_account(off, -(int64_t)g->slot->size);
-		uatomic_dec(&off->remap.resident);
+		if (uatomic_xchg(&g->remap.counted, 0))
+			uatomic_dec(&off->remap.resident);
 		uatomic_inc(&off->releases);
 	} else if (st != VMMRT_E_CANCELLED) {
 		vmmrt__group_fail(g, st, "release after use");
@@ -165,6 +167,7 @@ static vmmrt_status inline_map(vmmrt__offload *off, vmmrt__remap_req *r)
 	if (r->grew) {
 		vmmrt__bhandle h;
 		uatomic_inc(&off->remap.resident); /* as admission does; map_done undoes it on failure */
+		uatomic_set(&g->remap.counted, 1);
 		st = vmmrt__drv_mem_create(off->rt, g->slot->size, &h);
 		if (st == VMMRT_OK && (st = vmmrt__slot_attach(g->slot, h)) != VMMRT_OK)
 			(void)vmmrt__drv_mem_release(off->rt, h);
@@ -192,7 +195,6 @@ static vmmrt_status initial_backing(vmmrt__offload *off, vmmrt_group *g)
 		return st;
 	g->remap.maps_requested = g->remap.releases_planned = 0;
 	uatomic_set(&g->remap.releases_done, 0);
-	uatomic_inc(&off->remap.resident);
 	vmmrt__offload_account(off, (int64_t)g->slot->size);
 	return VMMRT_OK;
 }
@@ -213,7 +215,6 @@ static vmmrt_status rm_allocate_group(vmmrt__offload *off, vmmrt_group *g)
 	g->base = vmmrt_slot_address(g->slot);
 	if ((st = vmmrt__offload_capture_copies(off, g)) != VMMRT_OK)
 		return st;
-	uatomic_inc(&off->remap.resident);
 	vmmrt__offload_account(off, (int64_t)g->slot->size);
 	for (int k = 0; k < 2; k++)
 		for (int j = 0; j < VMMRT_REQ_RING; j++) {
@@ -514,8 +515,10 @@ static void rm_unblock(vmmrt__offload *off)
 	vmmrt__workers_kick(off->rt->workers);
 }
 
-/* Poll until every map of every group has come back from its worker. */
-static vmmrt_status maps_back(vmmrt__offload *off)
+/* Poll until every map (or release) of every group has come back from its
+ * worker. A release after a backward waits there for its graph's event: the
+ * compute stream is still reading the slot until then. */
+static vmmrt_status ring_back(vmmrt__offload *off, bool maps)
 {
 	uint64_t deadline = vmmrt__now_ns() + off->rt->timeout_ms * 1000000ull;
 	for (unsigned i = 0; i < off->ngroups; i++) {
@@ -523,13 +526,16 @@ static vmmrt_status maps_back(vmmrt__offload *off)
 		if (!g->slot)
 			continue;
 		for (int k = 0; k < 2; k++)
-			for (int j = 0; j < VMMRT_REQ_RING; j++)
-				while (!vmmrt__request_poll(&g->remap.map[k][j].req, NULL)) {
+			for (int j = 0; j < VMMRT_REQ_RING; j++) {
+				vmmrt__request *req = maps ? &g->remap.map[k][j].req : &g->remap.rel[k][j].req;
+				while (!vmmrt__request_poll(req, NULL)) {
 					if (vmmrt__now_ns() > deadline)
-						return vmmrt__error(VMMRT_E_TIMEOUT, "group '%s': a map still queued after %llu ms",
-								    g->name, (unsigned long long)off->rt->timeout_ms);
+						return vmmrt__error(VMMRT_E_TIMEOUT, "group '%s': a %s still queued after %llu ms",
+								    g->name, maps ? "map" : "release",
+								    (unsigned long long)off->rt->timeout_ms);
 					vmmrt__sleep_ns(100000);
 				}
+			}
 	}
 	return VMMRT_OK;
 }
@@ -559,12 +565,14 @@ static vmmrt_status trim(vmmrt__offload *off, vmmrt_group *g)
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "group '%s': release after an abort", g->name);
 	vmmrt__offload_account(off, -(int64_t)g->slot->size);
-	uatomic_dec(&off->remap.resident);
+	if (uatomic_xchg(&g->remap.counted, 0))
+		uatomic_dec(&off->remap.resident);
 	return VMMRT_OK;
 }
 
 /*
- * The streams have drained: every release handed off has run. Maps
+ * The copy streams have drained; once every release handed off has run
+ * (those after a backward wait for its graph on the compute stream), maps
  * requested for uses that never came still wait for releases those uses
  * would have made; count them made (the slot just stays mapped, and the map
  * finds it so), let the maps run, then release every slot: the next
@@ -572,7 +580,9 @@ static vmmrt_status trim(vmmrt__offload *off, vmmrt_group *g)
  */
 static vmmrt_status rm_reset(vmmrt__offload *off)
 {
-	vmmrt_status st = VMMRT_OK;
+	vmmrt_status st = ring_back(off, false);
+	if (st != VMMRT_OK)
+		return st;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt__remap_group *rg = &off->groups[i]->remap;
 		if (!off->groups[i]->slot)
@@ -582,7 +592,7 @@ static vmmrt_status rm_reset(vmmrt__offload *off)
 		uatomic_set(&rg->releases_done, rg->maps_requested);
 	}
 	vmmrt__workers_kick(off->rt->workers);
-	if ((st = maps_back(off)) != VMMRT_OK || (!off->rt->driver_inline && (st = vmmrt__offload_worker_barrier(off->rt)) != VMMRT_OK))
+	if ((st = ring_back(off, true)) != VMMRT_OK || (!off->rt->driver_inline && (st = vmmrt__offload_worker_barrier(off->rt)) != VMMRT_OK))
 		return st;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];

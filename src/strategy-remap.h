@@ -76,6 +76,14 @@ typedef struct vmmrt__remap_group {
 	uint64_t releases_done;       /* uatomic, workers */
 	uint64_t owed_index;          /* uatomic: the release owed, or VMMRT_NOT_OWED */
 	/*
+	 * uatomic: the memory mapped now counts in the budget. Not so for the
+	 * backing allocation maps for capture: in an order where a backward
+	 * comes before some group's first forward (1F1B), that group's initial
+	 * backing, still mapped, would otherwise hold the budget that the
+	 * backward's map waits for, until a forward that comes after it.
+	 */
+	int32_t counted;
+	/*
 	 * Requests per use kind, in rings: the launch thread may run up to
 	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for
 	 * one of its own requests to come back (and that wait is counted).
