@@ -55,7 +55,8 @@ struct vmmrt_group {
 	};
 
 	int open;                     /* 0, or the begin hook whose end is due: 1 fwd, 2 bwd */
-	vmmrt_stream open_stream;     /* the compute stream of that begin */
+	vmmrt_stream stream;          /* the compute stream of its last begin hook: an abort waits for it */
+	bool streamed;                /* a begin hook set it */
 	int32_t error;                /* first asynchronous failure (uatomic) */
 	char errmsg[256];
 };

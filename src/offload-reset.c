@@ -19,8 +19,9 @@
 #include "pipeline.h"
 
 /*
- * Wait for everything the pipeline has in flight, then put it back to the
- * start of an iteration. Copies and releases already handed off are let
+ * Wait for everything the pipeline has in flight (the compute streams the
+ * hooks ran on, the copies, the workers), then put it back to the start of
+ * an iteration. Copies and releases already handed off are let
  * finish, not cancelled: a host copy half written, or a release cut before
  * its unmap, would lose bytes or leak memory; what only the abandoned uses
  * would have needed (remap's maps for them, ping-pong's deferred restores)
@@ -32,11 +33,17 @@ static vmmrt_status drain_and_reset(vmmrt__offload *off)
 	vmmrt_status st = VMMRT_OK;
 	if (off->ops->unblock)
 		off->ops->unblock(off);
-	/* A graph launched after a begin hook whose end never came: its
-	 * memory is released below, so it must have finished. */
-	for (unsigned i = 0; i < off->ngroups && st == VMMRT_OK; i++)
-		if (off->groups[i]->open)
-			st = vmmrt__offload_drain_stream(rt, off->groups[i]->open_stream, "compute");
+	/* The graphs launched between the hooks read and write the groups'
+	 * memory, which the reset releases (remap): the compute streams the
+	 * hooks ran on drain first, each once. */
+	for (unsigned i = 0; i < off->ngroups && st == VMMRT_OK; i++) {
+		vmmrt_group *g = off->groups[i];
+		bool seen = !g->streamed;
+		for (unsigned j = 0; j < i && !seen; j++)
+			seen = off->groups[j]->streamed && off->groups[j]->stream == g->stream;
+		if (!seen)
+			st = vmmrt__offload_drain_stream(rt, g->stream, "compute");
+	}
 	if (st == VMMRT_OK)
 		st = vmmrt__offload_drain_stream(rt, off->d2h, "d2h");
 	if (st == VMMRT_OK)
@@ -56,7 +63,6 @@ static vmmrt_status drain_and_reset(vmmrt__offload *off)
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
 		g->open = 0;
-		g->open_stream = NULL;
 		g->restore_use = 0;
 		/* Failures of the abandoned uses: the abort is what they asked for. */
 		(void)vmmrt__group_take_error(g);

@@ -322,7 +322,8 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
 		return broke(off, st);
 	g->open = backward ? 2 : 1;
-	g->open_stream = compute; /* what an abort waits for */
+	g->stream = compute; /* what an abort waits for */
+	g->streamed = true;
 	return broke(off, prefetch_window(off));
 }
 
