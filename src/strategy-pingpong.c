@@ -275,13 +275,17 @@ static vmmrt_status pp_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_s
 	return release_bank(off, &off->pingpong.bank[g->pingpong.bank], g->consumed);
 }
 
-/* The pipeline is drained: every bank is free, every event has completed. */
+/* The pipeline is drained, the compute streams too: every bank is free,
+ * every event has completed, so no fence is left to wait for (and the
+ * events of a group re-discovered next may be destroyed with its retired
+ * copy). */
 static vmmrt_status pp_reset(vmmrt__offload *off)
 {
 	for (unsigned b = 0; b < off->pingpong.nbanks; b++) {
 		vmmrt__bank *bank = &off->pingpong.bank[b];
 		bank->user = bank->pending = NULL;
 		bank->user_done = true;
+		bank->free_ev = NULL;
 	}
 	return VMMRT_OK;
 }
