@@ -194,6 +194,10 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 		st = vmmrt__drv_memcpy_dtod_async(g->rt, dst, src, d->bytes, stream);
 		if (st != VMMRT_OK)
 			return st;
+		/* Until a hook runs, this copy may still be writing the slot that
+		 * an abort releases (remap). */
+		g->save_stream = stream;
+		g->save_streamed = true;
 	}
 	g->saved++;
 	*addr = dst;

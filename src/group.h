@@ -57,6 +57,8 @@ struct vmmrt_group {
 	int open;                     /* 0, or the begin hook whose end is due: 1 fwd, 2 bwd */
 	vmmrt_stream stream;          /* the compute stream of its last begin hook: an abort waits for it */
 	bool streamed;                /* a begin hook set it */
+	vmmrt_stream save_stream;     /* the stream of its last copy at capture (vmmrt_group_save): an abort waits for it too */
+	bool save_streamed;           /* a copying save set it */
 	int32_t error;                /* first asynchronous failure (uatomic) */
 	char errmsg[256];
 };

@@ -18,6 +18,16 @@
 #include "offload.h"
 #include "pipeline.h"
 
+/* Stream i of the ones an abort drains: the groups' last hook streams, then
+ * their capture-copy streams; NULL where a group has none. */
+static const vmmrt_stream *stream_of(const vmmrt__offload *off, unsigned i)
+{
+	const vmmrt_group *g = off->groups[i % off->ngroups];
+	if (i < off->ngroups)
+		return g->streamed ? &g->stream : NULL;
+	return g->save_streamed ? &g->save_stream : NULL;
+}
+
 /*
  * Wait for everything the pipeline has in flight (the compute streams the
  * hooks ran on, the copies, the workers), then put it back to the start of
@@ -34,15 +44,17 @@ static vmmrt_status drain_and_reset(vmmrt__offload *off)
 	if (off->ops->unblock)
 		off->ops->unblock(off);
 	/* The graphs launched between the hooks read and write the groups'
-	 * memory, which the reset releases (remap): the compute streams the
-	 * hooks ran on drain first, each once. */
-	for (unsigned i = 0; i < off->ngroups && st == VMMRT_OK; i++) {
-		vmmrt_group *g = off->groups[i];
-		bool seen = !g->streamed;
+	 * memory, which the reset releases (remap), as may a copy made at
+	 * capture: the streams they ran on drain first, each once. */
+	for (unsigned i = 0; i < 2 * off->ngroups && st == VMMRT_OK; i++) {
+		if (!stream_of(off, i))
+			continue;
+		vmmrt_stream s = *stream_of(off, i);
+		bool seen = false;
 		for (unsigned j = 0; j < i && !seen; j++)
-			seen = off->groups[j]->streamed && off->groups[j]->stream == g->stream;
+			seen = stream_of(off, j) && *stream_of(off, j) == s;
 		if (!seen)
-			st = vmmrt__offload_drain_stream(rt, g->stream, "compute");
+			st = vmmrt__offload_drain_stream(rt, s, i < off->ngroups ? "compute" : "capture copy");
 	}
 	if (st == VMMRT_OK)
 		st = vmmrt__offload_drain_stream(rt, off->d2h, "d2h");

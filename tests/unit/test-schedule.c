@@ -418,6 +418,41 @@ static void skipped_abort_reset_is_caught(void **state)
 	model_destroy(m);
 }
 
+/*
+ * An abort before any hook ran (remap releases what allocation mapped) must
+ * wait for the copies vmmrt_group_save made into the slot: here one still
+ * queued behind a busy kernel. Without that wait the copy writes unmapped
+ * memory (SIGSEGV on the host backend; found by vmmrt-torture).
+ */
+static void abort_waits_for_capture_copies(void **state)
+{
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"mode", "remap", NULL});
+	vmmrt_stream s;
+	vmmrt_slot *src;
+	vmmrt_group *g;
+	vmmrt_devptr a;
+	vmmrt_tensor_desc d = {.bytes = 1 * MiB, .dtype = 1, .ndim = 1, .shape = {1 << 20}, .stride = {1}};
+	assert_int_equal(vmmrt_stream_create(rt, &s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, d.bytes, &src), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(src), VMMRT_OK);
+	assert_int_equal(vmmrt_group_create(rt, "L0", &g), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(g, &d), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_fill(rt, s, vmmrt_slot_address(src), d.bytes, 7), VMMRT_OK);
+	assert_int_equal(vmmrt_kernel_busy(rt, s, 200 * 1000 * 1000), VMMRT_OK);
+	assert_int_equal(vmmrt_group_begin_capture(g), VMMRT_OK);
+	assert_int_equal(vmmrt_group_save(g, &d, vmmrt_slot_address(src), s, &a), VMMRT_OK);
+	assert_int_equal(vmmrt_group_end_capture(g), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_abort(rt), VMMRT_OK);
+	vmmrt_offload_stats st = {.size = sizeof(st)};
+	assert_int_equal(vmmrt_offload_stats_get(rt, &st), VMMRT_OK);
+	assert_int_equal(st.activation_bytes, 0); /* released, after the copy */
+	assert_int_equal(vmmrt_stream_synchronize(rt, s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(src), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, s), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 static void abort_misuse(void **state)
 {
 	assert_int_equal(vmmrt_offload_abort(NULL), VMMRT_E_INVALID_ARGUMENT);
@@ -527,6 +562,7 @@ int main(void)
 		cmocka_unit_test(abort_at_every_phase),
 		cmocka_unit_test(abort_after_a_failed_hook),
 		cmocka_unit_test(skipped_abort_reset_is_caught),
+		cmocka_unit_test(abort_waits_for_capture_copies),
 		cmocka_unit_test(abort_misuse),
 		cmocka_unit_test(rediscovery_with_live_graphs),
 		cmocka_unit_test(rediscovery_of_one_group),
