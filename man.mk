@@ -43,6 +43,7 @@ man3_pages = \
 	man/man3/vmmrt_group_end_capture.3 \
 	man/man3/vmmrt_group_error.3 \
 	man/man3/vmmrt_group_get_state.3 \
+	man/man3/vmmrt_group_rediscover.3 \
 	man/man3/vmmrt_group_save.3 \
 	man/man3/vmmrt_host_alloc.3 \
 	man/man3/vmmrt_host_free.3 \
@@ -53,7 +54,10 @@ man3_pages = \
 	man/man3/vmmrt_last_error.3 \
 	man/man3/vmmrt_layer_checksum_host.3 \
 	man/man3/vmmrt_mem_info.3 \
+	man/man3/vmmrt_offload_abort.3 \
 	man/man3/vmmrt_offload_allocate.3 \
+	man/man3/vmmrt_offload_release_retired.3 \
+	man/man3/vmmrt_offload_set_schedule.3 \
 	man/man3/vmmrt_offload_stats_get.3 \
 	man/man3/vmmrt_offload_stats_reset.3 \
 	man/man3/vmmrt_offload_sync.3 \

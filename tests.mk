@@ -4,7 +4,8 @@
 # targets that run a part of them on a GPU machine (gpu-check, gpu-suite).
 #
 #  tests/unit        one concept each: options, the host backend, slots,
-#                    workers, offload, streams
+#                    workers, offload, schedules (1F1B, abort, re-discovery),
+#                    streams
 #  tests/regression  bugs found and fixed (remap order, the torture's), the
 #                    fuzzer's regression inputs, the planted bugs
 #  tests/torture     short torture runs, the report of a hang
@@ -72,6 +73,7 @@ unit_tests = \
 	tests/unit/test-slot \
 	tests/unit/test-worker \
 	tests/unit/test-offload \
+	tests/unit/test-schedule \
 	tests/unit/test-streams
 tests_unit_test_options_SOURCES = tests/unit/test-options.c
 tests_unit_test_options_CPPFLAGS = $(TEST_CPPFLAGS)
@@ -83,6 +85,8 @@ tests_unit_test_worker_SOURCES = tests/unit/test-worker.c tests/common/test-comm
 tests_unit_test_worker_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_offload_SOURCES = tests/unit/test-offload.c $(test_model)
 tests_unit_test_offload_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_unit_test_schedule_SOURCES = tests/unit/test-schedule.c $(test_model)
+tests_unit_test_schedule_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_streams_SOURCES = tests/unit/test-streams.c $(test_model)
 tests_unit_test_streams_CPPFLAGS = $(TEST_CPPFLAGS)
 
@@ -144,7 +148,8 @@ gpu-check: $(gpu_tests)
 # backend's own GPU tests, and the runtime-level unit tests (slots, workers,
 # offload) run again against the CUDA backend (VMMRT_BACKEND=cuda; the tests
 # that need the host emulation leave themselves out there).
-gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload tests/unit/test-streams
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
+	tests/unit/test-streams
 gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
 	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)
 .PHONY: gpu-suite

@@ -338,6 +338,42 @@ VMMRT_EXTERN vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute
 VMMRT_EXTERN vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute);
 VMMRT_EXTERN vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute);
 
+/*
+ * The order of one iteration, declared before vmmrt_offload_allocate
+ * instead of recorded by the first iteration: the forward and the backward
+ * of every group with tensors once, each forward before its backward (all
+ * forwards then all backwards, 1F1B, interleaved chunks, ...). Ping-pong then
+ * makes the banks the order needs (see vmmrt(7), Strategies), and the
+ * look-ahead works from the first iteration on. nsteps 0 forgets one.
+ */
+typedef struct vmmrt_schedule_step {
+	vmmrt_group *group;
+	uint32_t backward;                /* 0: its forward, 1: its backward */
+} vmmrt_schedule_step;
+VMMRT_EXTERN vmmrt_status vmmrt_offload_set_schedule(vmmrt_runtime *rt, const vmmrt_schedule_step *steps,
+						     size_t nsteps);
+
+/*
+ * Abandon the iteration under way (a step skipped for a NaN loss, an
+ * out-of-memory): waits for the copies and driver requests in flight, puts
+ * every group back where the next iteration's first use starts from, and
+ * releases what the abandoned uses mapped. Addresses do not change: the
+ * captured graphs stay valid. Host copies keep what was offloaded.
+ */
+VMMRT_EXTERN vmmrt_status vmmrt_offload_abort(vmmrt_runtime *rt);
+
+/*
+ * Discover g again (a new shape), between iterations: its descriptors are
+ * forgotten and it is discovered, allocated (vmmrt_offload_allocate again)
+ * and captured anew, at new addresses; the other groups keep theirs. Its old
+ * memory and address stay (graphs may still read them) until
+ * vmmrt_offload_release_retired.
+ */
+VMMRT_EXTERN vmmrt_status vmmrt_group_rediscover(vmmrt_group *g);
+/* Free the memory of re-discovered groups' old allocations: the application's
+ * graphs over those addresses must no longer run. */
+VMMRT_EXTERN vmmrt_status vmmrt_offload_release_retired(vmmrt_runtime *rt);
+
 /* Wait (bounded by the timeout option) until every offload copy and request has finished. */
 VMMRT_EXTERN vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt);
 
@@ -359,6 +395,14 @@ typedef struct vmmrt_offload_stats {
 	vmmrt_mode mode;
 	uint32_t lookahead;
 	uint32_t schedule_recorded;      /* 1 once the first iteration fixed the order */
+	/* since 0.3.0 */
+	uint32_t schedule_declared;      /* 1 if vmmrt_offload_set_schedule gave the order */
+	uint32_t lookahead_in_force;     /* the look-ahead the schedule and the banks allow (0 until known) */
+	uint32_t banks;                  /* ping-pong: banks held now */
+	uint32_t budget_groups;          /* remap: the most groups mapped at once; none: every group */
+	uint64_t bound_bytes;            /* the device memory of activations the schedule is held to */
+	uint64_t aborts;                 /* vmmrt_offload_abort calls that abandoned the pipeline's state */
+	uint32_t retired_groups;         /* re-discovered groups' old memory, kept until released */
 } vmmrt_offload_stats;
 VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
 /* Restart the counters, and the peak from the memory mapped now (after warm-up, say). */

@@ -194,6 +194,10 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 		st = vmmrt__drv_memcpy_dtod_async(g->rt, dst, src, d->bytes, stream);
 		if (st != VMMRT_OK)
 			return st;
+		/* Until a hook runs, this copy may still be writing the slot that
+		 * an abort releases (remap). */
+		g->save_stream = stream;
+		g->save_streamed = true;
 	}
 	g->saved++;
 	*addr = dst;
@@ -265,4 +269,52 @@ vmmrt_status vmmrt__group_take_error(vmmrt_group *g)
 	/* Only now may another failure claim the slot and rewrite the message. */
 	uatomic_set(&g->error, VMMRT_OK);
 	return (vmmrt_status)e;
+}
+
+vmmrt_status vmmrt__group_retire(vmmrt_group *g)
+{
+	vmmrt__offload *off = g->off;
+	if (off->nretired == off->retired_cap) {
+		unsigned cap = off->retired_cap ? off->retired_cap * 2 : 8;
+		vmmrt_group **r = realloc(off->retired, cap * sizeof(*r));
+		if (!r)
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "retired groups");
+		off->retired = r;
+		off->retired_cap = cap;
+	}
+	vmmrt_group *old = malloc(sizeof(*old));
+	if (!old)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group '%s': retired copy", g->name);
+	/* The copy keeps the memory, the events, the host buffer and the
+	 * strategy's part; the group keeps its name, index and descriptor
+	 * arrays (emptied: the new discovery fills them again). */
+	*old = *g;
+	old->desc = NULL;
+	old->offset = NULL;
+	old->ndesc = old->cap = 0;
+	off->retired[off->nretired++] = old;
+	g->ndesc = 0;
+	g->bytes = 0;
+	g->saved = 0;
+	g->slot = NULL;
+	g->base = 0;
+	g->host = NULL;
+	g->fwd_done = g->d2h_done = g->restored = g->consumed = g->d2h_start = g->h2d_start = NULL;
+	g->timed_d2h = g->timed_h2d = false;
+	g->d2h_graph = g->h2d_graph = NULL;
+	g->restore_use = 0;
+	memset(&g->remap, 0, sizeof(g->remap) > sizeof(g->pingpong) ? sizeof(g->remap) : sizeof(g->pingpong));
+	g->open = 0;
+	g->state = VMMRT_GROUP_DISCOVERING;
+	return VMMRT_OK;
+}
+
+void vmmrt__group_free_retired(vmmrt__offload *off)
+{
+	for (unsigned i = 0; i < off->nretired; i++) {
+		vmmrt_group *old = off->retired[i];
+		off->ops->free_group(off, old);
+		vmmrt__group_free(old);
+	}
+	off->nretired = 0;
 }

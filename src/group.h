@@ -55,6 +55,10 @@ struct vmmrt_group {
 	};
 
 	int open;                     /* 0, or the begin hook whose end is due: 1 fwd, 2 bwd */
+	vmmrt_stream stream;          /* the compute stream of its last begin hook: an abort waits for it */
+	bool streamed;                /* a begin hook set it */
+	vmmrt_stream save_stream;     /* the stream of its last copy at capture (vmmrt_group_save): an abort waits for it too */
+	bool save_streamed;           /* a copying save set it */
 	int32_t error;                /* first asynchronous failure (uatomic) */
 	char errmsg[256];
 };
@@ -64,6 +68,11 @@ vmmrt_status vmmrt__group_alloc_common(vmmrt_group *g);
 /* Undo vmmrt__group_alloc_common (the strategy frees slots and banks). */
 void vmmrt__group_release(vmmrt_group *g);
 void vmmrt__group_free(vmmrt_group *g);
+/* Re-discovery: move what g was allocated to a retired copy in the offload
+ * state, and put g back to discovery with no descriptors. */
+vmmrt_status vmmrt__group_retire(vmmrt_group *g);
+/* Free every retired copy (the strategy's part through its ops). */
+void vmmrt__group_free_retired(vmmrt__offload *off);
 /* Keep g's first asynchronous failure for the next hook to report (any thread). */
 void vmmrt__group_fail(vmmrt_group *g, vmmrt_status st, const char *what);
 /* vmmrt_group_error without the public prologue, for the library's own use. */

@@ -34,10 +34,11 @@ static void dump(vmmrt_runtime *rt, int fd)
 		return;
 	}
 	dprintf(fd,
-		"  runtime %p: %s, lookahead %u, %u groups, allocated %d, broken %d%s%s, stuck %d; schedule use %" PRIu64
-		" requested %" PRIu64,
-		(void *)rt, off->ops->name, rt->lookahead, off->ngroups, off->allocated, off->broken,
-		off->broken ? ": " : "", off->broken ? off->broken_why : "", off->stuck, off->sched.use,
+		"  runtime %p: %s, lookahead %u (in force %u), %u groups (%u retired), allocated %d, broken %d%s%s, "
+		"stuck %d; schedule %s, use %" PRIu64 " requested %" PRIu64,
+		(void *)rt, off->ops->name, rt->lookahead, off->la, off->ngroups, off->nretired, off->allocated, off->broken,
+		off->broken ? ": " : "", off->broken ? off->broken_why : "", off->stuck,
+		off->sched.declared ? "declared" : off->sched.recorded ? "recorded" : "recording", off->sched.use,
 		off->sched.requested);
 	if (off->ops->dump)
 		off->ops->dump(off, fd);

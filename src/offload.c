@@ -17,6 +17,7 @@
 #include "clock.h"
 #include "error.h"
 #include "offload.h"
+#include "pipeline.h"
 #include "worker.h"
 
 vmmrt_status vmmrt__offload_create(vmmrt_runtime *rt)
@@ -34,31 +35,16 @@ vmmrt_status vmmrt__offload_create(vmmrt_runtime *rt)
 	return VMMRT_OK;
 }
 
-/* Bounded wait for a stream without cuStreamSynchronize's unbounded block. */
-static vmmrt_status drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *name)
-{
-	uint64_t deadline = vmmrt__now_ns() + rt->timeout_ms * 1000000ull;
-	for (unsigned spin = 0;; spin++) {
-		bool done = false;
-		vmmrt_status st = vmmrt__drv_stream_query(rt, s, &done);
-		if (st != VMMRT_OK || done)
-			return st;
-		if (vmmrt__now_ns() > deadline)
-			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
-					   (unsigned long long)rt->timeout_ms);
-		vmmrt__sleep_ns(spin < 100 ? 20000 : 1000000);
-	}
-}
-
 /* Undo allocation, keeping the groups and their descriptors. */
 static void release_allocation(vmmrt__offload *off)
 {
 	vmmrt_runtime *rt = off->rt;
 	if (off->allocated && off->ops->quiesce)
 		off->ops->quiesce(off);
-	if ((off->d2h && drain_stream(rt, off->d2h, "d2h") != VMMRT_OK) ||
-	    (off->h2d && drain_stream(rt, off->h2d, "h2d") != VMMRT_OK))
+	if ((off->d2h && vmmrt__offload_drain_stream(rt, off->d2h, "d2h") != VMMRT_OK) ||
+	    (off->h2d && vmmrt__offload_drain_stream(rt, off->h2d, "h2d") != VMMRT_OK))
 		off->stuck = true;
+	vmmrt__group_free_retired(off);
 	off->ops->destroy(off);
 	for (unsigned i = 0; i < off->ngroups; i++)
 		vmmrt__group_release(off->groups[i]);
@@ -72,6 +58,40 @@ static void release_allocation(vmmrt__offload *off)
 	off->d2h = off->h2d = NULL;
 	vmmrt__schedule_free(&off->sched);
 	off->allocated = false;
+	off->needs_allocate = false;
+}
+
+/* The schedule for this allocation: declared, or to be recorded. */
+static vmmrt_status prepare_schedule(vmmrt__offload *off, unsigned n)
+{
+	vmmrt__schedule_free(&off->sched);
+	vmmrt_status st = vmmrt__schedule_init(&off->sched, n, off->ngroups);
+	if (st != VMMRT_OK || !off->declared)
+		return st;
+	const char **names = calloc(off->ngroups ? off->ngroups : 1, sizeof(*names));
+	if (!names)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "schedule");
+	for (unsigned i = 0; i < off->ngroups; i++)
+		names[i] = off->groups[i]->name;
+	for (unsigned k = 0; k < off->ndeclared && st == VMMRT_OK; k++)
+		if (!off->groups[off->declared[k].group]->ndesc)
+			st = vmmrt__error(VMMRT_E_MISMATCH, "declared schedule, use %u: group '%s' has no tensors (its "
+					  "hooks do nothing, so it has no place in the order)", k,
+					  names[off->declared[k].group]);
+	if (st == VMMRT_OK)
+		st = vmmrt__schedule_declare(&off->sched, off->declared, off->ndeclared, names);
+	free(names);
+	return st;
+}
+
+/* A re-allocation failed: the groups it was for go back to discovery. */
+static void undo_new(vmmrt__offload *off, const bool *fresh)
+{
+	for (unsigned i = 0; i < off->ngroups; i++)
+		if (fresh[i]) {
+			off->ops->free_group(off, off->groups[i]);
+			vmmrt__group_release(off->groups[i]);
+		}
 }
 
 vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
@@ -80,36 +100,117 @@ vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
 	vmmrt_status st;
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = rt->offload;
-	if (off->allocated)
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload already allocated");
+	if (off->allocated && !off->needs_allocate)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload already allocated (vmmrt_group_rediscover makes "
+				    "groups to allocate again)");
+	bool again = off->allocated;
 	unsigned n = 0;
-	for (unsigned i = 0; i < off->ngroups; i++)
-		if (off->groups[i]->ndesc)
-			n++;
-	if ((st = vmmrt__schedule_init(&off->sched, n)) != VMMRT_OK)
-		return st;
-	if ((st = vmmrt__drv_stream_create(rt, &off->d2h)) != VMMRT_OK ||
-	    (st = vmmrt__drv_stream_create(rt, &off->h2d)) != VMMRT_OK)
+	bool *fresh = calloc(off->ngroups ? off->ngroups : 1, sizeof(*fresh));
+	if (!fresh)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "allocation");
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		n += g->ndesc != 0;
+		fresh[i] = g->state == VMMRT_GROUP_DISCOVERING;
+	}
+	if ((st = prepare_schedule(off, n)) != VMMRT_OK)
+		goto fail;
+	if (!off->d2h && ((st = vmmrt__drv_stream_create(rt, &off->d2h)) != VMMRT_OK ||
+			  (st = vmmrt__drv_stream_create(rt, &off->h2d)) != VMMRT_OK))
 		goto fail;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		if (g->ndesc && (st = vmmrt__group_alloc_common(g)) != VMMRT_OK)
+		if (fresh[i] && g->ndesc && (st = vmmrt__group_alloc_common(g)) != VMMRT_OK)
 			goto fail;
 	}
 	if ((st = off->ops->allocate(off)) != VMMRT_OK)
 		goto fail;
 	for (unsigned i = 0; i < off->ngroups; i++)
-		off->groups[i]->state = VMMRT_GROUP_ALLOCATED;
+		if (fresh[i])
+			off->groups[i]->state = VMMRT_GROUP_ALLOCATED;
+	if (off->sched.recorded)
+		off->ops->plan(off);
 	off->allocated = true;
+	off->needs_allocate = false;
+	free(off->declared);
+	off->declared = NULL;
+	off->ndeclared = 0;
+	free(fresh);
 	return VMMRT_OK;
 fail:;
 	/* Leave nothing half-built: allocation can be retried, or the runtime
 	 * destroyed. The clean-up may fail too; the caller hears of the cause. */
 	char why[512];
 	snprintf(why, sizeof(why), "%s", vmmrt_last_error());
-	release_allocation(off);
+	if (again) {
+		undo_new(off, fresh);
+		vmmrt__schedule_free(&off->sched);
+	} else {
+		release_allocation(off);
+	}
+	free(fresh);
 	vmmrt__error_adopt(why);
 	return st;
+}
+
+vmmrt_status vmmrt_offload_set_schedule(vmmrt_runtime *rt, const vmmrt_schedule_step *steps, size_t nsteps)
+{
+	VMMRT__API_ENTER_ANYWHERE();
+	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT_CHECK_ARG(steps || nsteps == 0, "steps is NULL");
+	vmmrt__offload *off = rt->offload;
+	if (off->allocated && !off->needs_allocate)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "the schedule is declared before vmmrt_offload_allocate (the "
+				    "ping-pong banks are made from it, and the graphs see their addresses)");
+	if (nsteps > 2ull * off->ngroups)
+		return vmmrt__error(VMMRT_E_MISMATCH, "%zu steps for %u groups (at most a forward and a backward each)",
+				    nsteps, off->ngroups);
+	vmmrt__use *uses = calloc(nsteps ? nsteps : 1, sizeof(*uses));
+	if (!uses)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "schedule of %zu steps", nsteps);
+	for (size_t k = 0; k < nsteps; k++) {
+		vmmrt_group *g = steps[k].group;
+		if (!g || g->off != off || g->index >= off->ngroups || off->groups[g->index] != g) {
+			free(uses);
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "step %zu: %s", k,
+					    g ? "a group of another runtime" : "group is NULL");
+		}
+		if (steps[k].backward > 1) {
+			free(uses);
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "step %zu: backward is %u (0 or 1)", k,
+					    steps[k].backward);
+		}
+		uses[k] = (vmmrt__use){g->index, steps[k].backward != 0};
+	}
+	/* Checked now against the rules of an order (the group counts are
+	 * checked again at allocation, when discovery is over). */
+	vmmrt__schedule trial;
+	unsigned n = (unsigned)(nsteps / 2);
+	vmmrt_status st = vmmrt__schedule_init(&trial, n, off->ngroups);
+	if (st == VMMRT_OK) {
+		const char **names = calloc(off->ngroups ? off->ngroups : 1, sizeof(*names));
+		if (!names) {
+			st = vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "schedule");
+		} else {
+			for (unsigned i = 0; i < off->ngroups; i++)
+				names[i] = off->groups[i]->name;
+			st = nsteps % 2 ? vmmrt__error(VMMRT_E_MISMATCH, "%zu steps: an odd count (each group has a "
+						       "forward and a backward)", nsteps)
+					: vmmrt__schedule_declare(&trial, uses, (unsigned)nsteps, names);
+			free(names);
+		}
+		vmmrt__schedule_free(&trial);
+	}
+	if (st != VMMRT_OK) {
+		free(uses);
+		return st;
+	}
+	free(off->declared);
+	off->declared = nsteps ? uses : NULL;
+	off->ndeclared = (unsigned)nsteps;
+	if (!nsteps)
+		free(uses); /* an empty schedule: back to recording it */
+	return VMMRT_OK;
 }
 
 /*
@@ -139,10 +240,14 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
 	if (g->state == VMMRT_GROUP_CAPTURING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is capturing", what, g->name);
+	if (g->off->needs_allocate)
+		return vmmrt__error(VMMRT_E_INVALID_STATE,
+				   "%s: groups were re-discovered; vmmrt_offload_allocate them before the next iteration",
+				   what);
 	if (g->off->broken)
 		return vmmrt__error(VMMRT_E_INVALID_STATE,
-				   "%s: an earlier hook failed part-way (%s); drain with vmmrt_offload_sync and "
-				   "destroy the runtime",
+				   "%s: an earlier hook failed part-way (%s); vmmrt_offload_abort the iteration (or "
+				   "destroy the runtime)",
 				   what, g->off->broken_why);
 	/* Before the group's error is reported, since reporting clears it. Empty
 	 * groups too: a hook on a capturing stream is a mistake whatever the group. */
@@ -173,8 +278,7 @@ static vmmrt_status prefetch_window(vmmrt__offload *off)
 {
 	vmmrt__schedule *s = &off->sched;
 	uint64_t from, to;
-	unsigned la = off->rt->lookahead < off->ops->max_lookahead ? off->rt->lookahead : off->ops->max_lookahead;
-	vmmrt__schedule_window(s, la, &from, &to);
+	vmmrt__schedule_window(s, off->la, &from, &to);
 	for (uint64_t u = from; u < to; u++) {
 		bool b;
 		vmmrt_group *next = off->groups[vmmrt__schedule_group_of(s, u, &b)];
@@ -209,12 +313,17 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 	if (g->open)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' has a %s that was not ended", what, g->name,
 				   g->open == 1 ? "forward" : "backward");
+	bool known = off->sched.recorded;
 	if ((st = vmmrt__schedule_enter(&off->sched, g, backward)) != VMMRT_OK)
 		return st;
+	if (!known && off->sched.recorded)
+		off->ops->plan(off); /* the first iteration has shown the order */
 	if ((st = ensure_current(off, g, backward)) != VMMRT_OK ||
 	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
 		return broke(off, st);
 	g->open = backward ? 2 : 1;
+	g->stream = compute; /* what an abort waits for */
+	g->streamed = true;
 	return broke(off, prefetch_window(off));
 }
 
@@ -274,7 +383,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 		if ((st = vmmrt__group_take_error(off->groups[i])) != VMMRT_OK)
 			return st;
 	uatomic_inc(&rt->launch_blocking);
-	if ((st = drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK) {
+	if ((st = vmmrt__offload_drain_stream(rt, off->d2h, "d2h")) != VMMRT_OK || (st = vmmrt__offload_drain_stream(rt, off->h2d, "h2d")) != VMMRT_OK) {
 		/* A group that failed while we waited is why the stream is stuck: say that. */
 		for (unsigned i = 0; i < off->ngroups; i++) {
 			vmmrt_status gst = vmmrt__group_take_error(off->groups[i]);
@@ -283,21 +392,9 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 		}
 		return st;
 	}
-	/* Releases pushed by the last host functions may still be queued: a
-	 * no-op request behind them on every worker is the barrier. It is on the
-	 * heap so a timed-out wait can leave it to the worker. */
-	for (unsigned w = 0; w < vmmrt__workers_count(rt->workers); w++) {
-		vmmrt__request *barrier = malloc(sizeof(*barrier));
-		if (!barrier)
-			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "offload sync");
-		vmmrt__request_init_call(barrier, NULL, NULL);
-		if ((st = vmmrt__worker_push(rt->workers, w, barrier)) != VMMRT_OK) {
-			free(barrier);
-			return st;
-		}
-		if ((st = vmmrt__request_wait_owned(barrier, rt->timeout_ms)) != VMMRT_OK)
-			return st;
-	}
+	/* Releases pushed by the last host functions may still be queued. */
+	if ((st = vmmrt__offload_worker_barrier(rt)) != VMMRT_OK)
+		return st;
 	for (unsigned i = 0; i < off->ngroups; i++)
 		if ((st = vmmrt__group_take_error(off->groups[i])) != VMMRT_OK)
 			return st;
@@ -319,6 +416,21 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	o->groups = off->ngroups;
 	o->iterations = off->iterations;
 	o->schedule_recorded = off->sched.recorded;
+	o->schedule_declared = off->sched.declared;
+	o->lookahead_in_force = off->sched.recorded ? off->la : 0;
+	o->aborts = off->aborts;
+	o->retired_groups = off->nretired;
+	if (rt->mode == VMMRT_MODE_PINGPONG) {
+		for (unsigned b = 0; b < off->pingpong.nbanks; b++)
+			if (off->pingpong.bank[b].slot) {
+				o->banks++;
+				o->bound_bytes += vmmrt_slot_size(off->pingpong.bank[b].slot);
+			}
+	} else {
+		/* remap: the budget's largest groups; none: every group */
+		o->budget_groups = rt->mode == VMMRT_MODE_REMAP ? (uint32_t)uatomic_read(&off->remap.budget) : off->ngroups;
+		o->bound_bytes = vmmrt__offload_largest(off, o->budget_groups);
+	}
 	o->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
 	o->bytes_restored = uatomic_read(&off->bytes_restored);
 	o->activation_bytes = (uint64_t)uatomic_read(&off->activation_bytes);
@@ -368,6 +480,8 @@ vmmrt_status vmmrt__offload_destroy(vmmrt_runtime *rt)
 		return VMMRT_OK;
 	/* Copies and host functions in flight refer to the groups: they finish first. */
 	release_allocation(off);
+	free(off->declared);
+	free(off->retired);
 	bool stuck = off->stuck;
 	for (unsigned i = 0; i < off->ngroups; i++)
 		vmmrt__group_free(off->groups[i]);

@@ -23,7 +23,16 @@
  * forward from the launch thread at once instead of from the D2H stream once
  * the copy is done, so the memory may go before the D2H has read it.
  */
-enum { VMMRT_DROP_FORWARD_FENCE = 1, VMMRT_DROP_BACKWARD_FENCE = 2, VMMRT_PLANT_EARLY_RELEASE = 4 };
+enum {
+	VMMRT_DROP_FORWARD_FENCE = 1,
+	VMMRT_DROP_BACKWARD_FENCE = 2,
+	VMMRT_PLANT_EARLY_RELEASE = 4,
+	/* ping-pong: alternate the banks in creation order whatever the
+	 * declared schedule says (the assignment the schedule was to replace) */
+	VMMRT_PLANT_NAIVE_BANKS = 8,
+	/* abort drains, but skips putting the strategy's state back */
+	VMMRT_PLANT_ABORT_NO_RESET = 16,
+};
 
 struct vmmrt__offload {
 	vmmrt_runtime *rt;
@@ -33,6 +42,17 @@ struct vmmrt__offload {
 	unsigned ngroups, cap;
 	bool allocated;
 	vmmrt__schedule sched;
+	unsigned la;                  /* the look-ahead in force (the option, as the strategy and schedule allow) */
+	/* A schedule declared for the next allocation (vmmrt_offload_set_schedule). */
+	vmmrt__use *declared;
+	unsigned ndeclared;
+	/* Groups re-discovered since the last allocation: hooks wait for it. */
+	bool needs_allocate;
+	/* What re-discovered groups had, kept (their graphs may still read it)
+	 * until vmmrt_offload_release_retired: copies of the groups as they were. */
+	vmmrt_group **retired;
+	unsigned nretired, retired_cap;
+	uint64_t aborts;
 	int drop_fence;               /* VMMRT_DROP_* | VMMRT_PLANT_* (src/testing.c) */
 
 	/* the strategy's part */

@@ -79,6 +79,10 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 		"how VMMRT_* variables combine with what the program set: override (a variable wins), "
 		"fallback (a variable fills only what the program left unset), ignore (the environment "
 		"is not read); VMMRT_ENVIRONMENT itself applies only when the program left this unset"},
+	[VMMRT_OPT_MAX_BANKS] = {"max_banks", "VMMRT_MAX_BANKS", T_UINT, "8", {0}, 1, 64,
+		"ping-pong with a schedule declared before allocation: the most banks it may get (it "
+		"gets what the schedule needs under the look-ahead, and a shorter look-ahead if that is "
+		"more than this); without one, two banks"},
 };
 
 size_t vmmrt__options_count(void)

@@ -30,6 +30,7 @@ typedef enum vmmrt__opt_id {
 	VMMRT_OPT_HOST_COPY_GBPS,
 	VMMRT_OPT_TRACE,
 	VMMRT_OPT_ENVIRONMENT,
+	VMMRT_OPT_MAX_BANKS,
 	VMMRT_OPT_COUNT_
 } vmmrt__opt_id;
 

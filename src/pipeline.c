@@ -2,11 +2,16 @@
 /* The steps every strategy's pipeline is made of: see pipeline.h. */
 #include "config.h"
 
+#include <stdlib.h>
+
 #include <urcu/uatomic.h>
+
+#include "clock.h"
 
 #include "driver.h"
 #include "error.h"
 #include "pipeline.h"
+#include "worker.h"
 
 void vmmrt__offload_account(vmmrt__offload *off, int64_t delta)
 {
@@ -115,10 +120,75 @@ void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 		(void)vmmrt__slot_destroy(s);
 }
 
-bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
+bool vmmrt__offload_resident(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
 	const vmmrt__schedule *s = &off->sched;
-	uint64_t fwd_use = backward ? use - 1 : use;
-	return s->recorded && s->n && use >= 1 && fwd_use >= 2ull * s->n && s->fwd[s->n - 1] == g->index &&
-	       s->bwd[0] == g->index;
+	if (!s->recorded || !s->n || !vmmrt__schedule_resident(s, g->index, off->la))
+		return false;
+	uint64_t apart = s->pos_b[g->index] - s->pos_f[g->index];
+	if (backward && use < apart)
+		return false;
+	uint64_t fwd_use = backward ? use - apart : use;
+	return s->declared || fwd_use >= 2ull * s->n;
+}
+
+vmmrt_status vmmrt__offload_drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *name)
+{
+	uint64_t deadline = vmmrt__now_ns() + rt->timeout_ms * 1000000ull;
+	for (unsigned spin = 0;; spin++) {
+		bool done = false;
+		vmmrt_status st = vmmrt__drv_stream_query(rt, s, &done);
+		if (st != VMMRT_OK || done)
+			return st;
+		if (vmmrt__now_ns() > deadline)
+			return vmmrt__error(VMMRT_E_TIMEOUT, "offload %s stream still busy after %llu ms", name,
+					   (unsigned long long)rt->timeout_ms);
+		vmmrt__sleep_ns(spin < 100 ? 20000 : 1000000);
+	}
+}
+
+vmmrt_status vmmrt__offload_worker_barrier(vmmrt_runtime *rt)
+{
+	/* A no-op request behind what is queued on every worker. It is on the
+	 * heap so a timed-out wait can leave it to the worker. */
+	for (unsigned w = 0; w < vmmrt__workers_count(rt->workers); w++) {
+		vmmrt__request *barrier = malloc(sizeof(*barrier));
+		if (!barrier)
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "worker barrier");
+		vmmrt__request_init_call(barrier, NULL, NULL);
+		vmmrt_status st = vmmrt__worker_push(rt->workers, w, barrier);
+		if (st != VMMRT_OK) {
+			free(barrier);
+			return st;
+		}
+		if ((st = vmmrt__request_wait_owned(barrier, rt->timeout_ms)) != VMMRT_OK)
+			return st;
+	}
+	return VMMRT_OK;
+}
+
+uint64_t vmmrt__offload_largest(const vmmrt__offload *off, unsigned k)
+{
+	uint64_t sum = 0, below = UINT64_MAX;
+	unsigned taken = 0;
+	/* k passes over a few hundred groups at most: no sort, no allocation */
+	while (taken < k) {
+		uint64_t best = 0;
+		unsigned count = 0;
+		for (unsigned i = 0; i < off->ngroups; i++) {
+			const vmmrt_group *g = off->groups[i];
+			uint64_t b = g->slot ? vmmrt_slot_size(g->slot) : 0;
+			if (b && b < below && b > best) {
+				best = b;
+				count = 0;
+			}
+			count += b && b == best;
+		}
+		if (!best)
+			break;
+		for (; count && taken < k; count--, taken++)
+			sum += best;
+		below = best;
+	}
+	return sum;
 }

@@ -14,14 +14,17 @@
 /* Activation bytes mapped now, and the peak (any thread). */
 void vmmrt__offload_account(vmmrt__offload *off, int64_t delta_bytes);
 /*
- * Is use `use` of g (its forward, or its backward) the tail: the last forward
- * followed at once by its own backward? Its activations then stay on the
- * device: no D2H, no restore, no release in between. Decided by use number,
- * not by the moment of the call: only from the second iteration on, when the
- * forward already ran under the recorded schedule, so the forward and the
- * backward (and a prefetch made before either) always agree.
+ * Does use `use` of g (its forward, or its backward) keep g's activations on
+ * the device from its forward to its backward: no D2H, no restore, no
+ * release in between? So for a group whose backward comes within the
+ * look-ahead in force of its forward (vmmrt__schedule_resident; the tail of
+ * "all forwards, then all backwards" is one: its backward is next). Decided
+ * by use number, not by the moment of the call: from the second iteration on
+ * when the first one recorded the order (its forward ran under it), from the
+ * first when it was declared, so the forward and the backward (and a
+ * prefetch made before either) always agree.
  */
-bool vmmrt__offload_is_tail(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward);
+bool vmmrt__offload_resident(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward);
 /*
  * Make `s` wait for e, unless e has already completed: a dependency that is
  * already satisfied costs the compute stream a gap for nothing (about 0.5 us
@@ -35,6 +38,13 @@ vmmrt_status vmmrt__offload_h2d(vmmrt__offload *off, vmmrt_group *g);
 /* Capture g's two copies as graphs (the slot must be mapped now). */
 vmmrt_status vmmrt__offload_capture_copies(vmmrt__offload *off, vmmrt_group *g);
 void vmmrt__offload_free_copies(vmmrt__offload *off, vmmrt_group *g);
+/* The device bytes of the k largest groups' own slots (remap, none). */
+uint64_t vmmrt__offload_largest(const vmmrt__offload *off, unsigned k);
+/* Bounded wait for a stream (VMMRT_E_TIMEOUT after timeout_ms), without
+ * cuStreamSynchronize's unbounded block. */
+vmmrt_status vmmrt__offload_drain_stream(vmmrt_runtime *rt, vmmrt_stream s, const char *name);
+/* Wait until every worker has run what was queued on it before the call. */
+vmmrt_status vmmrt__offload_worker_barrier(vmmrt_runtime *rt);
 /* Destroy a slot of the offload state (a bank, a group's slot), once more if
  * the first teardown failed, so its memory is not held until runtime destroy. */
 void vmmrt__offload_destroy_slot(vmmrt_slot *s);

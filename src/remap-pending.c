@@ -35,9 +35,8 @@ static bool map_assured(vmmrt__offload *off, vmmrt_group *g, uint64_t need)
 		vmmrt_group *h = off->groups[i];
 		if (h == g || !h->slot)
 			continue;
-		/* Allocation maps every group once: that counts as a first map. */
-		uint64_t maps = h->remap.maps_requested ? h->remap.maps_requested : 1;
-		mapped += maps > h->remap.releases_planned;
+		/* The backing allocation maps is outside the budget (counted). */
+		mapped += h->remap.maps_requested > h->remap.releases_planned;
 	}
 	return mapped < off->remap.budget;
 }

@@ -116,6 +116,7 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 	}
 	rt->mode = (vmmrt_mode)vmmrt__opt_u(&rt->opts, VMMRT_OPT_MODE);
 	rt->lookahead = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_LOOKAHEAD);
+	rt->max_banks = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_MAX_BANKS);
 	rt->driver_inline = vmmrt__opt_u(&rt->opts, VMMRT_OPT_DRIVER_INLINE) != 0;
 	/* Inline, a map for a later use could run before the release of the
 	 * group's current use (the launch thread makes both): map at each use. */

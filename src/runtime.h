@@ -35,6 +35,7 @@ struct vmmrt_runtime {
 	size_t granularity;
 	vmmrt_mode mode;
 	unsigned lookahead;
+	unsigned max_banks;      /* ping-pong, with a declared schedule */
 	bool checked_threads;
 	bool driver_inline;      /* remap: VMM calls on the launch thread (comparison only) */
 	uint64_t timeout_ms;

@@ -13,8 +13,8 @@ static vmmrt_status none_allocate(vmmrt__offload *off)
 {
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		if (!g->ndesc)
-			continue;
+		if (!g->ndesc || g->state != VMMRT_GROUP_DISCOVERING)
+			continue; /* empty, or allocated before a re-discovery of others */
 		vmmrt_status st = vmmrt__slot_reserve(off->rt, g->bytes, &g->slot);
 		if (st == VMMRT_OK)
 			st = vmmrt__slot_map(g->slot);
@@ -36,21 +36,37 @@ static vmmrt_status none_prefetch(vmmrt__offload *off, vmmrt_group *g, bool back
 	return VMMRT_OK;
 }
 
+static void none_plan(vmmrt__offload *off)
+{
+	off->la = 0;
+}
+
+static vmmrt_status none_reset(vmmrt__offload *off)
+{
+	return VMMRT_OK;
+}
+
+static void none_free_group(vmmrt__offload *off, vmmrt_group *g)
+{
+	if (g->slot) {
+		vmmrt__offload_account(off, -(int64_t)g->slot->size);
+		vmmrt__offload_destroy_slot(g->slot);
+		g->slot = NULL;
+	}
+}
+
 static void none_destroy(vmmrt__offload *off)
 {
-	for (unsigned i = 0; i < off->ngroups; i++) {
-		vmmrt_group *g = off->groups[i];
-		if (g->slot) {
-			vmmrt__offload_account(off, -(int64_t)g->slot->size);
-			vmmrt__offload_destroy_slot(g->slot);
-			g->slot = NULL;
-		}
-	}
+	for (unsigned i = 0; i < off->ngroups; i++)
+		none_free_group(off, off->groups[i]);
 }
 
 const vmmrt__strategy_ops vmmrt__strategy_none = {
 	.name = "none",
 	.max_lookahead = 0,
+	.plan = none_plan,
+	.reset = none_reset,
+	.free_group = none_free_group,
 	.allocate = none_allocate,
 	.forward_begin = none_hook,
 	.forward_end = none_hook,

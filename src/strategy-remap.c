@@ -16,6 +16,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include <urcu/uatomic.h>
 
@@ -42,16 +43,20 @@ static bool admit_map(vmmrt__request *req, void *arg)
 	vmmrt_group *g = r->g;
 	vmmrt__offload *off = g->off;
 
-	if ((uint64_t)uatomic_read(&off->remap.admit_ticket) != r->ticket)
+	bool aborting = uatomic_read(&off->remap.aborting);
+	if (!aborting && (uint64_t)uatomic_read(&off->remap.admit_ticket) != r->ticket)
 		return false;
+	/* Even in an abort: a map must not pass a release of its group still
+	 * to come, which would unmap what a copy then writes. */
 	if (uatomic_read(&g->remap.releases_done) < r->need)
 		return false;
 	/* Runs on the slot's own worker: g->slot->mapped is ours to read. */
 	r->grew = !g->slot->mapped;
 	if (r->grew) {
-		if (uatomic_read(&off->remap.resident) >= off->remap.budget)
+		if (!aborting && uatomic_read(&off->remap.resident) >= uatomic_read(&off->remap.budget))
 			return false;
 		uatomic_inc(&off->remap.resident);
+		uatomic_set(&g->remap.counted, 1);
 	}
 	uatomic_inc(&off->remap.admit_ticket);
 	/* The next ticket may be parked on another worker. */
@@ -66,7 +71,7 @@ static void map_done(vmmrt__request *req, vmmrt_status st, void *arg)
 	vmmrt__offload *off = g->off;
 
 	if (st != VMMRT_OK) {
-		if (r->grew)
+		if (r->grew && uatomic_xchg(&g->remap.counted, 0))
 			uatomic_dec(&off->remap.resident);
 		if (st != VMMRT_E_CANCELLED)
 			vmmrt__group_fail(g, st, "map before use");
@@ -103,7 +108,8 @@ static void release_done(vmmrt__request *req, vmmrt_status st, void *arg)
 		/* Account first, then free the budget: a map admitted on another
 		 * worker the moment the budget frees must not see these bytes too. */
 		vmmrt__offload_account(off, -(int64_t)g->slot->size);
-		uatomic_dec(&off->remap.resident);
+		if (uatomic_xchg(&g->remap.counted, 0))
+			uatomic_dec(&off->remap.resident);
 		uatomic_inc(&off->releases);
 	} else if (st != VMMRT_E_CANCELLED) {
 		vmmrt__group_fail(g, st, "release after use");
@@ -161,6 +167,7 @@ static vmmrt_status inline_map(vmmrt__offload *off, vmmrt__remap_req *r)
 	if (r->grew) {
 		vmmrt__bhandle h;
 		uatomic_inc(&off->remap.resident); /* as admission does; map_done undoes it on failure */
+		uatomic_set(&g->remap.counted, 1);
 		st = vmmrt__drv_mem_create(off->rt, g->slot->size, &h);
 		if (st == VMMRT_OK && (st = vmmrt__slot_attach(g->slot, h)) != VMMRT_OK)
 			(void)vmmrt__drv_mem_release(off->rt, h);
@@ -179,52 +186,89 @@ static vmmrt_status inline_release(vmmrt__offload *off, vmmrt__remap_req *r)
 	return st;
 }
 
-static vmmrt_status rm_allocate(vmmrt__offload *off)
+/* The first map of a group finds this backing in place (it needs no
+ * release), so the graphs can be captured over mapped memory. */
+static vmmrt_status initial_backing(vmmrt__offload *off, vmmrt_group *g)
+{
+	vmmrt_status st = vmmrt__slot_map(g->slot);
+	if (st != VMMRT_OK)
+		return st;
+	g->remap.maps_requested = g->remap.releases_planned = 0;
+	uatomic_set(&g->remap.releases_done, 0);
+	vmmrt__offload_account(off, (int64_t)g->slot->size);
+	return VMMRT_OK;
+}
+
+static vmmrt_status rm_allocate_group(vmmrt__offload *off, vmmrt_group *g)
 {
 	vmmrt_runtime *rt = off->rt;
-	off->remap.budget = (int64_t)rt->lookahead + 1;
+	vmmrt_status st = vmmrt__slot_reserve(rt, g->bytes, &g->slot);
+	if (st == VMMRT_OK)
+		st = vmmrt__slot_map(g->slot); /* the initial backing, for capture */
+	if (st == VMMRT_OK)
+		st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->remap.flag);
+	if (st == VMMRT_OK)
+		st = vmmrt__drv_host_devptr(rt, g->remap.flag, &g->remap.flag_dev);
+	if (st != VMMRT_OK)
+		return vmmrt__error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
+	*g->remap.flag = 0;
+	g->base = vmmrt_slot_address(g->slot);
+	if ((st = vmmrt__offload_capture_copies(off, g)) != VMMRT_OK)
+		return st;
+	vmmrt__offload_account(off, (int64_t)g->slot->size);
+	for (int k = 0; k < 2; k++)
+		for (int j = 0; j < VMMRT_REQ_RING; j++) {
+			vmmrt__remap_req *m = &g->remap.map[k][j], *r = &g->remap.rel[k][j];
+			/* ensure: the first map finds the initial backing */
+			vmmrt__request_init(&m->req, &vmmrt__slot_ensure_ops, g->slot);
+			m->req.admit = admit_map;
+			m->req.persist = true; /* the GPU waits for it: retry, never abandon */
+			m->req.retrying = map_retrying;
+			m->req.done = map_done;
+			m->req.done_arg = m;
+			m->g = g;
+			vmmrt__request_init(&r->req, &vmmrt__slot_release_ops, g->slot);
+			r->req.done = release_done;
+			r->req.done_arg = r;
+			r->req.persist = true;
+			r->req.retrying = release_retrying;
+			r->g = g;
+			if (k == USE_B && (st = vmmrt__drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
+				return vmmrt__error_wrap(st, "group '%s': release events", g->name);
+		}
+	g->remap.owed_index = VMMRT_NOT_OWED;
+	return VMMRT_OK;
+}
+
+static vmmrt_status rm_allocate(vmmrt__offload *off)
+{
+	uatomic_set(&off->remap.budget, (int64_t)off->rt->lookahead + 1); /* until the schedule says more */
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		if (!g->ndesc)
-			continue;
-		vmmrt_status st = vmmrt__slot_reserve(rt, g->bytes, &g->slot);
-		if (st == VMMRT_OK)
-			st = vmmrt__slot_map(g->slot); /* the initial backing, for capture */
-		if (st == VMMRT_OK)
-			st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->remap.flag);
-		if (st == VMMRT_OK)
-			st = vmmrt__drv_host_devptr(rt, g->remap.flag, &g->remap.flag_dev);
+		vmmrt_status st = VMMRT_OK;
+		if (g->ndesc && g->state == VMMRT_GROUP_DISCOVERING)
+			st = rm_allocate_group(off, g);
+		else if (g->slot && vmmrt_slot_get_state(g->slot) != VMMRT_SLOT_MAPPED)
+			/* Re-allocation: the groups allocated before start again as
+			 * new ones do, from a backing their first map finds; else a
+			 * first map could wait for room that only a later use makes. */
+			st = initial_backing(off, g);
 		if (st != VMMRT_OK)
-			return vmmrt__error_wrap(st, "group '%s': slot of %zu bytes", g->name, g->bytes);
-		*g->remap.flag = 0;
-		g->base = vmmrt_slot_address(g->slot);
-		if ((st = vmmrt__offload_capture_copies(off, g)) != VMMRT_OK)
 			return st;
-		uatomic_inc(&off->remap.resident);
-		vmmrt__offload_account(off, (int64_t)g->slot->size);
-		for (int k = 0; k < 2; k++)
-			for (int j = 0; j < VMMRT_REQ_RING; j++) {
-				vmmrt__remap_req *m = &g->remap.map[k][j], *r = &g->remap.rel[k][j];
-				/* ensure: the first map finds the initial backing */
-				vmmrt__request_init(&m->req, &vmmrt__slot_ensure_ops, g->slot);
-				m->req.admit = admit_map;
-				m->req.persist = true; /* the GPU waits for it: retry, never abandon */
-				m->req.retrying = map_retrying;
-				m->req.done = map_done;
-				m->req.done_arg = m;
-				m->g = g;
-				vmmrt__request_init(&r->req, &vmmrt__slot_release_ops, g->slot);
-				r->req.done = release_done;
-				r->req.done_arg = r;
-				r->req.persist = true;
-				r->req.retrying = release_retrying;
-				r->g = g;
-				if (k == USE_B && (st = vmmrt__drv_event_create(rt, false, &r->ev)) != VMMRT_OK)
-					return vmmrt__error_wrap(st, "group '%s': release events", g->name);
-			}
-		g->remap.owed_index = VMMRT_NOT_OWED;
 	}
 	return VMMRT_OK;
+}
+
+static void rm_plan(vmmrt__offload *off)
+{
+	off->la = off->rt->lookahead;
+	int64_t budget = (int64_t)off->la + 1;
+	if (off->sched.recorded) {
+		int64_t peak = vmmrt__schedule_peak_mapped(&off->sched, off->la);
+		budget = peak < budget ? peak : budget;
+	}
+	uatomic_set(&off->remap.budget, budget); /* workers read it at admission */
+	vmmrt__workers_kick(off->rt->workers); /* a larger budget may admit a parked map */
 }
 
 /* A request object still in flight from an earlier iteration means the launch
@@ -293,7 +337,7 @@ static vmmrt_status request_map(vmmrt__offload *off, vmmrt_group *g, int kind, u
 
 static vmmrt_status rm_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backward, uint64_t use)
 {
-	if (backward && vmmrt__offload_is_tail(off, g, use, true)) {
+	if (backward && vmmrt__offload_resident(off, g, use, true)) {
 		g->timed_h2d = false;
 		return VMMRT_OK; /* still mapped since its forward */
 	}
@@ -341,7 +385,7 @@ static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_str
 static vmmrt_status rm_forward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	if (vmmrt__offload_is_tail(off, g, off->sched.use, false)) {
+	if (vmmrt__offload_resident(off, g, off->sched.use, false)) {
 		g->timed_d2h = false;
 		return VMMRT_OK; /* its backward is next: it stays mapped */
 	}
@@ -365,7 +409,7 @@ static vmmrt_status rm_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt
 	vmmrt_status st = vmmrt__remap_pending_flush(off, off->sched.use);
 	if (st != VMMRT_OK)
 		return st;
-	if (vmmrt__offload_is_tail(off, g, off->sched.use, true))
+	if (vmmrt__offload_resident(off, g, off->sched.use, true))
 		return VMMRT_OK;
 	if (g->restore_use != off->sched.use + 1)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': restore was not requested", g->name);
@@ -464,26 +508,143 @@ static void rm_quiesce(vmmrt__offload *off)
 	}
 }
 
-static void rm_destroy(vmmrt__offload *off)
+/* Abort, before the streams drain: let every map a stream may wait for run. */
+static void rm_unblock(vmmrt__offload *off)
 {
-	vmmrt_runtime *rt = off->rt;
+	uatomic_set(&off->remap.aborting, 1);
+	vmmrt__workers_kick(off->rt->workers);
+}
+
+/* Poll until every map (or release) of every group has come back from its
+ * worker. A release after a backward waits there for its graph's event: the
+ * compute stream is still reading the slot until then. */
+static vmmrt_status ring_back(vmmrt__offload *off, bool maps)
+{
+	uint64_t deadline = vmmrt__now_ns() + off->rt->timeout_ms * 1000000ull;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		if (!off->stuck) /* a stuck stream may still have a copy graph to run */
-			vmmrt__offload_free_copies(off, g);
-		/* Queued behind this group's requests; parked maps are cancelled. */
-		if (g->slot)
-			vmmrt__offload_destroy_slot(g->slot);
-		g->slot = NULL;
-		for (int j = 0; j < VMMRT_REQ_RING; j++) {
-			if (g->remap.rel[USE_B][j].ev)
-				(void)vmmrt__drv_event_destroy(rt, g->remap.rel[USE_B][j].ev);
-			g->remap.rel[USE_B][j].ev = NULL;
-		}
-		if (g->remap.flag && !off->stuck)
-			(void)vmmrt__drv_host_free(rt, g->remap.flag);
-		g->remap.flag = NULL;
+		if (!g->slot)
+			continue;
+		for (int k = 0; k < 2; k++)
+			for (int j = 0; j < VMMRT_REQ_RING; j++) {
+				vmmrt__request *req = maps ? &g->remap.map[k][j].req : &g->remap.rel[k][j].req;
+				while (!vmmrt__request_poll(req, NULL)) {
+					if (vmmrt__now_ns() > deadline)
+						return vmmrt__error(VMMRT_E_TIMEOUT, "group '%s': a %s still queued after %llu ms",
+								    g->name, maps ? "map" : "release",
+								    (unsigned long long)off->rt->timeout_ms);
+					vmmrt__sleep_ns(100000);
+				}
+			}
 	}
+	return VMMRT_OK;
+}
+
+/* Release g's memory if it is mapped, on its worker (or inline). */
+static vmmrt_status trim(vmmrt__offload *off, vmmrt_group *g)
+{
+	if (vmmrt_slot_get_state(g->slot) != VMMRT_SLOT_MAPPED)
+		return VMMRT_OK;
+	vmmrt_status st;
+	if (off->rt->driver_inline) {
+		vmmrt__bhandle h;
+		if ((st = vmmrt__slot_detach(g->slot, &h)) == VMMRT_OK)
+			st = vmmrt__drv_mem_release(off->rt, h);
+		vmmrt__slot_set_state(g->slot, g->slot->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+	} else {
+		vmmrt__request *req = malloc(sizeof(*req));
+		if (!req)
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group '%s': release", g->name);
+		vmmrt__request_init(req, &vmmrt__slot_release_ops, g->slot);
+		if ((st = vmmrt__worker_push(off->rt->workers, g->slot->worker, req)) != VMMRT_OK) {
+			free(req);
+			return st;
+		}
+		st = vmmrt__request_wait_owned(req, off->rt->timeout_ms);
+	}
+	if (st != VMMRT_OK)
+		return vmmrt__error_wrap(st, "group '%s': release after an abort", g->name);
+	vmmrt__offload_account(off, -(int64_t)g->slot->size);
+	if (uatomic_xchg(&g->remap.counted, 0))
+		uatomic_dec(&off->remap.resident);
+	return VMMRT_OK;
+}
+
+/*
+ * The copy streams have drained; once every release handed off has run
+ * (those after a backward wait for its graph on the compute stream), maps
+ * requested for uses that never came still wait for releases those uses
+ * would have made; count them made (the slot just stays mapped, and the map
+ * finds it so), let the maps run, then release every slot: the next
+ * iteration starts as any steady-state one does, from nothing mapped.
+ */
+static vmmrt_status rm_reset(vmmrt__offload *off)
+{
+	vmmrt_status st = ring_back(off, false);
+	if (st != VMMRT_OK)
+		return st;
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt__remap_group *rg = &off->groups[i]->remap;
+		if (!off->groups[i]->slot)
+			continue;
+		rg->releases_planned = rg->maps_requested;
+		uatomic_set(&rg->owed_index, VMMRT_NOT_OWED);
+		uatomic_set(&rg->releases_done, rg->maps_requested);
+	}
+	vmmrt__workers_kick(off->rt->workers);
+	if ((st = ring_back(off, true)) != VMMRT_OK || (!off->rt->driver_inline && (st = vmmrt__offload_worker_barrier(off->rt)) != VMMRT_OK))
+		return st;
+	for (unsigned i = 0; i < off->ngroups; i++) {
+		vmmrt_group *g = off->groups[i];
+		if (!g->slot)
+			continue;
+		vmmrt__remap_group *rg = &g->remap;
+		if ((st = trim(off, g)) != VMMRT_OK)
+			return st;
+		/* The next map needs every release so far, and has it. */
+		uint64_t c = rg->maps_requested ? rg->maps_requested : 1;
+		rg->maps_requested = rg->releases_planned = c;
+		uatomic_set(&rg->releases_done, c);
+		publish_flag(g, rg->map_seq);
+		g->restore_use = 0;
+		g->timed_h2d = g->timed_d2h = false;
+	}
+	off->remap.pending_n = off->remap.pending_head = 0;
+	off->remap.next_ticket = uatomic_read(&off->remap.admit_ticket) > off->remap.next_ticket
+					 ? uatomic_read(&off->remap.admit_ticket)
+					 : off->remap.next_ticket;
+	uatomic_set(&off->remap.admit_ticket, off->remap.next_ticket);
+	uatomic_set(&off->remap.resident, 0);
+	uatomic_set(&off->remap.aborting, 0);
+	return VMMRT_OK;
+}
+
+static void rm_free_group(vmmrt__offload *off, vmmrt_group *g)
+{
+	vmmrt_runtime *rt = off->rt;
+	if (!off->stuck) /* a stuck stream may still have a copy graph to run */
+		vmmrt__offload_free_copies(off, g);
+	/* Queued behind this group's requests; parked maps are cancelled. */
+	if (g->slot) {
+		if (vmmrt_slot_get_state(g->slot) == VMMRT_SLOT_MAPPED)
+			vmmrt__offload_account(off, -(int64_t)g->slot->size);
+		vmmrt__offload_destroy_slot(g->slot);
+	}
+	g->slot = NULL;
+	for (int j = 0; j < VMMRT_REQ_RING; j++) {
+		if (g->remap.rel[USE_B][j].ev)
+			(void)vmmrt__drv_event_destroy(rt, g->remap.rel[USE_B][j].ev);
+		g->remap.rel[USE_B][j].ev = NULL;
+	}
+	if (g->remap.flag && !off->stuck)
+		(void)vmmrt__drv_host_free(rt, g->remap.flag);
+	g->remap.flag = NULL;
+}
+
+static void rm_destroy(vmmrt__offload *off)
+{
+	for (unsigned i = 0; i < off->ngroups; i++)
+		rm_free_group(off, off->groups[i]);
 	uatomic_set(&off->activation_bytes, 0);
 	uatomic_set(&off->remap.resident, 0);
 }
@@ -514,6 +675,10 @@ const vmmrt__strategy_ops vmmrt__strategy_remap = {
 	.name = "remap",
 	.max_lookahead = 16,
 	.quiesce = rm_quiesce,
+	.plan = rm_plan,
+	.unblock = rm_unblock,
+	.reset = rm_reset,
+	.free_group = rm_free_group,
 	.allocate = rm_allocate,
 	.forward_begin = rm_forward_begin,
 	.forward_end = rm_forward_end,

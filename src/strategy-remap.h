@@ -52,7 +52,10 @@ typedef struct vmmrt__remap {
 	unsigned pending_head, pending_n;
 	uint64_t admit_ticket;        /* uatomic, workers */
 	int64_t resident;             /* uatomic: groups mapped or admitted */
-	int64_t budget;
+	int64_t budget;               /* the most groups mapped at once the schedule needs */
+	/* Abort (uatomic, read by the workers): admit maps out of ticket order
+	 * and past the budget, so everything a stream may wait for can run. */
+	int32_t aborting;
 } vmmrt__remap;
 
 /* Per group. */
@@ -72,6 +75,14 @@ typedef struct vmmrt__remap_group {
 	uint64_t releases_planned;    /* launch thread: release obligations, in use order */
 	uint64_t releases_done;       /* uatomic, workers */
 	uint64_t owed_index;          /* uatomic: the release owed, or VMMRT_NOT_OWED */
+	/*
+	 * uatomic: the memory mapped now counts in the budget. Not so for the
+	 * backing allocation maps for capture: in an order where a backward
+	 * comes before some group's first forward (1F1B), that group's initial
+	 * backing, still mapped, would otherwise hold the budget that the
+	 * backward's map waits for, until a forward that comes after it.
+	 */
+	int32_t counted;
 	/*
 	 * Requests per use kind, in rings: the launch thread may run up to
 	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for

@@ -17,11 +17,24 @@ typedef struct vmmrt__offload vmmrt__offload;
 
 typedef struct vmmrt__strategy_ops {
 	const char *name;
-	/* The deepest look-ahead it can use (ping-pong: one restore per spare bank). */
+	/* The deepest look-ahead it can use without a recorded schedule. */
 	unsigned max_lookahead;
+	/* The schedule became known (declared at allocation, or recorded by the
+	 * first iteration): set off->la and what follows from the order. */
+	void (*plan)(vmmrt__offload *off);
+	/* Optional, before an abort drains the streams: let whatever a stream
+	 * may wait for go ahead. */
+	void (*unblock)(vmmrt__offload *off);
+	/* After the pipeline was drained (abort, re-allocation): put the state
+	 * back to what the first use of an iteration expects, releasing what
+	 * the abandoned uses left mapped. */
+	vmmrt_status (*reset)(vmmrt__offload *off);
+	/* Free what g (a group, or a retired copy of one) holds of the strategy's. */
+	void (*free_group)(vmmrt__offload *off, vmmrt_group *g);
 	/* Before teardown: release whatever a stream may still wait for. */
 	void (*quiesce)(vmmrt__offload *off);
-	/* Reserve/map what the groups need, after discovery. */
+	/* Reserve/map what the groups still discovering need (every group at the
+	 * first allocation, the re-discovered ones later). */
 	vmmrt_status (*allocate)(vmmrt__offload *off);
 	/* Before F(g) on compute: make the memory writable (fence 1, or the map). */
 	vmmrt_status (*forward_begin)(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute);

@@ -32,7 +32,7 @@ check() { # check DESCRIPTION LOG COMMAND...: LOG (or the command's output) is s
 	if "$@" >"$tmp/check.log" 2>&1; then ok "$d"; else not_ok "$d" "${log:-$tmp/check.log}"; fi
 }
 
-echo "1..6"
+echo "1..7"
 
 if [ ! -x "$bench" ]; then
 	not_ok "vmmrt-bench is built ($bench)"
@@ -131,5 +131,12 @@ fi
 "$bench" --modes=eager,bogus >"$tmp/usage" 2>&1
 rc=$?
 check "an unknown mode is a usage error (exit status $rc)" "$tmp/usage" test "$rc" -eq 2
+
+# One pipeline stage's 1F1B: the library modes declare the order, and each
+# one's steady-state activation peak stays within the schedule's bound.
+"$bench" $model --schedule=1f1b --inflight=2 --microbatches=3 --modes=graph,pingpong,remap >"$tmp/1f1b" 2>&1
+rc=$?
+check "1F1B with 2 microbatches in flight: verified, every library mode within its bound (exit status $rc)" \
+	"$tmp/1f1b" sh -c "test $rc -eq 0 && test \$(grep -c ': within$' '$tmp/1f1b') -eq 3"
 
 [ "$fails" -eq 0 ]

@@ -43,7 +43,8 @@ static const double default_ratios[] = {0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 3};
 typedef struct cli {
 	bool help, version, sweep, quiet;
 	bool has_layers, has_mib, has_fwd, has_bwd, has_iters, has_warmup, host_latency_given;
-	unsigned layers, iterations, warmup;
+	unsigned layers, iterations, warmup, inflight, microbatches;
+	bool one_f_one_b, has_microbatches;
 	double mib, fwd_ms, bwd_ms, fraction;
 	const char *preset, *modes, *json, *trace, *sweep_out;
 	double ratios[32];
@@ -68,6 +69,11 @@ static void usage(FILE *f)
 		"  --bwd-ms=X             backward compute time of one layer (default: host 4, cuda 12)\n"
 		"  --iterations=N         measured iterations per mode (default: host 8, cuda 20)\n"
 		"  --warmup=N             warm-up iterations per mode, not measured (default: host 2, cuda 3)\n"
+		"  --schedule=afab|1f1b   the order of an iteration: all forwards then all backwards (default),\n"
+		"                         or one pipeline stage's 1F1B (a runner per layer and microbatch; the\n"
+		"                         pool modes are left out) with the schedule's memory bound reported\n"
+		"  --inflight=P           1F1B: microbatches in flight (default 2)\n"
+		"  --microbatches=M       1F1B: microbatches per iteration (default 2 P)\n"
 		"  --preset=NAME          a real layer measured on the H200 (forward/backward time, saved bytes):\n");
 	for (unsigned i = 0; i < BENCH_NPRESETS; i++)
 		fprintf(f, "                           %-14s %5.2f / %5.2f ms, %4.0f MiB  %s\n", bench_presets[i].name,
@@ -159,7 +165,7 @@ static bool parse_ratios(const char *s, cli *c)
 
 enum {
 	O_LAYERS, O_MIB, O_FWD, O_BWD, O_ITERS, O_WARMUP, O_MODES, O_PRESET, O_FRACTION, O_JSON, O_TRACE, O_SWEEP,
-	O_SWEEP_OUT, O_SWEEP_RATIOS, O_QUIET, O_HELP, O_VERSION, O_COUNT_
+	O_SWEEP_OUT, O_SWEEP_RATIOS, O_QUIET, O_HELP, O_VERSION, O_SCHEDULE, O_INFLIGHT, O_MICROBATCHES, O_COUNT_
 };
 static const struct {
 	const char *name;
@@ -174,6 +180,8 @@ static const struct {
 	[O_SWEEP_OUT] = {"sweep-out", true}, [O_SWEEP_RATIOS] = {"sweep-ratios", true},
 	[O_QUIET] = {"quiet", false},        [O_HELP] = {"help", false},
 	[O_VERSION] = {"version", false},
+	[O_SCHEDULE] = {"schedule", true},   [O_INFLIGHT] = {"inflight", true},
+	[O_MICROBATCHES] = {"microbatches", true},
 };
 
 /*
@@ -240,6 +248,12 @@ static int parse_cli(cli *c, int *argc, char **argv)
 		case O_QUIET: c->quiet = true; break;
 		case O_HELP: c->help = true; break;
 		case O_VERSION: c->version = true; break;
+		case O_SCHEDULE:
+			ok = !strcmp(v, "afab") || !strcmp(v, "1f1b");
+			c->one_f_one_b = ok && !strcmp(v, "1f1b");
+			break;
+		case O_INFLIGHT: ok = parse_uint(v, 1, 256, &c->inflight); break;
+		case O_MICROBATCHES: ok = parse_uint(v, 1, 1024, &c->microbatches); c->has_microbatches = true; break;
 		default: break;
 		}
 		if (!ok) {
@@ -402,6 +416,18 @@ static int resolve_params(bench_ctx *ctx, const cli *c)
 		p->iterations = c->iterations;
 	if (c->has_warmup)
 		p->warmup = c->warmup;
+	p->one_f_one_b = c->one_f_one_b;
+	p->inflight = c->inflight ? c->inflight : 2;
+	p->microbatches = c->has_microbatches ? c->microbatches : 2 * p->inflight;
+	if (p->one_f_one_b && p->microbatches < p->inflight) {
+		fprintf(stderr, "vmmrt-bench: --microbatches=%u is fewer than --inflight=%u\n", p->microbatches,
+			p->inflight);
+		return -1;
+	}
+	if ((c->inflight || c->has_microbatches) && !p->one_f_one_b) {
+		fprintf(stderr, "vmmrt-bench: --inflight and --microbatches go with --schedule=1f1b\n");
+		return -1;
+	}
 	p->act_bytes &= ~(size_t)7; /* the checksum kernels work on 8-byte words */
 	if (p->act_bytes < 8) {
 		fprintf(stderr, "vmmrt-bench: an activation must be at least 8 bytes\n");
@@ -423,10 +449,44 @@ static void print_header(const bench_ctx *ctx)
 	       p->workers, p->workers == 1 ? "" : "s");
 	if (ctx->preset)
 		printf("; preset %s, offload fraction %.3g", ctx->preset->name, ctx->offload_fraction);
+	if (p->one_f_one_b)
+		printf("\nschedule: 1F1B on one pipeline stage, %u microbatches, %u in flight: %u runners (a layer of "
+		       "one microbatch each), declared to the library before allocation",
+		       p->microbatches, p->inflight, p->layers * p->microbatches);
 	printf("\nraw pinned copies (%zu MiB): H2D %.1f GB/s, D2H %.1f GB/s\n\n", ctx->raw_bytes >> 20, ctx->raw_h2d_gbps,
 	       ctx->raw_d2h_gbps);
 	bench_print_budget(stdout, ctx);
 	printf("\n");
+}
+
+/*
+ * 1F1B: each library mode's activation memory against what the schedule
+ * holds it to (vmmrt_offload_stats: the banks, remap's budget of groups,
+ * every slot). The steady-state peak the library accounts must be within
+ * it; the driver's median of the run is printed next to it.
+ */
+static int report_bounds(const bench_result *rows, size_t n)
+{
+	int bad = 0;
+	printf("\nmemory against the schedule's bound:\n");
+	for (size_t k = 0; k < n; k++) {
+		const bench_result *r = &rows[k];
+		if (!bench_modes[r->mode].lib_mode || !r->ran)
+			continue;
+		char what[64];
+		if (r->banks)
+			snprintf(what, sizeof(what), "%u banks", r->banks);
+		else
+			snprintf(what, sizeof(what), "%u groups mapped at most", r->budget_groups);
+		bool within = r->lib_activation_peak_bytes <= r->bound_bytes;
+		printf("  %-14s %s (look-ahead in force %u): bound %.1f MiB, activation peak %.1f MiB, driver median "
+		       "%.1f MiB: %s\n",
+		       bench_modes[r->mode].name, what, r->lookahead_in_force, (double)r->bound_bytes / MiB_D,
+		       (double)r->lib_activation_peak_bytes / MiB_D, (double)r->activation_device_bytes / MiB_D,
+		       within ? "within" : "OVER THE BOUND");
+		bad |= !within;
+	}
+	return bad;
 }
 
 /* One line per row that is not as it must be, and the verdict. */
@@ -579,7 +639,7 @@ int main(int argc, char **argv)
 	}
 	exit_code = 2;
 
-	int bad;
+	int bad = 0;
 	if (c.sweep) {
 		const double *ratios = c.nratios ? c.ratios : default_ratios;
 		unsigned nr = c.nratios ? c.nratios : (unsigned)(sizeof(default_ratios) / sizeof(default_ratios[0]));
@@ -605,7 +665,9 @@ int main(int argc, char **argv)
 		for (size_t k = 0; k < nrows; k++)
 			rows[k].vs_graph_ratio = rows[k].ran && g > 0 ? rows[k].iter_ms_median / g : NAN;
 		bench_print_table(stdout, &ctx, rows, nrows);
-		bad = report_verdicts(rows, nrows, false);
+		if (ctx.p.one_f_one_b)
+			bad |= report_bounds(rows, nrows);
+		bad |= report_verdicts(rows, nrows, false);
 	}
 	exit_code = bad ? 1 : 0;
 	if (c.json) {

@@ -103,3 +103,159 @@ def test_loads_whether_torch_was_imported_before_or_after(order):
     r = _python(code[order] + "print(rt.info()['backend'])\nrt.close()\n", dict(os.environ))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "host"
+
+
+HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "include")
+
+
+def _c_layout(struct, fields):
+    """sizeof and offsetof of a header struct, from a C compiler (None without one)."""
+    import shutil
+    import tempfile
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc or not os.path.exists(os.path.join(HEADER, "vmmrt.h")):
+        return None
+    body = "".join('printf("%%zu\\n", offsetof(%s, %s));\n' % (struct, f) for f in fields)
+    src = ("#include <stddef.h>\n#include <stdio.h>\n#include <vmmrt.h>\nint main(void) {\n"
+           'printf("%%zu\\n", sizeof(%s));\n%sreturn 0;\n}\n' % (struct, body))
+    with tempfile.TemporaryDirectory() as d:
+        c, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+        open(c, "w").write(src)
+        r = subprocess.run([cc, "-I", HEADER, c, "-o", exe], capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        out = [int(v) for v in subprocess.run([exe], capture_output=True, text=True, check=True).stdout.split()]
+    return out[0], out[1:]
+
+
+@pytest.mark.parametrize("ctype,struct", [(_capi.OffloadStats, "vmmrt_offload_stats"),
+                                          (_capi.ScheduleStep, "vmmrt_schedule_step"),
+                                          (_capi.RuntimeInfo, "vmmrt_runtime_info"),
+                                          (_capi.DriverStats, "vmmrt_driver_stats"),
+                                          (_capi.TensorDesc, "vmmrt_tensor_desc"),
+                                          (_capi.OptionInfo, "vmmrt_option_info")])
+def test_structs_match_the_header(ctype, struct):
+    """Every field at the header's offset, and the same size (a C compiler says)."""
+    import ctypes
+    names = [n for n, _ in ctype._fields_]
+    got = _c_layout(struct, names)
+    if got is None:
+        pytest.skip("no C compiler, or no include/vmmrt.h next to the package")
+    size, offsets = got
+    assert ctypes.sizeof(ctype) == size
+    assert [getattr(ctype, n).offset for n in names] == offsets
+
+
+def _two_microbatches(rt):
+    """Groups for 2 layers x 2 microbatches, each with one 4 KiB tensor, and 1F1B
+    with 2 in flight: F0 F1 (each over both layers), B0, B1."""
+    g = {(mb, l): rt.group("l%d/mb%d" % (l, mb)) for mb in range(2) for l in range(2)}
+    d = vmmrt.Group.desc(4096)
+    for x in g.values():
+        x.discover(d)
+    order = ([(g[0, 0], 0), (g[0, 1], 0), (g[1, 0], 0), (g[1, 1], 0)] +
+             [(g[0, 1], 1), (g[0, 0], 1), (g[1, 1], 1), (g[1, 0], 1)])
+    return g, d, order
+
+
+def _capture(groups, d):
+    for x in groups:
+        x.begin_capture()
+        x.save(d)
+        x.end_capture()
+
+
+def _use(x, backward):
+    if backward:
+        x.backward_begin()
+        x.backward_end()
+    else:
+        x.forward_begin()
+        x.forward_end()
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+def test_declared_schedule_is_followed_and_checked(mode):
+    with vmmrt.Runtime({"backend": "host", "mode": mode}) as rt:
+        g, d, order = _two_microbatches(rt)
+        rt.offload_set_schedule(order)
+        rt.offload_allocate()
+        _capture(g.values(), d)
+        for x, b in order:
+            _use(x, b)
+        s = rt.offload_stats()
+        assert s["schedule_declared"] == 1 and s["schedule_recorded"] == 1 and s["iterations"] == 1
+        if mode == "pingpong":
+            assert s["banks"] >= 2 and s["bank_conflicts"] == 0
+        _use(g[0, 0], 0)
+        _use(g[0, 1], 0)
+        with pytest.raises(vmmrt.Error) as e:
+            _use(g[0, 1], 1)             # a backward where the order has the forward of microbatch 1
+        assert e.value.name == "VMMRT_E_MISMATCH"
+        assert "group 'l1/mb0'" in str(e.value) and "is 'l0/mb1'" in str(e.value)
+        for x, b in order[2:]:          # a refused hook changes nothing: the iteration goes on
+            _use(x, b)
+        rt.offload_sync()
+        assert rt.offload_stats()["iterations"] == 2
+
+
+def test_a_schedule_is_refused_when_it_is_not_an_order():
+    with vmmrt.Runtime({"backend": "host"}) as rt:
+        g, d, order = _two_microbatches(rt)
+        with pytest.raises(vmmrt.Error) as e:
+            rt.offload_set_schedule([(g[0, 0], 1), (g[0, 0], 0)])   # a backward before its forward
+        assert e.value.name == "VMMRT_E_INVALID_STATE"
+        with pytest.raises(TypeError):
+            rt.offload_set_schedule([("l0", 0)])
+        rt.offload_set_schedule(order[:4] + order[4:-1] + order[-1:])
+        rt.offload_allocate()
+        with pytest.raises(vmmrt.Error) as e:
+            rt.offload_set_schedule(order)                           # after allocation
+        assert e.value.name == "VMMRT_E_INVALID_STATE"
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+def test_abort_mid_iteration_and_start_again(mode):
+    with vmmrt.Runtime({"backend": "host", "mode": mode}) as rt:
+        g, d, order = _two_microbatches(rt)
+        with pytest.raises(vmmrt.Error) as e:
+            rt.offload_abort()
+        assert e.value.name == "VMMRT_E_INVALID_STATE"      # nothing allocated: no iteration to abort
+        rt.offload_set_schedule(order)
+        rt.offload_allocate()
+        _capture(g.values(), d)
+        for x, b in order[:5]:                               # up to the first backward
+            _use(x, b)
+        g[0, 0].backward_begin()                             # and a backward begun, never ended
+        rt.offload_abort()
+        for _ in range(2):                                   # then whole iterations, from the start
+            for x, b in order:
+                _use(x, b)
+        rt.offload_sync()
+        s = rt.offload_stats()
+        assert s["aborts"] == 1 and s["iterations"] == 2
+
+
+def test_rediscover_a_group_and_release_its_old_memory():
+    with vmmrt.Runtime({"backend": "host", "mode": "pingpong"}) as rt:
+        g, d, order = _two_microbatches(rt)
+        rt.offload_allocate()                                # the order recorded by the first iteration
+        _capture(g.values(), d)
+        for x, b in order:
+            _use(x, b)
+        x = g[1, 1]
+        old = x.address
+        x.rediscover()
+        assert x.state == "discovering"
+        big = vmmrt.Group.desc(3 * 4096)
+        x.discover(big)
+        rt.offload_allocate()                                # the re-discovered group only
+        assert x.nbytes == 3 * 4096 and g[0, 0].state == "ready"
+        x.begin_capture()
+        assert x.save(big) != old or x.address != old
+        x.end_capture()
+        assert rt.offload_stats()["retired_groups"] == 1
+        for x_, b in order:
+            _use(x_, b)
+        rt.offload_release_retired()
+        assert rt.offload_stats()["retired_groups"] == 0

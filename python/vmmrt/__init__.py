@@ -11,6 +11,7 @@ looked for), so ``import vmmrt`` works everywhere and a missing library is
 reported, with every place tried, by the first call that needs it.
 """
 import ctypes
+import re
 import threading
 import weakref
 
@@ -307,8 +308,35 @@ class Runtime:
     def groups(self):
         return tuple(self._groups)
 
+    def offload_set_schedule(self, steps):
+        """Declare one iteration's order before :meth:`offload_allocate`
+        (vmmrt_offload_set_schedule): ``steps`` is a sequence of (group,
+        backward) pairs, the forward (False) and the backward (True) of every
+        group with tensors once each, each forward before its backward. Ping-pong
+        then makes the banks the order needs; every iteration must follow it
+        (VMMRT_E_MISMATCH otherwise). An empty sequence forgets it."""
+        steps = list(steps)
+        arr = (_capi.ScheduleStep * max(1, len(steps)))()
+        for k, (g, backward) in enumerate(steps):
+            if not isinstance(g, Group) or g._rt is not self:
+                raise TypeError("schedule step %d: %r is not a group of this runtime" % (k, g))
+            arr[k].group = g._g
+            arr[k].backward = 1 if backward else 0
+        check(self._lib.vmmrt_offload_set_schedule(self._handle(), arr, len(steps)), "vmmrt_offload_set_schedule")
+
     def offload_allocate(self):
         check(self._lib.vmmrt_offload_allocate(self._handle()), "vmmrt_offload_allocate")
+
+    def offload_abort(self):
+        """Abandon the iteration under way (vmmrt_offload_abort): waits for what is
+        in flight and puts every group back where an iteration starts; addresses,
+        and so the captured graphs, stay valid."""
+        check(self._lib.vmmrt_offload_abort(self._handle()), "vmmrt_offload_abort")
+
+    def offload_release_retired(self):
+        """Free the old allocations of re-discovered groups (vmmrt_offload_release_retired):
+        the graphs captured over their old addresses must never run again."""
+        check(self._lib.vmmrt_offload_release_retired(self._handle()), "vmmrt_offload_release_retired")
 
     def offload_sync(self):
         check(self._lib.vmmrt_offload_sync(self._handle()), "vmmrt_offload_sync")
@@ -449,14 +477,43 @@ class Group:
         """Raise the group's first asynchronous failure, if any (and clear it)."""
         check(self._lib.vmmrt_group_error(self._g), self._where("vmmrt_group_error"))
 
+    def rediscover(self):
+        """Discover the group again for a new shape (vmmrt_group_rediscover), between
+        iterations: then :meth:`discover`, :meth:`Runtime.offload_allocate` and capture
+        again. Its old memory stays until :meth:`Runtime.offload_release_retired`."""
+        check(self._lib.vmmrt_group_rediscover(self._g), self._where("vmmrt_group_rediscover"))
+
+    def _hook(self, fn, call, stream):
+        status = fn(self._g, _stream(stream))
+        if status == _capi.OK:
+            return
+        try:
+            check(status, self._where(call))
+        except Error as e:
+            raise _name_expected(e, self._rt) from None
+
     def forward_begin(self, stream=None):
-        check(self._lib.vmmrt_forward_begin(self._g, _stream(stream)), self._where("vmmrt_forward_begin"))
+        self._hook(self._lib.vmmrt_forward_begin, "vmmrt_forward_begin", stream)
 
     def forward_end(self, stream=None):
-        check(self._lib.vmmrt_forward_end(self._g, _stream(stream)), self._where("vmmrt_forward_end"))
+        self._hook(self._lib.vmmrt_forward_end, "vmmrt_forward_end", stream)
 
     def backward_begin(self, stream=None):
-        check(self._lib.vmmrt_backward_begin(self._g, _stream(stream)), self._where("vmmrt_backward_begin"))
+        self._hook(self._lib.vmmrt_backward_begin, "vmmrt_backward_begin", stream)
 
     def backward_end(self, stream=None):
-        check(self._lib.vmmrt_backward_end(self._g, _stream(stream)), self._where("vmmrt_backward_end"))
+        self._hook(self._lib.vmmrt_backward_end, "vmmrt_backward_end", stream)
+
+
+_EXPECTED = re.compile(r"(forward|backward) of group (\d+) was expected next")
+
+
+def _name_expected(e, rt):
+    """A hook out of the schedule's order: the library names the group it expected by
+    its index (creation order); say its name too."""
+    m = _EXPECTED.search(e.detail) if e.status == _capi.E_MISMATCH else None
+    groups = rt._groups
+    if m is None or int(m.group(2)) >= len(groups):
+        return e
+    detail = "%s (group %s is %r)" % (e.detail, m.group(2), groups[int(m.group(2))].name)
+    return Error(e.status, detail, e.where)

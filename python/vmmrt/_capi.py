@@ -62,7 +62,16 @@ class OffloadStats(Structure):
                 ("last_d2h_ms", c_double), ("last_h2d_ms", c_double),
                 ("last_d2h_bytes", c_uint64), ("last_h2d_bytes", c_uint64),
                 ("groups", c_uint32), ("mode", c_int), ("lookahead", c_uint32),
-                ("schedule_recorded", c_uint32)]
+                ("schedule_recorded", c_uint32),
+                # since 0.3.0
+                ("schedule_declared", c_uint32), ("lookahead_in_force", c_uint32),
+                ("banks", c_uint32), ("budget_groups", c_uint32), ("bound_bytes", c_uint64),
+                ("aborts", c_uint64), ("retired_groups", c_uint32)]
+
+
+class ScheduleStep(Structure):
+    """vmmrt_schedule_step: one use of an iteration, a group's forward (0) or backward (1)."""
+    _fields_ = [("group", handle), ("backward", c_uint32)]
 
 
 def sized(struct_type):
@@ -144,16 +153,43 @@ _PROTOTYPES = {
     "vmmrt_forward_end": (status_t, [handle, vmmrt_stream]),
     "vmmrt_backward_begin": (status_t, [handle, vmmrt_stream]),
     "vmmrt_backward_end": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_offload_set_schedule": (status_t, [handle, _P(ScheduleStep), c_size_t]),
+    "vmmrt_offload_abort": (status_t, [handle]),
+    "vmmrt_group_rediscover": (status_t, [handle]),
+    "vmmrt_offload_release_retired": (status_t, [handle]),
     "vmmrt_offload_sync": (status_t, [handle]),
     "vmmrt_offload_stats_get": (status_t, [handle, _P(OffloadStats)]),
     "vmmrt_offload_stats_reset": (status_t, [handle]),
 }
 
 
+# Calls a library of the same ABI major may lack (added in a later minor): a
+# missing one is replaced by a function that says so (VMMRT_E_NOT_SUPPORTED),
+# so the rest of the binding still loads.
+_SINCE = {name: "0.3.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offload_abort",
+                                     "vmmrt_group_rediscover", "vmmrt_offload_release_retired")}
+
+
+class _Missing:
+    def __init__(self, name):
+        self.name = name
+        self.restype = self.argtypes = None
+
+    def __call__(self, *args):
+        raise NotImplementedError("%s: this libvmmrt has no such call (it appeared in %s)"
+                                  % (self.name, _SINCE[self.name]))
+
+
 def declare(lib):
     """Give every function of the library its prototype (ctypes defaults to int)."""
     for name, (res, args) in _PROTOTYPES.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            if name not in _SINCE:
+                raise
+            setattr(lib, name, _Missing(name))
+            continue
         fn.restype = res
         fn.argtypes = args
     return lib

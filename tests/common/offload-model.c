@@ -8,8 +8,11 @@
 
 #include "offload-model.h"
 #include "runtime.h"
+#include "testing.h"
 
 #define MAX_ITERS 64
+
+#define MAX_OLD 4
 
 struct model {
 	unsigned stale_messages; /* successful hooks that left a message */
@@ -17,11 +20,22 @@ struct model {
 	vmmrt_runtime *rt;
 	vmmrt_stream compute; /* where the graphs are captured */
 	vmmrt_stream run;     /* where they are replayed, with the hooks */
+	unsigned ng, mb;      /* groups: layers x microbatches */
 	vmmrt_group **g;
 	vmmrt_graph **fwd, **bwd;
-	vmmrt_slot *input, *results;   /* input activation source; 8-byte result per layer */
-	uint64_t *host_results;        /* pinned: [iteration][layer] */
+	vmmrt_slot **input, *results;  /* input activation source per microbatch; 8-byte result per group */
+	uint64_t *host_results;        /* pinned: [iteration][group] */
+	unsigned *use_group;           /* the schedule: 2 ng uses */
+	bool *use_bwd;
 	unsigned iters;
+	bool void_iter[MAX_ITERS];     /* abandoned by an abort: not verified */
+	size_t iter_bytes[MAX_ITERS];  /* the activation size it ran with */
+	size_t bytes;                  /* the activation size now */
+	/* before the last re-discoveries: graphs, their activations, inputs */
+	vmmrt_graph **old_bwd[MAX_OLD], **old_fwd[MAX_OLD];
+	vmmrt_devptr *old_act[MAX_OLD];
+	vmmrt_slot **old_input[MAX_OLD];
+	unsigned nold;
 	size_t base_used;
 	unsigned reported;             /* asynchronous failures the hooks reported */
 };
@@ -67,6 +81,127 @@ static vmmrt_status opt(vmmrt_options *o, const char *k, const char *v)
 		} \
 	} while (0)
 
+static void add_use(model *m, unsigned *k, unsigned g, bool b)
+{
+	m->use_group[*k] = g;
+	m->use_bwd[*k] = b;
+	(*k)++;
+}
+
+/* A unit's layers: its chunk's, ascending for the forward, descending for the backward. */
+static void add_unit(model *m, unsigned *k, unsigned per, unsigned chunk, unsigned mb, bool b)
+{
+	for (unsigned j = 0; j < per; j++) {
+		unsigned l = chunk * per + (b ? per - 1 - j : j);
+		add_use(m, k, mb * m->cfg.layers + l, b);
+	}
+}
+
+/*
+ * The order of one iteration. 1F1B and interleaved are one rule over units
+ * (a chunk of one microbatch): units in Megatron's order (blocks of
+ * `inflight` microbatches through chunk 0, then chunk 1, ...; backwards from
+ * the last chunk), warm-up forwards until chunks x inflight units are in
+ * flight, then one backward and one forward, then the remaining backwards.
+ */
+static vmmrt_status make_schedule(model *m)
+{
+	const model_cfg *c = &m->cfg;
+	unsigned L = c->layers, M = m->mb, k = 0;
+	m->use_group = calloc(2 * m->ng, sizeof(*m->use_group));
+	m->use_bwd = calloc(2 * m->ng, sizeof(*m->use_bwd));
+	if (!m->use_group || !m->use_bwd)
+		return VMMRT_E_HOST_OUT_OF_MEMORY;
+	if (!c->schedule || !strcmp(c->schedule, "afab")) {
+		for (unsigned g = 0; g < m->ng; g++)
+			add_use(m, &k, g, false);
+		for (unsigned j = 0; j < m->ng; j++)
+			add_use(m, &k, c->bwd_order ? c->bwd_order[j] : m->ng - 1 - j, true);
+		return VMMRT_OK;
+	}
+	bool inter = !strcmp(c->schedule, "interleaved");
+	if (!inter && strcmp(c->schedule, "1f1b"))
+		return VMMRT_E_INVALID_ARGUMENT;
+	unsigned v = inter && c->chunks ? c->chunks : 1, p = c->inflight ? c->inflight : 1;
+	if (L % v || (inter && M % p))
+		return VMMRT_E_INVALID_ARGUMENT;
+	unsigned units = M * v, warm = v * p < units ? v * p : units;
+#define UNIT_MB(i) (((i) / (p * v)) * p + (i) % p)
+#define UNIT_CHUNK(i, back) ((back) ? v - 1 - ((i) / p) % v : ((i) / p) % v)
+	if (!inter) { /* plain 1F1B: a unit is a microbatch, in order */
+		for (unsigned i = 0; i < warm; i++)
+			add_unit(m, &k, L, 0, i, false);
+		for (unsigned i = 0; i < units; i++) {
+			add_unit(m, &k, L, 0, i, true);
+			if (warm + i < units)
+				add_unit(m, &k, L, 0, warm + i, false);
+		}
+		return VMMRT_OK;
+	}
+	for (unsigned i = 0; i < warm; i++)
+		add_unit(m, &k, L / v, UNIT_CHUNK(i, false), UNIT_MB(i), false);
+	for (unsigned i = 0; i < units; i++) {
+		add_unit(m, &k, L / v, UNIT_CHUNK(i, true), UNIT_MB(i), true);
+		if (warm + i < units)
+			add_unit(m, &k, L / v, UNIT_CHUNK(warm + i, false), UNIT_MB(warm + i), false);
+	}
+#undef UNIT_MB
+#undef UNIT_CHUNK
+	return VMMRT_OK;
+}
+
+static vmmrt_status declare(model *m)
+{
+	vmmrt_schedule_step *steps = calloc(2 * m->ng, sizeof(*steps));
+	if (!steps)
+		return VMMRT_E_HOST_OUT_OF_MEMORY;
+	for (unsigned k = 0; k < 2 * m->ng; k++)
+		steps[k] = (vmmrt_schedule_step){m->g[m->use_group[k]], m->use_bwd[k]};
+	vmmrt_status st = vmmrt_offload_set_schedule(m->rt, steps, 2 * m->ng);
+	if (st != VMMRT_OK)
+		fprintf(stderr, "model: set schedule: %s\n", vmmrt_last_error());
+	free(steps);
+	return st;
+}
+
+static vmmrt_tensor_desc act_desc(size_t bytes)
+{
+	return (vmmrt_tensor_desc){.bytes = bytes, .dtype = 7, .ndim = 1, .shape = {(int64_t)(bytes / 8)},
+				   .stride = {1}};
+}
+
+/* Inputs, then every group's capture: the graphs only ever see the slot addresses. */
+static vmmrt_status capture(model *m)
+{
+	vmmrt_status st;
+	size_t bytes = m->bytes;
+	for (unsigned j = 0; j < m->mb; j++) {
+		TRY(vmmrt_slot_create(m->rt, bytes, &m->input[j]));
+		TRY(vmmrt_slot_map(m->input[j]));
+	}
+	for (unsigned i = 0; i < m->ng; i++) {
+		vmmrt_devptr a;
+		vmmrt_tensor_desc d = act_desc(bytes);
+		vmmrt_devptr in = vmmrt_slot_address(m->input[i / m->cfg.layers]);
+		TRY(vmmrt_group_begin_capture(m->g[i]));
+		TRY(vmmrt_group_save(m->g[i], &d, 0, NULL, &a));
+		TRY(vmmrt_group_end_capture(m->g[i]));
+		/* forward: act = input ^ pattern(group), lasting fwd_ns */
+		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
+		TRY(vmmrt_kernel_layer(m->rt, m->compute, a, in, bytes, 1000 + i, m->cfg.fwd_ns));
+		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->fwd[i]));
+		/* backward: compute first, then read the activation (so an early
+		 * overwrite by a restore would be seen), result to a fixed address */
+		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
+		TRY(vmmrt_kernel_busy(m->rt, m->compute, m->cfg.bwd_ns));
+		TRY(vmmrt_kernel_checksum(m->rt, m->compute, a, bytes, vmmrt_slot_address(m->results) + 8 * i));
+		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->bwd[i]));
+	}
+	return VMMRT_OK;
+fail:
+	return st;
+}
+
 vmmrt_status model_create(const model_cfg *cfg, model **out)
 {
 	vmmrt_status st;
@@ -74,10 +209,15 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	char buf[32];
 	model *m = calloc(1, sizeof(*m));
 	m->cfg = *cfg;
-	unsigned n = cfg->layers;
+	m->mb = cfg->microbatches ? cfg->microbatches : 1;
+	m->ng = cfg->layers * m->mb;
+	m->bytes = cfg->act_bytes;
+	unsigned n = m->ng;
 	m->g = calloc(n, sizeof(*m->g));
 	m->fwd = calloc(n, sizeof(*m->fwd));
 	m->bwd = calloc(n, sizeof(*m->bwd));
+	m->input = calloc(m->mb, sizeof(*m->input));
+	TRY(make_schedule(m));
 
 	TRY(vmmrt_options_create(&o));
 	TRY(opt(o, "backend", "host"));
@@ -95,7 +235,17 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 		snprintf(buf, sizeof(buf), "%g", cfg->copy_gbps);
 		TRY(opt(o, "host_copy_gbps", buf));
 	}
+	if (cfg->max_banks) {
+		snprintf(buf, sizeof(buf), "%u", cfg->max_banks);
+		TRY(opt(o, "max_banks", buf));
+	}
+	if (cfg->timeout_ms) {
+		snprintf(buf, sizeof(buf), "%u", cfg->timeout_ms);
+		TRY(opt(o, "timeout_ms", buf));
+	}
 	TRY(vmmrt_runtime_create(o, &m->rt));
+	if (cfg->plant)
+		vmmrt__offload_test_drop_fence(m->rt, cfg->plant);
 	TRY(vmmrt_stream_create(m->rt, &m->compute));
 	m->run = m->compute;
 	if (cfg->replay_on) {
@@ -118,42 +268,23 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 
 	/* Discovery and allocation. */
 	for (unsigned i = 0; i < n; i++) {
-		char name[16];
-		snprintf(name, sizeof(name), "L%u", i);
+		char name[24];
+		if (m->mb > 1)
+			snprintf(name, sizeof(name), "L%u.m%u", i % cfg->layers, i / cfg->layers);
+		else
+			snprintf(name, sizeof(name), "L%u", i);
 		TRY(vmmrt_group_create(m->rt, name, &m->g[i]));
-		vmmrt_tensor_desc d = {.bytes = cfg->act_bytes, .dtype = 7, .ndim = 1,
-				       .shape = {(int64_t)(cfg->act_bytes / 8)}, .stride = {1}};
+		vmmrt_tensor_desc d = act_desc(cfg->act_bytes);
 		TRY(vmmrt_group_discover(m->g[i], &d));
 	}
+	if (cfg->declare)
+		TRY(declare(m));
 	TRY(vmmrt_offload_allocate(m->rt));
-
-	/* Capture: the graphs only ever see the slot addresses. */
-	TRY(vmmrt_slot_create(m->rt, cfg->act_bytes, &m->input));
-	TRY(vmmrt_slot_map(m->input));
 	TRY(vmmrt_slot_create(m->rt, 8 * n, &m->results));
 	TRY(vmmrt_slot_map(m->results));
 	TRY(vmmrt_host_alloc(m->rt, sizeof(uint64_t) * n * MAX_ITERS, (void **)&m->host_results));
 	memset(m->host_results, 0, sizeof(uint64_t) * n * MAX_ITERS);
-	for (unsigned i = 0; i < n; i++) {
-		vmmrt_devptr a;
-		vmmrt_tensor_desc d = {.bytes = cfg->act_bytes, .dtype = 7, .ndim = 1,
-				       .shape = {(int64_t)(cfg->act_bytes / 8)}, .stride = {1}};
-		TRY(vmmrt_group_begin_capture(m->g[i]));
-		TRY(vmmrt_group_save(m->g[i], &d, 0, NULL, &a));
-		TRY(vmmrt_group_end_capture(m->g[i]));
-		/* forward: act = input ^ pattern(layer), lasting fwd_ns */
-		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
-		TRY(vmmrt_kernel_layer(m->rt, m->compute, a, vmmrt_slot_address(m->input), cfg->act_bytes,
-				       1000 + i, cfg->fwd_ns));
-		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->fwd[i]));
-		/* backward: compute first, then read the activation (so an early
-		 * overwrite by a restore would be seen), result to a fixed address */
-		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
-		TRY(vmmrt_kernel_busy(m->rt, m->compute, cfg->bwd_ns));
-		TRY(vmmrt_kernel_checksum(m->rt, m->compute, a, cfg->act_bytes,
-					  vmmrt_slot_address(m->results) + 8 * i));
-		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->bwd[i]));
-	}
+	TRY(capture(m));
 	vmmrt_options_destroy(o);
 	*out = m;
 	return VMMRT_OK;
@@ -163,41 +294,158 @@ fail:
 	return st;
 }
 
-vmmrt_status model_run(model *m, unsigned count)
+/* Use k of the schedule: hooks around its graph (begin only, with begin_only). */
+static vmmrt_status run_use(model *m, unsigned iter, unsigned k, bool begin_only)
 {
 	vmmrt_status st;
-	unsigned n = m->cfg.layers;
-	for (unsigned it = 0; it < count; it++) {
-		unsigned iter = m->iters;
-		if (iter >= MAX_ITERS)
-			return VMMRT_E_INVALID_ARGUMENT;
-		TRY(vmmrt_kernel_fill(m->rt, m->run, vmmrt_slot_address(m->input), m->cfg.act_bytes, iter + 1));
-		for (unsigned i = 0; i < n; i++) {
-			HOOK(m, vmmrt_forward_begin(m->g[i], m->run));
-			TRY(vmmrt_graph_launch(m->rt, m->fwd[i], m->run));
+	unsigned i = m->use_group[k];
+	if (!m->use_bwd[k]) {
+		HOOK(m, vmmrt_forward_begin(m->g[i], m->run));
+		TRY(vmmrt_graph_launch(m->rt, m->fwd[i], m->run));
+		if (!begin_only)
 			HOOK(m, vmmrt_forward_end(m->g[i], m->run));
-		}
-		for (unsigned k = 0; k < n; k++) {
-			unsigned i = m->cfg.bwd_order ? m->cfg.bwd_order[k] : n - 1 - k;
-			HOOK(m, vmmrt_backward_begin(m->g[i], m->run));
-			TRY(vmmrt_graph_launch(m->rt, m->bwd[i], m->run));
-			HOOK(m, vmmrt_backward_end(m->g[i], m->run));
-			/* async, so the launch thread never waits for the GPU */
-			TRY(vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * n + i],
-							vmmrt_slot_address(m->results) + 8 * i, 8, m->run));
-		}
-		m->iters++;
+		return VMMRT_OK;
 	}
+	HOOK(m, vmmrt_backward_begin(m->g[i], m->run));
+	TRY(vmmrt_graph_launch(m->rt, m->bwd[i], m->run));
+	if (begin_only)
+		return VMMRT_OK;
+	HOOK(m, vmmrt_backward_end(m->g[i], m->run));
+	/* async, so the launch thread never waits for the GPU */
+	TRY(vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * m->ng + i],
+					vmmrt_slot_address(m->results) + 8 * i, 8, m->run));
 	return VMMRT_OK;
 fail:
 	return st;
 }
 
+static vmmrt_status start_iteration(model *m, unsigned *iter)
+{
+	vmmrt_status st;
+	*iter = m->iters;
+	if (*iter >= MAX_ITERS)
+		return VMMRT_E_INVALID_ARGUMENT;
+	m->iter_bytes[*iter] = m->bytes;
+	for (unsigned j = 0; j < m->mb; j++)
+		TRY(vmmrt_kernel_fill(m->rt, m->run, vmmrt_slot_address(m->input[j]), m->bytes,
+				      (uint64_t)*iter * m->mb + j + 1));
+	return VMMRT_OK;
+fail:
+	return st;
+}
+
+vmmrt_status model_run(model *m, unsigned count)
+{
+	vmmrt_status st;
+	for (unsigned it = 0; it < count; it++) {
+		unsigned iter;
+		if ((st = start_iteration(m, &iter)) != VMMRT_OK)
+			return st;
+		for (unsigned k = 0; k < 2 * m->ng; k++)
+			if ((st = run_use(m, iter, k, false)) != VMMRT_OK)
+				return st;
+		m->iters++;
+	}
+	return VMMRT_OK;
+}
+
+vmmrt_status model_run_part(model *m, unsigned uses, bool begin_next)
+{
+	unsigned iter;
+	vmmrt_status st = start_iteration(m, &iter);
+	if (st != VMMRT_OK)
+		return st;
+	m->void_iter[iter] = true;
+	m->iters++;
+	for (unsigned k = 0; k < uses && k < 2 * m->ng; k++)
+		if ((st = run_use(m, iter, k, false)) != VMMRT_OK)
+			return st;
+	if (begin_next && uses < 2 * m->ng)
+		st = run_use(m, iter, uses, true);
+	return st;
+}
+
+vmmrt_status model_abort(model *m)
+{
+	vmmrt_status st = vmmrt_offload_abort(m->rt);
+	if (st != VMMRT_OK)
+		fprintf(stderr, "model: abort: %s\n", vmmrt_last_error());
+	return st;
+}
+
+vmmrt_status model_rediscover(model *m, size_t bytes)
+{
+	vmmrt_status st;
+	if (m->nold == MAX_OLD)
+		return VMMRT_E_INVALID_ARGUMENT;
+	unsigned o = m->nold++;
+	m->old_fwd[o] = m->fwd;
+	m->old_bwd[o] = m->bwd;
+	m->old_input[o] = m->input;
+	m->old_act[o] = calloc(m->ng, sizeof(*m->old_act[o]));
+	m->fwd = calloc(m->ng, sizeof(*m->fwd));
+	m->bwd = calloc(m->ng, sizeof(*m->bwd));
+	m->input = calloc(m->mb, sizeof(*m->input));
+	for (unsigned i = 0; i < m->ng; i++) {
+		m->old_act[o][i] = vmmrt_group_address(m->g[i]);
+		TRY(vmmrt_group_rediscover(m->g[i]));
+		vmmrt_tensor_desc d = act_desc(bytes);
+		TRY(vmmrt_group_discover(m->g[i], &d));
+	}
+	if (m->cfg.declare)
+		TRY(declare(m));
+	TRY(vmmrt_offload_allocate(m->rt));
+	m->bytes = bytes;
+	TRY(capture(m));
+	return VMMRT_OK;
+fail:
+	return st;
+}
+
+vmmrt_graph *model_old_graph(model *m, unsigned i, vmmrt_devptr *act)
+{
+	if (!m->nold || i >= m->ng)
+		return NULL;
+	*act = m->old_act[m->nold - 1][i];
+	return m->old_bwd[m->nold - 1][i];
+}
+
+static void free_graphs(model *m, vmmrt_graph **fwd, vmmrt_graph **bwd, vmmrt_slot **input)
+{
+	for (unsigned i = 0; i < m->ng; i++) {
+		if (fwd && fwd[i])
+			vmmrt_graph_destroy(m->rt, fwd[i]);
+		if (bwd && bwd[i])
+			vmmrt_graph_destroy(m->rt, bwd[i]);
+	}
+	for (unsigned j = 0; input && j < m->mb; j++)
+		if (input[j])
+			vmmrt_slot_destroy(input[j]);
+	free(fwd);
+	free(bwd);
+	free(input);
+}
+
+vmmrt_status model_release_old(model *m)
+{
+	vmmrt_status st = vmmrt_stream_synchronize(m->rt, m->run);
+	for (unsigned o = 0; o < m->nold; o++) {
+		free_graphs(m, m->old_fwd[o], m->old_bwd[o], m->old_input[o]);
+		free(m->old_act[o]);
+	}
+	m->nold = 0;
+	if (st == VMMRT_OK)
+		st = vmmrt_offload_release_retired(m->rt);
+	return st;
+}
+
 unsigned model_verify(model *m, unsigned *checked)
 {
-	unsigned n = m->cfg.layers, bad = 0;
-	size_t words = m->cfg.act_bytes / 8;
-	uint64_t *act = malloc(m->cfg.act_bytes);
+	unsigned bad = 0;
+	size_t most = 0;
+	for (unsigned it = 0; it < m->iters; it++)
+		most = m->iter_bytes[it] > most ? m->iter_bytes[it] : most;
+	uint64_t *act = malloc(most ? most : 8);
 	vmmrt_status sst = vmmrt_offload_sync(m->rt);
 	if (sst == VMMRT_E_OUT_OF_MEMORY) { /* reported, like the hooks do: note it, sync again */
 		m->reported++;
@@ -209,12 +457,16 @@ unsigned model_verify(model *m, unsigned *checked)
 	}
 	*checked = 0;
 	for (unsigned it = 0; it < m->iters; it++) {
-		for (unsigned i = 0; i < n; i++) {
+		if (m->void_iter[it])
+			continue;
+		size_t words = m->iter_bytes[it] / 8;
+		for (unsigned i = 0; i < m->ng; i++) {
+			uint64_t seed = (uint64_t)it * m->mb + i / m->cfg.layers + 1;
 			for (size_t w = 0; w < words; w++)
-				act[w] = vmmrt_fill_word(it + 1, w) ^ vmmrt_fill_word(1000 + i, w);
-			uint64_t want = vmmrt_checksum_host(act, m->cfg.act_bytes);
+				act[w] = vmmrt_fill_word(seed, w) ^ vmmrt_fill_word(1000 + i, w);
+			uint64_t want = vmmrt_checksum_host(act, m->iter_bytes[it]);
 			(*checked)++;
-			if (m->host_results[it * n + i] != want)
+			if (m->host_results[it * m->ng + i] != want)
 				bad++;
 		}
 	}
@@ -247,6 +499,18 @@ vmmrt_group *model_group(model *m, unsigned layer)
 	return m->g[layer];
 }
 
+unsigned model_groups(model *m)
+{
+	return m->ng;
+}
+
+unsigned model_uses(model *m, const unsigned **group, const bool **bwd)
+{
+	*group = m->use_group;
+	*bwd = m->use_bwd;
+	return 2 * m->ng;
+}
+
 void model_destroy(model *m)
 {
 	if (!m)
@@ -256,11 +520,12 @@ void model_destroy(model *m)
 			(void)vmmrt_stream_synchronize(m->rt, m->compute);
 		if (m->run != m->compute)
 			(void)vmmrt_stream_synchronize(m->rt, m->run);
-		for (unsigned i = 0; i < m->cfg.layers; i++) {
-			if (m->fwd[i])
-				vmmrt_graph_destroy(m->rt, m->fwd[i]);
-			if (m->bwd[i])
-				vmmrt_graph_destroy(m->rt, m->bwd[i]);
+		free_graphs(m, m->fwd, m->bwd, m->input);
+		m->fwd = m->bwd = NULL;
+		m->input = NULL;
+		for (unsigned o = 0; o < m->nold; o++) {
+			free_graphs(m, m->old_fwd[o], m->old_bwd[o], m->old_input[o]);
+			free(m->old_act[o]);
 		}
 		if (m->host_results)
 			vmmrt_host_free(m->rt, m->host_results);
@@ -272,6 +537,9 @@ void model_destroy(model *m)
 	free(m->g);
 	free(m->fwd);
 	free(m->bwd);
+	free(m->input);
+	free(m->use_group);
+	free(m->use_bwd);
 	free(m);
 }
 
@@ -300,7 +568,8 @@ unsigned model_jobs_run(model_job *jobs, unsigned n)
 	for (unsigned i = 0; i < n; i++) {
 		model_job *j = &jobs[i];
 		pthread_join(t[i], NULL);
-		if (j->st != VMMRT_OK || j->bad || j->checked != j->iterations * j->cfg.layers) {
+		unsigned groups = j->cfg.layers * (j->cfg.microbatches ? j->cfg.microbatches : 1);
+		if (j->st != VMMRT_OK || j->bad || j->checked != j->iterations * groups) {
 			fprintf(stderr, "model job %u (%s): %s, %u of %u activations corrupted\n", i, j->cfg.mode,
 				vmmrt_status_name(j->st), j->bad, j->checked);
 			failed++;

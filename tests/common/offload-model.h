@@ -30,6 +30,21 @@ typedef struct model_cfg {
 	 * replay, hooks and copies on a default stream: "null" (the legacy
 	 * stream as PyTorch passes it), "legacy" or "per-thread". */
 	const char *replay_on;
+	/* Pipeline schedules: a group per (layer, microbatch), as Megatron's
+	 * per-microbatch graphs; group m * layers + l is layer l of microbatch
+	 * m. schedule NULL or "afab": every forward, then every backward in
+	 * reverse (or bwd_order); "1f1b": `inflight` microbatches in flight,
+	 * then one backward, one forward; "interleaved": the layers in `chunks`
+	 * model chunks, microbatches in blocks of `inflight` (Megatron's
+	 * interleaved order on one stage). */
+	unsigned microbatches;      /* 0: 1 */
+	const char *schedule;
+	unsigned inflight;          /* 0: 1 */
+	unsigned chunks;            /* 0: 1 */
+	bool declare;               /* vmmrt_offload_set_schedule before allocation */
+	unsigned max_banks;         /* 0: the default */
+	int plant;                  /* VMMRT_DROP_* | VMMRT_PLANT_* set before allocation */
+	unsigned timeout_ms;        /* 0: the default */
 } model_cfg;
 
 typedef struct model model;
@@ -47,7 +62,30 @@ unsigned model_stale_messages(model *m);
 unsigned model_reported(model *m);
 /* Device memory in use right after the runtime was created, before allocation. */
 size_t model_base_used(model *m);
+/* Group i (layer i when there is one microbatch), and how many there are. */
 vmmrt_group *model_group(model *m, unsigned layer);
+unsigned model_groups(model *m);
+/* The schedule the model runs: use k is group uses[k] (its backward if bwd[k]). */
+unsigned model_uses(model *m, const unsigned **group, const bool **bwd);
+/*
+ * Part of an iteration, which an abort then abandons: the first `uses` uses
+ * whole, then (begin_next) the begin hook and the graph of the next one. The
+ * iteration is not verified. Returns the first failure, if any.
+ */
+vmmrt_status model_run_part(model *m, unsigned uses, bool begin_next);
+/* vmmrt_offload_abort, with the message on stderr if it fails. */
+vmmrt_status model_abort(model *m);
+/*
+ * A new shape: every group re-discovered with activations of `bytes`,
+ * allocated again (the schedule declared again if cfg.declare), and
+ * captured again; the old graphs are kept (model_old_graph) and still
+ * replayable until model_release_old. Iterations run so far verify with
+ * the bytes they ran with.
+ */
+vmmrt_status model_rediscover(model *m, size_t bytes);
+/* An old backward graph of group i (NULL if none), and its result address. */
+vmmrt_graph *model_old_graph(model *m, unsigned i, vmmrt_devptr *act);
+vmmrt_status model_release_old(model *m);
 void model_destroy(model *m);
 
 /* A whole model run as a thread's job: create, run, verify, destroy. */

@@ -203,7 +203,7 @@ static void lookahead_follows_recorded_order(void **state)
 		vmmrt_runtime *rt = model_runtime(m);
 		vmmrt__offload *off = rt->offload;
 		for (unsigned k = 0; k < 4; k++)
-			assert_int_equal(off->sched.bwd[k], order[k]);
+			assert_int_equal(off->sched.grp[4 + k], order[k]);
 		/* In steady state, when backward of order[k] begins, order[k+1]'s restore is queued. */
 		vmmrt_stream c;
 		assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);

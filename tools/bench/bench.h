@@ -64,6 +64,11 @@ typedef struct bench_params {
 	unsigned iterations, warmup;
 	unsigned lookahead;       /* effective (command line, then VMMRT_LOOKAHEAD) */
 	unsigned workers;         /* effective driver_workers */
+	/* --schedule=1f1b: one pipeline stage running `microbatches` through the
+	 * layers, `inflight` at once; a runner (group, graphs) per layer and
+	 * microbatch, as Megatron's per-microbatch graphs. */
+	bool one_f_one_b;
+	unsigned inflight, microbatches;
 } bench_params;
 
 /* One real layer measured on the H200 (shared/gpu/README.md). */
@@ -144,6 +149,9 @@ typedef struct bench_result {
 	unsigned first_bad_iter, first_bad_layer;
 	uint64_t lib_activation_peak_bytes;
 	uint64_t bank_conflicts;
+	/* the schedule's bound (library modes): what vmmrt_offload_stats says */
+	uint32_t banks, budget_groups, lookahead_in_force;
+	uint64_t bound_bytes;
 } bench_result;
 
 /* Did this row come out as it must (correct modes verified, naive failed)? */
@@ -177,6 +185,9 @@ typedef struct bench_timing {
 	bench_span *span;
 	unsigned nspan, maxspan;
 	uint64_t ref_host_ns;      /* CLOCK_MONOTONIC when `ref` completed */
+	/* NULL, or per backward step: it follows a forward (1F1B), so the gap
+	 * before it is no wait for a restore and is not counted */
+	const bool *after_forward;
 } bench_timing;
 
 vmmrt_status bench_timing_create(vmmrt_runtime *rt, unsigned layers, bench_timing *t);

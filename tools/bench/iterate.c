@@ -111,21 +111,22 @@ static vmmrt_status iteration_end(model *m, unsigned it)
 
 static vmmrt_status iter_eager(model *m, unsigned it)
 {
-	unsigned L = m->L;
 	if (iteration_start(m, it) != VMMRT_OK)
 		return VMMRT_E_INVALID_STATE;
-	for (unsigned i = 0; i < L; i++) {
-		REC(m, m->tm.fwd_s[i], m->compute);
-		if (bench_enqueue_forward(m, vmmrt_slot_address(m->act[i]), i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		REC(m, m->tm.fwd_e[i], m->compute);
-	}
-	for (unsigned k = 0; k < L; k++) {
-		unsigned i = L - 1 - k;
+	for (unsigned u = 0, k = 0; u < 2 * m->L; u++) {
+		unsigned i = m->use_runner[u];
+		if (!m->use_bwd[u]) {
+			REC(m, m->tm.fwd_s[i], m->compute);
+			if (bench_enqueue_forward(m, vmmrt_slot_address(m->act[i]), i) != VMMRT_OK)
+				return VMMRT_E_INVALID_STATE;
+			REC(m, m->tm.fwd_e[i], m->compute);
+			continue;
+		}
 		REC(m, m->tm.bwd_s[k], m->compute);
 		if (bench_enqueue_backward(m, vmmrt_slot_address(m->act[i]), i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 		REC(m, m->tm.bwd_e[k], m->compute);
+		k++;
 	}
 	return iteration_end(m, it);
 }
@@ -250,28 +251,29 @@ static vmmrt_status hook(model *m, vmmrt_status (*fn)(vmmrt_group *, vmmrt_strea
 
 static vmmrt_status iter_library(model *m, unsigned it)
 {
-	unsigned L = m->L;
 	if (iteration_start(m, it) != VMMRT_OK)
 		return VMMRT_E_INVALID_STATE;
-	for (unsigned i = 0; i < L; i++) {
+	for (unsigned u = 0, k = 0; u < 2 * m->L; u++) {
+		unsigned i = m->use_runner[u];
+		if (m->use_bwd[u]) {
+			if (hook(m, vmmrt_backward_begin, "backward_begin", i) != VMMRT_OK)
+				return VMMRT_E_INVALID_STATE;
+			/* after backward_begin: its stream wait for the restore is enqueued,
+			 * so the gap before this event includes any wait for the H2D */
+			REC(m, m->tm.bwd_s[k], m->compute);
+			TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
+			REC(m, m->tm.bwd_e[k], m->compute);
+			if (hook(m, vmmrt_backward_end, "backward_end", i) != VMMRT_OK)
+				return VMMRT_E_INVALID_STATE;
+			k++;
+			continue;
+		}
 		if (hook(m, vmmrt_forward_begin, "forward_begin", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 		REC(m, m->tm.fwd_s[i], m->compute);
 		TRY(m, vmmrt_graph_launch(m->rt, m->fwd[i], m->compute), "forward graph of layer %u", i);
 		REC(m, m->tm.fwd_e[i], m->compute);
 		if (hook(m, vmmrt_forward_end, "forward_end", i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-	}
-	for (unsigned k = 0; k < L; k++) {
-		unsigned i = L - 1 - k;
-		if (hook(m, vmmrt_backward_begin, "backward_begin", i) != VMMRT_OK)
-			return VMMRT_E_INVALID_STATE;
-		/* after backward_begin: its stream wait for the restore is enqueued,
-		 * so the gap before this event includes any wait for the H2D */
-		REC(m, m->tm.bwd_s[k], m->compute);
-		TRY(m, vmmrt_graph_launch(m->rt, m->bwd[i], m->compute), "backward graph of layer %u", i);
-		REC(m, m->tm.bwd_e[k], m->compute);
-		if (hook(m, vmmrt_backward_end, "backward_end", i) != VMMRT_OK)
 			return VMMRT_E_INVALID_STATE;
 	}
 	return iteration_end(m, it);

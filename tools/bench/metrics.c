@@ -158,6 +158,8 @@ vmmrt_status bench_timing_collect(bench_timing *t, bench_acc *acc, bench_ctx *ct
 	/* The gap between backward graph k-1's end and graph k's start: what the
 	 * compute stream spent waiting for a restore (or for the launch thread). */
 	for (unsigned k = 1; k < L; k++) {
+		if (t->after_forward && t->after_forward[k])
+			continue;
 		if ((st = elapsed(t, t->bwd_e[k - 1], t->bwd_s[k], &ms)) != VMMRT_OK)
 			return st;
 		acc->gap_us[acc->n_gap++] = ms * 1000.0;

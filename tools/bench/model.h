@@ -55,6 +55,12 @@ typedef struct model {
 	vmmrt_group **g;
 	vmmrt_devptr *gaddr;
 	vmmrt_graph **fwd, **bwd;
+	/* The order of an iteration: use k is runner use_runner[k]'s backward
+	 * if use_bwd[k]; all forwards then all backwards in reverse, or 1F1B.
+	 * A runner is a layer of one microbatch (runner m * layers + l). */
+	unsigned *use_runner;
+	bool *use_bwd;
+	bool *after_forward;              /* per backward step: a forward came just before it */
 	bool allocated;                   /* library modes: vmmrt_offload_allocate succeeded */
 	bench_timing tm;
 	bool traced;                      /* the runtime writes the --trace file */

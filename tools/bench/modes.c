@@ -181,11 +181,71 @@ static vmmrt_status check_runtime(model *m)
 	return VMMRT_OK;
 }
 
+/*
+ * The order of an iteration. All forwards, then the backwards in reverse;
+ * or one pipeline stage's 1F1B: the forwards of `inflight` microbatches,
+ * then one backward and one forward, then the last backwards, each
+ * microbatch's forward through the layers and its backward back.
+ */
+static vmmrt_status make_order(model *m)
+{
+	unsigned R = m->L, layers = m->p.layers, k = 0, nb = 0;
+	if (!(m->use_runner = xcalloc(m, 2 * R, sizeof(*m->use_runner))) ||
+	    !(m->use_bwd = xcalloc(m, 2 * R, sizeof(*m->use_bwd))) ||
+	    !(m->after_forward = xcalloc(m, R, sizeof(*m->after_forward))))
+		return VMMRT_E_HOST_OUT_OF_MEMORY;
+#define USE(r, b) (m->use_runner[k] = (r), m->use_bwd[k] = (b), k++)
+	if (!m->p.one_f_one_b) {
+		for (unsigned i = 0; i < R; i++)
+			USE(i, false);
+		for (unsigned i = R; i-- > 0;)
+			USE(i, true);
+	} else {
+		unsigned M = m->p.microbatches, p = m->p.inflight < M ? m->p.inflight : M;
+		for (unsigned mb = 0; mb < p; mb++)
+			for (unsigned l = 0; l < layers; l++)
+				USE(mb * layers + l, false);
+		for (unsigned mb = 0; mb < M; mb++) {
+			for (unsigned l = layers; l-- > 0;)
+				USE(mb * layers + l, true);
+			for (unsigned l = 0; mb + p < M && l < layers; l++)
+				USE((mb + p) * layers + l, false);
+		}
+	}
+#undef USE
+	for (unsigned u = 0; u < 2 * R; u++)
+		if (m->use_bwd[u])
+			m->after_forward[nb++] = u > 0 && !m->use_bwd[u - 1];
+	return VMMRT_OK;
+}
+
+/* The library's groups learn the order before allocation: ping-pong makes
+ * the banks it needs from it (vmmrt_offload_set_schedule(3)). */
+static vmmrt_status declare_order(model *m)
+{
+	vmmrt_schedule_step *s = xcalloc(m, 2 * m->L, sizeof(*s));
+	if (!s)
+		return VMMRT_E_HOST_OUT_OF_MEMORY;
+	for (unsigned u = 0; u < 2 * m->L; u++)
+		s[u] = (vmmrt_schedule_step){m->g[m->use_runner[u]], m->use_bwd[u]};
+	vmmrt_status st = vmmrt_offload_set_schedule(m->rt, s, 2 * m->L);
+	free(s);
+	TRY(m, st, "the 1F1B schedule");
+	return VMMRT_OK;
+}
+
 static vmmrt_status model_setup(model *m)
 {
 	unsigned L = m->L;
 	size_t total;
 
+	if (m->p.one_f_one_b && bench_is_pool_mode(m)) {
+		m->skip = true;
+		snprintf(m->err, sizeof(m->err), "the pool modes model all forwards, then all backwards only");
+		return VMMRT_E_NOT_SUPPORTED;
+	}
+	if (make_order(m) != VMMRT_OK)
+		return VMMRT_E_HOST_OUT_OF_MEMORY;
 	if (mode_runtime(m) != VMMRT_OK)
 		return VMMRT_E_INVALID_OPTION;
 	m->created_ns = bench_now_ns();
@@ -267,11 +327,16 @@ static vmmrt_status model_setup(model *m)
 			return VMMRT_E_HOST_OUT_OF_MEMORY;
 		vmmrt_tensor_desc d = {.bytes = m->A, .dtype = 7, .ndim = 1, .shape = {(int64_t)(m->A / 8)}, .stride = {1}};
 		for (unsigned i = 0; i < L; i++) {
-			char name[16];
-			snprintf(name, sizeof(name), "L%u", i);
+			char name[24];
+			if (m->p.one_f_one_b)
+				snprintf(name, sizeof(name), "L%u.m%u", i % m->p.layers, i / m->p.layers);
+			else
+				snprintf(name, sizeof(name), "L%u", i);
 			TRY(m, vmmrt_group_create(m->rt, name, &m->g[i]), "group of layer %u", i);
 			TRY(m, vmmrt_group_discover(m->g[i], &d), "discovery of layer %u", i);
 		}
+		if (m->p.one_f_one_b && declare_order(m) != VMMRT_OK)
+			return VMMRT_E_INVALID_STATE;
 		TRY(m, vmmrt_offload_allocate(m->rt), "offload allocation (%u groups of %zu bytes)", L, m->A);
 		m->allocated = true;
 		for (unsigned i = 0; i < L; i++) {
@@ -285,6 +350,7 @@ static vmmrt_status model_setup(model *m)
 	}
 	}
 	TRY(m, bench_timing_create(m->rt, L, &m->tm), "timing events");
+	m->tm.after_forward = m->p.one_f_one_b ? m->after_forward : NULL;
 	return VMMRT_OK;
 }
 
@@ -337,6 +403,9 @@ static void model_teardown(model *m)
 		bench_trace_absorb(m->ctx, m->md->name, m->created_ns);
 	free(m->fwd);
 	free(m->bwd);
+	free(m->use_runner);
+	free(m->use_bwd);
+	free(m->after_forward);
 	free(m->act);
 	free(m->pool.slot);
 	free(m->pool.addr);
@@ -507,6 +576,10 @@ static vmmrt_status run_all(model *m, bench_result *r)
 		if (vmmrt_offload_stats_get(m->rt, &s) == VMMRT_OK) {
 			r->lib_activation_peak_bytes = s.activation_peak_bytes;
 			r->bank_conflicts = s.bank_conflicts - conflicts0;
+			r->banks = s.banks;
+			r->budget_groups = s.budget_groups;
+			r->lookahead_in_force = s.lookahead_in_force;
+			r->bound_bytes = s.bound_bytes;
 		}
 	}
 	fill_result(m, &acc, r);
@@ -521,7 +594,8 @@ out:
 
 void bench_run_mode(bench_ctx *ctx, bench_mode_id id, const bench_params *p, bench_result *r)
 {
-	model m = {.ctx = ctx, .id = id, .md = &bench_modes[id], .p = *p, .L = p->layers, .A = p->act_bytes};
+	model m = {.ctx = ctx, .id = id, .md = &bench_modes[id], .p = *p,
+		   .L = p->layers * (p->one_f_one_b ? p->microbatches : 1), .A = p->act_bytes};
 	m.iters_total = p->warmup + p->iterations;
 	memset(r, 0, sizeof(*r));
 	r->mode = id;

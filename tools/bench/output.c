@@ -164,8 +164,10 @@ static void json_row(FILE *f, const bench_result *r, bool with_ratio)
 	if (r->pool_buffers)
 		fprintf(f, "\"pool_buffers\": %u, ", r->pool_buffers);
 	if (bench_modes[r->mode].lib_mode)
-		fprintf(f, "\"library_activation_peak_bytes\": %" PRIu64 ", \"bank_conflicts\": %" PRIu64 ", ",
-			r->lib_activation_peak_bytes, r->bank_conflicts);
+		fprintf(f, "\"library_activation_peak_bytes\": %" PRIu64 ", \"bank_conflicts\": %" PRIu64 ", "
+			"\"banks\": %u, \"budget_groups\": %u, \"lookahead_in_force\": %u, \"bound_bytes\": %" PRIu64 ", ",
+			r->lib_activation_peak_bytes, r->bank_conflicts, r->banks, r->budget_groups, r->lookahead_in_force,
+			r->bound_bytes);
 	fputs("\"driver_calls\": {", f);
 	bool first = true;
 	for (unsigned c = 0; c < VMMRT_DRIVER_CALLS; c++) {

@@ -102,33 +102,32 @@ void illegal_life_cycle(scen *s, bool allocated)
 
 /* ------------------------------------------------------------------- hooks */
 
-/* The group of the next use the schedule expects, once it is recorded: the
- * next non-empty group from (phase, pos) on, wrapping to the next iteration. */
-static void expected_next(scen *s, bool backward, unsigned pos, unsigned *gi, bool *bwd)
+/* The next use the schedule expects, once it is known: the next use of a
+ * non-empty group from `pos` on, wrapping to the next iteration. */
+static void expected_next(scen *s, unsigned pos, unsigned *gi, bool *bwd)
 {
-	for (unsigned round = 0; round < 2; round++)
-		for (unsigned ph = round ? 0 : backward; ph < 2; ph++)
-			for (unsigned k = (!round && ph == (unsigned)backward ? pos : 0); k < s->ng; k++) {
-				unsigned i = ph ? s->bwd_order[k] : s->fwd_order[k];
-				if (s->G[i].nt) {
-					*gi = i;
-					*bwd = ph == 1;
-					return;
-				}
-			}
+	for (unsigned n = 0; n < 2 * s->ng; n++) {
+		unsigned k = (pos + n) % (2 * s->ng);
+		if (s->G[s->use_g[k]].nt) {
+			*gi = s->use_g[k];
+			*bwd = s->use_b[k];
+			return;
+		}
+	}
 }
 
-static bool nonempty_in(scen *s, const unsigned *order, unsigned from, unsigned to, unsigned *gi)
+/* A non-empty group whose use of kind `bwd` lies in [from, to) of the order. */
+static bool nonempty_in(scen *s, bool bwd, unsigned from, unsigned to, unsigned *gi)
 {
 	for (unsigned k = from; k < to; k++)
-		if (s->G[order[k]].nt) {
-			*gi = order[k];
+		if (s->use_b[k] == bwd && s->G[s->use_g[k]].nt) {
+			*gi = s->use_g[k];
 			return true;
 		}
 	return false;
 }
 
-void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
+void illegal_hooks(scen *s, unsigned it, unsigned pos)
 {
 	trng *r = &s->r;
 	vmmrt_stream c = s->compute;
@@ -161,25 +160,24 @@ void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos)
 	}
 	if (s->errored)
 		return;
-	/* The first iteration records the order until its last non-empty backward. */
-	bool recording = it == 0 && !(backward && !nonempty_in(s, s->bwd_order, pos, s->ng, &gi));
+	/* Until the order is known, the iteration records it, up to its last
+	 * non-empty use (which, when it begins, makes the order known). */
+	unsigned n = 2 * s->ng;
+	bool recording = !s->recorded && (nonempty_in(s, false, pos, n, &gi) || nonempty_in(s, true, pos, n, &gi));
 	if (recording) {
-		/* These break the recording's rules. */
-		if (!backward) {
-			if (nonempty_in(s, s->fwd_order, pos, s->ng, &gi))
-				EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_begin(h->g, c)); /* before every forward */
-			if (nonempty_in(s, s->fwd_order, 0, pos, &gi))
-				EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_forward_begin(s->G[gi].g, c)); /* twice */
-		} else {
-			EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_forward_begin(h->g, c)); /* forward in the backward pass */
-			if (nonempty_in(s, s->bwd_order, 0, pos, &gi))
-				EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_begin(s->G[gi].g, c)); /* twice */
-		}
+		/* These break the recording's rules: a forward or a backward twice,
+		 * a backward before its forward. */
+		if (nonempty_in(s, false, pos, n, &gi))
+			EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_begin(s->G[gi].g, c)); /* before its forward */
+		if (nonempty_in(s, false, 0, pos, &gi))
+			EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_forward_begin(s->G[gi].g, c)); /* twice */
+		if (nonempty_in(s, true, 0, pos, &gi))
+			EXPECT(s, VMMRT_E_INVALID_STATE, vmmrt_backward_begin(s->G[gi].g, c)); /* twice */
 		return;
 	}
-	/* Recorded: any other use than the expected one is out of order. */
+	/* Known: any other use than the expected one is out of order. */
 	bool want_bwd = false;
-	expected_next(s, backward, pos, &gi, &want_bwd);
+	expected_next(s, pos, &gi, &want_bwd);
 	bool kind = chance(r, 0.5);
 	if (h == &s->G[gi] && kind == want_bwd) {
 		h = pick_nonempty(s, gi);

@@ -149,6 +149,11 @@ static void summary(void)
 	o_kv(&o, "hostfn_refused", &T.hostfn_checked);
 	o_kv(&o, "mid_run_shutdowns", &T.shutdowns_mid_run);
 	o_kv(&o, "destroys_in_flight", &T.destroys_in_flight);
+	o_kv(&o, "interleaved_schedules", &T.schedules_interleaved);
+	o_kv(&o, "declared_schedules", &T.schedules_declared);
+	o_kv(&o, "aborts", &T.aborts);
+	o_kv(&o, "recoveries", &T.recoveries);
+	o_kv(&o, "rediscoveries", &T.rediscoveries);
 	o_kv(&o, "activations_verified", &T.activations_verified);
 	o_kv(&o, "bytes_verified", &T.bytes_verified);
 	o_kv(&o, "excused", &T.excused);

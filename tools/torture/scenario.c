@@ -243,6 +243,46 @@ static void configure(scen *s)
 				s->bwd_order[0] = k;
 			}
 	}
+
+	/* The order: all forwards then all backwards, or (not for the end in
+	 * flight, which needs that order) a random legal one: at each step a
+	 * forward not yet run or a backward whose forward ran (1F1B and
+	 * interleaved chunks are among them). Declared before allocation, or
+	 * recorded by the first iteration. */
+	s->interleaved = !s->end_in_flight && chance(r, 0.5);
+	unsigned n = 0;
+	if (!s->interleaved) {
+		for (unsigned i = 0; i < s->ng; i++, n++)
+			s->use_g[n] = s->fwd_order[i], s->use_b[n] = false;
+		for (unsigned i = 0; i < s->ng; i++, n++)
+			s->use_g[n] = s->bwd_order[i], s->use_b[n] = true;
+	} else {
+		bool fdone[MAXG] = {0}, bdone[MAXG] = {0};
+		unsigned nf = 0, nb = 0;
+		while (n < 2 * s->ng) {
+			bool fwd = nf < s->ng && (nb == nf || chance(r, 0.5));
+			for (unsigned pick = (unsigned)(rnd(r) % s->ng), tries = 0;; pick = (pick + 1) % s->ng, tries++) {
+				if (fwd ? !fdone[pick] : fdone[pick] && !bdone[pick]) {
+					(fwd ? fdone : bdone)[pick] = true;
+					s->use_g[n] = pick;
+					s->use_b[n++] = !fwd;
+					if (fwd)
+						nf++;
+					else
+						nb++;
+					break;
+				}
+				if (tries > s->ng)
+					break; /* not reached: a forward or a backward is always ready */
+			}
+		}
+	}
+	s->declared = chance(r, 0.4);
+	/* Allocation maps every group for capture, outside remap's budget, and
+	 * a group the schedule keeps resident holds that backing until its first
+	 * backward's release: the peak is measured from the end of iteration 1,
+	 * when every group's first release has run (its second map waited for it). */
+	s->reset_at = 2;
 }
 
 static vmmrt_status set_opt(vmmrt_options *o, const char *k, const char *v)
@@ -441,13 +481,22 @@ static void invariants(scen *s)
 	for (unsigned i = 0; i < s->ng; i++)
 		if (s->G[i].nt && round_up(s->G[i].bytes, s->gran) > maxslot)
 			maxslot = round_up(s->G[i].bytes, s->gran);
-	if (s->mode == VMMRT_MODE_PINGPONG && st.activation_bytes != 2 * maxslot)
-		t_fail(s->seed, "memory-bound", "ping-pong holds %llu bytes of activations, want two banks of %zu",
-		       (unsigned long long)st.activation_bytes, maxslot);
+	/* Ping-pong holds its banks, no more: two of the largest group without
+	 * a declared schedule (until a re-discovery adds banks of other sizes),
+	 * what the declared one needs otherwise. */
+	if (s->mode == VMMRT_MODE_PINGPONG && (st.activation_bytes != st.bound_bytes ||
+					       (!s->declared && !s->reallocated && st.activation_bytes != 2 * maxslot)))
+		t_fail(s->seed, "memory-bound",
+		       "ping-pong holds %llu bytes of activations, its %u banks %llu (two of %zu without a declared "
+		       "schedule)", (unsigned long long)st.activation_bytes, st.banks, (unsigned long long)st.bound_bytes,
+		       maxslot);
+	if (s->mode == VMMRT_MODE_PINGPONG && s->declared && st.bank_conflicts)
+		t_fail(s->seed, "bank-conflict", "%llu bank conflicts under a declared schedule (banks %u, look-ahead %u)",
+		       (unsigned long long)st.bank_conflicts, st.banks, st.lookahead_in_force);
 	if (s->mode == VMMRT_MODE_REMAP && s->stats_reset &&
-	    st.activation_peak_bytes > (uint64_t)(s->lookahead + 1) * maxslot)
-		t_fail(s->seed, "memory-bound", "remap peak %llu bytes > (lookahead %u + 1) x %zu",
-		       (unsigned long long)st.activation_peak_bytes, s->lookahead, maxslot);
+	    (st.activation_peak_bytes > (uint64_t)st.budget_groups * maxslot || st.budget_groups > s->lookahead + 1))
+		t_fail(s->seed, "memory-bound", "remap peak %llu bytes > budget %u x %zu (lookahead %u)",
+		       (unsigned long long)st.activation_peak_bytes, st.budget_groups, maxslot, s->lookahead);
 }
 
 /* A quiet point: everything enqueued so far has finished and is checked. */
@@ -486,9 +535,23 @@ static bool discover(scen *s)
 	return true;
 }
 
-static bool allocate(scen *s)
+/* The order, for the library: the non-empty groups' uses. */
+static bool declare(scen *s)
 {
-	/* A failed allocation leaves nothing behind and may be retried. */
+	vmmrt_schedule_step steps[2 * MAXG];
+	unsigned n = 0;
+	for (unsigned k = 0; k < 2 * s->ng; k++)
+		if (s->G[s->use_g[k]].nt)
+			steps[n++] = (vmmrt_schedule_step){s->G[s->use_g[k]].g, s->use_b[k]};
+	return s_ok(s, API(s, "vmmrt_offload_set_schedule", vmmrt_offload_set_schedule(s->rt, steps, n)),
+		    "vmmrt_offload_set_schedule");
+}
+
+/* A failed allocation leaves nothing behind and may be retried. */
+static bool allocate_retrying(scen *s)
+{
+	if (s->declared && !declare(s))
+		return false;
 	for (int attempt = 0;; attempt++) {
 		vmmrt_status st = API(s, "vmmrt_offload_allocate", vmmrt_offload_allocate(s->rt));
 		if (st == VMMRT_OK)
@@ -499,6 +562,14 @@ static bool allocate(scen *s)
 		t_note(2, "scenario %016" PRIx64 ": allocation failed (%s), retrying: %s", s->seed, vmmrt_status_name(st),
 		       vmmrt_last_error());
 	}
+	s->recorded = s->declared;
+	return true;
+}
+
+static bool allocate(scen *s)
+{
+	if (!allocate_retrying(s))
+		return false;
 	s->allocated = true;
 	for (unsigned i = 0; i < s->ng; i++) {
 		grp *g = &s->G[i];
@@ -727,6 +798,124 @@ static vmmrt_status hook(scen *s, unsigned it, grp *g, bool bwd, bool end)
 	return st;
 }
 
+/*
+ * Abandon the iteration under way (vmmrt_offload_abort): what it enqueued
+ * drains, every group is back at the start of an iteration, the results of
+ * its backwards that ran are checked as any others. Remap must then hold no
+ * memory at all. After a failed hook (recover), injected faults are off
+ * around it: the abort is the clean-up.
+ */
+static bool abort_iteration(scen *s, unsigned it, bool recover)
+{
+	if (recover)
+		s_quiet(s, true);
+	vmmrt_status st = API(s, "vmmrt_offload_abort", vmmrt_offload_abort(s->rt));
+	if (recover)
+		s_quiet(s, false);
+	if (!s_ok(s, st, "vmmrt_offload_abort"))
+		return false;
+	atomic_fetch_add_explicit(&T.aborts, 1, memory_order_relaxed);
+	vmmrt_offload_stats os = {.size = sizeof(os)};
+	if (!s_ok(s, API(s, "vmmrt_offload_stats_get", vmmrt_offload_stats_get(s->rt, &os)), "vmmrt_offload_stats_get"))
+		return false;
+	if (s->mode == VMMRT_MODE_REMAP && !fault_causes(&s->fc) && os.activation_bytes)
+		t_fail(s->seed, "abort", "remap holds %llu bytes of activations after an abort in iteration %u",
+		       (unsigned long long)os.activation_bytes, it);
+	/* A recording completes when its last use begins: an abort after that
+	 * (or a hook failing past that point) keeps the order, one before it
+	 * starts the recording again. A known order is never forgotten. */
+	if (s->recorded && !os.schedule_recorded)
+		t_fail(s->seed, "abort", "the abort in iteration %u forgot the recorded order", it);
+	s->recorded = os.schedule_recorded;
+	/* Everything the abandoned iteration asked for has finished. Its maps
+	 * ran past the budget (so that none a stream waited for was held): the
+	 * peak is measured again from a whole iteration after it. */
+	s->quiet_it = it + 1;
+	s->stats_reset = false;
+	s->reset_at = it + 2;
+	return true;
+}
+
+/*
+ * A new shape for some groups, between iterations: everything before is
+ * verified with the old tensors; the groups are re-discovered with new
+ * sizes and seeds, allocated again (new addresses, never one still held by a
+ * retired allocation: t_range_add checks), captured again; the old graphs
+ * and ranges stay until a release.
+ */
+static bool release_old(scen *s)
+{
+	for (unsigned i = 0; i < s->nold_graphs; i++)
+		s_ok(s, API(s, "vmmrt_graph_destroy", vmmrt_graph_destroy(s->rt, s->old_graphs[i])), "vmmrt_graph_destroy");
+	s->nold_graphs = 0;
+	for (unsigned i = 0; i < s->nold_base; i++)
+		t_range_del(s->old_base[i]);
+	s->nold_base = 0;
+	return s_ok(s, API(s, "vmmrt_offload_release_retired", vmmrt_offload_release_retired(s->rt)),
+		    "vmmrt_offload_release_retired");
+}
+
+static bool rediscover(scen *s)
+{
+	trng *r = &s->r;
+	checkpoint(s, true);
+	if (s->errored || s->stuck)
+		return false;
+	bool pick[MAXG] = {0};
+	unsigned n = 0;
+	for (unsigned i = 0; i < s->ng; i++)
+		if (s->G[i].nt && (pick[i] = chance(r, 0.5)))
+			n++;
+	for (unsigned i = 0; i < s->ng && !n; i++)
+		if (s->G[i].nt)
+			pick[i] = true, n++;
+	if (s->nold_graphs + 2 * n > 4 * MAXG && !release_old(s))
+		return false;
+	for (unsigned i = 0; i < s->ng; i++) {
+		grp *g = &s->G[i];
+		if (!pick[i])
+			continue;
+		if (!s_ok(s, API(s, "vmmrt_group_rediscover", vmmrt_group_rediscover(g->g)), "vmmrt_group_rediscover"))
+			return false;
+		/* the old graphs may still run over the old addresses: kept */
+		s->old_graphs[s->nold_graphs++] = g->fwd;
+		s->old_graphs[s->nold_graphs++] = g->bwd;
+		g->fwd = g->bwd = NULL;
+		s->old_base[s->nold_base++] = g->base;
+		g->base = 0;
+		for (unsigned k = 0; k < g->nt; k++) {
+			tens *t = &g->t[k];
+			size_t hi = cfg.tensor_bytes.hi < s->input_bytes ? cfg.tensor_bytes.hi : s->input_bytes;
+			size_t bytes = (size_t)rnd_in(r, cfg.tensor_bytes.lo, hi) & ~(size_t)7;
+			t->d.bytes = bytes < 8 ? 8 : bytes;
+			t->d.shape[0] = (int64_t)(t->d.bytes / 8);
+			t->seed = rnd(r) | 1;
+			if (!s_ok(s, API(s, "vmmrt_group_discover", vmmrt_group_discover(g->g, &t->d)),
+				  "vmmrt_group_discover"))
+				return false;
+		}
+	}
+	if (!allocate_retrying(s))
+		return false;
+	for (unsigned i = 0; i < s->ng; i++) {
+		grp *g = &s->G[i];
+		if (!pick[i])
+			continue;
+		g->base = vmmrt_group_address(g->g);
+		g->bytes = vmmrt_group_bytes(g->g);
+		t_range_add(g->base, round_up(g->bytes, s->gran), s->seed);
+		if (!capture_group(s, g, false) || !capture_graphs(s, g))
+			return false;
+	}
+	s->reallocated = true;
+	/* New initial backings, outside the budget, until their first release:
+	 * the peak is measured again from the end of the second iteration on. */
+	s->stats_reset = false;
+	s->reset_at = s->iters + 2;
+	atomic_fetch_add_explicit(&T.rediscoveries, 1, memory_order_relaxed);
+	return !chance(r, 0.5) || release_old(s);
+}
+
 static run_end run_iterations(scen *s)
 {
 	trng *r = &s->r;
@@ -747,6 +936,11 @@ static run_end run_iterations(scen *s)
 	for (unsigned it = 0; it < s->target_iters && it < MAXIT; it++) {
 		if (t_stopping())
 			return RUN_DONE;
+		/* An abort at some point of this iteration, after a begin or not. */
+		bool abort_here = chance(r, 0.08);
+		unsigned abort_pos = (unsigned)rnd_in(r, 0, 2 * s->ng);
+		bool abort_open = chance(r, 0.4);
+		bool aborted = false;
 		s->iterseed[it] = rnd(r) | 1;
 		for (unsigned k = 0; k < s->nres; k++)
 			s->hres[(size_t)it * s->nres + k] = RESULT_POISON;
@@ -757,19 +951,37 @@ static run_end run_iterations(scen *s)
 			return RUN_ERROR;
 		if (!s->probe_pending && chance(r, 0.08))
 			hostfn_probe_launch(s);
-		for (unsigned phase = 0; phase < 2; phase++) {
-			bool bwd = phase == 1;
-			for (unsigned k = 0; k < s->ng; k++) {
-				unsigned gi = bwd ? s->bwd_order[k] : s->fwd_order[k];
+		for (unsigned pos = 0; pos < 2 * s->ng && !aborted; pos++) {
+			{
+				bool bwd = s->use_b[pos];
+				unsigned gi = s->use_g[pos];
 				grp *g = &s->G[gi];
-				unsigned pos = phase * s->ng + k;
 				if (chance(r, p_illegal))
-					illegal_hooks(s, it, bwd, k);
+					illegal_hooks(s, it, pos);
 				if (s->errored)
 					return RUN_ERROR;
 				if (mid && it == mid_it && pos == mid_pos && !mid_open)
 					return RUN_MIDWAY;
-				if (!s_ok(s, hook(s, it, g, bwd, false), bwd ? "vmmrt_backward_begin" : "vmmrt_forward_begin"))
+				if (abort_here && pos == abort_pos && !abort_open) {
+					if (!abort_iteration(s, it, false))
+						return RUN_ERROR;
+					aborted = true;
+					break;
+				}
+				vmmrt_status hst = hook(s, it, g, bwd, false);
+				if (hst != VMMRT_OK &&
+				    !s_ok(s, hst, bwd ? "vmmrt_backward_begin" : "vmmrt_forward_begin") && chance(r, 0.5) &&
+				    s->fc.rate > 0 && !s->stuck) {
+					/* A hook that failed: abandon the iteration and go on, instead
+					 * of winding down (the graphs stay valid). */
+					s->errored = false;
+					if (!abort_iteration(s, it, true))
+						return RUN_ERROR;
+					atomic_fetch_add_explicit(&T.recoveries, 1, memory_order_relaxed);
+					aborted = true;
+					break;
+				}
+				if (hst != VMMRT_OK)
 					return RUN_ERROR;
 				if (g->nt && chance(r, p_illegal))
 					illegal_open_hook(s, gi, bwd);
@@ -781,6 +993,12 @@ static run_end run_iterations(scen *s)
 					return RUN_ERROR;
 				if (mid && it == mid_it && pos == mid_pos)
 					return RUN_MIDWAY;
+				if (abort_here && pos == abort_pos) {
+					if (!abort_iteration(s, it, false))
+						return RUN_ERROR;
+					aborted = true;
+					break;
+				}
 				if (!s_ok(s, hook(s, it, g, bwd, true), bwd ? "vmmrt_backward_end" : "vmmrt_forward_end"))
 					return RUN_ERROR;
 				if (bwd && g->nt) {
@@ -796,7 +1014,12 @@ static run_end run_iterations(scen *s)
 				}
 			}
 		}
-		atomic_fetch_add_explicit(&T.iterations, 1, memory_order_relaxed);
+		if (!aborted) {
+			s->recorded = true; /* a whole iteration ran: the order is known */
+			atomic_fetch_add_explicit(&T.iterations, 1, memory_order_relaxed);
+		}
+		if (chance(r, 0.04) && !rediscover(s))
+			return RUN_ERROR;
 		/* Between iterations: capture a group again, poke at slots and handles, check. */
 		if (chance(r, 0.06)) {
 			unsigned gi = (unsigned)(rnd(r) % s->ng);
@@ -814,7 +1037,7 @@ static run_end run_iterations(scen *s)
 			if (s->errored || s->stuck)
 				return RUN_ERROR;
 			s->quiet_it = it + 1;
-			if (!s->stats_reset) {
+			if (!s->stats_reset && it + 1 >= s->reset_at) {
 				(void)vmmrt_offload_stats_reset(rt);
 				s->stats_reset = true;
 			}
@@ -865,6 +1088,9 @@ static void destroy_own(scen *s)
 			s_ok(s, API(s, "vmmrt_graph_destroy", vmmrt_graph_destroy(rt, g->bwd)), "vmmrt_graph_destroy");
 		g->fwd = g->bwd = NULL;
 	}
+	for (unsigned i = 0; i < s->nold_graphs; i++)
+		s_ok(s, API(s, "vmmrt_graph_destroy", vmmrt_graph_destroy(rt, s->old_graphs[i])), "vmmrt_graph_destroy");
+	s->nold_graphs = 0;
 	if (s->input) {
 		t_range_del(vmmrt_slot_address(s->input));
 		s_ok(s, API(s, "vmmrt_slot_destroy", vmmrt_slot_destroy(s->input)), "vmmrt_slot_destroy(input)");
@@ -916,6 +1142,9 @@ static void teardown(scen *s, bool sync)
 	for (unsigned i = 0; i < s->ng; i++)
 		if (s->G[i].nt && s->G[i].base)
 			t_range_del(s->G[i].base);
+	for (unsigned i = 0; i < s->nold_base; i++)
+		t_range_del(s->old_base[i]);
+	s->nold_base = 0;
 
 	/* From here on only latency is injected: a failed free can only leak. */
 	s_quiet(s, true);
@@ -963,10 +1192,15 @@ void scenario_run(tthread *th, uint64_t seed)
 	th->lasterr[0] = '\0';
 	configure(s);
 	t_note(2, "scenario %016" PRIx64 ": %s, %u groups (%u empty), lookahead %u, %u workers, pool %u, %u iterations, "
-		  "%s, fault rate %g%s",
+		  "%s, fault rate %g%s; %s order, %s",
 	       seed, mode_name(s->mode), s->ng, s->ng - s->nonempty, s->lookahead, s->workers, s->pool,
 	       s->target_iters, s->latency ? "latency model" : "no latency model", s->fc.rate,
-	       atomic_load(&s->fc.stall_left) ? ", one stall" : "");
+	       atomic_load(&s->fc.stall_left) ? ", one stall" : "", s->interleaved ? "an interleaved" : "the classic",
+	       s->declared ? "declared" : "recorded");
+	if (s->interleaved)
+		atomic_fetch_add_explicit(&T.schedules_interleaved, 1, memory_order_relaxed);
+	if (s->declared)
+		atomic_fetch_add_explicit(&T.schedules_declared, 1, memory_order_relaxed);
 	if (chance(&s->r, 0.05))
 		illegal_options(s);
 	if (!create_runtime(s)) {

@@ -56,6 +56,14 @@ typedef struct scen {
 	unsigned ng, nonempty;
 	grp G[MAXG];
 	unsigned fwd_order[MAXG], bwd_order[MAXG];
+	/* The order of an iteration: use k is group use_g[k]'s backward if
+	 * use_b[k]. All forwards (fwd_order) then all backwards (bwd_order), or
+	 * a random legal interleaving (each forward before its backward). */
+	unsigned use_g[2 * MAXG];
+	bool use_b[2 * MAXG];
+	bool interleaved;
+	bool declared;           /* vmmrt_offload_set_schedule before every allocation */
+	bool recorded;           /* the library knows the order (declared, or an iteration ran whole) */
 	unsigned nres;           /* tensors in all groups */
 	size_t input_bytes;
 	unsigned target_iters;
@@ -72,6 +80,13 @@ typedef struct scen {
 	uint8_t verified[MAXIT][MAXG];
 	unsigned iters;
 	bool allocated, captured, stats_reset;
+	unsigned reset_at;       /* the statistics restart at a quiet point from this iteration on */
+	bool reallocated;        /* re-discovered since: bank sizes no longer one group's */
+	/* re-discovered groups' old graphs and address ranges, until released */
+	vmmrt_graph *old_graphs[4 * MAXG];
+	unsigned nold_graphs;
+	vmmrt_devptr old_base[4 * MAXG];
+	unsigned nold_base;
 	unsigned quiet_it;       /* the first iteration after the last quiet point (a checkpoint) */
 	size_t base_free, base_total;
 
@@ -108,8 +123,8 @@ void illegal_life_cycle(scen *s, bool allocated);
 void illegal_slots(scen *s);
 void illegal_handles(scen *s);
 void illegal_options(scen *s);
-/* Before use (it, kind, pos) of the iteration: calls out of order; the schedule must not move. */
-void illegal_hooks(scen *s, unsigned it, bool backward, unsigned pos);
+/* Before use `pos` of the iteration (s->use_g, s->use_b): calls out of order; the schedule must not move. */
+void illegal_hooks(scen *s, unsigned it, unsigned pos);
 /* While group index gi has its forward (backward) open. */
 void illegal_open_hook(scen *s, unsigned gi, bool backward);
 void hostfn_probe_launch(scen *s);

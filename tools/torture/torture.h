@@ -77,6 +77,8 @@ typedef struct totals {
 	_Atomic uint64_t unexpected;                   /* wrong status, error without a cause, lost result */
 	_Atomic uint64_t hangs, crashes;
 	_Atomic uint64_t shutdowns_mid_run, destroys_in_flight;
+	_Atomic uint64_t schedules_interleaved, schedules_declared; /* scenarios of each */
+	_Atomic uint64_t aborts, recoveries, rediscoveries;  /* aborts: all; recoveries: after a failed hook */
 } totals;
 
 extern totals T;
