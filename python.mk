@@ -48,7 +48,7 @@ vmmrt_py_tests = \
 	python/tests/ddp_run.sh
 
 EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \
-	examples/torch_offload.py examples/torch_ddp.py
+	examples/torch_offload.py examples/torch_ddp.py examples/torch_1f1b.py
 
 if HAVE_PYTHON
 vmmrtdir = $(pythondir)/vmmrt
