@@ -21,6 +21,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/layer.py \
 	python/vmmrt/torch/memory.py \
 	python/vmmrt/torch/offload.py \
+	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/planner.py \
 	python/vmmrt/torch/saved.py \
 	python/vmmrt/torch/select.py
@@ -42,12 +43,13 @@ vmmrt_py_tests = \
 	python/tests/test_readme.py \
 	python/tests/test_runner_api.py \
 	python/tests/test_ddp.py \
+	python/tests/test_pipeline.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh
 
 EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \
-	examples/torch_offload.py examples/torch_ddp.py
+	examples/torch_offload.py examples/torch_ddp.py examples/torch_1f1b.py
 
 if HAVE_PYTHON
 vmmrtdir = $(pythondir)/vmmrt

@@ -229,3 +229,172 @@ def test_eager_offload_on_the_gpu_is_bitwise():
     assert off.stats()["bytes_offloaded"] > 0
     cleanup(base, ref)
     off.close()
+
+
+# ------------------------------------------------- pipeline schedules (1F1B)
+
+class Stage:
+    """One stage running an order over the runners make_graphed_callables(...,
+    order=) returned, a step at a time; keeps each microbatch's output (cloned,
+    before its backward)."""
+
+    def __init__(self, g, order, xs, gys):
+        from vmmrt.torch import pipeline
+        self.runs = pipeline.split(g, order)[0]
+        self.steps = pipeline.steps(order)
+        self.xs, self.gys = xs, gys
+        self.live, self.outs, self.done = {}, {}, 0
+
+    def run(self, n=None):
+        for _ in range(len(self.steps) - self.done if n is None else n):
+            backward, _, mb = self.steps[self.done]
+            if not backward:
+                y = through(self.runs[mb], self.xs[mb])
+                self.live[mb], self.outs[mb] = y, y.detach().clone()
+            else:
+                self.live.pop(mb).backward(self.gys[mb])
+            self.done += 1
+        torch.cuda.synchronize()
+        return self
+
+
+def sequential_graph_only(gref, ref, xs, gys):
+    """The reference: torch.cuda.make_graphed_callables' layers, the microbatches one
+    after another; the parameter gradients summed by hand in microbatch order, as
+    .grad accumulates (graph-only's .grad aliases its static buffers)."""
+    ys, gx, total = [], [], None
+    for x, gy in zip(xs, gys):
+        y, gr = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+        ys.append(y.detach().clone())
+        gx.append(gr[0])
+        total = [t.clone() for t in gr[1:]] if total is None else [t.add_(u) for t, u in zip(total, gr[1:])]
+    return ys, gx, total
+
+
+def graphed_1f1b(base, s, m, p, **kw):
+    order = vt.order_1f1b(m, in_flight=p)
+    return order, vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in range(len(base) * m)),
+                                            order=order, **kw)
+
+
+def microbatches(s, m):
+    xs = [sample(s) for _ in range(m)]
+    return xs, [torch.randn_like(x) for x in xs]
+
+
+def param_grads(layers):
+    return [q.grad.clone() for mod in layers for q in mod.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 6)])
+def test_1f1b_graphs_bitwise_equal_to_sequential_microbatches(mode, p, m):
+    s, base, ref = layers_and_copy(n=3)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        order, g = graphed_1f1b(base, s, m, p, mode=mode)
+        off = vt.offload_of(g[0])
+        assert len(g) == 3 * m and off.saved_bytes()["moved"] > 0
+        torch.manual_seed(5)
+        for it in range(3):
+            xs, gys = microbatches(s, m)
+            for mod in base:
+                mod.zero_grad(set_to_none=True)
+            st = Stage(g, order, xs, gys).run()
+            want_y, want_x, want = sequential_graph_only(gref, ref, xs, gys)
+            assert equal([st.outs[mb] for mb in range(m)], want_y), "outputs, iteration %d" % it
+            assert equal([x.grad for x in xs], want_x), "input gradients, iteration %d" % it
+            assert equal(param_grads(base), want), "parameter gradients, iteration %d" % it
+        off.sync()
+        stats = off.stats()
+        assert stats["iterations"] == 3 and stats["schedule_declared"] == 1
+        assert stats["launch_thread_blocking"] <= 2
+        if mode == "pingpong":
+            assert stats["bank_conflicts"] == 0 and stats["banks"] >= 2
+        if mode != "none":
+            assert stats["activation_bytes"] <= stats["bound_bytes"]
+    cleanup(base, ref)
+    off.close()
+
+
+def test_1f1b_graphs_with_accumulated_grads():
+    s, base, ref = layers_and_copy(n=3)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        order, g = graphed_1f1b(base, s, 4, 2, mode="pingpong", grads="accumulate")
+        for it in range(2):
+            xs, gys = microbatches(s, 4)
+            for mod in base:
+                mod.zero_grad(set_to_none=True)
+            Stage(g, order, xs, gys).run()
+            assert equal(param_grads(base), sequential_graph_only(gref, ref, xs, gys)[2]), "iteration %d" % it
+    cleanup(base, ref)
+    vt.offload_of(g[0]).close()
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap"])
+def test_1f1b_graphs_abort_then_a_whole_iteration(mode):
+    s, base, ref = layers_and_copy(n=3)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        order, g = graphed_1f1b(base, s, 6, 4, mode=mode)
+        off = vt.offload_of(g[0])
+        for it, until in enumerate([None, 6, None]):           # the second step given up after 6 of 12
+            xs, gys = microbatches(s, 6)
+            for mod in base:
+                mod.zero_grad(set_to_none=True)
+            Stage(g, order, xs, gys).run(until)
+            if until is not None:
+                off.abort()                                    # nothing captured again
+                continue
+            assert equal(param_grads(base), sequential_graph_only(gref, ref, xs, gys)[2]), "iteration %d" % it
+        off.sync()
+        assert off.stats()["aborts"] == 1 and off.stats()["iterations"] == 2
+    cleanup(base, ref)
+    off.close()
+
+
+def test_1f1b_graphs_out_of_order_is_refused_naming_the_runner():
+    s, base, ref = layers_and_copy(n=2)
+    with llama.attention_backend("math"):
+        order, g = graphed_1f1b(base, s, 4, 2, mode="pingpong")
+        xs, gys = microbatches(s, 4)
+        st = Stage(g, order, xs, gys).run(2)                   # the forwards of microbatches 0 and 1
+        with pytest.raises(vmmrt.Error) as e:
+            g[2 * 2](xs[2])                                    # microbatch 2 before microbatch 0's backward
+        assert e.value.name == "VMMRT_E_MISMATCH"
+        assert "'0:DecoderLayer/mb2'" in str(e.value) and "is '1:DecoderLayer/mb0'" in str(e.value)
+        st.run()                                               # the iteration goes on
+        vt.offload_of(g[0]).sync()
+        assert vt.offload_of(g[0]).stats()["iterations"] == 1
+    cleanup(base, ref)
+    vt.offload_of(g[0]).close()
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap"])
+def test_1f1b_driver_level_memory_against_none(mode):
+    """p = 4 microbatches in flight: at the end of the warm-up forwards none holds
+    the activations of every runner run so far, the offload its banks (or its
+    remap budget), at the driver's count."""
+    shape = dict(hidden=1024, ffn=2816, heads=8, kv_heads=4, seq=1024, batch=2)
+    s, base, _ = layers_and_copy(n=3, attention="auto", **shape)
+    used = {}
+    for md in ("none", mode):
+        order, g = graphed_1f1b(base, s, 6, 4, mode=md)
+        off = vt.offload_of(g[0])
+        for _ in range(2):
+            xs, gys = microbatches(s, 6)
+            for mod in base:
+                mod.zero_grad(set_to_none=True)
+            st = Stage(g, order, xs, gys).run(4)               # F0..F3: four microbatches in flight
+            off.sync()
+            used[md] = memory.snapshot([off])
+            st.run()
+        stats = off.stats()
+        print(md, memory.describe(used[md]), "| banks %d, bound %.0f MiB" % (stats["banks"],
+                                                                           stats["bound_bytes"] / 2**20))
+        off.close()
+        del g, off, st
+        cleanup(base)
+    assert used[mode]["vmmrt"] < used["none"]["vmmrt"] / 2
+    assert used[mode]["used"] < used["none"]["used"] - (used["none"]["vmmrt"] - used[mode]["vmmrt"]) / 2

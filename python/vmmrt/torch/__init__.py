@@ -7,6 +7,10 @@
 - :func:`mark_not_offload` and :class:`no_offload`: tensors that stay;
 - :class:`Offload` and :class:`LayerOffload`: the per-runner API (discovery,
   capture, the four replay hooks) for frameworks that own their graph runners;
+- :mod:`vmmrt.torch.pipeline`: pipeline schedules (``order=``: several
+  microbatches in flight, a runner per layer and microbatch), and
+  :func:`order_1f1b`, Megatron-LM's 1F1B order of one stage;
+- :meth:`Offload.abort`: abandon an iteration (a step skipped for a NaN loss);
 - :mod:`vmmrt.torch.planner`: what to offload so the copies hide behind compute;
 - :mod:`vmmrt.torch.memory`: driver-level device memory and where it goes;
 - ``python3 -m vmmrt.torch.bench``: the benchmark on Llama-style layers.
@@ -17,6 +21,7 @@ from vmmrt import Error  # noqa: F401
 from vmmrt.torch.graphed import make_graphed_callables, offload_of  # noqa: F401
 from vmmrt.torch.layer import LayerOffload  # noqa: F401
 from vmmrt.torch.offload import Offload  # noqa: F401
+from vmmrt.torch.pipeline import order_1f1b  # noqa: F401
 from vmmrt.torch.saved import mark_not_offload, no_offload  # noqa: F401
 
 
@@ -26,4 +31,4 @@ def make_offloaded_callables(callables, sample_args, **kwargs):
 
 
 __all__ = ["Error", "make_graphed_callables", "make_offloaded_callables", "offload_of", "mark_not_offload",
-           "no_offload", "Offload", "LayerOffload"]
+           "no_offload", "Offload", "LayerOffload", "order_1f1b"]

@@ -114,18 +114,30 @@ def default_name(i, fn):
     return "%d:%s" % (i, kind)
 
 
-def prepare(callables, sample_args, names):
-    """(just_one, runners), with torch.cuda.make_graphed_callables' checks."""
+def prepare(callables, sample_args, names, layout=None):
+    """(just_one, runners), with torch.cuda.make_graphed_callables' checks.
+
+    With a pipeline ``layout`` (:class:`vmmrt.torch.pipeline.Layout`), as
+    TransformerEngine's ``_order``: one runner per (layer, microbatch), in its
+    layout, each named after its layer and microbatch ("2:Block/mb1")."""
     just_one = not isinstance(callables, tuple)
     if just_one:
+        if layout is not None:
+            raise TypeError("order= takes a tuple of callables (the layers of every chunk)")
         callables, sample_args = (callables,), (sample_args,)
-    if len(callables) != len(sample_args):
-        raise ValueError("%d callables but %d sample argument tuples" % (len(callables), len(sample_args)))
+    n = len(callables) if layout is None else layout.n_runners
+    if len(sample_args) != n:
+        if layout is None:
+            raise ValueError("%d callables but %d sample argument tuples" % (len(callables), len(sample_args)))
+        raise ValueError("%d sample argument tuples for %d layers x %d microbatches: with order=, one per layer "
+                         "and microbatch (chunk-major, then microbatch, then layer, as TransformerEngine's "
+                         "_order)" % (len(sample_args), len(callables), layout.microbatches))
     if names is not None and len(names) != len(callables):
         raise ValueError("%d names for %d callables" % (len(names), len(callables)))
-    runners = []
-    for i, (c, args) in enumerate(zip(callables, sample_args)):
+    layer_names = []
+    for i, c in enumerate(callables):
         name = names[i] if names is not None else default_name(i, c)
+        layer_names.append(name)
         if isinstance(c, torch.nn.Module):
             if c._backward_hooks or c._forward_hooks or c._forward_pre_hooks:
                 raise ValueError("%s: modules must not have hooks registered at the time they are passed "
@@ -133,9 +145,17 @@ def prepare(callables, sample_args, names):
             if any(b.requires_grad for b in c.buffers()):
                 raise ValueError("%s: only parameters may be trainable; every buffer must have "
                                  "requires_grad=False" % name)
+    runners = []
+    for i, args in enumerate(sample_args):
+        k, mb = i, None
+        if layout is not None:
+            _, mb, _, k = layout.where(i)
+        name = layer_names[k] if mb is None else "%s/mb%d" % (layer_names[k], mb)
         if not isinstance(args, tuple):
             raise TypeError("%s: sample_args must be a tuple of tensors per callable" % name)
-        runners.append(Runner(i, c, args, name))
+        r = Runner(i, callables[k], args, name)
+        r.callable_index, r.microbatch = k, mb
+        runners.append(r)
     return just_one, runners
 
 

@@ -45,6 +45,7 @@ class _EagerLayer(torch.autograd.Function):
                             % (k, type(o).__name__), "layer %r" % runner.name)
         runner.out_spec = spec
         ctx.runner = runner
+        ctx.epoch = off.epoch
         ctx.rec = p.rec
         ctx.inner_in = detached
         ctx.inner_out = leaves
@@ -59,6 +60,9 @@ class _EagerLayer(torch.autograd.Function):
         if ctx.inner_out is None:
             raise Error(_capi.E_INVALID_STATE, "backward through this call ran twice (retain_graph); each call "
                         "is offloaded once", "layer %r" % runner.name)
+        if ctx.epoch != off.epoch:
+            raise Error(_capi.E_INVALID_STATE, "backward of a forward that Offload.abort() abandoned",
+                        "layer %r" % runner.name)
         outs, gos = [], []
         for o, g in zip(ctx.inner_out, grads):
             if o.requires_grad and g is not None:

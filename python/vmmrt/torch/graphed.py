@@ -18,14 +18,14 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, eager, planner
+from vmmrt.torch import _callables, _compat, eager, pipeline, planner
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
 
 log = logging.getLogger("vmmrt.torch")
 
 _OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
-            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes")
+            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk")
 
 
 def _reject_unknown(kwargs):
@@ -38,7 +38,7 @@ def _reject_unknown(kwargs):
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
                            capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
                            graphs=True, grads="static", names=None, options=None, margin=0.9,
-                           min_bytes=1 << 16, **unknown):
+                           min_bytes=1 << 16, order=None, layers_per_chunk=None, **unknown):
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -82,10 +82,31 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     options
         further libvmmrt options ({"driver_workers": 1, ...}; see
         ``vmmrt.options_table()``).
+    order
+        a pipeline schedule: several microbatches in flight through the same
+        layers (TransformerEngine's ``_order``, as Megatron-LM computes it;
+        :func:`vmmrt.torch.order_1f1b` makes one). ``callables`` are the
+        layers of every model chunk in order, ``order`` a list of 1-based
+        chunk ids (+c: the forward of chunk c's next microbatch, -c: the
+        backward of its oldest one), and ``sample_args`` one tuple per
+        (layer, microbatch), chunk-major, then microbatch, then layer.
+        Each (layer, microbatch) becomes its own runner, with its own static
+        inputs, graphs and libvmmrt group, captured in the order's order,
+        and the order is declared to the library before allocation
+        (ping-pong makes the banks it needs). Every iteration must follow it:
+        a call out of it is a ``VMMRT_E_MISMATCH`` naming the runner
+        ("0:Block/mb2") and the one expected. Returns one callable per
+        (layer, microbatch), in the sample_args' layout (modules are not
+        changed); :func:`vmmrt.torch.pipeline.split` arranges them by chunk
+        and microbatch. ``offload="auto"`` is not available with it.
+    layers_per_chunk
+        with ``order``: the layers of each chunk (an int, or one per chunk);
+        by default the chunks share the callables equally.
 
     Returns what torch.cuda.make_graphed_callables returns; each returned
     callable has ``offload_of(c)`` (the :class:`Offload`: statistics, memory,
-    the plan). Errors name the layer and the cause (:class:`vmmrt.Error`).
+    the plan, :meth:`Offload.abort`). Errors name the layer and the cause
+    (:class:`vmmrt.Error`).
     """
     if unknown:
         _reject_unknown(unknown)
@@ -102,17 +123,36 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     if torch.is_autocast_enabled() and torch.is_autocast_cache_enabled():
         raise RuntimeError("make_graphed_callables does not support the autocast caching. "
                            "Please set `cache_enabled=False`.")
-    just_one, runners = _callables.prepare(callables, sample_args, names)
+    layout = None
+    if order is not None:
+        if not isinstance(callables, tuple):
+            raise TypeError("order= takes a tuple of callables (the layers of every chunk)")
+        layout = pipeline.Layout(order, len(callables), layers_per_chunk)
+        if offload == "auto":
+            raise ValueError("offload='auto' with order=: the planner hides each layer's copies behind the next "
+                             "layer's compute, one microbatch at a time; give a fraction")
+    elif layers_per_chunk is not None:
+        raise ValueError("layers_per_chunk= goes with order=")
+    just_one, runners = _callables.prepare(callables, sample_args, names, layout)
     device = _device_of(runners)
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs CUDA tensors (sample arguments are on %s); use graphs=False for "
                          "eager offload" % device)
+    # (backward, runner) in the order they run: every forward, then the
+    # backwards in reverse, or the pipeline's order.
+    if layout is None:
+        uses = [(False, r) for r in runners] + [(True, r) for r in reversed(runners)]
+    else:
+        uses = [(b, runners[i]) for b, i in layout.uses()]
+    forwards = [r for b, r in uses if not b]
     off = Offload(mode=mode, lookahead=lookahead, device=device, options=options, min_bytes=min_bytes)
     try:
-        for r in runners:
+        for r in forwards:                   # groups in forward order
             static = r.params + r.buffers + (r.sample if graphs else ())
             r.layer = off.layer(r.name, static=static)
-        stream = _warmup(runners, off, num_warmup_iters, allow_unused_input)
+        stream = _warmup(forwards, off, num_warmup_iters, allow_unused_input)
+        if layout is not None:
+            off.set_schedule([(r.layer, b) for b, r in uses])
         plan = None
         if offload == "auto":
             plan = _plan(runners, off, margin)
@@ -121,12 +161,14 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         else:
             off.allocate(offload=float(offload))
         if graphs:
-            funcs = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads)
+            funcs = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
         else:
             funcs = [eager.wrap(r) for r in runners]
     except BaseException:
         off.close()
         raise
+    if layout is not None:
+        return _finish_pipeline(runners, funcs, off)
     return _finish(runners, funcs, off, just_one)
 
 
@@ -202,50 +244,60 @@ def _reset_capture_state(stream):
         pass
 
 
-def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads):
+def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses):
+    """Capture every runner's forward and backward graph in the order they will
+    run (``uses``: (backward, runner) pairs), all in one pool: a replay in that
+    order finds the pool's memory as its capture left it."""
     mempool = torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream
     fwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
     bwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
     if grads == "accumulate":
         _prepare_accumulate(runners)
-
-    for r, g in zip(runners, fwd_graphs):
-        def fwd(r=r):
-            with r.layer.capturing(handle) as p:
-                out = r.call(r.sample)
-                p.outputs = out
-            return out
-        out = _capture(r, "forward", g, mempool, stream, error_mode, fwd)
-        leaves, r.out_spec = _compat.tree_flatten(out)
-        r.static_outputs = tuple(leaves)
-
-    for r, g in zip(reversed(runners), reversed(bwd_graphs)):
-        r.static_grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in r.static_outputs)
-        need = tuple(o for o in r.static_outputs if o.requires_grad)
-        grad_inputs = None
-        if need:
-            def bwd(r=r, need=need):
-                with r.layer.capturing_backward():
-                    gos = tuple(o for o in r.static_grad_outputs if o is not None)
-                    if grads == "static":
-                        return torch.autograd.grad(need, tuple(i for i in r.surface if i.requires_grad), gos,
-                                                   only_inputs=True, allow_unused=allow_unused_input)
-                    return _backward_accumulate(r, need, gos)
-            grad_inputs = _capture(r, "backward", g, mempool, stream, error_mode, bwd)
-        static = []
-        k = 0
-        for a in r.surface:
-            if a.requires_grad and grad_inputs is not None:
-                static.append(grad_inputs[k])
-                k += 1
-            else:
-                static.append(None)
-        r.static_grad_inputs = tuple(static)
-    # (parameter, its static gradient buffer) of every layer: see _unalias.
+    for backward, r in uses:
+        if backward:
+            _capture_backward(r, bwd_graphs[r.index], mempool, stream, error_mode, allow_unused_input, grads)
+        else:
+            _capture_forward(r, fwd_graphs[r.index], mempool, stream, error_mode, handle)
+    # (parameter, its static gradient buffer) of every runner: see _unalias.
     aliases = [(p, r.static_grad_inputs[r.n_user + k]) for r in runners for k, p in enumerate(r.params)
                if grads == "static" and r.static_grad_inputs[r.n_user + k] is not None]
     return [_graphed(r, f, b, grads, aliases) for r, f, b in zip(runners, fwd_graphs, bwd_graphs)]
+
+
+def _capture_forward(r, graph, mempool, stream, error_mode, handle):
+    def fwd():
+        with r.layer.capturing(handle) as p:
+            out = r.call(r.sample)
+            p.outputs = out
+        return out
+    out = _capture(r, "forward", graph, mempool, stream, error_mode, fwd)
+    leaves, r.out_spec = _compat.tree_flatten(out)
+    r.static_outputs = tuple(leaves)
+
+
+def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input, grads):
+    r.static_grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in r.static_outputs)
+    need = tuple(o for o in r.static_outputs if o.requires_grad)
+    grad_inputs = None
+    if need:
+        def bwd():
+            with r.layer.capturing_backward():
+                gos = tuple(o for o in r.static_grad_outputs if o is not None)
+                if grads == "static":
+                    return torch.autograd.grad(need, tuple(i for i in r.surface if i.requires_grad), gos,
+                                               only_inputs=True, allow_unused=allow_unused_input)
+                return _backward_accumulate(r, need, gos)
+        grad_inputs = _capture(r, "backward", graph, mempool, stream, error_mode, bwd)
+    static = []
+    k = 0
+    for a in r.surface:
+        if a.requires_grad and grad_inputs is not None:
+            static.append(grad_inputs[k])
+            k += 1
+        else:
+            static.append(None)
+    r.static_grad_inputs = tuple(static)
 
 
 def _unalias(aliases):
@@ -264,17 +316,20 @@ def _unalias(aliases):
 
 def _prepare_accumulate(runners):
     """grads="accumulate": each parameter's .grad is one preallocated tensor,
-    outside the graph pool, that the backward graph adds into."""
+    outside the graph pool, that the backward graph adds into (one per
+    parameter, whichever microbatch's runner adds into it)."""
+    accs = {}
     for r in runners:
         for p in r.params:
-            if not p.requires_grad:
+            if not p.requires_grad or id(p) in accs:
                 continue
             if getattr(p, "_post_accumulate_grad_hooks", None) or getattr(p, "_backward_hooks", None):
                 raise ValueError("layer %r: a parameter has gradient hooks, which grads='accumulate' would skip "
                                  "(the backward graph writes .grad itself); use grads='static'" % r.name)
             acc = torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
             p.grad = acc
-        r.acc = tuple(p.grad if p.requires_grad else None for p in r.params)
+            accs[id(p)] = acc
+        r.acc = tuple(accs[id(p)] if p.requires_grad else None for p in r.params)
 
 
 def _backward_accumulate(r, need, gos):
@@ -302,14 +357,19 @@ def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
     static_gout = r.static_grad_outputs
     static_gin = r.static_grad_inputs
     params = r.params
+    off = lay.offload
     r.pending = False
+    off._abort_hooks.append(lambda: setattr(r, "pending", False))
+    again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
+             "each (layer, microbatch) runner runs once per iteration (forward, then its backward)")
 
     class Graphed(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
             if r.pending:
                 raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
-                            "one microbatch at a time (forward, then its backward)", "layer %r" % r.name)
+                            + again, "layer %r" % r.name)
+            ctx.epoch = off.epoch
             _unalias(aliases)
             for i in range(n_user):
                 if static_in[i].data_ptr() != inputs[i].data_ptr():
@@ -324,6 +384,9 @@ def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
         @staticmethod
         @once_differentiable
         def backward(ctx, *gouts):
+            if ctx.epoch != off.epoch:
+                raise Error(_capi.E_INVALID_STATE, "backward of a forward that Offload.abort() abandoned",
+                            "layer %r" % r.name)
             if not r.pending:
                 raise Error(_capi.E_INVALID_STATE, "backward without a forward (or twice for one forward)",
                             "layer %r" % r.name)
@@ -389,6 +452,30 @@ def _finish(runners, funcs, off, just_one):
         else:
             ret.append(f)
     return ret[0] if just_one else tuple(ret)
+
+
+def _finish_pipeline(runners, funcs, off):
+    """One function per (layer, microbatch), as TransformerEngine returns them for
+    an order: a module is shared by its microbatches' runners, so it keeps its
+    own forward; each function runs its runner while the module's training
+    flag is the one it was graphed in, and the module's forward otherwise."""
+    ret = []
+    for r, f in zip(runners, funcs):
+        if r.module is not None:
+            m, training = r.module, r.module.training
+            r.orig_forward = m.forward
+
+            def run(*args, _m=m, _f=f, _training=training, **kwargs):
+                if _m.training == _training:
+                    return _f(*args, **kwargs)
+                return _m(*args, **kwargs)
+        else:
+            run = f
+        run.__name__ = "vmmrt_%s" % r.name
+        run.vmmrt_offload = off
+        run.vmmrt_runner = r.name
+        ret.append(run)
+    return tuple(ret)
 
 
 def offload_of(c):

@@ -111,6 +111,9 @@ class Offload:
         self.failed = None
         self._ranges = []
         self.min_bytes = min_bytes
+        self.schedule = None        # the declared order: (layer, backward) pairs
+        self.epoch = 0              # iterations abandoned by abort(), so far
+        self._abort_hooks = []      # what forgets the abandoned iteration above the C library
 
     # ------------------------------------------------------------- state
     def fail(self, why):
@@ -135,6 +138,47 @@ class Offload:
         lay = LayerOffload(self, name, _storages(static))
         self.layers.append(lay)
         return lay
+
+    # ---------------------------------------------------------- schedule
+    def set_schedule(self, steps):
+        """Declare the order of every iteration, before :meth:`allocate`:
+        ``steps`` lists (layer, backward) pairs, the forward (False) and the
+        backward (True) of every layer once each, each forward before its
+        backward (all forwards then all backwards, 1F1B with a layer per
+        (layer, microbatch) runner, interleaved chunks; see
+        :mod:`vmmrt.torch.pipeline`). At allocation it goes to the library
+        (vmmrt_offload_set_schedule), less the layers that move nothing:
+        ping-pong makes the banks the order needs (without it: two, and a
+        look-ahead of 1) and the look-ahead works from the first iteration.
+        Every iteration must then follow it: a hook out of it is a
+        ``VMMRT_E_MISMATCH`` naming the runner and the one expected. Without
+        a declared schedule the first iteration records one."""
+        if self.allocated:
+            raise Error(_capi.E_INVALID_STATE, "set_schedule() after allocate(): the banks follow the schedule, so "
+                        "it is declared before allocation", "vmmrt.torch.Offload")
+        steps = [(lay, bool(backward)) for lay, backward in steps]
+        seen = set()
+        for k, (lay, backward) in enumerate(steps):
+            if not isinstance(lay, LayerOffload) or lay.offload is not self:
+                raise TypeError("schedule step %d: %r is not a layer of this offload" % (k, lay))
+            if (lay.name, backward) in seen:
+                raise ValueError("schedule step %d: the %s of layer %r twice" % (
+                    k, "backward" if backward else "forward", lay.name))
+            if backward and (lay.name, False) not in seen:
+                raise ValueError("schedule step %d: the backward of layer %r before its forward" % (k, lay.name))
+            seen.add((lay.name, backward))
+        missing = [l.name for l in self.layers if (l.name, False) not in seen or (l.name, True) not in seen]
+        if missing:
+            raise ValueError("the schedule leaves out the forward or backward of layer%s %s" % (
+                "s" if len(missing) > 1 else "", ", ".join(repr(n) for n in missing)))
+        self.schedule = steps
+
+    def _declare(self):
+        """The schedule, as the library takes it: the layers with tensors only (the
+        hooks of the others do nothing, so they have no place in its order)."""
+        if self.schedule is None:
+            return
+        self.runtime.offload_set_schedule([(lay.group, b) for lay, b in self.schedule if lay.moving()])
 
     # -------------------------------------------------------- allocation
     def candidates(self, lay):
@@ -175,6 +219,7 @@ class Offload:
             lay.describe_to_group()
         self.plan = plan
         try:
+            self._declare()
             self.runtime.offload_allocate()
             self.allocated = True
             for lay in self.layers:
@@ -213,10 +258,14 @@ class Offload:
 
     def expected_bytes(self):
         """What the strategy should hold in the steady state: two banks of the largest
-        group (pingpong), look-ahead + 1 groups (remap), every group (none); unrounded."""
+        group (pingpong), look-ahead + 1 groups (remap), every group (none); unrounded.
+        With a declared schedule, the library's bound for it (its banks, its remap
+        budget)."""
         sizes = self.group_bytes()
         if not sizes:
             return 0
+        if self.schedule is not None and self.allocated:
+            return self.stats()["bound_bytes"]
         if self.mode == "pingpong":
             return 2 * max(sizes)
         if self.mode == "remap":
@@ -236,6 +285,39 @@ class Offload:
     def sync(self):
         """Wait for every copy and driver request in flight (end of training, tests)."""
         self.runtime.offload_sync()
+
+    def abort(self):
+        """Abandon the iteration under way (vmmrt_offload_abort): a step skipped
+        for a NaN or infinite loss, an out-of-memory between two layers, a
+        microbatch called out of the schedule's order. Whatever point it
+        reached (forwards run whose backward never came, a backward begun),
+        the copies and driver requests in flight are waited for and every
+        group goes back to where an iteration starts; no address changes, so
+        the captured graphs stay valid and nothing is captured again. The next
+        call of a layer must be the first of an iteration.
+
+        The abandoned iteration's outputs must not be used any more: a
+        backward through one is refused (``VMMRT_E_INVALID_STATE``). Gradients
+        its backwards already accumulated stay in ``.grad``: zero them
+        (``optimizer.zero_grad()``) before the next step. An error that made
+        the offload unusable (a failed capture, a layer that saved other
+        tensors than discovery saw) is not undone: build the callables again."""
+        self.check_usable()
+        if not self.allocated:
+            raise Error(_capi.E_INVALID_STATE, "abort() before allocate(): no iteration to abandon",
+                        "vmmrt.torch.Offload")
+        self.runtime.offload_abort()
+        self.epoch += 1
+        for lay in self.layers:
+            lay._restored = False
+        for fn in self._abort_hooks:
+            fn()
+
+    def release_retired(self):
+        """Free the old memory of groups discovered again for a new shape
+        (vmmrt_offload_release_retired): the graphs over their old addresses
+        must never run again."""
+        self.runtime.offload_release_retired()
 
     def close(self):
         """Destroy the runtime: the graphs built over its addresses must not run again."""
