@@ -141,6 +141,10 @@ typedef struct bench_result {
 	int64_t activation_device_bytes, peak_device_bytes;
 	double d2h_gbps, h2d_gbps;      /* NAN: this mode copies nothing */
 	double bwd_gap_us_median;
+	double fwd_gap_us_median;
+	/* per iteration: the compute stream's waits before forward graphs (remap:
+	 * for maps) and before backward graphs (for restores) */
+	double fwd_wait_ms, bwd_wait_ms;
 	vmmrt_driver_stats calls[VMMRT_DRIVER_CALLS];
 	double driver_call_us_p99;      /* worst p99 over the call types; NAN without calls */
 	uint64_t launch_thread_blocking;
@@ -204,6 +208,12 @@ typedef struct bench_acc {
 	size_t n_iter;
 	double *gap_us;
 	size_t n_gap;
+	/* The gap before each forward graph but an iteration's first (all
+	 * forwards, then all backwards only): what the compute stream spent in
+	 * forward_begin's wait, for remap its wait for the map. */
+	double *fwd_gap_us;
+	size_t n_fwd_gap;
+	double fwd_wait_ms, bwd_wait_ms;      /* sums over the measured iterations */
 	double span_d2h_ms, span_h2d_ms;      /* the bench's own copy spans */
 	uint64_t span_d2h_bytes, span_h2d_bytes;
 	double lib_d2h_ms, lib_h2d_ms;        /* the library's offload statistics */

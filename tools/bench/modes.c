@@ -478,6 +478,9 @@ static void fill_result(model *m, bench_acc *acc, bench_result *r)
 	r->iter_ms_median = bench_percentile(acc->iter_ms, acc->n_iter, 0.5);
 	r->iter_ms_p90 = bench_percentile(acc->iter_ms, acc->n_iter, 0.9);
 	r->bwd_gap_us_median = bench_percentile(acc->gap_us, acc->n_gap, 0.5);
+	r->fwd_gap_us_median = acc->n_fwd_gap ? bench_percentile(acc->fwd_gap_us, acc->n_fwd_gap, 0.5) : NAN;
+	r->fwd_wait_ms = acc->n_iter && acc->n_fwd_gap ? acc->fwd_wait_ms / (double)acc->n_iter : NAN;
+	r->bwd_wait_ms = acc->n_iter ? acc->bwd_wait_ms / (double)acc->n_iter : NAN;
 	r->launch_thread_blocking = acc->blocking;
 	r->d2h_gbps = r->h2d_gbps = NAN;
 	if (m->md->offload) {
@@ -600,7 +603,8 @@ void bench_run_mode(bench_ctx *ctx, bench_mode_id id, const bench_params *p, ben
 	memset(r, 0, sizeof(*r));
 	r->mode = id;
 	r->p = *p;
-	r->vs_graph_ratio = r->iter_ms_median = r->iter_ms_p90 = r->bwd_gap_us_median = NAN;
+	r->vs_graph_ratio = r->iter_ms_median = r->iter_ms_p90 = r->bwd_gap_us_median = r->fwd_gap_us_median = NAN;
+	r->fwd_wait_ms = r->bwd_wait_ms = NAN;
 	r->d2h_gbps = r->h2d_gbps = r->driver_call_us_p99 = NAN;
 
 	if (id == BM_NAIVE && p->layers < 2) {

@@ -57,14 +57,15 @@ static const char *verdict(const bench_result *r)
 
 void bench_print_table(FILE *f, const bench_ctx *ctx, const bench_result *rows, size_t n)
 {
-	char a[32], b[32], c[32], d[32], e[32], g[32], h[32], i2[32], j[32];
-	fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %8s  %s\n", "mode", "iter ms", "p90 ms", "vs graph",
-		"act MiB", "peak MiB", "D2H GB/s", "H2D GB/s", "bwd gap us", "drv p99 us", "blocking", "verified");
+	char a[32], b[32], c[32], d[32], e[32], g[32], h[32], i2[32], i3[32], j[32];
+	fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %10s %8s  %s\n", "mode", "iter ms", "p90 ms",
+		"vs graph", "act MiB", "peak MiB", "D2H GB/s", "H2D GB/s", "fwd gap us", "bwd gap us", "drv p99 us",
+		"blocking", "verified");
 	for (size_t k = 0; k < n; k++) {
 		const bench_result *r = &rows[k];
 		if (!r->ran) {
-			fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %8s  %s\n", bench_modes[r->mode].name, "-",
-				"-", "-", "-", "-", "-", "-", "-", "-", "-", verdict(r));
+			fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %10s %8s  %s\n", bench_modes[r->mode].name,
+				"-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", verdict(r));
 			continue;
 		}
 		cell(a, sizeof(a), "%.2f", r->iter_ms_median);
@@ -75,9 +76,29 @@ void bench_print_table(FILE *f, const bench_ctx *ctx, const bench_result *rows, 
 		gbps_cell(g, sizeof(g), r->d2h_gbps, ctx->raw_d2h_gbps);
 		gbps_cell(h, sizeof(h), r->h2d_gbps, ctx->raw_h2d_gbps);
 		cell(i2, sizeof(i2), "%.1f", r->bwd_gap_us_median);
+		cell(i3, sizeof(i3), "%.1f", r->fwd_gap_us_median);
 		cell(j, sizeof(j), "%.1f", r->driver_call_us_p99);
-		fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %8" PRIu64 "  %s\n", bench_modes[r->mode].name, a, b,
-			c, d, e, g, h, i2, j, r->launch_thread_blocking, verdict(r));
+		fprintf(f, "%-13s %9s %9s %8s %9s %9s %15s %15s %10s %10s %10s %8" PRIu64 "  %s\n",
+			bench_modes[r->mode].name, a, b, c, d, e, g, h, i3, i2, j, r->launch_thread_blocking, verdict(r));
+	}
+	/* Remap's price against ping-pong, where it is paid: the compute
+	 * stream waiting for a map before a forward (the release of the layer
+	 * whose memory it takes, then create/map/set-access), or for a restore
+	 * before a backward (whose H2D waited for its map). */
+	for (size_t k = 0; k < n; k++) {
+		const bench_result *r = &rows[k];
+		if (!r->ran || strncmp(bench_modes[r->mode].name, "remap", 5) || r->fwd_wait_ms != r->fwd_wait_ms)
+			continue;
+		fprintf(f, "\n%s waited %.2f ms per iteration for maps before forward graphs (median %.1f us per layer, "
+			"%.1f%% of the iteration) and %.2f ms for restores before backward graphs",
+			bench_modes[r->mode].name, r->fwd_wait_ms, r->fwd_gap_us_median,
+			100.0 * r->fwd_wait_ms / r->iter_ms_median, r->bwd_wait_ms);
+		for (size_t q = 0; q < n; q++)
+			if (rows[q].ran && !strcmp(bench_modes[rows[q].mode].name, "pingpong") &&
+			    rows[q].fwd_wait_ms == rows[q].fwd_wait_ms)
+				fprintf(f, " (pingpong: %.2f and %.2f ms, for its bank's D2H and for restores)",
+					rows[q].fwd_wait_ms, rows[q].bwd_wait_ms);
+		fprintf(f, "\n");
 	}
 	/* The driver calls per type, for the rows that made any. */
 	bool header = false;
@@ -148,6 +169,9 @@ static void json_row(FILE *f, const bench_result *r, bool with_ratio)
 	json_num(f, "d2h_gbps", r->ran ? r->d2h_gbps : NAN, true);
 	json_num(f, "h2d_gbps", r->ran ? r->h2d_gbps : NAN, true);
 	json_num(f, "bwd_gap_us_median", r->ran ? r->bwd_gap_us_median : NAN, true);
+	json_num(f, "fwd_gap_us_median", r->ran ? r->fwd_gap_us_median : NAN, true);
+	json_num(f, "fwd_wait_ms", r->ran ? r->fwd_wait_ms : NAN, true);
+	json_num(f, "bwd_wait_ms", r->ran ? r->bwd_wait_ms : NAN, true);
 	json_num(f, "driver_call_us_p99", r->ran ? r->driver_call_us_p99 : NAN, true);
 	if (r->ran)
 		fprintf(f, "\"launch_thread_blocking_calls\": %" PRIu64 ", ", r->launch_thread_blocking);
