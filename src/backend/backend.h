@@ -90,6 +90,10 @@ typedef struct vmmrt__backend_ops {
 extern const vmmrt__backend_ops vmmrt__backend_host;
 extern const vmmrt__backend_ops vmmrt__backend_cuda;
 
+/* Host backend only, for tests: cuMemSetAccess calls that began while a D2H
+ * copy ran (the H200 makes those ten times slower). */
+unsigned long vmmrt__host_set_access_beside_d2h(vmmrt__backend *b);
+
 /*
  * Thread role, set by the runtime's own threads and host-function trampolines.
  * The host backend sets VMMRT_ROLE_HOST_FUNC while it runs any host function,

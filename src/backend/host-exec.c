@@ -61,6 +61,8 @@ static void run_copy(vmmrt__backend *b, const struct host_op *op)
 	if (op->u.copy.n == 0)
 		return;
 	uatomic_inc(&b->copies_in_flight);
+	if (op->u.copy.d2h)
+		uatomic_inc(&b->d2h_in_flight);
 	if (!b->cfg.host_latency) {
 		memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
 	} else {
@@ -81,6 +83,8 @@ static void run_copy(vmmrt__backend *b, const struct host_op *op)
 			vmmrt__sleep_until(t0 + (uint64_t)((double)(at + len) / b->cfg.host_copy_gbps));
 		}
 	}
+	if (op->u.copy.d2h)
+		uatomic_dec(&b->d2h_in_flight);
 	uatomic_dec(&b->copies_in_flight);
 }
 

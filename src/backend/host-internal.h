@@ -63,6 +63,8 @@ struct vmmrt__backend {
 	bool closing;               /* under sync_lock; also read with uatomic_read */
 
 	unsigned long copies_in_flight; /* uatomic: feeds the latency model */
+	unsigned long d2h_in_flight;    /* uatomic: the D2H copies among them */
+	unsigned long set_access_beside_d2h; /* uatomic: cuMemSetAccess calls begun while a D2H ran */
 };
 
 /* host-registry.c: NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
@@ -116,6 +118,7 @@ struct host_op {
 			void *dst;
 			const void *src;
 			size_t n;
+			bool d2h;
 		} copy;
 		struct {
 			vmmrt__kernel_id id;

@@ -385,7 +385,7 @@ vmmrt_status vmmrt__host_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmm
 
 /* ------------------------------------------------------------------- copies */
 
-static vmmrt_status copy_op(vmmrt__backend *b, vmmrt_stream s, void *dst, const void *src, size_t n,
+static vmmrt_status copy_op(vmmrt__backend *b, vmmrt_stream s, void *dst, const void *src, size_t n, bool d2h,
 			    const char *func)
 {
 	vmmrt_status status = vmmrt__host_enter(b, func);
@@ -398,24 +398,25 @@ static vmmrt_status copy_op(vmmrt__backend *b, vmmrt_stream s, void *dst, const 
 	op.u.copy.dst = dst;
 	op.u.copy.src = src;
 	op.u.copy.n = n;
+	op.u.copy.d2h = d2h;
 	return vmmrt__host_submit(b, s, &op, func);
 }
 
 vmmrt_status vmmrt__host_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, const void *src, size_t n,
 					  vmmrt_stream s)
 {
-	return copy_op(b, s, (void *)(uintptr_t)dst, src, n, __func__);
+	return copy_op(b, s, (void *)(uintptr_t)dst, src, n, false, __func__);
 }
 
 vmmrt_status vmmrt__host_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
 {
-	return copy_op(b, s, dst, (const void *)(uintptr_t)src, n, __func__);
+	return copy_op(b, s, dst, (const void *)(uintptr_t)src, n, true, __func__);
 }
 
 vmmrt_status vmmrt__host_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
 					  vmmrt_stream s)
 {
-	return copy_op(b, s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, __func__);
+	return copy_op(b, s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, false, __func__);
 }
 
 /* ------------------------------------------------------------------ kernels */

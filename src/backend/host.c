@@ -113,6 +113,14 @@ static const struct {
  * cycle tail, which is what makes a driver call on the launch path hurt.
  */
 #define LATENCY_K_PER_COPY 4.0
+/*
+ * cuMemSetAccess of 180 MiB on the H200 (scratch measurement, 2026-12-01):
+ * 81 us idle, 157 us beside a 1 GiB H2D, 915 us beside a D2H (whether one
+ * copy or 8 MiB pieces), 93 us beside kernels: the one call a D2H in flight
+ * slows tenfold. Remap's maps are kept off running D2H copies for this
+ * (d2h_yield).
+ */
+#define SET_ACCESS_K_PER_D2H 10.0
 
 static double latency_us(enum host_call c, size_t bytes)
 {
@@ -140,6 +148,8 @@ static void model_latency(vmmrt__backend *b, enum host_call c, size_t bytes, uin
 	if (!b->cfg.host_latency)
 		return;
 	factor = 1.0 + LATENCY_K_PER_COPY * (double)uatomic_read(&b->copies_in_flight);
+	if (c == CALL_SET_ACCESS)
+		factor += SET_ACCESS_K_PER_D2H * (double)uatomic_read(&b->d2h_in_flight);
 	us = latency_us(c, bytes) * factor;
 	vmmrt__sleep_until(start_ns + (uint64_t)(us * 1000.0));
 }
@@ -657,6 +667,9 @@ vmmrt_status vmmrt__host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
+
+	if (st == VMMRT_OK && uatomic_read(&b->d2h_in_flight))
+		uatomic_inc(&b->set_access_beside_d2h);
 	struct host_mapping *m;
 	size_t covered = 0;
 
@@ -687,6 +700,11 @@ vmmrt_status vmmrt__host_mem_set_access(vmmrt__backend *b, vmmrt_devptr va, size
 out:
 	pthread_mutex_unlock(&b->vmm_lock);
 	return st;
+}
+
+unsigned long vmmrt__host_set_access_beside_d2h(vmmrt__backend *b)
+{
+	return uatomic_read(&b->set_access_beside_d2h);
 }
 
 vmmrt_status vmmrt__host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
