@@ -83,6 +83,13 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 		"ping-pong with a schedule declared before allocation: the most banks it may get (it "
 		"gets what the schedule needs under the look-ahead, and a shorter look-ahead if that is "
 		"more than this); without one, two banks"},
+	[VMMRT_OPT_HANDLE_REUSE] = {"handle_reuse", "VMMRT_HANDLE_REUSE", T_BOOL, "1", {0}, 0, 1,
+		"remap with one driver worker: a released handle serves the next map of its size "
+		"(cuMemUnmap, then cuMemMap, no cuMemRelease/cuMemCreate), never holding more than "
+		"remap's budget of groups; an abort gives them back to the driver"},
+	[VMMRT_OPT_D2H_YIELD] = {"d2h_yield", "VMMRT_D2H_YIELD", T_BOOL, "1", {0}, 0, 1,
+		"remap: a D2H copy waits for the maps already due, so that their cuMemSetAccess runs "
+		"beside no D2H (ten times slower beside one on the H200)"},
 };
 
 size_t vmmrt__options_count(void)

@@ -38,6 +38,9 @@ struct vmmrt_runtime {
 	unsigned max_banks;      /* ping-pong, with a declared schedule */
 	bool checked_threads;
 	bool driver_inline;      /* remap: VMM calls on the launch thread (comparison only) */
+	/* uatomic: handles the workers' pools may keep beyond handle_pool: remap's
+	 * budget while handle_reuse holds (slot-work.c reads it, the strategy sets it) */
+	int64_t reuse_cap;
 	uint64_t timeout_ms;
 
 	vmmrt__workers *workers;

@@ -35,7 +35,7 @@ typedef struct slot_pool {
 	unsigned cap;
 	/* released handles kept for reuse */
 	pooled_handle *handles;
-	unsigned nhandles;
+	unsigned nhandles, room;
 	/* handles whose cuMemRelease failed, released again later */
 	vmmrt__bhandle *stash;
 	unsigned nstash, capstash;
@@ -129,6 +129,26 @@ static void publish_error(vmmrt_slot *s, vmmrt_status st)
 
 /* ------------------------------------------------------------ the pool */
 
+static unsigned pool_cap(const slot_pool *p)
+{
+	int64_t reuse = uatomic_read(&p->rt->reuse_cap);
+	return reuse > (int64_t)p->cap ? (unsigned)reuse : p->cap;
+}
+
+/* Room for what the pool may hold now (the reuse cap moves with the budget). */
+static bool grow(slot_pool *p)
+{
+	unsigned want = pool_cap(p);
+	if (want <= p->room)
+		return true;
+	pooled_handle *n = realloc(p->handles, want * sizeof(*n));
+	if (!n)
+		return false;
+	p->handles = n;
+	p->room = want;
+	return true;
+}
+
 /*
  * The slot is unmapped by then: a failed cuMemRelease must not undo that or
  * fail the request (a retry would find nothing to unmap). The handle is kept
@@ -137,7 +157,7 @@ static void publish_error(vmmrt_slot *s, vmmrt_status st)
  */
 static vmmrt_status release_handle(slot_pool *p, size_t size, vmmrt__bhandle h)
 {
-	if (p->nhandles < p->cap) {
+	if (p->nhandles < pool_cap(p) && grow(p)) {
 		p->handles[p->nhandles++] = (pooled_handle){size, h};
 		uatomic_inc(&p->stats.pool_handles);
 		return VMMRT_OK;
@@ -204,6 +224,11 @@ static vmmrt_status create_handle(slot_pool *p, size_t size, vmmrt__bhandle *h)
 
 	if (take_pooled(p, size, h))
 		return VMMRT_OK;
+	/* Reuse within remap's budget: the pool's handles and the mapped ones
+	 * together are never more than the budget, so a map its pool cannot
+	 * serve gives them back before it makes a new one. */
+	if (p->nhandles && uatomic_read(&p->rt->reuse_cap) > 0)
+		(void)trim_pool(p);
 	for (uint64_t attempt = 0;; attempt++) {
 		vmmrt_status st = vmmrt__drv_mem_create(rt, size, h);
 		if (st != VMMRT_OK && st == VMMRT_E_OUT_OF_MEMORY && p->nhandles) {
@@ -225,7 +250,7 @@ static vmmrt_status pool_init(void *local, vmmrt_runtime *rt)
 	slot_pool *p = local;
 	p->rt = rt;
 	p->cap = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_HANDLE_POOL);
-	if (p->cap && !(p->handles = calloc(p->cap, sizeof(pooled_handle))))
+	if (p->cap && !grow(p))
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", p->cap);
 	return VMMRT_OK;
 }

@@ -56,6 +56,8 @@ typedef struct vmmrt__remap {
 	/* Abort (uatomic, read by the workers): admit maps out of ticket order
 	 * and past the budget, so everything a stream may wait for can run. */
 	int32_t aborting;
+	bool d2h_yield;               /* option d2h_yield (and not driver_inline) */
+	uint64_t d2h_yields;          /* uatomic: waits the D2H stream made for maps */
 } vmmrt__remap;
 
 /* Per group. */

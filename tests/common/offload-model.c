@@ -228,6 +228,8 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	TRY(opt(o, "driver_workers", buf));
 	TRY(opt(o, "host_capacity", cfg->capacity ? cfg->capacity : "1G"));
 	TRY(opt(o, "host_latency", cfg->latency ? "1" : "0"));
+	for (const char *const *kv = cfg->options; kv && kv[0]; kv += 2)
+		TRY(opt(o, kv[0], kv[1]));
 	TRY(opt(o, "driver_inline", cfg->driver_inline ? "1" : "0"));
 	snprintf(buf, sizeof(buf), "%d", cfg->device);
 	TRY(opt(o, "device", buf));

@@ -45,6 +45,7 @@ typedef struct model_cfg {
 	unsigned max_banks;         /* 0: the default */
 	int plant;                  /* VMMRT_DROP_* | VMMRT_PLANT_* set before allocation */
 	unsigned timeout_ms;        /* 0: the default */
+	const char *const *options; /* NULL, or more runtime options: name, value, ..., NULL */
 } model_cfg;
 
 typedef struct model model;

@@ -37,7 +37,9 @@
 
 #define MiB (1024ull * 1024)
 
-/* A remap runtime (host backend) whose copies of 1 MiB take 50 ms each. */
+/* A remap runtime (host backend) whose copies of 1 MiB take 50 ms each.
+ * Every map creates its memory (no handle reuse): these bugs were found, and
+ * are replayed, with a cuMemCreate on the map's path. */
 static const char *lookahead = "1";
 
 static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream *c)
@@ -49,7 +51,7 @@ static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream
 	if (vmmrt_options_create(&o) || vmmrt_options_set(o, "backend", "host") || vmmrt_options_set(o, "mode", "remap") ||
 	    vmmrt_options_set(o, "host_latency", "1") || vmmrt_options_set(o, "host_copy_gbps", "0.02") ||
 	    vmmrt_options_set(o, "timeout_ms", "2000") || vmmrt_options_set(o, "host_granularity", "64K") ||
-	    vmmrt_options_set(o, "lookahead", lookahead) ||
+	    vmmrt_options_set(o, "lookahead", lookahead) || vmmrt_options_set(o, "handle_reuse", "0") ||
 	    vmmrt_runtime_create(o, &rt))
 		_exit(10);
 	vmmrt_options_destroy(o);
