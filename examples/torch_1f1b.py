@@ -18,6 +18,7 @@ poisons one microbatch of step N: the step is abandoned part-way
 (Offload.abort) and training goes on with the same graphs.
 """
 import argparse
+import gc
 import time
 
 import torch
@@ -142,7 +143,14 @@ def main():
     print("1F1B on one stage: %d layers, %d microbatches, %d in flight, %s %s, [%d, %d, %d] per microbatch"
           % (a.layers, a.microbatches, a.in_flight, dev, str(dtype).replace("torch.", ""), a.batch, a.seq,
              a.hidden))
-    rows = [train(mode, a, dev, dtype) for mode in modes]
+    rows = []
+    for mode in modes:
+        rows.append(train(mode, a, dev, dtype))
+        # The last mode's runners (graphs, pool, static tensors) go before the
+        # next one measures: each mode's memory is its own.
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
     base = next((r for r in rows if r["mode"] == "none"), rows[0])
     print("%-9s %14s %12s %6s %9s %11s %7s  %s" % ("mode", "used MiB", "vmmrt MiB", "banks", "step ms",
                                                    "moved MiB", "aborts", "weights vs " + base["mode"]))

@@ -12,6 +12,7 @@ Everything before capture (warm-up, discovery, allocation, learning the fixed
 addresses) runs outside capture on a side stream, as PyTorch's warm-up does.
 """
 import difflib
+import gc
 import logging
 
 import torch
@@ -208,6 +209,11 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
     what was captured and the cause (the first one: a failed capture's end
     reports only that the capture was invalidated)."""
     inner, result = None, None
+    # No garbage collection while capturing: a finalizer it runs (an old
+    # CUDA graph, another runtime) makes driver calls that invalidate a
+    # "global" capture from within it. torch.cuda.graph collects just before.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
             try:
@@ -217,6 +223,9 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
     except BaseException as e:
         if inner is None:
             inner = e
+    finally:
+        if collecting:
+            gc.enable()
     if inner is not None:
         _reset_capture_state(stream)
         inner = original_error(inner, [r.layer.last_rec]) or inner

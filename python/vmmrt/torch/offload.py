@@ -321,5 +321,8 @@ class Offload:
 
     def close(self):
         """Destroy the runtime: the graphs built over its addresses must not run again."""
+        # The abort hooks close over the runners (their graphs, static
+        # tensors, a pool): dropping them lets those go with the callables.
+        self._abort_hooks.clear()
         if not self.runtime.closed:
             self.runtime.close()

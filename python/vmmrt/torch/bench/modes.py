@@ -92,10 +92,13 @@ def teardown(built, layers):
     off = built.offload
     built.run = None
     built.offload = None
-    gc.collect()
     _sync()
     if off is not None:
         off.close()
+    del off
+    # Only now can the graphs, their pool and the static tensors go (the
+    # offload referred to the runners): the next mode's memory is its own.
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
