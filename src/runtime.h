@@ -41,6 +41,7 @@ struct vmmrt_runtime {
 	/* uatomic: handles the workers' pools may keep beyond handle_pool: remap's
 	 * budget while handle_reuse holds (slot-work.c reads it, the strategy sets it) */
 	int64_t reuse_cap;
+	int64_t budgeted_handles; /* uatomic: handles mapped on slots remap's budget covers */
 	uint64_t timeout_ms;
 
 	vmmrt__workers *workers;

@@ -67,6 +67,8 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 		return vmmrt__error_wrap(st, "slot %llu: set access (map rolled back)", (unsigned long long)s->id);
 	}
 	s->mapped = true;
+	if (s->budgeted)
+		uatomic_inc(&s->rt->budgeted_handles);
 	s->handle = h;
 	return VMMRT_OK;
 }
@@ -82,6 +84,8 @@ vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
 	s->mapped = false;
 	*h = s->handle;
 	s->handle = 0;
+	if (s->budgeted)
+		uatomic_dec(&s->rt->budgeted_handles);
 	return VMMRT_OK;
 }
 
@@ -155,9 +159,23 @@ static bool grow(slot_pool *p)
  * and released again at the worker's next idle moment, at trim and at stop;
  * what still fails then stays counted in live_handles, which destroy reports.
  */
+/*
+ * Keep h? Under handle_pool, while the pool has room. Under reuse, only if
+ * the kept ones and those mapped on the budget's slots stay below remap's
+ * budget with it: they never exceed it, even while the backings allocation
+ * made for capture (outside the budget) are being released.
+ */
+static bool keep(slot_pool *p)
+{
+	if (p->nhandles < p->cap)
+		return grow(p);
+	int64_t reuse = uatomic_read(&p->rt->reuse_cap);
+	return reuse > 0 && uatomic_read(&p->rt->budgeted_handles) + p->nhandles < reuse && grow(p);
+}
+
 static vmmrt_status release_handle(slot_pool *p, size_t size, vmmrt__bhandle h)
 {
-	if (p->nhandles < pool_cap(p) && grow(p)) {
+	if (keep(p)) {
 		p->handles[p->nhandles++] = (pooled_handle){size, h};
 		uatomic_inc(&p->stats.pool_handles);
 		return VMMRT_OK;

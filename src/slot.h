@@ -32,6 +32,9 @@ struct vmmrt_slot {
 	/* worker-owned */
 	bool mapped;
 	vmmrt__bhandle handle;
+	/* set before its first request: remap's budget covers this slot's
+	 * memory (counted in rt->budgeted_handles while mapped) */
+	bool budgeted;
 
 	/* one preallocated request per kind: a slot never has two of a kind queued */
 	vmmrt__request map_req;

@@ -203,8 +203,10 @@ static vmmrt_status rm_allocate_group(vmmrt__offload *off, vmmrt_group *g)
 {
 	vmmrt_runtime *rt = off->rt;
 	vmmrt_status st = vmmrt__slot_reserve(rt, g->bytes, &g->slot);
-	if (st == VMMRT_OK)
+	if (st == VMMRT_OK) {
+		g->slot->budgeted = true; /* before any request: its worker reads it */
 		st = vmmrt__slot_map(g->slot); /* the initial backing, for capture */
+	}
 	if (st == VMMRT_OK)
 		st = vmmrt__drv_host_alloc(rt, 64, (void **)&g->remap.flag);
 	if (st == VMMRT_OK)

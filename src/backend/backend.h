@@ -93,6 +93,9 @@ extern const vmmrt__backend_ops vmmrt__backend_cuda;
 /* Host backend only, for tests: cuMemSetAccess calls that began while a D2H
  * copy ran (the H200 makes those ten times slower). */
 unsigned long vmmrt__host_set_access_beside_d2h(vmmrt__backend *b);
+/* Host backend only, for tests: the most device memory created at once since
+ * the last reset (which restarts it from what is created now). */
+size_t vmmrt__host_created_peak(vmmrt__backend *b, bool reset);
 
 /*
  * Thread role, set by the runtime's own threads and host-function trampolines.

@@ -41,6 +41,7 @@ struct vmmrt__backend {
 	struct cds_list_head handles;
 	struct cds_list_head mappings;
 	size_t created_bytes;
+	size_t created_peak;       /* the most created_bytes since open or the last reset (tests) */
 
 	/* Registries, so that a stale or bogus object is an error, not a crash. */
 	pthread_mutex_t obj_lock;

@@ -496,6 +496,8 @@ vmmrt_status vmmrt__host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhand
 	m->fd = fd;
 	m->size = size;
 	b->created_bytes += size;
+	if (b->created_bytes > b->created_peak)
+		b->created_peak = b->created_bytes;
 	*out = (vmmrt__bhandle)(uintptr_t)m;
 	return vmm_commit(b, &m->node, &b->handles, CALL_CREATE, size, t0);
 fail:
@@ -705,6 +707,16 @@ out:
 unsigned long vmmrt__host_set_access_beside_d2h(vmmrt__backend *b)
 {
 	return uatomic_read(&b->set_access_beside_d2h);
+}
+
+size_t vmmrt__host_created_peak(vmmrt__backend *b, bool reset)
+{
+	pthread_mutex_lock(&b->vmm_lock);
+	size_t peak = b->created_peak;
+	if (reset)
+		b->created_peak = b->created_bytes;
+	pthread_mutex_unlock(&b->vmm_lock);
+	return peak;
 }
 
 vmmrt_status vmmrt__host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t *total_bytes)
