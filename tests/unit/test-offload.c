@@ -542,7 +542,11 @@ static void maps_run_beside_no_d2h(void **state)
 	fprintf(stderr, "# cuMemSetAccess beside a D2H in 3 iterations: %lu with d2h_yield, %lu without\n", with,
 		without);
 	assert_int_equal(with, 0);
-	assert_true(without >= 1); /* the test sees what it is meant to (about 5) */
+	/* The control: the test sees what it is meant to (11 or so), unless
+	 * ThreadSanitizer slows the forwards' kernels past the copies. */
+	const char *san = getenv("SANITIZED_BUILD");
+	if (!san || !strstr(san, "thread"))
+		assert_true(without >= 1);
 }
 
 static void naive_reload_reads_wrong_bytes(void **state)

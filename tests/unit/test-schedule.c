@@ -542,7 +542,10 @@ static void rediscovery_with_live_graphs(void **state)
 				vmmrt_graph *old = model_old_graph(m, 0, &act);
 				assert_non_null(old);
 				assert_int_equal(act, before[0]);
+				/* alone: it shares the model's input with the new graphs */
+				assert_int_equal(model_verify(m, &checked), 0);
 				assert_int_equal(vmmrt_graph_launch(model_runtime(m), old, NULL), VMMRT_OK);
+				assert_int_equal(vmmrt_stream_synchronize(model_runtime(m), NULL), VMMRT_OK);
 			}
 			assert_int_equal(model_run(m, 2), VMMRT_OK);
 			assert_int_equal(model_verify(m, &checked), 0);
