@@ -13,6 +13,7 @@
 #include <urcu/uatomic.h>
 
 #include "api.h"
+#include "array.h"
 #include "error.h"
 #include "offload.h"
 
@@ -26,14 +27,8 @@ vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group
 	if (off->allocated)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s' created after vmmrt_offload_allocate",
 				   name ? name : "");
-	if (off->ngroups == off->cap) {
-		unsigned cap = off->cap ? off->cap * 2 : 16;
-		vmmrt_group **gs = realloc(off->groups, cap * sizeof(*gs));
-		if (!gs)
-			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group list");
-		off->groups = gs;
-		off->cap = cap;
-	}
+	if (!vmmrt__array_reserve(&off->groups, &off->cap, off->ngroups + 1, sizeof(*off->groups)))
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group list");
 	vmmrt_group *g = calloc(1, sizeof(*g));
 	if (!g)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group");
@@ -75,18 +70,12 @@ vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *d)
 		return st;
 	if (g->state != VMMRT_GROUP_DISCOVERING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': discovery is over (allocated)", g->name);
-	if (g->ndesc == g->cap) {
-		unsigned cap = g->cap ? g->cap * 2 : 8;
-		vmmrt_tensor_desc *nd = realloc(g->desc, cap * sizeof(*nd));
-		if (!nd)
-			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
-		g->desc = nd;
-		size_t *no = realloc(g->offset, cap * sizeof(*no));
-		if (!no)
-			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
-		g->offset = no;
-		g->cap = cap;
-	}
+	/* Two arrays, one capacity: both grow the same way from it, and it
+	 * moves only once both have grown. */
+	unsigned desc_cap = g->cap;
+	if (!vmmrt__array_reserve(&g->desc, &desc_cap, g->ndesc + 1, sizeof(*g->desc)) ||
+	    !vmmrt__array_reserve(&g->offset, &g->cap, g->ndesc + 1, sizeof(*g->offset)))
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "descriptors");
 	size_t a = d->align ? d->align : DEFAULT_ALIGN;
 	size_t off = (g->bytes + a - 1) & ~(a - 1);
 	if (off > SIZE_MAX - d->bytes)
@@ -274,14 +263,8 @@ vmmrt_status vmmrt__group_take_error(vmmrt_group *g)
 vmmrt_status vmmrt__group_retire(vmmrt_group *g)
 {
 	vmmrt__offload *off = g->off;
-	if (off->nretired == off->retired_cap) {
-		unsigned cap = off->retired_cap ? off->retired_cap * 2 : 8;
-		vmmrt_group **r = realloc(off->retired, cap * sizeof(*r));
-		if (!r)
-			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "retired groups");
-		off->retired = r;
-		off->retired_cap = cap;
-	}
+	if (!vmmrt__array_reserve(&off->retired, &off->retired_cap, off->nretired + 1, sizeof(*off->retired)))
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "retired groups");
 	vmmrt_group *old = malloc(sizeof(*old));
 	if (!old)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "group '%s': retired copy", g->name);

@@ -20,6 +20,7 @@
 #include <urcu/uatomic.h>
 #include <urcu/urcu-bp.h>
 
+#include "array.h"
 #include "error.h"
 #include "slot.h"
 #include "tsan.h"
@@ -142,15 +143,7 @@ static unsigned pool_cap(const slot_pool *p)
 /* Room for what the pool may hold now (the reuse cap moves with the budget). */
 static bool grow(slot_pool *p)
 {
-	unsigned want = pool_cap(p);
-	if (want <= p->room)
-		return true;
-	pooled_handle *n = realloc(p->handles, want * sizeof(*n));
-	if (!n)
-		return false;
-	p->handles = n;
-	p->room = want;
-	return true;
+	return vmmrt__array_reserve(&p->handles, &p->room, pool_cap(p), sizeof(*p->handles));
 }
 
 /*
@@ -183,14 +176,8 @@ static vmmrt_status release_handle(slot_pool *p, size_t size, vmmrt__bhandle h)
 	vmmrt_status st = vmmrt__drv_mem_release(p->rt, h);
 	if (st == VMMRT_OK)
 		return VMMRT_OK;
-	if (p->nstash == p->capstash) {
-		unsigned cap = p->capstash ? p->capstash * 2 : 8;
-		vmmrt__bhandle *n = realloc(p->stash, cap * sizeof(*n));
-		if (!n)
-			return st;
-		p->stash = n;
-		p->capstash = cap;
-	}
+	if (!vmmrt__array_reserve(&p->stash, &p->capstash, p->nstash + 1, sizeof(*p->stash)))
+		return st;
 	p->stash[p->nstash++] = h;
 	return VMMRT_OK;
 }
