@@ -69,3 +69,20 @@ def ddp_forward_active():
         return get is not None and get() is not None
     except Exception:
         return False
+
+
+def tensor_over(base, dtype, shape, stride, offset_bytes):
+    """A new tensor (its own TensorImpl, no view of base as far as autograd
+    knows) over base's storage: dtype, shape, strides, and its first element
+    offset_bytes from the storage's start. base's storage must hold it."""
+    item = torch.empty((), dtype=dtype).element_size()
+    if offset_bytes % item:
+        raise ValueError("offset %d is not a multiple of %s's size" % (offset_bytes, dtype))
+    t = torch.empty((0,), dtype=dtype, device=base.device)
+    if HAS_UNTYPED_STORAGE:
+        t.set_(base.untyped_storage(), offset_bytes // item, tuple(shape), tuple(stride))
+    else:
+        # torch 1.13: set_ takes a storage of the tensor's own dtype
+        typed = torch.storage.TypedStorage(wrap_storage=base.storage().untyped(), dtype=dtype)
+        t.set_(typed, offset_bytes // item, tuple(shape), tuple(stride))
+    return t

@@ -25,7 +25,7 @@ bracketed by the same two backward hooks.
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _address, _compat
+from vmmrt.torch import _address, _compat, place
 from vmmrt.torch.saved import Recorder
 
 
@@ -45,25 +45,40 @@ class Pass:
         self.layer, self.kind, self.stream = layer, kind, stream
         self.outputs = ()
         self.rec = None
+        self.mode = None
+        self.placed = []
         self._hooks = None
 
     def __enter__(self):
         lay = self.layer
         lay._check_usable()
+        dev = lay.offload.device_type
         if self.kind == "discover":
             if lay.offload.allocated:
                 raise Error(_capi.E_INVALID_STATE, "discovery after allocation", lay._where())
-            self.rec = Recorder(lay.name, lay.offload.device_type, lay.static, keep_all=True)
+            self.rec = Recorder(lay.name, dev, lay.static, keep_all=True)
+            if place.AVAILABLE:
+                self.mode = place.Mode(dev, static=lay.static)
         else:
             if not lay.offload.allocated:
                 raise Error(_capi.E_INVALID_STATE, "%s before Offload.allocate()" % self.kind, lay._where())
-            self.rec = Recorder(lay.name, lay.offload.device_type, lay.static, plan=lay.plan)
+            self.rec = Recorder(lay.name, dev, lay.static, plan=lay.plan)
             self.rec.guard = lay._guard
+            self.placed = lay.placements()
             if self.kind == "eager":
                 lay.group.forward_begin(self.stream)
+                if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
+                    # The layer's own ops write the slot: it must be free
+                    # (its bank's D2H done) or mapped (remap) before they
+                    # are enqueued, not only when the stream gets there (a
+                    # copy_ is a cudaMemcpyAsync, checked at enqueue; the
+                    # host backend's CPU ops run at once).
+                    lay.offload.runtime.stream_synchronize(self.stream)
             lay.group.begin_capture()
+            if self.placed:
+                self.mode = place.Mode(dev, self.placed, lay.births, lay.static)
         lay.last_rec = self.rec
-        self._hooks = self.rec.hooks()
+        self._hooks = self.rec.hooks(self.mode)
         self._hooks.__enter__()
         return self
 
@@ -82,13 +97,18 @@ class Pass:
                 raise raised
             return False
         try:
-            moves = rec.finish(_compat.tree_leaves(self.outputs))
+            births = self.mode.births if (self.kind == "discover" and self.mode is not None) else None
+            moves = rec.finish(_compat.tree_leaves(self.outputs), births)
             if self.kind == "discover":
-                lay._discovered(rec)
+                lay._discovered(rec, self.mode)
                 return False
             eager_cuda = self.kind == "eager" and not lay.offload.host
+            lay._placed(self.placed, moves, _compat.tree_leaves(self.outputs))
             for r, ptr in moves:
-                if eager_cuda:
+                if ptr + r.lo == r.addr:
+                    # born there (place.py): nothing to copy
+                    addr = lay.group.save(r.desc(), 0, None)
+                elif eager_cuda:
                     # The driver checks a copy's addresses when it is enqueued, and
                     # a remap slot is mapped only once the stream reaches the map
                     # the forward hook waited for: a kernel checks nothing then.
@@ -130,6 +150,7 @@ class LayerOffload:
         self._restored = False      # between backward_begin and backward_end
         self._bwd_capture = False
         self.last_rec = None        # the recorder of the latest pass (its hooks' errors)
+        self.births = {}            # discovery's births by (op key, output): see place.Mode
 
     def _where(self):
         return "layer %r" % self.name
@@ -159,7 +180,7 @@ class LayerOffload:
 
         return _Ctx()
 
-    def _discovered(self, rec):
+    def _discovered(self, rec, mode=None):
         if self.plan is not None:
             old, new = [e.key() for e in self.plan.entries], [e.key() for e in rec.entries]
             if old != new:
@@ -168,7 +189,14 @@ class LayerOffload:
                 now = rec.entries[i].describe() if i < len(new) else "nothing"
                 raise Error(_capi.E_MISMATCH, "warm-up passes saved different tensors: tensor %d was %s, then %s; "
                             "a layer must save the same tensors at every call" % (i, was, now), self._where())
+            for a, b in zip(self.plan.regions, rec.regions):
+                if a.birth is None or not a.birth.same(b.birth):
+                    if b.birth is not None:
+                        b.unplaced = b.unplaced or "its op differed between warm-up passes"
+                    b.birth = None
+                    b.hi = b.views_hi   # the bytes its views cover, not the whole storage
         self.plan = rec
+        self.births = mode.by_key if mode is not None else {}
         self.passes += 1
 
     def _guard(self, i):
@@ -184,6 +212,58 @@ class LayerOffload:
     def moving(self):
         return [r for r in self.regions if r.selected]
 
+    def placements(self):
+        """The place.Placed of this layer's moving regions that can be born in
+        their slot (a fresh target tensor each, over the fixed address)."""
+        out = []
+        for r in self.moving():
+            b = r.birth
+            if b is None or r.addr is None:
+                continue
+            base = r.bases.get(b.dtype)
+            if base is None:
+                continue
+            out.append(place.Placed(b, place.tensor_over(base, b.dtype, b.shape, b.stride, b.offset - r.lo)))
+        return out
+
+    def _placed(self, placed, moves, outputs):
+        """Record how each moving region got into its slot at this pass. A
+        target that went to another op's output (the pass ran other ops than
+        discovery, with the same inputs) is refused if that output leaves the
+        layer: its bytes are the slot's, which the region's copy overwrites."""
+        by_birth = {id(p.birth): p for p in placed}
+        for r, ptr in moves:
+            p = by_birth.get(id(r.birth)) if r.birth is not None else None
+            if ptr + r.lo == r.addr:
+                r.how, r.why = (p.how if p is not None and p.how else "placed"), (p.why if p is not None else None)
+                continue
+            r.how = "copy"
+            r.why = (p.why if p is not None and p.why else r.unplaced) or "not born in the slot"
+            if p is not None and p.how is not None:
+                r.why = "its slot went to another output of %s (the layer ran other ops than at discovery)" % (
+                    p.birth.describe())
+                for o in outputs:
+                    if isinstance(o, torch.Tensor) and o.numel() and \
+                            r.addr <= _compat.storage_of(o)[0] < r.addr + r.nbytes:
+                        raise Error(_capi.E_MISMATCH, "the layer ran other ops than at discovery, and an output "
+                                    "of %s it returns landed in the slot of saved region %d; a layer must run "
+                                    "the same ops at every call" % (p.birth.describe(), r.index), self._where())
+
+    def placement(self):
+        """How the moving regions reached their slot at the last capture (or
+        eager pass): bytes born there ("placed"), computed and then copied in
+        by the op's pass ("copied": the op has no out= variant), copied at the
+        end of the forward ("copy"), with the reasons."""
+        out = {"placed": 0, "copied": 0, "copy": 0, "why": {}}
+        for r in self.moving():
+            if r.how is None:
+                continue
+            out[r.how] += r.nbytes
+            if r.how != "placed":
+                why = r.why or "?"
+                out["why"][why] = out["why"].get(why, 0) + r.nbytes
+        return out
+
     def describe_to_group(self):
         for r in self.moving():
             self.group.discover(r.desc())
@@ -198,9 +278,10 @@ class LayerOffload:
         self.group.end_capture()
         for r in moving:
             # uint8 too: the eager copies in (a tensor over an address is made
-            # here, while mapped: torch asks the driver about the pointer)
-            r.bases = {dt: _address.tensor_at(r.addr, r.nbytes, dt, self.offload.device)
-                       for dt in set(r.dtypes) | {torch.uint8}}
+            # here, while mapped: torch asks the driver about the pointer); and
+            # the dtype of the op that allocates the storage, to be born there
+            dts = set(r.dtypes) | {torch.uint8} | ({r.birth.dtype} if r.birth is not None else set())
+            r.bases = {dt: _address.tensor_at(r.addr, r.nbytes, dt, self.offload.device) for dt in dts}
 
     def saved_bytes(self):
         """Bytes of this layer's saved tensors: "views" (as autograd saved them,

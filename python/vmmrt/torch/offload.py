@@ -272,12 +272,36 @@ class Offload:
             return sum(sorted(sizes, reverse=True)[:self.lookahead + 1])
         return sum(sizes)
 
+    def placement(self):
+        """How the offloaded bytes reached their slots at capture (or at the
+        last eager pass), summed over the layers, and per layer: "placed"
+        (born at the fixed address: no copy, no room in the pool), "copied"
+        (computed, then copied in right away: the op has no out= variant),
+        "copy" (copied at the end of the forward, as before), with the reasons
+        ("why": reason -> bytes). See :mod:`vmmrt.torch.place`."""
+        out = {"placed": 0, "copied": 0, "copy": 0, "why": {}, "layers": {}}
+        for lay in self.layers:
+            p = lay.placement()
+            out["layers"][lay.name] = p
+            for k in ("placed", "copied", "copy"):
+                out[k] += p[k]
+            for why, n in p["why"].items():
+                out["why"][why] = out["why"].get(why, 0) + n
+        return out
+
     def describe(self):
         b = self.saved_bytes()
         mib = 1 << 20
-        return ("%s, look-ahead %d, %d layers: saved %.1f MiB as views, %.1f MiB distinct, %.1f MiB offloaded"
+        text = ("%s, look-ahead %d, %d layers: saved %.1f MiB as views, %.1f MiB distinct, %.1f MiB offloaded"
                 % (self.mode, self.lookahead, len(self.layers), b["views"] / mib, b["distinct"] / mib,
                    b["moved"] / mib))
+        p = self.placement()
+        if p["placed"] or p["copied"] or p["copy"]:
+            text += ("; in their slots: %.1f MiB born there, %.1f MiB copied in by their op, %.1f MiB copied at "
+                     "the end of the forward" % (p["placed"] / mib, p["copied"] / mib, p["copy"] / mib))
+            for why, n in sorted(p["why"].items(), key=lambda kv: -kv[1]):
+                text += "\n  copied %.1f MiB: %s" % (n / mib, why)
+        return text
 
     def stats(self):
         return self.runtime.offload_stats()

@@ -25,7 +25,7 @@ import threading
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat
+from vmmrt.torch import _compat, place
 
 # Region boundaries fall on multiples of this many bytes of their storage, so
 # a view keeps its address alignment modulo 512 inside the slot (the caching
@@ -73,10 +73,17 @@ def _marked(t):
     return base is not None and getattr(base, "_vmmrt_keep", False)
 
 
+# A region born at its fixed address holds the whole storage its op
+# allocated: one whose saved views leave more than this share of it out is
+# copied instead (the rest would ride along in every D2H).
+PLACE_SLACK = 8
+
+
 class Region:
     """Bytes [lo, hi) of one storage, saved once; ``selected`` says whether it moves."""
 
-    __slots__ = ("index", "storage_nbytes", "lo", "hi", "dtypes", "selected", "reason", "addr", "bases")
+    __slots__ = ("index", "storage_nbytes", "lo", "hi", "dtypes", "selected", "reason", "addr", "bases", "birth",
+                 "views_hi", "unplaced", "how", "why")
 
     def __init__(self, index, storage_nbytes):
         self.index = index
@@ -88,6 +95,11 @@ class Region:
         self.reason = None   # why it is kept, when it is
         self.addr = None     # its fixed address, once learned
         self.bases = {}      # dtype -> tensor over [addr, addr + nbytes)
+        self.views_hi = None  # hi before a birth made it the whole storage
+        self.birth = None    # the op that allocated the storage (place.Birth), when it can be born in the slot
+        self.unplaced = None  # why it cannot be
+        self.how = None      # at the last capture: "placed", "copied" (in the pass) or "copy" (at its end)
+        self.why = None      # why it was copied
 
     @property
     def nbytes(self):
@@ -168,11 +180,12 @@ class Recorder:
         self.error = None             # the first Error a hook raised
 
     # ------------------------------------------------------------ hooks
-    def hooks(self):
-        """The saved_tensors_hooks context of this pass. An error raised in a hook
-        reaches the caller as a RuntimeError (autograd wraps it); leaving the
-        context raises the original :class:`vmmrt.Error` instead."""
-        return _Hooks(self)
+    def hooks(self, mode=None):
+        """The saved_tensors_hooks context of this pass (and ``mode``, a
+        place.Mode, over the same span). An error raised in a hook reaches the
+        caller as a RuntimeError (autograd wraps it); leaving the context
+        raises the original :class:`vmmrt.Error` instead."""
+        return _Hooks(self, mode)
 
     def _fail(self, e):
         if self.error is None:
@@ -198,6 +211,10 @@ class Recorder:
         return "view", (ptr, nbytes)
 
     def pack(self, t):
+        with place.quiet():
+            return self._pack(t)
+
+    def _pack(self, t):
         if self.finished:
             self._fail(Error(_capi.E_INVALID_STATE, "a tensor was saved after the layer's pass ended", self._where()))
         kind, storage = self._classify(t)
@@ -231,7 +248,8 @@ class Recorder:
     def unpack(self, p):
         if p.alias is not None:
             return p.alias
-        return p.rec.rebuild(p.index)
+        with place.quiet():
+            return p.rec.rebuild(p.index)
 
     # --------------------------------------------------------- checking
     def _where(self):
@@ -250,9 +268,10 @@ class Recorder:
                              "the same tensors (shapes, dtypes, views) in the same order at every call"
                              % (i, self.entries[i].describe(), plan[i].describe()), self._where()))
 
-    def finish(self, outputs=()):
+    def finish(self, outputs=(), births=None):
         """End the pass: check it against the plan, mark output regions kept, and
-        return the originals of the regions that move (in region order)."""
+        return the originals of the regions that move (in region order).
+        ``births`` (discovery): the pass's place.Mode births, by storage."""
         self.finished = True
         for i, t, v in self._alive:
             if t._version != v:
@@ -269,6 +288,7 @@ class Recorder:
             for i in outs:
                 self.regions[i].selected = False
                 self.regions[i].reason = "output"
+            self._births(births)
             return []
         if len(self.entries) != len(self.plan.entries):
             raise Error(_capi.E_MISMATCH, "%d tensors saved where discovery saw %d"
@@ -279,6 +299,25 @@ class Recorder:
                         % (sorted(outs), plan_outs), self._where())
         by_index = {r.index: ptr for ptr, r in self._by_storage.items()}
         return [(r, by_index[r.index]) for r in self.plan.regions if r.selected]
+
+    def _births(self, births):
+        """Which regions can be born at their fixed address: those whose storage
+        an op of the pass allocated, and whose saved views cover (nearly) all of
+        it; such a region grows to the whole storage."""
+        for ptr, r in self._by_storage.items():
+            r.views_hi = r.hi
+            b = births.get(ptr) if births is not None else None
+            if births is None:
+                r.unplaced = "no record of the layer's ops (torch without TorchDispatchMode)"
+            elif b is None or b.storage_nbytes != r.storage_nbytes:
+                r.unplaced = "not allocated by an op of the layer's forward"
+            elif b.offset != 0 or r.lo != 0:
+                r.unplaced = "the saved views start %d bytes into their storage" % r.lo
+            elif (r.storage_nbytes - r.hi) * PLACE_SLACK > r.storage_nbytes:
+                r.unplaced = "the saved views cover %d of the storage's %d bytes" % (r.hi, r.storage_nbytes)
+            else:
+                r.hi = r.storage_nbytes
+                r.birth = b
 
     def release(self):
         """Drop the originals (after their bytes are copied, or the pass failed)."""
@@ -308,16 +347,27 @@ class Recorder:
 
 
 class _Hooks:
-    def __init__(self, rec):
+    def __init__(self, rec, mode=None):
         self.rec = rec
+        self.mode = mode
         self.ctx = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack)
 
     def __enter__(self):
         self.ctx.__enter__()
+        if self.mode is not None:
+            try:
+                self.mode.__enter__()
+            except BaseException:
+                self.ctx.__exit__(None, None, None)
+                raise
         return self.rec
 
     def __exit__(self, exc_type, exc, tb):
-        self.ctx.__exit__(exc_type, exc, tb)
+        try:
+            if self.mode is not None:
+                self.mode.__exit__(exc_type, exc, tb)
+        finally:
+            self.ctx.__exit__(exc_type, exc, tb)
         err = self.rec.error
         if exc is not None and err is not None and exc is not err:
             raise err from None

@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Saved tensors born at their fixed address (vmmrt.torch.place), on the CPU
+with the host backend's eager offload: the op that allocates a saved storage
+writes it in the slot, the gradients stay bitwise, and what cannot be placed
+is copied as before, with the reason."""
+import copy
+
+import pytest
+import torch
+
+import vmmrt.torch as vt
+from vmmrt.torch import place
+
+from conftest import grads, same, samples, step, zoo_layers
+
+pytestmark = pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+
+
+def test_out_overloads_are_found_by_their_arguments():
+    aten = torch.ops.aten
+    assert place.out_overload(aten.mm.default)[0] is aten.mm.out
+    assert place.out_overload(aten.add.Tensor) == (aten.add.out, ["out"])
+    op, names = place.out_overload(aten.native_layer_norm.default)
+    assert op is aten.native_layer_norm.out and names == ["out0", "out1", "out2"]
+    assert place.out_overload(aten._to_copy.default) is None      # other arguments: the copy_ path
+    assert place.out_overload(aten.t.default) is None             # a view allocates nothing
+
+
+def test_births_are_the_ops_that_allocate():
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8)
+    with place.Mode("cpu") as m:
+        h = x @ w
+        v = h.t()                       # a view: no birth
+        y = torch.relu(v)
+    b = m.births[h.data_ptr()]
+    assert b.key == ("aten.mm.default", 0) and b.shape == (4, 8) and b.out == 0
+    assert m.births[y.data_ptr()].key == ("aten.relu.default", 0)
+    assert len([k for k in m.by_key if k[0][0] == "aten.t.default"]) == 0
+
+
+def _eager(layers, mode="pingpong", shape=(2, 8, 32), **kw):
+    kw.setdefault("min_bytes", 0)
+    return vt.make_graphed_callables(tuple(layers), samples(len(layers), shape), graphs=False, mode=mode, **kw)
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+def test_saved_tensors_are_born_in_their_slots_and_gradients_stay_bitwise(mode):
+    base = zoo_layers(3)
+    ref = copy.deepcopy(base)
+    g = _eager(base, mode)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gy = torch.randn(2, 8, 32)
+    for _ in range(2):
+        for m in base + ref:
+            m.zero_grad(set_to_none=True)
+        step(g, x, gy)
+        step(ref, x.detach().clone().requires_grad_(), gy)
+        assert same(grads(base), grads(ref))
+    p = vt.offload_of(g[0]).placement()
+    moved = vt.offload_of(g[0]).saved_bytes()["moved"]
+    assert p["placed"] + p["copied"] + p["copy"] == moved
+    # Each layer's input was allocated before the layer ran (and a scalar
+    # made from a Python number, outside the dispatcher): the only copies.
+    assert p["placed"] > 0.85 * moved
+    for name, lp in p["layers"].items():
+        assert set(lp["why"]) <= {"not allocated by an op of the layer's forward"}, (name, lp["why"])
+
+
+class Flaky(torch.nn.Module):
+    """Runs an extra op of a kind the layer runs anyway at some calls: the op
+    that discovery saw at that place now comes later, so the region is
+    copied, as before, and the gradients do not change."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.a = torch.nn.Linear(d, d)
+        self.b = torch.nn.Linear(d, d)
+        self.extra = False
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if self.extra:
+            with torch.no_grad():
+                self.b(x).sum()    # an extra linear, nothing saved: the same kinds of op, once more
+        return self.b(h) * h
+
+
+def test_a_pass_with_other_ops_falls_back_to_the_copy():
+    torch.manual_seed(1)
+    m = Flaky()
+    ref = copy.deepcopy(m)
+    g = _eager([m], shape=(4, 32))[0]
+    x = torch.randn(4, 32, requires_grad=True)
+    g(x).sum().backward()
+    ref(x.detach().clone().requires_grad_()).sum().backward()
+    assert same(grads([m]), grads([ref]))
+    off = vt.offload_of(g)
+    assert off.placement()["copy"] < off.saved_bytes()["moved"]
+    m.extra = ref.extra = True
+    for q in (m, ref):
+        q.zero_grad(set_to_none=True)
+    g(x).sum().backward()
+    ref(x.detach().clone().requires_grad_()).sum().backward()
+    assert same(grads([m]), grads([ref]))
+    why = off.placement()["why"]
+    # the extra linear has the same weight and input shapes: it took the
+    # slot, the region was copied over it, as the reason says
+    assert any("another output" in w for w in why), why
+
+
+class Partial(torch.nn.Module):
+    """Saves a small slice of a large tensor: placing the whole storage would
+    move bytes no backward needs, so it is copied."""
+
+    def forward(self, x):
+        big = x.repeat(1, 16)               # 8 x 512
+        s = big[:2]                          # a quarter of it, saved by the mul
+        return x + (s * s).sum() + x.exp()   # exp saves its output: born in the slot
+
+
+def test_a_storage_saved_in_part_is_copied_and_says_why():
+    g = _eager([Partial()], shape=(8, 32))[0]
+    g(torch.randn(8, 32, requires_grad=True)).sum().backward()
+    off = vt.offload_of(g)
+    p = off.placement()
+    assert p["placed"] == 8 * 32 * 4
+    assert any("cover 4096 of the storage's 16384 bytes" in w for w in p["why"]), p["why"]
+    assert "born there" in off.describe()

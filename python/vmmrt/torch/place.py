@@ -1,0 +1,281 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Tensors born at their fixed address: the op that allocates a storage the
+offload cares about writes it at libvmmrt's address, instead of into the
+caching allocator (or a graph pool) for a copy later.
+
+What a pass allocates is seen at the ATen level, below autograd, through a
+TorchDispatchMode: every op, in order, and the outputs it allocates (the
+returns its schema gives no alias annotation). Discovery records, for each
+storage, the op that allocated it: its *birth*, keyed by the op and how many
+times the op ran before it in the pass ("aten.mm.default", 7), which stays
+put when unrelated ops come between (AccumulateGrad's in-place adds in a
+backward that accumulates). A later pass (a capture, an eager offload) gives
+that op its output at the fixed address:
+
+- its ``out=`` overload (the one whose other arguments are the op's own),
+  with an out tensor over the slot of the discovered shape, strides and
+  dtype: the same kernel writes the same bytes, at the slot;
+- ``aten._to_copy`` (a dtype or device conversion, which has no such
+  overload) as the ``copy_`` it is;
+- any other op computes as usual and its output is copied into the slot at
+  once: the copy stays, but the original is freed at the next op instead of
+  living on in the pool until the end of the pass.
+
+A placement that does not fit (the op is not the one discovery saw there,
+other shapes, an out overload that refuses the tensor) is skipped: the
+output is allocated as usual and the caller copies it as before. Nothing
+here changes what is computed: only where the bytes land.
+
+Why this route and not a pluggable allocator in a ``torch.cuda.MemPool``: a
+pool's allocator sees segments (rounded up, cached, shared by every tensor
+the pool serves), not tensors, so it cannot put one storage at one address
+and the next elsewhere; the dispatcher sees exactly the op and the output.
+"""
+import threading
+
+import torch
+
+try:
+    from torch.utils._python_dispatch import TorchDispatchMode
+except ImportError:  # pragma: no cover - torch < 1.12
+    TorchDispatchMode = None
+
+from vmmrt.torch import _compat
+
+AVAILABLE = TorchDispatchMode is not None
+
+_tls = threading.local()
+
+
+class quiet:
+    """Ops made inside are not seen by the modes here: the offload's own hooks
+    (a pack that detaches, an unpack that rebuilds a view) run in some passes
+    and not others, and must not shift the count of the layer's ops. (Python
+    dispatch is turned off for them: torch 1.13 hands a mode the wrapped
+    scalars of such ops as Python numbers, which the op then refuses.)"""
+
+    def __enter__(self):
+        _tls.quiet = getattr(_tls, "quiet", 0) + 1
+        # an RAII guard: dispatch comes back when it is dropped
+        self._guard = torch._C._DisableTorchDispatch() if AVAILABLE else None
+
+    def __exit__(self, *exc):
+        self._guard = None
+        _tls.quiet -= 1
+
+
+def _is_quiet():
+    return getattr(_tls, "quiet", 0) > 0
+
+
+class Birth:
+    """The op and output that allocated a storage, and what that output was."""
+
+    __slots__ = ("key", "out", "dtype", "shape", "stride", "offset", "storage_nbytes", "inputs")
+
+    def __init__(self, key, out, t, inputs):
+        self.key = key                      # (op name, occurrence)
+        self.out = out                      # index among the op's fresh outputs
+        self.dtype = t.dtype
+        self.shape = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.offset = _compat.storage_offset_bytes(t)
+        self.storage_nbytes = _compat.storage_of(t)[1]
+        self.inputs = inputs                # the op's tensor arguments: (dtype, shape, strides) each
+
+    def same(self, other):
+        return other is not None and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def describe(self):
+        return "%s #%d output %d" % (self.key[0], self.key[1], self.out)
+
+
+def _tensor_signature(args, kwargs, static):
+    """What an op was given: each tensor's dtype, shape and strides (an
+    elementwise op lays its output out as its inputs), and the address of
+    those that never move (parameters, buffers, static inputs: the same op
+    applied to another weight is another op)."""
+    sig = []
+    for a in _compat.tree_leaves(args, kwargs):
+        if isinstance(a, torch.Tensor):
+            strided = a.layout == torch.strided
+            ptr = _compat.storage_of(a)[0] if strided and a.device.type != "meta" else None
+            sig.append((a.dtype, tuple(a.shape), tuple(a.stride()) if strided else None,
+                        ptr if ptr in static else None))
+    return tuple(sig)
+
+
+def _fresh(func, out):
+    """[(k, tensor)]: the outputs func allocated (returns without an alias
+    annotation), numbered in return order."""
+    rets = func._schema.returns
+    vals = out if isinstance(out, (tuple, list)) and len(rets) != 1 else (out,)
+    res = []
+    k = 0
+    for r, v in zip(rets, vals):
+        items = v if isinstance(v, (tuple, list)) else (v,)
+        for t in items:
+            if r.alias_info is None and isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                res.append((k, t))
+            k += 1
+    return res
+
+
+_OUT = {}
+
+
+def out_overload(func):
+    """(the out= overload of func, its out argument names), or None: the overload
+    of the same op whose arguments, less its out ones, are func's own, with one
+    out tensor per return."""
+    if func in _OUT:
+        return _OUT[func]
+    found = None
+    schema = func._schema
+    rets = schema.returns
+    if rets and all(str(r.type) == "Tensor" for r in rets):
+        want = [(a.name, str(a.type)) for a in schema.arguments]
+        packet = func.overloadpacket
+        for name in packet.overloads():
+            op = getattr(packet, name)
+            args = op._schema.arguments
+            outs = [a.name for a in args if getattr(a, "is_out", False)]
+            rest = [(a.name, str(a.type)) for a in args if not getattr(a, "is_out", False)]
+            if outs and len(outs) == len(rets) and rest == want:
+                found = (op, outs)
+                break
+    _OUT[func] = found
+    return found
+
+
+class Placed:
+    """One output to place: the tensor over its fixed address to write it in."""
+
+    __slots__ = ("birth", "target", "how", "why")
+
+    def __init__(self, birth, target):
+        self.birth = birth
+        self.target = target
+        self.how = None     # "placed" (born there) or "copied" (computed, then copied in) once done
+        self.why = None     # why it was copied, or not placed at all
+
+
+class Mode(TorchDispatchMode if AVAILABLE else object):
+    """One pass's ops: records every birth (``births``: storage pointer ->
+    :class:`Birth`, the latest at each address; ``by_key``: (op key, output)
+    -> :class:`Birth`) and places the outputs of ``targets`` (a list of
+    :class:`Placed`). ``known``: a discovery pass's ``by_key``, for the
+    outputs of a placed op that are not placed themselves."""
+
+    def __init__(self, device_type, targets=(), known=None, static=frozenset()):
+        super().__init__()
+        self.device_type = device_type
+        self.static = static
+        self.births = {}
+        self.by_key = {}
+        self.count = {}
+        self.known = known or {}
+        self.targets = {}
+        for p in targets:
+            self.targets.setdefault(p.birth.key, []).append(p)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _is_quiet():
+            return func(*args, **kwargs)
+        name = str(func)
+        n = self.count.get(name, 0)
+        self.count[name] = n + 1
+        key = (name, n)
+        want = self.targets.get(key)
+        sig = _tensor_signature(args, kwargs, self.static)
+        if want is not None:
+            out = self._place(func, key, args, kwargs, want, sig)
+        else:
+            out = func(*args, **kwargs)
+        for k, t in _fresh(func, out):
+            if t.device.type == self.device_type:
+                ptr = _compat.storage_of(t)[0]
+                if ptr:
+                    b = Birth(key, k, t, sig)
+                    self.births[ptr] = b
+                    self.by_key[(key, k)] = b
+        return out
+
+    def _place(self, func, key, args, kwargs, want, sig):
+        if not all(str(r.type) == "Tensor" for r in func._schema.returns):
+            for p in want:
+                p.why = "%s returns a list" % name_of(func)
+            return func(*args, **kwargs)
+        for p in want:
+            if p.birth.inputs != sig:
+                p.why = "%s saw other inputs than at discovery" % p.birth.describe()
+                return func(*args, **kwargs)
+        by_out = {p.birth.out: p for p in want}
+        found = out_overload(func)
+        if found is not None:
+            op, names = found
+            outs = {}
+            for k, nm in enumerate(names):
+                p = by_out.get(k)
+                if p is not None:
+                    outs[nm] = p.target
+                    continue
+                b = self.known.get((key, k))
+                if b is None:
+                    outs = None
+                    break
+                # an output left where the op would put it: allocated as the op would
+                outs[nm] = torch.empty_strided(b.shape, b.stride, dtype=b.dtype, device=want[0].target.device)
+            if outs is not None:
+                try:
+                    res = op(*args, **kwargs, **outs)
+                except Exception as e:  # a refused out tensor (resize, layout): allocate as usual
+                    for p in want:
+                        p.why = "%s: out= refused: %s" % (p.birth.describe(), str(e).splitlines()[0][:120])
+                    return func(*args, **kwargs)
+                for p in want:
+                    p.how, p.why = "placed", None
+                return res
+        if name_of(func) == "aten._to_copy" and len(want) == 1 and want[0].birth.out == 0 \
+                and _to_copy_plain(kwargs) and tuple(args[0].shape) == tuple(want[0].target.shape):
+            p = want[0]
+            p.target.copy_(args[0])
+            p.how, p.why = "placed", None
+            return p.target
+        out = func(*args, **kwargs)
+        fresh = dict(_fresh(func, out))
+        vals = list(out) if isinstance(out, (tuple, list)) else None
+        for p in want:
+            t = fresh.get(p.birth.out)
+            tg = p.target
+            if t is None or t.dtype != tg.dtype or tuple(t.shape) != tuple(tg.shape) or \
+                    tuple(t.stride()) != tuple(tg.stride()):
+                p.why = "%s produced another tensor than at discovery" % p.birth.describe()
+                continue
+            tg.copy_(t)
+            p.how, p.why = "copied", "%s has no out= variant" % name_of(func)
+            if vals is None:
+                out = tg
+            else:
+                vals[p.birth.out] = tg
+        if vals is not None:
+            out = tuple(vals) if isinstance(out, tuple) else vals
+        return out
+
+
+def name_of(func):
+    return str(func).rsplit(".", 1)[0]
+
+
+def _to_copy_plain(kwargs):
+    """A conversion whose target we already built: same device, no pinned or
+    non-default memory format request that would change the result's layout."""
+    return not kwargs.get("pin_memory") and kwargs.get("memory_format") in (None, torch.preserve_format)
+
+
+def tensor_over(base, dtype, shape, stride, offset_bytes):
+    """A tensor (not a view: autograd sees a fresh tensor, as an op's output)
+    over base's storage: dtype, shape and strides, offset_bytes from base's
+    first byte. base is a 1-D tensor over a slot."""
+    return _compat.tensor_over(base, dtype, shape, stride, offset_bytes)
