@@ -22,6 +22,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/memory.py \
 	python/vmmrt/torch/offload.py \
 	python/vmmrt/torch/pipeline.py \
+	python/vmmrt/torch/place.py \
 	python/vmmrt/torch/planner.py \
 	python/vmmrt/torch/saved.py \
 	python/vmmrt/torch/select.py
@@ -36,6 +37,7 @@ vmmrt_py_tests = \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \
+	python/tests/test_place.py \
 	python/tests/test_select.py \
 	python/tests/test_eager.py \
 	python/tests/test_errors.py \
