@@ -14,9 +14,11 @@ vmmrt_py_core = \
 vmmrt_py_torch = \
 	python/vmmrt/torch/__init__.py \
 	python/vmmrt/torch/_address.py \
+	python/vmmrt/torch/backing.py \
 	python/vmmrt/torch/_callables.py \
 	python/vmmrt/torch/_compat.py \
 	python/vmmrt/torch/eager.py \
+	python/vmmrt/torch/grads.py \
 	python/vmmrt/torch/graphed.py \
 	python/vmmrt/torch/layer.py \
 	python/vmmrt/torch/memory.py \
@@ -38,6 +40,7 @@ vmmrt_py_tests = \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \
+	python/tests/test_grads.py \
 	python/tests/test_select.py \
 	python/tests/test_eager.py \
 	python/tests/test_errors.py \

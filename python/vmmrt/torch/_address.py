@@ -28,16 +28,27 @@ class _CudaMemory:
 
 def tensor_at(addr, nbytes, dtype, device):
     """A 1-D tensor of dtype covering [addr, addr + nbytes) (whole elements only)."""
+    return owned_tensor_at(addr, nbytes, dtype, device)[0]
+
+
+def owned_tensor_at(addr, nbytes, dtype, device):
+    """(tensor, owner): tensor_at's tensor, and the object its storage keeps
+    alive until the storage dies (every view of it gone): a weakref.finalize
+    on the owner runs then, which is how memory behind a tensor learns that
+    nobody points at it any more."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     count = nbytes // itemsize
     device = torch.device(device)
     if device.type == "cuda":
         if itemsize not in _TYPESTR:
             raise TypeError("no fixed-address tensor for %s (element size %d)" % (dtype, itemsize))
-        raw = torch.as_tensor(_CudaMemory(addr, count, itemsize), device=device)
-        return raw if raw.dtype == dtype else raw.view(dtype)
+        owner = _CudaMemory(addr, count, itemsize)
+        raw = torch.as_tensor(owner, device=device)
+        return (raw if raw.dtype == dtype else raw.view(dtype)), owner
     if device.type == "cpu":
         # The host backend: device addresses are host addresses.
-        buf = (ctypes.c_uint8 * (count * itemsize)).from_address(addr)
-        return torch.frombuffer(buf, dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
+        if not count:
+            return torch.empty(0, dtype=dtype), None
+        owner = (ctypes.c_uint8 * (count * itemsize)).from_address(addr)
+        return torch.frombuffer(owner, dtype=dtype, count=count), owner
     raise TypeError("no fixed-address tensors on device %s" % device)

@@ -11,7 +11,7 @@ import time
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat
+from vmmrt.torch import _compat, grads, place
 
 
 class Runner:
@@ -39,6 +39,8 @@ class Runner:
         self.out_spec = None
         self.orig_forward = None
         self.training = self.module.training if self.module is not None else True
+        self.grads_seen = []        # grads.Seen of the warm-up backwards that recorded births
+        self.grads = None           # grads.Grads (grads="mapped"), shared by a callable's runners
 
     @property
     def n_user(self):
@@ -187,16 +189,30 @@ class _Timer:
         return self.ms
 
 
+# Warm-up passes that record what each op allocates (vmmrt.torch.place): two,
+# so that what they saw can be compared.
+RECORDING_PASSES = 2
+
+
 def warmup(runners, iters, allow_unused_input):
     """The warm-up passes of every callable, each one a discovery pass: the
     forward under the layer's recording hooks, then its gradients, as
     make_graphed_callables warms up. Runs on the caller's current stream (a
-    side stream, on CUDA). Records forward and backward times for the planner."""
+    side stream, on CUDA).
+
+    The first passes also record every op (vmmrt.torch.place: which op
+    allocates each saved tensor and each parameter's gradient), which costs
+    Python time per op; the forward and backward times the planner reads come
+    from the passes after them (one more pass if ``iters`` leaves none)."""
+    recording = min(max(1, iters), RECORDING_PASSES)
+    passes = recording + max(1, max(1, iters) - recording)
     for r in runners:
         cuda = r.layer.offload.device_type == "cuda"
-        for _ in range(max(1, iters)):
+        static = r.layer.static
+        for i in range(passes):
+            record = i < recording and place.AVAILABLE
             with _Timer(cuda) as tf:
-                with r.layer.discovering() as p:
+                with r.layer.discovering(record) as p:
                     out = r.call(r.sample)
                     p.outputs = out
             outputs = _compat.tree_leaves(out)
@@ -204,8 +220,19 @@ def warmup(runners, iters, allow_unused_input):
             wrt = tuple(i for i in r.surface if i.requires_grad)
             with _Timer(cuda) as tb:
                 if need and wrt:
-                    torch.autograd.grad(need, wrt, tuple(torch.empty_like(o) for o in need), only_inputs=True,
-                                        allow_unused=allow_unused_input)
-            r.layer.fwd_ms.append(tf.elapsed())
-            r.layer.bwd_ms.append(tb.elapsed())
+                    mode = place.Mode(r.layer.offload.device_type, static=static) if record else None
+                    if mode is not None:
+                        mode.__enter__()
+                    try:
+                        res = torch.autograd.grad(need, wrt, tuple(torch.empty_like(o) for o in need),
+                                                  only_inputs=True, allow_unused=allow_unused_input)
+                    finally:
+                        if mode is not None:
+                            mode.__exit__(None, None, None)
+                    if mode is not None:
+                        grads.record_backward(r, mode, wrt, res)
+                    del res
+            if not record:
+                r.layer.fwd_ms.append(tf.elapsed())
+                r.layer.bwd_ms.append(tb.elapsed())
             del out, outputs, need

@@ -15,7 +15,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat
+from vmmrt.torch import _compat, place
 from vmmrt.torch.saved import original_error
 
 
@@ -81,7 +81,12 @@ class _EagerLayer(torch.autograd.Function):
             off.runtime.stream_synchronize(stream)
         try:
             if outs and wrt:
-                res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
+                mode = _grad_mode(runner, stream)
+                if mode is not None:
+                    with mode:
+                        res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
+                else:
+                    res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
             else:
                 res = [None] * len(wrt)
             # A gradient that is a view of a restored tensor would change when
@@ -104,6 +109,22 @@ class _EagerLayer(torch.autograd.Function):
         for j, k in enumerate(wrt_p):
             grads_p[k] = res[len(wrt_in) + j]
         return (None,) + tuple(grads_in) + tuple(grads_p)
+
+
+def _grad_mode(runner, stream):
+    """grads="mapped" without graphs: while no tensor is over the callable's
+    gradient slot (a step's first backward, .grad freed), the backward's ops
+    write the gradients there and AccumulateGrad takes them as .grad (or adds
+    them into another .grad); otherwise (a .grad there to accumulate into, or
+    a tensor of an earlier step still alive over it) they are computed as
+    usual and AccumulateGrad adds them in place, as the accumulate graph does.
+    Eager never writes over a gradient someone may still hold."""
+    g = runner.grads
+    runner.layer.offload.prefetch_after(runner.layer, True)
+    if g is None or not g.mapped or g.backing.live:
+        return None
+    base = g.backing.tensor(stream)
+    return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static)
 
 
 def wrap(runner):

@@ -19,9 +19,12 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, eager, pipeline, planner
+from vmmrt.torch import _callables, _compat, eager, pipeline, place, planner
+from vmmrt.torch.grads import Grads
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
+
+GRADS = ("mapped", "static", "accumulate")
 
 log = logging.getLogger("vmmrt.torch")
 
@@ -38,7 +41,7 @@ def _reject_unknown(kwargs):
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
                            capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
-                           graphs=True, grads="static", names=None, options=None, margin=0.9,
+                           graphs=True, grads="mapped", names=None, options=None, margin=0.9,
                            min_bytes=1 << 16, order=None, layers_per_chunk=None, **unknown):
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
@@ -70,11 +73,17 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         False: no CUDA graphs, the same offload eagerly (also on CPU tensors
         with the host backend, for tests).
     grads
+        "mapped" (the default: each parameter's gradient lives at a fixed
+        address that is its ``.grad``, in memory libvmmrt maps before the
+        layer's first backward of a step and releases when the ``.grad`` is
+        freed; the backward graph writes it there, or adds into it in place
+        when ``.grad`` is already there; AccumulateGrad and every hook on it,
+        DistributedDataParallel's, still run; see :mod:`vmmrt.torch.grads`),
         "static" (PyTorch's contract: the backward graph writes static
-        gradient buffers handed to autograd, so parameter hooks run; an
-        accumulated ``.grad`` is copied out of them first) or "accumulate"
-        (the backward graph adds into each parameter's ``.grad`` in place:
-        no static gradient buffers in the pool; parameter hooks do not run).
+        gradient buffers of the pool, held for the life of the graphs, handed
+        to autograd) or "accumulate" (the backward graph adds into each
+        parameter's one preallocated ``.grad``, outside the pool; parameter
+        hooks do not run).
     names
         one name per callable for messages, traces and statistics.
     min_bytes
@@ -115,8 +124,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none'%s" % (
             mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
                 str(mode), ("pingpong", "remap", "none"), n=1))))
-    if grads not in ("static", "accumulate"):
-        raise ValueError("grads=%r: choose 'static' or 'accumulate'" % (grads,))
+    if grads not in GRADS:
+        raise ValueError("grads=%r: choose %s" % (grads, ", ".join(repr(g) for g in GRADS)))
     if not (offload == "auto" or isinstance(offload, (bool, int, float))):
         raise ValueError("offload=%r: a fraction between 0 and 1, True/False, or 'auto'" % (offload,))
     if not isinstance(offload, str) and not 0 <= float(offload) <= 1:
@@ -151,7 +160,10 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         for r in forwards:                   # groups in forward order
             static = r.params + r.buffers + (r.sample if graphs else ())
             r.layer = off.layer(r.name, static=static)
+        off.set_order([(r.layer, b) for b, r in uses])
         stream = _warmup(forwards, off, num_warmup_iters, allow_unused_input)
+        if grads == "mapped":
+            _make_grads(runners, off)
         if layout is not None:
             off.set_schedule([(r.layer, b) for b, r in uses])
         plan = None
@@ -171,6 +183,22 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     if layout is not None:
         return _finish_pipeline(runners, funcs, off)
     return _finish(runners, funcs, off, just_one)
+
+
+def _make_grads(runners, off):
+    """One Grads per callable (its pipeline runners share the parameters)."""
+    by_callable = {}
+    for r in runners:
+        g = by_callable.get(r.callable_index)
+        if g is None:
+            name = r.name.split("/mb")[0] if r.microbatch is not None else r.name
+            g = Grads(off, name, r.params, r.grads_seen)
+            if not g.mapped:
+                log.info("vmmrt: layer %r keeps static gradient buffers: %s", name, g.why)
+            by_callable[r.callable_index] = g
+        r.grads = g
+        r.layer.grads = g
+    off._close_hooks.append(lambda: [g.own_grads() for g in by_callable.values()])
 
 
 def _device_of(runners):
@@ -256,22 +284,55 @@ def _reset_capture_state(stream):
 def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses):
     """Capture every runner's forward and backward graph in the order they will
     run (``uses``: (backward, runner) pairs), all in one pool: a replay in that
-    order finds the pool's memory as its capture left it."""
+    order finds the pool's memory as its capture left it. With grads="mapped"
+    a runner has two backward graphs (write and accumulate, vmmrt.torch.grads),
+    captured one after the other; one of them runs at each backward."""
     mempool = torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream
     fwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
     bwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
+    acc_graphs = [None for _ in runners]
+    for r in runners:
+        r.grad_mode = grads if grads != "mapped" else ("mapped" if r.grads is not None and r.grads.mapped
+                                                       else "static")
     if grads == "accumulate":
         _prepare_accumulate(runners)
-    for backward, r in uses:
-        if backward:
-            _capture_backward(r, bwd_graphs[r.index], mempool, stream, error_mode, allow_unused_input, grads)
-        else:
-            _capture_forward(r, fwd_graphs[r.index], mempool, stream, error_mode, handle)
+    # Every slot a capture writes is mapped before the first capture, and
+    # nothing is released until the last: a driver call of a worker during
+    # a "global" capture would invalidate it.
+    for b in off.backings:
+        b.ensure()
+    off.capturing = True
+    try:
+        for backward, r in uses:
+            if backward and r.grad_mode == "mapped":
+                acc_graphs[r.index] = torch.cuda.CUDAGraph()
+                _capture_backward_mapped(r, bwd_graphs[r.index], acc_graphs[r.index], mempool, stream, error_mode,
+                                         allow_unused_input)
+                if r.grad_mode != "mapped":
+                    acc_graphs[r.index] = None
+            elif backward:
+                _capture_backward(r, bwd_graphs[r.index], mempool, stream, error_mode, allow_unused_input,
+                                  r.grad_mode)
+            else:
+                _capture_forward(r, fwd_graphs[r.index], mempool, stream, error_mode, handle)
+    finally:
+        off.capturing = False
+    for r in runners:
+        # The autograd graph of the forward capture is not needed any more:
+        # what it saved (capture-time tensors over the slots) goes with it.
+        r.static_outputs = tuple(o.detach() for o in r.static_outputs)
+    gc.collect()
+    s = torch.cuda.current_stream().cuda_stream
+    for b in off.backings:
+        if b.live == 0:
+            b.release(s)
+    off.flush()
     # (parameter, its static gradient buffer) of every runner: see _unalias.
     aliases = [(p, r.static_grad_inputs[r.n_user + k]) for r in runners for k, p in enumerate(r.params)
-               if grads == "static" and r.static_grad_inputs[r.n_user + k] is not None]
-    return [_graphed(r, f, b, grads, aliases) for r, f, b in zip(runners, fwd_graphs, bwd_graphs)]
+               if r.grad_mode == "static" and r.static_grad_inputs[r.n_user + k] is not None]
+    return [_graphed(r, f, b, a, r.grad_mode, aliases) for r, f, b, a in zip(runners, fwd_graphs, bwd_graphs,
+                                                                              acc_graphs)]
 
 
 def _capture_forward(r, graph, mempool, stream, error_mode, handle):
@@ -307,6 +368,99 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
         else:
             static.append(None)
     r.static_grad_inputs = tuple(static)
+
+
+def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, allow_unused_input):
+    """grads="mapped": the write graph (the ops that make each parameter's
+    gradient write it at its fixed address) and the accumulate graph
+    (AccumulateGrad adds into the .grad already there, in place). Both write
+    the gradients of the user's inputs into the same static tensors. A
+    gradient that does not land at its address makes the runner "static"
+    (the write graph's outputs become its static buffers, over a slot that
+    then stays mapped)."""
+    g = r.grads
+    r.static_grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in r.static_outputs)
+    need = tuple(o for o in r.static_outputs if o.requires_grad)
+    gos = tuple(o for o in r.static_grad_outputs if o is not None)
+    inputs = [x for x in r.sample if x.requires_grad]
+    wrt = tuple(i for i in r.surface if i.requires_grad)
+    dev = r.layer.offload.device_type
+    if not need:
+        r.static_grad_inputs = tuple(None for _ in r.surface)
+        r.grad_mode = "static"
+        return
+    base = g.backing.tensor(None, counted=False)
+    placed = g.placements(base)
+    mode = place.Mode(dev, placed, g.known, r.layer.static)
+
+    def write():
+        with r.layer.capturing_backward():
+            with mode:
+                return torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input,
+                                           retain_graph=True)
+    res = _capture(r, "backward", graph, mempool, stream, error_mode, write)
+    by_id = {id(t): v for t, v in zip(wrt, res)}
+    missed = [p.birth.describe() + ": " + (p.why or "not placed") for p in placed if p.how is None]
+    if missed:
+        log.warning("vmmrt: layer %r: gradients not at their addresses at capture (%s): static buffers",
+                    r.name, "; ".join(missed))
+        r.grad_mode = "static"
+        r.pinned_grads = base      # the slot stays mapped under the static buffers in it
+        r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.surface)
+        return
+    # The inputs' gradients: the accumulate graph writes them where the write
+    # graph's are (same ops: the same births), so both share the static tensors.
+    targets = []
+    for x in inputs:
+        gx = by_id.get(id(x))
+        b = mode.births.get(_compat.storage_of(gx)[0]) if gx is not None else None
+        if b is not None:
+            targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
+    acc_mode = place.Mode(dev, targets, mode.by_key, r.layer.static)
+    params = [p for p in r.params if p.requires_grad]
+    hooks = []
+    for p in params:
+        # Hooks on a parameter run once at capture otherwise; they run at
+        # every replay, when AccumulateGrad takes the gradient after the graph.
+        saved = []
+        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            d = getattr(p, attr, None)
+            if d:
+                saved.append((d, list(d.items())))
+                d.clear()
+        hooks.append(saved)
+    kept = [x.grad for x in inputs]
+    for k, p in enumerate(r.params):
+        if p.requires_grad:
+            p.grad = g.view(base, k)
+    for x in inputs:
+        x.grad = None
+
+    def accumulate():
+        with r.layer.capturing_backward():
+            with acc_mode:
+                torch.autograd.backward(need, gos, inputs=inputs + params)
+        return tuple(x.grad for x in inputs)
+    try:
+        acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate)
+    finally:
+        for x, old in zip(inputs, kept):
+            x.grad = old
+        for p in params:
+            p.grad = None
+        for saved in hooks:
+            for d, items in saved:
+                d.update(items)
+    acc_by_id = {id(x): v for x, v in zip(inputs, acc_in)}
+    # The parameters' part is None: their gradients come from r.grads.
+    r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.sample) + \
+        (None,) * len(r.params)
+    r.acc_grad_inputs = tuple(acc_by_id.get(id(a)) if a.requires_grad else None for a in r.sample) + \
+        (None,) * len(r.params)
+    r.acc_shared = all(a is None or (b is not None and a.data_ptr() == b.data_ptr())
+                       for a, b in zip(r.static_grad_inputs, r.acc_grad_inputs))
+    if not r.acc_shared:
+        log.info("vmmrt: layer %r: the accumulate graph's input gradients have buffers of their own", r.name)
 
 
 def _unalias(aliases):
@@ -358,8 +512,10 @@ def _backward_accumulate(r, need, gos):
     return tuple(res) + (None,) * (len(wrt) - len(inputs))
 
 
-def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
+def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
     lay = r.layer
+    mapped = r.grads if grads == "mapped" else None
+    acc_gin = getattr(r, "acc_grad_inputs", None)
     n_user = r.n_user
     static_in = r.surface
     static_out = r.static_outputs
@@ -402,6 +558,16 @@ def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
             for g, grad in zip(static_gout, gouts):
                 if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
                     g.copy_(grad)
+            s = torch.cuda.current_stream().cuda_stream
+            if mapped is not None:
+                acc, src, states = mapped.before_backward(s, "layer %r" % r.name)
+                lay.backward_begin(s)
+                (acc_graph if acc else bwd_graph).replay()
+                lay.backward_end(s)
+                r.pending = False
+                gin = acc_gin if acc else static_gin
+                pg = mapped.after_backward(acc, src, states)
+                return tuple(b.detach() if b is not None else None for b in gin[:n_user]) + tuple(pg)
             if grads == "accumulate":
                 for p, acc in zip(params, r.acc):
                     if acc is None:
@@ -412,7 +578,6 @@ def _graphed(r, fwd_graph, bwd_graph, grads, aliases):
                     elif p.grad.data_ptr() != acc.data_ptr():
                         acc.copy_(p.grad)
                         p.grad = acc
-            s = torch.cuda.current_stream().cuda_stream
             lay.backward_begin(s)
             bwd_graph.replay()
             lay.backward_end(s)

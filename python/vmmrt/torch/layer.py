@@ -26,7 +26,12 @@ import torch
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _address, _compat, place
-from vmmrt.torch.saved import Recorder
+from vmmrt.torch.backing import Backing
+from vmmrt.torch.saved import REGION_ALIGN, Recorder
+
+# Kept regions smaller than this in all stay in the pool: a slot is mapped
+# in whole granules (2 MiB on the H200), and a map and a release per step.
+RESIDENT_MIN_BYTES = 1 << 20
 
 
 def _kernel_copy(region, ptr, device):
@@ -44,6 +49,7 @@ class Pass:
     def __init__(self, layer, kind, stream=None):
         self.layer, self.kind, self.stream = layer, kind, stream
         self.outputs = ()
+        self.record = True
         self.rec = None
         self.mode = None
         self.placed = []
@@ -57,7 +63,7 @@ class Pass:
             if lay.offload.allocated:
                 raise Error(_capi.E_INVALID_STATE, "discovery after allocation", lay._where())
             self.rec = Recorder(lay.name, dev, lay.static, keep_all=True)
-            if place.AVAILABLE:
+            if place.AVAILABLE and self.record:
                 self.mode = place.Mode(dev, static=lay.static)
         else:
             if not lay.offload.allocated:
@@ -66,7 +72,7 @@ class Pass:
             self.rec.guard = lay._guard
             self.placed = lay.placements()
             if self.kind == "eager":
-                lay.group.forward_begin(self.stream)
+                lay.forward_begin(self.stream)
                 if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
                     # The layer's own ops write the slot: it must be free
                     # (its bank's D2H done) or mapped (remap) before they
@@ -98,12 +104,12 @@ class Pass:
             return False
         try:
             births = self.mode.births if (self.kind == "discover" and self.mode is not None) else None
-            moves = rec.finish(_compat.tree_leaves(self.outputs), births)
+            moves = rec.finish(_compat.tree_leaves(self.outputs), births, recorded=self.mode is not None)
             if self.kind == "discover":
                 lay._discovered(rec, self.mode)
                 return False
             eager_cuda = self.kind == "eager" and not lay.offload.host
-            lay._placed(self.placed, moves, _compat.tree_leaves(self.outputs))
+            lay._placed(self.placed, moves, _compat.tree_leaves(self.outputs), rec)
             for r, ptr in moves:
                 if ptr + r.lo == r.addr:
                     # born there (place.py): nothing to copy
@@ -151,6 +157,8 @@ class LayerOffload:
         self._bwd_capture = False
         self.last_rec = None        # the recorder of the latest pass (its hooks' errors)
         self.births = {}            # discovery's births by (op key, output): see place.Mode
+        self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
+        self.grads = None           # grads.Grads of the callable (grads="mapped")
 
     def _where(self):
         return "layer %r" % self.name
@@ -159,8 +167,12 @@ class LayerOffload:
         self.offload.check_usable()
 
     # ------------------------------------------------------------ passes
-    def discovering(self):
-        return Pass(self, "discover")
+    def discovering(self, record=True):
+        """A discovery pass; ``record``: also record which op allocates each
+        saved tensor (vmmrt.torch.place), which costs Python time per op."""
+        p = Pass(self, "discover")
+        p.record = record
+        return p
 
     def capturing(self, stream):
         return Pass(self, "capture", stream)
@@ -181,14 +193,17 @@ class LayerOffload:
         return _Ctx()
 
     def _discovered(self, rec, mode=None):
+        if self.plan is not None and mode is None:
+            # a pass that did not record (timing only): what the recording
+            # passes saw stands, if it saved the same tensors
+            self._check_same(rec)
+            for a, b in zip(self.plan.regions, rec.regions):
+                b.birth, b.unplaced, b.hi, b.views_hi = a.birth, a.unplaced, a.hi, a.views_hi
+            self.plan = rec
+            self.passes += 1
+            return
         if self.plan is not None:
-            old, new = [e.key() for e in self.plan.entries], [e.key() for e in rec.entries]
-            if old != new:
-                i = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-                was = self.plan.entries[i].describe() if i < len(old) else "nothing"
-                now = rec.entries[i].describe() if i < len(new) else "nothing"
-                raise Error(_capi.E_MISMATCH, "warm-up passes saved different tensors: tensor %d was %s, then %s; "
-                            "a layer must save the same tensors at every call" % (i, was, now), self._where())
+            self._check_same(rec)
             for a, b in zip(self.plan.regions, rec.regions):
                 if a.birth is None or not a.birth.same(b.birth):
                     if b.birth is not None:
@@ -198,6 +213,15 @@ class LayerOffload:
         self.plan = rec
         self.births = mode.by_key if mode is not None else {}
         self.passes += 1
+
+    def _check_same(self, rec):
+        old, new = [e.key() for e in self.plan.entries], [e.key() for e in rec.entries]
+        if old != new:
+            i = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+            was = self.plan.entries[i].describe() if i < len(old) else "nothing"
+            now = rec.entries[i].describe() if i < len(new) else "nothing"
+            raise Error(_capi.E_MISMATCH, "warm-up passes saved different tensors: tensor %d was %s, then %s; "
+                        "a layer must save the same tensors at every call" % (i, was, now), self._where())
 
     def _guard(self, i):
         if not (self._restored or self._bwd_capture):
@@ -212,11 +236,36 @@ class LayerOffload:
     def moving(self):
         return [r for r in self.regions if r.selected]
 
+    def kept_resident(self):
+        """The regions that stay on the device in the layer's resident slot."""
+        return [r for r in self.regions if r.resident is not None]
+
+    def plan_resident(self):
+        """Kept regions (not offloaded: the planner's or the fraction's choice,
+        or mode "none") that an op of the layer allocates are born in a slot of
+        the layer's own, mapped before its forward and released after its
+        backward, as eager frees them: the memory is there for the gradients of
+        the layers whose backward comes next, where a graph pool would keep it
+        for good. Outputs, marked and small regions stay where they are."""
+        cand = [r for r in self.regions if not r.selected and r.birth is not None
+                and r.reason in ("budget", "none") and r.nbytes >= self.offload.min_bytes]
+        total = 0
+        for r in cand:
+            total += (-total) % REGION_ALIGN
+            r.resident = total
+            total += r.nbytes
+        if total < RESIDENT_MIN_BYTES:
+            for r in cand:
+                r.resident = None
+            return
+        self.resident = Backing(self.offload, "%s/resident" % self.name, total)
+
     def placements(self):
-        """The place.Placed of this layer's moving regions that can be born in
-        their slot (a fresh target tensor each, over the fixed address)."""
+        """The place.Placed of this layer's regions that can be born in their
+        slot (a fresh target tensor each, over the fixed address): moving ones
+        and resident ones."""
         out = []
-        for r in self.moving():
+        for r in self.moving() + self.kept_resident():
             b = r.birth
             if b is None or r.addr is None:
                 continue
@@ -226,12 +275,25 @@ class LayerOffload:
             out.append(place.Placed(b, place.tensor_over(base, b.dtype, b.shape, b.stride, b.offset - r.lo)))
         return out
 
-    def _placed(self, placed, moves, outputs):
+    def _placed(self, placed, moves, outputs, rec):
         """Record how each moving region got into its slot at this pass. A
         target that went to another op's output (the pass ran other ops than
         discovery, with the same inputs) is refused if that output leaves the
-        layer: its bytes are the slot's, which the region's copy overwrites."""
+        layer: its bytes are the slot's, which the region's copy overwrites.
+        A resident region that was not born in its slot stays where it was
+        allocated (the pool), as it did before."""
         by_birth = {id(p.birth): p for p in placed}
+        ptrs = rec.region_ptrs()
+        for r in self.kept_resident():
+            p = by_birth.get(id(r.birth))
+            ptr = ptrs.get(r.index)
+            if ptr is not None and ptr + r.lo == r.addr:
+                r.how, r.why = "resident", None
+            else:
+                r.how = "pool"
+                r.why = (p.why if p is not None and p.why else None) or "not born in its resident slot"
+                if p is not None and p.how is not None:
+                    self._misplaced(r, p, outputs)
         for r, ptr in moves:
             p = by_birth.get(id(r.birth)) if r.birth is not None else None
             if ptr + r.lo == r.addr:
@@ -240,26 +302,28 @@ class LayerOffload:
             r.how = "copy"
             r.why = (p.why if p is not None and p.why else r.unplaced) or "not born in the slot"
             if p is not None and p.how is not None:
-                r.why = "its slot went to another output of %s (the layer ran other ops than at discovery)" % (
-                    p.birth.describe())
-                for o in outputs:
-                    if isinstance(o, torch.Tensor) and o.numel() and \
-                            r.addr <= _compat.storage_of(o)[0] < r.addr + r.nbytes:
-                        raise Error(_capi.E_MISMATCH, "the layer ran other ops than at discovery, and an output "
-                                    "of %s it returns landed in the slot of saved region %d; a layer must run "
-                                    "the same ops at every call" % (p.birth.describe(), r.index), self._where())
+                self._misplaced(r, p, outputs)
+
+    def _misplaced(self, r, p, outputs):
+        r.why = "its slot went to another output of %s (the layer ran other ops than at discovery)" % (
+            p.birth.describe())
+        for o in outputs:
+            if isinstance(o, torch.Tensor) and o.numel() and r.addr <= _compat.storage_of(o)[0] < r.addr + r.nbytes:
+                raise Error(_capi.E_MISMATCH, "the layer ran other ops than at discovery, and an output of %s it "
+                            "returns landed in the slot of saved region %d; a layer must run the same ops at "
+                            "every call" % (p.birth.describe(), r.index), self._where())
 
     def placement(self):
         """How the moving regions reached their slot at the last capture (or
         eager pass): bytes born there ("placed"), computed and then copied in
         by the op's pass ("copied": the op has no out= variant), copied at the
         end of the forward ("copy"), with the reasons."""
-        out = {"placed": 0, "copied": 0, "copy": 0, "why": {}}
-        for r in self.moving():
+        out = {"placed": 0, "copied": 0, "copy": 0, "resident": 0, "pool": 0, "why": {}}
+        for r in self.moving() + self.kept_resident():
             if r.how is None:
                 continue
             out[r.how] += r.nbytes
-            if r.how != "placed":
+            if r.how not in ("placed", "resident"):
                 why = r.why or "?"
                 out["why"][why] = out["why"].get(why, 0) + r.nbytes
         return out
@@ -276,7 +340,11 @@ class LayerOffload:
         for r in moving:
             r.addr = self.group.save(r.desc(), 0, None)
         self.group.end_capture()
-        for r in moving:
+        if self.resident is not None:
+            self.resident.ensure()
+            for r in self.kept_resident():
+                r.addr = self.resident.address + r.resident
+        for r in moving + self.kept_resident():
             # uint8 too: the eager copies in (a tensor over an address is made
             # here, while mapped: torch asks the driver about the pointer); and
             # the dtype of the op that allocates the storage, to be born there
@@ -296,6 +364,10 @@ class LayerOffload:
     # ------------------------------------------------------------- hooks
     def forward_begin(self, stream=None):
         self._check_usable()
+        self.offload.flush()
+        if self.resident is not None:
+            self.resident.ensure()
+        self.offload.prefetch_after(self, False)
         self.group.forward_begin(stream)
 
     def forward_end(self, stream=None):
@@ -303,6 +375,8 @@ class LayerOffload:
 
     def backward_begin(self, stream=None):
         self._check_usable()
+        self.offload.flush()
+        self.offload.prefetch_after(self, True)
         self.group.backward_begin(stream)
         if self.offload.host:
             # Host backend: the CPU reads the restored bytes itself, so it
@@ -313,4 +387,6 @@ class LayerOffload:
     def backward_end(self, stream=None):
         self._restored = False
         self.group.backward_end(stream)
+        if self.resident is not None:
+            self.resident.release(stream)
 

@@ -114,6 +114,11 @@ class Offload:
         self.schedule = None        # the declared order: (layer, backward) pairs
         self.epoch = 0              # iterations abandoned by abort(), so far
         self._abort_hooks = []      # what forgets the abandoned iteration above the C library
+        self.capturing = False      # make_graphed_callables is capturing: no release now (backing.py)
+        self._due = set()           # backings whose release fell due during a capture
+        self._next = {}             # (layer name, backward) -> the use that comes next (prefetch_after)
+        self.backings = []          # every Backing: resident slots, gradients
+        self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
 
     # ------------------------------------------------------------- state
     def fail(self, why):
@@ -173,6 +178,33 @@ class Offload:
                 "s" if len(missing) > 1 else "", ", ".join(repr(n) for n in missing)))
         self.schedule = steps
 
+    def set_order(self, steps):
+        """The order the layers run in, as (layer, backward) pairs (every
+        forward then the backwards in reverse, or a pipeline's), for what is
+        asked for ahead: the next forward's resident slot, the next
+        backward's gradients."""
+        steps = list(steps)
+        self._next = {}
+        for k, (lay, backward) in enumerate(steps):
+            nf = next((l for l, b in steps[k + 1:] if not b), None)
+            nb = next((l for l, b in steps[k + 1:] if b), None)
+            self._next[(lay.name, backward)] = (nf, nb)
+
+    def prefetch_after(self, lay, backward):
+        """At a use of lay: ask now for the memory the next uses will need."""
+        nf, nb = self._next.get((lay.name, backward), (None, None))
+        if nf is not None and nf.resident is not None:
+            nf.resident.prefetch()
+        if nb is not None and backward and getattr(nb, "grads", None) is not None:
+            nb.grads.prefetch()
+
+    def flush(self):
+        """Releases that fell due while a graph was being captured."""
+        if self._due and not self.capturing:
+            due, self._due = self._due, set()
+            for b in due:
+                b.flush()
+
     def _declare(self):
         """The schedule, as the library takes it: the layers with tensors only (the
         hooks of the others do nothing, so they have no place in its order)."""
@@ -207,7 +239,12 @@ class Offload:
             offload = 1.0 if offload else 0.0
         for i, lay in enumerate(self.layers):
             cand = self.candidates(lay)
-            if plan is not None:
+            if self.mode == "none":
+                # Nothing moves: what stays is resident (plan_resident), and
+                # its memory comes and goes with the layer, as in eager.
+                for r in cand:
+                    r.selected, r.reason = False, "none"
+            elif plan is not None:
                 chosen = set(plan.layers[i].chosen)
                 for k, r in enumerate(cand):
                     r.selected = k in chosen
@@ -223,12 +260,17 @@ class Offload:
             self.runtime.offload_allocate()
             self.allocated = True
             for lay in self.layers:
+                lay.plan_resident()
+                if lay.resident is not None:
+                    self.backings.append(lay.resident)
                 lay.learn_addresses()
         except BaseException as e:
             self.fail("allocation: %s" % e)
             raise
         self._ranges = [(lay.group.address, lay.group.address + lay.group.nbytes)
                         for lay in self.layers if lay.moving()]
+        self._ranges += [(lay.resident.address, lay.resident.address + lay.resident.nbytes)
+                         for lay in self.layers if lay.resident is not None]
         log.info("vmmrt: %s", self.describe())
 
     def own(self, t):
@@ -253,8 +295,11 @@ class Offload:
         return [lay.group.nbytes for lay in self.layers]
 
     def device_bytes(self):
-        """Device memory libvmmrt maps for activations now (driver workers' count)."""
-        return self.runtime.offload_stats()["activation_bytes"]
+        """Device memory libvmmrt maps now (its driver workers' count): activations
+        offloaded (banks or slots) and, when the library reports them, the
+        slots that come and go (resident activations, gradients)."""
+        st = self.runtime.offload_stats()
+        return st["activation_bytes"] + st.get("slot_bytes", 0)
 
     def expected_bytes(self):
         """What the strategy should hold in the steady state: two banks of the largest
@@ -301,6 +346,18 @@ class Offload:
                      "the end of the forward" % (p["placed"] / mib, p["copied"] / mib, p["copy"] / mib))
             for why, n in sorted(p["why"].items(), key=lambda kv: -kv[1]):
                 text += "\n  copied %.1f MiB: %s" % (n / mib, why)
+        res = [lay.resident.nbytes for lay in self.layers if lay.resident is not None]
+        if res:
+            text += ("; %.1f MiB kept in resident slots of %d layers (mapped for the forward, released after the "
+                     "backward)" % (sum(res) / mib, len(res)))
+        gr = {id(lay.grads): lay.grads for lay in self.layers if getattr(lay, "grads", None) is not None}
+        if gr:
+            mapped = [g for g in gr.values() if g.mapped]
+            text += "; gradients: mapped %.1f MiB in %d callables" % (
+                sum(g.backing.nbytes for g in mapped) / mib, len(mapped))
+            for g in gr.values():
+                if not g.mapped:
+                    text += "\n  %s: %s" % (g.name, g.describe())
         return text
 
     def stats(self):
@@ -349,4 +406,7 @@ class Offload:
         # tensors, a pool): dropping them lets those go with the callables.
         self._abort_hooks.clear()
         if not self.runtime.closed:
+            for fn in self._close_hooks:
+                fn()
+            self._close_hooks.clear()
             self.runtime.close()

@@ -236,13 +236,15 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
                     return func(*args, **kwargs)
                 for p in want:
                     p.how, p.why = "placed", None
+                    p.target = None     # the op's output now: no other reference (AccumulateGrad may take it)
                 return res
         if name_of(func) == "aten._to_copy" and len(want) == 1 and want[0].birth.out == 0 \
                 and _to_copy_plain(kwargs) and tuple(args[0].shape) == tuple(want[0].target.shape):
             p = want[0]
-            p.target.copy_(args[0])
+            tg, p.target = p.target, None
+            tg.copy_(args[0])
             p.how, p.why = "placed", None
-            return p.target
+            return tg
         out = func(*args, **kwargs)
         fresh = dict(_fresh(func, out))
         vals = list(out) if isinstance(out, (tuple, list)) else None
@@ -254,6 +256,7 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
                 p.why = "%s produced another tensor than at discovery" % p.birth.describe()
                 continue
             tg.copy_(t)
+            p.target = None
             p.how, p.why = "copied", "%s has no out= variant" % name_of(func)
             if vals is None:
                 out = tg

@@ -83,7 +83,7 @@ class Region:
     """Bytes [lo, hi) of one storage, saved once; ``selected`` says whether it moves."""
 
     __slots__ = ("index", "storage_nbytes", "lo", "hi", "dtypes", "selected", "reason", "addr", "bases", "birth",
-                 "views_hi", "unplaced", "how", "why")
+                 "views_hi", "unplaced", "resident", "how", "why")
 
     def __init__(self, index, storage_nbytes):
         self.index = index
@@ -96,6 +96,7 @@ class Region:
         self.addr = None     # its fixed address, once learned
         self.bases = {}      # dtype -> tensor over [addr, addr + nbytes)
         self.views_hi = None  # hi before a birth made it the whole storage
+        self.resident = None  # kept: its offset in the layer's resident slot (LayerOffload.plan_resident)
         self.birth = None    # the op that allocated the storage (place.Birth), when it can be born in the slot
         self.unplaced = None  # why it cannot be
         self.how = None      # at the last capture: "placed", "copied" (in the pass) or "copy" (at its end)
@@ -268,10 +269,11 @@ class Recorder:
                              "the same tensors (shapes, dtypes, views) in the same order at every call"
                              % (i, self.entries[i].describe(), plan[i].describe()), self._where()))
 
-    def finish(self, outputs=(), births=None):
+    def finish(self, outputs=(), births=None, recorded=True):
         """End the pass: check it against the plan, mark output regions kept, and
         return the originals of the regions that move (in region order).
-        ``births`` (discovery): the pass's place.Mode births, by storage."""
+        ``births`` (discovery): the pass's place.Mode births, by storage
+        (``recorded`` False: a pass that did not record them)."""
         self.finished = True
         for i, t, v in self._alive:
             if t._version != v:
@@ -288,7 +290,7 @@ class Recorder:
             for i in outs:
                 self.regions[i].selected = False
                 self.regions[i].reason = "output"
-            self._births(births)
+            self._births(births if recorded else None)
             return []
         if len(self.entries) != len(self.plan.entries):
             raise Error(_capi.E_MISMATCH, "%d tensors saved where discovery saw %d"
@@ -318,6 +320,10 @@ class Recorder:
             else:
                 r.hi = r.storage_nbytes
                 r.birth = b
+
+    def region_ptrs(self):
+        """region index -> the storage pointer this pass saw for it."""
+        return {r.index: ptr for ptr, r in self._by_storage.items()}
 
     def release(self):
         """Drop the originals (after their bytes are copied, or the pass failed)."""

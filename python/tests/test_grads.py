@@ -1,0 +1,146 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""grads="mapped" (vmmrt.torch.grads) on the CPU, with the host backend's
+eager offload: each parameter's .grad lives at its fixed address in a slot
+whose memory is mapped for the backward and released when the .grad is
+freed; gradients bitwise as eager's in both training loops (set_to_none and
+a persistent .grad), over microbatches; hooks run; the memory comes back."""
+import copy
+import time
+
+import pytest
+import torch
+
+import vmmrt.torch as vt
+from vmmrt.torch import place
+
+from conftest import grads, same, samples, step, zoo_layers
+
+pytestmark = pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+
+
+def build(n=3, mode="pingpong", **kw):
+    base = zoo_layers(n)
+    ref = copy.deepcopy(base)
+    kw.setdefault("min_bytes", 0)
+    g = vt.make_graphed_callables(tuple(base), samples(n), graphs=False, mode=mode, **kw)
+    return g, base, ref
+
+
+def layer_grads(off):
+    return [lay.grads for lay in off.layers]
+
+
+def wait_state(slot, want, timeout=5.0):
+    t0 = time.monotonic()
+    while slot.state() != want and time.monotonic() - t0 < timeout:
+        time.sleep(0.002)
+    return slot.state()
+
+
+def zero(layers, set_to_none):
+    for m in layers:
+        m.zero_grad(set_to_none=set_to_none)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+def test_both_loops_are_bitwise_eager_and_grad_is_at_its_address(mode, set_to_none):
+    g, base, ref = build(mode=mode)
+    off = vt.offload_of(g[0])
+    assert all(gr is not None and gr.mapped for gr in layer_grads(off)), [gr.describe() for gr in layer_grads(off)]
+    torch.manual_seed(3)
+    for it in range(3):
+        zero(base + ref, set_to_none)
+        for micro in range(2):                       # accumulation over microbatches
+            x = torch.randn(2, 8, 32, requires_grad=True)
+            gy = torch.randn(2, 8, 32)
+            step(g, x, gy)
+            step(ref, x.detach().clone().requires_grad_(), gy)
+        assert same(grads(base), grads(ref)), (mode, set_to_none, it)
+        for m, gr in zip(base, layer_grads(off)):
+            for k, p in enumerate(m.parameters()):
+                assert gr.state(k, p) == "ours", (k, p.shape)
+
+
+def test_memory_comes_back_when_grad_is_freed_and_not_before():
+    g, base, ref = build()
+    off = vt.offload_of(g[0])
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    step(g, x, torch.randn(2, 8, 32))
+    gr = layer_grads(off)[0]
+    assert gr.backing.live == 1 and wait_state(gr.backing.slot, "mapped") == "mapped"
+    keep = next(base[0].parameters()).grad          # one .grad still referenced: the memory stays
+    zero(base, True)
+    off.sync()
+    time.sleep(0.05)
+    assert gr.backing.live == 1 and gr.backing.slot.state() == "mapped"
+    assert torch.isfinite(keep).all()
+    del keep
+    assert gr.backing.live == 0
+    off.runtime.stream_synchronize(None)
+    assert wait_state(gr.backing.slot, "reserved") == "reserved"
+    # mapped again for the next backward, at the same address
+    step(g, x, torch.randn(2, 8, 32))
+    assert gr.backing.slot.state() == "mapped"
+    assert next(base[0].parameters()).grad.data_ptr() >= gr.backing.address
+
+
+def test_a_grad_of_someone_elses_is_added_into_and_our_memory_goes():
+    g, base, ref = build(n=2)
+    off = vt.offload_of(g[0])
+    mine = [torch.full_like(p, 0.5) for p in base[0].parameters()]
+    for p, q, t in zip(base[0].parameters(), ref[0].parameters(), mine):
+        p.grad = t                                   # as DDP's bucket views would be
+        q.grad = t.clone()
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gy = torch.randn(2, 8, 32)
+    step(g, x, gy)
+    step(ref, x.detach().clone().requires_grad_(), gy)
+    assert same(grads(base), grads(ref))
+    for p, t in zip(base[0].parameters(), mine):
+        assert p.grad is t                           # added into, in place, as AccumulateGrad does
+    gr = layer_grads(off)[0]
+    assert gr.backing.live == 0                      # ours was added and dropped
+
+
+def test_gradient_hooks_see_each_backwards_gradient():
+    g, base, ref = build(n=2)
+    seen, want = [], []
+    p0, q0 = next(base[1].parameters()), next(ref[1].parameters())
+    p0.register_hook(lambda t: seen.append(t.clone()))
+    q0.register_hook(lambda t: want.append(t.clone()))
+    for _ in range(2):
+        x = torch.randn(2, 8, 32, requires_grad=True)
+        gy = torch.randn(2, 8, 32)
+        step(g, x, gy)
+        step(ref, x.detach().clone().requires_grad_(), gy)
+    assert len(seen) == len(want) == 2 and same(seen, want)
+    assert same(grads(base), grads(ref))
+
+
+def test_static_keeps_the_old_contract():
+    g, base, ref = build(grads="static")
+    off = vt.offload_of(g[0])
+    assert all(gr is None for gr in layer_grads(off))
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gy = torch.randn(2, 8, 32)
+    step(g, x, gy)
+    step(ref, x.detach().clone().requires_grad_(), gy)
+    assert same(grads(base), grads(ref))
+
+
+def test_close_leaves_every_grad_intact():
+    g, base, ref = build(n=2)
+    off = vt.offload_of(g[0])
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gy = torch.randn(2, 8, 32)
+    step(g, x, gy)
+    step(ref, x.detach().clone().requires_grad_(), gy)
+    off.close()
+    assert same(grads(base), grads(ref))             # copied out of the slots before they went
+
+
+def test_describe_names_each_layers_gradients():
+    g, base, ref = build(n=2)
+    off = vt.offload_of(g[0])
+    assert "gradients: mapped" in off.describe()

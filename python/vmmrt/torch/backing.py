@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Device memory that exists only while it is used, at an address that never
+changes: a libvmmrt slot (vmmrt_slot_create) whose physical memory the
+driver workers map on request and release stream-ordered
+(vmmrt_slot_map_async, vmmrt_slot_wait, vmmrt_slot_release_after).
+
+Two users, two lifetimes:
+
+- gradients (:mod:`vmmrt.torch.grads`): mapped before a layer's first
+  backward of a step, released when the last tensor over them dies (the
+  ``.grad`` set to None, or dropped): :meth:`Backing.tensor` counts the
+  storages it made and releases when the count falls to zero;
+- resident activations (what a layer saves and does not offload): mapped
+  before its forward, released after its backward (:meth:`Backing.release`),
+  as eager frees them, so that the gradients of the layers before can use
+  the memory.
+
+A release goes to the worker only once the stream reaches it: the GPU work
+still reading the memory (an optimizer step, a backward graph) finishes
+first. A map requested before the release ran cancels it (the memory and its
+bytes stay), so asking ahead is never wrong. Nothing here runs while a CUDA
+graph is being captured: a release that falls due then waits for the next
+:meth:`Backing.flush`.
+"""
+import logging
+import threading
+import weakref
+
+import torch
+
+from vmmrt.torch import _address, _compat
+
+log = logging.getLogger("vmmrt.torch")
+
+
+class Backing:
+    """One slot of ``nbytes`` whose memory comes and goes. ``stream_of()``
+    gives the stream a release is ordered on (the current stream, or the
+    host backend's)."""
+
+    def __init__(self, offload, name, nbytes):
+        self.offload = offload
+        self.name = name
+        self.slot = offload.runtime.slot(nbytes)
+        self.address = self.slot.address
+        self.nbytes = nbytes
+        self._lock = threading.Lock()
+        self._live = 0            # storages made by tensor() still alive
+        self._wanted = False      # a map asked for, and no release since
+        self._due = None          # a release that fell due during a capture: its stream
+        self.maps = 0
+        self.releases = 0
+
+    # ------------------------------------------------------------ state
+    @property
+    def live(self):
+        return self._live
+
+    @property
+    def mapped(self):
+        """Mapped, or asked to be (the worker may still be at it)."""
+        return self._wanted
+
+    def contains(self, ptr):
+        return self.address <= ptr < self.address + self.nbytes
+
+    # ------------------------------------------------------- map, release
+    def prefetch(self):
+        """Ask for the memory ahead of its use: the worker maps it meanwhile."""
+        with self._lock:
+            self._prefetch()
+
+    def _prefetch(self):
+        self._due = None
+        if not self._wanted:
+            self.slot.map_async()
+            self._wanted = True
+            self.maps += 1
+
+    def ensure(self):
+        """Mapped when this returns (waiting for the worker if it is not done)."""
+        with self._lock:
+            self._prefetch()
+        self.slot.wait()
+
+    def release(self, stream):
+        """Give the memory back once ``stream`` gets here (a no-op if it is not
+        mapped). During a capture, it waits for :meth:`flush`."""
+        with self._lock:
+            self._release(stream)
+
+    def _release(self, stream):
+        if not self._wanted:
+            return
+        if self.offload.capturing or _compat.is_capturing():
+            self._due = stream
+            self.offload._due.add(self)
+            return
+        self.slot.release_after(stream)
+        self._wanted = False
+        self._due = None
+        self.releases += 1
+
+    def flush(self):
+        """A release that fell due during a capture, now."""
+        with self._lock:
+            if self._due is not None and self._live == 0:
+                self._release(self._due)
+
+    # ---------------------------------------------------------- tensors
+    def tensor(self, stream, counted=True):
+        """A new 1-D uint8 tensor over the whole slot, mapped. ``counted``: the
+        memory is released (ordered on ``stream``) once every storage made
+        this way has died; otherwise its life is the caller's (release)."""
+        self.ensure()
+        t, owner = _address.owned_tensor_at(self.address, self.nbytes, torch.uint8, self.offload.device)
+        if counted and owner is not None:
+            with self._lock:
+                self._live += 1
+            weakref.finalize(owner, self._dropped, stream)
+        return t
+
+    def _dropped(self, stream):
+        # Runs on whichever thread let go of the last view (the autograd
+        # engine's, the optimizer's); never raises.
+        try:
+            with self._lock:
+                self._live -= 1
+                if self._live == 0 and not self.offload.runtime.closed:
+                    self._release(stream)
+        except Exception as e:  # pragma: no cover - reported, the memory stays mapped
+            log.error("vmmrt: %s: release failed: %s", self.name, e)
+
+    def destroy(self):
+        self.slot.destroy()

@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""grads="mapped": each parameter's gradient at a fixed address that is its
+``.grad``, in memory that exists only while a gradient does.
+
+torch.cuda.make_graphed_callables' backward graph writes every parameter's
+gradient into a static buffer of the graph pool, held for the life of the
+graphs (1x the parameters), and a persistent ``.grad`` is a second copy that
+AccumulateGrad adds the buffer into. Here instead, per callable (a module,
+shared by its pipeline runners):
+
+- discovery (the warm-up backward) records the op that allocates each
+  parameter's gradient (vmmrt.torch.place); those storages are laid out in
+  one libvmmrt slot (:class:`vmmrt.torch.backing.Backing`), and the backward
+  graph is captured twice: *write*, where those ops write the gradient at its
+  fixed address (no copy), and *accumulate*, where AccumulateGrad adds this
+  microbatch's gradient into the ``.grad`` already there, in place, as eager
+  does (the same kernels: gradients bitwise as eager's);
+- at each backward, per callable: a ``.grad`` that is already ours
+  (accumulation over microbatches, or a persistent ``.grad`` zeroed in place)
+  takes the accumulate graph; otherwise the write graph, into memory mapped
+  just then (the driver workers map it ahead, one backward in advance);
+- either way the gradients go back to autograd as the Function's gradients,
+  so AccumulateGrad runs after the graph as it does in eager and in torch's
+  graphs: it takes our tensor as ``.grad`` (a ``.grad`` already ours is
+  handed back to it the same way, after the graph added into it), or adds it
+  into a ``.grad`` of someone else's (DistributedDataParallel's bucket views),
+  and every hook on it runs: ``register_post_accumulate_grad_hook``, DDP's
+  reducer;
+- the memory is released when the last tensor over it dies
+  (``zero_grad(set_to_none=True)``, or the last reference dropped), once the
+  stream has finished with it: between the forward and the backward of a
+  step, nothing is held for gradients, as in eager; with a persistent
+  ``.grad``, one copy.
+
+A callable whose gradients cannot all be placed (a gradient no op of the
+backward allocates, a layout AccumulateGrad would not take as is) keeps
+torch's static buffers ("static"), and says why (:meth:`Grads.describe`).
+"""
+import logging
+
+
+from vmmrt import Error, _capi
+from vmmrt.torch import _compat, place
+from vmmrt.torch.backing import Backing
+from vmmrt.torch.saved import REGION_ALIGN
+
+log = logging.getLogger("vmmrt.torch")
+
+
+class Seen:
+    """What one warm-up backward produced for a callable's parameters: per
+    parameter, its gradient's birth and where the gradient sits in that
+    storage, or why it cannot be placed."""
+
+    def __init__(self, params, grads, mode):
+        self.entries = []
+        for p, g in zip(params, grads):
+            self.entries.append(self._entry(p, g, mode))
+        self.by_key = dict(mode.by_key)
+
+    @staticmethod
+    def _entry(p, g, mode):
+        if g is None:
+            return (None, "no gradient reaches it")
+        ptr = _compat.storage_of(g)[0]
+        b = mode.births.get(ptr)
+        if b is None:
+            return (None, "its gradient is not allocated by an op of the backward")
+        if g.dtype != p.dtype or tuple(g.shape) != tuple(p.shape) or tuple(g.stride()) != tuple(p.stride()):
+            return (None, "its gradient's layout (%s %s stride %s) is not the parameter's (AccumulateGrad would "
+                    "copy it)" % (str(g.dtype).replace("torch.", ""), list(g.shape), list(g.stride())))
+        return ((b, _compat.storage_offset_bytes(g)), None)
+
+    def same(self, other):
+        if other is None or len(other.entries) != len(self.entries):
+            return False
+        for (a, wa), (b, wb) in zip(self.entries, other.entries):
+            if (a is None) != (b is None) or wa != wb:
+                return False
+            if a is not None and (not a[0].same(b[0]) or a[1] != b[1]):
+                return False
+        return True
+
+
+class Grads:
+    """The gradients of one callable's parameters at fixed addresses."""
+
+    def __init__(self, offload, name, params, seen):
+        self.offload = offload
+        self.name = name
+        self.params = params
+        self.why = None              # why it is "static", if it is
+        self.views = []              # per parameter: (offset of the gradient in the slot, dtype, shape, stride) or None
+        self.regions = []            # (birth, offset of its storage in the slot)
+        self.known = {}
+        self.backing = None
+        self._warned = False
+        self._layout(seen)
+
+    @property
+    def mapped(self):
+        return self.backing is not None
+
+    def _layout(self, seen):
+        if not seen:
+            self.why = "no warm-up backward recorded its gradients"
+            return
+        last = seen[-1]
+        if len(seen) > 1 and not seen[-2].same(last):
+            self.why = "the ops that make its gradients differed between warm-up passes"
+            return
+        offsets = {}
+        total = 0
+        views = []
+        for k, (p, (e, why)) in enumerate(zip(self.params, last.entries)):
+            if not p.requires_grad:
+                views.append(None)
+                continue
+            if e is None:
+                self.why = "parameter %d: %s" % (k, why)
+                return
+            b, off = e
+            key = (b.key, b.out)
+            if key not in offsets:
+                total += (-total) % REGION_ALIGN
+                offsets[key] = total
+                self.regions.append((b, total))
+                total += b.storage_nbytes
+            views.append((offsets[key] + off, p.dtype, tuple(p.shape), tuple(p.stride())))
+        if not total:
+            self.why = "no parameter needs a gradient"
+            return
+        self.views = views
+        self.known = last.by_key
+        self.backing = Backing(self.offload, "%s/grads" % self.name, total)
+        self.offload.backings.append(self.backing)
+
+    # ---------------------------------------------------------- tensors
+    def view(self, src, k):
+        """Parameter k's gradient over src's storage (a base over the slot, or a
+        gradient already there): a fresh tensor, as an op's output."""
+        off, dt, shape, stride = self.views[k]
+        return _compat.tensor_over(src, dt, shape, stride, off)
+
+    def placements(self, base):
+        """Where the backward's ops put the gradients (place.Placed), over base."""
+        return [place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
+                for b, off in self.regions]
+
+    def state(self, k, p):
+        """"none" (no .grad), "ours" (.grad is the gradient at its fixed
+        address) or "foreign" (another tensor: DDP's bucket view, a user's)."""
+        g = p.grad
+        if g is None:
+            return "none"
+        off, dt, shape, stride = self.views[k]
+        if g.dtype == dt and tuple(g.shape) == shape and tuple(g.stride()) == stride and \
+                g.device.type == self.offload.device.type and g.data_ptr() == self.backing.address + off:
+            return "ours"
+        return "foreign"
+
+    # --------------------------------------------------------- per step
+    def prefetch(self):
+        if self.backing is not None and self.backing.live == 0:
+            self.backing.prefetch()
+
+    def before_backward(self, stream, where):
+        """Choose the graph of this backward and get the memory ready.
+        Returns (accumulate, src, states): src is a tensor over the live
+        memory that the gradients handed back are made from."""
+        states = [None if v is None else self.state(k, p) for k, (p, v) in enumerate(zip(self.params, self.views))]
+        acc = "ours" in states
+        src = None
+        if acc:
+            for k, (p, st) in enumerate(zip(self.params, states)):
+                if st is not None and getattr(p, "_backward_hooks", None):
+                    raise Error(_capi.E_NOT_SUPPORTED, "parameter %d has a gradient hook (Tensor.register_hook) and "
+                                "its .grad accumulates in the backward graph (grads='mapped'): the hook would see "
+                                "the sum, not this backward's gradient; use register_post_accumulate_grad_hook, "
+                                "or grads='static'" % k, where)
+            if any(st in ("none", "foreign") for st in states):
+                src = self.backing.tensor(stream)
+                for k, (p, st) in enumerate(zip(self.params, states)):
+                    if st == "none":
+                        self.view(src, k).zero_()
+                    elif st == "foreign":
+                        self.view(src, k).copy_(p.grad)
+            else:
+                src = next(p.grad for p, st in zip(self.params, states) if st == "ours")
+        else:
+            if self.backing.live and not self._warned:
+                self._warned = True
+                log.warning("vmmrt: %s: a gradient tensor of an earlier backward is still referenced (not as .grad); "
+                            "this backward writes its gradients over it, as the static buffers of torch's graphs "
+                            "are written over", where)
+            src = self.backing.tensor(stream)
+        return acc, src, states
+
+    def after_backward(self, acc, src, states):
+        """The gradients to hand to autograd, one per parameter (None where it
+        needs none). Where .grad is ours, or was copied in, it is set to None
+        first, so that AccumulateGrad takes the sum back as it is."""
+        out = []
+        for k, (p, st) in enumerate(zip(self.params, states)):
+            if st is None:
+                out.append(None)
+                continue
+            out.append(self.view(src, k))
+            if acc or st == "ours":
+                p.grad = None
+        return out
+
+    def release_now_unused(self, stream):
+        """Nothing points at the memory (a capture's tensors gone): give it back."""
+        if self.backing is not None and self.backing.live == 0:
+            self.backing.release(stream)
+
+    def own_grads(self):
+        """Before the runtime goes: every .grad over the slot becomes a copy."""
+        if self.backing is None:
+            return
+        for k, p in enumerate(self.params):
+            if self.views and self.views[k] is not None and p.grad is not None and self.state(k, p) == "ours":
+                p.grad = p.grad.clone()
+
+    def describe(self):
+        if self.backing is None:
+            return "static gradient buffers (%s)" % self.why
+        return "mapped: %.1f MiB at 0x%x, %d regions" % (self.backing.nbytes / 2.0 ** 20, self.backing.address,
+                                                          len(self.regions))
+
+
+def record_backward(runner, mode, wrt, res):
+    """After a warm-up backward under a place.Mode: what it made for the
+    callable's parameters (``wrt`` the tensors differentiated, ``res`` their
+    gradients)."""
+    by_id = {id(t): g for t, g in zip(wrt, res)}
+    grads = [by_id.get(id(p)) for p in runner.params]
+    runner.grads_seen.append(Seen(runner.params, grads, mode))
