@@ -10,7 +10,10 @@
  * The pool (handle_pool option): released handles kept per worker for the
  * next map of the same size instead of cuMemRelease. A handle whose
  * cuMemRelease failed is stashed and released again when the worker is next
- * idle, at trim and at stop.
+ * idle, at trim and at stop. The pool is for the library's own slots (remap
+ * reuses its handles within its budget): the application's slots
+ * (vmmrt_slot_create) neither take from it nor give to it, since an
+ * application releases a slot so that the driver has the memory again.
  */
 #include "config.h"
 
@@ -166,9 +169,11 @@ static bool keep(slot_pool *p)
 	return reuse > 0 && uatomic_read(&p->rt->budgeted_handles) + p->nhandles < reuse && grow(p);
 }
 
-static vmmrt_status release_handle(slot_pool *p, size_t size, vmmrt__bhandle h)
+/* h, unmapped from s: to the pool if s may use it and it has room, else to the driver. */
+static vmmrt_status release_handle(slot_pool *p, const vmmrt_slot *s, vmmrt__bhandle h)
 {
-	if (keep(p)) {
+	size_t size = s->size;
+	if (!s->app && keep(p)) {
 		p->handles[p->nhandles++] = (pooled_handle){size, h};
 		uatomic_inc(&p->stats.pool_handles);
 		return VMMRT_OK;
@@ -221,18 +226,21 @@ static bool take_pooled(slot_pool *p, size_t size, vmmrt__bhandle *h)
 
 /* cuMemCreate with bounded, doubling back-off on out-of-memory: memory that a
  * release in flight on the GPU is about to return may be there shortly. */
-static vmmrt_status create_handle(slot_pool *p, size_t size, vmmrt__bhandle *h)
+static vmmrt_status create_handle(slot_pool *p, const vmmrt_slot *s, vmmrt__bhandle *h)
 {
 	vmmrt_runtime *rt = p->rt;
+	size_t size = s->size;
 	uint64_t retries = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_RETRIES);
 	uint64_t backoff = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 
-	if (take_pooled(p, size, h))
+	/* The application's slots stay out of the pool both ways (see the top of
+	 * the file); an out-of-memory below still empties it, for them too. */
+	if (!s->app && take_pooled(p, size, h))
 		return VMMRT_OK;
 	/* Reuse within remap's budget: the pool's handles and the mapped ones
 	 * together are never more than the budget, so a map its pool cannot
 	 * serve gives them back before it makes a new one. */
-	if (p->nhandles && uatomic_read(&p->rt->reuse_cap) > 0)
+	if (!s->app && p->nhandles && uatomic_read(&p->rt->reuse_cap) > 0)
 		(void)trim_pool(p);
 	for (uint64_t attempt = 0;; attempt++) {
 		vmmrt_status st = vmmrt__drv_mem_create(rt, size, h);
@@ -336,12 +344,12 @@ static vmmrt_status map_slot(vmmrt__request *req, vmmrt__worker *wk, bool ensure
 		return VMMRT_OK;
 	if (s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
-	vmmrt_status st = create_handle(p, s->size, &h);
+	vmmrt_status st = create_handle(p, s, &h);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "slot %llu: create %zu bytes", (unsigned long long)s->id, s->size);
 	st = vmmrt__slot_attach(s, h);
 	if (st != VMMRT_OK) {
-		vmmrt_status st2 = release_handle(p, s->size, h);
+		vmmrt_status st2 = release_handle(p, s, h);
 		(void)st2;
 	}
 	return st;
@@ -364,7 +372,7 @@ static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
 	vmmrt_status st = vmmrt__slot_detach(s, &h);
 	if (st != VMMRT_OK)
 		return st;
-	return release_handle(vmmrt__worker_local(wk), s->size, h);
+	return release_handle(vmmrt__worker_local(wk), s, h);
 }
 
 static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
@@ -380,7 +388,7 @@ static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 	for (int attempt = 0;; attempt++) {
 		st = teardown(s, &h, &had);
 		if (had) {
-			vmmrt_status st2 = release_handle(vmmrt__worker_local(wk), s->size, h);
+			vmmrt_status st2 = release_handle(vmmrt__worker_local(wk), s, h);
 			if (rel == VMMRT_OK)
 				rel = st2;
 		}

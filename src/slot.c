@@ -85,7 +85,10 @@ vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out
 	VMMRT__API_ENTER();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
-	return vmmrt__slot_reserve(rt, bytes, out);
+	vmmrt_status st = vmmrt__slot_reserve(rt, bytes, out);
+	if (st == VMMRT_OK)
+		(*out)->app = true; /* before its first request: its worker reads it */
+	return st;
 }
 
 /* A failure published by an earlier asynchronous request is reported first. */

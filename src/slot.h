@@ -40,6 +40,12 @@ struct vmmrt_slot {
 	vmmrt__request map_req;
 	vmmrt__request release_req;
 
+	/* Made by vmmrt_slot_create (set before its first request): the
+	 * application's memory, always given back to the driver, never kept in
+	 * a worker's handle pool: an application releases a slot so that the
+	 * memory comes back. */
+	bool app;
+
 	bool dying;            /* destroy was requested: later requests are cancelled */
 	struct cds_list_head link;  /* rt->slots */
 	struct rcu_head rcu;   /* the worker frees the slot through call_rcu */
