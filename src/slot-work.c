@@ -375,6 +375,64 @@ static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
 	return release_handle(vmmrt__worker_local(wk), s, h);
 }
 
+/*
+ * A stream-ordered release, once the GPU has passed its event: only if no
+ * vmmrt_slot_map_async came since it was asked (the claim of slot.h's
+ * `backing`), and then to the driver, whatever the pool.
+ */
+static vmmrt_status run_arelease(vmmrt__request *req, vmmrt__worker *wk)
+{
+	vmmrt__slot_release *r = caa_container_of(req, vmmrt__slot_release, req);
+	vmmrt_slot *s = req->owner;
+	uint64_t asked = r->gen * VMMRT__SLOT_GENERATION;
+	vmmrt__bhandle h;
+
+	if (uatomic_cmpxchg(&s->backing, asked, asked | VMMRT__SLOT_UNBACKED) != asked)
+		return VMMRT_OK; /* overtaken by a later map: the memory, and its bytes, stay */
+	if (!s->mapped)
+		return VMMRT_OK; /* the map that was to back it failed, and said so */
+	vmmrt_status st = vmmrt__slot_detach(s, &h);
+	if (st != VMMRT_OK) {
+		/* Still mapped: undo the claim (unless a map came meanwhile), so a
+		 * release asked again in this generation can claim it. */
+		uatomic_cmpxchg(&s->backing, asked | VMMRT__SLOT_UNBACKED, asked);
+		return st;
+	}
+	return release_handle(vmmrt__worker_local(wk), s, h);
+}
+
+/* The stream-ordered requests end here, however they end (run, failed,
+ * cancelled, or their event's query failed, which skips settle). */
+void vmmrt__slot_async_done(vmmrt__request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_slot *s = req->owner;
+	(void)arg;
+	if (st == VMMRT_OK || st == VMMRT_E_CANCELLED) {
+		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+	} else {
+		/* A map that failed leaves the slot without memory: the next
+		 * map_async must queue one (set before the failure is seen). */
+		if (req->ops == &vmmrt__slot_amap_ops && !s->mapped)
+			uatomic_or(&s->backing, VMMRT__SLOT_UNBACKED);
+		publish_error(s, st);
+	}
+	/* Last, with a barrier: whoever reads queued at 0 then reads this state. */
+	(void)uatomic_add_return(&s->queued, -1);
+}
+
+/* The ring of releases and their events, once nothing can use them: the
+ * slot's requests were cancelled or ran before its destroy did. */
+static void free_releases(vmmrt_slot *s)
+{
+	if (!s->releases)
+		return;
+	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++)
+		if (s->releases[i].event)
+			(void)vmmrt__drv_event_destroy(s->rt, s->releases[i].event);
+	free(s->releases);
+	s->releases = NULL;
+}
+
 static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 {
 	vmmrt_slot *s = req->owner;
@@ -403,6 +461,7 @@ static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 		publish_error(s, st);
 		return st;
 	}
+	free_releases(s);
 	retire(s);
 	return VMMRT_OK;
 }
@@ -445,6 +504,10 @@ static void settle(vmmrt__request *req, vmmrt_status st)
 const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
+
+/* The stream-ordered ones settle in their done callback, vmmrt__slot_async_done. */
+const vmmrt__request_ops vmmrt__slot_amap_ops = {.name = "map", .run = run_ensure, .withdrawn = slot_dying};
+const vmmrt__request_ops vmmrt__slot_arelease_ops = {.name = "release", .run = run_arelease, .withdrawn = slot_dying};
 
 /* Never cancelled: it runs even when its worker stops without draining. */
 const vmmrt__request_ops vmmrt__slot_destroy_ops = {
