@@ -424,6 +424,8 @@ typedef struct vmmrt_offload_stats {
 	uint64_t bound_bytes;            /* the device memory of activations the schedule is held to */
 	uint64_t aborts;                 /* vmmrt_offload_abort calls that abandoned the pipeline's state */
 	uint32_t retired_groups;         /* re-discovered groups' old memory, kept until released */
+	uint64_t slot_bytes;             /* device bytes mapped now on slots made with vmmrt_slot_create */
+	uint64_t slot_peak_bytes;        /* the most at once since creation or the last reset */
 } vmmrt_offload_stats;
 VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
 /* Restart the counters, and the peak from the memory mapped now (after warm-up, say). */

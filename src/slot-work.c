@@ -48,6 +48,19 @@ typedef struct slot_pool {
 
 /* ------------------------------------------------------------ the slot */
 
+/* The application's slots' device memory (slot_bytes) and its peak, as the
+ * statistics report them: only this worker maps and unmaps the slot. */
+static void account(vmmrt_slot *s, int64_t delta)
+{
+	vmmrt_runtime *rt = s->rt;
+	if (!s->app)
+		return;
+	int64_t now = uatomic_add_return(&rt->slot_bytes, delta);
+	for (int64_t peak = uatomic_read(&rt->slot_peak_bytes); now > peak; peak = uatomic_read(&rt->slot_peak_bytes))
+		if (uatomic_cmpxchg(&rt->slot_peak_bytes, peak, now) == peak)
+			break;
+}
+
 vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 {
 	vmmrt_runtime *rt = s->rt;
@@ -74,6 +87,7 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 	if (s->budgeted)
 		uatomic_inc(&s->rt->budgeted_handles);
 	s->handle = h;
+	account(s, (int64_t)s->size);
 	return VMMRT_OK;
 }
 
@@ -90,6 +104,7 @@ vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
 	s->handle = 0;
 	if (s->budgeted)
 		uatomic_dec(&s->rt->budgeted_handles);
+	account(s, -(int64_t)s->size);
 	return VMMRT_OK;
 }
 

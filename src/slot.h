@@ -87,9 +87,9 @@ struct vmmrt_slot {
 	vmmrt__request release_req;
 
 	/* Made by vmmrt_slot_create (set before its first request): the
-	 * application's memory, always given back to the driver, never kept in
-	 * a worker's handle pool: an application releases a slot so that the
-	 * memory comes back. */
+	 * application's memory, counted in slot_bytes, and always given back to
+	 * the driver, never kept in a worker's handle pool: an application
+	 * releases a slot so that the memory comes back. */
 	bool app;
 	/* Stream-ordered backing (see above). */
 	uint64_t backing;      /* uatomic: generation * 2 | VMMRT__SLOT_UNBACKED */

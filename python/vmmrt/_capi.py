@@ -66,7 +66,8 @@ class OffloadStats(Structure):
                 # since 0.3.0
                 ("schedule_declared", c_uint32), ("lookahead_in_force", c_uint32),
                 ("banks", c_uint32), ("budget_groups", c_uint32), ("bound_bytes", c_uint64),
-                ("aborts", c_uint64), ("retired_groups", c_uint32)]
+                ("aborts", c_uint64), ("retired_groups", c_uint32),
+                ("slot_bytes", c_uint64), ("slot_peak_bytes", c_uint64)]
 
 
 class ScheduleStep(Structure):

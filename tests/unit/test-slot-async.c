@@ -5,7 +5,7 @@
  * release waits for its stream and gives the memory to the driver (never a
  * pool); a map made before the release ran cancels it, bytes intact; a
  * launch thread may run steps ahead of the GPU; every refusal is named; the
- * slot's state tells the truth throughout.
+ * slot's state and the statistics' slot_bytes tell the truth throughout.
  */
 #include "config.h"
 
@@ -173,6 +173,7 @@ static void release_after_waits_for_the_stream(void **state)
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
 	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(used(rt), 0); /* back to the driver */
+	assert_int_equal(stats(rt).slot_bytes, 0);
 	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
 
 	/* And again: the same address, new memory. */
@@ -210,6 +211,7 @@ static void map_async_cancels_a_pending_release(void **state)
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
 	assert_int_equal(settled_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(used(rt), n + vmmrt_slot_size(res));
+	assert_int_equal(stats(rt).slot_bytes, n + vmmrt_slot_size(res));
 	assert_int_equal(device_checksum(rt, st, vmmrt_slot_address(s), n, res), fill_checksum(n, 9));
 	/* A release asked after that map does run. */
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
@@ -414,6 +416,53 @@ static void errors_are_named(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* 7. slot_bytes and slot_peak_bytes follow the maps and the releases (and
+ *    only the application's slots: the offload's own are activations). */
+static void statistics_follow_the_slots(void **state)
+{
+	vmmrt_runtime *rt = make_rt();
+	vmmrt_slot *a, *b, *own;
+	vmmrt_stream st;
+	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 4 * MiB, &b), VMMRT_OK);
+	assert_int_equal(vmmrt__slot_reserve(rt, 8 * MiB, &own), VMMRT_OK);
+	assert_int_equal(vmmrt__slot_map(own), VMMRT_OK);
+	vmmrt_offload_stats o = stats(rt);
+	assert_int_equal(o.slot_bytes, 0);
+	assert_int_equal(o.slot_peak_bytes, 0);
+	assert_int_equal(vmmrt_slot_map_async(a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_async(b), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_wait(a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_wait(b), VMMRT_OK);
+	o = stats(rt);
+	assert_int_equal(o.slot_bytes, 6 * MiB);
+	assert_int_equal(o.slot_peak_bytes, 6 * MiB);
+	assert_int_equal(vmmrt_slot_release_after(b, st), VMMRT_OK);
+	assert_int_equal(settled_state(b), VMMRT_SLOT_RESERVED);
+	o = stats(rt);
+	assert_int_equal(o.slot_bytes, 2 * MiB);
+	assert_int_equal(o.slot_peak_bytes, 6 * MiB);
+	assert_int_equal(vmmrt_offload_stats_reset(rt), VMMRT_OK);
+	o = stats(rt);
+	assert_int_equal(o.slot_peak_bytes, 2 * MiB);
+	assert_int_equal(vmmrt_slot_unmap(a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(b), VMMRT_OK);
+	o = stats(rt);
+	assert_int_equal(o.slot_bytes, 4 * MiB);
+	assert_int_equal(o.slot_peak_bytes, 4 * MiB);
+	/* A caller built against the struct before these two fields gets the rest. */
+	vmmrt_offload_stats old = {.size = offsetof(vmmrt_offload_stats, slot_bytes)};
+	old.slot_bytes = 12345;
+	assert_int_equal(vmmrt_offload_stats_get(rt, &old), VMMRT_OK);
+	assert_int_equal(old.slot_bytes, 12345);
+	assert_int_equal(vmmrt_slot_destroy(b), VMMRT_OK);
+	assert_int_equal(stats(rt).slot_bytes, 0);
+	assert_int_equal(vmmrt__slot_destroy(own), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -423,6 +472,7 @@ int main(void)
 		cmocka_unit_test(steps_ahead_of_the_gpu),
 		cmocka_unit_test(released_memory_is_not_pooled),
 		cmocka_unit_test(errors_are_named),
+		cmocka_unit_test(statistics_follow_the_slots),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }
