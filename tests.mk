@@ -150,8 +150,10 @@ gpu-check: $(gpu_tests)
 # `make gpu-suite`: the whole GPU suite in one go on the GPU machine — the
 # backend's own GPU tests, and the runtime-level unit tests (slots, workers,
 # offload) run again against the CUDA backend (VMMRT_BACKEND=cuda; the tests
-# that need the host emulation leave themselves out there).
-gpu_runtime_tests = tests/unit/test-slot tests/unit/test-slot-async tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
+# that need the host emulation leave themselves out there). test-slot-async
+# is not among them yet: it has not run on a GPU (its memory deltas after
+# kernel launches and its timing are the host backend's).
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
 	tests/unit/test-streams
 gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
 	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)
