@@ -219,6 +219,27 @@ VMMRT_EXTERN vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *slot);
 /* The error of the last failed asynchronous request on this slot (VMMRT_OK if none); clears it. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_error(vmmrt_slot *slot);
 
+/*
+ * Stream-ordered backing (since 0.3.0), for memory that must exist only
+ * while a tensor does (a gradient): none of these waits for the GPU. The
+ * memory of a slot made by vmmrt_slot_create always goes back to the
+ * driver when released, never into a worker's handle pool.
+ */
+/* Queue a map of the slot on its driver worker and return at once. Already
+ * mapped (or a map queued): nothing more is queued, and a release queued by
+ * vmmrt_slot_release_after that has not run yet is cancelled (the memory,
+ * and its bytes, stay). */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_map_async(vmmrt_slot *slot);
+/* Wait (bounded by the runtime's timeout option) until the maps queued for the
+ * slot so far have run; their failure, if one failed. Returns at once when none is queued. */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_wait(vmmrt_slot *slot);
+/* Release the slot's memory once the work enqueued on stream so far has
+ * completed (stream-ordered, like a caching allocator's free): returns at once;
+ * the driver worker unmaps and releases the memory to the driver (never into a
+ * handle pool: the point is that the memory comes back) after the GPU passes this point. A
+ * vmmrt_slot_map_async made before the release ran cancels it. */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_release_after(vmmrt_slot *slot, vmmrt_stream stream);
+
 /* ------------------------------------------------- device helpers (any backend) */
 
 /*
@@ -403,6 +424,8 @@ typedef struct vmmrt_offload_stats {
 	uint64_t bound_bytes;            /* the device memory of activations the schedule is held to */
 	uint64_t aborts;                 /* vmmrt_offload_abort calls that abandoned the pipeline's state */
 	uint32_t retired_groups;         /* re-discovered groups' old memory, kept until released */
+	uint64_t slot_bytes;             /* device bytes mapped now on slots made with vmmrt_slot_create */
+	uint64_t slot_peak_bytes;        /* the most at once since creation or the last reset */
 } vmmrt_offload_stats;
 VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);
 /* Restart the counters, and the peak from the memory mapped now (after warm-up, say). */

@@ -410,6 +410,8 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	o->mode = rt->mode;
 	o->lookahead = rt->lookahead;
 	o->launch_thread_blocking = vmmrt__drv_launch_thread_blocking(rt);
+	o->slot_bytes = (uint64_t)uatomic_read(&rt->slot_bytes);
+	o->slot_peak_bytes = (uint64_t)uatomic_read(&rt->slot_peak_bytes);
 	vmmrt__offload *off = rt->offload;
 	if (!off)
 		return VMMRT__SIZED_OUT(out, full, VMMRT__OFFLOAD_STATS_SIZE_V1, "vmmrt_offload_stats");
@@ -459,6 +461,9 @@ vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	/* The peak from what is mapped now; a worker mapping meanwhile raises
+	 * it again past this value, which is what a peak from now on means. */
+	uatomic_set(&rt->slot_peak_bytes, uatomic_read(&rt->slot_bytes));
 	vmmrt__offload *off = rt->offload;
 	if (!off)
 		return VMMRT_OK;

@@ -47,7 +47,7 @@ static const opt_row table[VMMRT_OPT_COUNT_] = {
 		"runners whose restore is started ahead of the one being consumed"},
 	[VMMRT_OPT_HANDLE_POOL] = {"handle_pool", "VMMRT_HANDLE_POOL", T_UINT, "0", {0}, 0, 4096,
 		"released physical handles each worker keeps for reuse instead of cuMemRelease "
-		"(remap mode); 0 gives every byte back to the driver"},
+		"(remap mode; never a vmmrt_slot_create slot's); 0 gives every byte back to the driver"},
 	[VMMRT_OPT_CHECKED_THREADS] = {"checked_threads", "VMMRT_CHECKED_THREADS", T_BOOL, "1", {0}, 0, 1,
 		"refuse cuMemCreate/Map/SetAccess/Unmap/Release from any thread but a driver worker "
 		"(VMMRT_E_NOT_PERMITTED)"},

@@ -42,6 +42,10 @@ struct vmmrt_runtime {
 	 * budget while handle_reuse holds (slot-work.c reads it, the strategy sets it) */
 	int64_t reuse_cap;
 	int64_t budgeted_handles; /* uatomic: handles mapped on slots remap's budget covers */
+	/* uatomic, kept by the workers: device memory mapped now on the
+	 * application's slots (vmmrt_slot_create), and the most at once since
+	 * creation or vmmrt_offload_stats_reset */
+	int64_t slot_bytes, slot_peak_bytes;
 	uint64_t timeout_ms;
 
 	vmmrt__workers *workers;

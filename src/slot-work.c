@@ -10,7 +10,10 @@
  * The pool (handle_pool option): released handles kept per worker for the
  * next map of the same size instead of cuMemRelease. A handle whose
  * cuMemRelease failed is stashed and released again when the worker is next
- * idle, at trim and at stop.
+ * idle, at trim and at stop. The pool is for the library's own slots (remap
+ * reuses its handles within its budget): the application's slots
+ * (vmmrt_slot_create) neither take from it nor give to it, since an
+ * application releases a slot so that the driver has the memory again.
  */
 #include "config.h"
 
@@ -45,6 +48,19 @@ typedef struct slot_pool {
 
 /* ------------------------------------------------------------ the slot */
 
+/* The application's slots' device memory (slot_bytes) and its peak, as the
+ * statistics report them: only this worker maps and unmaps the slot. */
+static void account(vmmrt_slot *s, int64_t delta)
+{
+	vmmrt_runtime *rt = s->rt;
+	if (!s->app)
+		return;
+	int64_t now = uatomic_add_return(&rt->slot_bytes, delta);
+	for (int64_t peak = uatomic_read(&rt->slot_peak_bytes); now > peak; peak = uatomic_read(&rt->slot_peak_bytes))
+		if (uatomic_cmpxchg(&rt->slot_peak_bytes, peak, now) == peak)
+			break;
+}
+
 vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 {
 	vmmrt_runtime *rt = s->rt;
@@ -71,6 +87,7 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 	if (s->budgeted)
 		uatomic_inc(&s->rt->budgeted_handles);
 	s->handle = h;
+	account(s, (int64_t)s->size);
 	return VMMRT_OK;
 }
 
@@ -87,6 +104,7 @@ vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
 	s->handle = 0;
 	if (s->budgeted)
 		uatomic_dec(&s->rt->budgeted_handles);
+	account(s, -(int64_t)s->size);
 	return VMMRT_OK;
 }
 
@@ -166,9 +184,11 @@ static bool keep(slot_pool *p)
 	return reuse > 0 && uatomic_read(&p->rt->budgeted_handles) + p->nhandles < reuse && grow(p);
 }
 
-static vmmrt_status release_handle(slot_pool *p, size_t size, vmmrt__bhandle h)
+/* h, unmapped from s: to the pool if s may use it and it has room, else to the driver. */
+static vmmrt_status release_handle(slot_pool *p, const vmmrt_slot *s, vmmrt__bhandle h)
 {
-	if (keep(p)) {
+	size_t size = s->size;
+	if (!s->app && keep(p)) {
 		p->handles[p->nhandles++] = (pooled_handle){size, h};
 		uatomic_inc(&p->stats.pool_handles);
 		return VMMRT_OK;
@@ -221,18 +241,21 @@ static bool take_pooled(slot_pool *p, size_t size, vmmrt__bhandle *h)
 
 /* cuMemCreate with bounded, doubling back-off on out-of-memory: memory that a
  * release in flight on the GPU is about to return may be there shortly. */
-static vmmrt_status create_handle(slot_pool *p, size_t size, vmmrt__bhandle *h)
+static vmmrt_status create_handle(slot_pool *p, const vmmrt_slot *s, vmmrt__bhandle *h)
 {
 	vmmrt_runtime *rt = p->rt;
+	size_t size = s->size;
 	uint64_t retries = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_RETRIES);
 	uint64_t backoff = vmmrt__opt_u(&rt->opts, VMMRT_OPT_OOM_BACKOFF_US);
 
-	if (take_pooled(p, size, h))
+	/* The application's slots stay out of the pool both ways (see the top of
+	 * the file); an out-of-memory below still empties it, for them too. */
+	if (!s->app && take_pooled(p, size, h))
 		return VMMRT_OK;
 	/* Reuse within remap's budget: the pool's handles and the mapped ones
 	 * together are never more than the budget, so a map its pool cannot
 	 * serve gives them back before it makes a new one. */
-	if (p->nhandles && uatomic_read(&p->rt->reuse_cap) > 0)
+	if (!s->app && p->nhandles && uatomic_read(&p->rt->reuse_cap) > 0)
 		(void)trim_pool(p);
 	for (uint64_t attempt = 0;; attempt++) {
 		vmmrt_status st = vmmrt__drv_mem_create(rt, size, h);
@@ -336,12 +359,12 @@ static vmmrt_status map_slot(vmmrt__request *req, vmmrt__worker *wk, bool ensure
 		return VMMRT_OK;
 	if (s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
-	vmmrt_status st = create_handle(p, s->size, &h);
+	vmmrt_status st = create_handle(p, s, &h);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "slot %llu: create %zu bytes", (unsigned long long)s->id, s->size);
 	st = vmmrt__slot_attach(s, h);
 	if (st != VMMRT_OK) {
-		vmmrt_status st2 = release_handle(p, s->size, h);
+		vmmrt_status st2 = release_handle(p, s, h);
 		(void)st2;
 	}
 	return st;
@@ -364,7 +387,65 @@ static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
 	vmmrt_status st = vmmrt__slot_detach(s, &h);
 	if (st != VMMRT_OK)
 		return st;
-	return release_handle(vmmrt__worker_local(wk), s->size, h);
+	return release_handle(vmmrt__worker_local(wk), s, h);
+}
+
+/*
+ * A stream-ordered release, once the GPU has passed its event: only if no
+ * vmmrt_slot_map_async came since it was asked (the claim of slot.h's
+ * `backing`), and then to the driver, whatever the pool.
+ */
+static vmmrt_status run_arelease(vmmrt__request *req, vmmrt__worker *wk)
+{
+	vmmrt__slot_release *r = caa_container_of(req, vmmrt__slot_release, req);
+	vmmrt_slot *s = req->owner;
+	uint64_t asked = r->gen * VMMRT__SLOT_GENERATION;
+	vmmrt__bhandle h;
+
+	if (uatomic_cmpxchg(&s->backing, asked, asked | VMMRT__SLOT_UNBACKED) != asked)
+		return VMMRT_OK; /* overtaken by a later map: the memory, and its bytes, stay */
+	if (!s->mapped)
+		return VMMRT_OK; /* the map that was to back it failed, and said so */
+	vmmrt_status st = vmmrt__slot_detach(s, &h);
+	if (st != VMMRT_OK) {
+		/* Still mapped: undo the claim (unless a map came meanwhile), so a
+		 * release asked again in this generation can claim it. */
+		uatomic_cmpxchg(&s->backing, asked | VMMRT__SLOT_UNBACKED, asked);
+		return st;
+	}
+	return release_handle(vmmrt__worker_local(wk), s, h);
+}
+
+/* The stream-ordered requests end here, however they end (run, failed,
+ * cancelled, or their event's query failed, which skips settle). */
+void vmmrt__slot_async_done(vmmrt__request *req, vmmrt_status st, void *arg)
+{
+	vmmrt_slot *s = req->owner;
+	(void)arg;
+	if (st == VMMRT_OK || st == VMMRT_E_CANCELLED) {
+		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+	} else {
+		/* A map that failed leaves the slot without memory: the next
+		 * map_async must queue one (set before the failure is seen). */
+		if (req->ops == &vmmrt__slot_amap_ops && !s->mapped)
+			uatomic_or(&s->backing, VMMRT__SLOT_UNBACKED);
+		publish_error(s, st);
+	}
+	/* Last, with a barrier: whoever reads queued at 0 then reads this state. */
+	(void)uatomic_add_return(&s->queued, -1);
+}
+
+/* The ring of releases and their events, once nothing can use them: the
+ * slot's requests were cancelled or ran before its destroy did. */
+static void free_releases(vmmrt_slot *s)
+{
+	if (!s->releases)
+		return;
+	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++)
+		if (s->releases[i].event)
+			(void)vmmrt__drv_event_destroy(s->rt, s->releases[i].event);
+	free(s->releases);
+	s->releases = NULL;
 }
 
 static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
@@ -380,7 +461,7 @@ static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 	for (int attempt = 0;; attempt++) {
 		st = teardown(s, &h, &had);
 		if (had) {
-			vmmrt_status st2 = release_handle(vmmrt__worker_local(wk), s->size, h);
+			vmmrt_status st2 = release_handle(vmmrt__worker_local(wk), s, h);
 			if (rel == VMMRT_OK)
 				rel = st2;
 		}
@@ -395,6 +476,7 @@ static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 		publish_error(s, st);
 		return st;
 	}
+	free_releases(s);
 	retire(s);
 	return VMMRT_OK;
 }
@@ -437,6 +519,10 @@ static void settle(vmmrt__request *req, vmmrt_status st)
 const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
+
+/* The stream-ordered ones settle in their done callback, vmmrt__slot_async_done. */
+const vmmrt__request_ops vmmrt__slot_amap_ops = {.name = "map", .run = run_ensure, .withdrawn = slot_dying};
+const vmmrt__request_ops vmmrt__slot_arelease_ops = {.name = "release", .run = run_arelease, .withdrawn = slot_dying};
 
 /* Never cancelled: it runs even when its worker stops without draining. */
 const vmmrt__request_ops vmmrt__slot_destroy_ops = {

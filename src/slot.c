@@ -4,6 +4,9 @@
  * one of the slow, contended VMM calls); everything that maps or unmaps
  * physical memory runs on the slot's driver worker (slot-work.c), which is
  * why the public map/unmap/destroy are a push followed by a bounded wait.
+ * The stream-ordered calls (map_async, release_after) are a push alone: the
+ * launch thread that makes them never waits for the GPU (slot.h says how a
+ * release overtaken by a later map is told apart).
  */
 #include "config.h"
 
@@ -40,6 +43,9 @@ vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **o
 	s->worker = vmmrt__workers_route(rt->workers, s->id);
 	vmmrt__request_init(&s->map_req, &vmmrt__slot_map_ops, s);
 	vmmrt__request_init(&s->release_req, &vmmrt__slot_release_ops, s);
+	vmmrt__request_init(&s->amap_req, &vmmrt__slot_amap_ops, s);
+	s->amap_req.done = vmmrt__slot_async_done;
+	s->backing = VMMRT__SLOT_UNBACKED;
 	vmmrt__slot_set_state(s, VMMRT_SLOT_RESERVED);
 
 	pthread_mutex_lock(&rt->slots_lock);
@@ -85,7 +91,19 @@ vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out
 	VMMRT__API_ENTER();
 	VMMRT_CHECK_ARG(rt, "runtime is NULL");
 	VMMRT_CHECK_ARG(out, "out is NULL");
-	return vmmrt__slot_reserve(rt, bytes, out);
+	vmmrt_status st = vmmrt__slot_reserve(rt, bytes, out);
+	if (st == VMMRT_OK)
+		(*out)->app = true; /* before its first request: its worker reads it */
+	return st;
+}
+
+/* After a failure is reported: what the caller may ask next follows what
+ * the worker left (a failed map left nothing mapped, a failed release the
+ * memory where it was). */
+static void resync(vmmrt_slot *s)
+{
+	vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+	s->wanted = s->mapped;
 }
 
 /* A failure published by an earlier asynchronous request is reported first. */
@@ -93,7 +111,7 @@ static vmmrt_status pending_error(vmmrt_slot *s)
 {
 	int32_t e = uatomic_xchg(&s->error, VMMRT_OK);
 	if (e != VMMRT_OK) {
-		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		resync(s);
 		return vmmrt__error((vmmrt_status)e, "slot %llu: an earlier asynchronous request failed: %s",
 				   (unsigned long long)s->id, s->errmsg);
 	}
@@ -104,8 +122,20 @@ static vmmrt_status pending_error(vmmrt_slot *s)
 static vmmrt_status settle(vmmrt_slot *s, vmmrt_status st)
 {
 	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT && uatomic_xchg(&s->error, VMMRT_OK) != VMMRT_OK)
-		vmmrt__slot_set_state(s, s->mapped ? VMMRT_SLOT_MAPPED : VMMRT_SLOT_RESERVED);
+		resync(s);
 	return st;
+}
+
+/* The next map generation, UNBACKED cleared: releases asked before it are
+ * no-ops from now on (slot.h). Returns the word it replaced. */
+static uint64_t next_generation(vmmrt_slot *s)
+{
+	for (uint64_t old = uatomic_read(&s->backing);;) {
+		uint64_t seen = uatomic_cmpxchg(&s->backing, old, (old & ~VMMRT__SLOT_UNBACKED) + VMMRT__SLOT_GENERATION);
+		if (seen == old)
+			return old;
+		old = seen;
+	}
 }
 
 vmmrt_status vmmrt__slot_map(vmmrt_slot *s)
@@ -113,7 +143,7 @@ vmmrt_status vmmrt__slot_map(vmmrt_slot *s)
 	vmmrt_status st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
-	switch ((vmmrt_slot_state)uatomic_read(&s->state)) {
+	switch (vmmrt_slot_get_state(s)) {
 	case VMMRT_SLOT_MAPPED:
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
 	case VMMRT_SLOT_PENDING:
@@ -124,7 +154,13 @@ vmmrt_status vmmrt__slot_map(vmmrt_slot *s)
 	st = vmmrt__slot_map_async(s, NULL, NULL);
 	if (st != VMMRT_OK)
 		return st;
-	return settle(s, vmmrt__request_wait(&s->map_req, s->rt->timeout_ms));
+	st = settle(s, vmmrt__request_wait(&s->map_req, s->rt->timeout_ms));
+	if (st == VMMRT_OK) {
+		/* Nothing else is queued (PENDING is refused above): mapped now. */
+		(void)next_generation(s);
+		s->wanted = true;
+	}
+	return st;
 }
 
 vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
@@ -134,7 +170,7 @@ vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 	vmmrt_status st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
-	switch ((vmmrt_slot_state)uatomic_read(&s->state)) {
+	switch (vmmrt_slot_get_state(s)) {
 	case VMMRT_SLOT_RESERVED:
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is not mapped", (unsigned long long)s->id);
 	case VMMRT_SLOT_PENDING:
@@ -142,10 +178,20 @@ vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 	default:
 		break;
 	}
+	/* Unbacked from now on, as far as a later map_async is concerned; set
+	 * back only when the unmap failed and left the memory (a timed-out one
+	 * may still unmap: it stays set, which costs at most an extra map). */
+	uint64_t before = uatomic_read(&s->backing);
+	uatomic_or(&s->backing, VMMRT__SLOT_UNBACKED);
+	s->wanted = false;
 	st = vmmrt__slot_release_async(s, NULL, NULL);
-	if (st != VMMRT_OK)
-		return st;
-	return settle(s, vmmrt__request_wait(&s->release_req, s->rt->timeout_ms));
+	if (st == VMMRT_OK)
+		st = settle(s, vmmrt__request_wait(&s->release_req, s->rt->timeout_ms));
+	if (st != VMMRT_OK && st != VMMRT_E_TIMEOUT && s->mapped) {
+		uatomic_set(&s->backing, before);
+		s->wanted = true;
+	}
+	return st;
 }
 
 vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s)
@@ -189,6 +235,147 @@ vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
 	return vmmrt__slot_destroy(s);
 }
 
+/* ------------------------------------------------- stream-ordered backing */
+
+/* What the stream-ordered calls check first. */
+static vmmrt_status async_entry(vmmrt_slot *s)
+{
+	vmmrt_status st = pending_error(s);
+	if (st != VMMRT_OK)
+		return st;
+	/* Only the synchronous calls store PENDING: one whose wait timed out
+	 * still has its request on the worker. */
+	if (uatomic_read(&s->state) == VMMRT_SLOT_PENDING)
+		return vmmrt__error(VMMRT_E_BUSY, "slot %llu has a vmmrt_slot_map or vmmrt_slot_unmap in flight (its wait "
+				    "timed out)", (unsigned long long)s->id);
+	return VMMRT_OK;
+}
+
+/*
+ * One of the slot's stream-ordered requests still queued or running: wait
+ * for it, bounded by the timeout option. The caller's thread blocks on the
+ * GPU or the worker, so the wait counts as a blocking call of the launch
+ * thread. Its own failure, if any, is the slot's pending error.
+ */
+static vmmrt_status wait_in_flight(vmmrt_slot *s, vmmrt__request *req, const char *what)
+{
+	if (vmmrt__request_poll(req, NULL))
+		return VMMRT_OK;
+	uatomic_inc(&s->rt->launch_blocking);
+	vmmrt_status st = vmmrt__request_wait(req, s->rt->timeout_ms);
+	if (st == VMMRT_E_TIMEOUT)
+		return vmmrt__error_wrap(st, "slot %llu: %s", (unsigned long long)s->id, what);
+	vmmrt__error_clear(); /* its failure is reported through the slot's error */
+	return VMMRT_OK;
+}
+
+/* Queue a stream-ordered request: the slot reads PENDING until it ends
+ * (vmmrt__slot_async_done), counted before the worker can see it. */
+static vmmrt_status push_async(vmmrt_slot *s, vmmrt__request *req)
+{
+	uatomic_inc(&s->queued);
+	vmmrt_status st = vmmrt__worker_push(s->rt->workers, s->worker, req);
+	if (st != VMMRT_OK)
+		(void)uatomic_add_return(&s->queued, -1);
+	return st;
+}
+
+vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
+	vmmrt_status st = async_entry(s);
+	if (st != VMMRT_OK)
+		return st;
+	/* UNBACKED while its map still runs: that map failed and is ending.
+	 * Wait for it and report it before this call cancels anything. */
+	if ((uatomic_read(&s->backing) & VMMRT__SLOT_UNBACKED) && !vmmrt__request_poll(&s->amap_req, NULL) &&
+	    ((st = wait_in_flight(s, &s->amap_req, "its failed map did not end")) != VMMRT_OK ||
+	     (st = pending_error(s)) != VMMRT_OK))
+		return st;
+	/* From here on, the releases asked before are no-ops (slot.h). */
+	uint64_t old = next_generation(s);
+	if (old & VMMRT__SLOT_UNBACKED) {
+		/* Idle, unless a map failed since the check above. */
+		st = wait_in_flight(s, &s->amap_req, "its failed map did not end");
+		if (st == VMMRT_OK)
+			st = push_async(s, &s->amap_req);
+		if (st != VMMRT_OK) {
+			uatomic_or(&s->backing, VMMRT__SLOT_UNBACKED); /* nothing queued to back it */
+			return st;
+		}
+	}
+	/* Else mapped, or the map that backs it is queued: nothing to add. */
+	s->wanted = true;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_slot_wait(vmmrt_slot *s)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
+	/* One map request per slot, and a later map_async queues only after the
+	 * earlier one ended: waiting for it is waiting for all so far. */
+	vmmrt_status st = wait_in_flight(s, &s->amap_req, "its map did not end");
+	return st != VMMRT_OK ? st : pending_error(s);
+}
+
+static vmmrt_status make_releases(vmmrt_slot *s)
+{
+	vmmrt__slot_release *r = calloc(VMMRT__SLOT_RELEASES, sizeof(*r));
+	if (!r)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "slot %llu: %u release records",
+				    (unsigned long long)s->id, VMMRT__SLOT_RELEASES);
+	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++) {
+		vmmrt__request_init(&r[i].req, &vmmrt__slot_arelease_ops, s);
+		r[i].req.done = vmmrt__slot_async_done;
+	}
+	s->releases = r; /* the worker reads it only at destroy, queued after */
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_slot_release_after(vmmrt_slot *s, vmmrt_stream stream)
+{
+	VMMRT__API_ENTER();
+	VMMRT_CHECK_ARG(s, "slot is NULL");
+	vmmrt_runtime *rt = s->rt;
+	unsigned long long id = (unsigned long long)s->id;
+	vmmrt_status st = async_entry(s);
+	if (st != VMMRT_OK)
+		return st;
+	if (!s->wanted)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is neither mapped nor has a map queued (never "
+				    "mapped, or released since its last map): nothing to release", __func__, id);
+	/*
+	 * The release waits for an event recorded on the stream; recorded into
+	 * a graph being captured, it would never happen on the stream, the
+	 * event would read as complete, and the memory would go before the work
+	 * that uses it has run.
+	 */
+	bool capturing = false;
+	if ((st = vmmrt__drv_stream_is_capturing(rt, stream, &capturing)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: slot %llu: asking whether the stream is capturing", __func__, id);
+	if (capturing)
+		return vmmrt__error(VMMRT_E_CAPTURE, "%s: slot %llu: the stream is capturing a graph", __func__, id);
+	if (!s->releases && (st = make_releases(s)) != VMMRT_OK)
+		return st;
+	vmmrt__slot_release *r = &s->releases[s->next_release % VMMRT__SLOT_RELEASES];
+	if ((st = wait_in_flight(s, &r->req, "the oldest of its releases still waits for its stream")) != VMMRT_OK ||
+	    (st = pending_error(s)) != VMMRT_OK)
+		return st;
+	if (!r->event && (st = vmmrt__drv_event_create(rt, false, &r->event)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: slot %llu: the release's event", __func__, id);
+	if ((st = vmmrt__drv_event_record(rt, r->event, stream)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: slot %llu: recording the release's event", __func__, id);
+	r->gen = uatomic_read(&s->backing) / VMMRT__SLOT_GENERATION;
+	r->req.after = r->event;
+	if ((st = push_async(s, &r->req)) != VMMRT_OK)
+		return st;
+	s->next_release++;
+	s->wanted = false;
+	return VMMRT_OK;
+}
+
 vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *s)
 {
 	return s ? s->va : 0;
@@ -199,9 +386,17 @@ size_t vmmrt_slot_size(const vmmrt_slot *s)
 	return s ? s->size : 0;
 }
 
+/* PENDING while a stream-ordered request is queued or running; a failure
+ * waiting to be reported comes first. The count is read before the state,
+ * which its last decrement follows: at 0, the state read is the latest. */
 vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *s)
 {
-	return s ? (vmmrt_slot_state)uatomic_read(&s->state) : VMMRT_SLOT_FAILED;
+	if (!s)
+		return VMMRT_SLOT_FAILED;
+	int32_t queued = uatomic_read(&s->queued);
+	cmm_smp_rmb();
+	vmmrt_slot_state st = (vmmrt_slot_state)uatomic_read(&s->state);
+	return queued > 0 && st != VMMRT_SLOT_FAILED ? VMMRT_SLOT_PENDING : st;
 }
 
 vmmrt_status vmmrt_slot_error(vmmrt_slot *s)

@@ -18,6 +18,52 @@
 #include "runtime.h"
 #include "worker.h"
 
+/*
+ * Stream-ordered backing (vmmrt_slot_map_async, vmmrt_slot_release_after).
+ * A release waits on the worker for an event recorded on the caller's
+ * stream (vmmrt__request.after), so it can be overtaken there by a map the
+ * caller asked for later; the slot's `backing` word makes such a release a
+ * no-op. It is the map generation times two, plus VMMRT__SLOT_UNBACKED:
+ *
+ *  - map_async (the caller's thread) moves to the next generation and
+ *    clears UNBACKED in one compare-and-swap, then pushes an ensure map
+ *    only if UNBACKED was set;
+ *  - release_after records the generation g it was asked in;
+ *  - the release, when its event has completed, runs only if it swaps
+ *    2g (generation g, UNBACKED clear) for 2g + 1 (the claim), and then
+ *    unmaps and gives the memory to the driver in the same run;
+ *  - a failed map sets UNBACKED again (the slot has no memory after all).
+ *
+ * Why a slot ends mapped exactly when a map_async came after the release
+ * was requested (let M be the first such map_async, R the release):
+ *  - M's swap before R's claim: the generation is no longer g, so R's claim
+ *    fails and R does nothing, whether it runs before or after the map M
+ *    pushed (if any). M pushed nothing only if UNBACKED was clear: no
+ *    release had claimed since the map that backs the slot, which is done
+ *    or queued ahead of R (requests without an event run in push order).
+ *  - R's claim before M's swap: M sees UNBACKED (only a map_async or a
+ *    synchronous map clears it, both on the caller's thread) and pushes an
+ *    ensure map. R is running or done by then, and the worker runs one
+ *    request at a time, so the map runs after R's unmap: mapped.
+ *  - No map_async after R: the generation is still g when R runs; R claims
+ *    (UNBACKED is clear unless the map backing the slot failed, and then
+ *    there is nothing to release) and releases.
+ * UNBACKED set too often costs an ensure map that finds the slot mapped
+ * and does nothing; clear too early would leave a slot unbacked for good,
+ * so everything that may unback the slot sets it first.
+ */
+#define VMMRT__SLOT_UNBACKED 1ull
+#define VMMRT__SLOT_GENERATION 2ull
+/* Stream-ordered releases a slot may have in flight: a launch thread runs a
+ * few steps ahead of the GPU; one more waits for the oldest (bounded). */
+#define VMMRT__SLOT_RELEASES 4
+
+typedef struct vmmrt__slot_release {
+	vmmrt__request req;   /* its `after` is event; req.owner the slot */
+	vmmrt__bevent *event; /* recorded on the caller's stream; made on first use */
+	uint64_t gen;         /* the slot's map generation when it was requested */
+} vmmrt__slot_release;
+
 struct vmmrt_slot {
 	vmmrt_runtime *rt;
 	uint64_t id;
@@ -39,6 +85,20 @@ struct vmmrt_slot {
 	/* one preallocated request per kind: a slot never has two of a kind queued */
 	vmmrt__request map_req;
 	vmmrt__request release_req;
+
+	/* Made by vmmrt_slot_create (set before its first request): the
+	 * application's memory, counted in slot_bytes, and always given back to
+	 * the driver, never kept in a worker's handle pool: an application
+	 * releases a slot so that the memory comes back. */
+	bool app;
+	/* Stream-ordered backing (see above). */
+	uint64_t backing;      /* uatomic: generation * 2 | VMMRT__SLOT_UNBACKED */
+	int32_t queued;        /* uatomic: its map and releases not finished yet (PENDING) */
+	vmmrt__request amap_req;        /* vmmrt_slot_map_async's (ensure) */
+	vmmrt__slot_release *releases;  /* [VMMRT__SLOT_RELEASES], made by the first release_after */
+	/* the caller's (one thread uses a slot at a time): */
+	unsigned next_release;          /* the ring's next record */
+	bool wanted;           /* mapped or a map requested, no release requested since */
 
 	bool dying;            /* destroy was requested: later requests are cancelled */
 	struct cds_list_head link;  /* rt->slots */
@@ -63,6 +123,16 @@ extern const vmmrt__request_ops vmmrt__slot_map_ops;
 extern const vmmrt__request_ops vmmrt__slot_ensure_ops;
 extern const vmmrt__request_ops vmmrt__slot_release_ops;
 extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
+/*
+ * The stream-ordered ones: amap (ensure, sets VMMRT__SLOT_UNBACKED again if it
+ * fails) and arelease (on a vmmrt__slot_release: claims the generation it
+ * was asked in, then unmaps and cuMemReleases). Both end by decrementing
+ * the slot's `queued`, whatever the outcome (their done callback:
+ * vmmrt__slot_async_done, which publishes a failure).
+ */
+extern const vmmrt__request_ops vmmrt__slot_amap_ops;
+extern const vmmrt__request_ops vmmrt__slot_arelease_ops;
+void vmmrt__slot_async_done(vmmrt__request *req, vmmrt_status st, void *arg);
 
 /* The runtime's workers are of this class: each keeps a handle pool. */
 extern const vmmrt__worker_class vmmrt__slot_worker_class;

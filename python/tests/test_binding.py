@@ -259,3 +259,43 @@ def test_rediscover_a_group_and_release_its_old_memory():
             _use(x_, b)
         rt.offload_release_retired()
         assert rt.offload_stats()["retired_groups"] == 0
+
+
+def test_slot_stream_ordered_backing():
+    """map_async, wait and release_after on the host backend: the release waits for its
+    stream, a map before it ran cancels it, the memory goes back, and the stats follow."""
+    import ctypes
+    import time
+    with vmmrt.Runtime({"backend": "host", "handle_pool": 4}) as rt:
+        s = rt.slot(1 << 20)
+        stream = rt.stream_create()
+        free0, _ = rt.mem_info()
+        s.map_async()
+        s.wait()
+        assert s.state == "mapped" and rt.offload_stats()["slot_bytes"] == s.size
+        rt.kernel_fill(s.address, s.size, 3, stream)
+        rt.kernel_busy(200 * 1000 * 1000, stream)  # 200 ms
+        s.release_after(stream)
+        assert s.state == "pending" and rt.mem_info()[0] == free0 - s.size
+        s.map_async()  # needed again before the GPU got there: the release is cancelled
+        rt.stream_synchronize(stream)
+        for _ in range(5000):
+            if s.state != "pending":
+                break
+            time.sleep(0.001)
+        word = ctypes.c_uint64()
+        rt.copy_to_host(ctypes.addressof(word), s.address, 8)
+        assert s.state == "mapped" and word.value == vmmrt.fill_word(3, 0)
+        s.release_after(stream)
+        for _ in range(5000):
+            if s.state != "pending":
+                break
+            time.sleep(0.001)
+        assert s.state == "reserved" and rt.mem_info()[0] == free0  # to the driver, not the pool
+        stats = rt.offload_stats()
+        assert stats["slot_bytes"] == 0 and stats["slot_peak_bytes"] == s.size
+        with pytest.raises(vmmrt.Error) as e:
+            s.release_after(stream)
+        assert e.value.name == "VMMRT_E_INVALID_STATE" and "neither mapped" in str(e.value)
+        s.destroy()
+        rt.stream_destroy(stream)

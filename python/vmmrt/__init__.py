@@ -370,6 +370,21 @@ class Slot:
     def unmap(self):
         check(self._rt._lib.vmmrt_slot_unmap(self._s), "vmmrt_slot_unmap")
 
+    # -- stream-ordered backing (vmmrt_slot_map_async(3)): none waits for the GPU
+    def map_async(self):
+        """Queue a map on the slot's driver worker and return; nothing if it is mapped
+        or a map is queued. A release not run yet is cancelled (memory and bytes stay)."""
+        check(self._rt._lib.vmmrt_slot_map_async(self._s), "vmmrt_slot_map_async")
+
+    def wait(self):
+        """Wait (bounded by the runtime's timeout) for the maps queued so far; raises their failure."""
+        check(self._rt._lib.vmmrt_slot_wait(self._s), "vmmrt_slot_wait")
+
+    def release_after(self, stream=None):
+        """Release the memory, to the driver, once the work enqueued on stream so far has
+        completed (a stream-ordered free); returns at once."""
+        check(self._rt._lib.vmmrt_slot_release_after(self._s, _stream(stream)), "vmmrt_slot_release_after")
+
     def destroy(self):
         if self._s is not None:
             check(self._rt._lib.vmmrt_slot_destroy(self._s), "vmmrt_slot_destroy")

@@ -66,7 +66,8 @@ class OffloadStats(Structure):
                 # since 0.3.0
                 ("schedule_declared", c_uint32), ("lookahead_in_force", c_uint32),
                 ("banks", c_uint32), ("budget_groups", c_uint32), ("bound_bytes", c_uint64),
-                ("aborts", c_uint64), ("retired_groups", c_uint32)]
+                ("aborts", c_uint64), ("retired_groups", c_uint32),
+                ("slot_bytes", c_uint64), ("slot_peak_bytes", c_uint64)]
 
 
 class ScheduleStep(Structure):
@@ -110,6 +111,9 @@ _PROTOTYPES = {
     "vmmrt_slot_size": (c_size_t, [handle]),
     "vmmrt_slot_get_state": (c_int, [handle]),
     "vmmrt_slot_error": (status_t, [handle]),
+    "vmmrt_slot_map_async": (status_t, [handle]),
+    "vmmrt_slot_wait": (status_t, [handle]),
+    "vmmrt_slot_release_after": (status_t, [handle, vmmrt_stream]),
     "vmmrt_stream_create": (status_t, [handle, _P(vmmrt_stream)]),
     "vmmrt_stream_destroy": (status_t, [handle, vmmrt_stream]),
     "vmmrt_stream_synchronize": (status_t, [handle, vmmrt_stream]),
@@ -167,7 +171,8 @@ _PROTOTYPES = {
 # missing one is replaced by a function that says so (VMMRT_E_NOT_SUPPORTED),
 # so the rest of the binding still loads.
 _SINCE = {name: "0.3.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offload_abort",
-                                     "vmmrt_group_rediscover", "vmmrt_offload_release_retired")}
+                                     "vmmrt_group_rediscover", "vmmrt_offload_release_retired",
+                                     "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after")}
 
 
 class _Missing:

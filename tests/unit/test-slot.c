@@ -263,6 +263,37 @@ static void destroy_with_requests_in_flight(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* The application's slots give their memory back to the driver, whatever
+ * the handle pool and remap's handle reuse keep for the library's own. */
+static void unmap_gives_memory_back_with_a_pool(void **state)
+{
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"host_capacity", "64M", "mode", "remap", "handle_pool",
+							       "4", "handle_reuse", "1", NULL});
+	vmmrt_slot *s, *own;
+	vmmrt__slot_pool_stats ps;
+	assert_int_equal(vmmrt_slot_create(rt, 4 * MiB, &s), VMMRT_OK);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+		assert_int_equal(used(rt), 4 * MiB);
+		assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+		assert_int_equal(used(rt), 0);
+	}
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(used(rt), 0);
+	vmmrt__slot_pools_stats(rt->workers, &ps);
+	assert_int_equal(ps.pool_handles, 0);
+	assert_int_equal(ps.pool_hits, 0);
+	/* The library's own slot still pools (test-worker: pool_reuses_handles). */
+	assert_int_equal(vmmrt__slot_reserve(rt, 4 * MiB, &own), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(own), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_unmap(own), VMMRT_OK);
+	vmmrt__slot_pools_stats(rt->workers, &ps);
+	assert_int_equal(ps.pool_handles, 1);
+	assert_int_equal(vmmrt_slot_destroy(own), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -274,6 +305,7 @@ int main(void)
 		cmocka_unit_test(only_workers_make_vmm_calls),
 		cmocka_unit_test(api_refuses_host_functions),
 		cmocka_unit_test(destroy_with_requests_in_flight),
+		cmocka_unit_test(unmap_gives_memory_back_with_a_pool),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }

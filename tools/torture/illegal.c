@@ -324,6 +324,8 @@ static void probe_fn(void *arg)
 	} while (0)
 	P(vmmrt_slot_map(s->input));
 	P(vmmrt_slot_unmap(s->input));
+	P(vmmrt_slot_map_async(s->input));
+	P(vmmrt_slot_release_after(s->input, s->compute));
 	P(vmmrt_slot_destroy(s->results));
 	P(vmmrt_slot_create(s->rt, 4096, &x));
 	P(vmmrt_stream_create(s->rt, &st));
@@ -339,6 +341,7 @@ static void probe_fn(void *arg)
 	P(vmmrt_kernel_fill(s->rt, s->compute, vmmrt_slot_address(s->input), 8, 1));
 	P(vmmrt_graph_launch(s->rt, g->fwd, s->compute));
 	P(vmmrt_host_alloc(s->rt, 64, &hp));
+	P(vmmrt_slot_wait(s->input));
 	P(vmmrt_runtime_destroy(s->rt));
 	P(vmmrt_runtime_create(NULL, &rt2));
 	P(vmmrt_graph_destroy(s->rt, g->bwd));

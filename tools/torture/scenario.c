@@ -1028,6 +1028,8 @@ static run_end run_iterations(scen *s)
 		}
 		if (chance(r, 0.05))
 			illegal_slots(s);
+		if (chance(r, 0.05))
+			slot_backing(s);
 		if (chance(r, 0.03) && !s->cuda)
 			illegal_handles(s);
 		if (s->errored)

@@ -28,7 +28,7 @@ typedef struct grp {
 } grp;
 
 /* Calls made from inside a host function on the compute stream. */
-#define HOSTFN_CALLS 20
+#define HOSTFN_CALLS 23
 typedef struct hostfn_probe {
 	struct scen *s;
 	_Atomic int ran;
@@ -129,5 +129,9 @@ void illegal_hooks(scen *s, unsigned it, unsigned pos);
 void illegal_open_hook(scen *s, unsigned gi, bool backward);
 void hostfn_probe_launch(scen *s);
 void hostfn_probe_check(scen *s);
+
+/* slots.c */
+/* Random cycles of stream-ordered backing on slots of the application's own. */
+void slot_backing(scen *s);
 
 #endif

@@ -79,6 +79,7 @@ typedef struct totals {
 	_Atomic uint64_t shutdowns_mid_run, destroys_in_flight;
 	_Atomic uint64_t schedules_interleaved, schedules_declared; /* scenarios of each */
 	_Atomic uint64_t aborts, recoveries, rediscoveries;  /* aborts: all; recoveries: after a failed hook */
+	_Atomic uint64_t slot_cycles;                  /* stream-ordered slot cycles verified (slots.c) */
 } totals;
 
 extern totals T;

@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+/*
+ * Stream-ordered backing of the application's own slots, between
+ * iterations: a few slots and a stream of their own, and random cycles of
+ * map (vmmrt_slot_map_async, vmmrt_slot_wait), fill, compute for a random
+ * while over the fill, checksum, and release after the stream
+ * (vmmrt_slot_release_after), so that a release runs before the slot's next
+ * map or is overtaken by it as the timing falls. Some cycles release right
+ * after the fill and map again before the stream may pass the release (the
+ * stream waits on a host word until then): the computation must then find
+ * the fill's bytes, which a release that ran anyway would have taken (new
+ * memory, or on the host backend a fault).
+ *
+ * Checked: every cycle's checksum; the slots' memory is what slot_bytes
+ * says once the releases have run, and none is left after destroy (the
+ * scenario's end checks the handles too); a map never leaves a slot
+ * unmapped. Injected faults end the cycles with a named error, as anywhere.
+ */
+#include "config.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "driver.h"
+#include "runtime.h"
+#include "scenario.h"
+
+#define NSLOTS 3
+#define NCYCLES 24
+
+typedef struct slots_run {
+	scen *s;
+	vmmrt_stream st;
+	vmmrt_slot *x[NSLOTS], *res;
+	unsigned n;
+	uint32_t *gate;          /* pinned: the stream waits until it reaches gate_at */
+	vmmrt_devptr gate_dev;
+	uint32_t gate_at;
+	uint64_t want[NCYCLES];
+	bool launched[NCYCLES];
+} slots_run;
+
+#define OK(r, what, call) s_ok((r)->s, API((r)->s, what, call), what)
+
+static uint64_t slot_bytes(scen *s)
+{
+	vmmrt_offload_stats st = {.size = sizeof(st)};
+	return vmmrt_offload_stats_get(s->rt, &st) == VMMRT_OK ? st.slot_bytes : UINT64_MAX;
+}
+
+static bool setup(slots_run *r)
+{
+	scen *s = r->s;
+	void *p = NULL;
+	if (!OK(r, "vmmrt_stream_create", vmmrt_stream_create(s->rt, &r->st)))
+		return false;
+	if (!OK(r, "vmmrt_host_alloc", vmmrt_host_alloc(s->rt, 64, &p)))
+		return false;
+	r->gate = p;
+	__atomic_store_n(r->gate, 0, __ATOMIC_SEQ_CST);
+	if (!OK(r, "host_devptr", vmmrt__drv_host_devptr(s->rt, p, &r->gate_dev)))
+		return false;
+	if (!OK(r, "vmmrt_slot_create", vmmrt_slot_create(s->rt, NCYCLES * 8, &r->res)))
+		return false;
+	if (!OK(r, "vmmrt_slot_map", vmmrt_slot_map(r->res)))
+		return false;
+	t_range_add(vmmrt_slot_address(r->res), vmmrt_slot_size(r->res), s->seed);
+	r->n = (unsigned)rnd_in(&s->r, 1, NSLOTS);
+	for (unsigned k = 0; k < r->n; k++) {
+		size_t bytes = (size_t)rnd_in(&s->r, 1, 2 * s->gran);
+		if (!OK(r, "vmmrt_slot_create", vmmrt_slot_create(s->rt, bytes, &r->x[k])))
+			return false;
+		t_range_add(vmmrt_slot_address(r->x[k]), vmmrt_slot_size(r->x[k]), s->seed);
+	}
+	return true;
+}
+
+/* The map before a use: queued, then waited for on the worker (not the GPU). */
+static bool map(slots_run *r, vmmrt_slot *x)
+{
+	if (!OK(r, "vmmrt_slot_map_async", vmmrt_slot_map_async(x)) || !OK(r, "vmmrt_slot_wait", vmmrt_slot_wait(x)))
+		return false;
+	vmmrt_slot_state now = vmmrt_slot_get_state(x);
+	if (now != VMMRT_SLOT_MAPPED && now != VMMRT_SLOT_PENDING && !fault_causes(&r->s->fc))
+		t_fail(r->s->seed, "slot-state", "slot %p in state %d after vmmrt_slot_wait succeeded", (void *)x, (int)now);
+	return true;
+}
+
+/*
+ * Release right after the fill, then map again while the stream is held on
+ * the gate (so it cannot have passed the release): the release must come to
+ * nothing. The gate opens whatever happens, or the stream would wait for
+ * ever.
+ */
+static bool release_and_map_again(slots_run *r, vmmrt_slot *x)
+{
+	scen *s = r->s;
+	uint32_t at = ++r->gate_at;
+	if (!OK(r, "stream_wait_value32", vmmrt__drv_stream_wait_value32(s->rt, r->st, r->gate_dev, at)))
+		return false;
+	bool ok = OK(r, "vmmrt_slot_release_after", vmmrt_slot_release_after(x, r->st)) && map(r, x);
+	__atomic_store_n(r->gate, at, __ATOMIC_SEQ_CST);
+	return ok;
+}
+
+static bool cycle(slots_run *r, unsigned c)
+{
+	scen *s = r->s;
+	vmmrt_slot *x = r->x[rnd(&s->r) % r->n];
+	vmmrt_devptr va = vmmrt_slot_address(x);
+	size_t n = vmmrt_slot_size(x);
+	uint64_t in = rnd(&s->r), layer = rnd(&s->r);
+	if (!map(r, x))
+		return false;
+	if (!OK(r, "vmmrt_kernel_fill", vmmrt_kernel_fill(s->rt, r->st, va, n, in)))
+		return false;
+	if (chance(&s->r, 0.3) && !release_and_map_again(r, x))
+		return false;
+	/* Over the fill, for a random while: the stream's delay. */
+	uint64_t ns = rnd_in(&s->r, 0, 3000000);
+	if (!OK(r, "vmmrt_kernel_layer", vmmrt_kernel_layer(s->rt, r->st, va, va, n, layer, ns)) ||
+	    !OK(r, "vmmrt_kernel_checksum",
+		vmmrt_kernel_checksum(s->rt, r->st, va, n, vmmrt_slot_address(r->res) + 8 * (vmmrt_devptr)c)))
+		return false;
+	r->want[c] = vmmrt_layer_checksum_host(n, in, layer);
+	r->launched[c] = true;
+	if (chance(&s->r, 0.6) && !OK(r, "vmmrt_slot_release_after", vmmrt_slot_release_after(x, r->st)))
+		return false;
+	if (chance(&s->r, 0.1)) {
+		struct timespec ts = {0, (long)rnd_in(&s->r, 100000, 4000000)}; /* the GPU catches up, or not */
+		nanosleep(&ts, NULL);
+	}
+	return true;
+}
+
+/* Until the releases waiting for their events have run (bounded). */
+static void settle(slots_run *r)
+{
+	uint64_t deadline = t_now_ns() + ((uint64_t)cfg.timeout_ms + 5000) * 1000000ull;
+	for (unsigned k = 0; k < r->n; k++)
+		while (r->x[k] && vmmrt_slot_get_state(r->x[k]) == VMMRT_SLOT_PENDING && t_now_ns() < deadline) {
+			struct timespec ts = {0, 200000};
+			nanosleep(&ts, NULL);
+		}
+}
+
+static void verify(slots_run *r)
+{
+	scen *s = r->s;
+	uint64_t got[NCYCLES];
+	if (!OK(r, "vmmrt_copy_to_host", vmmrt_copy_to_host(s->rt, got, vmmrt_slot_address(r->res), 8 * NCYCLES)))
+		return;
+	for (unsigned c = 0; c < NCYCLES; c++) {
+		if (!r->launched[c])
+			continue;
+		if (got[c] == r->want[c]) {
+			atomic_fetch_add_explicit(&T.slot_cycles, 1, memory_order_relaxed);
+			continue;
+		}
+		atomic_fetch_add_explicit(&T.corrupted, 1, memory_order_relaxed);
+		t_fail(s->seed, "corrupted",
+		       "slot cycle %u: checksum %016" PRIx64 ", want %016" PRIx64 " (a release that a later map "
+		       "should have cancelled, or one that did not wait for its stream)", c, got[c], r->want[c]);
+	}
+}
+
+static void destroy(slots_run *r, vmmrt_slot *x)
+{
+	scen *s = r->s;
+	vmmrt_devptr va = vmmrt_slot_address(x);
+	if (OK(r, "vmmrt_slot_destroy", vmmrt_slot_destroy(x)))
+		t_range_del(va);
+	else if (s->nleft < 4)
+		s->leftover[s->nleft++] = x; /* still live: destroyed again at the end */
+}
+
+void slot_backing(scen *s)
+{
+	if (s->errored)
+		return;
+	slots_run r = {.s = s};
+	uint64_t base = slot_bytes(s); /* the scenario's input and results slots */
+	unsigned cycles = (unsigned)rnd_in(&s->r, 4, NCYCLES);
+	bool ready = setup(&r); /* the results slot mapped, among the rest */
+	for (unsigned c = 0; ready && c < cycles && cycle(&r, c); c++)
+		;
+	/* From here on, clean-up: nothing injected, and everything checked. */
+	s_quiet(s, true);
+	bool drained = !r.st || OK(&r, "vmmrt_stream_synchronize", vmmrt_stream_synchronize(s->rt, r.st));
+	settle(&r);
+	if (drained && ready)
+		verify(&r);
+	if (ready && !s->errored && !fault_causes(&s->fc)) {
+		uint64_t mapped = 0, now = slot_bytes(s);
+		for (unsigned k = 0; k < r.n; k++)
+			if (vmmrt_slot_get_state(r.x[k]) == VMMRT_SLOT_MAPPED)
+				mapped += vmmrt_slot_size(r.x[k]);
+		if (now != base + vmmrt_slot_size(r.res) + mapped)
+			t_fail(s->seed, "slot-bytes", "slot_bytes %" PRIu64 ", want %" PRIu64 " (before %" PRIu64
+			       ", results %zu, mapped %" PRIu64 ")", now, base + vmmrt_slot_size(r.res) + mapped, base,
+			       vmmrt_slot_size(r.res), mapped);
+	}
+	if (drained) {
+		for (unsigned k = 0; k < r.n; k++)
+			if (r.x[k])
+				destroy(&r, r.x[k]);
+		if (r.res)
+			destroy(&r, r.res);
+		if (!s->errored && !fault_causes(&s->fc) && slot_bytes(s) != base)
+			t_fail(s->seed, "slot-bytes", "slot_bytes %" PRIu64 " after destroy, %" PRIu64 " before",
+			       slot_bytes(s), base);
+	}
+	if (r.gate && drained) /* the stream may still wait on it otherwise */
+		(void)vmmrt_host_free(s->rt, r.gate);
+	if (r.st && drained)
+		(void)OK(&r, "vmmrt_stream_destroy", vmmrt_stream_destroy(s->rt, r.st));
+	s_quiet(s, false);
+}
