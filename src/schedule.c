@@ -25,6 +25,9 @@
 
 static void clear_positions(vmmrt__schedule *s)
 {
+	/* A schedule of no uses has no position arrays (schedule_init). */
+	if (!s->pos_f)
+		return;
 	for (unsigned i = 0; i < s->ngroups; i++)
 		s->pos_f[i] = s->pos_b[i] = VMMRT_NO_POS;
 }

@@ -281,6 +281,9 @@ static void declared_schedule_errors(void **state)
 	assert_int_equal(vmmrt_group_create(rt, "b", &b), VMMRT_OK);
 	assert_int_equal(vmmrt_group_discover(a, &d), VMMRT_OK);
 	assert_int_equal(vmmrt_group_discover(b, &d), VMMRT_OK);
+	/* No steps: forgets a declared order (it wrote through arrays a
+	 * schedule of no uses never has). */
+	assert_int_equal(vmmrt_offload_set_schedule(rt, NULL, 0), VMMRT_OK);
 	vmmrt_schedule_step bad_order[] = {{a, 0}, {b, 1}, {b, 0}, {a, 1}};
 	assert_int_equal(vmmrt_offload_set_schedule(rt, bad_order, 4), VMMRT_E_INVALID_STATE);
 	assert_non_null(strstr(vmmrt_last_error(), "before its forward"));
@@ -314,6 +317,35 @@ static void declared_schedule_errors(void **state)
 	assert_int_equal(vmmrt_backward_end(a, c), VMMRT_OK);
 	assert_int_equal(vmmrt_backward_begin(b, c), VMMRT_OK);
 	assert_int_equal(vmmrt_backward_end(b, c), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+/* Groups that move nothing (a layer whose every tensor stays): an empty
+ * order is theirs, and the hooks do nothing. */
+static void empty_schedule_of_groups_without_tensors(void **state)
+{
+	(void)state;
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"lookahead", "1", NULL});
+	vmmrt_group *a, *b;
+	assert_int_equal(vmmrt_group_create(rt, "a", &a), VMMRT_OK);
+	assert_int_equal(vmmrt_group_create(rt, "b", &b), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_set_schedule(rt, NULL, 0), VMMRT_OK);
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
+	vmmrt_stream c;
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	for (int it = 0; it < 2; it++) {
+		assert_int_equal(vmmrt_forward_begin(a, c), VMMRT_OK);
+		assert_int_equal(vmmrt_forward_end(a, c), VMMRT_OK);
+		assert_int_equal(vmmrt_forward_begin(b, c), VMMRT_OK);
+		assert_int_equal(vmmrt_forward_end(b, c), VMMRT_OK);
+		assert_int_equal(vmmrt_backward_begin(b, c), VMMRT_OK);
+		assert_int_equal(vmmrt_backward_end(b, c), VMMRT_OK);
+		assert_int_equal(vmmrt_backward_begin(a, c), VMMRT_OK);
+		assert_int_equal(vmmrt_backward_end(a, c), VMMRT_OK);
+	}
 	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
@@ -611,6 +643,7 @@ int main(void)
 		cmocka_unit_test(naive_bank_assignment_is_caught),
 		cmocka_unit_test(recorded_order_is_followed),
 		cmocka_unit_test(declared_schedule_errors),
+		cmocka_unit_test(empty_schedule_of_groups_without_tensors),
 		cmocka_unit_test(abort_at_every_phase),
 		cmocka_unit_test(abort_after_a_failed_hook),
 		cmocka_unit_test(skipped_abort_reset_is_caught),
