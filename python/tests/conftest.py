@@ -76,6 +76,10 @@ def pair():
         base = zoo_layers(n)
         ref = copy.deepcopy(base)
         kw.setdefault("min_bytes", 0)
+        if mode == "none":
+            # what stays goes to resident slots of at least half a granule:
+            # small granules, so that these small layers have them
+            kw.setdefault("options", {"host_granularity": 4096})
         g = vt.make_graphed_callables(tuple(base), samples(n), graphs=False, mode=mode, lookahead=lookahead, **kw)
         return g, ref, base
     return make

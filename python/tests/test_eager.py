@@ -30,9 +30,12 @@ def test_round_trip_is_bitwise(pair, mode, lookahead):
             m.zero_grad(set_to_none=True)
     off.sync()
     s = off.stats()
-    assert s["iterations"] == 3 and s["schedule_recorded"] == 1
     if mode != "none":
+        assert s["iterations"] == 3 and s["schedule_recorded"] == 1
         assert s["bytes_offloaded"] > 0 and s["bytes_restored"] > 0
+    else:
+        # nothing moves: what the layers save is born in their resident slots
+        assert s["bytes_offloaded"] == 0 and off.placement()["resident"] > 0
 
 
 def test_gradients_accumulate_over_microbatches(pair):

@@ -32,9 +32,9 @@ def layer_grads(off):
 
 def wait_state(slot, want, timeout=5.0):
     t0 = time.monotonic()
-    while slot.state() != want and time.monotonic() - t0 < timeout:
+    while slot.state != want and time.monotonic() - t0 < timeout:
         time.sleep(0.002)
-    return slot.state()
+    return slot.state
 
 
 def zero(layers, set_to_none):
@@ -73,7 +73,7 @@ def test_memory_comes_back_when_grad_is_freed_and_not_before():
     zero(base, True)
     off.sync()
     time.sleep(0.05)
-    assert gr.backing.live == 1 and gr.backing.slot.state() == "mapped"
+    assert gr.backing.live == 1 and gr.backing.slot.state == "mapped"
     assert torch.isfinite(keep).all()
     del keep
     assert gr.backing.live == 0
@@ -81,7 +81,7 @@ def test_memory_comes_back_when_grad_is_freed_and_not_before():
     assert wait_state(gr.backing.slot, "reserved") == "reserved"
     # mapped again for the next backward, at the same address
     step(g, x, torch.randn(2, 8, 32))
-    assert gr.backing.slot.state() == "mapped"
+    assert gr.backing.slot.state == "mapped"
     assert next(base[0].parameters()).grad.data_ptr() >= gr.backing.address
 
 

@@ -43,6 +43,10 @@ def graphed(base, order, mode="pingpong", lookahead=1, **kw):
     lay = pipeline.Layout(order, len(base), kw.get("layers_per_chunk"))
     samples = tuple((torch.randn(*SHAPE, requires_grad=True),) for _ in range(lay.n_runners))
     kw.setdefault("min_bytes", 0)
+    if mode == "none":
+        # what stays goes to resident slots of at least half a granule: small
+        # granules, so that these small layers have them
+        kw.setdefault("options", {"host_granularity": 4096})
     return vt.make_graphed_callables(tuple(base), samples, graphs=False, order=order, mode=mode,
                                      lookahead=lookahead, **kw)
 
@@ -179,11 +183,14 @@ def test_1f1b_gradients_are_those_of_sequential_microbatches(mode, p, m, lookahe
             off.runtime.offload_stats_reset()      # the steady state from here
     off.sync()
     s = off.stats()
-    assert s["iterations"] == 3 and s["schedule_declared"] == 1 and s["aborts"] == 0
-    every = 3 * m * off.runtime.info()["granularity"]          # what none holds: every runner's group
+    every = 3 * m * off.runtime.info()["granularity"]          # every runner's group
     if mode == "none":
-        assert s["bytes_offloaded"] == 0 and s["activation_bytes"] >= sum(off.group_bytes())
+        # Nothing moves: every runner's saved tensors are born in its resident
+        # slot, mapped for its forward and released after its backward.
+        assert s["bytes_offloaded"] == 0 and sum(off.group_bytes()) == 0
+        assert off.placement()["resident"] > 0 and off.placement()["pool"] == 0
     else:
+        assert s["iterations"] == 3 and s["schedule_declared"] == 1 and s["aborts"] == 0
         assert s["bytes_offloaded"] > 0 and s["bytes_restored"] > 0
         assert s["activation_peak_bytes"] <= s["bound_bytes"] < every
     if mode == "pingpong":
@@ -300,7 +307,8 @@ def test_abort_mid_iteration_then_an_iteration_as_any_other(mode, where):
         zero(base, ref)
     off.sync()
     s = off.stats()
-    assert s["aborts"] == 1 and s["iterations"] == 2
+    if mode != "none":                 # (none moves nothing: the library has no iteration to count)
+        assert s["aborts"] == 1 and s["iterations"] == 2
     off.close()
 
 

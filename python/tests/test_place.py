@@ -4,6 +4,7 @@ with the host backend's eager offload: the op that allocates a saved storage
 writes it in the slot, the gradients stay bitwise, and what cannot be placed
 is copied as before, with the reason."""
 import copy
+import time
 
 import pytest
 import torch
@@ -41,6 +42,8 @@ def test_births_are_the_ops_that_allocate():
 
 def _eager(layers, mode="pingpong", shape=(2, 8, 32), **kw):
     kw.setdefault("min_bytes", 0)
+    if mode == "none":
+        kw.setdefault("options", {"host_granularity": 4096})   # resident slots for small layers
     return vt.make_graphed_callables(tuple(layers), samples(len(layers), shape), graphs=False, mode=mode, **kw)
 
 
@@ -57,9 +60,14 @@ def test_saved_tensors_are_born_in_their_slots_and_gradients_stay_bitwise(mode):
         step(g, x, gy)
         step(ref, x.detach().clone().requires_grad_(), gy)
         assert same(grads(base), grads(ref))
-    p = vt.offload_of(g[0]).placement()
-    moved = vt.offload_of(g[0]).saved_bytes()["moved"]
+    off = vt.offload_of(g[0])
+    p = off.placement()
+    moved = off.saved_bytes()["moved"]
     assert p["placed"] + p["copied"] + p["copy"] == moved
+    if mode == "none":
+        # nothing moves: what the layers save is born in their resident slots
+        assert moved == 0 and p["resident"] > 0.85 * off.saved_bytes()["distinct"]
+        return
     # Each layer's input was allocated before the layer ran (and a scalar
     # made from a Python number, outside the dispatcher): the only copies.
     assert p["placed"] > 0.85 * moved
@@ -127,3 +135,30 @@ def test_a_storage_saved_in_part_is_copied_and_says_why():
     assert p["placed"] == 8 * 32 * 4
     assert any("cover 4096 of the storage's 16384 bytes" in w for w in p["why"]), p["why"]
     assert "born there" in off.describe()
+
+
+def test_kept_tensors_live_in_a_resident_slot_only_from_forward_to_backward():
+    """What stays on the device (mode "none" here; the planner's or the
+    fraction's leftovers alike) is born in the layer's resident slot, mapped
+    for the forward and given back after the backward, as eager frees it."""
+    base = zoo_layers(2)
+    ref = copy.deepcopy(base)
+    g = _eager(base, "none")
+    off = vt.offload_of(g[0])
+    res = [lay.resident for lay in off.layers]
+    assert all(b is not None for b in res)
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    gy = torch.randn(2, 8, 32)
+    for it in range(2):
+        y = g[1](g[0](x))
+        assert all(b.slot.state == "mapped" for b in res)
+        (y * gy).sum().backward()
+        step(ref, x.detach().clone().requires_grad_(), gy)
+        assert same(grads(base), grads(ref)), it
+        off.runtime.stream_synchronize(None)
+        t0 = time.monotonic()
+        while any(b.slot.state != "reserved" for b in res) and time.monotonic() - t0 < 5:
+            time.sleep(0.002)
+        assert all(b.slot.state == "reserved" for b in res), [b.slot.state for b in res]
+        for m in base + ref:
+            m.zero_grad(set_to_none=True)

@@ -29,9 +29,6 @@ from vmmrt.torch import _address, _compat, place
 from vmmrt.torch.backing import Backing
 from vmmrt.torch.saved import REGION_ALIGN, Recorder
 
-# Kept regions smaller than this in all stay in the pool: a slot is mapped
-# in whole granules (2 MiB on the H200), and a map and a release per step.
-RESIDENT_MIN_BYTES = 1 << 20
 
 
 def _kernel_copy(region, ptr, device):
@@ -254,7 +251,9 @@ class LayerOffload:
             total += (-total) % REGION_ALIGN
             r.resident = total
             total += r.nbytes
-        if total < RESIDENT_MIN_BYTES:
+        # A slot is mapped in whole granules (2 MiB on the H200), with a map
+        # and a release per step: less than half a granule stays in the pool.
+        if not total or total < self.offload.granularity // 2:
             for r in cand:
                 r.resident = None
             return

@@ -101,6 +101,7 @@ class Offload:
             self.runtime.close()
             raise
         self.device = device
+        self.granularity = self.runtime.info()["granularity"]
         self.host = self.runtime.backend == "host"
         self.device_type = "cpu" if self.host else "cuda"
         self.mode = self.runtime.mode          # the environment may override what was asked
@@ -322,13 +323,15 @@ class Offload:
         last eager pass), summed over the layers, and per layer: "placed"
         (born at the fixed address: no copy, no room in the pool), "copied"
         (computed, then copied in right away: the op has no out= variant),
-        "copy" (copied at the end of the forward, as before), with the reasons
-        ("why": reason -> bytes). See :mod:`vmmrt.torch.place`."""
-        out = {"placed": 0, "copied": 0, "copy": 0, "why": {}, "layers": {}}
+        "copy" (copied at the end of the forward, as before); of the kept
+        ones, "resident" (born in the layer's resident slot, released after its
+        backward) and "pool" (left where they were allocated); with the
+        reasons ("why": reason -> bytes). See :mod:`vmmrt.torch.place`."""
+        out = {"placed": 0, "copied": 0, "copy": 0, "resident": 0, "pool": 0, "why": {}, "layers": {}}
         for lay in self.layers:
             p = lay.placement()
             out["layers"][lay.name] = p
-            for k in ("placed", "copied", "copy"):
+            for k in ("placed", "copied", "copy", "resident", "pool"):
                 out[k] += p[k]
             for why, n in p["why"].items():
                 out["why"][why] = out["why"].get(why, 0) + n
@@ -341,15 +344,16 @@ class Offload:
                 % (self.mode, self.lookahead, len(self.layers), b["views"] / mib, b["distinct"] / mib,
                    b["moved"] / mib))
         p = self.placement()
-        if p["placed"] or p["copied"] or p["copy"]:
+        if p["placed"] or p["copied"] or p["copy"] or p["resident"] or p["pool"]:
             text += ("; in their slots: %.1f MiB born there, %.1f MiB copied in by their op, %.1f MiB copied at "
-                     "the end of the forward" % (p["placed"] / mib, p["copied"] / mib, p["copy"] / mib))
+                     "the end of the forward; kept: %.1f MiB born in resident slots, %.1f MiB in the pool"
+                     % (p["placed"] / mib, p["copied"] / mib, p["copy"] / mib, p["resident"] / mib, p["pool"] / mib))
             for why, n in sorted(p["why"].items(), key=lambda kv: -kv[1]):
                 text += "\n  copied %.1f MiB: %s" % (n / mib, why)
         res = [lay.resident.nbytes for lay in self.layers if lay.resident is not None]
         if res:
-            text += ("; %.1f MiB kept in resident slots of %d layers (mapped for the forward, released after the "
-                     "backward)" % (sum(res) / mib, len(res)))
+            text += (" (resident slots of %d layers: mapped for the forward, released after the backward)"
+                     % len(res))
         gr = {id(lay.grads): lay.grads for lay in self.layers if getattr(lay, "grads", None) is not None}
         if gr:
             mapped = [g for g in gr.values() if g.mapped]

@@ -193,6 +193,9 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
             out = self._place(func, key, args, kwargs, want, sig)
         else:
             out = func(*args, **kwargs)
+        if isinstance(out, (bool, int, float, complex)) and len(func._schema.returns) == 1 and \
+                str(func._schema.returns[0].type) == "Tensor":
+            out = _rewrap(func, args, kwargs, out)
         for k, t in _fresh(func, out):
             if t.device.type == self.device_type:
                 ptr = _compat.storage_of(t)[0]
@@ -265,6 +268,19 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         if vals is not None:
             out = tuple(vals) if isinstance(out, tuple) else vals
         return out
+
+
+def _rewrap(func, args, kwargs, out):
+    """torch 1.13 hands an op of a wrapped number (a Python scalar autograd
+    saved) back from Python dispatch as the number, which the dispatcher
+    then refuses where a tensor is due: run it as a method, out of sight."""
+    src = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if src is None:
+        return out
+    with quiet():
+        if name_of(func) in ("aten.detach", "aten.alias"):
+            return src.detach()
+        return torch.tensor(out, dtype=src.dtype, device=src.device)
 
 
 def name_of(func):
