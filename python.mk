@@ -37,6 +37,7 @@ vmmrt_py_bench = \
 vmmrt_py_tests = \
 	python/tests/conftest.py \
 	python/tests/vmmrt_tap.py \
+	python/tests/test_bench.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \
