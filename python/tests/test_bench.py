@@ -15,23 +15,23 @@ from vmmrt.torch.bench import loops, modes
 
 
 def test_sampler_sees_a_spike_in_the_middle():
-    """A reading that is high for 30 ms in the middle of 120 ms: only a thread
+    """A reading that is high for 60 ms in the middle of 200 ms: only a thread
     that samples while the work runs sees it (start and stop read low)."""
     t0 = time.perf_counter()
 
     def read():
         t = time.perf_counter() - t0
-        return 500 if 0.04 <= t < 0.07 else 100
+        return 500 if 0.07 <= t < 0.13 else 100
 
     s = memory.PeakSampler(read=read, interval_s=50e-6)
     with s:
-        time.sleep(0.12)
+        time.sleep(0.2)
     assert s.start_bytes == 100 and s.end_bytes == 100
     assert s.peak == 500
     d = s.as_dict()
     assert d["samples"] >= 20 and d["rate_hz"] > 100
-    assert 0 < d["max_gap_s"] < 0.03
-    assert 0.1 <= d["duration_s"] < 5
+    assert 0 < d["max_gap_s"] < 0.06
+    assert 0.2 <= d["duration_s"] < 5
     assert not any(t.name == "vmmrt-peak-sampler" for t in threading.enumerate())
 
 
