@@ -265,6 +265,8 @@ def main(argv=None):
         try:
             import transformers  # noqa: F401
             hf_modes = [m for m in args.hf_modes if m in args.modes] if len(args.layer) > 1 else args.hf_modes
+            if args.device == "cpu":
+                hf_modes = [m for m in hf_modes if m in modes.CPU_MODES]
             sets.append(("hf", "transformers LlamaDecoderLayer (%s)" % transformers.__version__,
                          lambda: llama.hf_layers(args.layers, shape, dev, dtype, args.attention), hf_modes))
         except ImportError as e:
