@@ -31,12 +31,15 @@ vmmrt_py_torch = \
 vmmrt_py_bench = \
 	python/vmmrt/torch/bench/__init__.py \
 	python/vmmrt/torch/bench/__main__.py \
+	python/vmmrt/torch/bench/encoder.py \
 	python/vmmrt/torch/bench/llama.py \
+	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
 	python/vmmrt/torch/bench/report.py
 vmmrt_py_tests = \
 	python/tests/conftest.py \
 	python/tests/vmmrt_tap.py \
+	python/tests/test_bench.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \

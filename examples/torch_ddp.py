@@ -17,7 +17,8 @@ torch.cuda.make_graphed_callables ("graph"), its eager modes (eager-pingpong,
 eager-remap) with the plain layers ("eager"). With deterministic kernels
 (--attention math, the default, or the CPU) they must be bitwise equal, and
 the all-reduced gradients must be the same on every rank. Rank 0 prints one
-table: per mode and rank, the step time (median, CUDA events), the ratio to
+table: per mode and rank, the step time (the benchmark's set_to_none loop:
+zeroing, forward, backward, AdamW's step; median, CUDA events), the ratio to
 the run without offload, driver-level device memory between forward and
 backward (graph pool, caching allocator, libvmmrt, the rest: CUDA context,
 NCCL's buffers), bytes moved per step, the gradients against the reference
@@ -66,7 +67,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 import vmmrt  # noqa: E402
 import vmmrt.torch as vt  # noqa: E402
-from vmmrt.torch.bench import llama, modes  # noqa: E402
+from vmmrt.torch.bench import llama, loops, modes  # noqa: E402
 
 MiB = float(1 << 20)
 # Run in this order: each reference before the modes compared with it (and
@@ -284,12 +285,23 @@ def run_mode(mode, args, d, shape, dtype, refs, x, gy):
     # it ends this process, and torchrun ends the job.
     try:
         ddp = wrap(seq, args, d)
-        built = modes.Built(mode, ddp, off, time.perf_counter() - t0)
+        # The benchmark's step: zero_grad(set_to_none=True), forward, backward
+        # (DDP's all-reduce), AdamW's step; the gradients compared are those
+        # of one step from the first weights.
+        weights = modes.Weights(layers)
+        built = modes.Built(mode, ddp, off, time.perf_counter() - t0, loops.optimizer(modes.parameters(layers)))
         del ddp, seq
         with llama.attention_backend(args.attention):
-            res = modes.measure(built, layers, x, gy, args)
+            res, grads = modes.measure(built, layers, loops.Loop("set_to_none"), [x], [gy], args, weights)
         row.update(res)
         row["ranks_agree"] = ranks_agree(layers, d)
+        ref = row["reference"]
+        if ref is None:
+            refs[mode] = modes.host_copies(grads)
+        elif ref in refs:
+            same, ulp, _ = modes.compare(grads, refs[ref])
+            row["grad_bitwise"], row["grad_max_ulp"] = same, ulp
+        del grads
         modes.teardown(built, layers)
         del built, off, layers
         gc.collect()
@@ -298,13 +310,6 @@ def run_mode(mode, args, d, shape, dtype, refs, x, gy):
               file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(3)
-    grads = row.pop("grads")
-    ref = row["reference"]
-    if ref is None:
-        refs[mode] = grads
-    elif ref in refs:
-        same, ulp = modes.compare(grads, refs[ref])
-        row["grad_bitwise"], row["grad_max_ulp"] = same, ulp
     row.pop("plan", None)
     return row
 

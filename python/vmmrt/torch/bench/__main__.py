@@ -1,13 +1,31 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """python3 -m vmmrt.torch.bench: whole-layer CUDA graphs with CPU activation
-offload on Llama-style decoder layers, against eager, save_on_cpu and
-graph-only, in one run.
+offload, measured as users judge them: training steps with AdamW in the two
+loops people write, driver-level memory over the whole step, against eager,
+save_on_cpu and graph-only, in one run.
+
+Each table is one layer set in one loop (--loop): set_to_none
+(opt.zero_grad(set_to_none=True)) or persistent (.grad kept and zeroed in
+place), --microbatches K per optimizer step. A row per mode: the median step
+time (zeroing, forwards, backwards and the optimizer's step; CUDA events),
+the peak of driver-level used memory over one whole step (a background
+thread sampling cuMemGetInfo, in a step apart from the timed ones; its rate
+is reported), driver-level memory between the last forward and its backward
+with its parts, both against graph-only in the same loop, bytes moved, the
+copy bound, and the gradients of one step from the same weights against the
+loop's reference (graph-only in set_to_none with one microbatch, eager
+otherwise: graph-only's .grad aliases its static buffers). Then issue #20's
+targets and issue #12's, each met or missed by how much.
 
 Default: 6 Llama-3-8B-shaped layers (hidden 4096, ffn 14336, 32 heads / 8 kv
-heads, seq 4096, batch 1, bf16), every mode, then Hugging Face transformers'
-LlamaDecoderLayer in the same shape (graph, pingpong, planner) when
-transformers is installed. --smoke: a tiny shape that runs in seconds (on the
-CPU too, where only the eager modes run, on the host backend).
+heads, seq 4096, batch 1, bf16) written with torch ops, the modes eager,
+save_on_cpu, graph, none, pingpong, remap, planner, both loops; then Hugging
+Face transformers' LlamaDecoderLayer in the same shape (eager, graph,
+pingpong, planner) when transformers is installed. --layer encoder runs
+torch.nn.TransformerEncoderLayer (--preset encoder: issue #20's shape,
+d 4096, ffn 16384, 32 heads, seq 4096, 6 layers). --smoke: a tiny shape that
+runs in seconds (on the CPU too, where only the eager modes run, on the host
+backend).
 """
 import argparse
 import logging
@@ -18,16 +36,23 @@ import time
 import torch
 
 import vmmrt
+import vmmrt.torch as vt
 from vmmrt.torch import planner
-from vmmrt.torch.bench import llama, modes, report
+from vmmrt.torch.bench import encoder, llama, loops, modes, report
 
 MiB = float(1 << 20)
-HF_MODES = ("graph", "pingpong", "planner")
+HF_MODES = ("eager", "graph", "pingpong", "planner")
+LAYERS = ("torch", "hf", "encoder")
+PRESETS = {
+    # issue #20's encoder: torch.nn.TransformerEncoderLayer at d 4096, ffn 16384, 32 heads, seq 4096
+    "encoder": dict(layer="encoder", layers=6, hidden=4096, ffn=16384, heads=32, kv_heads=32, seq=4096),
+}
 
 
-def parse(argv):
+def _parser():
     p = argparse.ArgumentParser(prog="python3 -m vmmrt.torch.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), help="a shape and layer of issue #20 (explicit options win)")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=1)
@@ -36,11 +61,19 @@ def parse(argv):
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
-    p.add_argument("--modes", default=None, help="comma-separated, from: %s (default: all that the device runs)"
-                   % ",".join(modes.MODES))
-    p.add_argument("--layer", choices=("torch", "hf", "both"), default="both",
-                   help="the torch-ops layer, transformers' LlamaDecoderLayer (if installed), or both")
+    p.add_argument("--modes", default=None, help="comma-separated, from: %s (default on CUDA: %s; on the CPU: %s)"
+                   % (",".join(modes.MODES), ",".join(modes.DEFAULT_MODES), ",".join(modes.CPU_MODES)))
+    p.add_argument("--layer", default="torch,hf",
+                   help="comma-separated, from: torch (the torch-ops Llama layer), hf (transformers' "
+                        "LlamaDecoderLayer, if installed), encoder (torch.nn.TransformerEncoderLayer); or all "
+                        "(default: torch,hf)")
     p.add_argument("--hf-modes", default=",".join(HF_MODES), help="modes run with the transformers layer")
+    p.add_argument("--loop", choices=loops.LOOPS + ("both",), default="both",
+                   help="set_to_none: opt.zero_grad(set_to_none=True); persistent: .grad kept across steps and "
+                        "zeroed in place; both: a table each")
+    p.add_argument("--microbatches", type=int, default=1, help="microbatches accumulated per optimizer step")
+    p.add_argument("--grads", default=None,
+                   help="grads= for vmmrt.torch.make_graphed_callables (default: none passed, the library's default)")
     p.add_argument("--fraction", type=float, default=1.0, help="offload fraction of the vmmrt modes (planner: auto)")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--margin", type=float, default=0.9, help="the planner's safety factor")
@@ -48,112 +81,162 @@ def parse(argv):
                    help="math: sdpa's deterministic math backend (gradients compare bitwise)")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2, help="steps before the timed ones, after building")
+    p.add_argument("--sample-us", type=float, default=50.0,
+                   help="the peak sampler's sleep between two readings, in microseconds")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--smoke", action="store_true", help="a tiny shape: seconds, not minutes")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def parse(argv):
+    p = _parser()
+    pre = p.parse_known_args(argv)[0]
+    if pre.preset:
+        p.set_defaults(**PRESETS[pre.preset])
     a = p.parse_args(argv)
     if a.smoke:
         a.layers, a.seq, a.hidden, a.ffn, a.heads, a.kv_heads = 3, 256, 256, 704, 4, 2
         a.iterations, a.warmup = min(a.iterations, 3), 1
         if a.device == "cpu":
+            # Debian's torch multiplies slowly on the CPU: a quarter of the work per layer.
+            a.seq, a.hidden, a.ffn = 128, 128, 352
             a.dtype = "fp32"
-    cpu_modes = ("eager", "save_on_cpu", "eager-pingpong", "eager-remap")
     if a.modes is None:
-        a.modes = list(modes.MODES) if a.device == "cuda" else list(cpu_modes)
+        a.modes = list(modes.DEFAULT_MODES) if a.device == "cuda" else list(modes.CPU_MODES)
     else:
         a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.modes:
         if m not in modes.MODES:
             p.error("unknown mode %r; modes are %s" % (m, ", ".join(modes.MODES)))
-        if a.device == "cpu" and m not in cpu_modes:
-            p.error("mode %r needs CUDA; on the CPU: %s" % (m, ", ".join(cpu_modes)))
+        if a.device == "cpu" and m not in modes.CPU_MODES:
+            p.error("mode %r needs CUDA; on the CPU: %s" % (m, ", ".join(modes.CPU_MODES)))
     a.hf_modes = [m.strip() for m in a.hf_modes.split(",") if m.strip()]
+    a.layer = list(LAYERS) if a.layer == "all" else [x.strip() for x in a.layer.split(",") if x.strip()]
+    for x in a.layer:
+        if x not in LAYERS:
+            p.error("unknown layer %r; layers are %s, or all" % (x, ", ".join(LAYERS)))
+    a.loops = list(loops.LOOPS) if a.loop == "both" else [a.loop]
+    if a.microbatches < 1:
+        p.error("--microbatches must be at least 1")
     return a
 
 
-def run_set(title, make_layers, args, shape, dtype, bw):
-    """Every mode of args.modes on fresh callables over the same layers."""
+def _order(run_modes, ref):
+    """The reference first (the others compare with it as they come), then
+    graph-only (the ratios of the progress lines), then the rest as given."""
+    first = [m for m in (ref, "graph") if m in run_modes]
+    return list(dict.fromkeys(first + list(run_modes)))
+
+
+def run_set(title, make_layers, args, shape, dtype, bw, run_modes):
+    """One layer set: the layers once, then a table per loop."""
     dev = torch.device(args.device)
     layers = make_layers()
+    weights = modes.Weights(layers)
     g = torch.Generator(device="cpu").manual_seed(7)
-    x = torch.randn(shape.batch, shape.seq, shape.hidden, generator=g).to(dev, dtype).requires_grad_()
-    gy = torch.randn(shape.batch, shape.seq, shape.hidden, generator=g).to(dev, dtype)
+    k = args.microbatches
+    dims = (shape.batch, shape.seq, shape.hidden)
+    xs = [torch.randn(*dims, generator=g).to(dev, dtype).requires_grad_() for _ in range(k)]
+    gys = [torch.randn(*dims, generator=g).to(dev, dtype) for _ in range(k)]
 
     def sample():
-        return torch.randn(shape.batch, shape.seq, shape.hidden, device=dev, dtype=dtype, requires_grad=True)
+        return torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True)
 
-    order = sorted(args.run_modes, key=lambda m: m != "graph")  # graph-only first: the reference
-    ref = spread = None
+    out = {"title": title, "loops": {}}
+    for name in args.loops:
+        loop = loops.Loop(name, k)
+        print("\n-- %s, %s" % (title, loop.describe()), flush=True)
+        out["loops"][name] = run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run_modes)
+    del layers
+    return out
+
+
+def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run_modes):
+    """Every mode of run_modes in one loop, on fresh callables over the same layers."""
+    ref_name = loop.reference
+    if ref_name not in run_modes and ref_name == "graph" and "eager" in run_modes:
+        ref_name = "eager"      # eager's gradients are right in every loop
+    if ref_name not in run_modes:
+        ref_name = None
+    order = _order(run_modes, ref_name)
+    ref = None
+    spread = None
     rows = {}
     for i, name in enumerate(order, 1):
         built = None
         try:
             with llama.attention_backend(args.attention):
                 built = modes.build(name, layers, sample, args)
-                row = modes.measure(built, layers, x, gy, args)
-                if name == "graph":
-                    # graph-only's own run-to-run spread (non-deterministic
-                    # kernels such as flash attention's backward): three more runs
-                    spread = 0.0
-                    for _ in range(3):
-                        again = modes.measure(built, layers, x, gy, _one(args))
-                        same, d = modes.compare(again["grads"], row["grads"])
-                        spread = max(spread, 0.0 if same else d)
+                row, grads = modes.measure(built, layers, loop, xs, gys, args, weights)
+                if name == ref_name:
+                    ref = modes.host_copies(grads)
+                    del grads
+                    # The reference's own run-to-run spread (non-deterministic
+                    # kernels such as flash attention's backward): three more steps.
+                    spread = modes.spread(built, layers, loop, xs, gys, weights, ref)
+                    row["grad_reference"] = True
                     row["spread"] = spread
+                else:
+                    same, diff, norm = modes.compare(grads, ref)
+                    del grads
+                    row["grad_bitwise"], row["grad_max_ulp"], row["grad_norm_ratio"] = same, diff, norm
+                    if ref is not None:
+                        row["grad_vs"] = ref_name
+                    if spread is not None and diff is not None:
+                        row["spread"] = spread
+                        row["grad_within_spread"] = bool(same or (spread and diff <= spread))
         except Exception as e:  # a mode that fails is reported, the others still run
             print("[%d/%d] %-14s FAILED: %s: %s" % (i, len(order), name, type(e).__name__, e), flush=True)
-            rows[name] = {"mode": name, "error": "%s: %s" % (type(e).__name__, e), "step_ms": float("nan"),
-                          "build_s": 0.0}
+            rows[name] = {"mode": name, "loop": loop.name, "error": "%s: %s" % (type(e).__name__, e),
+                          "step_ms": float("nan"), "build_s": 0.0}
+            grads = None
             if built is not None:
                 try:
-                    modes.teardown(built, layers)
+                    modes.teardown(built, layers, weights)
                 except Exception:
                     pass
             continue
-        grads = row.pop("grads")
-        if name == "graph" or (ref is None and name == "eager"):
-            ref = grads
-        else:
-            same, diff = modes.compare(grads, ref)
-            row["grad_bitwise"], row["grad_max_ulp"] = same, diff
-            if spread is not None and diff is not None:
-                row["spread"] = spread or 0.0
-                row["grad_within_spread"] = bool(same or (spread and diff <= spread))
         rows[name] = row
         print(report.progress(i, len(order), row, rows.get("graph", {}).get("step_ms")), flush=True)
         if row.get("plan_text"):
             print(row["plan_text"], flush=True)
-        modes.teardown(built, layers)
-    nlayers = len(layers)
-    del layers
-    graph_ms = rows.get("graph", {}).get("step_ms")
-    for r in rows.values():
-        if graph_ms and graph_ms == graph_ms:
-            r["head_tail_ms"] = graph_ms / nlayers
-    ordered = [rows[m] for m in args.run_modes if m in rows]
+        modes.teardown(built, layers, weights)
+    gr = rows.get("graph")
+    if gr and "error" not in gr:
+        for r in rows.values():
+            r["head_tail_ms"] = gr["fwd_bwd_ms"] / len(layers) + gr["zero_ms"] + gr["opt_ms"]
+    ordered = [rows[m] for m in run_modes if m in rows]
     ok = [r for r in ordered if "error" not in r]
-    print(report.table(ok, title, *bw), flush=True)
+    report.ratios(ok)
+    print(report.table(ok, "%s, %s" % (title, loop.describe()), *bw, ref_name=ref_name), flush=True)
     for r in ordered:
         if "error" in r:
             print("  %s: FAILED: %s" % (r["mode"], r["error"]), flush=True)
-    ts = report.targets(ok, bw[0], bw[1], args.fraction >= 1.0, shape.seq) if args.device == "cuda" else []
+    full = args.fraction >= 1.0
+    ts = report.targets_20(ok, bw[0], bw[1], full, loop.name, ref_name)
     if ts:
-        print(report.print_targets(ts, "targets (issue #12):"), flush=True)
-    return {"title": title, "rows": ordered, "targets": ts}
+        print(report.print_targets(ts, "targets of issue #20 (%s loop):" % loop.name), flush=True)
+    t12 = report.targets(ok, bw[0], bw[1], full, shape.seq, ref_name or "the reference")
+    if t12:
+        print(report.print_targets(t12, "targets of issue #12 (%s loop):" % loop.name), flush=True)
+    return {"loop": loop.name, "microbatches": loop.microbatches, "reference": ref_name, "rows": ordered,
+            "targets": ts + t12}
 
 
-def _one(args):
-    class A:
-        pass
-    a = A()
-    a.__dict__.update(vars(args))
-    a.iterations, a.warmup = 1, 0
-    return a
+def _grads_default():
+    """vmmrt.torch.make_graphed_callables' default grads= (what users get)."""
+    import inspect
+    try:
+        return inspect.signature(vt.make_graphed_callables).parameters["grads"].default
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def main(argv=None):
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     shape = llama.Shape(args.hidden, args.ffn, args.heads, args.kv_heads, args.seq, args.batch)
@@ -162,41 +245,51 @@ def main(argv=None):
     probe = 256 << 20 if dev.type == "cuda" else 64 << 20
     bw = planner.measure_bandwidth(dev, probe)
     info = {"torch": torch.__version__, "python": platform.python_version(), "vmmrt": vmmrt.version_string(),
-            "device": torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or "cpu"}
+            "device": torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or "cpu",
+            "grads_default": _grads_default()}
     print("vmmrt.torch.bench: %d layers, %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
           % (args.layers, shape.as_dict(), args.dtype, args.attention, info["device"], info["torch"],
              info["vmmrt"]), flush=True)
     print("libvmmrt's copies (a slot and pinned host memory, %d MiB): D2H %.1f GB/s, H2D %.1f GB/s"
           % (probe >> 20, bw[0], bw[1]), flush=True)
+    print("loops: %s, %d microbatch%s per step, AdamW(lr=1e-4, foreach=True); vmmrt grads=%s"
+          % (", ".join(args.loops), args.microbatches, "" if args.microbatches == 1 else "es",
+             args.grads or "the library's default (%s)" % info["grads_default"]), flush=True)
     doc = {"config": dict(vars(args), shape=shape.as_dict()), "info": info,
            "bandwidth": {"d2h_gbps": bw[0], "h2d_gbps": bw[1]}, "sets": []}
     sets = []
-    if args.layer in ("torch", "both"):
-        sets.append(("torch-ops Llama layer", lambda: llama.torch_layers(args.layers, shape, dev, dtype,
-                                                                            args.attention), args.modes))
-    if args.layer in ("hf", "both"):
+    if "torch" in args.layer:
+        sets.append(("torch", "torch-ops Llama layer",
+                     lambda: llama.torch_layers(args.layers, shape, dev, dtype, args.attention), args.modes))
+    if "hf" in args.layer:
         try:
             import transformers  # noqa: F401
-            hf_modes = [m for m in args.hf_modes if m in args.modes] if args.layer == "both" else args.hf_modes
-            sets.append(("transformers LlamaDecoderLayer (%s)" % transformers.__version__,
+            hf_modes = [m for m in args.hf_modes if m in args.modes] if len(args.layer) > 1 else args.hf_modes
+            if args.device == "cpu":
+                hf_modes = [m for m in hf_modes if m in modes.CPU_MODES]
+            sets.append(("hf", "transformers LlamaDecoderLayer (%s)" % transformers.__version__,
                          lambda: llama.hf_layers(args.layers, shape, dev, dtype, args.attention), hf_modes))
         except ImportError as e:
             print("transformers layer: skipped (%s)" % e, flush=True)
             doc["hf_skipped"] = str(e)
-    for title, make, run_modes in sets:
-        args.run_modes = run_modes
+    if "encoder" in args.layer:
+        sets.append(("encoder", "torch.nn.TransformerEncoderLayer",
+                     lambda: encoder.encoder_layers(args.layers, shape, dev, dtype), args.modes))
+    for kind, title, make, run_modes in sets:
         print("\n== %s: %s" % (title, ", ".join(run_modes)), flush=True)
         try:
-            doc["sets"].append(run_set(title, make, args, shape, dtype, bw))
+            s = run_set(title, make, args, shape, dtype, bw, run_modes)
+            s["layer"] = kind
+            doc["sets"].append(s)
         except Exception as e:
             print("%s: FAILED: %s: %s" % (title, type(e).__name__, e), flush=True)
-            doc["sets"].append({"title": title, "error": "%s: %s" % (type(e).__name__, e)})
+            doc["sets"].append({"title": title, "layer": kind, "error": "%s: %s" % (type(e).__name__, e)})
     doc["wall_s"] = time.perf_counter() - t0
-    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(sys.argv[1:] if argv is None else argv),
-                                                                      doc["wall_s"]), flush=True)
+    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
     if args.json:
         report.dump(args.json, doc)
-    failed = any("error" in s or any("error" in r for r in s.get("rows", [])) for s in doc["sets"])
+    failed = any("error" in s or any("error" in r for lp in s.get("loops", {}).values() for r in lp["rows"])
+                 for s in doc["sets"])
     return 1 if failed else 0
 
 

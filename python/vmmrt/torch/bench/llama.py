@@ -13,6 +13,7 @@ same shape, when transformers is installed.
 """
 import contextlib
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -149,8 +150,12 @@ def init_(layers, seed=1234):
                 if g is None:
                     g = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
                 w = torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32)
-                if name.endswith("norm.weight") or "layernorm" in name:
+                if re.search(r"norm\d*\.weight$", name) or "layernorm" in name:
                     w = 1.0 + 0.1 * w
+                elif name.endswith("bias"):
+                    # (torch's encoder layer has biases; a scale of 1/sqrt(n)
+                    # for n = their length would make them noise)
+                    w *= 0.02
                 else:
                     w /= math.sqrt(p.shape[-1])
                 p.copy_(w)

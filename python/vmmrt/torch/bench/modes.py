@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The benchmark's modes: how each one builds its callables, and one measured run.
 
-Every mode runs the same layers (the same weights), the same input and the
-same gradient of the output; only how the layers run differs:
+Every mode runs the same layers (the same weights, restored before each
+mode and before the step whose gradients are compared), the same inputs and
+the same gradients of the outputs; only how the layers run differs:
 
 eager          the layers as they are
 save_on_cpu    eager under torch.autograd.graph.save_on_cpu(pin_memory=True)
@@ -14,6 +15,9 @@ planner        ... mode "pingpong", offload="auto"
 pingpong-acc   ... mode "pingpong", grads="accumulate" (no static gradient buffers)
 eager-pingpong vmmrt.torch.make_graphed_callables(graphs=False), "pingpong"
 eager-remap    the same, "remap"
+
+The vmmrt graph modes pass no ``grads=`` unless --grads gives one: what the
+library does by default is what its users get.
 """
 import gc
 import statistics
@@ -23,10 +27,18 @@ import torch
 
 import vmmrt.torch as vt
 from vmmrt.torch import memory
+from vmmrt.torch.bench import loops
 
 MODES = ("eager", "save_on_cpu", "graph", "none", "pingpong", "remap", "planner", "pingpong-acc",
          "eager-pingpong", "eager-remap")
+# The default on CUDA: every comparison of issue #20 in one table. The other
+# modes stay available with --modes.
+DEFAULT_MODES = ("eager", "save_on_cpu", "graph", "none", "pingpong", "remap", "planner")
+CPU_MODES = ("eager", "save_on_cpu", "eager-pingpong", "eager-remap")
 GRAPH_MODES = ("graph", "none", "pingpong", "remap", "planner", "pingpong-acc")
+VMMRT_MODES = ("none", "pingpong", "remap", "planner", "pingpong-acc", "eager-pingpong", "eager-remap")
+# The modes whose backward graph hands gradients over, which grads= chooses how.
+_GRADS_MODES = ("none", "pingpong", "remap", "planner")
 
 
 def _vmmrt_kwargs(name, args):
@@ -39,16 +51,56 @@ def _vmmrt_kwargs(name, args):
         kw.update(mode="pingpong", grads="accumulate")
     elif name in ("eager-pingpong", "eager-remap"):
         kw.update(mode=name.split("-")[1], graphs=False)
+    if getattr(args, "grads", None) and name in _GRADS_MODES:
+        kw["grads"] = args.grads
     return kw
 
 
 class Built:
-    def __init__(self, name, run, offload=None, build_s=0.0):
-        self.name, self.run, self.offload, self.build_s = name, run, offload, build_s
+    def __init__(self, name, run, offload=None, build_s=0.0, opt=None):
+        self.name, self.run, self.offload, self.build_s, self.opt = name, run, offload, build_s, opt
+
+
+def parameters(layers):
+    """The layers' trainable parameters, each once, in order."""
+    seen, out = set(), []
+    for m in layers:
+        for p in m.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+class Weights:
+    """The layers' parameters as they were first, on the host (pinned on CUDA,
+    so that restoring costs milliseconds), and put back in place: the graphs
+    replay over the parameters' addresses, so they are copied into, never
+    replaced. Every mode starts from them (the optimizer changes them at each
+    step), and so does the step whose gradients are compared: the gradients
+    of one step from the same weights and inputs, not of steps that drifted."""
+
+    def __init__(self, layers):
+        self.params = parameters(layers)
+        self.saved = [_host_copy(p.detach()) for p in self.params]
+
+    def restore(self):
+        with torch.no_grad():
+            for p, s in zip(self.params, self.saved):
+                p.copy_(s, non_blocking=True)
+        _sync()
+
+
+def _host_copy(t):
+    out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+    out.copy_(t)
+    return out
 
 
 def build(name, layers, make_sample, args):
-    """Callables for mode `name` over `layers`; make_sample() gives a fresh sample argument."""
+    """Callables for mode `name` over `layers`, and the optimizer over their
+    parameters (created after the build: its states appear at the first
+    warm-up step, as in training); make_sample() gives a fresh sample argument."""
     t0 = time.perf_counter()
     off = None
     if name in ("eager", "save_on_cpu"):
@@ -70,7 +122,7 @@ def build(name, layers, make_sample, args):
         return _through(seq, x)
 
     _sync()
-    return Built(name, run, off, time.perf_counter() - t0)
+    return Built(name, run, off, time.perf_counter() - t0, loops.optimizer(parameters(layers)))
 
 
 def _through(seq, x):
@@ -84,7 +136,7 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def teardown(built, layers):
+def teardown(built, layers, weights=None):
     for m in layers:
         m.__dict__.pop("forward", None)
         m.__dict__.pop("vmmrt_offload", None)
@@ -92,6 +144,7 @@ def teardown(built, layers):
     off = built.offload
     built.run = None
     built.offload = None
+    built.opt = None            # its states go with it
     _sync()
     if off is not None:
         off.close()
@@ -101,52 +154,73 @@ def teardown(built, layers):
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    if weights is not None:
+        weights.restore()
 
 
-def _step(run, layers, x, gy):
-    for m in layers:
-        m.zero_grad(set_to_none=True)
-    x.grad = None
-    y = run(x)
-    y.backward(gy)
-    return y
+def grads_of(layers, xs):
+    return [x.grad for x in xs] + [p.grad for p in parameters(layers)]
 
 
-def grads_of(layers, x):
-    return [x.grad] + [p.grad for m in layers for p in m.parameters()]
+class _Marks:
+    """Four points of a step: CUDA events (device time) or perf_counter (CPU)."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.points = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if cuda else [None] * 4
+
+    def callables(self):
+        if self.cuda:
+            return [e.record for e in self.points]
+
+        def mark(i):
+            def f():
+                self.points[i] = time.perf_counter()
+            return f
+        return [mark(i) for i in range(4)]
+
+    def ms(self, a, b):
+        if self.cuda:
+            return self.points[a].elapsed_time(self.points[b])
+        return (self.points[b] - self.points[a]) * 1e3
 
 
-def measure(built, layers, x, gy, args):
-    """Step times (ms), memory between forward and backward, copies, and the
-    gradients of one step (on the host, for comparing modes)."""
-    cuda = torch.cuda.is_available()
+def _median(v):
+    return statistics.median(v) if v else float("nan")
+
+
+def measure(built, layers, loop, xs, gys, args, weights):
+    """One mode in one loop: step times (ms; device events, median), the peak
+    of driver-level memory over a whole step, driver memory between forward
+    and backward, copies; and the gradients of one step from the restored
+    weights (on the device: compare them before the next step)."""
+    dev = xs[0].device
+    cuda = dev.type == "cuda"
+    run, opt, off = built.run, built.opt, built.offload
     for _ in range(args.warmup):
-        _step(built.run, layers, x, gy)
+        loop.step(run, opt, xs, gys)
     _sync()
-    off = built.offload
     if off is not None:
         off.sync()
         before = off.stats()
-    times = []
+    marks = []
     for _ in range(args.iterations):
-        if cuda:
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            _step(built.run, layers, x, gy)
-            e1.record()
-            times.append((e0, e1))
-        else:
-            t0 = time.perf_counter()
-            _step(built.run, layers, x, gy)
-            times.append((time.perf_counter() - t0) * 1e3)
+        m = _Marks(cuda)
+        loop.step(run, opt, xs, gys, marks=m.callables())
+        marks.append(m)
     _sync()
-    ms = [e0.elapsed_time(e1) for e0, e1 in times] if cuda else times
-    res = {"mode": built.name, "build_s": built.build_s, "step_ms": statistics.median(ms),
-           "step_ms_min": min(ms), "step_ms_max": max(ms), "iterations": len(ms)}
+    step = [m.ms(0, 3) for m in marks]
+    res = {"mode": built.name, "loop": loop.name, "microbatches": loop.microbatches, "build_s": built.build_s,
+           "step_ms": _median(step), "step_ms_min": min(step) if step else None,
+           "step_ms_max": max(step) if step else None, "iterations": len(step),
+           "zero_ms": _median([m.ms(0, 1) for m in marks]), "fwd_bwd_ms": _median([m.ms(1, 2) for m in marks]),
+           "opt_ms": _median([m.ms(2, 3) for m in marks])}
+    if built.name in _GRADS_MODES:
+        res["grads_arg"] = getattr(args, "grads", None) or "default"
     if off is not None:
         off.sync()
         after = off.stats()
-        n = max(1, len(ms))
+        n = max(1, len(step))
         res["d2h_bytes_per_step"] = (after["bytes_offloaded"] - before["bytes_offloaded"]) / n
         res["h2d_bytes_per_step"] = (after["bytes_restored"] - before["bytes_restored"]) / n
         res["d2h_gbps"] = after["last_d2h_bytes"] / after["last_d2h_ms"] / 1e6 if after["last_d2h_ms"] else None
@@ -161,20 +235,58 @@ def measure(built, layers, x, gy, args):
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
             res["plan_text"] = off.plan.summary()
-    # One more step, stopped between forward and backward to read the driver.
-    for m in layers:
-        m.zero_grad(set_to_none=True)
-    x.grad = None
-    y = built.run(x)
-    _sync()
-    if off is not None:
-        off.sync()
+    # One whole step (optimizer step included) under the peak sampler, apart
+    # from the timed ones: the sampler takes the GIL and makes driver calls.
+    res["peak"] = None
     if cuda:
-        res["memory"] = memory.snapshot([off] if off is not None else [])
-    y.backward(gy)
+        if off is not None:
+            off.sync()
+        sampler = memory.PeakSampler(dev, interval_s=getattr(args, "sample_us", 50.0) * 1e-6)
+        with sampler:
+            loop.step(run, opt, xs, gys)
+            _sync()
+            if off is not None:
+                off.sync()      # remap's releases after the last backward belong to the step
+        res["peak"] = sampler.as_dict()
+    # The step whose gradients are compared, from the first weights, stopped
+    # after the last microbatch's forward to read the driver's count and its
+    # parts (gradients of earlier microbatches, if any, are held then).
+    weights.restore()
+    snap = {}
+
+    def between():
+        _sync()
+        if off is not None:
+            off.sync()
+        if cuda:
+            snap.update(memory.snapshot([off] if off is not None else [], dev))
+    loop.step(run, opt, xs, gys, between=between)
     _sync()
-    res["grads"] = [g.detach().to("cpu", copy=True) if g is not None else None for g in grads_of(layers, x)]
-    return res
+    res["memory"] = snap or None
+    if off is not None:
+        res["slot_bytes"] = snap.get("slots") if snap else off.stats().get("slot_bytes")
+        res["offload_stats"] = off.stats()
+    return res, grads_of(layers, xs)
+
+
+def spread(built, layers, loop, xs, gys, weights, ref, runs=3):
+    """The reference's own run-to-run difference: its check step again, from
+    the same weights, against its first gradients (non-deterministic kernels,
+    flash attention's backward, differ; math attention does not)."""
+    worst = 0.0
+    for _ in range(runs):
+        weights.restore()
+        loop.step(built.run, built.opt, xs, gys)
+        _sync()
+        same, d, _ = compare(grads_of(layers, xs), ref)
+        worst = max(worst, 0.0 if same else d)
+    return worst
+
+
+def host_copies(grads):
+    """The reference's gradients on the host (pinned on CUDA): they must not
+    take device memory while the other modes are measured."""
+    return [_host_copy(g.detach()) if g is not None else None for g in grads]
 
 
 _MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
@@ -197,16 +309,28 @@ def _ulps(a, b):
 
 
 def compare(grads, ref):
-    """(bitwise equal, largest difference in ulps) of two gradient lists."""
+    """(bitwise equal, largest difference in ulps, ratio of the gradients'
+    norms) of a gradient list against a reference list (on the host: each
+    tensor is moved to the gradient's device and compared there, which takes
+    seconds less than the host would for billions of elements). The norm
+    ratio tells a scaled gradient (2.0: doubled) from rounding differences
+    (1.0 to many digits); it is None when the lists are bitwise equal."""
     if ref is None or len(grads) != len(ref):
-        return None, None
+        return None, None, None
     worst, same = 0.0, True
+    num = den = 0.0
     for a, b in zip(grads, ref):
         if (a is None) != (b is None):
-            return False, float("inf")
+            return False, float("inf"), None
         if a is None:
             continue
+        b = b.to(a.device, non_blocking=True)
+        num += torch.linalg.vector_norm(a, dtype=torch.float64).item() ** 2
+        den += torch.linalg.vector_norm(b, dtype=torch.float64).item() ** 2
         if not torch.equal(a, b):
             same = False
             worst = max(worst, _ulps(a, b))
-    return same, worst
+        del b
+    if same:
+        return True, 0.0, None
+    return False, worst, (num / den) ** 0.5 if den else None

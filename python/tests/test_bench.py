@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The benchmark's own machinery on the CPU: the peak sampler, the two
+training loops, the gradient comparison, and one whole run (--smoke) with its
+JSON. The numbers it reports on a GPU are only as good as these."""
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from vmmrt.torch import memory
+from vmmrt.torch.bench import __main__ as bench
+from vmmrt.torch.bench import loops, modes
+
+
+def test_sampler_sees_a_spike_in_the_middle():
+    """A reading that is high for 60 ms in the middle of 200 ms: only a thread
+    that samples while the work runs sees it (start and stop read low)."""
+    t0 = time.perf_counter()
+
+    def read():
+        t = time.perf_counter() - t0
+        return 500 if 0.07 <= t < 0.13 else 100
+
+    s = memory.PeakSampler(read=read, interval_s=50e-6)
+    with s:
+        time.sleep(0.2)
+    assert s.start_bytes == 100 and s.end_bytes == 100
+    assert s.peak == 500
+    d = s.as_dict()
+    assert d["samples"] >= 20 and d["rate_hz"] > 100
+    assert 0 < d["max_gap_s"] < 0.06
+    assert 0.2 <= d["duration_s"] < 5
+    assert not any(t.name == "vmmrt-peak-sampler" for t in threading.enumerate())
+
+
+def test_sampler_restarts_and_refuses_a_second_start():
+    s = memory.PeakSampler(read=lambda: 7)
+    s.start()
+    with pytest.raises(RuntimeError):
+        s.start()
+    assert s.stop() == 7
+    s.start()
+    assert s.stop() == 7 and s.samples >= 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-op is for machines without CUDA")
+def test_sampler_is_a_noop_without_cuda():
+    with memory.PeakSampler() as s:
+        pass
+    assert not s.active
+    assert s.peak is None and s.samples == 0 and s.rate_hz is None
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.a = torch.nn.Linear(d, 2 * d)
+        self.b = torch.nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        return x + self.b(torch.tanh(self.a(x)))
+
+
+def _setup(k, seed=0):
+    torch.manual_seed(seed)
+    layers = [Tiny(), Tiny()]
+    xs = [torch.randn(3, 8, requires_grad=True) for _ in range(k)]
+    gys = [torch.randn(3, 8) for _ in range(k)]
+    return layers, xs, gys, (lambda x: layers[1](layers[0](x)))
+
+
+def _grads(layers, xs):
+    return [g.clone() for g in modes.grads_of(layers, xs)]
+
+
+def test_persistent_loop_zeroes_in_place_and_accumulates_microbatches():
+    layers, xs, gys, run = _setup(2)
+    opt = loops.optimizer(modes.parameters(layers))
+    loop = loops.Loop("persistent", 2)
+    w0 = [p.detach().clone() for p in modes.parameters(layers)]
+    loop.step(run, opt, xs, gys)
+    held = [p.grad for p in modes.parameters(layers)] + [x.grad for x in xs]
+    assert all(g is not None for g in held)
+    assert any(not torch.equal(p, w) for p, w in zip(modes.parameters(layers), w0))  # AdamW stepped
+    w = modes.Weights(layers)                       # the weights this step's gradients come from
+    loop.step(run, opt, xs, gys)
+    # the same tensors, zeroed in place and accumulated again
+    assert all(a is b for a, b in zip(held, [p.grad for p in modes.parameters(layers)] + [x.grad for x in xs]))
+    got = _grads(layers, xs)
+    # the two microbatches' sum, each computed alone from the same weights
+    w.restore()
+    want = None
+    for k in range(2):
+        for p in modes.parameters(layers):
+            p.grad = None
+        xs[k].grad = None
+        run(xs[k]).backward(gys[k])
+        g = [p.grad.clone() for p in modes.parameters(layers)]
+        want = g if want is None else [a + b for a, b in zip(want, g)]
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(got[2:], want))
+
+
+def test_set_to_none_loop_makes_new_gradients():
+    layers, xs, gys, run = _setup(1)
+    opt = loops.optimizer(modes.parameters(layers))
+    loop = loops.Loop("set_to_none", 1)
+    seen = []
+
+    def between():
+        seen.append([p.grad for p in modes.parameters(layers)] + [xs[0].grad])
+    loop.step(run, opt, xs, gys, between=between)
+    first = [p.grad for p in modes.parameters(layers)]
+    loop.step(run, opt, xs, gys, between=between)
+    assert all(g is None for s in seen for g in s)          # no .grad between forward and backward
+    assert all(a is not b for a, b in zip(first, [p.grad for p in modes.parameters(layers)]))
+
+
+def test_references_follow_where_graph_only_is_right():
+    assert loops.reference("set_to_none", 1) == "graph"
+    assert loops.reference("set_to_none", 2) == "eager"
+    assert loops.reference("persistent", 1) == "eager"
+    with pytest.raises(ValueError):
+        loops.Loop("sometimes")
+
+
+def test_compare_tells_doubled_from_rounding():
+    a = [torch.randn(100), torch.randn(5, 5)]
+    same, ulp, norm = modes.compare([t.clone() for t in a], a)
+    assert same and ulp == 0.0 and norm is None
+    same, ulp, norm = modes.compare([2 * t for t in a], a)
+    assert not same and ulp > 0 and abs(norm - 2.0) < 1e-9
+    nudged = [t.clone() for t in a]
+    nudged[0][3] = torch.nextafter(nudged[0][3], torch.tensor(float("inf")))
+    same, ulp, norm = modes.compare(nudged, a)
+    assert not same and ulp == pytest.approx(1.0) and abs(norm - 1.0) < 1e-6
+
+
+def test_weights_restore_in_place():
+    layers, xs, gys, run = _setup(1)
+    w = modes.Weights(layers)
+    before = [(p, p.data_ptr(), p.detach().clone()) for p in w.params]
+    opt = loops.optimizer(w.params)
+    loops.Loop("set_to_none").step(run, opt, xs, gys)
+    w.restore()
+    assert all(p.data_ptr() == ptr and torch.equal(p, v) for p, ptr, v in before)
+
+
+@pytest.mark.parametrize("loop,k", [("both", 1), ("persistent", 2)])
+def test_smoke_run_writes_every_loop(tmp_path, loop, k):
+    out = tmp_path / "bench.json"
+    argv = ["--smoke", "--device", "cpu", "--layer", "torch", "--modes", "eager,eager-pingpong", "--iterations", "2",
+            "--loop", loop, "--microbatches", str(k), "--json", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    (s,) = doc["sets"]
+    want = list(loops.LOOPS) if loop == "both" else [loop]
+    assert sorted(s["loops"]) == sorted(want)
+    for name in want:
+        lp = s["loops"][name]
+        assert lp["reference"] == "eager" and lp["microbatches"] == k
+        rows = {r["mode"]: r for r in lp["rows"]}
+        assert set(rows) == {"eager", "eager-pingpong"}
+        r = rows["eager-pingpong"]
+        for key in ("step_ms", "zero_ms", "fwd_bwd_ms", "opt_ms", "d2h_bytes_per_step", "offload_stats"):
+            assert r[key] is not None, key
+        assert r["iterations"] == 2 and r["loop"] == name
+        # every mode starts from the same weights: the eager offload is bitwise
+        assert r["grad_bitwise"] is True
+        assert any(t["issue"] == 20 and t["met"] and "gradients bitwise" in t["target"] for t in lp["targets"])
+
+
+def test_encoder_layer_offloads_eagerly_on_the_cpu(tmp_path):
+    out = tmp_path / "enc.json"
+    argv = ["--smoke", "--device", "cpu", "--layer", "encoder", "--modes", "eager,eager-pingpong",
+            "--iterations", "1", "--loop", "set_to_none", "--json", str(out)]
+    assert bench.main(argv) == 0
+    (s,) = json.loads(out.read_text())["sets"]
+    rows = {r["mode"]: r for r in s["loops"]["set_to_none"]["rows"]}
+    assert s["layer"] == "encoder" and rows["eager-pingpong"]["grad_bitwise"] is True
+    assert rows["eager-pingpong"]["d2h_bytes_per_step"] > 0
+
+
+def test_preset_sets_the_issue_shape_and_options_win():
+    a = bench.parse(["--preset", "encoder", "--device", "cpu"])
+    assert (a.layer, a.layers, a.hidden, a.ffn, a.heads, a.seq) == (["encoder"], 6, 4096, 16384, 32, 4096)
+    a = bench.parse(["--preset", "encoder", "--device", "cpu", "--layers", "2"])
+    assert a.layers == 2 and a.ffn == 16384

@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The two training loops people write, as the benchmark runs them.
+
+A step is what a user's step costs: the gradients zeroed, K microbatches'
+forward and backward (their gradients accumulate into ``.grad``), then the
+optimizer's step:
+
+set_to_none   ``opt.zero_grad(set_to_none=True)``: no ``.grad`` exists until
+              the first backward of the step makes it (PyTorch 2's default)
+persistent    ``opt.zero_grad(set_to_none=False)``: each ``.grad`` is one
+              tensor kept across steps and zeroed in place (the loop of
+              frameworks that keep gradients in fixed buffers)
+
+The loops differ in what they hold between forward and backward and in what
+torch.cuda.make_graphed_callables gets right: its backward hands autograd a
+static gradient buffer, which AccumulateGrad keeps as ``.grad`` when there
+was none, and the next replay rewrites that buffer before AccumulateGrad
+adds it in again. So once a ``.grad`` outlives a step (persistent) or a
+microbatch (K > 1), graph-only's gradients are wrong (doubled, in the
+persistent loop with one microbatch), and the gradients are checked against
+eager instead (:func:`reference`).
+"""
+import torch
+
+LOOPS = ("set_to_none", "persistent")
+
+
+def optimizer(params):
+    """The optimizer of every mode: AdamW with foreach kernels, as real training
+    runs it, so that its two states per parameter are in the memory measured."""
+    return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+
+
+def reference(loop, microbatches):
+    """The mode whose gradients are right in this loop: graph-only where its
+    .grad never outlives the microbatch that made it, eager otherwise."""
+    return "graph" if loop == "set_to_none" and microbatches == 1 else "eager"
+
+
+class Loop:
+    """One training loop: ``name`` (one of LOOPS) and its microbatches."""
+
+    def __init__(self, name, microbatches=1):
+        if name not in LOOPS:
+            raise ValueError("loop %r is not one of %s" % (name, ", ".join(LOOPS)))
+        if microbatches < 1:
+            raise ValueError("microbatches must be at least 1")
+        self.name = name
+        self.microbatches = microbatches
+        self.reference = reference(name, microbatches)
+
+    def zero(self, opt, xs):
+        """The loop's zeroing of every gradient: the parameters' through the
+        optimizer, and the inputs' (leaves here, as an embedding's output
+        would not be) alike."""
+        if self.name == "set_to_none":
+            opt.zero_grad(set_to_none=True)
+            for x in xs:
+                x.grad = None
+        else:
+            opt.zero_grad(set_to_none=False)
+            for x in xs:
+                if x.grad is not None:
+                    x.grad.zero_()
+
+    def step(self, run, opt, xs, gys, marks=None, between=None):
+        """One optimizer step: zero, then forward and backward of each
+        microbatch (xs[k], gys[k]), then opt.step().
+
+        ``marks``: four callables (or None) called before zeroing, after it,
+        after the last backward and after the optimizer's step (CUDA events'
+        record, for the time of each part). ``between``: called after the
+        last microbatch's forward, before its backward (the memory reading
+        between forward and backward)."""
+        if marks:
+            marks[0]()
+        self.zero(opt, xs)
+        if marks:
+            marks[1]()
+        last = len(xs) - 1
+        for k, (x, gy) in enumerate(zip(xs, gys)):
+            y = run(x)
+            if between is not None and k == last:
+                between()
+            y.backward(gy)
+            del y
+        if marks:
+            marks[2]()
+        opt.step()
+        if marks:
+            marks[3]()
+
+    def describe(self):
+        z = "opt.zero_grad(set_to_none=%s)" % (self.name == "set_to_none")
+        return "%s loop: %s, %d microbatch%s, AdamW" % (self.name, z, self.microbatches,
+                                                       "" if self.microbatches == 1 else "es")
