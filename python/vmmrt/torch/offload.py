@@ -296,11 +296,10 @@ class Offload:
         return [lay.group.nbytes for lay in self.layers]
 
     def device_bytes(self):
-        """Device memory libvmmrt maps now (its driver workers' count): activations
-        offloaded (banks or slots) and, when the library reports them, the
-        slots that come and go (resident activations, gradients)."""
-        st = self.runtime.offload_stats()
-        return st["activation_bytes"] + st.get("slot_bytes", 0)
+        """Device memory libvmmrt maps for offloaded activations now (banks or
+        slots; its driver workers' count). The slots that come and go beside
+        them (resident activations, gradients) are stats()["slot_bytes"]."""
+        return self.runtime.offload_stats()["activation_bytes"]
 
     def expected_bytes(self):
         """What the strategy should hold in the steady state: two banks of the largest

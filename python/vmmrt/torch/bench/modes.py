@@ -253,18 +253,22 @@ def measure(built, layers, loop, xs, gys, args, weights):
     # parts (gradients of earlier microbatches, if any, are held then).
     weights.restore()
     snap = {}
+    slots = {}
 
     def between():
         _sync()
         if off is not None:
             off.sync()
+            slots["between"] = off.stats().get("slot_bytes")
         if cuda:
             snap.update(memory.snapshot([off] if off is not None else [], dev))
     loop.step(run, opt, xs, gys, between=between)
     _sync()
     res["memory"] = snap or None
     if off is not None:
-        res["slot_bytes"] = snap.get("slots") if snap else off.stats().get("slot_bytes")
+        # libvmmrt's own count at the point between forward and backward (the
+        # CPU has no driver snapshot; on CUDA the snapshot's part is the same)
+        res["slot_bytes"] = snap.get("slots") if snap else slots.get("between")
         res["offload_stats"] = off.stats()
     return res, grads_of(layers, xs)
 
