@@ -16,6 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, place
+from vmmrt.torch.grads import quiet_hooks
 from vmmrt.torch.saved import original_error
 
 
@@ -82,11 +83,12 @@ class _EagerLayer(torch.autograd.Function):
         try:
             if outs and wrt:
                 mode = _grad_mode(runner, stream)
-                if mode is not None:
-                    with mode:
+                with quiet_hooks(runner.params):
+                    if mode is not None:
+                        with mode:
+                            res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
+                    else:
                         res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
-                else:
-                    res = torch.autograd.grad(outs, wrt, gos, allow_unused=True)
             else:
                 res = [None] * len(wrt)
             # A gradient that is a view of a restored tensor would change when
@@ -120,9 +122,10 @@ def _grad_mode(runner, stream):
     usual and AccumulateGrad adds them in place, as the accumulate graph does.
     Eager never writes over a gradient someone may still hold."""
     g = runner.grads
-    runner.layer.offload.prefetch_after(runner.layer, True)
     if g is None or not g.mapped or g.backing.live:
         return None
+    if not g.backing.mapped:
+        runner.layer.offload.gpu_reached_previous(runner.layer, True)
     base = g.backing.tensor(stream)
     return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static)
 

@@ -160,14 +160,14 @@ class Grads:
         return "foreign"
 
     # --------------------------------------------------------- per step
-    def prefetch(self):
-        if self.backing is not None and self.backing.live == 0:
-            self.backing.prefetch()
-
-    def before_backward(self, stream, where):
-        """Choose the graph of this backward and get the memory ready.
-        Returns (accumulate, src, states): src is a tensor over the live
-        memory that the gradients handed back are made from."""
+    def before_backward(self, stream, where, lay=None):
+        """Choose the graph of this backward and get the memory ready (mapped
+        once the GPU has begun the use before, see
+        Offload.gpu_reached_previous). Returns (accumulate, src, states): src
+        is a tensor over the live memory that the gradients handed back are
+        made from."""
+        if lay is not None and self.backing.live == 0 and not self.backing.mapped:
+            self.offload.gpu_reached_previous(lay, True)
         states = [None if v is None else self.state(k, p) for k, (p, v) in enumerate(zip(self.params, self.views))]
         acc = "ours" in states
         src = None
@@ -228,6 +228,35 @@ class Grads:
             return "static gradient buffers (%s)" % self.why
         return "mapped: %.1f MiB at 0x%x, %d regions" % (self.backing.nbytes / 2.0 ** 20, self.backing.address,
                                                           len(self.regions))
+
+
+class quiet_hooks:
+    """The hooks on these parameters (Tensor.register_hook,
+    register_post_accumulate_grad_hook) do not run inside: a backward captured
+    into a graph, or the nested backward of an eager layer, computes the
+    gradients that AccumulateGrad then takes after it, where each hook runs
+    once, as in eager (torch 2 runs a leaf's hooks in torch.autograd.grad too:
+    they would run twice, and once inside the graph)."""
+
+    _ATTRS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+    def __init__(self, params):
+        self.params = params
+        self.saved = []
+
+    def __enter__(self):
+        for p in self.params:
+            for attr in self._ATTRS:
+                d = getattr(p, attr, None)
+                if d:
+                    self.saved.append((d, list(d.items())))
+                    d.clear()
+        return self
+
+    def __exit__(self, *exc):
+        for d, items in self.saved:
+            d.update(items)
+        self.saved = []
 
 
 def record_backward(runner, mode, wrt, res):

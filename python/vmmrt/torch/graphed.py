@@ -20,7 +20,7 @@ from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _callables, _compat, eager, pipeline, place, planner
-from vmmrt.torch.grads import Grads
+from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
 
@@ -352,7 +352,7 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
     grad_inputs = None
     if need:
         def bwd():
-            with r.layer.capturing_backward():
+            with r.layer.capturing_backward(), quiet_hooks(r.params if grads == "static" else ()):
                 gos = tuple(o for o in r.static_grad_outputs if o is not None)
                 if grads == "static":
                     return torch.autograd.grad(need, tuple(i for i in r.surface if i.requires_grad), gos,
@@ -394,7 +394,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     mode = place.Mode(dev, placed, g.known, r.layer.static)
 
     def write():
-        with r.layer.capturing_backward():
+        with r.layer.capturing_backward(), quiet_hooks(r.params):
             with mode:
                 return torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input,
                                            retain_graph=True)
@@ -418,17 +418,6 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
     acc_mode = place.Mode(dev, targets, mode.by_key, r.layer.static)
     params = [p for p in r.params if p.requires_grad]
-    hooks = []
-    for p in params:
-        # Hooks on a parameter run once at capture otherwise; they run at
-        # every replay, when AccumulateGrad takes the gradient after the graph.
-        saved = []
-        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
-            d = getattr(p, attr, None)
-            if d:
-                saved.append((d, list(d.items())))
-                d.clear()
-        hooks.append(saved)
     kept = [x.grad for x in inputs]
     for k, p in enumerate(r.params):
         if p.requires_grad:
@@ -437,7 +426,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         x.grad = None
 
     def accumulate():
-        with r.layer.capturing_backward():
+        with r.layer.capturing_backward(), quiet_hooks(params):
             with acc_mode:
                 torch.autograd.backward(need, gos, inputs=inputs + params)
         return tuple(x.grad for x in inputs)
@@ -448,9 +437,6 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
             x.grad = old
         for p in params:
             p.grad = None
-        for saved in hooks:
-            for d, items in saved:
-                d.update(items)
     acc_by_id = {id(x): v for x, v in zip(inputs, acc_in)}
     # The parameters' part is None: their gradients come from r.grads.
     r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.sample) + \
@@ -560,7 +546,7 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
                     g.copy_(grad)
             s = torch.cuda.current_stream().cuda_stream
             if mapped is not None:
-                acc, src, states = mapped.before_backward(s, "layer %r" % r.name)
+                acc, src, states = mapped.before_backward(s, "layer %r" % r.name, lay)
                 lay.backward_begin(s)
                 (acc_graph if acc else bwd_graph).replay()
                 lay.backward_end(s)

@@ -364,10 +364,11 @@ class LayerOffload:
     def forward_begin(self, stream=None):
         self._check_usable()
         self.offload.flush()
-        if self.resident is not None:
+        if self.resident is not None and not self.resident.mapped:
+            self.offload.gpu_reached_previous(self, False)
             self.resident.ensure()
-        self.offload.prefetch_after(self, False)
         self.group.forward_begin(stream)
+        self.offload.use_started(self, False)
 
     def forward_end(self, stream=None):
         self.group.forward_end(stream)
@@ -375,13 +376,13 @@ class LayerOffload:
     def backward_begin(self, stream=None):
         self._check_usable()
         self.offload.flush()
-        self.offload.prefetch_after(self, True)
         self.group.backward_begin(stream)
         if self.offload.host:
             # Host backend: the CPU reads the restored bytes itself, so it
             # waits here for the restore the stream waits for.
             self.offload.runtime.stream_synchronize(stream)
         self._restored = True
+        self.offload.use_started(self, True)
 
     def backward_end(self, stream=None):
         self._restored = False

@@ -117,7 +117,8 @@ class Offload:
         self._abort_hooks = []      # what forgets the abandoned iteration above the C library
         self.capturing = False      # make_graphed_callables is capturing: no release now (backing.py)
         self._due = set()           # backings whose release fell due during a capture
-        self._next = {}             # (layer name, backward) -> the use that comes next (prefetch_after)
+        self._prev = {}             # (layer name, backward) -> the use before it (set_order)
+        self._started = {}          # (layer name, backward) -> event where its GPU work began
         self.backings = []          # every Backing: resident slots, gradients
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
 
@@ -181,23 +182,42 @@ class Offload:
 
     def set_order(self, steps):
         """The order the layers run in, as (layer, backward) pairs (every
-        forward then the backwards in reverse, or a pipeline's), for what is
-        asked for ahead: the next forward's resident slot, the next
-        backward's gradients."""
+        forward then the backwards in reverse, or a pipeline's): memory a use
+        needs is mapped once the GPU has reached the use before it
+        (:meth:`gpu_reached_previous`)."""
         steps = list(steps)
-        self._next = {}
+        self._prev = {}
         for k, (lay, backward) in enumerate(steps):
-            nf = next((l for l, b in steps[k + 1:] if not b), None)
-            nb = next((l for l, b in steps[k + 1:] if b), None)
-            self._next[(lay.name, backward)] = (nf, nb)
+            self._prev[(lay.name, bool(backward))] = (steps[k - 1][0].name, bool(steps[k - 1][1])) if k else None
 
-    def prefetch_after(self, lay, backward):
-        """At a use of lay: ask now for the memory the next uses will need."""
-        nf, nb = self._next.get((lay.name, backward), (None, None))
-        if nf is not None and nf.resident is not None:
-            nf.resident.prefetch()
-        if nb is not None and backward and getattr(nb, "grads", None) is not None:
-            nb.grads.prefetch()
+    def use_started(self, lay, backward):
+        """Mark, on the current stream, where this use's GPU work begins."""
+        if self.host:
+            return
+        key = (lay.name, bool(backward))
+        ev = self._started.get(key)
+        if ev is None:
+            ev = self._started[key] = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream())
+
+    def gpu_reached_previous(self, lay, backward):
+        """Before memory for this use is mapped: wait until the GPU has begun
+        the use before it. The host runs ahead of the GPU, but a map made
+        when the host gets somewhere holds memory from then on, while a
+        release happens when the GPU gets there: mapping each layer's
+        memory (its resident activations, its gradients) a whole pass ahead
+        would hold that memory beside everything not yet released, far
+        above what eager holds at any moment. One use ahead, the map is
+        ready before the GPU needs it. The first use of an iteration waits
+        for what is queued before it (the optimizer step) to finish."""
+        if self.host:
+            return
+        prev = self._prev.get((lay.name, bool(backward)))
+        ev = self._started.get(prev) if prev is not None else None
+        if ev is not None:
+            ev.synchronize()
+        elif prev is None:
+            torch.cuda.current_stream().synchronize()
 
     def flush(self):
         """Releases that fell due while a graph was being captured."""
