@@ -144,3 +144,12 @@ def test_describe_names_each_layers_gradients():
     g, base, ref = build(n=2)
     off = vt.offload_of(g[0])
     assert "gradients: mapped" in off.describe()
+
+
+def test_bad_grads_and_map_ahead_are_refused_by_name():
+    base = zoo_layers(1)
+    for kw, word in ((dict(grads="mappd"), "grads="), (dict(map_ahead=-1), "map_ahead="),
+                     (dict(map_ahead="1"), "map_ahead="), (dict(map_ahead=True), "map_ahead=")):
+        with pytest.raises(ValueError) as e:
+            vt.make_graphed_callables(tuple(base), samples(1), graphs=False, **kw)
+        assert word in str(e.value) and "'mapped'" in str(e.value) or "whole number" in str(e.value)

@@ -203,9 +203,10 @@ def warmup(runners, iters, allow_unused_input):
     The first passes also record every op (vmmrt.torch.place: which op
     allocates each saved tensor and each parameter's gradient), which costs
     Python time per op; the forward and backward times the planner reads come
-    from the passes after them (one more pass if ``iters`` leaves none)."""
+    from the passes after them (at least two: the first after the recording
+    ones still runs slower)."""
     recording = min(max(1, iters), RECORDING_PASSES)
-    passes = recording + max(1, max(1, iters) - recording)
+    passes = recording + max(2, max(1, iters) - recording)
     for r in runners:
         cuda = r.layer.offload.device_type == "cuda"
         static = r.layer.static

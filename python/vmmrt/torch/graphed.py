@@ -29,7 +29,7 @@ GRADS = ("mapped", "static", "accumulate")
 log = logging.getLogger("vmmrt.torch")
 
 _OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
-            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk")
+            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk", "map_ahead")
 
 
 def _reject_unknown(kwargs):
@@ -42,7 +42,7 @@ def _reject_unknown(kwargs):
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
                            capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
                            graphs=True, grads="mapped", names=None, options=None, margin=0.9,
-                           min_bytes=1 << 16, order=None, layers_per_chunk=None, **unknown):
+                           min_bytes=1 << 16, order=None, layers_per_chunk=None, map_ahead=1, **unknown):
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -112,6 +112,16 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     layers_per_chunk
         with ``order``: the layers of each chunk (an int, or one per chunk);
         by default the chunks share the callables equally.
+    map_ahead
+        memory that comes and goes with a layer (its resident activations,
+        its gradients) is mapped once the GPU has begun the use this many
+        uses before (forwards and backwards in the order they run): 1 holds
+        the least at any moment, and the launch thread then waits for the GPU
+        and for each map; 0 maps as soon as the launch thread gets there (the
+        fastest, but a whole pass ahead of the GPU, so the memory is all
+        mapped at once). On the H200, 8 Llama-3-8B layers, mode "none":
+        1: 1.047x graph-only's step time at 1.059x its whole-step peak; 0:
+        1.014x at 1.170x.
 
     Returns what torch.cuda.make_graphed_callables returns; each returned
     callable has ``offload_of(c)`` (the :class:`Offload`: statistics, memory,
@@ -124,6 +134,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none'%s" % (
             mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
                 str(mode), ("pingpong", "remap", "none"), n=1))))
+    if not isinstance(map_ahead, int) or isinstance(map_ahead, bool) or map_ahead < 0:
+        raise ValueError("map_ahead=%r: a whole number of uses, 0 or more" % (map_ahead,))
     if grads not in GRADS:
         raise ValueError("grads=%r: choose %s" % (grads, ", ".join(repr(g) for g in GRADS)))
     if not (offload == "auto" or isinstance(offload, (bool, int, float))):
@@ -156,6 +168,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         uses = [(b, runners[i]) for b, i in layout.uses()]
     forwards = [r for b, r in uses if not b]
     off = Offload(mode=mode, lookahead=lookahead, device=device, options=options, min_bytes=min_bytes)
+    off.map_ahead = map_ahead
     try:
         for r in forwards:                   # groups in forward order
             static = r.params + r.buffers + (r.sample if graphs else ())

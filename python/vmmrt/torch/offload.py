@@ -117,7 +117,8 @@ class Offload:
         self._abort_hooks = []      # what forgets the abandoned iteration above the C library
         self.capturing = False      # make_graphed_callables is capturing: no release now (backing.py)
         self._due = set()           # backings whose release fell due during a capture
-        self._prev = {}             # (layer name, backward) -> the use before it (set_order)
+        self._prev = {}             # (layer name, backward) -> the uses before it, nearest first (set_order)
+        self.map_ahead = 1          # uses between the GPU's and the one memory is mapped for
         self._started = {}          # (layer name, backward) -> event where its GPU work began
         self.backings = []          # every Backing: resident slots, gradients
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
@@ -185,10 +186,10 @@ class Offload:
         forward then the backwards in reverse, or a pipeline's): memory a use
         needs is mapped once the GPU has reached the use before it
         (:meth:`gpu_reached_previous`)."""
-        steps = list(steps)
+        steps = [(lay.name, bool(b)) for lay, b in steps]
         self._prev = {}
-        for k, (lay, backward) in enumerate(steps):
-            self._prev[(lay.name, bool(backward))] = (steps[k - 1][0].name, bool(steps[k - 1][1])) if k else None
+        for k, key in enumerate(steps):
+            self._prev[key] = tuple(steps[k - j] for j in range(1, k + 1))
 
     def use_started(self, lay, backward):
         """Mark, on the current stream, where this use's GPU work begins."""
@@ -210,13 +211,14 @@ class Offload:
         above what eager holds at any moment. One use ahead, the map is
         ready before the GPU needs it. The first use of an iteration waits
         for what is queued before it (the optimizer step) to finish."""
-        if self.host:
+        if self.host or self.map_ahead == 0:
             return
-        prev = self._prev.get((lay.name, bool(backward)))
-        ev = self._started.get(prev) if prev is not None else None
-        if ev is not None:
-            ev.synchronize()
-        elif prev is None:
+        before = self._prev.get((lay.name, bool(backward)), ())
+        if len(before) >= self.map_ahead:
+            ev = self._started.get(before[self.map_ahead - 1])
+            if ev is not None:
+                ev.synchronize()
+        else:
             torch.cuda.current_stream().synchronize()
 
     def flush(self):

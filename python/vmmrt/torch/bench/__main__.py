@@ -74,6 +74,8 @@ def _parser():
     p.add_argument("--microbatches", type=int, default=1, help="microbatches accumulated per optimizer step")
     p.add_argument("--grads", default=None,
                    help="grads= for vmmrt.torch.make_graphed_callables (default: none passed, the library's default)")
+    p.add_argument("--map-ahead", type=int, default=None,
+                   help="map_ahead= for vmmrt.torch.make_graphed_callables (default: the library's)")
     p.add_argument("--fraction", type=float, default=1.0, help="offload fraction of the vmmrt modes (planner: auto)")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--margin", type=float, default=0.9, help="the planner's safety factor")

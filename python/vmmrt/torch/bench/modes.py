@@ -53,6 +53,8 @@ def _vmmrt_kwargs(name, args):
         kw.update(mode=name.split("-")[1], graphs=False)
     if getattr(args, "grads", None) and name in _GRADS_MODES:
         kw["grads"] = args.grads
+    if getattr(args, "map_ahead", None):
+        kw["map_ahead"] = args.map_ahead
     return kw
 
 
