@@ -64,6 +64,8 @@ def test_saved_tensors_are_born_in_their_slots_and_gradients_stay_bitwise(mode):
     p = off.placement()
     moved = off.saved_bytes()["moved"]
     assert p["placed"] + p["copied"] + p["copy"] == moved
+    st = off.stats()
+    assert (st["placed_bytes"], st["copy_bytes"], st["resident_bytes"]) == (p["placed"], p["copy"], p["resident"])
     if mode == "none":
         # nothing moves: what the layers save is born in their resident slots
         assert moved == 0 and p["resident"] > 0.85 * off.saved_bytes()["distinct"]

@@ -386,7 +386,14 @@ class Offload:
         return text
 
     def stats(self):
-        return self.runtime.offload_stats()
+        """The library's statistics (vmmrt_offload_stats_get), and how the saved
+        bytes reached their slots at capture (:meth:`placement`, summed):
+        placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes."""
+        st = self.runtime.offload_stats()
+        p = self.placement()
+        for k in ("placed", "copied", "copy", "resident", "pool"):
+            st["%s_bytes" % k] = p[k]
+        return st
 
     def sync(self):
         """Wait for every copy and driver request in flight (end of training, tests)."""
