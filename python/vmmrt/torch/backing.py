@@ -61,15 +61,7 @@ class Backing:
         """Mapped, or asked to be (the worker may still be at it)."""
         return self._wanted
 
-    def contains(self, ptr):
-        return self.address <= ptr < self.address + self.nbytes
-
     # ------------------------------------------------------- map, release
-    def prefetch(self):
-        """Ask for the memory ahead of its use: the worker maps it meanwhile."""
-        with self._lock:
-            self._prefetch()
-
     def _prefetch(self):
         self._due = None
         if not self._wanted:

@@ -210,11 +210,6 @@ class Grads:
                 p.grad = None
         return out
 
-    def release_now_unused(self, stream):
-        """Nothing points at the memory (a capture's tensors gone): give it back."""
-        if self.backing is not None and self.backing.live == 0:
-            self.backing.release(stream)
-
     def own_grads(self):
         """Before the runtime goes: every .grad over the slot becomes a copy."""
         if self.backing is None:
