@@ -17,6 +17,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/backing.py \
 	python/vmmrt/torch/_callables.py \
 	python/vmmrt/torch/_compat.py \
+	python/vmmrt/torch/_te.py \
 	python/vmmrt/torch/eager.py \
 	python/vmmrt/torch/grads.py \
 	python/vmmrt/torch/graphed.py \
@@ -52,6 +53,7 @@ vmmrt_py_tests = \
 	python/tests/test_runner_api.py \
 	python/tests/test_ddp.py \
 	python/tests/test_pipeline.py \
+	python/tests/test_te_args.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh

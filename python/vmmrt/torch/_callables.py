@@ -17,18 +17,32 @@ from vmmrt.torch import _compat, grads, place
 class Runner:
     """One callable: its function, parameters, sample arguments and layer."""
 
-    def __init__(self, index, fn, sample_args, name):
+    def __init__(self, index, fn, sample_args, name, sample_kwargs=None):
         self.index = index
         self.fn = fn
         self.module = fn if isinstance(fn, torch.nn.Module) else None
         self.name = name
-        leaves, self.in_spec = _compat.tree_flatten(tuple(sample_args))
+        leaves, _ = _compat.tree_flatten(tuple(sample_args))
         for k, a in enumerate(leaves):
             if not isinstance(a, torch.Tensor):
                 raise TypeError("%s: sample argument %d is a %s; sample_args may only hold tensors "
                                 "(as for torch.cuda.make_graphed_callables)" % (name, k, type(a).__name__))
-        self.sample = tuple(leaves)
+        if sample_kwargs is None:
+            sample_kwargs = {}
+        if not isinstance(sample_kwargs, dict) or not all(isinstance(k, str) for k in sample_kwargs):
+            raise TypeError("%s: sample_kwargs must be a dict of keyword arguments per callable, not %s"
+                            % (name, type(sample_kwargs).__name__))
+        # A call's inputs are (args, kwargs) flattened, the keywords in the
+        # sample's order: tensors are the graph's inputs; other leaves (None,
+        # flags) are constants of the capture, held to the sample's values.
+        self.kw_keys = tuple(sample_kwargs)
+        leaves, self.in_spec = _compat.tree_flatten((tuple(sample_args), [sample_kwargs[k] for k in self.kw_keys]))
+        self.in_consts = {k: a for k, a in enumerate(leaves) if not isinstance(a, torch.Tensor)}
+        self.n_leaves = len(leaves)
+        self.sample = tuple(a for a in leaves if isinstance(a, torch.Tensor))
         self.sample_args = tuple(sample_args)
+        self.sample_kwargs = dict(sample_kwargs)
+        self.out_consts = {}
         self.params = tuple(self.module.parameters()) if self.module is not None else ()
         # What the graphs and the offload's record of what stays hold on to:
         # each parameter's object and address (see check_params).
@@ -41,6 +55,8 @@ class Runner:
         self.training = self.module.training if self.module is not None else True
         self.grads_seen = []        # grads.Seen of the warm-up backwards that recorded births
         self.grads = None           # grads.Grads (grads="mapped"), shared by a callable's runners
+        self.generators = ()        # CUDA generators registered with each of its graphs
+        self.retain_graph = False   # backward captured with retain_graph (retain_graph_in_backward)
 
     @property
     def n_user(self):
@@ -50,6 +66,66 @@ class Runner:
     def surface(self):
         """Every input of the graph that may need a gradient: user args, then parameters."""
         return self.sample + self.params
+
+    def flatten_call(self, args, kwargs):
+        """The tensors of a call, as the graph takes them: its arguments and the
+        keyword arguments the sample had, flattened as the sample was; the
+        other leaves must be the sample's. ``is_first_microbatch`` (which
+        TransformerEngine's graphed callables take for FP8 weight caching) is
+        accepted and has no effect."""
+        where = "layer %r" % self.name
+        kwargs = {k: v for k, v in kwargs.items() if k != "is_first_microbatch" or k in self.kw_keys}
+        missing = [k for k in self.kw_keys if k not in kwargs]
+        extra = [k for k in kwargs if k not in self.kw_keys]
+        if missing or extra:
+            raise Error(_capi.E_MISMATCH, "called with keyword arguments %s where the sample_kwargs had %s%s: the "
+                        "graph takes the sample's keywords, each every time" % (
+                            sorted(kwargs) or "none", list(self.kw_keys) or "none",
+                            " (missing %s)" % ", ".join(missing) if missing else
+                            " (not in the sample: %s)" % ", ".join(extra)), where)
+        leaves, spec = _compat.tree_flatten((tuple(args), [kwargs[k] for k in self.kw_keys]))
+        if not self.in_consts and not self.kw_keys:
+            return leaves            # positional only: check_args says what differs
+        if spec != self.in_spec:
+            raise Error(_capi.E_MISMATCH, "the arguments' structure %s differs from the sample's %s" % (spec, self.in_spec),
+                        where)
+        out = []
+        for k, a in enumerate(leaves):
+            if k in self.in_consts:
+                c = self.in_consts[k]
+                if isinstance(a, torch.Tensor) or not (a is c or _same_constant(a, c)):
+                    raise Error(_capi.E_MISMATCH, "%s is %s where the sample's was %s: a value that is not a tensor "
+                                "is part of the capture (capture again for another value)"
+                                % (self._leaf_name(k), _short(a), _short(c)), where)
+            else:
+                out.append(a)
+        return out
+
+    def _leaf_name(self, k):
+        """Which argument leaf k is, for messages: 'argument 1' or 'keyword rotary_pos_emb'."""
+        n_args = len(_compat.tree_flatten(self.sample_args)[0])
+        if k < n_args:
+            return "argument %d" % k
+        for key in self.kw_keys:
+            n = len(_compat.tree_flatten(self.sample_kwargs[key])[0])
+            if k - n_args < n:
+                return "keyword %s" % key
+            n_args += n
+        return "argument %d" % k
+
+    def split_outputs(self, out):
+        """The tensors of a forward's output (the graph's outputs); its other
+        leaves (a None beside the hidden states, as Megatron's layers return)
+        are remembered and given back by join_outputs."""
+        leaves, self.out_spec = _compat.tree_flatten(out)
+        self.out_consts = {k: o for k, o in enumerate(leaves) if not isinstance(o, torch.Tensor)}
+        self.n_out = len(leaves)
+        return [o for o in leaves if isinstance(o, torch.Tensor)]
+
+    def join_outputs(self, tensors):
+        it = iter(tensors)
+        leaves = [self.out_consts[k] if k in self.out_consts else next(it) for k in range(self.n_out)]
+        return _compat.tree_unflatten(leaves, self.out_spec)
 
     def check_args(self, leaves, grad=True):
         """The arguments of a call must match the sample's: a graph cannot take
@@ -106,9 +182,26 @@ class Runner:
                         % why, "layer %r" % self.name)
 
     def call(self, leaves):
-        """Run the callable itself (a module's own forward once it was replaced)."""
-        args = _compat.tree_unflatten(list(leaves), self.in_spec)
-        return (self.orig_forward or self.fn)(*args)
+        """Run the callable itself (a module's own forward once it was replaced)
+        on the graph's input tensors, with the sample's constants."""
+        it = iter(leaves)
+        full = [self.in_consts[k] if k in self.in_consts else next(it) for k in range(self.n_leaves)]
+        args, kw = _compat.tree_unflatten(full, self.in_spec)
+        return (self.orig_forward or self.fn)(*args, **dict(zip(self.kw_keys, kw)))
+
+
+def _same_constant(a, b):
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _short(v):
+    if isinstance(v, torch.Tensor):
+        return "a tensor"
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 def default_name(i, fn):
@@ -116,7 +209,7 @@ def default_name(i, fn):
     return "%d:%s" % (i, kind)
 
 
-def prepare(callables, sample_args, names, layout=None):
+def prepare(callables, sample_args, names, layout=None, sample_kwargs=None):
     """(just_one, runners), with torch.cuda.make_graphed_callables' checks.
 
     With a pipeline ``layout`` (:class:`vmmrt.torch.pipeline.Layout`), as
@@ -134,6 +227,13 @@ def prepare(callables, sample_args, names, layout=None):
         raise ValueError("%d sample argument tuples for %d layers x %d microbatches: with order=, one per layer "
                          "and microbatch (chunk-major, then microbatch, then layer, as TransformerEngine's "
                          "_order)" % (len(sample_args), len(callables), layout.microbatches))
+    if sample_kwargs is not None:
+        if just_one:
+            sample_kwargs = (sample_kwargs,)
+        if not isinstance(sample_kwargs, (tuple, list)) or len(sample_kwargs) != len(sample_args):
+            raise ValueError("sample_kwargs: one dict per sample argument tuple (%d), got %s" % (
+                len(sample_args), "%d" % len(sample_kwargs) if isinstance(sample_kwargs, (tuple, list))
+                else "a %s" % type(sample_kwargs).__name__))
     if names is not None and len(names) != len(callables):
         raise ValueError("%d names for %d callables" % (len(names), len(callables)))
     layer_names = []
@@ -155,7 +255,7 @@ def prepare(callables, sample_args, names, layout=None):
         name = layer_names[k] if mb is None else "%s/mb%d" % (layer_names[k], mb)
         if not isinstance(args, tuple):
             raise TypeError("%s: sample_args must be a tuple of tensors per callable" % name)
-        r = Runner(i, callables[k], args, name)
+        r = Runner(i, callables[k], args, name, None if sample_kwargs is None else sample_kwargs[i])
         r.callable_index, r.microbatch = k, mb
         runners.append(r)
     return just_one, runners
@@ -216,8 +316,8 @@ def warmup(runners, iters, allow_unused_input):
                 with r.layer.discovering(record) as p:
                     out = r.call(r.sample)
                     p.outputs = out
-            outputs = _compat.tree_leaves(out)
-            need = tuple(o for o in outputs if isinstance(o, torch.Tensor) and o.requires_grad)
+            outputs = r.split_outputs(out)
+            need = tuple(o for o in outputs if o.requires_grad)
             wrt = tuple(i for i in r.surface if i.requires_grad)
             with _Timer(cuda) as tb:
                 if need and wrt:

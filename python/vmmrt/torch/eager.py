@@ -15,7 +15,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, place
+from vmmrt.torch import place
 from vmmrt.torch.grads import quiet_hooks
 from vmmrt.torch.saved import original_error
 
@@ -39,12 +39,7 @@ class _EagerLayer(torch.autograd.Function):
             with runner.layer.offloading(stream) as p:
                 out = runner.call(detached)
                 p.outputs = out
-        leaves, spec = _compat.tree_flatten(out)
-        for k, o in enumerate(leaves):
-            if not isinstance(o, torch.Tensor):
-                raise Error(_capi.E_INVALID_ARGUMENT, "output %d is a %s; outputs may only be tensors"
-                            % (k, type(o).__name__), "layer %r" % runner.name)
-        runner.out_spec = spec
+        leaves = runner.split_outputs(out)
         ctx.runner = runner
         ctx.epoch = off.epoch
         ctx.rec = p.rec
@@ -133,8 +128,8 @@ def _grad_mode(runner, stream):
 def wrap(runner):
     """The eager-offload version of runner's callable."""
 
-    def offloaded(*user_args):
-        leaves = _compat.tree_leaves(*user_args)
+    def offloaded(*user_args, **user_kwargs):
+        leaves = runner.flatten_call(user_args, user_kwargs)
         runner.check_args(leaves, torch.is_grad_enabled())
         runner.layer.offload.check_usable()
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
@@ -142,6 +137,6 @@ def wrap(runner):
             return runner.call(leaves)
         runner.check_params()
         out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
-        return _compat.tree_unflatten(list(out), runner.out_spec)
+        return runner.join_outputs(out)
 
     return offloaded

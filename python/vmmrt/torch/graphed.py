@@ -19,7 +19,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, eager, pipeline, place, planner
+from vmmrt.torch import _callables, _compat, _te, eager, pipeline, place, planner
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
@@ -29,7 +29,9 @@ GRADS = ("mapped", "static", "accumulate")
 log = logging.getLogger("vmmrt.torch")
 
 _OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
-            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk", "map_ahead")
+            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk", "map_ahead",
+            "sample_kwargs", "generators", "retain_graph_in_backward", "pre_warmup_hook", "post_warmup_hook", "_order",
+            "_num_layers_per_chunk", "_reuse_graph_input_output_buffers") + tuple(_te.FP8)
 
 
 def _reject_unknown(kwargs):
@@ -42,7 +44,10 @@ def _reject_unknown(kwargs):
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
                            capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
                            graphs=True, grads="mapped", names=None, options=None, margin=0.9,
-                           min_bytes=1 << 16, order=None, layers_per_chunk=None, map_ahead=1, **unknown):
+                           min_bytes=1 << 16, order=None, layers_per_chunk=None, map_ahead=1, sample_kwargs=None,
+                           generators=None, retain_graph_in_backward=False, pre_warmup_hook=None,
+                           post_warmup_hook=None, _order=None, _num_layers_per_chunk=None,
+                           _reuse_graph_input_output_buffers=False, **unknown):
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -123,13 +128,49 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         1: 1.047x graph-only's step time at 1.059x its whole-step peak; 0:
         1.014x at 1.170x.
 
+    TransformerEngine's arguments (its make_graphed_callables, as Megatron-LM
+    calls it; all keyword only here):
+
+    sample_kwargs
+        one dict of keyword arguments per sample tuple (per callable, or per
+        (layer, microbatch) with ``order``): tensors among them are graph
+        inputs like ``sample_args``; other values (None, flags) are part of
+        the capture and every call must pass the same. Each call passes the
+        sample's keywords; ``is_first_microbatch`` is accepted and ignored.
+        Outputs may hold non-tensor leaves too (Megatron's layers return
+        ``(hidden_states, None)``): they come back as captured.
+    _order, _num_layers_per_chunk
+        TE's names of ``order`` and ``layers_per_chunk``.
+    retain_graph_in_backward
+        capture the backward with ``retain_graph=True``.
+    pre_warmup_hook, post_warmup_hook
+        functions of no arguments run just before and after the warm-up.
+    generators
+        CUDA ``torch.Generator`` objects that random ops in the layers draw
+        from, registered with every graph (``register_generator_state``) and
+        set back after the warm-up and capture to their state before it, so
+        that those do not shift the random numbers of training; by default,
+        Megatron's graph-safe RNG tracker's when Megatron is loaded (as
+        TransformerEngine does). torch.cuda.graph registers the default
+        generator itself.
+    fp8_enabled, fp8_recipe, fp8_group, fp8_weight_caching, fp8_calibrating
+        accepted at their "no FP8" values; FP8 itself is refused
+        (``VMMRT_E_NOT_SUPPORTED``). ``_reuse_graph_input_output_buffers``
+        is refused when true.
+
     Returns what torch.cuda.make_graphed_callables returns; each returned
     callable has ``offload_of(c)`` (the :class:`Offload`: statistics, memory,
     the plan, :meth:`Offload.abort`). Errors name the layer and the cause
     (:class:`vmmrt.Error`).
     """
+    _te.take_fp8(unknown)
     if unknown:
         _reject_unknown(unknown)
+    _te.check_flags(retain_graph_in_backward, _reuse_graph_input_output_buffers, pre_warmup_hook, post_warmup_hook)
+    order, layers_per_chunk = _te.pipeline_args(order, layers_per_chunk, _order, _num_layers_per_chunk)
+    gens = _te.generators(generators)
+    if not graphs:
+        gens = []
     if mode not in ("pingpong", "remap", "none"):
         raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none'%s" % (
             mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
@@ -155,7 +196,10 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                              "layer's compute, one microbatch at a time; give a fraction")
     elif layers_per_chunk is not None:
         raise ValueError("layers_per_chunk= goes with order=")
-    just_one, runners = _callables.prepare(callables, sample_args, names, layout)
+    just_one, runners = _callables.prepare(callables, sample_args, names, layout, sample_kwargs)
+    for r in runners:
+        r.generators, r.retain_graph = tuple(gens), retain_graph_in_backward
+    gen_states = [g.get_state() for g in gens]
     device = _device_of(runners)
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs CUDA tensors (sample arguments are on %s); use graphs=False for "
@@ -174,7 +218,11 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             static = r.params + r.buffers + (r.sample if graphs else ())
             r.layer = off.layer(r.name, static=static)
         off.set_order([(r.layer, b) for b, r in uses])
+        if pre_warmup_hook is not None:
+            pre_warmup_hook()
         stream = _warmup(forwards, off, num_warmup_iters, allow_unused_input)
+        if post_warmup_hook is not None:
+            post_warmup_hook()
         if grads == "mapped":
             _make_grads(runners, off)
         if layout is not None:
@@ -193,6 +241,11 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     except BaseException:
         off.close()
         raise
+    finally:
+        # Warm-up and capture draw random numbers: training starts from the
+        # generators' state before them, as TransformerEngine's does.
+        for g, st in zip(gens, gen_states):
+            g.set_state(st)
     if layout is not None:
         return _finish_pipeline(runners, funcs, off)
     return _finish(runners, funcs, off, just_one)
@@ -256,6 +309,8 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
     collecting = gc.isenabled()
     gc.disable()
     try:
+        for g in r.generators:
+            graph.register_generator_state(g)
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
             try:
                 result = body()
@@ -273,6 +328,9 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
         r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
         if isinstance(inner, Error):
             raise inner
+        if _te.rng_failure(inner):
+            raise Error(_capi.E_CAPTURE, "%s capture failed in %s: %s: %s" % (what, _te.RNG_HINT, type(inner).__name__,
+                                                                               inner), "layer %r" % r.name) from inner
         raise Error(_capi.E_CAPTURE, "%s capture failed (is there an operation inside the layer that cannot be "
                     "captured, such as a host synchronization, .item(), or a shape that depends on data?): "
                     "%s: %s" % (what, type(inner).__name__, inner), "layer %r" % r.name) from inner
@@ -355,8 +413,7 @@ def _capture_forward(r, graph, mempool, stream, error_mode, handle):
             p.outputs = out
         return out
     out = _capture(r, "forward", graph, mempool, stream, error_mode, fwd)
-    leaves, r.out_spec = _compat.tree_flatten(out)
-    r.static_outputs = tuple(leaves)
+    r.static_outputs = tuple(r.split_outputs(out))
 
 
 def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input, grads):
@@ -369,7 +426,8 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
                 gos = tuple(o for o in r.static_grad_outputs if o is not None)
                 if grads == "static":
                     return torch.autograd.grad(need, tuple(i for i in r.surface if i.requires_grad), gos,
-                                               only_inputs=True, allow_unused=allow_unused_input)
+                                               only_inputs=True, allow_unused=allow_unused_input,
+                                               retain_graph=r.retain_graph)
                 return _backward_accumulate(r, need, gos)
         grad_inputs = _capture(r, "backward", graph, mempool, stream, error_mode, bwd)
     static = []
@@ -441,7 +499,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     def accumulate():
         with r.layer.capturing_backward(), quiet_hooks(params):
             with acc_mode:
-                torch.autograd.backward(need, gos, inputs=inputs + params)
+                torch.autograd.backward(need, gos, inputs=inputs + params, retain_graph=r.retain_graph)
         return tuple(x.grad for x in inputs)
     try:
         acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate)
@@ -503,7 +561,7 @@ def _backward_accumulate(r, need, gos):
     for x in inputs:
         x.grad = None
     wrt = inputs + [p for p in r.params if p.requires_grad]
-    torch.autograd.backward(need, gos, inputs=wrt)
+    torch.autograd.backward(need, gos, inputs=wrt, retain_graph=r.retain_graph)
     res = []
     for x, old in zip(inputs, kept):
         res.append(x.grad)
@@ -583,8 +641,8 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
             r.pending = False
             return tuple(b.detach() if b is not None else None for b in static_gin)
 
-    def functionalized(*user_args):
-        leaves = _compat.tree_leaves(*user_args)
+    def functionalized(*user_args, **user_kwargs):
+        leaves = r.flatten_call(user_args, user_kwargs)
         r.check_args(leaves, torch.is_grad_enabled())
         lay.offload.check_usable()
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + params):
@@ -599,7 +657,7 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
                         "grads='static' (the default: the gradients go through autograd, and DDP's hooks run), or "
                         "all-reduce .grad yourself after the backward without DDP", "layer %r" % r.name)
         out = Graphed.apply(*(tuple(leaves) + params))
-        return _compat.tree_unflatten(list(out), r.out_spec)
+        return r.join_outputs(out)
 
     return functionalized
 
