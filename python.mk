@@ -54,12 +54,14 @@ vmmrt_py_tests = \
 	python/tests/test_ddp.py \
 	python/tests/test_pipeline.py \
 	python/tests/test_te_args.py \
+	python/tests/test_megatron.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh
 
 EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \
-	examples/torch_offload.py examples/torch_ddp.py examples/torch_1f1b.py
+	examples/torch_offload.py examples/torch_ddp.py examples/torch_1f1b.py \
+	examples/megatron_gpt.py
 
 if HAVE_PYTHON
 vmmrtdir = $(pythondir)/vmmrt

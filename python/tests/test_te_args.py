@@ -156,3 +156,68 @@ def test_non_tensor_outputs_come_back_in_place():
     b["y"].sum().backward()
     assert x.grad is not None
     vt.offload_of(g).close()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_graphed_keyword_samples_match_eager_on_gpu():
+    import copy
+    torch.manual_seed(0)
+    base = [KwLayer(64).cuda() for _ in range(3)]
+    ref = copy.deepcopy(base)
+
+    def kw(seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        return {"hidden_states": torch.randn(8, 2, 64, device="cuda", generator=g).requires_grad_(),
+                "attention_mask": None, "rotary_pos_emb": torch.randn(8, 1, 64, device="cuda", generator=g),
+                "context": None}
+
+    g = vt.make_graphed_callables(tuple(base), ((),) * 3, sample_kwargs=tuple(kw(s) for s in range(3)),
+                                  mode="pingpong", min_bytes=0)
+    for it in range(3):
+        a = kw(10 + it)
+        b = dict(a, hidden_states=a["hidden_states"].detach().clone().requires_grad_())
+        gy = torch.randn(8, 2, 64, device="cuda")
+        assert torch.equal(run(g, a, gy), run(ref, b, gy))
+        assert torch.equal(a["hidden_states"].grad, b["hidden_states"].grad)
+        for x, y in zip(base, ref):
+            assert torch.equal(x.fc.weight.grad, y.fc.weight.grad)
+            x.zero_grad(set_to_none=True)
+            y.zero_grad(set_to_none=True)
+    assert vt.offload_of(g[0]).stats()["bytes_offloaded"] > 0
+    vt.offload_of(g[0]).close()
+
+
+class Noisy(torch.nn.Module):
+    """Random numbers from a generator of the user's own, as Megatron's RNG
+    tracker keeps them."""
+
+    def __init__(self, gen):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+        self.gen = gen
+
+    def forward(self, x):
+        keep = torch.rand(x.shape, device=x.device, generator=self.gen) > 0.1
+        return self.fc(x) * keep
+
+
+@cuda
+def test_generators_are_registered_and_set_back():
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    x = torch.randn(16, 64, device="cuda", requires_grad=True)
+    layer = Noisy(gen).cuda()
+    with pytest.raises(vmmrt.Error, match="generators="):
+        vt.make_graphed_callables(Noisy(gen).cuda(), (x,), mode="none")
+    gen.manual_seed(5)
+    before = gen.get_state()
+    g = vt.make_graphed_callables(layer, (x,), mode="none", generators=[gen])
+    assert torch.equal(gen.get_state(), before), "warm-up and capture must not shift the user's generator"
+    y1 = g(x)
+    y2 = g(x)
+    assert not torch.equal(y1, y2), "each replay draws new numbers from the registered generator"
+    (y1.sum() + y2.sum()).backward()
+    vt.offload_of(g).close()
