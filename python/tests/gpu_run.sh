@@ -22,6 +22,11 @@
 #            (d 4096, ffn 16384, 32 heads, seq 4096), 7 modes        ~1.5 min
 #   math     3 layers, math attention (bitwise gradients), 6 modes   ~1 min
 #   quarter  --fraction 0.25, set_to_none loop only, 4 modes         ~0.7 min
+#   megatron examples/megatron_gpt.py: megatron-core's GPTModel, 4 layers,
+#            seq 2048, 8 modes x 2 loops                             ~1.5 min
+#            (needs megatron-core there: GPU_WHEELS="megatron-core==0.19.2"
+#            bash ../shared/gpu/prepare.sh brings its wheel; without it the
+#            example says so and test_megatron.py skips)
 # The times are estimates, not readings: the former 6-layer, 4-mode table
 # took about 100 s with one loop; by our reading of it much of that was
 # comparing billions of gradient elements on the host, which the benchmark
@@ -50,7 +55,7 @@ budget=${GPU_RUN_BUDGET_S:-480}
 
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(pytest smoke s4096)
-[ "${parts[*]}" = all ] && parts=(pytest smoke s4096 hf s8192 encoder math quarter)
+[ "${parts[*]}" = all ] && parts=(pytest smoke s4096 hf s8192 encoder math quarter megatron)
 
 summary=$out/summary.txt
 : >"$summary"
@@ -103,7 +108,10 @@ for part in "${parts[@]}"; do
 		--modes eager,graph,none,pingpong,remap,planner ;;
 	quarter) bench bench-quarter 90 --layer torch --fraction 0.25 --loop set_to_none \
 		--modes graph,none,pingpong,remap ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter, or all)" ;;
+	megatron)
+		step megatron 300 "$py" "$tree/examples/megatron_gpt.py" --json "$out/megatron.json" || true
+		[ -f "$out/megatron.log" ] && grep -A12 "^loop " "$out/megatron.log" | tee -a "$summary" ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"
