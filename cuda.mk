@@ -11,7 +11,7 @@ EXTRA_DIST += \
 # with cuModuleLoadData by src/backend/cuda.c. Without nvcc the library builds
 # anyway and kernel_launch reports VMMRT_E_NOT_SUPPORTED.
 if HAVE_NVCC
-nodist_libvmmrt_core_la_SOURCES = src/kernels/vmmrt_kernels_fatbin.c
+nodist_libvmmrt_base_la_SOURCES = src/kernels/vmmrt_kernels_fatbin.c
 MOSTLYCLEANFILES += \
 	src/kernels/vmmrt_kernels.fatbin \
 	src/kernels/vmmrt_kernels_fatbin.c \

@@ -23,7 +23,7 @@
 # test switches and the convenience library (the default LDADD: every other
 # program of the tree names its own).
 TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests/common $(CMOCKA_CFLAGS)
-LDADD = libvmmrt-testing.la libvmmrt-core.la $(CMOCKA_LIBS) $(URCU_LIBS) $(CK_LIBS)
+LDADD = libvmmrt-testing.la $(CMOCKA_LIBS) $(URCU_LIBS) $(CK_LIBS)
 test_model = tests/common/offload-model.c tests/common/offload-model.h tests/common/test-common.h tests/common/check-ok.h
 
 # ------------------------------------------------------------ how they run
@@ -119,7 +119,7 @@ tests_abi_test_dlopen_LDADD = $(CMOCKA_LIBS) -ldl -lpthread
 # The fuzz target built by gcc, replaying the seed corpus and the regression
 # inputs (make fuzz builds the libFuzzer one: torture.mk).
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz-api.c tests/fuzz/fuzz-replay.c
-tests_fuzz_fuzz_replay_LDADD = libvmmrt-testing.la libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread
+tests_fuzz_fuzz_replay_LDADD = libvmmrt-testing.la $(URCU_LIBS) $(CK_LIBS) -lpthread
 
 # ------------------------------------------------------------ scripts
 torture_tests = tests/torture/short.sh tests/torture/hang.sh tests/regression/planted.sh

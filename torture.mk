@@ -17,7 +17,7 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/scenario.h
 # It sets the fault hook and reads the live-object counts (internal headers),
 # so it links the convenience library, not libvmmrt.la (public API only).
-tools_vmmrt_torture_LDADD = libvmmrt-testing.la libvmmrt-core.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
+tools_vmmrt_torture_LDADD = libvmmrt-testing.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm
 # -export-dynamic (-rdynamic): the stacks of a hang or crash name the
 # executable's global functions (the library's included) through dladdr().
 tools_vmmrt_torture_LDFLAGS = $(AM_LDFLAGS) -export-dynamic
@@ -44,16 +44,16 @@ FUZZ_SANITIZE = -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefi
 FUZZ_CFLAGS = -g -O1 -std=gnu11 -fno-omit-frame-pointer
 FUZZ_FLAGS = -timeout=60 -rss_limit_mb=4096 -max_len=1024
 fuzz_target = tests/fuzz/vmmrt-fuzz
-fuzz_sources = tests/fuzz/fuzz-api.c $(libvmmrt_core_la_SOURCES) $(libvmmrt_testing_la_SOURCES)
+fuzz_sources = tests/fuzz/fuzz-api.c $(libvmmrt_base_la_SOURCES) $(libvmmrt_testing_la_SOURCES)
 
-$(fuzz_target): $(fuzz_sources) $(nodist_libvmmrt_core_la_SOURCES) config.h
+$(fuzz_target): $(fuzz_sources) $(nodist_libvmmrt_base_la_SOURCES) config.h
 	$(AM_V_GEN)$(MKDIR_P) tests/fuzz && \
 	srcs=; for f in $(fuzz_sources); do \
 	  case $$f in *.c) srcs="$$srcs $(srcdir)/$$f";; esac; done; \
-	for f in $(nodist_libvmmrt_core_la_SOURCES) ''; do \
+	for f in $(nodist_libvmmrt_base_la_SOURCES) ''; do \
 	  case $$f in *.c) srcs="$$srcs $$f";; esac; done; \
 	$(FUZZ_CC) $(FUZZ_SANITIZE) $(FUZZ_CFLAGS) -DHAVE_CONFIG_H -I$(top_builddir) \
-	  -I$(top_srcdir)/include -I$(top_srcdir)/src $(URCU_CFLAGS) $(CK_CFLAGS) $(CUDA_CPPFLAGS) \
+	  -DVMMRT__TESTING -I$(top_srcdir)/include -I$(top_srcdir)/src $(URCU_CFLAGS) $(CK_CFLAGS) $(CUDA_CPPFLAGS) \
 	  $$srcs -o $@ $(URCU_LIBS) $(CK_LIBS) $(LIBS) -lpthread -lm
 
 fuzz: $(fuzz_target)

@@ -62,7 +62,7 @@ static vmmrt_status drain_and_reset(vmmrt__offload *off)
 		st = vmmrt__offload_drain_stream(rt, off->h2d, "h2d");
 	if (st == VMMRT_OK)
 		st = vmmrt__offload_worker_barrier(rt);
-	if (st == VMMRT_OK && !(off->drop_fence & VMMRT_PLANT_ABORT_NO_RESET))
+	if (st == VMMRT_OK && !VMMRT__PLANTED(off, VMMRT__PLANT_ABORT_NO_RESET))
 		st = off->ops->reset(off);
 	if (st != VMMRT_OK) {
 		/* Still in flight: the pipeline stays refused, and the call may be

@@ -18,21 +18,30 @@
 #include "strategy.h"
 
 /*
- * Test-only planted bugs, to prove the tests can see what they guard against:
- * drop a ping-pong fence (corruption), or (remap) queue the release after a
- * forward from the launch thread at once instead of from the D2H stream once
- * the copy is done, so the memory may go before the D2H has read it.
+ * Planted bugs, to prove the tests can see what they guard against: drop a
+ * ping-pong fence (corruption), or (remap) queue the release after a forward
+ * from the launch thread at once instead of from the D2H stream once the copy
+ * is done, so the memory may go before the D2H has read it. Only the testing
+ * build (VMMRT__TESTING, libvmmrt-testing.la: src/testing.h) has the code
+ * that reads them; libvmmrt.so has none.
  */
 enum {
-	VMMRT_DROP_FORWARD_FENCE = 1,
-	VMMRT_DROP_BACKWARD_FENCE = 2,
-	VMMRT_PLANT_EARLY_RELEASE = 4,
+	VMMRT__DROP_FORWARD_FENCE = 1,
+	VMMRT__DROP_BACKWARD_FENCE = 2,
+	VMMRT__PLANT_EARLY_RELEASE = 4,
 	/* ping-pong: alternate the banks in creation order whatever the
 	 * declared schedule says (the assignment the schedule was to replace) */
-	VMMRT_PLANT_NAIVE_BANKS = 8,
+	VMMRT__PLANT_NAIVE_BANKS = 8,
 	/* abort drains, but skips putting the strategy's state back */
-	VMMRT_PLANT_ABORT_NO_RESET = 16,
+	VMMRT__PLANT_ABORT_NO_RESET = 16,
 };
+/* Is bug planted in off? Constant false outside the testing build, so the
+ * branch it guards is not compiled into libvmmrt.so. */
+#ifdef VMMRT__TESTING
+#define VMMRT__PLANTED(off, bug) (((off)->planted & (bug)) != 0)
+#else
+#define VMMRT__PLANTED(off, bug) false
+#endif
 
 struct vmmrt__offload {
 	vmmrt_runtime *rt;
@@ -53,7 +62,7 @@ struct vmmrt__offload {
 	vmmrt_group **retired;
 	unsigned nretired, retired_cap;
 	uint64_t aborts;
-	int drop_fence;               /* VMMRT_DROP_* | VMMRT_PLANT_* (src/testing.c) */
+	int planted;                  /* VMMRT__DROP_* | VMMRT__PLANT_* (src/testing.c; read only #ifdef VMMRT__TESTING) */
 
 	/* the strategy's part */
 	union {

@@ -98,7 +98,7 @@ static vmmrt_status pp_allocate(vmmrt__offload *off)
 		goto out; /* only empty groups: nothing to allocate */
 	if (off->sched.declared) {
 		count = color(off, pick, bank);
-		if (off->drop_fence & VMMRT_PLANT_NAIVE_BANKS) {
+		if (VMMRT__PLANTED(off, VMMRT__PLANT_NAIVE_BANKS)) {
 			/* planted: the look-ahead of the schedule's banks, the assignment of none */
 			for (unsigned i = 0, j = 0; i < n; i++)
 				if (pick[i])
@@ -171,7 +171,7 @@ static vmmrt_status enqueue_restore(vmmrt__offload *off, vmmrt_group *g, uint64_
 	vmmrt__bank *bank = &off->pingpong.bank[g->pingpong.bank];
 	vmmrt_status st = VMMRT_OK;
 
-	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_BACKWARD_FENCE))
+	if (bank->free_ev && !VMMRT__PLANTED(off, VMMRT__DROP_BACKWARD_FENCE))
 		st = vmmrt__drv_stream_wait_event(rt, off->h2d, bank->free_ev);
 	if (st == VMMRT_OK)
 		st = vmmrt__offload_h2d(off, g);
@@ -225,7 +225,7 @@ static vmmrt_status pp_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_
 				   g->pingpong.bank, bank->user ? bank->user->name : "?");
 	/* Fence 1: the previous activation in this bank has reached host memory
 	 * (or the graph that last read it has finished). */
-	if (bank->free_ev && !(off->drop_fence & VMMRT_DROP_FORWARD_FENCE)) {
+	if (bank->free_ev && !VMMRT__PLANTED(off, VMMRT__DROP_FORWARD_FENCE)) {
 		vmmrt_status st = vmmrt__offload_wait(off, compute, bank->free_ev);
 		if (st != VMMRT_OK)
 			return st;

@@ -397,7 +397,7 @@ static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_str
 		return st;
 	}
 	vmmrt_status st = reclaim(off, &r->req);
-	if (st == VMMRT_OK && kind == USE_F && (off->drop_fence & VMMRT_PLANT_EARLY_RELEASE))
+	if (st == VMMRT_OK && kind == USE_F && VMMRT__PLANTED(off, VMMRT__PLANT_EARLY_RELEASE))
 		st = vmmrt__worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
 	else if (st == VMMRT_OK)
 		st = push_after(off, s, r);

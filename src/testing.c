@@ -26,8 +26,8 @@ void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx)
 	rcu_set_pointer(&rt->fault, h);
 }
 
-void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask)
+void vmmrt__offload_test_plant(vmmrt_runtime *rt, int mask)
 {
 	if (rt->offload)
-		rt->offload->drop_fence = mask;
+		rt->offload->planted = mask;
 }

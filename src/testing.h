@@ -2,8 +2,10 @@
 /*
  * Test switches: fault injection on every driver op and the planted bugs a
  * test uses to prove it can see one. They live in the convenience library
- * libvmmrt-testing.la, which the tests and the torture link; libvmmrt.so does
- * not contain them, so no program can turn a fence off or fake a failure.
+ * libvmmrt-testing.la, which the tests and the torture link: this file, and
+ * the files with a planted bug (strategy-pingpong.c, strategy-remap.c,
+ * offload-reset.c) built with VMMRT__TESTING. libvmmrt.so has neither, so no
+ * program can turn a fence off or fake a failure.
  */
 #ifndef VMMRT_TESTING_H
 #define VMMRT_TESTING_H
@@ -14,7 +16,7 @@
 /* Set (or, with fn NULL, clear) the runtime's fault hook; see vmmrt__fault_fn. */
 void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx);
 
-/* Drop a fence or plant a bug (VMMRT_DROP_* | VMMRT_PLANT_*) in the runtime's offload. */
-void vmmrt__offload_test_drop_fence(vmmrt_runtime *rt, int mask);
+/* Drop a fence or plant a bug (VMMRT__DROP_* | VMMRT__PLANT_*) in the runtime's offload. */
+void vmmrt__offload_test_plant(vmmrt_runtime *rt, int mask);
 
 #endif

@@ -86,7 +86,7 @@ while read -r f; do
 	dir=$(dirname "$f")
 	base=$(basename "$f" .c)
 	obj=
-	for lib in libvmmrt_core_la libvmmrt_testing_la; do
+	for lib in libvmmrt_base_la libvmmrt_core_la libvmmrt_testing_la; do
 		for o in "$builddir/src/$dir/$lib-$base.o" "$builddir/src/$dir/.libs/$lib-$base.o"; do
 			[ -f "$o" ] && { obj=$o; break 2; }
 		done

@@ -37,7 +37,7 @@ else
 	sed 's/^/# declared without VMMRT_EXTERN: /' "$tmp/unmarked"
 fi
 
-$NM "$so" 2>/dev/null | awk '{print $NF}' | grep -E 'set_fault_hook|test_drop_fence' >"$tmp/switches"
+$NM "$so" 2>/dev/null | awk '{print $NF}' | grep -E 'set_fault_hook|test_plant' >"$tmp/switches"
 if [ -s "$tmp/switches" ]; then
 	echo "not ok 2 - no test switch in the shared library"
 	sed 's/^/# found: /' "$tmp/switches"

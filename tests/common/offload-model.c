@@ -247,7 +247,7 @@ vmmrt_status model_create(const model_cfg *cfg, model **out)
 	}
 	TRY(vmmrt_runtime_create(o, &m->rt));
 	if (cfg->plant)
-		vmmrt__offload_test_drop_fence(m->rt, cfg->plant);
+		vmmrt__offload_test_plant(m->rt, cfg->plant);
 	TRY(vmmrt_stream_create(m->rt, &m->compute));
 	m->run = m->compute;
 	if (cfg->replay_on) {

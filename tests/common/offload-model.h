@@ -43,7 +43,7 @@ typedef struct model_cfg {
 	unsigned chunks;            /* 0: 1 */
 	bool declare;               /* vmmrt_offload_set_schedule before allocation */
 	unsigned max_banks;         /* 0: the default */
-	int plant;                  /* VMMRT_DROP_* | VMMRT_PLANT_* set before allocation */
+	int plant;                  /* VMMRT__DROP_* | VMMRT__PLANT_* set before allocation */
 	unsigned timeout_ms;        /* 0: the default */
 	const char *const *options; /* NULL, or more runtime options: name, value, ..., NULL */
 } model_cfg;

@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: LGPL-2.1-or-later
 # Planted bugs, in TAP: each must make a short torture run fail, and for the
-# right reason. The library's test switch (vmmrt__offload_test_drop_fence)
+# right reason. The testing library's switch (vmmrt__offload_test_plant)
 # drops a ping-pong fence, or (remap) queues the release after a forward at
 # once instead of after its D2H. Fault-free runs, so the only bug is the
 # planted one; each stops at its first failure.

@@ -130,7 +130,7 @@ static unsigned run_with_fences(int drop)
 	model *m;
 	unsigned checked;
 	assert_int_equal(model_create(&fence_cfg, &m), VMMRT_OK);
-	vmmrt__offload_test_drop_fence(model_runtime(m), drop);
+	vmmrt__offload_test_plant(model_runtime(m), drop);
 	assert_int_equal(model_run(m, 3), VMMRT_OK);
 	unsigned bad = model_verify(m, &checked);
 	model_destroy(m);
@@ -159,7 +159,7 @@ static unsigned run_planted(int drop)
 		unsigned checked;
 		if (model_create(&fence_cfg, &m) != VMMRT_OK)
 			_exit(3);
-		vmmrt__offload_test_drop_fence(model_runtime(m), drop);
+		vmmrt__offload_test_plant(model_runtime(m), drop);
 		if (model_run(m, 3) != VMMRT_OK)
 			_exit(3);
 		unsigned bad = model_verify(m, &checked);
@@ -182,12 +182,12 @@ static void pingpong_fences_hold(void **state)
 
 static void dropping_forward_fence_is_caught(void **state)
 {
-	assert_true(run_planted(VMMRT_DROP_FORWARD_FENCE) > 0);
+	assert_true(run_planted(VMMRT__DROP_FORWARD_FENCE) > 0);
 }
 
 static void dropping_backward_fence_is_caught(void **state)
 {
-	assert_true(run_planted(VMMRT_DROP_BACKWARD_FENCE) > 0);
+	assert_true(run_planted(VMMRT__DROP_BACKWARD_FENCE) > 0);
 }
 
 /* Look-ahead walks the recorded backward order, which is not the reverse here. */

@@ -232,8 +232,8 @@ static void fences_hold_under_1f1b(void **state)
 
 static void dropped_fences_are_caught_under_1f1b(void **state)
 {
-	assert_true(run_planted(&fence_cfg, VMMRT_DROP_FORWARD_FENCE));
-	assert_true(run_planted(&fence_cfg, VMMRT_DROP_BACKWARD_FENCE));
+	assert_true(run_planted(&fence_cfg, VMMRT__DROP_FORWARD_FENCE));
+	assert_true(run_planted(&fence_cfg, VMMRT__DROP_BACKWARD_FENCE));
 }
 
 /* Alternating banks in creation order, as before schedules, under the
@@ -244,7 +244,7 @@ static void naive_bank_assignment_is_caught(void **state)
 	model_cfg cfg = fence_cfg;
 	cfg.latency = false;
 	cfg.fwd_ns = cfg.bwd_ns = 0;
-	assert_true(run_planted(&cfg, VMMRT_PLANT_NAIVE_BANKS));
+	assert_true(run_planted(&cfg, VMMRT__PLANT_NAIVE_BANKS));
 }
 
 /* The first iteration records a 1F1B order; a later one must follow it. */
@@ -438,7 +438,7 @@ static void abort_after_a_failed_hook(void **state)
 static void skipped_abort_reset_is_caught(void **state)
 {
 	model_cfg cfg = {.mode = "pingpong", .layers = 2, .microbatches = 2, .schedule = "1f1b", .inflight = 2,
-			 .act_bytes = 2 * MiB, .lookahead = 2, .declare = true, .plant = VMMRT_PLANT_ABORT_NO_RESET};
+			 .act_bytes = 2 * MiB, .lookahead = 2, .declare = true, .plant = VMMRT__PLANT_ABORT_NO_RESET};
 	model *m;
 	unsigned checked;
 	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);

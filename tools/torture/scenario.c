@@ -585,12 +585,12 @@ static bool allocate(scen *s)
 	}
 	static const int plant_bits[] = {
 		[PLANT_NONE] = 0,
-		[PLANT_FORWARD_FENCE] = VMMRT_DROP_FORWARD_FENCE,
-		[PLANT_BACKWARD_FENCE] = VMMRT_DROP_BACKWARD_FENCE,
-		[PLANT_EARLY_RELEASE] = VMMRT_PLANT_EARLY_RELEASE,
+		[PLANT_FORWARD_FENCE] = VMMRT__DROP_FORWARD_FENCE,
+		[PLANT_BACKWARD_FENCE] = VMMRT__DROP_BACKWARD_FENCE,
+		[PLANT_EARLY_RELEASE] = VMMRT__PLANT_EARLY_RELEASE,
 	};
 	if (cfg.plant)
-		vmmrt__offload_test_drop_fence(s->rt, plant_bits[cfg.plant]);
+		vmmrt__offload_test_plant(s->rt, plant_bits[cfg.plant]);
 	return true;
 }
 
