@@ -422,17 +422,7 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	o->lookahead_in_force = off->sched.recorded ? off->la : 0;
 	o->aborts = off->aborts;
 	o->retired_groups = off->nretired;
-	if (rt->mode == VMMRT_MODE_PINGPONG) {
-		for (unsigned b = 0; b < off->pingpong.nbanks; b++)
-			if (off->pingpong.bank[b].slot) {
-				o->banks++;
-				o->bound_bytes += vmmrt_slot_size(off->pingpong.bank[b].slot);
-			}
-	} else {
-		/* remap: the budget's largest groups; none: every group */
-		o->budget_groups = rt->mode == VMMRT_MODE_REMAP ? (uint32_t)uatomic_read(&off->remap.budget) : off->ngroups;
-		o->bound_bytes = vmmrt__offload_largest(off, o->budget_groups);
-	}
+	off->ops->stats(off, o);
 	o->bytes_offloaded = uatomic_read(&off->bytes_offloaded);
 	o->bytes_restored = uatomic_read(&off->bytes_restored);
 	o->activation_bytes = (uint64_t)uatomic_read(&off->activation_bytes);

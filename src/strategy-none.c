@@ -61,6 +61,13 @@ static void none_destroy(vmmrt__offload *off)
 		none_free_group(off, off->groups[i]);
 }
 
+/* Every group resident: the bound is all of them. */
+static void none_stats(const vmmrt__offload *off, vmmrt_offload_stats *o)
+{
+	o->budget_groups = off->ngroups;
+	o->bound_bytes = vmmrt__offload_largest(off, off->ngroups);
+}
+
 const vmmrt__strategy_ops vmmrt__strategy_none = {
 	.name = "none",
 	.max_lookahead = 0,
@@ -74,4 +81,5 @@ const vmmrt__strategy_ops vmmrt__strategy_none = {
 	.backward_begin = none_hook,
 	.backward_end = none_hook,
 	.destroy = none_destroy,
+	.stats = none_stats,
 };

@@ -346,6 +346,16 @@ static void pp_dump_group(vmmrt__offload *off, vmmrt_group *g, int fd)
 		dprintf(fd, ", bank %u", g->pingpong.bank);
 }
 
+/* The banks made: nothing else of the groups' is on the device. */
+static void pp_stats(const vmmrt__offload *off, vmmrt_offload_stats *o)
+{
+	for (unsigned b = 0; b < off->pingpong.nbanks; b++)
+		if (off->pingpong.bank[b].slot) {
+			o->banks++;
+			o->bound_bytes += vmmrt_slot_size(off->pingpong.bank[b].slot);
+		}
+}
+
 const vmmrt__strategy_ops vmmrt__strategy_pingpong = {
 	.name = "pingpong",
 	.max_lookahead = 1,
@@ -359,6 +369,7 @@ const vmmrt__strategy_ops vmmrt__strategy_pingpong = {
 	.backward_begin = pp_backward_begin,
 	.backward_end = pp_backward_end,
 	.destroy = pp_destroy,
+	.stats = pp_stats,
 	.dump = pp_dump,
 	.dump_group = pp_dump_group,
 };

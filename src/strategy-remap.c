@@ -770,6 +770,13 @@ static void rm_dump_group(vmmrt__offload *off, vmmrt_group *g, int fd)
 		dprintf(fd, ", owes release %" PRIu64, (uint64_t)uatomic_read(&rg->owed_index));
 }
 
+/* The budget's largest groups: at most that many are mapped at once. */
+static void rm_stats(const vmmrt__offload *off, vmmrt_offload_stats *o)
+{
+	o->budget_groups = (uint32_t)uatomic_read(&off->remap.budget);
+	o->bound_bytes = vmmrt__offload_largest(off, o->budget_groups);
+}
+
 const vmmrt__strategy_ops vmmrt__strategy_remap = {
 	.name = "remap",
 	.max_lookahead = 16,
@@ -785,6 +792,7 @@ const vmmrt__strategy_ops vmmrt__strategy_remap = {
 	.backward_begin = rm_backward_begin,
 	.backward_end = rm_backward_end,
 	.destroy = rm_destroy,
+	.stats = rm_stats,
 	.dump = rm_dump,
 	.dump_group = rm_dump_group,
 };

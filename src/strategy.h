@@ -47,6 +47,9 @@ typedef struct vmmrt__strategy_ops {
 	/* After B(g): record consumption, free the memory (fence 2, or the release). */
 	vmmrt_status (*backward_end)(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute);
 	void (*destroy)(vmmrt__offload *off);
+	/* For vmmrt_offload_stats_get (any thread, racy reads): its memory bound,
+	 * bound_bytes, and what it is made of (banks, or budget_groups). */
+	void (*stats)(const vmmrt__offload *off, vmmrt_offload_stats *o);
 	/* Optional, for a hang report (racy reads): append the strategy's state
 	 * to the runtime's line, and to each group's (no newline). */
 	void (*dump)(vmmrt__offload *off, int fd);
