@@ -16,7 +16,8 @@
 #  tests/benchmark   micro-benchmarks: built, not run
 #  tests/common      what the tests share (helpers, the offload model, the
 #                    time limit)
-#  tests/*.sh        checks of the tree: SPDX lines, layering, man pages,
+#  tests/*.sh        checks of the tree: SPDX lines, layering, comments that
+#                    name what exists, man pages,
 #                    the bench's smoke test, the Python package
 
 # The cmocka programs: the internal headers, tests/common and cmocka; the
@@ -123,7 +124,7 @@ tests_fuzz_fuzz_replay_LDADD = libvmmrt-testing.la $(URCU_LIBS) $(CK_LIBS) -lpth
 
 # ------------------------------------------------------------ scripts
 torture_tests = tests/torture/short.sh tests/torture/hang.sh tests/regression/planted.sh
-tree_tests = tests/spdx.sh tests/layering.sh tests/man-check.sh tests/bench-smoke.sh tests/python.sh
+tree_tests = tests/spdx.sh tests/layering.sh tests/comment-refs.sh tests/man-check.sh tests/bench-smoke.sh tests/python.sh
 
 check_PROGRAMS += $(unit_tests) $(regression_tests) $(gpu_tests) tests/abi/test-dlopen tests/fuzz/fuzz-replay
 TESTS += $(unit_tests) $(regression_tests) $(gpu_tests) $(abi_tests) $(torture_tests) tests/fuzz/replay.sh \

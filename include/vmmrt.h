@@ -220,7 +220,7 @@ VMMRT_EXTERN vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *slot);
 VMMRT_EXTERN vmmrt_status vmmrt_slot_error(vmmrt_slot *slot);
 
 /*
- * Stream-ordered backing (since 0.3.0), for memory that must exist only
+ * Stream-ordered backing (since 0.2.0), for memory that must exist only
  * while a tensor does (a gradient): none of these waits for the GPU. The
  * memory of a slot made by vmmrt_slot_create always goes back to the
  * driver when released, never into a worker's handle pool.
@@ -416,7 +416,7 @@ typedef struct vmmrt_offload_stats {
 	vmmrt_mode mode;
 	uint32_t lookahead;
 	uint32_t schedule_recorded;      /* 1 once the first iteration fixed the order */
-	/* since 0.3.0 */
+	/* since 0.2.0 */
 	uint32_t schedule_declared;      /* 1 if vmmrt_offload_set_schedule gave the order */
 	uint32_t lookahead_in_force;     /* the look-ahead the schedule and the banks allow (0 until known) */
 	uint32_t banks;                  /* ping-pong: banks held now */

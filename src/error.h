@@ -15,12 +15,14 @@
 #define VMMRT_PRINTF(a, b)
 #endif
 
-/* Set this thread's message ("VMMRT_E_X: <text>") and return status. */
+/* Set this thread's message ("VMMRT_E_<NAME>: <text>") and return status. */
 vmmrt_status vmmrt__error(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
 /* Keep the message of a failure already reported below, prefixing context. */
 vmmrt_status vmmrt__error_wrap(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
 void vmmrt__error_clear(void);
-/* Adopt a message reported on another thread (a worker's, for its waiter). */
+/* Make message ("VMMRT_E_<NAME>: <text>") this thread's again: a cause saved
+ * before a clean-up whose own failures would replace it, or a worker's
+ * message for the thread that waited on its request. */
 void vmmrt__error_adopt(const char *message);
 
 #define VMMRT_CHECK_ARG(cond, what) \

@@ -74,7 +74,7 @@ size_t vmmrt__options_count(void);
  * or by command-line spelling ("driver-workers"). */
 int vmmrt__options_find(const char *name);
 
-/* Tools: print "--name=VALUE  doc [VMMRT_X, default]" lines, and accept
+/* Tools: print "--name=VALUE  doc [VMMRT_<NAME>, default]" lines, and accept
  * --name=value / --name value for every option; other arguments are left in
  * argv (compacted), *argc updated. */
 void vmmrt__options_print_help(FILE *out);

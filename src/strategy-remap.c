@@ -406,8 +406,7 @@ static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_str
 
 /*
  * A D2H copy in flight makes cuMemSetAccess about ten times slower on the
- * H200 (180 MiB: 81 us idle, 915 us beside a D2H, 157 us beside an H2D),
- * and in the forward pass of a copy-bound model one is always in flight: the
+ * H200 (the figures: backend/host.c's latency model), and in the forward pass of a copy-bound model one is always in flight: the
  * map of layer k, due when layer k-2's D2H has ended, would run beside layer
  * k-1's. So, before g's D2H, the D2H stream waits for the maps already due:
  * in ticket order (admission's), each whose releases were all handed off

@@ -24,7 +24,7 @@
 
 #include "bench/bench.h"
 
-/* Real layers on the H200 (PyTorch 2.11, bf16; shared/gpu/README.md). */
+/* Real layers measured on the H200 (PyTorch 2.11, bf16): vmmrt-bench(1), --preset. */
 const bench_preset bench_presets[BENCH_NPRESETS] = {
 	{"llama8b-s4096", "Llama-3-8B shape, seq 4096, batch 1", 3.10, 7.07, 721},
 	{"llama8b-s8192", "Llama-3-8B shape, seq 8192, batch 1", 6.45, 15.85, 1441},

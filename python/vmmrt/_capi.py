@@ -63,7 +63,7 @@ class OffloadStats(Structure):
                 ("last_d2h_bytes", c_uint64), ("last_h2d_bytes", c_uint64),
                 ("groups", c_uint32), ("mode", c_int), ("lookahead", c_uint32),
                 ("schedule_recorded", c_uint32),
-                # since 0.3.0
+                # since 0.2.0
                 ("schedule_declared", c_uint32), ("lookahead_in_force", c_uint32),
                 ("banks", c_uint32), ("budget_groups", c_uint32), ("bound_bytes", c_uint64),
                 ("aborts", c_uint64), ("retired_groups", c_uint32),

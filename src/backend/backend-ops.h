@@ -2,14 +2,14 @@
 /*
  * The one list of backend operations. From it come the ops table
  * (backend.h), each backend's table and declarations (host-internal.h,
- * host.c, cuda-ops.c), the runtime's wrappers around them (driver.h,
+ * host.c, cuda-internal.h, cuda.c), the runtime's wrappers around them (driver.h,
  * driver.c) and the names the wrappers report and fault hooks see. Adding an
  * operation is one line here, then its implementation in each backend (the
  * build fails until both have it).
  *
  * X(op, door, call, params, args)
  *   op      the table's field (vmmrt__backend_ops.op), the host backend's
- *           vmmrt__host_<op>, the CUDA backend's cuda_<op>, and the wrapper
+ *           vmmrt__host_<op>, the CUDA backend's vmmrt__cuda_<op>, and the wrapper
  *           vmmrt__drv_<op>
  *   door    what driver.c does around the call (its DOOR_* macros):
  *             RAW       nothing: the device's fixed properties, read at

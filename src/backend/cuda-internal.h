@@ -1,17 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * The CUDA backend's shared parts. Four files, each calling only the ones
- * below it:
- *
- *   cuda.c          open and close, virtual memory, pinned host memory, the
- *                   ops table
- *   cuda-stream.c   streams, events, copies, graphs, the built-in kernels
- *   cuda-hostfn.c   host functions: the records that carry (fn, arg) through
- *                   cuLaunchHostFunc, the trampoline, graph host nodes
- *   cuda-loader.c   libcuda.so.1 loaded at run time and its entry points,
- *                   driver errors as vmmrt statuses and messages
- *
- * What they share is here: the entry-point table, the error helpers, the
+ * The CUDA backend's shared parts. Its files, what each holds and which
+ * calls which: src/README (layers 4 to 7). What they share is here: the entry-point table, the error helpers, the
  * per-device state and the prologue of every op (the context switch).
  */
 #ifndef VMMRT_CUDA_INTERNAL_H

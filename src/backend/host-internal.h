@@ -1,14 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * The host backend's shared state: a GPU emulated on host memory.
- *
- * Four files, each calling only those below it: host.c owns the device
- * (open/close), virtual memory (reservations, memfd handles, mappings),
- * pinned host memory and the latency model; host-graph.c events and graphs;
- * host-stream.c streams, copies, kernels and the registries of streams,
- * events and graphs; host-exec.c what a stream thread runs; host-registry.c,
- * beside it, the prologue of every op and the registry helper. Nothing else
- * includes this.
+ * The host backend's shared state: a GPU emulated on host memory. Its files,
+ * what each holds and which calls which: src/README (layers 4 to 7).
+ * Nothing else includes this.
  *
  * Lock order (outer first): obj_lock -> stream lock -> sync_lock.
  * vmm_lock is never held together with any of the others.

@@ -91,7 +91,8 @@ static const vmmrt__host_kind pinned = {
 
 enum host_call { CALL_CREATE, CALL_MAP, CALL_SET_ACCESS, CALL_UNMAP, CALL_RELEASE, CALL_COUNT_ };
 
-/* Median microseconds on an idle H200 (shared/gpu/README.md), one handle per size. */
+/* Median microseconds on an idle H200, one handle per size (measured for this
+ * model on the project's H200, outside this tree). */
 static const struct {
 	size_t bytes;
 	double us[CALL_COUNT_];
@@ -105,7 +106,7 @@ static const struct {
 
 /*
  * Slow-down per copy in flight: cost = idle cost * (1 + k * copies).
- * The README has cuMemRelease(256 MiB) at 94 us idle and 0.9 ms with two 1 GiB
+ * The same measurements have cuMemRelease(256 MiB) at 94 us idle and 0.9 ms with two 1 GiB
  * copies in flight (k ~ 4.3), cuMemCreate(256 MiB) at 4.0 ms in the same
  * situation (k ~ 166, a single sample), and whole create+map+set-access cycles
  * under copy load at p50 72 us / max 293 us (k ~ 0.3 to 4). One k for every

@@ -71,7 +71,7 @@ typedef struct bench_params {
 	unsigned inflight, microbatches;
 } bench_params;
 
-/* One real layer measured on the H200 (shared/gpu/README.md). */
+/* One real layer measured on the H200 (the table: tools/vmmrt-bench.c). */
 typedef struct bench_preset {
 	const char *name;
 	const char *what;
