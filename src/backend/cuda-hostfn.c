@@ -192,7 +192,6 @@ struct hostfn_rec *vmmrt__cuda_capture_recs_take(vmmrt__backend *b, cuuint64_t i
 	return taken;
 }
 
-
 void vmmrt__cuda_retire_recs(vmmrt__backend *b, struct hostfn_rec *recs)
 {
 	struct hostfn_rec *last;
@@ -203,6 +202,15 @@ void vmmrt__cuda_retire_recs(vmmrt__backend *b, struct hostfn_rec *recs)
 		;
 	last->next = b->retired_recs;
 	b->retired_recs = recs;
+}
+
+void vmmrt__cuda_hostfn_records_free(vmmrt__backend *b)
+{
+	pthread_mutex_lock(&b->lock);
+	vmmrt__cuda_hostfn_free_list(b->capture_recs);
+	vmmrt__cuda_hostfn_free_list(b->retired_recs);
+	b->capture_recs = b->retired_recs = NULL;
+	pthread_mutex_unlock(&b->lock);
 }
 
 vmmrt_status vmmrt__cuda_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmmrt__host_fn fn, void *arg)

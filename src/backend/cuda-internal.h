@@ -257,8 +257,16 @@ void vmmrt__cuda_hostfn_free_list(struct hostfn_rec *r);
 struct hostfn_rec *vmmrt__cuda_capture_recs_take(vmmrt__backend *b, cuuint64_t id);
 /* A destroyed graph's records, kept until close (a replay may still run them); b->lock held. */
 void vmmrt__cuda_retire_recs(vmmrt__backend *b, struct hostfn_rec *recs);
+/* At close, once the pool is destroyed and the graphs freed: the records of
+ * captures never ended and of destroyed graphs. */
+void vmmrt__cuda_hostfn_records_free(vmmrt__backend *b);
 
 /* ------------------------------------------------------------ cuda-stream.c */
+
+/* At close, b's context current and the host-function pool destroyed (the
+ * GPU work its functions follow may read graph records): the graphs the
+ * caller did not destroy, with their records. */
+void vmmrt__cuda_graphs_free(vmmrt__backend *b);
 
 #ifdef HAVE_NVCC_KERNELS
 /* Load the embedded kernels in b's context (at open); a failure leaves b without them, and says why. */

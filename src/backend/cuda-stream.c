@@ -278,6 +278,21 @@ vmmrt_status vmmrt__cuda_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt
 	return VMMRT_OK;
 }
 
+void vmmrt__cuda_graphs_free(vmmrt__backend *b)
+{
+	struct vmmrt__bgraph *g;
+
+	pthread_mutex_lock(&b->lock);
+	while ((g = b->graphs) != NULL) {
+		b->graphs = g->next;
+		vmmrt__cu.GraphExecDestroy(g->exec);
+		vmmrt__cu.GraphDestroy(g->graph);
+		vmmrt__cuda_hostfn_free_list(g->recs);
+		free(g);
+	}
+	pthread_mutex_unlock(&b->lock);
+}
+
 vmmrt_status vmmrt__cuda_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 {
 	CUresult r1, r2;

@@ -39,7 +39,6 @@
 /* Release what open() or later ops left; b's context may be gone already. */
 static void backend_free(vmmrt__backend *b)
 {
-	struct vmmrt__bgraph *g;
 	int pushed = 0;
 
 	if (b->ctx_retained && vmmrt__cuda_ctx_enter(b, "close", &pushed) != VMMRT_OK)
@@ -50,18 +49,8 @@ static void backend_free(vmmrt__backend *b)
 	vmmrt__cuda_hostfn_pool_destroy(b->pool);
 	b->pool = NULL;
 
-	pthread_mutex_lock(&b->lock);
-	while ((g = b->graphs) != NULL) {
-		b->graphs = g->next;
-		vmmrt__cu.GraphExecDestroy(g->exec);
-		vmmrt__cu.GraphDestroy(g->graph);
-		vmmrt__cuda_hostfn_free_list(g->recs);
-		free(g);
-	}
-	vmmrt__cuda_hostfn_free_list(b->capture_recs);
-	vmmrt__cuda_hostfn_free_list(b->retired_recs);
-	b->capture_recs = b->retired_recs = NULL;
-	pthread_mutex_unlock(&b->lock);
+	vmmrt__cuda_graphs_free(b);
+	vmmrt__cuda_hostfn_records_free(b);
 
 	if (b->module != NULL)
 		vmmrt__cu.ModuleUnload(b->module);
