@@ -200,8 +200,12 @@ vmmrt_status vmmrt__host_submit(vmmrt__backend *b, vmmrt_stream s, const struct 
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
 void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 
-/* Every operation of backend-ops.h: vmmrt__host_<op> (host.c: the device, VMM,
- * pinned memory; host-graph.c: events and graphs; host-stream.c: the rest). */
+/* host-vmm.c: at close, free every mapping, reservation and handle. */
+void vmmrt__host_vmm_close(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
+
+/* Every operation of backend-ops.h: vmmrt__host_<op> (host.c: the device,
+ * pinned memory; host-vmm.c: VMM; host-graph.c: events and graphs;
+ * host-stream.c: the rest). */
 #define VMMRT__OP_PREFIX vmmrt__host_
 VMMRT__BACKEND_DECLS
 
