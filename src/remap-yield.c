@@ -1,7 +1,5 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
-/*
- * Remap: the D2H stream yields to the maps already due (launch thread).
- */
+/* Remap: the D2H stream yields to the maps already due (launch thread). */
 #include "config.h"
 
 #include <urcu/uatomic.h>
@@ -12,9 +10,9 @@
 
 /*
  * A D2H copy in flight makes cuMemSetAccess about ten times slower on the
- * H200 (the figures: backend/host.c's latency model), and in the forward pass of a copy-bound model one is always in flight: the
- * map of layer k, due when layer k-2's D2H has ended, would run beside layer
- * k-1's. So, before g's D2H, the D2H stream waits for the maps already due:
+ * H200 (the figures: backend/host-vmm.c's latency model), and in the
+ * forward pass of a copy-bound model one is always in flight: the map of
+ * layer k, due when layer k-2's D2H has ended, would run beside layer k-1's. So, before g's D2H, the D2H stream waits for the maps already due:
  * in ticket order (admission's), each whose releases were all handed off
  * and which the budget admits with g still mapped (g's release comes after
  * this copy, so a map that needs it must not be waited for here), up to the
