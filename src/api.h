@@ -6,8 +6,8 @@
  *    last failure of the call this thread just made, never an old one);
  *  - nothing that can reach the driver runs inside a host function.
  */
-#ifndef VMMRT_API_H
-#define VMMRT_API_H
+#ifndef VMMRT__API_H
+#define VMMRT__API_H
 
 #include <stddef.h>
 #include <string.h>

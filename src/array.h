@@ -3,8 +3,8 @@
  * Arrays that grow (array.c): the one way the library's lists of groups,
  * descriptors, retired groups and handles get room.
  */
-#ifndef VMMRT_ARRAY_H
-#define VMMRT_ARRAY_H
+#ifndef VMMRT__ARRAY_H
+#define VMMRT__ARRAY_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -6,8 +6,8 @@
  * every sleep of the library and its backends comes from here, so they all
  * line up and none jumps with the wall clock.
  */
-#ifndef VMMRT_CLOCK_H
-#define VMMRT_CLOCK_H
+#ifndef VMMRT__CLOCK_H
+#define VMMRT__CLOCK_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -96,7 +96,7 @@ static void record_call(vmmrt_runtime *rt, vmmrt__drv_call c, uint64_t t0, size_
 	uint64_t t1 = vmmrt__now_ns();
 	vmmrt__call_ring *r = &rt->calls[c];
 	uint64_t i = uatomic_add_return(&r->next, 1) - 1;
-	r->us[i % VMMRT_CALL_SAMPLES] = (float)(t1 - t0) / 1000.0f;
+	r->us[i % VMMRT__CALL_SAMPLES] = (float)(t1 - t0) / 1000.0f;
 	if (rt->trace)
 		vmmrt__trace_call(rt->trace, call_names[c], t0, t1, bytes);
 }
@@ -256,7 +256,7 @@ void vmmrt__drv_call_stats(vmmrt_runtime *rt, vmmrt__drv_call c, vmmrt__call_sta
 		return;
 	vmmrt__call_ring *r = &rt->calls[c];
 	uint64_t total = uatomic_read(&r->next);
-	size_t n = total < VMMRT_CALL_SAMPLES ? (size_t)total : VMMRT_CALL_SAMPLES;
+	size_t n = total < VMMRT__CALL_SAMPLES ? (size_t)total : VMMRT__CALL_SAMPLES;
 	out->count = total;
 	if (n == 0)
 		return;
@@ -286,7 +286,7 @@ uint64_t vmmrt__drv_launch_thread_blocking(vmmrt_runtime *rt)
 vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driver_stats *out)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(rt && out, "NULL argument");
+	VMMRT__CHECK_ARG(rt && out, "NULL argument");
 	if (call >= VMMRT_CALL_COUNT_)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "driver call %u >= %d", call, VMMRT_CALL_COUNT_);
 	vmmrt__call_stats s;
@@ -298,7 +298,7 @@ vmmrt_status vmmrt_driver_stats_get(vmmrt_runtime *rt, unsigned call, vmmrt_driv
 vmmrt_status vmmrt_driver_stats_reset(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__drv_reset_stats(rt);
 	return VMMRT_OK;
 }

@@ -7,8 +7,8 @@
  * time the VMM calls per type for the statistics and the trace, and offer the
  * hook where faults are injected.
  */
-#ifndef VMMRT_DRIVER_H
-#define VMMRT_DRIVER_H
+#ifndef VMMRT__DRIVER_H
+#define VMMRT__DRIVER_H
 
 #include "backend/backend.h"
 

@@ -5,8 +5,8 @@
  * file supplies it (FUTEX_WAIT_BITSET with an absolute CLOCK_MONOTONIC
  * deadline), using liburcu's futex wrappers.
  */
-#ifndef VMMRT_EC_H
-#define VMMRT_EC_H
+#ifndef VMMRT__EC_H
+#define VMMRT__EC_H
 
 #include <stdint.h>
 #include <time.h>

@@ -22,7 +22,7 @@
 vmmrt_status vmmrt_group_create(vmmrt_runtime *rt, const char *name, vmmrt_group **out)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt && out, "NULL argument");
+	VMMRT__CHECK_ARG(rt && out, "NULL argument");
 	vmmrt__offload *off = rt->offload;
 	if (off->allocated)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s' created after vmmrt_offload_allocate",
@@ -64,7 +64,7 @@ static vmmrt_status check_desc(const vmmrt_group *g, const vmmrt_tensor_desc *d)
 vmmrt_status vmmrt_group_discover(vmmrt_group *g, const vmmrt_tensor_desc *d)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
 	vmmrt_status st = check_desc(g, d);
 	if (st != VMMRT_OK)
 		return st;
@@ -134,7 +134,7 @@ void vmmrt__group_free(vmmrt_group *g)
 vmmrt_status vmmrt_group_begin_capture(vmmrt_group *g)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
 	if (g->state != VMMRT_GROUP_ALLOCATED && g->state != VMMRT_GROUP_READY)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': begin capture needs an allocated group",
 				   g->name);
@@ -158,8 +158,8 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 			      vmmrt_devptr *addr)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(g, "group is NULL");
-	VMMRT_CHECK_ARG(addr, "addr is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(addr, "addr is NULL");
 	vmmrt_status st = check_desc(g, d);
 	if (st != VMMRT_OK)
 		return st;
@@ -196,7 +196,7 @@ vmmrt_status vmmrt_group_save(vmmrt_group *g, const vmmrt_tensor_desc *d, vmmrt_
 vmmrt_status vmmrt_group_end_capture(vmmrt_group *g)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
 	if (g->state != VMMRT_GROUP_CAPTURING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s': end capture without begin", g->name);
 	if (g->saved != g->ndesc) {
@@ -245,7 +245,7 @@ void vmmrt__group_fail(vmmrt_group *g, vmmrt_status st, const char *what)
 vmmrt_status vmmrt_group_error(vmmrt_group *g)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
 	return vmmrt__group_take_error(g);
 }
 

@@ -5,8 +5,8 @@
  * host copy, the events of its copies) next to what its strategy keeps
  * (the strategy's part, which the rest never reads).
  */
-#ifndef VMMRT_GROUP_H
-#define VMMRT_GROUP_H
+#ifndef VMMRT__GROUP_H
+#define VMMRT__GROUP_H
 
 #include "runtime.h"
 #include "strategy-pingpong.h"

@@ -21,9 +21,9 @@ static void dump(vmmrt_runtime *rt, int fd);
 
 void vmmrt__offload_dump(vmmrt_runtime *rt, int fd)
 {
-	VMMRT_TSAN_IGNORE_READS_BEGIN();
+	VMMRT__TSAN_IGNORE_READS_BEGIN();
 	dump(rt, fd);
-	VMMRT_TSAN_IGNORE_READS_END();
+	VMMRT__TSAN_IGNORE_READS_END();
 }
 
 static void dump(vmmrt_runtime *rt, int fd)

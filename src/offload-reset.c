@@ -89,7 +89,7 @@ static vmmrt_status drain_and_reset(vmmrt__offload *off)
 vmmrt_status vmmrt_offload_abort(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = rt->offload;
 	if (!off || !off->allocated)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate): no "
@@ -104,7 +104,7 @@ vmmrt_status vmmrt_offload_abort(vmmrt_runtime *rt)
 vmmrt_status vmmrt_group_rediscover(vmmrt_group *g)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
 	vmmrt__offload *off = g->off;
 	if (g->state == VMMRT_GROUP_CAPTURING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "group '%s' is capturing: end the capture first", g->name);
@@ -140,7 +140,7 @@ vmmrt_status vmmrt_group_rediscover(vmmrt_group *g)
 vmmrt_status vmmrt_offload_release_retired(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = rt->offload;
 	if (!off || !off->nretired)
 		return VMMRT_OK;

@@ -98,7 +98,7 @@ vmmrt_status vmmrt_offload_allocate(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();
 	vmmrt_status st;
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = rt->offload;
 	if (off->allocated && !off->needs_allocate)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload already allocated (vmmrt_group_rediscover makes "
@@ -156,8 +156,8 @@ fail:;
 vmmrt_status vmmrt_offload_set_schedule(vmmrt_runtime *rt, const vmmrt_schedule_step *steps, size_t nsteps)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(steps || nsteps == 0, "steps is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(steps || nsteps == 0, "steps is NULL");
 	vmmrt__offload *off = rt->offload;
 	if (off->allocated && !off->needs_allocate)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "the schedule is declared before vmmrt_offload_allocate (the "
@@ -235,7 +235,7 @@ static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, co
 static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
 {
 	vmmrt_status st;
-	VMMRT_CHECK_ARG(g, "group is NULL");
+	VMMRT__CHECK_ARG(g, "group is NULL");
 	if (!g->off->allocated || g->state == VMMRT_GROUP_DISCOVERING)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' is not allocated", what, g->name);
 	if (g->state == VMMRT_GROUP_CAPTURING)
@@ -373,7 +373,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();
 	vmmrt_status st;
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 	vmmrt__offload *off = rt->offload;
 	if (!off || !off->allocated)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "offload not allocated (vmmrt_offload_allocate)");
@@ -404,7 +404,7 @@ vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out)
 {
 	VMMRT__API_ENTER(); /* the copy times come from driver events */
-	VMMRT_CHECK_ARG(rt && out, "NULL argument");
+	VMMRT__CHECK_ARG(rt && out, "NULL argument");
 	vmmrt_offload_stats full = {.size = sizeof(full)};
 	vmmrt_offload_stats *o = &full;
 	o->mode = rt->mode;
@@ -450,7 +450,7 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 	/* The peak from what is mapped now; a worker mapping meanwhile raises
 	 * it again past this value, which is what a peak from now on means. */
 	uatomic_set(&rt->slot_peak_bytes, uatomic_read(&rt->slot_bytes));

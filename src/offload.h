@@ -6,8 +6,8 @@
  * strategy reads. Everything here runs on the launch thread unless it says
  * otherwise.
  */
-#ifndef VMMRT_OFFLOAD_H
-#define VMMRT_OFFLOAD_H
+#ifndef VMMRT__OFFLOAD_H
+#define VMMRT__OFFLOAD_H
 
 #include "group.h"
 #include "runtime.h"

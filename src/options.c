@@ -239,7 +239,7 @@ void vmmrt__options_defaults(vmmrt_options *o)
 vmmrt_status vmmrt_options_create(vmmrt_options **out)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(out, "out is NULL");
+	VMMRT__CHECK_ARG(out, "out is NULL");
 	vmmrt_options *o = malloc(sizeof(*o));
 	if (!o)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "options: %zu bytes", sizeof(*o));
@@ -256,8 +256,8 @@ void vmmrt_options_destroy(vmmrt_options *opts)
 vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char *value)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(opts, "options is NULL");
-	VMMRT_CHECK_ARG(name, "name is NULL");
+	VMMRT__CHECK_ARG(opts, "options is NULL");
+	VMMRT__CHECK_ARG(name, "name is NULL");
 	int id = vmmrt__options_find(name);
 	if (id < 0)
 		return vmmrt__error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name);
@@ -274,8 +274,8 @@ vmmrt_status vmmrt_options_set(vmmrt_options *opts, const char *name, const char
 vmmrt_status vmmrt_options_get(const vmmrt_options *opts, const char *name, char *buf, size_t len)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(opts, "options is NULL");
-	VMMRT_CHECK_ARG(buf && len, "buffer is NULL or empty");
+	VMMRT__CHECK_ARG(opts, "options is NULL");
+	VMMRT__CHECK_ARG(buf && len, "buffer is NULL or empty");
 	int id = vmmrt__options_find(name);
 	if (id < 0)
 		return vmmrt__error(VMMRT_E_INVALID_OPTION, "unknown option '%s' (see vmmrt(7))", name ? name : "(null)");
@@ -390,7 +390,7 @@ static vmmrt_status env_value(vmmrt_options *o, int id)
 vmmrt_status vmmrt_options_apply_env(vmmrt_options *opts)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(opts, "options is NULL");
+	VMMRT__CHECK_ARG(opts, "options is NULL");
 	return vmmrt__options_apply_env(opts);
 }
 
@@ -452,7 +452,7 @@ static void fill_range_texts(void)
 vmmrt_status vmmrt_option_describe(size_t index, vmmrt_option_info *out)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(out, "out is NULL");
+	VMMRT__CHECK_ARG(out, "out is NULL");
 	if (index >= VMMRT_OPT_COUNT_)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "option index %zu >= %d", index, VMMRT_OPT_COUNT_);
 	const opt_row *r = &table[index];
@@ -507,7 +507,7 @@ void vmmrt__options_print_man(FILE *out)
 
 vmmrt_status vmmrt__options_parse_args(vmmrt_options *o, int *argc, char **argv)
 {
-	VMMRT_CHECK_ARG(o && argc && argv, "NULL argument");
+	VMMRT__CHECK_ARG(o && argc && argv, "NULL argument");
 	int keep = 1;
 	for (int i = 1; i < *argc; i++) {
 		const char *a = argv[i];

@@ -4,8 +4,8 @@
  * range, doc). Parsing, validation, the environment, tools' --help and the
  * option section of vmmrt(7) all come from it, so they cannot disagree.
  */
-#ifndef VMMRT_OPTIONS_H
-#define VMMRT_OPTIONS_H
+#ifndef VMMRT__OPTIONS_H
+#define VMMRT__OPTIONS_H
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
 
 uint64_t vmmrt_fill_word(uint64_t seed, uint64_t index)
 {
-	return vmmrt__mix64(seed + VMMRT_GOLDEN * (index + 1));
+	return vmmrt__mix64(seed + VMMRT__GOLDEN * (index + 1));
 }
 
 uint64_t vmmrt_layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t layer_seed)
@@ -17,7 +17,7 @@ uint64_t vmmrt_layer_checksum_host(size_t bytes, uint64_t input_seed, uint64_t l
 	uint64_t sum = 0;
 	for (size_t i = 0; i < bytes / 8; i++) {
 		uint64_t w = vmmrt_fill_word(input_seed, i) ^ vmmrt_fill_word(layer_seed, i);
-		sum += vmmrt__mix64(w + VMMRT_CKSUM_K * (i + 1));
+		sum += vmmrt__mix64(w + VMMRT__CKSUM_K * (i + 1));
 	}
 	return sum;
 }
@@ -31,7 +31,7 @@ uint64_t vmmrt_checksum_host(const void *data, size_t bytes)
 	for (size_t i = 0; i < bytes / 8; i++) {
 		uint64_t w;
 		memcpy(&w, p + i * 8, 8);
-		sum += vmmrt__mix64(w + VMMRT_CKSUM_K * (i + 1));
+		sum += vmmrt__mix64(w + VMMRT__CKSUM_K * (i + 1));
 	}
 	return sum;
 }

@@ -3,18 +3,18 @@
  * The built-in kernels' byte patterns, the same on every backend and on the
  * host (pattern.c), in host and in device code (src/kernels/vmmrt_kernels.cu
  * includes this too):
- *   fill word i  = vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1))
- *   checksum     = sum over 8-byte words w_i of vmmrt__mix64(w_i + VMMRT_CKSUM_K * (i + 1)),
+ *   fill word i  = vmmrt__mix64(seed + VMMRT__GOLDEN * (i + 1))
+ *   checksum     = sum over 8-byte words w_i of vmmrt__mix64(w_i + VMMRT__CKSUM_K * (i + 1)),
  *                  modulo 2^64 (order-free, so a device reduction may add in any order;
  *                  position-dependent, so swapped words are caught)
  */
-#ifndef VMMRT_PATTERN_H
-#define VMMRT_PATTERN_H
+#ifndef VMMRT__PATTERN_H
+#define VMMRT__PATTERN_H
 
 #include <stdint.h>
 
-#define VMMRT_GOLDEN 0x9E3779B97F4A7C15ULL
-#define VMMRT_CKSUM_K 0xD1B54A32D192ED03ULL
+#define VMMRT__GOLDEN 0x9E3779B97F4A7C15ULL
+#define VMMRT__CKSUM_K 0xD1B54A32D192ED03ULL
 
 #ifdef __CUDACC__
 #define VMMRT__HOST_DEVICE __host__ __device__ __forceinline__

@@ -6,8 +6,8 @@
  * accounting of activation memory; the tail rule. Launch thread, unless a
  * function says otherwise.
  */
-#ifndef VMMRT_PIPELINE_H
-#define VMMRT_PIPELINE_H
+#ifndef VMMRT__PIPELINE_H
+#define VMMRT__PIPELINE_H
 
 #include "offload.h"
 

@@ -122,7 +122,7 @@ static void release_done(vmmrt__request *req, vmmrt_status st, void *arg)
 static void release_counted(vmmrt_group *g)
 {
 	uint64_t done = uatomic_add_return(&g->remap.releases_done, 1);
-	if (uatomic_read(&g->remap.owed_index) == done && uatomic_cmpxchg(&g->remap.owed_index, done, VMMRT_NOT_OWED) == done)
+	if (uatomic_read(&g->remap.owed_index) == done && uatomic_cmpxchg(&g->remap.owed_index, done, VMMRT__NOT_OWED) == done)
 		uatomic_inc(&g->remap.releases_done);
 	vmmrt__workers_kick(g->rt->workers);
 }
@@ -184,7 +184,7 @@ vmmrt_status vmmrt__remap_inline_release(vmmrt__offload *off, vmmrt__remap_req *
 void vmmrt__remap_requests_init(vmmrt_group *g)
 {
 	for (int k = 0; k < 2; k++)
-		for (int j = 0; j < VMMRT_REQ_RING; j++) {
+		for (int j = 0; j < VMMRT__REQ_RING; j++) {
 			vmmrt__remap_req *m = &g->remap.map[k][j], *r = &g->remap.rel[k][j];
 			/* ensure: the first map finds the initial backing */
 			vmmrt__request_init(&m->req, &vmmrt__slot_ensure_ops, g->slot);
@@ -228,12 +228,12 @@ void vmmrt__remap_owe_release(vmmrt__offload *off, vmmrt_group *g, uint64_t inde
 		uatomic_inc(&g->remap.releases_done);
 		return;
 	}
-	if (uatomic_cmpxchg(&g->remap.owed_index, VMMRT_NOT_OWED, index) != VMMRT_NOT_OWED) {
+	if (uatomic_cmpxchg(&g->remap.owed_index, VMMRT__NOT_OWED, index) != VMMRT__NOT_OWED) {
 		vmmrt__group_fail(g, VMMRT_E_INVALID_STATE, "a second release owed (left uncounted)");
 		return;
 	}
 	if (uatomic_read(&g->remap.releases_done) == index &&
-	    uatomic_cmpxchg(&g->remap.owed_index, index, VMMRT_NOT_OWED) == index) {
+	    uatomic_cmpxchg(&g->remap.owed_index, index, VMMRT__NOT_OWED) == index) {
 		uatomic_inc(&g->remap.releases_done);
 		vmmrt__workers_kick(off->rt->workers);
 	}
@@ -241,7 +241,7 @@ void vmmrt__remap_owe_release(vmmrt__offload *off, vmmrt_group *g, uint64_t inde
 
 vmmrt_status vmmrt__remap_request_map(vmmrt__offload *off, vmmrt_group *g, int kind, uint64_t use)
 {
-	vmmrt__remap_req *r = &g->remap.map[kind][g->remap.map_next[kind]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->remap.map[kind][g->remap.map_next[kind]++ % VMMRT__REQ_RING];
 	vmmrt_status st = vmmrt__remap_reclaim(off, &r->req);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "group '%s': previous map", g->name);

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Remap: its requests and their admission (remap-admit.c, below strategy-remap.c). */
-#ifndef VMMRT_REMAP_ADMIT_H
-#define VMMRT_REMAP_ADMIT_H
+#ifndef VMMRT__REMAP_ADMIT_H
+#define VMMRT__REMAP_ADMIT_H
 
 #include "offload.h"
 

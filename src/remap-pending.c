@@ -66,7 +66,7 @@ vmmrt_status vmmrt__remap_pending_flush(vmmrt__offload *off, uint64_t now)
 		if (p->use > now && !map_assured(off, p->g, p->need))
 			return VMMRT_OK; /* and every later one with it: tickets go in order */
 		vmmrt__pending_map taken = *p;
-		off->remap.pending_head = (off->remap.pending_head + 1) % VMMRT_PENDING_MAPS;
+		off->remap.pending_head = (off->remap.pending_head + 1) % VMMRT__PENDING_MAPS;
 		off->remap.pending_n--;
 		if (taken.backward) {
 			vmmrt_status st = enqueue_restore(off, &taken);
@@ -82,9 +82,9 @@ vmmrt_status vmmrt__remap_pending_add(vmmrt__offload *off, const vmmrt__pending_
 	if (off->rt->driver_inline) /* mapped already, by this thread */
 		return p->backward ? enqueue_restore(off, p) : VMMRT_OK;
 	vmmrt_status st;
-	if (off->remap.pending_n == VMMRT_PENDING_MAPS &&
+	if (off->remap.pending_n == VMMRT__PENDING_MAPS &&
 	    (st = vmmrt__remap_pending_flush(off, off->remap.pending[off->remap.pending_head].use)) != VMMRT_OK)
 		return st;
-	off->remap.pending[(off->remap.pending_head + off->remap.pending_n++) % VMMRT_PENDING_MAPS] = *p;
+	off->remap.pending[(off->remap.pending_head + off->remap.pending_n++) % VMMRT__PENDING_MAPS] = *p;
 	return vmmrt__remap_pending_flush(off, off->sched.use);
 }

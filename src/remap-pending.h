@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Remap: when a stream may wait for a map (remap-pending.c, below strategy-remap.c). */
-#ifndef VMMRT_REMAP_PENDING_H
-#define VMMRT_REMAP_PENDING_H
+#ifndef VMMRT__REMAP_PENDING_H
+#define VMMRT__REMAP_PENDING_H
 
 #include "offload.h"
 

@@ -96,7 +96,7 @@ static vmmrt_status ring_back(vmmrt__offload *off, bool maps)
 		if (!g->slot)
 			continue;
 		for (int k = 0; k < 2; k++)
-			for (int j = 0; j < VMMRT_REQ_RING; j++) {
+			for (int j = 0; j < VMMRT__REQ_RING; j++) {
 				vmmrt__request *req = maps ? &g->remap.map[k][j].req : &g->remap.rel[k][j].req;
 				while (!vmmrt__request_poll(req, NULL)) {
 					if (vmmrt__now_ns() > deadline)
@@ -158,7 +158,7 @@ vmmrt_status vmmrt__remap_reset(vmmrt__offload *off)
 		if (!off->groups[i]->slot)
 			continue;
 		rg->releases_planned = rg->maps_requested;
-		uatomic_set(&rg->owed_index, VMMRT_NOT_OWED);
+		uatomic_set(&rg->owed_index, VMMRT__NOT_OWED);
 		uatomic_set(&rg->releases_done, rg->maps_requested);
 	}
 	vmmrt__workers_kick(off->rt->workers);
@@ -204,7 +204,7 @@ void vmmrt__remap_free_group(vmmrt__offload *off, vmmrt_group *g)
 		vmmrt__offload_destroy_slot(g->slot);
 	}
 	g->slot = NULL;
-	for (int j = 0; j < VMMRT_REQ_RING; j++) {
+	for (int j = 0; j < VMMRT__REQ_RING; j++) {
 		if (g->remap.rel[USE_B][j].ev)
 			(void)vmmrt__drv_event_destroy(rt, g->remap.rel[USE_B][j].ev);
 		g->remap.rel[USE_B][j].ev = NULL;

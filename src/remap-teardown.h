@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Remap: teardown and abort (remap-teardown.c, below strategy-remap.c): the
  * strategy's quiesce, unblock, reset, free_group and destroy ops. */
-#ifndef VMMRT_REMAP_TEARDOWN_H
-#define VMMRT_REMAP_TEARDOWN_H
+#ifndef VMMRT__REMAP_TEARDOWN_H
+#define VMMRT__REMAP_TEARDOWN_H
 
 #include "offload.h"
 

@@ -24,7 +24,7 @@ static uint64_t last_ticket(const vmmrt_group *x)
 	uint64_t t = 0;
 	for (int k = 0; k < 2; k++)
 		if (x->remap.map_next[k]) {
-			uint64_t tk = x->remap.map[k][(x->remap.map_next[k] - 1) % VMMRT_REQ_RING].ticket;
+			uint64_t tk = x->remap.map[k][(x->remap.map_next[k] - 1) % VMMRT__REQ_RING].ticket;
 			t = tk > t ? tk : t;
 		}
 	return t;
@@ -41,7 +41,7 @@ vmmrt_status vmmrt__remap_yield_d2h(vmmrt__offload *off, vmmrt_group *g)
 		for (int k = 0; k < 2; k++) {
 			if (!h->remap.map_next[k])
 				continue;
-			vmmrt__remap_req *r = &h->remap.map[k][(h->remap.map_next[k] - 1) % VMMRT_REQ_RING];
+			vmmrt__remap_req *r = &h->remap.map[k][(h->remap.map_next[k] - 1) % VMMRT__REQ_RING];
 			if ((int32_t)(uatomic_read(h->remap.flag) - r->seq) >= 0)
 				continue; /* mapped already */
 			if (n == YIELD_MAX)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* Remap: the D2H stream's yield to the maps due (remap-yield.c, below strategy-remap.c). */
-#ifndef VMMRT_REMAP_YIELD_H
-#define VMMRT_REMAP_YIELD_H
+#ifndef VMMRT__REMAP_YIELD_H
+#define VMMRT__REMAP_YIELD_H
 
 #include "offload.h"
 

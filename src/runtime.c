@@ -95,7 +95,7 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 {
 	VMMRT__API_ENTER();
 	vmmrt_status st;
-	VMMRT_CHECK_ARG(out, "out is NULL");
+	VMMRT__CHECK_ARG(out, "out is NULL");
 	*out = NULL;
 	pthread_once(&atfork_once, register_atfork);
 
@@ -205,7 +205,7 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();
 	vmmrt_status st;
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
 
 	vmmrt_status off_st = vmmrt__offload_destroy(rt);
 	char off_msg[256];
@@ -233,8 +233,8 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info *out)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(out, "out is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(out, "out is NULL");
 	vmmrt_runtime_info info = {.size = sizeof(info)};
 	info.backend = rt->ops->name;
 	snprintf(info.backend_note, sizeof(info.backend_note), "%s", rt->note);
@@ -250,8 +250,8 @@ vmmrt_status vmmrt_runtime_info_get(const vmmrt_runtime *rt, vmmrt_runtime_info 
 vmmrt_status vmmrt_runtime_options_get(const vmmrt_runtime *rt, vmmrt_options *out)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(out, "out is NULL (make one with vmmrt_options_create)");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(out, "out is NULL (make one with vmmrt_options_create)");
 	*out = rt->opts;
 	return VMMRT_OK;
 }
@@ -259,8 +259,8 @@ vmmrt_status vmmrt_runtime_options_get(const vmmrt_runtime *rt, vmmrt_options *o
 vmmrt_status vmmrt_trace_span(vmmrt_runtime *rt, const char *track, const char *name, uint64_t t0_ns, uint64_t t1_ns)
 {
 	VMMRT__API_ENTER(); /* the trace may allocate: not in a host function */
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(track && name, "track or name is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(track && name, "track or name is NULL");
 	if (t1_ns < t0_ns)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: span '%s' ends (%llu ns) before it starts (%llu ns)",
 				    __func__, name, (unsigned long long)t1_ns, (unsigned long long)t0_ns);
@@ -272,7 +272,7 @@ vmmrt_status vmmrt_trace_span(vmmrt_runtime *rt, const char *track, const char *
 vmmrt_status vmmrt_mem_info(vmmrt_runtime *rt, size_t *free_bytes, size_t *total_bytes)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(free_bytes && total_bytes, "output pointer is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(free_bytes && total_bytes, "output pointer is NULL");
 	return vmmrt__drv_mem_info(rt, free_bytes, total_bytes);
 }

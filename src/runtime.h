@@ -4,8 +4,8 @@
  * workers and the bookkeeping every other concept hangs off. Data only
  * (runtime.c makes and destroys it): every layer from driver.c up reads it.
  */
-#ifndef VMMRT_RUNTIME_H
-#define VMMRT_RUNTIME_H
+#ifndef VMMRT__RUNTIME_H
+#define VMMRT__RUNTIME_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -19,10 +19,10 @@
 typedef struct vmmrt__workers vmmrt__workers;
 
 /* Timing samples for one VMM call type: a ring of the most recent ones. */
-#define VMMRT_CALL_SAMPLES 65536
+#define VMMRT__CALL_SAMPLES 65536
 typedef struct vmmrt__call_ring {
 	uint64_t next;                      /* uatomic */
-	float us[VMMRT_CALL_SAMPLES];
+	float us[VMMRT__CALL_SAMPLES];
 } vmmrt__call_ring;
 
 struct vmmrt_runtime {

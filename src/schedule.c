@@ -29,7 +29,7 @@ static void clear_positions(vmmrt__schedule *s)
 	if (!s->pos_f)
 		return;
 	for (unsigned i = 0; i < s->ngroups; i++)
-		s->pos_f[i] = s->pos_b[i] = VMMRT_NO_POS;
+		s->pos_f[i] = s->pos_b[i] = VMMRT__NO_POS;
 }
 
 vmmrt_status vmmrt__schedule_init(vmmrt__schedule *s, unsigned n, unsigned ngroups)
@@ -70,11 +70,11 @@ static vmmrt_status append(vmmrt__schedule *s, unsigned g, bool backward, const 
 	if (g >= s->ngroups || s->nrec >= 2 * s->n)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "group '%s' is not one of the %u groups of the schedule",
 				    name, s->n);
-	if (!backward && s->pos_f[g] != VMMRT_NO_POS)
+	if (!backward && s->pos_f[g] != VMMRT__NO_POS)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "forward of group '%s' twice in one iteration", name);
-	if (backward && s->pos_f[g] == VMMRT_NO_POS)
+	if (backward && s->pos_f[g] == VMMRT__NO_POS)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "backward of group '%s' before its forward", name);
-	if (backward && s->pos_b[g] != VMMRT_NO_POS)
+	if (backward && s->pos_b[g] != VMMRT__NO_POS)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "backward of group '%s' twice in one iteration", name);
 	s->grp[s->nrec] = g;
 	s->bwd[s->nrec] = backward;
@@ -200,7 +200,7 @@ static int64_t reach(unsigned la)
 
 bool vmmrt__schedule_resident(const vmmrt__schedule *s, unsigned group, unsigned la)
 {
-	return s->recorded && group < s->ngroups && s->pos_f[group] != VMMRT_NO_POS &&
+	return s->recorded && group < s->ngroups && s->pos_f[group] != VMMRT__NO_POS &&
 	       (int64_t)s->pos_b[group] - s->pos_f[group] <= reach(la);
 }
 
@@ -233,7 +233,7 @@ static bool overlap(const vmmrt__schedule *s, unsigned a, unsigned b, unsigned l
 
 bool vmmrt__schedule_clash(const vmmrt__schedule *s, unsigned la, unsigned a, unsigned b)
 {
-	if (a >= s->ngroups || b >= s->ngroups || s->pos_f[a] == VMMRT_NO_POS || s->pos_f[b] == VMMRT_NO_POS)
+	if (a >= s->ngroups || b >= s->ngroups || s->pos_f[a] == VMMRT__NO_POS || s->pos_f[b] == VMMRT__NO_POS)
 		return false;
 	return a != b && overlap(s, a, b, la);
 }
@@ -278,7 +278,7 @@ unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned la)
 	}
 	int64_t ahead = la < per ? (int64_t)la : per - 1;
 	for (unsigned g = 0; g < s->ngroups; g++) {
-		if (s->pos_f[g] == VMMRT_NO_POS)
+		if (s->pos_f[g] == VMMRT__NO_POS)
 			continue;
 		int64_t p = s->pos_f[g], q = s->pos_b[g];
 		int64_t lo[2] = {p - ahead, q - ahead}, hi[2] = {p, q};

@@ -8,22 +8,22 @@
  * across iterations: use k is position k mod 2n of iteration k / 2n. Launch
  * thread only.
  */
-#ifndef VMMRT_SCHEDULE_H
-#define VMMRT_SCHEDULE_H
+#ifndef VMMRT__SCHEDULE_H
+#define VMMRT__SCHEDULE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "vmmrt.h"
 
-#define VMMRT_NO_POS UINT32_MAX
+#define VMMRT__NO_POS UINT32_MAX
 
 typedef struct vmmrt__schedule {
 	unsigned n;                   /* groups in the schedule */
 	unsigned ngroups;             /* size of pos_f and pos_b: every group of the runtime */
 	unsigned *grp;                /* [2n] the group index at each position */
 	bool *bwd;                    /* [2n] whether that use is its backward */
-	uint32_t *pos_f, *pos_b;      /* [ngroups] each group's positions, VMMRT_NO_POS if none */
+	uint32_t *pos_f, *pos_b;      /* [ngroups] each group's positions, VMMRT__NO_POS if none */
 	unsigned nrec;                /* positions recorded so far (first iteration) */
 	bool recorded;                /* the order is known: recorded, or declared */
 	bool declared;                /* given before allocation (vmmrt_offload_set_schedule) */

@@ -124,7 +124,7 @@ static vmmrt_status teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *ha
 static void free_slot_rcu(struct rcu_head *head)
 {
 	vmmrt_slot *s = caa_container_of(head, vmmrt_slot, rcu);
-	VMMRT_TSAN_ACQUIRE(s); /* after the grace period: pairs with retire */
+	VMMRT__TSAN_ACQUIRE(s); /* after the grace period: pairs with retire */
 	free(s);
 }
 
@@ -138,7 +138,7 @@ static void retire(vmmrt_slot *s)
 	pthread_mutex_unlock(&rt->slots_lock);
 	uatomic_dec(&rt->live_slots);
 	/* Readers walking rt->slots may still hold s: free after a grace period. */
-	VMMRT_TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
+	VMMRT__TSAN_RELEASE(s); /* call_rcu hands the slot to liburcu's thread */
 	urcu_bp_call_rcu(&s->rcu, free_slot_rcu);
 }
 

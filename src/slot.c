@@ -89,8 +89,8 @@ vmmrt_status vmmrt__slot_release_async(vmmrt_slot *s, vmmrt__req_done_fn done, v
 vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(rt, "runtime is NULL");
-	VMMRT_CHECK_ARG(out, "out is NULL");
+	VMMRT__CHECK_ARG(rt, "runtime is NULL");
+	VMMRT__CHECK_ARG(out, "out is NULL");
 	vmmrt_status st = vmmrt__slot_reserve(rt, bytes, out);
 	if (st == VMMRT_OK)
 		(*out)->app = true; /* before its first request: its worker reads it */
@@ -166,7 +166,7 @@ vmmrt_status vmmrt__slot_map(vmmrt_slot *s)
 vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	vmmrt_status st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
@@ -224,14 +224,14 @@ vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s)
 vmmrt_status vmmrt_slot_map(vmmrt_slot *s)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	return vmmrt__slot_map(s);
 }
 
 vmmrt_status vmmrt_slot_destroy(vmmrt_slot *s)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	return vmmrt__slot_destroy(s);
 }
 
@@ -283,7 +283,7 @@ static vmmrt_status push_async(vmmrt_slot *s, vmmrt__request *req)
 vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	vmmrt_status st = async_entry(s);
 	if (st != VMMRT_OK)
 		return st;
@@ -313,7 +313,7 @@ vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s)
 vmmrt_status vmmrt_slot_wait(vmmrt_slot *s)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	/* One map request per slot, and a later map_async queues only after the
 	 * earlier one ended: waiting for it is waiting for all so far. */
 	vmmrt_status st = wait_in_flight(s, &s->amap_req, "its map did not end");
@@ -337,7 +337,7 @@ static vmmrt_status make_releases(vmmrt_slot *s)
 vmmrt_status vmmrt_slot_release_after(vmmrt_slot *s, vmmrt_stream stream)
 {
 	VMMRT__API_ENTER();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	vmmrt_runtime *rt = s->rt;
 	unsigned long long id = (unsigned long long)s->id;
 	vmmrt_status st = async_entry(s);
@@ -402,6 +402,6 @@ vmmrt_slot_state vmmrt_slot_get_state(const vmmrt_slot *s)
 vmmrt_status vmmrt_slot_error(vmmrt_slot *s)
 {
 	VMMRT__API_ENTER_ANYWHERE();
-	VMMRT_CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(s, "slot is NULL");
 	return pending_error(s);
 }

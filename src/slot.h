@@ -9,8 +9,8 @@
  * slot-work.c (below it): what the worker does with those requests, and
  * each worker's handle pool.
  */
-#ifndef VMMRT_SLOT_H
-#define VMMRT_SLOT_H
+#ifndef VMMRT__SLOT_H
+#define VMMRT__SLOT_H
 
 #include <urcu/uatomic.h>
 #include <urcu/urcu-bp.h>

@@ -7,8 +7,8 @@
  * Types only: the offload state and each group embed them (offload.h,
  * group.h).
  */
-#ifndef VMMRT_STRATEGY_PINGPONG_H
-#define VMMRT_STRATEGY_PINGPONG_H
+#ifndef VMMRT__STRATEGY_PINGPONG_H
+#define VMMRT__STRATEGY_PINGPONG_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -62,10 +62,10 @@ static vmmrt_status rm_allocate_group(vmmrt__offload *off, vmmrt_group *g)
 		return st;
 	vmmrt__offload_account(off, (int64_t)g->slot->size);
 	vmmrt__remap_requests_init(g);
-	for (int j = 0; j < VMMRT_REQ_RING; j++)
+	for (int j = 0; j < VMMRT__REQ_RING; j++)
 		if ((st = vmmrt__drv_event_create(rt, false, &g->remap.rel[USE_B][j].ev)) != VMMRT_OK)
 			return vmmrt__error_wrap(st, "group '%s': release events", g->name);
-	g->remap.owed_index = VMMRT_NOT_OWED;
+	g->remap.owed_index = VMMRT__NOT_OWED;
 	return VMMRT_OK;
 }
 
@@ -130,7 +130,7 @@ static vmmrt_status rm_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backwa
 	if (st != VMMRT_OK)
 		return st;
 	int kind = backward ? USE_B : USE_F;
-	vmmrt__pending_map p = {g, use, g->remap.map[kind][(g->remap.map_next[kind] - 1) % VMMRT_REQ_RING].need,
+	vmmrt__pending_map p = {g, use, g->remap.map[kind][(g->remap.map_next[kind] - 1) % VMMRT__REQ_RING].need,
 				      g->remap.map_seq_of[kind], backward};
 	return vmmrt__remap_pending_add(off, &p);
 }
@@ -152,7 +152,7 @@ static vmmrt_status rm_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_
  * is released by a worker; inline, the launch thread waits for `done` itself. */
 static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream s, int kind, vmmrt__bevent *done)
 {
-	vmmrt__remap_req *r = &g->remap.rel[kind][g->remap.rel_next[kind]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->remap.rel[kind][g->remap.rel_next[kind]++ % VMMRT__REQ_RING];
 	if (off->rt->driver_inline) {
 		vmmrt_status st = vmmrt__drv_event_synchronize(off->rt, done);
 		if (st == VMMRT_OK)
@@ -205,7 +205,7 @@ static vmmrt_status rm_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt
 static vmmrt_status rm_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt__remap_req *r = &g->remap.rel[USE_B][g->remap.rel_next[USE_B]++ % VMMRT_REQ_RING];
+	vmmrt__remap_req *r = &g->remap.rel[USE_B][g->remap.rel_next[USE_B]++ % VMMRT__REQ_RING];
 	vmmrt_status st;
 	uint64_t index = g->remap.releases_planned++;
 	/*
@@ -254,7 +254,7 @@ static void rm_dump_group(vmmrt__offload *off, vmmrt_group *g, int fd)
 		" done %" PRIu64,
 		uatomic_read(rg->flag), rg->map_seq, rg->map_seq_of[0], rg->map_seq_of[1], rg->maps_requested,
 		rg->releases_planned, (uint64_t)uatomic_read(&rg->releases_done));
-	if (uatomic_read(&rg->owed_index) != VMMRT_NOT_OWED)
+	if (uatomic_read(&rg->owed_index) != VMMRT__NOT_OWED)
 		dprintf(fd, ", owes release %" PRIu64, (uint64_t)uatomic_read(&rg->owed_index));
 }
 

@@ -5,8 +5,8 @@
  * on, the release accounting, admission and the maps not yet assured. Types
  * only: the offload state and each group embed them (offload.h, group.h).
  */
-#ifndef VMMRT_STRATEGY_REMAP_H
-#define VMMRT_STRATEGY_REMAP_H
+#ifndef VMMRT__STRATEGY_REMAP_H
+#define VMMRT__STRATEGY_REMAP_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -15,9 +15,9 @@
 #include "worker.h"
 
 enum { USE_F = 0, USE_B = 1 };
-#define VMMRT_REQ_RING 8
-#define VMMRT_PENDING_MAPS 32 /* > the largest look-ahead + 1 */
-#define VMMRT_NOT_OWED UINT64_MAX
+#define VMMRT__REQ_RING 8
+#define VMMRT__PENDING_MAPS 32 /* > the largest look-ahead + 1 */
+#define VMMRT__NOT_OWED UINT64_MAX
 
 /* Everything the remap strategy needs to hand a request to a worker. */
 typedef struct vmmrt__remap_req {
@@ -48,7 +48,7 @@ typedef struct vmmrt__remap {
 	 * a GPU wait that hangs on a release still to be handed off would
 	 * deadlock against any call that synchronizes the device meanwhile.
 	 */
-	vmmrt__pending_map pending[VMMRT_PENDING_MAPS];
+	vmmrt__pending_map pending[VMMRT__PENDING_MAPS];
 	unsigned pending_head, pending_n;
 	uint64_t admit_ticket;        /* uatomic, workers */
 	int64_t resident;             /* uatomic: groups mapped or admitted */
@@ -76,7 +76,7 @@ typedef struct vmmrt__remap_group {
 	uint64_t maps_requested;      /* launch thread */
 	uint64_t releases_planned;    /* launch thread: release obligations, in use order */
 	uint64_t releases_done;       /* uatomic, workers */
-	uint64_t owed_index;          /* uatomic: the release owed, or VMMRT_NOT_OWED */
+	uint64_t owed_index;          /* uatomic: the release owed, or VMMRT__NOT_OWED */
 	/*
 	 * uatomic: the memory mapped now counts in the budget. Not so for the
 	 * backing allocation maps for capture: in an order where a backward
@@ -87,10 +87,10 @@ typedef struct vmmrt__remap_group {
 	int32_t counted;
 	/*
 	 * Requests per use kind, in rings: the launch thread may run up to
-	 * VMMRT_REQ_RING iterations ahead of the GPU before it has to wait for
+	 * VMMRT__REQ_RING iterations ahead of the GPU before it has to wait for
 	 * one of its own requests to come back (and that wait is counted).
 	 */
-	vmmrt__remap_req map[2][VMMRT_REQ_RING], rel[2][VMMRT_REQ_RING];
+	vmmrt__remap_req map[2][VMMRT__REQ_RING], rel[2][VMMRT__REQ_RING];
 	unsigned map_next[2], rel_next[2];
 	uint32_t map_seq_of[2];       /* seq of the last map requested per kind */
 } vmmrt__remap_group;

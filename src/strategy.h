@@ -5,8 +5,8 @@
  * and it keeps its state in its part of the offload state and of each group
  * (strategy-pingpong.h, strategy-remap.h).
  */
-#ifndef VMMRT_STRATEGY_H
-#define VMMRT_STRATEGY_H
+#ifndef VMMRT__STRATEGY_H
+#define VMMRT__STRATEGY_H
 
 #include <stdbool.h>
 #include <stdint.h>

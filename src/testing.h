@@ -7,8 +7,8 @@
  * offload-reset.c) built with VMMRT__TESTING. libvmmrt.so has neither, so no
  * program can turn a fence off or fake a failure.
  */
-#ifndef VMMRT_TESTING_H
-#define VMMRT_TESTING_H
+#ifndef VMMRT__TESTING_H
+#define VMMRT__TESTING_H
 
 #include "driver.h"
 #include "offload.h"

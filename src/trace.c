@@ -37,12 +37,12 @@ struct vmmrt__trace {
 static void append(vmmrt__trace *t, const trace_event *e)
 {
 	ck_spinlock_lock(&t->lock);
-	VMMRT_TSAN_ACQUIRE(&t->lock); /* ck's lock is inline assembly: tell TSan it orders */
+	VMMRT__TSAN_ACQUIRE(&t->lock); /* ck's lock is inline assembly: tell TSan it orders */
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? t->cap * 2 : 4096;
 		trace_event *ev = realloc(t->ev, cap * sizeof(*ev));
 		if (!ev) { /* drop the event: a trace must never fail the run */
-			VMMRT_TSAN_RELEASE(&t->lock);
+			VMMRT__TSAN_RELEASE(&t->lock);
 			ck_spinlock_unlock(&t->lock);
 			return;
 		}
@@ -50,7 +50,7 @@ static void append(vmmrt__trace *t, const trace_event *e)
 		t->cap = cap;
 	}
 	t->ev[t->n++] = *e;
-	VMMRT_TSAN_RELEASE(&t->lock);
+	VMMRT__TSAN_RELEASE(&t->lock);
 	ck_spinlock_unlock(&t->lock);
 }
 

@@ -5,8 +5,8 @@
  * thread; GPU-side spans (graphs, copies) are added by whoever measured them
  * with device events, on tracks named after their stream.
  */
-#ifndef VMMRT_TRACE_H
-#define VMMRT_TRACE_H
+#ifndef VMMRT__TRACE_H
+#define VMMRT__TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>

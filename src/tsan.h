@@ -16,21 +16,21 @@
  * What still escapes TSan is synchronization inside code it does not
  * instrument: the wfcqueue and lfstack of the liburcu-cds shared library,
  * call_rcu's grace periods, ck's spinlock. The hand-offs through those are
- * annotated where they happen with VMMRT_TSAN_RELEASE (before handing an
- * object over) and VMMRT_TSAN_ACQUIRE (after taking it), no-ops elsewhere.
+ * annotated where they happen with VMMRT__TSAN_RELEASE (before handing an
+ * object over) and VMMRT__TSAN_ACQUIRE (after taking it), no-ops elsewhere.
  */
-#ifndef VMMRT_TSAN_H
-#define VMMRT_TSAN_H
+#ifndef VMMRT__TSAN_H
+#define VMMRT__TSAN_H
 
 #if defined(__SANITIZE_THREAD__)
-#define VMMRT_TSAN 1
+#define VMMRT__TSAN 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#define VMMRT_TSAN 1
+#define VMMRT__TSAN 1
 #endif
 #endif
 
-#ifdef VMMRT_TSAN
+#ifdef VMMRT__TSAN
 #include "config.h"
 
 #include <urcu/uatomic.h>
@@ -69,18 +69,18 @@
 
 void __tsan_acquire(void *addr);
 void __tsan_release(void *addr);
-#define VMMRT_TSAN_RELEASE(p) __tsan_release((void *)(p))
-#define VMMRT_TSAN_ACQUIRE(p) __tsan_acquire((void *)(p))
+#define VMMRT__TSAN_RELEASE(p) __tsan_release((void *)(p))
+#define VMMRT__TSAN_ACQUIRE(p) __tsan_acquire((void *)(p))
 /* Reads that are racy on purpose (a diagnostic snapshot): not reported. */
 void AnnotateIgnoreReadsBegin(const char *file, int line);
 void AnnotateIgnoreReadsEnd(const char *file, int line);
-#define VMMRT_TSAN_IGNORE_READS_BEGIN() AnnotateIgnoreReadsBegin(__FILE__, __LINE__)
-#define VMMRT_TSAN_IGNORE_READS_END() AnnotateIgnoreReadsEnd(__FILE__, __LINE__)
+#define VMMRT__TSAN_IGNORE_READS_BEGIN() AnnotateIgnoreReadsBegin(__FILE__, __LINE__)
+#define VMMRT__TSAN_IGNORE_READS_END() AnnotateIgnoreReadsEnd(__FILE__, __LINE__)
 #else
-#define VMMRT_TSAN_RELEASE(p) ((void)(p))
-#define VMMRT_TSAN_ACQUIRE(p) ((void)(p))
-#define VMMRT_TSAN_IGNORE_READS_BEGIN() ((void)0)
-#define VMMRT_TSAN_IGNORE_READS_END() ((void)0)
+#define VMMRT__TSAN_RELEASE(p) ((void)(p))
+#define VMMRT__TSAN_ACQUIRE(p) ((void)(p))
+#define VMMRT__TSAN_IGNORE_READS_BEGIN() ((void)0)
+#define VMMRT__TSAN_IGNORE_READS_END() ((void)0)
 #endif
 
-#endif /* VMMRT_TSAN_H */
+#endif /* VMMRT__TSAN_H */

@@ -131,7 +131,7 @@ vmmrt_status vmmrt__worker_push(vmmrt__workers *w, unsigned index, vmmrt__reques
 	req->retry_at = 0;
 	req->enqueue_ns = vmmrt__now_ns();
 	cds_wfcq_node_init(&req->node);
-	VMMRT_TSAN_RELEASE(req); /* the queue (liburcu-cds) hands req to the worker */
+	VMMRT__TSAN_RELEASE(req); /* the queue (liburcu-cds) hands req to the worker */
 	cds_wfcq_enqueue(&wk->head, &wk->tail, &req->node);
 	ck_ec32_inc(&wk->ec, &vmmrt__ec_mp);
 	return VMMRT_OK;
@@ -281,7 +281,7 @@ static vmmrt__request *dequeue(worker *wk)
 		if (!node)
 			return NULL;
 		vmmrt__request *req = caa_container_of(node, vmmrt__request, node);
-		VMMRT_TSAN_ACQUIRE(req); /* pairs with the release in vmmrt__worker_push */
+		VMMRT__TSAN_ACQUIRE(req); /* pairs with the release in vmmrt__worker_push */
 		return req;
 	}
 }
@@ -372,7 +372,7 @@ static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
 	const struct timespec *retry = retry_deadline(wk, ts);
 	if (cds_list_empty(&wk->waiting))
 		return retry;
-	uint64_t poll = vmmrt__now_ns() + VMMRT_WORKER_POLL_US * 1000ull;
+	uint64_t poll = vmmrt__now_ns() + VMMRT__WORKER_POLL_US * 1000ull;
 	if (retry && (uint64_t)retry->tv_sec * 1000000000ull + (uint64_t)retry->tv_nsec < poll)
 		return retry;
 	*ts = vmmrt__timespec(poll);

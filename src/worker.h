@@ -17,8 +17,8 @@
  * slots' map, release and destroy): the worker queues, admits, polls,
  * retries and runs it, and knows nothing of slots.
  */
-#ifndef VMMRT_WORKER_H
-#define VMMRT_WORKER_H
+#ifndef VMMRT__WORKER_H
+#define VMMRT__WORKER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -100,7 +100,7 @@ struct vmmrt__request {
 	vmmrt__req_done_fn retrying;
 	/*
 	 * Optional: start only once this event has completed; the worker polls
-	 * it every VMMRT_WORKER_POLL_US while any request waits. This is how a
+	 * it every VMMRT__WORKER_POLL_US while any request waits. This is how a
 	 * release follows a compute-stream graph without a host function on a
 	 * stream that waits for that graph, which costs the compute stream
 	 * 1.25 us between every two graphs on the H200 (vmmrt-gap-probe).
@@ -188,7 +188,7 @@ typedef struct vmmrt__worker_stats {
 } vmmrt__worker_stats;
 void vmmrt__workers_stats(const vmmrt__workers *w, vmmrt__worker_stats *out);
 
-#define VMMRT_WORKER_POLL_US 50
+#define VMMRT__WORKER_POLL_US 50
 
 /* Wake every worker so parked requests are checked again (host-function safe). */
 void vmmrt__workers_kick(vmmrt__workers *w);

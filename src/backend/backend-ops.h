@@ -31,8 +31,8 @@
  * the trace, in the order of vmmrt_driver_stats's call index; bytes is what
  * the trace records.
  */
-#ifndef VMMRT_BACKEND_OPS_H
-#define VMMRT_BACKEND_OPS_H
+#ifndef VMMRT__BACKEND_OPS_H
+#define VMMRT__BACKEND_OPS_H
 
 /* Expand a parenthesized parameter or argument list: VMMRT__LIST (, a, b) is , a, b */
 #define VMMRT__LIST(...) __VA_ARGS__

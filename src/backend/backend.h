@@ -14,8 +14,8 @@
  * time the wait was enqueued; a host function runs on a driver thread and may
  * not call any op (those return VMMRT_E_NOT_PERMITTED).
  */
-#ifndef VMMRT_BACKEND_H
-#define VMMRT_BACKEND_H
+#ifndef VMMRT__BACKEND_H
+#define VMMRT__BACKEND_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -111,4 +111,4 @@ typedef enum vmmrt__thread_role {
 vmmrt__thread_role vmmrt__thread_role_get(void);
 vmmrt__thread_role vmmrt__thread_role_set(vmmrt__thread_role role); /* returns the previous one */
 
-#endif /* VMMRT_BACKEND_H */
+#endif /* VMMRT__BACKEND_H */

@@ -9,7 +9,7 @@
 
 #include "backend/cuda-internal.h"
 
-#ifdef VMMRT_CUDA_IMPL
+#ifdef VMMRT__CUDA_IMPL
 
 #include <stdlib.h>
 
@@ -222,7 +222,7 @@ vmmrt_status vmmrt__cuda_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmm
 	int pushed;
 
 	ROLE_CHECK("cuLaunchHostFunc");
-	VMMRT_CHECK_ARG(fn != NULL, "NULL host function");
+	VMMRT__CHECK_ARG(fn != NULL, "NULL host function");
 	OP_ENTER(b, "cuLaunchHostFunc", pushed);
 
 	res = vmmrt__cu.StreamGetCaptureInfo(CU_STREAM(s), &cs, &id, NULL, NULL, NULL, NULL);
@@ -269,4 +269,4 @@ vmmrt_status vmmrt__cuda_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmm
 	return VMMRT_OK;
 }
 
-#endif /* VMMRT_CUDA_IMPL */
+#endif /* VMMRT__CUDA_IMPL */

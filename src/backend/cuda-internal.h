@@ -4,8 +4,8 @@
  * calls which: src/README (layers 4 to 7). What they share is here: the entry-point table, the error helpers, the
  * per-device state and the prologue of every op (the context switch).
  */
-#ifndef VMMRT_CUDA_INTERNAL_H
-#define VMMRT_CUDA_INTERNAL_H
+#ifndef VMMRT__CUDA_INTERNAL_H
+#define VMMRT__CUDA_INTERNAL_H
 
 #include "backend/backend.h"
 #include "error.h"
@@ -13,11 +13,11 @@
 #ifdef HAVE_CUDA_H
 #include <cuda.h>
 #if defined(CUDA_VERSION) && CUDA_VERSION >= 12000
-#define VMMRT_CUDA_IMPL 1
+#define VMMRT__CUDA_IMPL 1
 #endif
 #endif
 
-#ifdef VMMRT_CUDA_IMPL
+#ifdef VMMRT__CUDA_IMPL
 
 #include <pthread.h>
 
@@ -31,15 +31,15 @@
  * checks every call against the ABI we ask the driver for).
  */
 #if CUDA_VERSION >= 12080
-#define VMMRT_CU_EVENT_ELAPSED_VERSION 12080 /* cuEventElapsedTime_v2 */
+#define VMMRT__CU_EVENT_ELAPSED_VERSION 12080 /* cuEventElapsedTime_v2 */
 #else
-#define VMMRT_CU_EVENT_ELAPSED_VERSION 2000
+#define VMMRT__CU_EVENT_ELAPSED_VERSION 2000
 #endif
 
 /* The oldest driver (cuDriverGetVersion's number) that has every required entry point. */
-#define VMMRT_CU_MIN_DRIVER 12030
+#define VMMRT__CU_MIN_DRIVER 12030
 
-#define VMMRT_CU_REQUIRED(X) \
+#define VMMRT__CU_REQUIRED(X) \
 	X(Init, 2000) \
 	X(DriverGetVersion, 2020) \
 	X(GetErrorName, 6000) \
@@ -79,7 +79,7 @@
 	X(EventRecord, 2000) \
 	X(EventQuery, 2000) \
 	X(EventSynchronize, 2000) \
-	X(EventElapsedTime, VMMRT_CU_EVENT_ELAPSED_VERSION) \
+	X(EventElapsedTime, VMMRT__CU_EVENT_ELAPSED_VERSION) \
 	X(LaunchHostFunc, 10000) \
 	X(MemcpyHtoDAsync, 3020) \
 	X(MemcpyDtoHAsync, 3020) \
@@ -98,9 +98,9 @@
 
 /* Used when present: cuFuncLoad forces a lazily loaded kernel in at open. */
 #if CUDA_VERSION >= 12040
-#define VMMRT_CU_OPTIONAL(X) X(FuncLoad, 12040)
+#define VMMRT__CU_OPTIONAL(X) X(FuncLoad, 12040)
 #else
-#define VMMRT_CU_OPTIONAL(X)
+#define VMMRT__CU_OPTIONAL(X)
 #endif
 
 /* Indirections so that a version given as a macro is expanded before pasting. */
@@ -108,8 +108,8 @@
 #define CU_FIELD_(name, version) PFN_cu##name##_v##version name;
 
 struct vmmrt__cu_api {
-	VMMRT_CU_REQUIRED(CU_FIELD)
-	VMMRT_CU_OPTIONAL(CU_FIELD)
+	VMMRT__CU_REQUIRED(CU_FIELD)
+	VMMRT__CU_OPTIONAL(CU_FIELD)
 };
 
 /* The driver's entry points, filled once per process (cuda-loader.c). */
@@ -125,7 +125,7 @@ vmmrt_status vmmrt__cuda_load(void);
 const char *vmmrt__cuda_error_name(CUresult r);
 const char *vmmrt__cuda_error_text(CUresult r);
 /* Report a failed driver call: "<call>: <CUDA_ERROR_NAME> (<description>)". */
-vmmrt_status vmmrt__cuda_error(CUresult r, const char *fmt, ...) VMMRT_PRINTF(2, 3);
+vmmrt_status vmmrt__cuda_error(CUresult r, const char *fmt, ...) VMMRT__PRINTF(2, 3);
 /* VMMRT_E_NOT_PERMITTED: no driver call may be made from inside a host function. */
 vmmrt_status vmmrt__cuda_refuse_host_func(const char *op);
 
@@ -150,7 +150,7 @@ enum cuda_kernel {
 	CK_COUNT_
 };
 
-#define CUDA_KERNEL_THREADS 256 /* VMMRT_KERNEL_THREADS in vmmrt_kernels.cu */
+#define CUDA_KERNEL_THREADS 256 /* VMMRT__KERNEL_THREADS in vmmrt_kernels.cu */
 
 struct vmmrt__bgraph {
 	CUgraph graph;
@@ -279,5 +279,5 @@ void vmmrt__cuda_load_kernels(vmmrt__backend *b);
 #define VMMRT__OP_PREFIX vmmrt__cuda_
 VMMRT__BACKEND_DECLS
 
-#endif /* VMMRT_CUDA_IMPL */
-#endif /* VMMRT_CUDA_INTERNAL_H */
+#endif /* VMMRT__CUDA_IMPL */
+#endif /* VMMRT__CUDA_INTERNAL_H */

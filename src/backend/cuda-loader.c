@@ -16,7 +16,7 @@
 
 #include "backend/cuda-internal.h"
 
-#ifdef VMMRT_CUDA_IMPL
+#ifdef VMMRT__CUDA_IMPL
 
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -36,8 +36,8 @@ struct cu_symbol {
 #define CU_SYM_OPTIONAL(name, version) {"cu" #name, version, offsetof(struct vmmrt__cu_api, name), 1},
 
 static const struct cu_symbol cu_symbols[] = {
-	VMMRT_CU_REQUIRED(CU_SYM_REQUIRED)
-	VMMRT_CU_OPTIONAL(CU_SYM_OPTIONAL)
+	VMMRT__CU_REQUIRED(CU_SYM_REQUIRED)
+	VMMRT__CU_OPTIONAL(CU_SYM_OPTIONAL)
 };
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -48,7 +48,7 @@ static int cu_driver_version;
 /* Kept with the process: libcuda is never unloaded once cuInit has run. */
 static void *cu_library;
 
-static void cu_load_fail(vmmrt_status status, const char *fmt, ...) VMMRT_PRINTF(2, 3);
+static void cu_load_fail(vmmrt_status status, const char *fmt, ...) VMMRT__PRINTF(2, 3);
 
 static void cu_load_fail(vmmrt_status status, const char *fmt, ...)
 {
@@ -133,10 +133,10 @@ static void cu_load_once(void)
 	/* The newest entry point required above (cuStreamGetCaptureInfo v3,
 	 * which tells a capturing stream apart) is 12.3's: one minimum, stated
 	 * the same in README and vmmrt(7). */
-	if (cu_driver_version < VMMRT_CU_MIN_DRIVER) {
+	if (cu_driver_version < VMMRT__CU_MIN_DRIVER) {
 		cu_load_fail(VMMRT_E_NOT_SUPPORTED, "the CUDA driver supports CUDA %d.%d; libvmmrt needs %d.%d or later",
-			     cu_driver_version / 1000, cu_driver_version % 1000 / 10, VMMRT_CU_MIN_DRIVER / 1000,
-			     VMMRT_CU_MIN_DRIVER % 1000 / 10);
+			     cu_driver_version / 1000, cu_driver_version % 1000 / 10, VMMRT__CU_MIN_DRIVER / 1000,
+			     VMMRT__CU_MIN_DRIVER % 1000 / 10);
 		dlclose(lib);
 		return;
 	}
@@ -254,4 +254,4 @@ vmmrt_status vmmrt__cuda_refuse_host_func(const char *op)
 			   "%s: no driver call may be made from inside a host function", op);
 }
 
-#endif /* VMMRT_CUDA_IMPL */
+#endif /* VMMRT__CUDA_IMPL */

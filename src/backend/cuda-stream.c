@@ -9,7 +9,7 @@
 
 #include "backend/cuda-internal.h"
 
-#ifdef VMMRT_CUDA_IMPL
+#ifdef VMMRT__CUDA_IMPL
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@ vmmrt_status vmmrt__cuda_stream_create(vmmrt__backend *b, vmmrt_stream *out)
 	CUstream s = NULL;
 
 	ROLE_CHECK("cuStreamCreate");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuStreamCreate", vmmrt__cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate(non-blocking)");
 	*out = (vmmrt_stream)s;
 	return VMMRT_OK;
@@ -30,7 +30,7 @@ vmmrt_status vmmrt__cuda_stream_create(vmmrt__backend *b, vmmrt_stream *out)
 vmmrt_status vmmrt__cuda_stream_destroy(vmmrt__backend *b, vmmrt_stream s)
 {
 	ROLE_CHECK("cuStreamDestroy");
-	VMMRT_CHECK_ARG(s != NULL, "NULL stream");
+	VMMRT__CHECK_ARG(s != NULL, "NULL stream");
 	CU_CALL(b, "cuStreamDestroy", vmmrt__cu.StreamDestroy(CU_STREAM(s)), "cuStreamDestroy(%p)", (void *)s);
 	return VMMRT_OK;
 }
@@ -43,7 +43,7 @@ vmmrt_status vmmrt__cuda_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 
 vmmrt_status vmmrt__cuda_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done)
 {
-	VMMRT_CHECK_ARG(done != NULL, "NULL result");
+	VMMRT__CHECK_ARG(done != NULL, "NULL result");
 	CU_QUERY(b, "cuStreamQuery", vmmrt__cu.StreamQuery(CU_STREAM(s)), done, "cuStreamQuery(%p)", (void *)s);
 	return VMMRT_OK;
 }
@@ -51,7 +51,7 @@ vmmrt_status vmmrt__cuda_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *d
 vmmrt_status vmmrt__cuda_stream_wait_event(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e)
 {
 	ROLE_CHECK("cuStreamWaitEvent");
-	VMMRT_CHECK_ARG(e != NULL, "NULL event");
+	VMMRT__CHECK_ARG(e != NULL, "NULL event");
 	CU_CALL(b, "cuStreamWaitEvent", vmmrt__cu.StreamWaitEvent(CU_STREAM(s), CU_EVENT(e), CU_EVENT_WAIT_DEFAULT),
 		"cuStreamWaitEvent(%p, %p)", (void *)s, (void *)e);
 	return VMMRT_OK;
@@ -64,7 +64,7 @@ static vmmrt_status value32(vmmrt__backend *b, vmmrt_stream s, vmmrt_devptr addr
 	PFN_cuStreamWaitValue32_v11070 fn = wait ? vmmrt__cu.StreamWaitValue32 : vmmrt__cu.StreamWriteValue32;
 
 	ROLE_CHECK(op);
-	VMMRT_CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
+	VMMRT__CHECK_ARG(addr != 0 && addr % 4 == 0, "address 0 or not 4-byte aligned");
 	CU_CALL(b, op,
 		fn(CU_STREAM(s), (CUdeviceptr)addr, value, wait ? CU_STREAM_WAIT_VALUE_GEQ : CU_STREAM_WRITE_VALUE_DEFAULT),
 		"%s(%p, 0x%llx, %s%u)", op, (void *)s, (unsigned long long)addr, wait ? ">= " : "", value);
@@ -86,7 +86,7 @@ vmmrt_status vmmrt__cuda_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 	CUevent e = NULL;
 
 	ROLE_CHECK("cuEventCreate");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuEventCreate", vmmrt__cu.EventCreate(&e, timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING),
 		"cuEventCreate(%s)", timing ? "timing" : "disable timing");
 	*out = (vmmrt__bevent *)e;
@@ -97,7 +97,7 @@ vmmrt_status vmmrt__cuda_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 #define CU_EVENT_CALL(b, e, Name) \
 	do { \
 		ROLE_CHECK("cu" #Name); \
-		VMMRT_CHECK_ARG(e != NULL, "NULL event"); \
+		VMMRT__CHECK_ARG(e != NULL, "NULL event"); \
 		CU_CALL(b, "cu" #Name, vmmrt__cu.Name(CU_EVENT(e)), "cu" #Name "(%p)", (void *)e); \
 		return VMMRT_OK; \
 	} while (0)
@@ -110,7 +110,7 @@ vmmrt_status vmmrt__cuda_event_destroy(vmmrt__backend *b, vmmrt__bevent *e)
 vmmrt_status vmmrt__cuda_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt_stream s)
 {
 	ROLE_CHECK("cuEventRecord");
-	VMMRT_CHECK_ARG(e != NULL, "NULL event");
+	VMMRT__CHECK_ARG(e != NULL, "NULL event");
 	CU_CALL(b, "cuEventRecord", vmmrt__cu.EventRecord(CU_EVENT(e), CU_STREAM(s)), "cuEventRecord(%p, %p)", (void *)e,
 		(void *)s);
 	return VMMRT_OK;
@@ -119,7 +119,7 @@ vmmrt_status vmmrt__cuda_event_record(vmmrt__backend *b, vmmrt__bevent *e, vmmrt
 vmmrt_status vmmrt__cuda_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *done)
 {
 	ROLE_CHECK("cuEventQuery");
-	VMMRT_CHECK_ARG(e != NULL && done != NULL, "NULL event or result");
+	VMMRT__CHECK_ARG(e != NULL && done != NULL, "NULL event or result");
 	CU_QUERY(b, "cuEventQuery", vmmrt__cu.EventQuery(CU_EVENT(e)), done, "cuEventQuery(%p)", (void *)e);
 	return VMMRT_OK;
 }
@@ -134,8 +134,8 @@ vmmrt_status vmmrt__cuda_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *star
 	float v = 0.0f;
 
 	ROLE_CHECK("cuEventElapsedTime");
-	VMMRT_CHECK_ARG(start != NULL && end != NULL, "NULL event");
-	VMMRT_CHECK_ARG(ms != NULL, "NULL output");
+	VMMRT__CHECK_ARG(start != NULL && end != NULL, "NULL event");
+	VMMRT__CHECK_ARG(ms != NULL, "NULL output");
 	CU_CALL(b, "cuEventElapsedTime", vmmrt__cu.EventElapsedTime(&v, CU_EVENT(start), CU_EVENT(end)),
 		"cuEventElapsedTime(%p, %p)", (void *)start, (void *)end);
 	*ms = v;
@@ -148,7 +148,7 @@ vmmrt_status vmmrt__cuda_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, 
 					   vmmrt_stream s)
 {
 	ROLE_CHECK("cuMemcpyHtoDAsync");
-	VMMRT_CHECK_ARG(src != NULL || n == 0, "NULL source");
+	VMMRT__CHECK_ARG(src != NULL || n == 0, "NULL source");
 	CU_CALL(b, "cuMemcpyHtoDAsync", vmmrt__cu.MemcpyHtoDAsync((CUdeviceptr)dst, src, n, CU_STREAM(s)),
 		"cuMemcpyHtoDAsync(0x%llx, %p, %zu)", (unsigned long long)dst, src, n);
 	return VMMRT_OK;
@@ -157,7 +157,7 @@ vmmrt_status vmmrt__cuda_memcpy_htod_async(vmmrt__backend *b, vmmrt_devptr dst, 
 vmmrt_status vmmrt__cuda_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_devptr src, size_t n, vmmrt_stream s)
 {
 	ROLE_CHECK("cuMemcpyDtoHAsync");
-	VMMRT_CHECK_ARG(dst != NULL || n == 0, "NULL destination");
+	VMMRT__CHECK_ARG(dst != NULL || n == 0, "NULL destination");
 	CU_CALL(b, "cuMemcpyDtoHAsync", vmmrt__cu.MemcpyDtoHAsync(dst, (CUdeviceptr)src, n, CU_STREAM(s)),
 		"cuMemcpyDtoHAsync(%p, 0x%llx, %zu)", dst, (unsigned long long)src, n);
 	return VMMRT_OK;
@@ -186,7 +186,7 @@ vmmrt_status vmmrt__cuda_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, 
 vmmrt_status vmmrt__cuda_stream_begin_capture(vmmrt__backend *b, vmmrt_stream s)
 {
 	ROLE_CHECK("cuStreamBeginCapture");
-	VMMRT_CHECK_ARG(s != NULL, "NULL stream (the legacy stream cannot capture)");
+	VMMRT__CHECK_ARG(s != NULL, "NULL stream (the legacy stream cannot capture)");
 	CU_CALL(b, "cuStreamBeginCapture", vmmrt__cu.StreamBeginCapture(CU_STREAM(s), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
 		"cuStreamBeginCapture(%p, thread-local)", (void *)s);
 	return VMMRT_OK;
@@ -204,8 +204,8 @@ vmmrt_status vmmrt__cuda_stream_end_capture(vmmrt__backend *b, vmmrt_stream s, v
 	int pushed, have_id;
 
 	ROLE_CHECK("cuStreamEndCapture");
-	VMMRT_CHECK_ARG(s != NULL, "NULL stream");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(s != NULL, "NULL stream");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	*out = NULL;
 	OP_ENTER(b, "cuStreamEndCapture", pushed);
 
@@ -262,7 +262,7 @@ vmmrt_status vmmrt__cuda_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, 
 	CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 
 	ROLE_CHECK("cuStreamIsCapturing");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuStreamIsCapturing", vmmrt__cu.StreamIsCapturing(CU_STREAM(s), &cs), "cuStreamIsCapturing(%p)",
 		(void *)s);
 	*out = cs == CU_STREAM_CAPTURE_STATUS_ACTIVE || cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED;
@@ -272,7 +272,7 @@ vmmrt_status vmmrt__cuda_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, 
 vmmrt_status vmmrt__cuda_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt_stream s)
 {
 	ROLE_CHECK("cuGraphLaunch");
-	VMMRT_CHECK_ARG(g != NULL, "NULL graph");
+	VMMRT__CHECK_ARG(g != NULL, "NULL graph");
 	CU_CALL(b, "cuGraphLaunch", vmmrt__cu.GraphLaunch(g->exec, CU_STREAM(s)), "cuGraphLaunch(%p, %p)", (void *)g,
 		(void *)s);
 	return VMMRT_OK;
@@ -299,7 +299,7 @@ vmmrt_status vmmrt__cuda_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 	int pushed;
 
 	ROLE_CHECK("cuGraphExecDestroy");
-	VMMRT_CHECK_ARG(g != NULL, "NULL graph");
+	VMMRT__CHECK_ARG(g != NULL, "NULL graph");
 	OP_ENTER(b, "cuGraphExecDestroy", pushed);
 	r1 = vmmrt__cu.GraphExecDestroy(g->exec);
 	r2 = vmmrt__cu.GraphDestroy(g->graph);
@@ -441,8 +441,8 @@ vmmrt_status vmmrt__cuda_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt_
 				       const vmmrt__kernel_args *args)
 {
 	ROLE_CHECK("cuLaunchKernel");
-	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
-	VMMRT_CHECK_ARG(args != NULL, "NULL kernel arguments");
+	VMMRT__CHECK_ARG(b != NULL, "NULL backend");
+	VMMRT__CHECK_ARG(args != NULL, "NULL kernel arguments");
 #ifndef HAVE_NVCC_KERNELS
 	(void)s;
 	(void)k;
@@ -509,4 +509,4 @@ vmmrt_status vmmrt__cuda_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt_
 #endif
 }
 
-#endif /* VMMRT_CUDA_IMPL */
+#endif /* VMMRT__CUDA_IMPL */

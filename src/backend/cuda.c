@@ -31,7 +31,7 @@
 
 #include "backend/cuda-internal.h"
 
-#ifdef VMMRT_CUDA_IMPL
+#ifdef VMMRT__CUDA_IMPL
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,8 +79,8 @@ static vmmrt_status cuda_open(const vmmrt__backend_config *cfg, vmmrt__backend *
 	int count = 0, value = 0, ctx_switched = 0;
 
 	ROLE_CHECK("open");
-	VMMRT_CHECK_ARG(cfg != NULL, "NULL config");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(cfg != NULL, "NULL config");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	*out = NULL;
 
 	st = vmmrt__cuda_load();
@@ -213,8 +213,8 @@ static void cuda_close(vmmrt__backend *b)
 vmmrt_status vmmrt__cuda_device_name(vmmrt__backend *b, char *buf, size_t len)
 {
 	ROLE_CHECK("device_name");
-	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
-	VMMRT_CHECK_ARG(buf != NULL && len > 0, "NULL or empty buffer");
+	VMMRT__CHECK_ARG(b != NULL, "NULL backend");
+	VMMRT__CHECK_ARG(buf != NULL && len > 0, "NULL or empty buffer");
 	snprintf(buf, len, "%s", b->name);
 	return VMMRT_OK;
 }
@@ -224,7 +224,7 @@ vmmrt_status vmmrt__cuda_bind_thread(vmmrt__backend *b)
 	CUresult r;
 
 	ROLE_CHECK("bind_thread");
-	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
+	VMMRT__CHECK_ARG(b != NULL, "NULL backend");
 	r = vmmrt__cu.CtxSetCurrent(b->ctx);
 	if (r != CUDA_SUCCESS)
 		return vmmrt__cuda_error(r, "cuCtxSetCurrent(primary context of device %d)", b->ordinal);
@@ -247,7 +247,7 @@ static vmmrt_status check_size(vmmrt__backend *b, const char *op, size_t size)
 	do { \
 		vmmrt_status st_size_; \
 		ROLE_CHECK(op); \
-		VMMRT_CHECK_ARG((b) != NULL, "NULL backend"); \
+		VMMRT__CHECK_ARG((b) != NULL, "NULL backend"); \
 		st_size_ = check_size((b), op, (size)); \
 		if (st_size_ != VMMRT_OK) \
 			return st_size_; \
@@ -256,8 +256,8 @@ static vmmrt_status check_size(vmmrt__backend *b, const char *op, size_t size)
 vmmrt_status vmmrt__cuda_granularity(vmmrt__backend *b, size_t *out)
 {
 	ROLE_CHECK("granularity");
-	VMMRT_CHECK_ARG(b != NULL, "NULL backend");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(b != NULL, "NULL backend");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	*out = b->granularity;
 	return VMMRT_OK;
 }
@@ -267,7 +267,7 @@ vmmrt_status vmmrt__cuda_va_reserve(vmmrt__backend *b, size_t size, size_t align
 	CUdeviceptr va = 0;
 
 	CHECK_SIZE(b, "cuMemAddressReserve", size);
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuMemAddressReserve", vmmrt__cu.MemAddressReserve(&va, size, align, 0, 0),
 		"cuMemAddressReserve(%zu, align %zu)", size, align);
 	*out = (vmmrt_devptr)va;
@@ -287,7 +287,7 @@ vmmrt_status vmmrt__cuda_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhand
 	CUmemGenericAllocationHandle h = 0;
 
 	CHECK_SIZE(b, "cuMemCreate", size);
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuMemCreate", vmmrt__cu.MemCreate(&h, size, &b->prop, 0), "cuMemCreate(%zu)", size);
 	*out = (vmmrt__bhandle)h;
 	return VMMRT_OK;
@@ -329,7 +329,7 @@ vmmrt_status vmmrt__cuda_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t 
 	size_t f = 0, t = 0;
 
 	ROLE_CHECK("cuMemGetInfo");
-	VMMRT_CHECK_ARG(free_bytes != NULL || total_bytes != NULL, "NULL outputs");
+	VMMRT__CHECK_ARG(free_bytes != NULL || total_bytes != NULL, "NULL outputs");
 	CU_CALL(b, "cuMemGetInfo", vmmrt__cu.MemGetInfo(&f, &t), "cuMemGetInfo");
 	if (free_bytes != NULL)
 		*free_bytes = f;
@@ -345,7 +345,7 @@ vmmrt_status vmmrt__cuda_host_alloc(vmmrt__backend *b, size_t size, void **out)
 	int pushed;
 
 	ROLE_CHECK("cuMemHostAlloc");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	if (size == 0)
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "cuMemHostAlloc: size 0");
 	OP_ENTER(b, "cuMemHostAlloc", pushed);
@@ -363,7 +363,7 @@ vmmrt_status vmmrt__cuda_host_alloc(vmmrt__backend *b, size_t size, void **out)
 vmmrt_status vmmrt__cuda_host_free(vmmrt__backend *b, void *p)
 {
 	ROLE_CHECK("cuMemFreeHost");
-	VMMRT_CHECK_ARG(p != NULL, "NULL pointer");
+	VMMRT__CHECK_ARG(p != NULL, "NULL pointer");
 	CU_CALL(b, "cuMemFreeHost", vmmrt__cu.MemFreeHost(p), "cuMemFreeHost(%p)", p);
 	return VMMRT_OK;
 }
@@ -373,8 +373,8 @@ vmmrt_status vmmrt__cuda_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 	CUdeviceptr d = 0;
 
 	ROLE_CHECK("cuMemHostGetDevicePointer");
-	VMMRT_CHECK_ARG(p != NULL, "NULL pointer");
-	VMMRT_CHECK_ARG(out != NULL, "NULL output");
+	VMMRT__CHECK_ARG(p != NULL, "NULL pointer");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
 	CU_CALL(b, "cuMemHostGetDevicePointer", vmmrt__cu.MemHostGetDevicePointer(&d, p, 0), "cuMemHostGetDevicePointer(%p)",
 		p);
 	*out = (vmmrt_devptr)d;
@@ -383,7 +383,7 @@ vmmrt_status vmmrt__cuda_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 
 const vmmrt__backend_ops vmmrt__backend_cuda = VMMRT__BACKEND_TABLE("cuda", cuda_open, cuda_close);
 
-#else /* !VMMRT_CUDA_IMPL */
+#else /* !VMMRT__CUDA_IMPL */
 
 /*
  * No CUDA 12+ headers at build time: the backend exists but cannot open, so
@@ -411,4 +411,4 @@ const vmmrt__backend_ops vmmrt__backend_cuda = {
 	.close = cuda_close,
 };
 
-#endif /* VMMRT_CUDA_IMPL */
+#endif /* VMMRT__CUDA_IMPL */

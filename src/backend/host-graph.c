@@ -35,7 +35,7 @@ vmmrt_status vmmrt__host_event_create(vmmrt__backend *b, bool timing, vmmrt__bev
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: event", __func__);
@@ -64,7 +64,7 @@ vmmrt_status vmmrt__host_event_query(vmmrt__backend *b, vmmrt__bevent *e, bool *
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(out, "NULL result");
+	VMMRT__CHECK_ARG(out, "NULL result");
 	pthread_mutex_lock(&b->obj_lock);
 	found = (vmmrt__bevent *)vmmrt__host_lookup(b, &vmmrt__host_events_kind, e);
 	if (found) {
@@ -110,7 +110,7 @@ vmmrt_status vmmrt__host_event_elapsed_ms(vmmrt__backend *b, vmmrt__bevent *star
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(ms, "NULL output");
+	VMMRT__CHECK_ARG(ms, "NULL output");
 	pthread_mutex_lock(&b->obj_lock);
 	s0 = (vmmrt__bevent *)vmmrt__host_lookup(b, &vmmrt__host_events_kind, start);
 	s1 = (vmmrt__bevent *)vmmrt__host_lookup(b, &vmmrt__host_events_kind, end);
@@ -165,7 +165,7 @@ vmmrt_status vmmrt__host_stream_end_capture(vmmrt__backend *b, vmmrt_stream s, v
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	g = calloc(1, sizeof(*g));
 	if (!g)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: graph", __func__);
@@ -204,7 +204,7 @@ vmmrt_status vmmrt__host_stream_is_capturing(vmmrt__backend *b, vmmrt_stream s, 
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	st = vmmrt__host_stream_lock(b, s);
 	if (!st)
 		return vmmrt__host_unknown_stream(s, __func__);

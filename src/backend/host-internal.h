@@ -7,8 +7,8 @@
  * Lock order (outer first): obj_lock -> stream lock -> sync_lock.
  * vmm_lock is never held together with any of the others.
  */
-#ifndef VMMRT_HOST_INTERNAL_H
-#define VMMRT_HOST_INTERNAL_H
+#ifndef VMMRT__HOST_INTERNAL_H
+#define VMMRT__HOST_INTERNAL_H
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -23,7 +23,7 @@
  * Internal symbols carry the vmmrt_ prefix like the rest of the library but
  * are hidden, so the shared library's export regex never lets them out.
  */
-#define VMMRT_HOST_HIDDEN __attribute__((visibility("hidden")))
+#define VMMRT__HOST_HIDDEN __attribute__((visibility("hidden")))
 
 struct vmmrt__backend {
 	vmmrt__backend_config cfg;
@@ -63,7 +63,7 @@ struct vmmrt__backend {
 };
 
 /* host-registry.c: NOT_PERMITTED inside a host function, INVALID_ARGUMENT for a NULL backend. */
-vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_enter(vmmrt__backend *b, const char *func) VMMRT__HOST_HIDDEN;
 
 /*
  * host-registry.c: the registries. A kind of object: its list in the
@@ -80,16 +80,16 @@ typedef struct vmmrt__host_kind {
 	void (*release)(vmmrt__backend *b, struct cds_list_head *node);
 } vmmrt__host_kind;
 
-void vmmrt__host_register(vmmrt__backend *b, const vmmrt__host_kind *k, struct cds_list_head *node) VMMRT_HOST_HIDDEN;
+void vmmrt__host_register(vmmrt__backend *b, const vmmrt__host_kind *k, struct cds_list_head *node) VMMRT__HOST_HIDDEN;
 /* The registered object of key, or NULL. Caller holds obj_lock. */
 struct cds_list_head *vmmrt__host_lookup(vmmrt__backend *b, const vmmrt__host_kind *k,
-					 const void *key) VMMRT_HOST_HIDDEN;
+					 const void *key) VMMRT__HOST_HIDDEN;
 /* A destroy op: the prologue, then find, unlink and release; k->unknown if
  * key is not registered. */
 vmmrt_status vmmrt__host_destroy(vmmrt__backend *b, const vmmrt__host_kind *k, const void *key,
-				 const char *func) VMMRT_HOST_HIDDEN;
+				 const char *func) VMMRT__HOST_HIDDEN;
 /* Close: unlink and release every object of the kind, one at a time. */
-void vmmrt__host_unregister_all(vmmrt__backend *b, const vmmrt__host_kind *k) VMMRT_HOST_HIDDEN;
+void vmmrt__host_unregister_all(vmmrt__backend *b, const vmmrt__host_kind *k) VMMRT__HOST_HIDDEN;
 
 
 /* ------------------------------------------------------------ streams' work */
@@ -173,35 +173,35 @@ struct vmmrt__bgraph {
 };
 
 /* host-exec.c: the references queued and captured work holds, and the stream thread. */
-void vmmrt__host_event_put(vmmrt__bevent *e) VMMRT_HOST_HIDDEN;
-void vmmrt__host_graph_put(vmmrt__bgraph *g) VMMRT_HOST_HIDDEN;
-void vmmrt__host_op_release(const struct host_op *op) VMMRT_HOST_HIDDEN;
-bool vmmrt__host_is_event_op(const struct host_op *op) VMMRT_HOST_HIDDEN;
-void vmmrt__host_run_item(vmmrt__backend *b, const struct host_item *item) VMMRT_HOST_HIDDEN;
-void vmmrt__host_item_free(struct host_item *item) VMMRT_HOST_HIDDEN;
-void *vmmrt__host_stream_main(void *arg) VMMRT_HOST_HIDDEN;
+void vmmrt__host_event_put(vmmrt__bevent *e) VMMRT__HOST_HIDDEN;
+void vmmrt__host_graph_put(vmmrt__bgraph *g) VMMRT__HOST_HIDDEN;
+void vmmrt__host_op_release(const struct host_op *op) VMMRT__HOST_HIDDEN;
+bool vmmrt__host_is_event_op(const struct host_op *op) VMMRT__HOST_HIDDEN;
+void vmmrt__host_run_item(vmmrt__backend *b, const struct host_item *item) VMMRT__HOST_HIDDEN;
+void vmmrt__host_item_free(struct host_item *item) VMMRT__HOST_HIDDEN;
+void *vmmrt__host_stream_main(void *arg) VMMRT__HOST_HIDDEN;
 
 /* host-stream.c: the registries of events and graphs (streams are its own). */
-extern const vmmrt__host_kind vmmrt__host_events_kind VMMRT_HOST_HIDDEN;
-extern const vmmrt__host_kind vmmrt__host_graphs_kind VMMRT_HOST_HIDDEN;
+extern const vmmrt__host_kind vmmrt__host_events_kind VMMRT__HOST_HIDDEN;
+extern const vmmrt__host_kind vmmrt__host_graphs_kind VMMRT__HOST_HIDDEN;
 /* A known stream, returned locked (NULL: unknown). */
-struct vmmrt_stream_s *vmmrt__host_stream_lock(vmmrt__backend *b, vmmrt_stream s) VMMRT_HOST_HIDDEN;
-vmmrt_status vmmrt__host_unknown_stream(vmmrt_stream s, const char *func) VMMRT_HOST_HIDDEN;
+struct vmmrt_stream_s *vmmrt__host_stream_lock(vmmrt__backend *b, vmmrt_stream s) VMMRT__HOST_HIDDEN;
+vmmrt_status vmmrt__host_unknown_stream(vmmrt_stream s, const char *func) VMMRT__HOST_HIDDEN;
 /* A reference on a registered event, taken under obj_lock so a concurrent destroy cannot free it. */
-vmmrt_status vmmrt__host_event_ref(vmmrt__backend *b, vmmrt__bevent *e, const char *func) VMMRT_HOST_HIDDEN;
+vmmrt_status vmmrt__host_event_ref(vmmrt__backend *b, vmmrt__bevent *e, const char *func) VMMRT__HOST_HIDDEN;
 /* An event's record or wait, enqueued on s (func: the op, for messages). */
 vmmrt_status vmmrt__host_event_op(vmmrt__backend *b, vmmrt_stream s, vmmrt__bevent *e,
-				  enum vmmrt__host_op_kind kind, const char *func) VMMRT_HOST_HIDDEN;
+				  enum vmmrt__host_op_kind kind, const char *func) VMMRT__HOST_HIDDEN;
 /* Enqueue op on stream s, or record it when s is capturing. Takes over the
  * reference op holds, also on failure. */
 vmmrt_status vmmrt__host_submit(vmmrt__backend *b, vmmrt_stream s, const struct host_op *op,
-				const char *func) VMMRT_HOST_HIDDEN;
+				const char *func) VMMRT__HOST_HIDDEN;
 
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
-void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
+void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT__HOST_HIDDEN;
 
 /* host-vmm.c: at close, free every mapping, reservation and handle. */
-void vmmrt__host_vmm_close(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
+void vmmrt__host_vmm_close(vmmrt__backend *b) VMMRT__HOST_HIDDEN;
 
 /* Every operation of backend-ops.h: vmmrt__host_<op> (host.c: the device,
  * pinned memory; host-vmm.c: VMM; host-graph.c: events and graphs;
@@ -209,4 +209,4 @@ void vmmrt__host_vmm_close(vmmrt__backend *b) VMMRT_HOST_HIDDEN;
 #define VMMRT__OP_PREFIX vmmrt__host_
 VMMRT__BACKEND_DECLS
 
-#endif /* VMMRT_HOST_INTERNAL_H */
+#endif /* VMMRT__HOST_INTERNAL_H */

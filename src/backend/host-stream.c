@@ -239,7 +239,7 @@ vmmrt_status vmmrt__host_stream_create(vmmrt__backend *b, vmmrt_stream *out)
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	st = calloc(1, sizeof(*st));
 	if (!st)
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: stream", __func__);
@@ -315,7 +315,7 @@ vmmrt_status vmmrt__host_stream_synchronize(vmmrt__backend *b, vmmrt_stream s)
 vmmrt_status vmmrt__host_stream_query(vmmrt__backend *b, vmmrt_stream s, bool *done)
 {
 	struct vmmrt_stream_s *st;
-	VMMRT_CHECK_ARG(done, "NULL result");
+	VMMRT__CHECK_ARG(done, "NULL result");
 	vmmrt_status status = lock_idle_stream(b, s, __func__, &st);
 
 	if (status != VMMRT_OK)
@@ -377,7 +377,7 @@ vmmrt_status vmmrt__host_launch_host_func(vmmrt__backend *b, vmmrt_stream s, vmm
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(fn, "NULL function");
+	VMMRT__CHECK_ARG(fn, "NULL function");
 	op.u.host.fn = fn;
 	op.u.host.arg = arg;
 	return vmmrt__host_submit(b, s, &op, __func__);
@@ -429,7 +429,7 @@ vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt_
 
 	if (status != VMMRT_OK)
 		return status;
-	VMMRT_CHECK_ARG(args, "NULL arguments");
+	VMMRT__CHECK_ARG(args, "NULL arguments");
 	if ((unsigned)k >= VMMRT_KERNEL_COUNT_)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: unknown kernel %d", __func__, (int)k);
 	if (k != VMMRT_KERNEL_BUSY) {

@@ -172,7 +172,7 @@ vmmrt_status vmmrt__host_va_reserve(vmmrt__backend *b, size_t size, size_t align
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	if ((st = check_size(b, size, __func__)) != VMMRT_OK)
 		return st;
 	if (align & (align - 1))
@@ -294,7 +294,7 @@ vmmrt_status vmmrt__host_mem_create(vmmrt__backend *b, size_t size, vmmrt__bhand
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	if ((st = check_size(b, size, __func__)) != VMMRT_OK)
 		return st;
 	m = calloc(1, sizeof(*m));
@@ -550,7 +550,7 @@ vmmrt_status vmmrt__host_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t 
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(free_bytes && total_bytes, "NULL output");
+	VMMRT__CHECK_ARG(free_bytes && total_bytes, "NULL output");
 	pthread_mutex_lock(&b->vmm_lock);
 	*free_bytes = b->cfg.host_capacity - b->created_bytes;
 	*total_bytes = b->cfg.host_capacity;

@@ -74,8 +74,8 @@ static vmmrt_status host_open(const vmmrt__backend_config *cfg, vmmrt__backend *
 
 	if (vmmrt__thread_role_get() == VMMRT_ROLE_HOST_FUNC)
 		return vmmrt__error(VMMRT_E_NOT_PERMITTED, "%s: driver call from inside a host function", __func__);
-	VMMRT_CHECK_ARG(cfg, "NULL config");
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(cfg, "NULL config");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	*out = NULL;
 	if (cfg->device_ordinal != 0)
 		return vmmrt__error(VMMRT_E_NO_DEVICE, "%s: the host backend has one device (ordinal 0), not %d",
@@ -158,7 +158,7 @@ vmmrt_status vmmrt__host_device_name(vmmrt__backend *b, char *buf, size_t len)
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(buf && len > 0, "NULL or empty buffer");
+	VMMRT__CHECK_ARG(buf && len > 0, "NULL or empty buffer");
 	/* like cuDeviceGetName, a short buffer gets a truncated name */
 	snprintf(buf, len, "host-emulated (%g GiB)", (double)b->cfg.host_capacity / (double)GiB);
 	return VMMRT_OK;
@@ -176,7 +176,7 @@ vmmrt_status vmmrt__host_granularity(vmmrt__backend *b, size_t *out)
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	*out = b->granularity;
 	return VMMRT_OK;
 }
@@ -192,7 +192,7 @@ vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	if (size == 0 || size > SIZE_MAX - page)
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu", __func__, size);
 	size = (size + page - 1) / page * page;
@@ -225,7 +225,7 @@ vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 
 	if (st != VMMRT_OK)
 		return st;
-	VMMRT_CHECK_ARG(out, "NULL output");
+	VMMRT__CHECK_ARG(out, "NULL output");
 	/* like cuMemHostGetDevicePointer: any address inside a pinned allocation */
 	pthread_mutex_lock(&b->obj_lock);
 	cds_list_for_each_entry(a, &b->host_allocs, node) {

@@ -10,14 +10,14 @@
  * vmmrt_checksum_host() (src/pattern.c): vmmrt__mix64() and the constants are
  * pattern.h's, the host's own.
  *
- * Launch shapes (chosen by cuda-stream.c): VMMRT_KERNEL_THREADS threads per block, a
+ * Launch shapes (chosen by cuda-stream.c): VMMRT__KERNEL_THREADS threads per block, a
  * grid-stride loop, at most a few blocks per SM.
  */
 #include <stdint.h>
 
 #include "pattern.h"
 
-#define VMMRT_KERNEL_THREADS 256
+#define VMMRT__KERNEL_THREADS 256
 
 typedef unsigned long long u64;
 
@@ -25,7 +25,7 @@ static_assert(sizeof(u64) == sizeof(uint64_t), "u64 is 64 bits");
 
 static __device__ __forceinline__ u64 dev_fill_word(u64 seed, u64 i)
 {
-	return vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1));
+	return vmmrt__mix64(seed + VMMRT__GOLDEN * (i + 1));
 }
 
 /* Nanoseconds since an arbitrary epoch, the same for every SM. */
@@ -43,7 +43,7 @@ static __device__ __forceinline__ void dev_spin_until(u64 start, u64 ns)
 }
 
 /* VMMRT_KERNEL_FILL: dst[i] = fill_word(seed, i) for i < nwords. */
-extern "C" __global__ void __launch_bounds__(VMMRT_KERNEL_THREADS)
+extern "C" __global__ void __launch_bounds__(VMMRT__KERNEL_THREADS)
 vmmrt__k_fill(u64 *dst, u64 nwords, u64 seed)
 {
 	const u64 stride = (u64)gridDim.x * blockDim.x;
@@ -68,15 +68,15 @@ extern "C" __global__ void vmmrt__k_zero64(u64 *out)
  * The sum is modulo 2^64, so the order of the additions (grid stride, warp
  * shuffles, shared memory, one atomicAdd per block) does not change the bits.
  */
-extern "C" __global__ void __launch_bounds__(VMMRT_KERNEL_THREADS)
+extern "C" __global__ void __launch_bounds__(VMMRT__KERNEL_THREADS)
 vmmrt__k_checksum(const u64 *src, u64 nwords, u64 *out)
 {
-	__shared__ u64 warp_sums[VMMRT_KERNEL_THREADS / 32];
+	__shared__ u64 warp_sums[VMMRT__KERNEL_THREADS / 32];
 	const u64 stride = (u64)gridDim.x * blockDim.x;
 	u64 sum = 0;
 
 	for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords; i += stride)
-		sum += vmmrt__mix64(src[i] + VMMRT_CKSUM_K * (i + 1));
+		sum += vmmrt__mix64(src[i] + VMMRT__CKSUM_K * (i + 1));
 
 	for (int off = 16; off > 0; off >>= 1)
 		sum += __shfl_down_sync(0xffffffffu, sum, off);
@@ -107,7 +107,7 @@ extern "C" __global__ void vmmrt__k_busy(u64 ns)
  * 0 spins after its share of the work until ns have passed since then. Only one
  * thread spins, so a grid larger than one wave is not stretched to n * ns.
  */
-extern "C" __global__ void __launch_bounds__(VMMRT_KERNEL_THREADS)
+extern "C" __global__ void __launch_bounds__(VMMRT__KERNEL_THREADS)
 vmmrt__k_layer(u64 *dst, const u64 *src, u64 nwords, u64 seed, u64 ns)
 {
 	const u64 start = dev_globaltimer();

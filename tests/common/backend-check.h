@@ -4,8 +4,8 @@
  * tests/gpu/test-cuda-backend.c): they call a backend's ops table directly,
  * the one place outside src/driver.c that does.
  */
-#ifndef VMMRT_TEST_BACKEND_CHECK_H
-#define VMMRT_TEST_BACKEND_CHECK_H
+#ifndef VMMRT__TEST_BACKEND_CHECK_H
+#define VMMRT__TEST_BACKEND_CHECK_H
 
 #include <stdbool.h>
 

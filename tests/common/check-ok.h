@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* OK(call): a library call that must succeed; if not, the test fails with
  * the call, its status and the library's message. Include after cmocka.h. */
-#ifndef VMMRT_TEST_CHECK_OK_H
-#define VMMRT_TEST_CHECK_OK_H
+#ifndef VMMRT__TEST_CHECK_OK_H
+#define VMMRT__TEST_CHECK_OK_H
 
 #include "vmmrt.h"
 

@@ -5,8 +5,8 @@
  * and whose backward graph checks it. Every restored activation is verified
  * against a checksum computed on the host, per iteration and per layer.
  */
-#ifndef VMMRT_TEST_OFFLOAD_MODEL_H
-#define VMMRT_TEST_OFFLOAD_MODEL_H
+#ifndef VMMRT__TEST_OFFLOAD_MODEL_H
+#define VMMRT__TEST_OFFLOAD_MODEL_H
 
 #include <stdbool.h>
 #include <stdint.h>

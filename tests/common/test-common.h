@@ -6,8 +6,8 @@
  * model, a SIGSEGV on an unmapped read) are marked HOST_ONLY and left out of
  * the plan on a GPU; without a GPU a cuda run is a TAP skip, not a failure.
  */
-#ifndef VMMRT_TEST_COMMON_H
-#define VMMRT_TEST_COMMON_H
+#ifndef VMMRT__TEST_COMMON_H
+#define VMMRT__TEST_COMMON_H
 
 #include <stdbool.h>
 #include <stdio.h>

@@ -62,7 +62,7 @@
  * a child can make no threads, so what runs in a child elsewhere runs here
  * in this process, or not at all when the fork is the point.
  */
-#ifdef VMMRT_TSAN
+#ifdef VMMRT__TSAN
 #define CHILD_MAY_MAKE_THREADS 0
 #else
 #define CHILD_MAY_MAKE_THREADS 1

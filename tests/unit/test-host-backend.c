@@ -183,8 +183,8 @@ static uint64_t fill_checksum(uint64_t seed, size_t bytes)
 
 	/* the formula of backend.h, spelled out independently of pattern.c */
 	for (size_t i = 0; i < bytes / 8; i++) {
-		uint64_t w = vmmrt__mix64(seed + VMMRT_GOLDEN * (i + 1));
-		sum += vmmrt__mix64(w + VMMRT_CKSUM_K * (i + 1));
+		uint64_t w = vmmrt__mix64(seed + VMMRT__GOLDEN * (i + 1));
+		sum += vmmrt__mix64(w + VMMRT__CKSUM_K * (i + 1));
 	}
 	return sum;
 }
@@ -194,7 +194,7 @@ static uint64_t zero_checksum(size_t bytes)
 	uint64_t sum = 0;
 
 	for (size_t i = 0; i < bytes / 8; i++)
-		sum += vmmrt__mix64(VMMRT_CKSUM_K * (i + 1));
+		sum += vmmrt__mix64(VMMRT__CKSUM_K * (i + 1));
 	return sum;
 }
 

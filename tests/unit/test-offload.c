@@ -461,7 +461,7 @@ static void sync_waits_for_every_worker(void **state)
 	for (unsigned i = 0; i < cfg.layers; i++) {
 		vmmrt_group *g = model_group(m, i);
 		on_worker_1 += g->slot->worker == 1;
-		for (unsigned j = 0; j < VMMRT_REQ_RING; j++)
+		for (unsigned j = 0; j < VMMRT__REQ_RING; j++)
 			assert_true(vmmrt__request_poll(&g->remap.rel[USE_F][j].req, NULL));
 	}
 	assert_true(on_worker_1 > 0 && on_worker_1 < cfg.layers); /* both workers have groups */

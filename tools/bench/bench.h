@@ -18,8 +18,8 @@
  * A client of the public API only (<vmmrt.h>), linked with the shared library
  * like any application.
  */
-#ifndef VMMRT_BENCH_H
-#define VMMRT_BENCH_H
+#ifndef VMMRT__BENCH_H
+#define VMMRT__BENCH_H
 
 #include <stdbool.h>
 #include <stddef.h>

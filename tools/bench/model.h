@@ -4,8 +4,8 @@
  * verification, teardown) and iterate.c (one iteration of each mode).
  * Private to the bench.
  */
-#ifndef VMMRT_BENCH_MODEL_H
-#define VMMRT_BENCH_MODEL_H
+#ifndef VMMRT__BENCH_MODEL_H
+#define VMMRT__BENCH_MODEL_H
 
 #include "bench.h"
 

@@ -775,7 +775,7 @@ typedef enum { RUN_DONE, RUN_ERROR, RUN_MIDWAY } run_end;
 /*
  * A hook, and the check that it did not block the launch thread: a hook only
  * enqueues work. The one wait it may make (and count) is for a remap request
- * of its own still in flight from VMMRT_REQ_RING iterations back; after a
+ * of its own still in flight from VMMRT__REQ_RING iterations back; after a
  * quiet point (a checkpoint: sync, compute stream drained) every request
  * made before it has finished, so the iterations that cannot reach that far
  * back (a look-ahead map for the next iteration included) must not block.
@@ -789,7 +789,7 @@ static vmmrt_status hook(scen *s, unsigned it, grp *g, bool bwd, bool end)
 	uint64_t b0 = vmmrt__drv_launch_thread_blocking(s->rt);
 	vmmrt_status st = API(s, names[bwd][end], fn[bwd][end](g->g, s->compute));
 	uint64_t n = vmmrt__drv_launch_thread_blocking(s->rt) - b0;
-	if (st == VMMRT_OK && n && it + 1 < s->quiet_it + VMMRT_REQ_RING)
+	if (st == VMMRT_OK && n && it + 1 < s->quiet_it + VMMRT__REQ_RING)
 		t_fail(s->seed, "blocking",
 		       "%s of group %s blocked the launch thread %llu times in iteration %u (%u after the last quiet "
 		       "point; %s, %u groups, lookahead %u, %u workers)",

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /* One torture scenario: a runtime, its groups and graphs, and what was checked. */
-#ifndef VMMRT_TORTURE_SCENARIO_H
-#define VMMRT_TORTURE_SCENARIO_H
+#ifndef VMMRT__TORTURE_SCENARIO_H
+#define VMMRT__TORTURE_SCENARIO_H
 
 #include "torture.h"
 

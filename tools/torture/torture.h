@@ -10,8 +10,8 @@
  * illegal.c   the illegal calls and the named error each must return
  * stacks.c    every thread's stack, for the reports of a hang or a crash
  */
-#ifndef VMMRT_TORTURE_H
-#define VMMRT_TORTURE_H
+#ifndef VMMRT__TORTURE_H
+#define VMMRT__TORTURE_H
 
 #include <stdatomic.h>
 #include <stdbool.h>
