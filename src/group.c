@@ -287,7 +287,7 @@ vmmrt_status vmmrt__group_retire(vmmrt_group *g)
 	g->d2h_graph = g->h2d_graph = NULL;
 	g->restore_use = 0;
 	memset(&g->remap, 0, sizeof(g->remap) > sizeof(g->pingpong) ? sizeof(g->remap) : sizeof(g->pingpong));
-	g->open = 0;
+	g->begun = VMMRT__BEGUN_NONE;
 	g->state = VMMRT_GROUP_DISCOVERING;
 	return VMMRT_OK;
 }

@@ -14,6 +14,9 @@
 
 typedef struct vmmrt__offload vmmrt__offload;
 
+/* Which begin hook of a group has its end still due. */
+typedef enum vmmrt__begun { VMMRT__BEGUN_NONE, VMMRT__BEGUN_FORWARD, VMMRT__BEGUN_BACKWARD } vmmrt__begun;
+
 struct vmmrt_group {
 	vmmrt_runtime *rt;
 	vmmrt__offload *off;
@@ -54,7 +57,7 @@ struct vmmrt_group {
 		vmmrt__remap_group remap;
 	};
 
-	int open;                     /* 0, or the begin hook whose end is due: 1 fwd, 2 bwd */
+	vmmrt__begun begun;           /* the begin hook whose end is due */
 	vmmrt_stream stream;          /* the compute stream of its last begin hook: an abort waits for it */
 	bool streamed;                /* a begin hook set it */
 	vmmrt_stream save_stream;     /* the stream of its last copy at capture (vmmrt_group_save): an abort waits for it too */

@@ -36,7 +36,8 @@ static void dump(vmmrt_runtime *rt, int fd)
 	dprintf(fd,
 		"  runtime %p: %s, lookahead %u (in force %u), %u groups (%u retired), allocated %d, broken %d%s%s, "
 		"stuck %d; schedule %s, use %" PRIu64 " requested %" PRIu64,
-		(void *)rt, off->ops->name, rt->lookahead, off->la, off->ngroups, off->nretired, off->allocated, off->broken,
+		(void *)rt, off->ops->name, rt->lookahead, off->lookahead_in_force, off->ngroups, off->nretired,
+		off->allocated, off->broken,
 		off->broken ? ": " : "", off->broken ? off->broken_why : "", off->stuck,
 		off->sched.declared ? "declared" : off->sched.recorded ? "recorded" : "recording", off->sched.use,
 		off->sched.requested);
@@ -45,7 +46,7 @@ static void dump(vmmrt_runtime *rt, int fd)
 	dprintf(fd, "\n");
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		dprintf(fd, "    group '%s': %u tensors, open %d, restore_use %" PRIu64, g->name, g->ndesc, g->open,
+		dprintf(fd, "    group '%s': %u tensors, open %d, restore_use %" PRIu64, g->name, g->ndesc, g->begun,
 			g->restore_use);
 		if (g->slot)
 			dprintf(fd, ", slot mapped %d on worker %u", (int)g->slot->mapped, g->slot->worker);

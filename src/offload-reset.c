@@ -74,7 +74,7 @@ static vmmrt_status drain_and_reset(vmmrt__offload *off)
 	}
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
-		g->open = 0;
+		g->begun = VMMRT__BEGUN_NONE;
 		g->restore_use = 0;
 		/* Failures of the abandoned uses: the abort is what they asked for. */
 		(void)vmmrt__group_take_error(g);
@@ -115,11 +115,11 @@ vmmrt_status vmmrt_group_rediscover(vmmrt_group *g)
 		return VMMRT_OK;
 	}
 	for (unsigned i = 0; i < off->ngroups; i++)
-		if (off->groups[i]->open)
+		if (off->groups[i]->begun != VMMRT__BEGUN_NONE)
 			return vmmrt__error(VMMRT_E_INVALID_STATE,
 					    "group '%s': the %s of group '%s' was begun and not ended; end it, or "
 					    "vmmrt_offload_abort the iteration",
-					    g->name, off->groups[i]->open == 1 ? "forward" : "backward",
+					    g->name, off->groups[i]->begun == VMMRT__BEGUN_FORWARD ? "forward" : "backward",
 					    off->groups[i]->name);
 	if (vmmrt__schedule_mid_iteration(&off->sched) && !off->needs_allocate)
 		return vmmrt__error(VMMRT_E_INVALID_STATE,

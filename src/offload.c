@@ -278,7 +278,7 @@ static vmmrt_status prefetch_window(vmmrt__offload *off)
 {
 	vmmrt__schedule *s = &off->sched;
 	uint64_t from, to;
-	vmmrt__schedule_window(s, off->la, &from, &to);
+	vmmrt__schedule_window(s, off->lookahead_in_force, &from, &to);
 	for (uint64_t u = from; u < to; u++) {
 		bool b;
 		vmmrt_group *next = off->groups[vmmrt__schedule_group_of(s, u, &b)];
@@ -295,7 +295,7 @@ static vmmrt_status prefetch_window(vmmrt__offload *off)
  * run later uses against a pipeline that no longer matches the schedule,
  * so the offload refuses every later hook. Whatever was enqueued drains.
  */
-static vmmrt_status broke(vmmrt__offload *off, vmmrt_status st)
+static vmmrt_status mark_broken(vmmrt__offload *off, vmmrt_status st)
 {
 	if (st != VMMRT_OK && !off->broken) {
 		snprintf(off->broken_why, sizeof(off->broken_why), "%s", vmmrt_last_error());
@@ -310,9 +310,9 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 	if (st != VMMRT_OK || g->ndesc == 0)
 		return st;
 	vmmrt__offload *off = g->off;
-	if (g->open)
+	if (g->begun != VMMRT__BEGUN_NONE)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' has a %s that was not ended", what, g->name,
-				   g->open == 1 ? "forward" : "backward");
+				   g->begun == VMMRT__BEGUN_FORWARD ? "forward" : "backward");
 	bool known = off->sched.recorded;
 	if ((st = vmmrt__schedule_enter(&off->sched, g, backward)) != VMMRT_OK)
 		return st;
@@ -320,11 +320,11 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 		off->ops->plan(off); /* the first iteration has shown the order */
 	if ((st = ensure_current(off, g, backward)) != VMMRT_OK ||
 	    (st = (backward ? off->ops->backward_begin : off->ops->forward_begin)(off, g, compute)) != VMMRT_OK)
-		return broke(off, st);
-	g->open = backward ? 2 : 1;
+		return mark_broken(off, st);
+	g->begun = backward ? VMMRT__BEGUN_BACKWARD : VMMRT__BEGUN_FORWARD;
 	g->stream = compute; /* what an abort waits for */
 	g->streamed = true;
-	return broke(off, prefetch_window(off));
+	return mark_broken(off, prefetch_window(off));
 }
 
 static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
@@ -332,13 +332,13 @@ static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, con
 	vmmrt_status st = hook_entry(g, compute, what);
 	if (st != VMMRT_OK || g->ndesc == 0)
 		return st;
-	if (g->open != (backward ? 2 : 1))
+	if (g->begun != (backward ? VMMRT__BEGUN_BACKWARD : VMMRT__BEGUN_FORWARD))
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: group '%s' has no %s begun", what, g->name,
 				   backward ? "backward" : "forward");
 	vmmrt__offload *off = g->off;
-	st = broke(off, (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute));
+	st = mark_broken(off, (backward ? off->ops->backward_end : off->ops->forward_end)(off, g, compute));
 	if (st == VMMRT_OK) {
-		g->open = 0;
+		g->begun = VMMRT__BEGUN_NONE;
 		if (backward && off->sched.use % (2ull * off->sched.n) == 2ull * off->sched.n - 1)
 			off->iterations++;
 	}
@@ -419,7 +419,7 @@ vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out
 	o->iterations = off->iterations;
 	o->schedule_recorded = off->sched.recorded;
 	o->schedule_declared = off->sched.declared;
-	o->lookahead_in_force = off->sched.recorded ? off->la : 0;
+	o->lookahead_in_force = off->sched.recorded ? off->lookahead_in_force : 0;
 	o->aborts = off->aborts;
 	o->retired_groups = off->nretired;
 	off->ops->stats(off, o);

@@ -51,7 +51,7 @@ struct vmmrt__offload {
 	unsigned ngroups, cap;
 	bool allocated;
 	vmmrt__schedule sched;
-	unsigned la;                  /* the look-ahead in force (the option, as the strategy and schedule allow) */
+	unsigned lookahead_in_force; /* the look-ahead in force (the option, as the strategy and schedule allow) */
 	/* A schedule declared for the next allocation (vmmrt_offload_set_schedule). */
 	vmmrt__use *declared;
 	unsigned ndeclared;

@@ -7,7 +7,7 @@
 
 /* Set up g's rings of requests (once, when its slot is made). */
 void vmmrt__remap_requests_init(vmmrt_group *g);
-/* Queue the map of g's next use of kind (USE_F, USE_B), with its
+/* Queue the map of g's next use of kind (VMMRT__USE_FORWARD, VMMRT__USE_BACKWARD), with its
  * ticket; inline (driver_inline), make it now. */
 vmmrt_status vmmrt__remap_request_map(vmmrt__offload *off, vmmrt_group *g, int kind, uint64_t use);
 /* Wait until req, still in flight from an earlier iteration, came back. */

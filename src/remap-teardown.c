@@ -88,7 +88,7 @@ void vmmrt__remap_unblock(vmmrt__offload *off)
 /* Poll until every map (or release) of every group has come back from its
  * worker. A release after a backward waits there for its graph's event: the
  * compute stream is still reading the slot until then. */
-static vmmrt_status ring_back(vmmrt__offload *off, bool maps)
+static vmmrt_status wait_rings_idle(vmmrt__offload *off, bool maps)
 {
 	uint64_t deadline = vmmrt__now_ns() + off->rt->timeout_ms * 1000000ull;
 	for (unsigned i = 0; i < off->ngroups; i++) {
@@ -150,7 +150,7 @@ static vmmrt_status trim(vmmrt__offload *off, vmmrt_group *g)
  */
 vmmrt_status vmmrt__remap_reset(vmmrt__offload *off)
 {
-	vmmrt_status st = ring_back(off, false);
+	vmmrt_status st = wait_rings_idle(off, false);
 	if (st != VMMRT_OK)
 		return st;
 	for (unsigned i = 0; i < off->ngroups; i++) {
@@ -162,7 +162,7 @@ vmmrt_status vmmrt__remap_reset(vmmrt__offload *off)
 		uatomic_set(&rg->releases_done, rg->maps_requested);
 	}
 	vmmrt__workers_kick(off->rt->workers);
-	if ((st = ring_back(off, true)) != VMMRT_OK || (!off->rt->driver_inline && (st = vmmrt__offload_worker_barrier(off->rt)) != VMMRT_OK))
+	if ((st = wait_rings_idle(off, true)) != VMMRT_OK || (!off->rt->driver_inline && (st = vmmrt__offload_worker_barrier(off->rt)) != VMMRT_OK))
 		return st;
 	for (unsigned i = 0; i < off->ngroups; i++) {
 		vmmrt_group *g = off->groups[i];
@@ -205,9 +205,9 @@ void vmmrt__remap_free_group(vmmrt__offload *off, vmmrt_group *g)
 	}
 	g->slot = NULL;
 	for (int j = 0; j < VMMRT__REQ_RING; j++) {
-		if (g->remap.rel[USE_B][j].ev)
-			(void)vmmrt__drv_event_destroy(rt, g->remap.rel[USE_B][j].ev);
-		g->remap.rel[USE_B][j].ev = NULL;
+		if (g->remap.rel[VMMRT__USE_BACKWARD][j].ev)
+			(void)vmmrt__drv_event_destroy(rt, g->remap.rel[VMMRT__USE_BACKWARD][j].ev);
+		g->remap.rel[VMMRT__USE_BACKWARD][j].ev = NULL;
 	}
 	if (g->remap.flag && !off->stuck)
 		(void)vmmrt__drv_host_free(rt, g->remap.flag);

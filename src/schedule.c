@@ -193,37 +193,37 @@ void vmmrt__schedule_restart(vmmrt__schedule *s)
  * restore would start before its forward ends. A backward right after its
  * own forward stays at any look-ahead (the tail of "all forwards, then all
  * backwards"): nothing runs in between that could want the memory. */
-static int64_t reach(unsigned la)
+static int64_t reach(unsigned lookahead)
 {
-	return la ? la : 1;
+	return lookahead ? lookahead : 1;
 }
 
-bool vmmrt__schedule_resident(const vmmrt__schedule *s, unsigned group, unsigned la)
+bool vmmrt__schedule_resident(const vmmrt__schedule *s, unsigned group, unsigned lookahead)
 {
 	return s->recorded && group < s->ngroups && s->pos_f[group] != VMMRT__NO_POS &&
-	       (int64_t)s->pos_b[group] - s->pos_f[group] <= reach(la);
+	       (int64_t)s->pos_b[group] - s->pos_f[group] <= reach(lookahead);
 }
 
 /* The holds of group g on its bank, as closed ranges of positions: one
  * (resident) or two (its forward; its restore to its backward's end). */
-static unsigned holds(const vmmrt__schedule *s, unsigned g, unsigned la, int64_t lo[2], int64_t hi[2])
+static unsigned holds(const vmmrt__schedule *s, unsigned g, unsigned lookahead, int64_t lo[2], int64_t hi[2])
 {
 	int64_t p = s->pos_f[g], q = s->pos_b[g];
-	if (q - p <= reach(la)) {
+	if (q - p <= reach(lookahead)) {
 		lo[0] = p;
 		hi[0] = q;
 		return 1;
 	}
 	lo[0] = hi[0] = p;
-	lo[1] = q - la;
+	lo[1] = q - lookahead;
 	hi[1] = q;
 	return 2;
 }
 
-static bool overlap(const vmmrt__schedule *s, unsigned a, unsigned b, unsigned la)
+static bool overlap(const vmmrt__schedule *s, unsigned a, unsigned b, unsigned lookahead)
 {
 	int64_t alo[2], ahi[2], blo[2], bhi[2];
-	unsigned na = holds(s, a, la, alo, ahi), nb = holds(s, b, la, blo, bhi);
+	unsigned na = holds(s, a, lookahead, alo, ahi), nb = holds(s, b, lookahead, blo, bhi);
 	for (unsigned i = 0; i < na; i++)
 		for (unsigned j = 0; j < nb; j++)
 			if (alo[i] <= bhi[j] && blo[j] <= ahi[i])
@@ -231,14 +231,14 @@ static bool overlap(const vmmrt__schedule *s, unsigned a, unsigned b, unsigned l
 	return false;
 }
 
-bool vmmrt__schedule_clash(const vmmrt__schedule *s, unsigned la, unsigned a, unsigned b)
+bool vmmrt__schedule_clash(const vmmrt__schedule *s, unsigned lookahead, unsigned a, unsigned b)
 {
 	if (a >= s->ngroups || b >= s->ngroups || s->pos_f[a] == VMMRT__NO_POS || s->pos_f[b] == VMMRT__NO_POS)
 		return false;
-	return a != b && overlap(s, a, b, la);
+	return a != b && overlap(s, a, b, lookahead);
 }
 
-unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned la, const bool *pick, unsigned *bank)
+unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned lookahead, const bool *pick, unsigned *bank)
 {
 	unsigned nbanks = 0;
 	/* In order of first use: each group takes the lowest bank none of the
@@ -252,7 +252,7 @@ unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned la, const bool
 			bool clash = false;
 			for (unsigned k = 0; k < pos && !clash; k++) {
 				unsigned h = s->grp[k];
-				clash = !s->bwd[k] && bank[h] == b && (!pick || pick[h]) && overlap(s, g, h, la);
+				clash = !s->bwd[k] && bank[h] == b && (!pick || pick[h]) && overlap(s, g, h, lookahead);
 			}
 			if (!clash)
 				break;
@@ -264,7 +264,7 @@ unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned la, const bool
 	return nbanks;
 }
 
-unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned la)
+unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned lookahead)
 {
 	int64_t per = 2 * (int64_t)s->n;
 	if (!per)
@@ -276,14 +276,14 @@ unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned la)
 		free(stamp);
 		return s->n; /* every group: never too small */
 	}
-	int64_t ahead = la < per ? (int64_t)la : per - 1;
+	int64_t ahead = lookahead < per ? (int64_t)lookahead : per - 1;
 	for (unsigned g = 0; g < s->ngroups; g++) {
 		if (s->pos_f[g] == VMMRT__NO_POS)
 			continue;
 		int64_t p = s->pos_f[g], q = s->pos_b[g];
 		int64_t lo[2] = {p - ahead, q - ahead}, hi[2] = {p, q};
 		unsigned narcs = 2;
-		if (q - p <= reach(la)) { /* resident: mapped from its forward's map to its backward */
+		if (q - p <= reach(lookahead)) { /* resident: mapped from its forward's map to its backward */
 			hi[0] = q;
 			narcs = 1;
 		}

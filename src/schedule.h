@@ -61,29 +61,29 @@ bool vmmrt__schedule_mid_iteration(const vmmrt__schedule *s);
 void vmmrt__schedule_restart(vmmrt__schedule *s);
 
 /*
- * What a recorded schedule asks of device memory under look-ahead la (the
- * restore of a backward, or remap's map of any use, starts la uses ahead):
- * a group whose backward comes within la uses of its forward stays on the
- * device in between (no copies: vmmrt__schedule_resident); otherwise it
+ * What a recorded schedule asks of device memory under a look-ahead (the
+ * restore of a backward, or remap's map of any use, starts lookahead uses
+ * ahead): a group whose backward comes within lookahead uses of its forward
+ * stays on the device in between (no copies: vmmrt__schedule_resident); otherwise it
  * holds memory during its forward and from its restore to its backward's end.
  */
-bool vmmrt__schedule_resident(const vmmrt__schedule *s, unsigned group, unsigned la);
+bool vmmrt__schedule_resident(const vmmrt__schedule *s, unsigned group, unsigned lookahead);
 /*
  * Ping-pong: give each group in `pick` (ngroups flags; NULL: every group of
  * the schedule) a bank (bank[group], from 0) so that no two groups of one
  * bank hold it at once: a forward only at its own use (its D2H is fenced on
- * the GPU), a restore from la uses before its backward to the backward's end,
+ * the GPU), a restore from lookahead uses before its backward to the backward's end,
  * a resident group from its forward to its backward. Returns the banks used
- * (greedy, in order of first use; 1 at la 0, where no holds overlap).
+ * (greedy, in order of first use; 1 at lookahead 0, where no holds overlap).
  */
 /* Would groups a and b, on one bank, hold it at once (the rule above)? */
-bool vmmrt__schedule_clash(const vmmrt__schedule *s, unsigned la, unsigned a, unsigned b);
-unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned la, const bool *pick, unsigned *bank);
+bool vmmrt__schedule_clash(const vmmrt__schedule *s, unsigned lookahead, unsigned a, unsigned b);
+unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned lookahead, const bool *pick, unsigned *bank);
 /*
- * Remap: the most groups mapped at once, if every map starts la uses ahead
+ * Remap: the most groups mapped at once, if every map starts lookahead uses ahead
  * of its use and every release follows its use (a resident group stays
  * mapped from its forward's map to its backward's end). At least 1.
  */
-unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned la);
+unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned lookahead);
 
 #endif

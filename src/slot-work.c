@@ -159,7 +159,7 @@ static unsigned pool_cap(const slot_pool *p)
 }
 
 /* Room for what the pool may hold now (the reuse cap moves with the budget). */
-static bool grow(slot_pool *p)
+static bool pool_make_room(slot_pool *p)
 {
 	return vmmrt__array_reserve(&p->handles, &p->room, pool_cap(p), sizeof(*p->handles));
 }
@@ -176,19 +176,19 @@ static bool grow(slot_pool *p)
  * budget with it: they never exceed it, even while the backings allocation
  * made for capture (outside the budget) are being released.
  */
-static bool keep(slot_pool *p)
+static bool pool_may_keep(slot_pool *p)
 {
 	if (p->nhandles < p->cap)
-		return grow(p);
+		return pool_make_room(p);
 	int64_t reuse = uatomic_read(&p->rt->reuse_cap);
-	return reuse > 0 && uatomic_read(&p->rt->budgeted_handles) + p->nhandles < reuse && grow(p);
+	return reuse > 0 && uatomic_read(&p->rt->budgeted_handles) + p->nhandles < reuse && pool_make_room(p);
 }
 
 /* h, unmapped from s: to the pool if s may use it and it has room, else to the driver. */
 static vmmrt_status release_handle(slot_pool *p, const vmmrt_slot *s, vmmrt__bhandle h)
 {
 	size_t size = s->size;
-	if (!s->app && keep(p)) {
+	if (!s->app && pool_may_keep(p)) {
 		p->handles[p->nhandles++] = (pooled_handle){size, h};
 		uatomic_inc(&p->stats.pool_handles);
 		return VMMRT_OK;
@@ -278,7 +278,7 @@ static vmmrt_status pool_init(void *local, vmmrt_runtime *rt)
 	slot_pool *p = local;
 	p->rt = rt;
 	p->cap = (unsigned)vmmrt__opt_u(&rt->opts, VMMRT_OPT_HANDLE_POOL);
-	if (p->cap && !grow(p))
+	if (p->cap && !pool_make_room(p))
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "handle pool of %u", p->cap);
 	return VMMRT_OK;
 }

@@ -38,7 +38,7 @@ static vmmrt_status none_prefetch(vmmrt__offload *off, vmmrt_group *g, bool back
 
 static void none_plan(vmmrt__offload *off)
 {
-	off->la = 0;
+	off->lookahead_in_force = 0;
 }
 
 static vmmrt_status none_reset(vmmrt__offload *off)

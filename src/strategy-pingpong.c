@@ -60,17 +60,17 @@ static vmmrt_status add_banks(vmmrt__offload *off, unsigned count)
 static unsigned color(vmmrt__offload *off, const bool *pick, unsigned *bank)
 {
 	const vmmrt__schedule *s = &off->sched;
-	for (unsigned la = off->rt->lookahead;; la--) {
-		unsigned used = vmmrt__schedule_banks(s, la, pick, bank);
-		bool ok = used <= off->rt->max_banks || la == 0;
+	for (unsigned lookahead = off->rt->lookahead;; lookahead--) {
+		unsigned used = vmmrt__schedule_banks(s, lookahead, pick, bank);
+		bool ok = used <= off->rt->max_banks || lookahead == 0;
 		for (unsigned a = 0; ok && a < off->ngroups; a++)
 			for (unsigned b = a + 1; ok && b < off->ngroups; b++) {
 				vmmrt_group *ga = off->groups[a], *gb = off->groups[b];
 				ok = !(ga->pingpong.has_bank && gb->pingpong.has_bank &&
-				       ga->pingpong.bank == gb->pingpong.bank && vmmrt__schedule_clash(s, la, a, b));
+				       ga->pingpong.bank == gb->pingpong.bank && vmmrt__schedule_clash(s, lookahead, a, b));
 			}
 		if (ok) {
-			off->pingpong.la = la;
+			off->pingpong.banks_lookahead = lookahead;
 			off->pingpong.planned = true;
 			return used;
 		}
@@ -160,9 +160,9 @@ static void pp_plan(vmmrt__offload *off)
 	/* A declared schedule's banks were made for their look-ahead; without
 	 * one, the bank not being read is the only one to restore into. */
 	if (off->sched.declared && off->pingpong.planned)
-		off->la = off->pingpong.la;
+		off->lookahead_in_force = off->pingpong.banks_lookahead;
 	else
-		off->la = off->rt->lookahead < 1 ? off->rt->lookahead : 1;
+		off->lookahead_in_force = off->rt->lookahead < 1 ? off->rt->lookahead : 1;
 }
 
 static vmmrt_status enqueue_restore(vmmrt__offload *off, vmmrt_group *g, uint64_t use)

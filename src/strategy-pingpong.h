@@ -29,8 +29,8 @@ typedef struct vmmrt__bank {
 typedef struct vmmrt__pingpong {
 	vmmrt__bank *bank;
 	unsigned nbanks, cap;
-	unsigned la;                  /* the look-ahead the declared schedule's banks were made for */
-	bool planned;                 /* la comes from a declared schedule */
+	unsigned banks_lookahead;     /* the look-ahead the declared schedule's banks were made for */
+	bool planned;                 /* banks_lookahead comes from a declared schedule */
 } vmmrt__pingpong;
 
 /* Per group. */

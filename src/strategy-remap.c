@@ -63,7 +63,7 @@ static vmmrt_status rm_allocate_group(vmmrt__offload *off, vmmrt_group *g)
 	vmmrt__offload_account(off, (int64_t)g->slot->size);
 	vmmrt__remap_requests_init(g);
 	for (int j = 0; j < VMMRT__REQ_RING; j++)
-		if ((st = vmmrt__drv_event_create(rt, false, &g->remap.rel[USE_B][j].ev)) != VMMRT_OK)
+		if ((st = vmmrt__drv_event_create(rt, false, &g->remap.rel[VMMRT__USE_BACKWARD][j].ev)) != VMMRT_OK)
 			return vmmrt__error_wrap(st, "group '%s': release events", g->name);
 	g->remap.owed_index = VMMRT__NOT_OWED;
 	return VMMRT_OK;
@@ -109,10 +109,10 @@ static vmmrt_status rm_allocate(vmmrt__offload *off)
 
 static void rm_plan(vmmrt__offload *off)
 {
-	off->la = off->rt->lookahead;
-	int64_t budget = (int64_t)off->la + 1;
+	off->lookahead_in_force = off->rt->lookahead;
+	int64_t budget = (int64_t)off->lookahead_in_force + 1;
 	if (off->sched.recorded) {
-		int64_t peak = vmmrt__schedule_peak_mapped(&off->sched, off->la);
+		int64_t peak = vmmrt__schedule_peak_mapped(&off->sched, off->lookahead_in_force);
 		budget = peak < budget ? peak : budget;
 	}
 	uatomic_set(&off->remap.budget, budget); /* workers read it at admission */
@@ -126,10 +126,10 @@ static vmmrt_status rm_prefetch(vmmrt__offload *off, vmmrt_group *g, bool backwa
 		g->timed_h2d = false;
 		return VMMRT_OK; /* still mapped since its forward */
 	}
-	vmmrt_status st = vmmrt__remap_request_map(off, g, backward ? USE_B : USE_F, use);
+	vmmrt_status st = vmmrt__remap_request_map(off, g, backward ? VMMRT__USE_BACKWARD : VMMRT__USE_FORWARD, use);
 	if (st != VMMRT_OK)
 		return st;
-	int kind = backward ? USE_B : USE_F;
+	int kind = backward ? VMMRT__USE_BACKWARD : VMMRT__USE_FORWARD;
 	vmmrt__pending_map p = {g, use, g->remap.map[kind][(g->remap.map_next[kind] - 1) % VMMRT__REQ_RING].need,
 				      g->remap.map_seq_of[kind], backward};
 	return vmmrt__remap_pending_add(off, &p);
@@ -142,7 +142,7 @@ static vmmrt_status rm_forward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt_
 		return st;
 	/* The worker stores the flag once the map call returned: if it is there
 	 * already, the memory is mapped and nothing needs to wait on the GPU. */
-	uint32_t seq = g->remap.map_seq_of[USE_F];
+	uint32_t seq = g->remap.map_seq_of[VMMRT__USE_FORWARD];
 	if ((int32_t)(uatomic_read(g->remap.flag) - seq) >= 0)
 		return VMMRT_OK;
 	return vmmrt__drv_stream_wait_value32(off->rt, compute, g->remap.flag_dev, seq);
@@ -160,7 +160,7 @@ static vmmrt_status release_after(vmmrt__offload *off, vmmrt_group *g, vmmrt_str
 		return st;
 	}
 	vmmrt_status st = vmmrt__remap_reclaim(off, &r->req);
-	if (st == VMMRT_OK && kind == USE_F && VMMRT__PLANTED(off, VMMRT__PLANT_EARLY_RELEASE))
+	if (st == VMMRT_OK && kind == VMMRT__USE_FORWARD && VMMRT__PLANTED(off, VMMRT__PLANT_EARLY_RELEASE))
 		st = vmmrt__worker_push(off->rt->workers, g->slot->worker, &r->req); /* planted bug: not after the D2H */
 	else if (st == VMMRT_OK)
 		st = vmmrt__remap_push_after(off, s, r);
@@ -180,7 +180,7 @@ static vmmrt_status rm_forward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_st
 	    (st = vmmrt__drv_stream_wait_event(rt, off->d2h, g->fwd_done)) != VMMRT_OK ||
 	    (off->remap.d2h_yield && (st = vmmrt__remap_yield_d2h(off, g)) != VMMRT_OK) ||
 	    (st = vmmrt__offload_d2h(off, g)) != VMMRT_OK ||
-	    (st = release_after(off, g, off->d2h, USE_F, g->d2h_done)) != VMMRT_OK) {
+	    (st = release_after(off, g, off->d2h, VMMRT__USE_FORWARD, g->d2h_done)) != VMMRT_OK) {
 		char why[512];
 		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 		vmmrt__remap_owe_release(off, g, index);
@@ -205,7 +205,7 @@ static vmmrt_status rm_backward_begin(vmmrt__offload *off, vmmrt_group *g, vmmrt
 static vmmrt_status rm_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_stream compute)
 {
 	vmmrt_runtime *rt = off->rt;
-	vmmrt__remap_req *r = &g->remap.rel[USE_B][g->remap.rel_next[USE_B]++ % VMMRT__REQ_RING];
+	vmmrt__remap_req *r = &g->remap.rel[VMMRT__USE_BACKWARD][g->remap.rel_next[VMMRT__USE_BACKWARD]++ % VMMRT__REQ_RING];
 	vmmrt_status st;
 	uint64_t index = g->remap.releases_planned++;
 	/*

@@ -14,7 +14,7 @@
 #include "backend/backend.h"
 #include "worker.h"
 
-enum { USE_F = 0, USE_B = 1 };
+enum { VMMRT__USE_FORWARD = 0, VMMRT__USE_BACKWARD = 1 };
 #define VMMRT__REQ_RING 8
 #define VMMRT__PENDING_MAPS 32 /* > the largest look-ahead + 1 */
 #define VMMRT__NOT_OWED UINT64_MAX

@@ -20,7 +20,7 @@ typedef struct vmmrt__strategy_ops {
 	/* The deepest look-ahead it can use without a recorded schedule. */
 	unsigned max_lookahead;
 	/* The schedule became known (declared at allocation, or recorded by the
-	 * first iteration): set off->la and what follows from the order. */
+	 * first iteration): set off->lookahead_in_force and what follows from the order. */
 	void (*plan)(vmmrt__offload *off);
 	/* Optional, before an abort drains the streams: let whatever a stream
 	 * may wait for go ahead. */

@@ -216,15 +216,15 @@ static void run(worker *wk, vmmrt__request *req, bool cancel);
 void vmmrt__worker_cancel_owned(worker *wk, const void *owner)
 {
 	vmmrt__request *req, *tmp;
-	cds_list_for_each_entry_safe(req, tmp, &wk->parked, parked) {
+	cds_list_for_each_entry_safe(req, tmp, &wk->parked, wait_node) {
 		if (req->owner == owner) {
-			cds_list_del(&req->parked);
+			cds_list_del(&req->wait_node);
 			run(wk, req, true);
 		}
 	}
-	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
+	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, wait_node) {
 		if (req->owner == owner) {
-			cds_list_del(&req->parked);
+			cds_list_del(&req->wait_node);
 			run(wk, req, true);
 		}
 	}
@@ -260,7 +260,7 @@ static void run(worker *wk, vmmrt__request *req, bool cancel)
 		req->retry_at = vmmrt__now_ns() + backoff_us * 1000;
 		if (req->retrying)
 			req->retrying(req, st, req->done_arg);
-		cds_list_add(&req->parked, &wk->parked);
+		cds_list_add(&req->wait_node, &wk->parked);
 		urcu_bp_read_unlock();
 		return;
 	}
@@ -299,12 +299,12 @@ static bool admit(vmmrt__request *req)
 static void run_parked(worker *wk)
 {
 	while (!cds_list_empty(&wk->parked)) {
-		vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
+		vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, wait_node);
 		if (req->retry_at && vmmrt__now_ns() < req->retry_at)
 			return;
 		if (!admit(req))
 			return;
-		cds_list_del(&req->parked);
+		cds_list_del(&req->wait_node);
 		run(wk, req, false);
 	}
 }
@@ -314,7 +314,7 @@ static const struct timespec *retry_deadline(worker *wk, struct timespec *ts)
 {
 	if (cds_list_empty(&wk->parked))
 		return NULL;
-	vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
+	vmmrt__request *req = cds_list_first_entry(&wk->parked, vmmrt__request, wait_node);
 	if (!req->retry_at)
 		return NULL;
 	*ts = vmmrt__timespec(req->retry_at);
@@ -352,11 +352,11 @@ static void take(worker *wk, vmmrt__request *req);
 static void run_waiting(worker *wk)
 {
 	vmmrt__request *req, *tmp;
-	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, parked) {
+	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, wait_node) {
 		vmmrt_status failed;
 		if (!after_done(wk, req, &failed))
 			continue;
-		cds_list_del(&req->parked);
+		cds_list_del(&req->wait_node);
 		req->after = NULL;
 		if (failed != VMMRT_OK) {
 			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
@@ -384,7 +384,7 @@ static void take(worker *wk, vmmrt__request *req)
 	if (req->after) {
 		vmmrt_status failed;
 		if (!after_done(wk, req, &failed)) {
-			cds_list_add_tail(&req->parked, &wk->waiting);
+			cds_list_add_tail(&req->wait_node, &wk->waiting);
 			return;
 		}
 		req->after = NULL;
@@ -395,7 +395,7 @@ static void take(worker *wk, vmmrt__request *req)
 		}
 	}
 	if (req->admit && (!cds_list_empty(&wk->parked) || !admit(req))) {
-		cds_list_add_tail(&req->parked, &wk->parked);
+		cds_list_add_tail(&req->wait_node, &wk->parked);
 		return;
 	}
 	run(wk, req, false);
@@ -447,8 +447,8 @@ static void *worker_main(void *arg)
 	for (unsigned k = 0; k < 2; k++) {
 		while (!cds_list_empty(lists[k])) {
 			/* They wait for work that will never come now: cancel them. */
-			vmmrt__request *req = cds_list_first_entry(lists[k], vmmrt__request, parked);
-			cds_list_del(&req->parked);
+			vmmrt__request *req = cds_list_first_entry(lists[k], vmmrt__request, wait_node);
+			cds_list_del(&req->wait_node);
 			run(wk, req, true);
 		}
 	}
@@ -553,16 +553,16 @@ void vmmrt__workers_dump(vmmrt__workers *w, int fd)
 		worker *wk = &w->w[i];
 		vmmrt__request *req;
 		unsigned parked = 0, waiting = 0;
-		cds_list_for_each_entry(req, &wk->parked, parked)
+		cds_list_for_each_entry(req, &wk->parked, wait_node)
 			parked++;
-		cds_list_for_each_entry(req, &wk->waiting, parked)
+		cds_list_for_each_entry(req, &wk->waiting, wait_node)
 			waiting++;
 		dprintf(fd, "    worker %u: queue %s, %u parked, %u waiting for an event, processed %llu, failed %llu", i,
 			cds_wfcq_empty(&wk->head, &wk->tail) ? "empty" : "not empty", parked, waiting,
 			(unsigned long long)uatomic_read(&wk->stats.processed),
 			(unsigned long long)uatomic_read(&wk->stats.failed));
 		if (parked) {
-			req = cds_list_first_entry(&wk->parked, vmmrt__request, parked);
+			req = cds_list_first_entry(&wk->parked, vmmrt__request, wait_node);
 			dprintf(fd, "; first parked: %s, admitted %d, attempts %u, retry %s",
 				req->ops->name, req->admitted, req->attempts,
 				req->retry_at ? "pending" : "none");

@@ -81,7 +81,7 @@ typedef bool (*vmmrt__req_admit_fn)(vmmrt__request *req, void *arg);
 
 struct vmmrt__request {
 	struct cds_wfcq_node node;
-	struct cds_list_head parked;  /* worker-private: the admission wait list */
+	struct cds_list_head wait_node; /* worker-private: in its worker's parked or waiting list */
 	vmmrt__req_admit_fn admit;     /* optional */
 	const vmmrt__request_ops *ops;
 	void *owner;                 /* what it acts on (a slot); vmmrt__worker_cancel_owned */

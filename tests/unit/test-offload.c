@@ -462,7 +462,7 @@ static void sync_waits_for_every_worker(void **state)
 		vmmrt_group *g = model_group(m, i);
 		on_worker_1 += g->slot->worker == 1;
 		for (unsigned j = 0; j < VMMRT__REQ_RING; j++)
-			assert_true(vmmrt__request_poll(&g->remap.rel[USE_F][j].req, NULL));
+			assert_true(vmmrt__request_poll(&g->remap.rel[VMMRT__USE_FORWARD][j].req, NULL));
 	}
 	assert_true(on_worker_1 > 0 && on_worker_1 < cfg.layers); /* both workers have groups */
 	assert_true(uatomic_read(&slow_releases) > 0);
