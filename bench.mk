@@ -14,11 +14,14 @@ tools_vmmrt_bench_SOURCES = \
 	tools/bench/output.c \
 	tools/bench/trace.c \
 	tools/bench/trace-file.c \
-	tools/bench/sweep.c
+	tools/bench/sweep.c \
+	tools/model/synth.c \
+	tools/model/synth.h
 # A client of the public API only: it links the installed shared library, and
-# its include path is the public header's directory alone (not AM_CPPFLAGS,
-# which adds src/), so an internal header does not compile here.
-tools_vmmrt_bench_CPPFLAGS = -I$(top_srcdir)/include
+# its include path is the public header's directory and tools/ (for the
+# synthetic model, tools/model/synth.h), not AM_CPPFLAGS (which adds src/),
+# so an internal header does not compile here.
+tools_vmmrt_bench_CPPFLAGS = -I$(top_srcdir)/include -I$(top_srcdir)/tools
 tools_vmmrt_bench_LDADD = libvmmrt.la -lpthread -lm
 
 dist_man_MANS += man/man1/vmmrt-bench.1

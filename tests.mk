@@ -23,9 +23,9 @@
 # The cmocka programs: the internal headers, tests/common and cmocka; the
 # test switches and the convenience library (the default LDADD: every other
 # program of the tree names its own).
-TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests/common $(CMOCKA_CFLAGS)
+TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests/common -I$(top_srcdir)/tools $(CMOCKA_CFLAGS)
 LDADD = libvmmrt-testing.la $(CMOCKA_LIBS) $(URCU_LIBS) $(CK_LIBS)
-test_model = tests/common/offload-model.c tests/common/offload-model.h tests/common/test-common.h tests/common/check-ok.h
+test_model = tests/common/offload-model.c tests/common/offload-model.h tools/model/synth.c tools/model/synth.h tests/common/test-common.h tests/common/check-ok.h
 
 # ------------------------------------------------------------ how they run
 # Every test speaks TAP, through one driver, under a time limit: a test that

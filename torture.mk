@@ -14,7 +14,10 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/slots.c \
 	tools/torture/stacks.c \
 	tools/torture/torture.h \
-	tools/torture/scenario.h
+	tools/torture/scenario.h \
+	tools/model/synth.c \
+	tools/model/synth.h
+tools_vmmrt_torture_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tools
 # It sets the fault hook and reads the live-object counts (internal headers),
 # so it links the convenience library, not libvmmrt.la (public API only).
 tools_vmmrt_torture_LDADD = libvmmrt-testing.la $(URCU_LIBS) $(CK_LIBS) -lpthread -lm

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/synth.h"
 #include "offload-model.h"
 #include "runtime.h"
 #include "testing.h"
@@ -81,86 +82,24 @@ static vmmrt_status opt(vmmrt_options *o, const char *k, const char *v)
 		} \
 	} while (0)
 
-static void add_use(model *m, unsigned *k, unsigned g, bool b)
-{
-	m->use_group[*k] = g;
-	m->use_bwd[*k] = b;
-	(*k)++;
-}
-
-/* A unit's layers: its chunk's, ascending for the forward, descending for the backward. */
-static void add_unit(model *m, unsigned *k, unsigned per, unsigned chunk, unsigned mb, bool b)
-{
-	for (unsigned j = 0; j < per; j++) {
-		unsigned l = chunk * per + (b ? per - 1 - j : j);
-		add_use(m, k, mb * m->cfg.layers + l, b);
-	}
-}
-
-/*
- * The order of one iteration. 1F1B and interleaved are one rule over units
- * (a chunk of one microbatch): units in Megatron's order (blocks of
- * `inflight` microbatches through chunk 0, then chunk 1, ...; backwards from
- * the last chunk), warm-up forwards until chunks x inflight units are in
- * flight, then one backward and one forward, then the remaining backwards.
- */
+/* The order of one iteration (synth_order: afab, 1F1B or interleaved). */
 static vmmrt_status make_schedule(model *m)
 {
 	const model_cfg *c = &m->cfg;
-	unsigned L = c->layers, M = m->mb, k = 0;
 	m->use_group = calloc(2 * m->ng, sizeof(*m->use_group));
 	m->use_bwd = calloc(2 * m->ng, sizeof(*m->use_bwd));
 	if (!m->use_group || !m->use_bwd)
 		return VMMRT_E_HOST_OUT_OF_MEMORY;
-	if (!c->schedule || !strcmp(c->schedule, "afab")) {
-		for (unsigned g = 0; g < m->ng; g++)
-			add_use(m, &k, g, false);
-		for (unsigned j = 0; j < m->ng; j++)
-			add_use(m, &k, c->bwd_order ? c->bwd_order[j] : m->ng - 1 - j, true);
-		return VMMRT_OK;
-	}
-	bool inter = !strcmp(c->schedule, "interleaved");
-	if (!inter && strcmp(c->schedule, "1f1b"))
-		return VMMRT_E_INVALID_ARGUMENT;
-	unsigned v = inter && c->chunks ? c->chunks : 1, p = c->inflight ? c->inflight : 1;
-	if (L % v || (inter && M % p))
-		return VMMRT_E_INVALID_ARGUMENT;
-	unsigned units = M * v, warm = v * p < units ? v * p : units;
-#define UNIT_MB(i) (((i) / (p * v)) * p + (i) % p)
-#define UNIT_CHUNK(i, back) ((back) ? v - 1 - ((i) / p) % v : ((i) / p) % v)
-	if (!inter) { /* plain 1F1B: a unit is a microbatch, in order */
-		for (unsigned i = 0; i < warm; i++)
-			add_unit(m, &k, L, 0, i, false);
-		for (unsigned i = 0; i < units; i++) {
-			add_unit(m, &k, L, 0, i, true);
-			if (warm + i < units)
-				add_unit(m, &k, L, 0, warm + i, false);
-		}
-		return VMMRT_OK;
-	}
-	for (unsigned i = 0; i < warm; i++)
-		add_unit(m, &k, L / v, UNIT_CHUNK(i, false), UNIT_MB(i), false);
-	for (unsigned i = 0; i < units; i++) {
-		add_unit(m, &k, L / v, UNIT_CHUNK(i, true), UNIT_MB(i), true);
-		if (warm + i < units)
-			add_unit(m, &k, L / v, UNIT_CHUNK(warm + i, false), UNIT_MB(warm + i), false);
-	}
-#undef UNIT_MB
-#undef UNIT_CHUNK
-	return VMMRT_OK;
+	synth_order_cfg o = {.schedule = c->schedule, .layers = c->layers, .microbatches = m->mb,
+			     .inflight = c->inflight, .chunks = c->chunks, .bwd_order = c->bwd_order};
+	return synth_order(&o, m->use_group, m->use_bwd);
 }
 
 static vmmrt_status declare(model *m)
 {
-	vmmrt_schedule_step *steps = calloc(2 * m->ng, sizeof(*steps));
-	if (!steps)
-		return VMMRT_E_HOST_OUT_OF_MEMORY;
-	for (unsigned k = 0; k < 2 * m->ng; k++)
-		steps[k] = (vmmrt_schedule_step){m->g[m->use_group[k]], m->use_bwd[k]};
-	vmmrt_status st = vmmrt_offload_set_schedule(m->rt, steps, 2 * m->ng);
+	vmmrt_status st = synth_declare(m->rt, m->g, m->use_group, m->use_bwd, 2 * m->ng);
 	if (st != VMMRT_OK)
 		fprintf(stderr, "model: set schedule: %s\n", vmmrt_last_error());
-	free(steps);
 	return st;
 }
 
@@ -186,15 +125,14 @@ static vmmrt_status capture(model *m)
 		TRY(vmmrt_group_begin_capture(m->g[i]));
 		TRY(vmmrt_group_save(m->g[i], &d, 0, NULL, &a));
 		TRY(vmmrt_group_end_capture(m->g[i]));
-		/* forward: act = input ^ pattern(group), lasting fwd_ns */
+		/* the synthetic layer (synth.h), its result to a fixed address */
+		synth_layer l = {.act = a, .input = in, .bytes = bytes, .pattern = 1000 + i, .fwd_ns = m->cfg.fwd_ns,
+				 .bwd_ns = m->cfg.bwd_ns, .bwd_sum = vmmrt_slot_address(m->results) + 8 * i};
 		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
-		TRY(vmmrt_kernel_layer(m->rt, m->compute, a, in, bytes, 1000 + i, m->cfg.fwd_ns));
+		TRY(synth_forward(m->rt, m->compute, &l));
 		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->fwd[i]));
-		/* backward: compute first, then read the activation (so an early
-		 * overwrite by a restore would be seen), result to a fixed address */
 		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
-		TRY(vmmrt_kernel_busy(m->rt, m->compute, m->cfg.bwd_ns));
-		TRY(vmmrt_kernel_checksum(m->rt, m->compute, a, bytes, vmmrt_slot_address(m->results) + 8 * i));
+		TRY(synth_backward(m->rt, m->compute, &l));
 		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->bwd[i]));
 	}
 	return VMMRT_OK;

@@ -61,22 +61,28 @@ static uint64_t ns(double ms)
 	return (uint64_t)(ms * 1e6 + 0.5);
 }
 
+/* Layer i of the synthetic model (synth.h) on the activation at `a`: its
+ * forward's checksum at res[i], its backward's at res[L + i]. */
+static synth_layer layer(const model *m, vmmrt_devptr a, unsigned i)
+{
+	return (synth_layer){.act = a, .input = m->input_addr, .bytes = m->A, .pattern = 1000 + i,
+			     .fwd_ns = ns(m->p.fwd_ms), .bwd_ns = ns(m->p.bwd_ms), .fwd_sum = m->res_addr + 8 * i,
+			     .bwd_sum = m->res_addr + 8 * (m->L + i)};
+}
+
 /* The forward and backward of layer i on the activation at `a`: launched
  * directly (eager modes) or captured into graphs (the others). */
 vmmrt_status bench_enqueue_forward(model *m, vmmrt_devptr a, unsigned i)
 {
-	TRY(m, vmmrt_kernel_layer(m->rt, m->compute, a, m->input_addr, m->A, 1000 + i, ns(m->p.fwd_ms)),
-	    "forward kernel of layer %u", i);
-	TRY(m, vmmrt_kernel_checksum(m->rt, m->compute, a, m->A, m->res_addr + 8 * i), "forward checksum of layer %u",
-	    i);
+	synth_layer l = layer(m, a, i);
+	TRY(m, synth_forward(m->rt, m->compute, &l), "forward of layer %u", i);
 	return VMMRT_OK;
 }
 
 vmmrt_status bench_enqueue_backward(model *m, vmmrt_devptr a, unsigned i)
 {
-	TRY(m, vmmrt_kernel_busy(m->rt, m->compute, ns(m->p.bwd_ms)), "backward kernel of layer %u", i);
-	TRY(m, vmmrt_kernel_checksum(m->rt, m->compute, a, m->A, m->res_addr + 8 * (m->L + i)),
-	    "backward checksum of layer %u", i);
+	synth_layer l = layer(m, a, i);
+	TRY(m, synth_backward(m->rt, m->compute, &l), "backward of layer %u", i);
 	return VMMRT_OK;
 }
 

@@ -8,6 +8,7 @@
 #define VMMRT__BENCH_MODEL_H
 
 #include "bench.h"
+#include "model/synth.h"
 
 /* --------------------------------------------------------------- the pool */
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * The synthetic model and the seven ways of running it.
+ * The seven ways of running the synthetic model (its order and its layers:
+ * tools/model/synth.h).
  *
  * L layers. Forward of layer i: act_i = input ^ pattern(1000 + i), lasting
  * fwd_ms, then a checksum of act_i into fwd_sum[i]. Backward of layer i: busy
@@ -182,37 +183,21 @@ static vmmrt_status check_runtime(model *m)
 }
 
 /*
- * The order of an iteration. All forwards, then the backwards in reverse;
- * or one pipeline stage's 1F1B: the forwards of `inflight` microbatches,
- * then one backward and one forward, then the last backwards, each
- * microbatch's forward through the layers and its backward back.
+ * The order of an iteration (synth_order): all forwards, then the backwards
+ * in reverse; or one pipeline stage's 1F1B.
  */
 static vmmrt_status make_order(model *m)
 {
-	unsigned R = m->L, layers = m->p.layers, k = 0, nb = 0;
+	unsigned R = m->L, nb = 0;
 	if (!(m->use_runner = xcalloc(m, 2 * R, sizeof(*m->use_runner))) ||
 	    !(m->use_bwd = xcalloc(m, 2 * R, sizeof(*m->use_bwd))) ||
 	    !(m->after_forward = xcalloc(m, R, sizeof(*m->after_forward))))
 		return VMMRT_E_HOST_OUT_OF_MEMORY;
-#define USE(r, b) (m->use_runner[k] = (r), m->use_bwd[k] = (b), k++)
-	if (!m->p.one_f_one_b) {
-		for (unsigned i = 0; i < R; i++)
-			USE(i, false);
-		for (unsigned i = R; i-- > 0;)
-			USE(i, true);
-	} else {
-		unsigned M = m->p.microbatches, p = m->p.inflight < M ? m->p.inflight : M;
-		for (unsigned mb = 0; mb < p; mb++)
-			for (unsigned l = 0; l < layers; l++)
-				USE(mb * layers + l, false);
-		for (unsigned mb = 0; mb < M; mb++) {
-			for (unsigned l = layers; l-- > 0;)
-				USE(mb * layers + l, true);
-			for (unsigned l = 0; mb + p < M && l < layers; l++)
-				USE((mb + p) * layers + l, false);
-		}
-	}
-#undef USE
+	synth_order_cfg o = {.schedule = m->p.one_f_one_b ? "1f1b" : "afab",
+			     .layers = m->p.one_f_one_b ? m->p.layers : R,
+			     .microbatches = m->p.one_f_one_b ? m->p.microbatches : 1,
+			     .inflight = m->p.inflight};
+	TRY(m, synth_order(&o, m->use_runner, m->use_bwd), "the order of %u layers", R);
 	for (unsigned u = 0; u < 2 * R; u++)
 		if (m->use_bwd[u])
 			m->after_forward[nb++] = u > 0 && !m->use_bwd[u - 1];
@@ -223,14 +208,7 @@ static vmmrt_status make_order(model *m)
  * the banks it needs from it (vmmrt_offload_set_schedule(3)). */
 static vmmrt_status declare_order(model *m)
 {
-	vmmrt_schedule_step *s = xcalloc(m, 2 * m->L, sizeof(*s));
-	if (!s)
-		return VMMRT_E_HOST_OUT_OF_MEMORY;
-	for (unsigned u = 0; u < 2 * m->L; u++)
-		s[u] = (vmmrt_schedule_step){m->g[m->use_runner[u]], m->use_bwd[u]};
-	vmmrt_status st = vmmrt_offload_set_schedule(m->rt, s, 2 * m->L);
-	free(s);
-	TRY(m, st, "the 1F1B schedule");
+	TRY(m, synth_declare(m->rt, m->g, m->use_runner, m->use_bwd, 2 * m->L), "the 1F1B schedule");
 	return VMMRT_OK;
 }
 

@@ -32,6 +32,7 @@
 
 #include "backend/backend.h"
 #include "driver.h"
+#include "model/synth.h"
 #include "offload.h"
 #include "runtime.h"
 #include "worker.h"
@@ -250,15 +251,12 @@ static void configure(scen *s)
 	 * interleaved chunks are among them). Declared before allocation, or
 	 * recorded by the first iteration. */
 	s->interleaved = !s->end_in_flight && chance(r, 0.5);
-	unsigned n = 0;
 	if (!s->interleaved) {
-		for (unsigned i = 0; i < s->ng; i++, n++)
-			s->use_g[n] = s->fwd_order[i], s->use_b[n] = false;
-		for (unsigned i = 0; i < s->ng; i++, n++)
-			s->use_g[n] = s->bwd_order[i], s->use_b[n] = true;
+		synth_order_cfg o = {.layers = s->ng, .fwd_order = s->fwd_order, .bwd_order = s->bwd_order};
+		(void)synth_order(&o, s->use_g, s->use_b); /* afab: it cannot fail */
 	} else {
 		bool fdone[MAXG] = {0}, bdone[MAXG] = {0};
-		unsigned nf = 0, nb = 0;
+		unsigned n = 0, nf = 0, nb = 0;
 		while (n < 2 * s->ng) {
 			bool fwd = nf < s->ng && (nb == nf || chance(r, 0.5));
 			for (unsigned pick = (unsigned)(rnd(r) % s->ng), tries = 0;; pick = (pick + 1) % s->ng, tries++) {
@@ -538,12 +536,10 @@ static bool discover(scen *s)
 /* The order, for the library: the non-empty groups' uses. */
 static bool declare(scen *s)
 {
-	vmmrt_schedule_step steps[2 * MAXG];
-	unsigned n = 0;
-	for (unsigned k = 0; k < 2 * s->ng; k++)
-		if (s->G[s->use_g[k]].nt)
-			steps[n++] = (vmmrt_schedule_step){s->G[s->use_g[k]].g, s->use_b[k]};
-	return s_ok(s, API(s, "vmmrt_offload_set_schedule", vmmrt_offload_set_schedule(s->rt, steps, n)),
+	vmmrt_group *groups[MAXG];
+	for (unsigned i = 0; i < s->ng; i++)
+		groups[i] = s->G[i].nt ? s->G[i].g : NULL;
+	return s_ok(s, API(s, "vmmrt_offload_set_schedule", synth_declare(s->rt, groups, s->use_g, s->use_b, 2 * s->ng)),
 		    "vmmrt_offload_set_schedule");
 }
 
