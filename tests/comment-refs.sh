@@ -5,6 +5,7 @@
 #   1. a file (a word ending in .c .h .cu .md .mk .sh .py .am .ac) is a file
 #      of the tree: the path from the top, from the commenting file's
 #      directory or from src/, or, for a bare name, any file of that name;
+#      or a header the code includes with <...>;
 #   2. a function (a word followed by "()") is an identifier of the code or
 #      a function of the C library and the CUDA driver the code calls;
 #   3. a vmmrt name (vmmrt_*, vmmrt__*, VMMRT_*: a function, a type, a macro,
@@ -79,15 +80,17 @@ awk -F '\t' '{
 		print $1 "\t" $2 "\t" w
 	}
 }' "$tmp/comments" >"$tmp/files"
-bad1=$(awk -F '\t' 'NR == FNR { have[$1] = 1; n = split($1, p, "/"); base[p[n]] = 1; next }
+# A header from outside the tree is one the code includes (<cuda.h>, <urcu/wfcqueue.h>).
+sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\([^>]*\)>.*/\1/p' $(cat "$tmp/sources") | LC_ALL=C sort -u >"$tmp/system"
+bad1=$(awk -F '\t' 'FILENAME == ARGV[1] { outside[$1] = 1; next }
+	FILENAME == ARGV[2] { have[$1] = 1; n = split($1, p, "/"); base[p[n]] = 1; next }
 	{
 		f = $3; d = $1; sub(/\/[^\/]*$/, "", d)
 		if (f in have || (d "/" f) in have || ("src/" f) in have) next
 		if (f !~ /\// && f in base) next
-		# a system header the code includes (<urcu/wfcqueue.h>, <cuda.h>)
-		if (system("test -f /usr/include/" f " -o -f /usr/local/include/" f " -o -f /usr/local/cuda/include/" f) == 0) next
+		if (f in outside) next
 		print "# " $1 ":" $2 ": names " f ", which is not in the tree"
-	}' "$tmp/tree" "$tmp/files")
+	}' "$tmp/system" "$tmp/tree" "$tmp/files")
 result 1 "every file a comment names exists" "$(wc -l <"$tmp/files") names" "$bad1"
 
 # 2. functions: word(), where the word is the code's or a known outside one
