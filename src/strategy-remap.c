@@ -210,9 +210,9 @@ static vmmrt_status rm_backward_end(vmmrt__offload *off, vmmrt_group *g, vmmrt_s
 	uint64_t index = g->remap.releases_planned++;
 	/*
 	 * The release must follow the graph that read the slot. No host function
-	 * on a stream waiting for the compute stream (it would cost the compute
-	 * stream 1.25 us before every graph): the worker is handed the request
-	 * now, with the event to wait for, and polls it. Each request of the ring
+	 * on a stream waiting for the compute stream (a gap before every graph:
+	 * worker.h, `after`): the worker is handed the request now, with the
+	 * event to wait for, and polls it. Each request of the ring
 	 * has its own event, so a later iteration cannot re-record it early.
 	 */
 	if ((st = vmmrt__remap_reclaim(off, &r->req)) != VMMRT_OK || (st = vmmrt__drv_event_record(rt, r->ev, compute)) != VMMRT_OK)
