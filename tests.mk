@@ -20,9 +20,10 @@
 #                    name what exists, man pages,
 #                    the bench's smoke test, the Python package
 
-# The cmocka programs: the internal headers, tests/common and cmocka; the
-# test switches and the convenience library (the default LDADD: every other
-# program of the tree names its own).
+# The cmocka programs: the internal headers, tests/common, the synthetic
+# model (tools/model) and cmocka; the library with its test switches,
+# libvmmrt-testing.la (the default LDADD: every other program of the tree
+# names its own).
 TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests/common -I$(top_srcdir)/tools $(CMOCKA_CFLAGS)
 LDADD = libvmmrt-testing.la $(CMOCKA_LIBS) $(URCU_LIBS) $(CK_LIBS)
 test_model = tests/common/offload-model.c tests/common/offload-model.h tools/model/synth.c tools/model/synth.h tests/common/test-common.h tests/common/check-ok.h
