@@ -170,7 +170,7 @@ _PROTOTYPES = {
 # Calls a library of the same ABI major may lack (added in a later minor): a
 # missing one is replaced by a function that says so (VMMRT_E_NOT_SUPPORTED),
 # so the rest of the binding still loads.
-_SINCE = {name: "0.3.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offload_abort",
+_SINCE = {name: "0.2.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offload_abort",
                                      "vmmrt_group_rediscover", "vmmrt_offload_release_retired",
                                      "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after")}
 
