@@ -12,6 +12,8 @@
   :func:`order_1f1b`, Megatron-LM's 1F1B order of one stage;
 - :meth:`Offload.abort`: abandon an iteration (a step skipped for a NaN loss);
 - :mod:`vmmrt.torch.planner`: what to offload so the copies hide behind compute;
+- ``memory_budget=`` (:mod:`vmmrt.torch.budget`): per layer keep, offload or
+  recompute (:mod:`vmmrt.torch.recompute`, :func:`mark_recompute`) within a budget;
 - :mod:`vmmrt.torch.memory`: driver-level device memory and where it goes;
 - ``python3 -m vmmrt.torch.bench``: the benchmark on Llama-style layers.
 
@@ -22,6 +24,8 @@ from vmmrt.torch.graphed import make_graphed_callables, offload_of  # noqa: F401
 from vmmrt.torch.layer import LayerOffload  # noqa: F401
 from vmmrt.torch.offload import Offload  # noqa: F401
 from vmmrt.torch.pipeline import order_1f1b  # noqa: F401
+from vmmrt.torch.budget import Budget, BudgetError, InvalidBudget  # noqa: F401
+from vmmrt.torch.recompute import mark_recompute  # noqa: F401
 from vmmrt.torch.saved import mark_not_offload, no_offload  # noqa: F401
 
 
@@ -31,4 +35,5 @@ def make_offloaded_callables(callables, sample_args, **kwargs):
 
 
 __all__ = ["Error", "make_graphed_callables", "make_offloaded_callables", "offload_of", "mark_not_offload",
-           "no_offload", "Offload", "LayerOffload", "order_1f1b"]
+           "no_offload", "Offload", "LayerOffload", "order_1f1b", "Budget", "BudgetError", "InvalidBudget",
+           "mark_recompute"]

@@ -19,7 +19,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, _te, eager, pipeline, place, planner
+from vmmrt.torch import _callables, _compat, _te, eager, pipeline, place, planner, recompute
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
@@ -31,7 +31,8 @@ log = logging.getLogger("vmmrt.torch")
 _OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
             "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk", "map_ahead",
             "sample_kwargs", "generators", "retain_graph_in_backward", "pre_warmup_hook", "post_warmup_hook", "_order",
-            "_num_layers_per_chunk", "_reuse_graph_input_output_buffers") + tuple(_te.FP8)
+            "_num_layers_per_chunk", "_reuse_graph_input_output_buffers") + (
+            "memory_budget",) + tuple(_te.FP8)
 
 
 def _reject_unknown(kwargs):
@@ -47,7 +48,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                            min_bytes=1 << 16, order=None, layers_per_chunk=None, map_ahead=1, sample_kwargs=None,
                            generators=None, retain_graph_in_backward=False, pre_warmup_hook=None,
                            post_warmup_hook=None, _order=None, _num_layers_per_chunk=None,
-                           _reuse_graph_input_output_buffers=False, **unknown):
+                           _reuse_graph_input_output_buffers=False, memory_budget=None, **unknown):
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -127,6 +128,17 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         mapped at once). On the H200, 8 Llama-3-8B layers, mode "none":
         1: 1.047x graph-only's step time at 1.059x its whole-step peak; 0:
         1.014x at 1.170x.
+    memory_budget
+        the device memory a training step may hold at the driver level:
+        bytes, a share of the device ("80%"), a size ("60GiB"), or a
+        :class:`vmmrt.torch.budget.Budget` (with a reserve for what the step
+        adds later, such as optimizer states; or a hand plan). The planner
+        chooses per layer what stays, what is offloaded and what is
+        recomputed in backward (:func:`mark_recompute` forces the latter),
+        for the least predicted step time within it
+        (``offload_of(c).plan.summary()``); it replaces ``offload=``. No
+        plan fits: :class:`vmmrt.torch.budget.BudgetError`, with the
+        smallest budget that would.
 
     TransformerEngine's arguments (its make_graphed_callables, as Megatron-LM
     calls it; all keyword only here):
@@ -196,10 +208,18 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                              "layer's compute, one microbatch at a time; give a fraction")
     elif layers_per_chunk is not None:
         raise ValueError("layers_per_chunk= goes with order=")
+    if memory_budget is not None and (order is not None or offload == "auto"):
+        raise ValueError("memory_budget= with %s: the budget planner chooses what is offloaded, one microbatch at a "
+                         "time; leave %s out" % (("order=", "order=") if order is not None else
+                                                 ("offload='auto'", "offload=")))
     just_one, runners = _callables.prepare(callables, sample_args, names, layout, sample_kwargs)
     for r in runners:
         r.generators, r.retain_graph = tuple(gens), retain_graph_in_backward
     gen_states = [g.get_state() for g in gens]
+    marks = [recompute.marked(r.fn) for r in runners]
+    if any(marks) and (order is not None or offload == "auto"):
+        raise ValueError("mark_recompute() layers with %s: give memory_budget= (or a fraction) instead"
+                         % ("order=" if order is not None else "offload='auto'"))
     device = _device_of(runners)
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs CUDA tensors (sample arguments are on %s); use graphs=False for "
@@ -228,7 +248,13 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         if layout is not None:
             off.set_schedule([(r.layer, b) for b, r in uses])
         plan = None
-        if offload == "auto":
+        if memory_budget is not None or any(marks):
+            plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks)
+            for r, c in zip(runners, plan.layers):
+                r.recompute = r.layer.recompute = c.action == "recompute"
+            off.allocate(plan=plan)
+            log.info("%s", plan.summary())
+        elif offload == "auto":
             plan = _plan(runners, off, margin)
             off.allocate(plan=plan)
             log.info("%s", plan.summary())
@@ -237,7 +263,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         if graphs:
             funcs = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
         else:
-            funcs = [eager.wrap(r) for r in runners]
+            funcs = [recompute.wrap(r) if getattr(r, "recompute", False) else eager.wrap(r) for r in runners]
     except BaseException:
         off.close()
         raise
@@ -366,6 +392,9 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     for r in runners:
         r.grad_mode = grads if grads != "mapped" else ("mapped" if r.grads is not None and r.grads.mapped
                                                        else "static")
+        if getattr(r, "recompute", False):
+            r.grad_mode = "static"
+            recompute.prepare_graphs(r, fwd_graphs[r.index], bwd_graphs[r.index], off)
     if grads == "accumulate":
         _prepare_accumulate(runners)
     # Every slot a capture writes is mapped before the first capture, and
@@ -376,7 +405,10 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     off.capturing = True
     try:
         for backward, r in uses:
-            if backward and r.grad_mode == "mapped":
+            if getattr(r, "recompute", False):
+                _capture_recomputed(r, backward, bwd_graphs[r.index] if backward else fwd_graphs[r.index], mempool,
+                                    stream, error_mode, allow_unused_input)
+            elif backward and r.grad_mode == "mapped":
                 acc_graphs[r.index] = torch.cuda.CUDAGraph()
                 _capture_backward_mapped(r, bwd_graphs[r.index], acc_graphs[r.index], mempool, stream, error_mode,
                                          allow_unused_input)
@@ -414,6 +446,17 @@ def _capture_forward(r, graph, mempool, stream, error_mode, handle):
         return out
     out = _capture(r, "forward", graph, mempool, stream, error_mode, fwd)
     r.static_outputs = tuple(r.split_outputs(out))
+
+
+def _capture_recomputed(r, backward, graph, mempool, stream, error_mode, allow_unused_input):
+    """A recomputed runner (vmmrt.torch.recompute): its forward saves nothing,
+    its backward graph runs the forward again, then the gradients."""
+    if not backward:
+        recompute.after_forward(r, _capture(r, "forward", graph, mempool, stream, error_mode,
+                                            recompute.forward_body(r)))
+    else:
+        r.static_grad_inputs = _capture(r, "backward (recomputing the forward)", graph, mempool, stream, error_mode,
+                                        recompute.backward_body(r, allow_unused_input))
 
 
 def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input, grads):

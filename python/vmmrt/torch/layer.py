@@ -156,6 +156,7 @@ class LayerOffload:
         self.births = {}            # discovery's births by (op key, output): see place.Mode
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
         self.grads = None           # grads.Grads of the callable (grads="mapped")
+        self.recompute = False      # the budget planner recomputes it: it saves nothing (vmmrt.torch.recompute)
 
     def _where(self):
         return "layer %r" % self.name

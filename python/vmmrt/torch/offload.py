@@ -244,13 +244,22 @@ class Offload:
                 r.selected, r.reason = False, "small"
         return [r for r in lay.regions if r.reason is None]
 
-    def allocate(self, offload=1.0, plan=None):
+    def allocate(self, offload=1.0, plan=None, memory_budget=None):
         """End discovery: choose what moves, describe it to the groups, allocate
         (slots or banks, pinned host buffers) and learn every fixed address.
 
         ``offload``: a fraction of each layer's distinct saved bytes (1.0: all),
         or ignored when ``plan`` (a :class:`vmmrt.torch.planner.Plan`) is given.
+        ``memory_budget`` (as make_graphed_callables takes it): the budget
+        planner's plan over the layers' warm-up times
+        (:func:`vmmrt.torch.planner.budget_plan`); a layer it recomputes has
+        ``recompute`` set, and its runner runs it so (vmmrt.torch.recompute).
         """
+        if memory_budget is not None:
+            from vmmrt.torch import planner
+            plan = planner.budget_plan(self, memory_budget)
+            for lay, c in zip(self.layers, plan.layers):
+                lay.recompute = c.action == "recompute"
         self.check_usable()
         if self.allocated:
             raise Error(_capi.E_INVALID_STATE, "allocate() called twice")
@@ -262,17 +271,20 @@ class Offload:
             offload = 1.0 if offload else 0.0
         for i, lay in enumerate(self.layers):
             cand = self.candidates(lay)
+            recomputed = plan is not None and getattr(plan.layers[i], "action", None) == "recompute"
             if self.mode == "none":
                 # Nothing moves: what stays is resident (plan_resident), and
                 # its memory comes and goes with the layer, as in eager.
                 for r in cand:
-                    r.selected, r.reason = False, "none"
+                    r.selected, r.reason = False, "recompute" if recomputed else "none"
             elif plan is not None:
                 chosen = set(plan.layers[i].chosen)
+                # a recomputed layer saves nothing: no resident slot either
+                why = "recompute" if recomputed else "budget"
                 for k, r in enumerate(cand):
                     r.selected = k in chosen
                     if not r.selected:
-                        r.reason = "budget"
+                        r.reason = why
             else:
                 sizes = [r.nbytes for r in cand]
                 select.apply(cand, None if offload >= 1.0 else select.fraction_budget(sizes, offload))

@@ -138,3 +138,94 @@ def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
             slot.destroy()
         if own:
             rt.close()
+
+
+# ------------------------------------------------------------ memory budget
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def static_bytes(off, runners=(), graphs=True, reserve=0):
+    """What is on the device whatever the plan, as the budget planner counts
+    it: on CUDA the driver's used memory now less what PyTorch's caching
+    allocator holds unused (the warm-up's freed activations), on the host
+    backend the parameters and the sample arguments; plus the gradients not
+    allocated yet (one per trainable parameter), the graphs' static outputs
+    (as large as their inputs, under graphs) and ``reserve`` (what the step
+    adds later: an optimizer's states before its first step)."""
+    params, seen = [], set()
+    for r in runners:
+        for p in r.params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    samples = sum(_nbytes(t) for r in runners for t in r.sample)
+    if off.host:
+        base = sum(_nbytes(p) for p in params) + samples
+    else:
+        free, total = off.runtime.mem_info()
+        dev = off.device
+        base = (total - free) - (torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+    grads = sum(_nbytes(p) for p in params if p.requires_grad and p.grad is None)
+    return base + grads + (samples if graphs else 0) + reserve
+
+
+def layer_costs(off, marked=None):
+    """The budget planner's view of each layer of ``off`` (forward order): the
+    fastest warm-up forward and backward, the regions that may move, the saved
+    bytes that stay unless it is recomputed; ``marked``: per layer, True when
+    the user marked it for recomputation (vmmrt.torch.mark_recompute)."""
+    from vmmrt.torch import budget
+    rows = []
+    for i, lay in enumerate(off.layers):
+        if not lay.fwd_ms:
+            raise budget.InvalidBudget("layer %r has no measured forward time: the planner reads the warm-up passes' "
+                                       "times (LayerOffload.fwd_ms, bwd_ms); append them before planning" % lay.name)
+        cand = off.candidates(lay)
+        fixed = sum(r.nbytes for r in lay.regions if r.reason not in (None, "output", "recompute", "budget"))
+        rows.append(budget.LayerCost(lay.name, min(lay.fwd_ms), min(lay.bwd_ms) if lay.bwd_ms else 0.0,
+                                     [r.nbytes for r in cand], fixed,
+                                     True if marked is not None and marked[i] else None))
+    return rows
+
+
+def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None):
+    """The plan for ``memory_budget`` (bytes, "80%", "60GiB" or a
+    :class:`vmmrt.torch.budget.Budget`) over the layers of ``off`` (after
+    their warm-up): searched under a limit, predicted for a hand plan, or,
+    with only layers marked for recomputation, those recomputed and the
+    others offloaded by the fraction ``offload``. Raises BudgetError when no
+    plan fits, InvalidBudget for a budget that is not one."""
+    from vmmrt.torch import budget
+    b = memory_budget if isinstance(memory_budget, budget.Budget) else (
+        None if memory_budget is None else budget.Budget(memory_budget))
+    total = off.runtime.mem_info()[1]
+    limit = None if b is None or b.limit is None else budget.parse(b.limit, total)
+    costs = layer_costs(off, marked)
+    gbps = measure_bandwidth(off.device, runtime=off.runtime)
+    static = static_bytes(off, runners, graphs, b.reserve if b is not None else 0)
+    mode = off.mode
+    common = dict(static_bytes=static, d2h_gbps=gbps[0], h2d_gbps=gbps[1], margin=margin,
+                  granularity=off.granularity)
+    if b is not None and b.layers is not None:
+        p = budget.evaluate(costs, b.layers, mode if mode != "none" else "pingpong", off.lookahead, budget=limit,
+                            **common)
+        if mode == "none" and any(c.moved for c in p.layers):
+            raise budget.InvalidBudget("mode='none' moves nothing: a hand plan that offloads needs 'pingpong' or "
+                                       "'remap'")
+        return p
+    if limit is None:
+        choices = ["recompute" if c.recompute else float(offload) for c in costs]
+        return budget.evaluate(costs, choices, mode if mode != "none" else "pingpong", off.lookahead, **common)
+    strategies = [(mode, off.lookahead)] if mode != "none" else [("none", 1)]
+    p = budget.search(costs, limit, strategies=strategies, recompute=b.recompute, **common)
+    # what the other strategies would predict (they need another Offload(mode=, lookahead=))
+    if mode != "none":
+        others = [s for s in budget.STRATEGIES if s != (mode, off.lookahead)]
+        for s in others:
+            try:
+                q = budget.search(costs, limit, strategies=[s], recompute=b.recompute, **common)
+                p.alternatives.append((s[0], s[1], q.predicted_ms, q.peak_bytes))
+            except budget.BudgetError:
+                pass
+    return p

@@ -89,6 +89,15 @@ def _parser():
     p.add_argument("--smoke", action="store_true", help="a tiny shape: seconds, not minutes")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--budget-sweep", action="store_true",
+                   help="instead of the tables: the budget planner's choice and hand-made ones (offload fractions, "
+                        "checkpointing k layers, both) at budgets from graph-only's peak down to the smallest plan, "
+                        "predicted against measured (vmmrt.torch.bench.sweep)")
+    p.add_argument("--sweep-points", type=int, default=5, help="budgets of --budget-sweep")
+    p.add_argument("--sweep-hand", type=int, default=2,
+                   help="hand-made choices measured per budget: the fastest predicted to fit")
+    p.add_argument("--sweep-mode", choices=("pingpong", "remap", "none"), default="pingpong",
+                   help="the offload mode of --budget-sweep's runs")
     return p
 
 
@@ -236,6 +245,25 @@ def _grads_default():
         return None
 
 
+def _budget_sweep(args, argv, doc, shape, dev, dtype, t0):
+    from vmmrt.torch.bench import sweep
+    if args.layer[0] == "encoder":
+        title, make = "torch.nn.TransformerEncoderLayer", lambda: encoder.encoder_layers(args.layers, shape, dev, dtype)
+    else:
+        title, make = "torch-ops Llama layer", lambda: llama.torch_layers(args.layers, shape, dev, dtype,
+                                                                           args.attention)
+    print("\n== budget sweep: %d %ss" % (args.layers, title), flush=True)
+    doc["sweep"] = sweep.run_sweep(args, title, make, shape, dtype)
+    doc["wall_s"] = time.perf_counter() - t0
+    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
+    if args.json:
+        report.dump(args.json, doc)
+        png = sweep.plot(doc["sweep"], args.json.rsplit(".", 1)[0] + ".png")
+        if png:
+            print("plot: %s" % png, flush=True)
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
@@ -259,6 +287,8 @@ def main(argv=None):
              args.grads or "the library's default (%s)" % info["grads_default"]), flush=True)
     doc = {"config": dict(vars(args), shape=shape.as_dict()), "info": info,
            "bandwidth": {"d2h_gbps": bw[0], "h2d_gbps": bw[1]}, "sets": []}
+    if args.budget_sweep:
+        return _budget_sweep(args, argv, doc, shape, dev, dtype, t0)
     sets = []
     if "torch" in args.layer:
         sets.append(("torch", "torch-ops Llama layer",

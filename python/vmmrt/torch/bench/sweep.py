@@ -1,0 +1,237 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""--budget-sweep: the budget planner's prediction checked against the device.
+
+Budgets from graph-only's measured peak (the keep-everything plan's
+predicted peak on the CPU) down to the smallest the planner can fit; at each
+one the planner's choice (``memory_budget=Budget(b, reserve=AdamW's
+states)``) and the hand-made choices predicted to fit (every layer but the
+tail offloading a fraction, whole-layer checkpointing of the first k
+layers, k checkpointed and the others offloaded), the fastest ``--sweep-hand``
+of them by prediction. Each distinct choice is built and measured once
+(the set_to_none loop, one microbatch): predicted and measured step time and
+peak side by side, the gradients against keeping everything, then per budget
+the planner against the best hand-made choice that fits (measured peak
+within the budget, 2 % slack), and the Pareto front of everything measured.
+A plot too when matplotlib is importable (``--json``'s path, .png).
+"""
+import time
+
+import torch
+
+import vmmrt.torch as vt
+from vmmrt.torch import budget
+from vmmrt.torch.bench import llama, loops, modes
+
+MiB = float(1 << 20)
+SLACK = 1.02
+
+
+def hand_plans(n):
+    """(label, choices) of the hand-made plans over n layers."""
+    out = []
+    for f in (0.25, 0.5, 1.0):
+        out.append(("offload %g" % f, [f] * (n - 1) + ["keep"]))
+    for k in sorted({1, max(1, n // 4), max(1, n // 2), max(1, n - 1), n}):
+        out.append(("checkpoint %d" % k, ["recompute"] * k + ["keep"] * (n - k)))
+    for k in sorted({max(1, n // 4), max(1, n // 2)}):
+        if k < n - 1:
+            out.append(("checkpoint %d + offload" % k, ["recompute"] * k + [1.0] * (n - k - 1) + ["keep"]))
+    return out
+
+
+def _sig(plan):
+    return tuple((c.action, tuple(c.chosen)) for c in plan.layers)
+
+
+def _inputs(plan):
+    return dict(static_bytes=plan.static_bytes, d2h_gbps=plan.d2h_gbps, h2d_gbps=plan.h2d_gbps, margin=plan.margin,
+                granularity=plan.granularity, remap_ms=plan.remap_ms)
+
+
+class Sweep:
+    def __init__(self, args, layers, xs, gys, sample, weights):
+        self.args, self.layers, self.xs, self.gys, self.sample, self.weights = args, layers, xs, gys, sample, weights
+        self.loop = loops.Loop("set_to_none", 1)
+        self.cuda = xs[0].is_cuda
+        self.reserve = 2 * sum(p.numel() * p.element_size() for p in modes.parameters(layers))
+        self.ref = None
+        self.measured = {}          # signature -> row
+
+    def run(self, label, memory_budget):
+        """Build the layers with memory_budget, measure, tear down: a row."""
+        a, n = self.args, len(self.layers)
+        t0 = time.perf_counter()
+        seq = list(vt.make_graphed_callables(tuple(self.layers), tuple((self.sample(),) for _ in self.layers),
+                                             names=["layer%d" % i for i in range(n)], mode=a.sweep_mode,
+                                             lookahead=a.lookahead, margin=a.margin, graphs=self.cuda,
+                                             memory_budget=memory_budget))
+        off = vt.offload_of(seq[0])
+        plan = off.plan
+
+        def run(x):
+            for m in seq:
+                x = m(x)
+            return x
+        built = modes.Built(label, run, off, time.perf_counter() - t0, loops.optimizer(modes.parameters(self.layers)))
+        try:
+            row, grads = modes.measure(built, self.layers, self.loop, self.xs, self.gys, a, self.weights)
+            if self.ref is None:
+                self.ref = modes.host_copies(grads)
+                same = True
+            else:
+                same = modes.compare(grads, self.ref)[0]
+            del grads
+        finally:
+            modes.teardown(built, self.layers, self.weights)
+        peak = row["peak"]["peak"] if row.get("peak") else None
+        # the planner predicts the layers' part of a step; the rest (zeroing,
+        # the optimizer) is what this run measured of it
+        outside = row["zero_ms"] + row["opt_ms"]
+        out = {"label": label, "counts": plan.counts(), "predicted_layers_ms": plan.predicted_ms,
+               "predicted_ms": plan.predicted_ms + outside, "fwd_bwd_ms": row["fwd_bwd_ms"],
+               "predicted_peak": plan.peak_bytes, "step_ms": row["step_ms"], "peak": peak,
+               "grad_bitwise_vs_keep": same, "plan": plan.as_dict(), "summary": plan.summary()}
+        self.measured[_sig(plan)] = out
+        return out, plan
+
+    def measure(self, label, memory_budget, sig):
+        if sig in self.measured:
+            return self.measured[sig]
+        row, _ = self.run(label, memory_budget)
+        return row
+
+
+def run_sweep(args, title, make_layers, shape, dtype):
+    dev = torch.device(args.device)
+    layers = make_layers()
+    n = len(layers)
+    weights = modes.Weights(layers)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    dims = (shape.batch, shape.seq, shape.hidden)
+    xs = [torch.randn(*dims, generator=g).to(dev, dtype).requires_grad_()]
+    gys = [torch.randn(*dims, generator=g).to(dev, dtype)]
+
+    def sample():
+        return torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True)
+
+    sw = Sweep(args, layers, xs, gys, sample, weights)
+    doc = {"title": title, "reserve_bytes": sw.reserve, "mode": args.sweep_mode, "lookahead": args.lookahead}
+    with llama.attention_backend(args.attention):
+        keep, kplan = sw.run("keep all", vt.Budget(layers=["keep"] * n, reserve=sw.reserve))
+        print("[sweep] keep all: predicted %.2f ms %.0f MiB, measured %.2f ms %s" % (
+            keep["predicted_ms"], keep["predicted_peak"] / MiB, keep["step_ms"], _peak(keep["peak"])), flush=True)
+        costs, inputs = kplan.costs, _inputs(kplan)
+        mode, la = args.sweep_mode, args.lookahead
+        graph = None
+        if sw.cuda:
+            built = modes.build("graph", layers, sample, args)
+            try:
+                row, grads = modes.measure(built, layers, sw.loop, xs, gys, args, weights)
+                del grads
+            finally:
+                modes.teardown(built, layers, weights)
+            graph = {"step_ms": row["step_ms"], "peak": row["peak"]["peak"] if row.get("peak") else None}
+            print("[sweep] graph-only: %.2f ms %s" % (graph["step_ms"], _peak(graph["peak"])), flush=True)
+        try:
+            budget.search(costs, 1, strategies=[(mode, la)], **inputs)
+            smallest = 1
+        except budget.BudgetError as e:
+            smallest = e.smallest
+        top = (graph or {}).get("peak") or keep["predicted_peak"]
+        top = max(top, smallest)
+        k = max(2, args.sweep_points)
+        budgets = [int(top - (top - smallest) * i / (k - 1)) for i in range(k)]
+        hands = [(lab, ch, budget.evaluate(costs, ch, mode, la, **inputs)) for lab, ch in hand_plans(n)]
+        doc.update(graph=graph, keep=keep, smallest_bytes=smallest, budgets=budgets,
+                   hand_predicted=[{"label": lab, "choices": ch, "predicted_ms": p.predicted_ms,
+                                    "predicted_peak": p.peak_bytes} for lab, ch, p in hands])
+        points = []
+        for i, b in enumerate(budgets):
+            pl = budget.search(costs, b, strategies=[(mode, la)], **inputs)
+            print("[sweep] budget %d/%d: %.0f MiB" % (i + 1, k, b / MiB), flush=True)
+            mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve), _sig(pl))
+            fit = sorted((p.predicted_ms, lab, ch, p) for lab, ch, p in hands if p.peak_bytes <= b)
+            tried = []
+            for _, lab, ch, p in fit[:max(0, args.sweep_hand)]:
+                tried.append(sw.measure(lab, vt.Budget(layers=ch, reserve=sw.reserve), _sig(p)))
+            points.append({"budget": b, "planner": mine, "hand": tried})
+    doc["points"] = points
+    doc["pareto"] = pareto(list(sw.measured.values()))
+    print(table(doc, title), flush=True)
+    return doc
+
+
+def _peak(v):
+    return "%.0f MiB" % (v / MiB) if v else "-"
+
+
+def _fits(row, b):
+    peak = row["peak"] if row["peak"] is not None else row["predicted_peak"]
+    return peak <= b * SLACK
+
+
+def pareto(rows):
+    """The measured rows no other is both faster and smaller than (peak: the
+    measured one, the predicted where none was measured)."""
+    def key(r):
+        return (r["peak"] if r["peak"] is not None else r["predicted_peak"], r["step_ms"])
+    out = []
+    for r in sorted(rows, key=key):
+        if not out or r["step_ms"] < out[-1]["step_ms"]:
+            out.append(r)
+    return [{"label": r["label"], "peak": key(r)[0], "step_ms": r["step_ms"], "counts": r["counts"]} for r in out]
+
+
+def _choice(r):
+    c = r["counts"]
+    return "%dk/%do/%dr" % (c["keep"], c["offload"], c["recompute"])
+
+
+def table(doc, title):
+    ref = (doc.get("graph") or doc["keep"])["step_ms"]
+    lines = ["", "budget sweep: %s, %s look-ahead %d, reserve %.0f MiB (AdamW's states), smallest plan %.0f MiB; "
+             "times against %s (%.2f ms); predicted step: the planner's layers + this run's zeroing and optimizer" % (title, doc["mode"], doc["lookahead"], doc["reserve_bytes"] / MiB,
+                                               doc["smallest_bytes"] / MiB,
+                                               "graph-only" if doc.get("graph") else "keeping all", ref),
+             "  %9s | %-22s %9s %9s %9s %9s | %-22s %9s %9s | %7s %4s" % (
+                 "budget", "planner (keep/off/rec)", "pred ms", "meas ms", "pred MiB", "meas MiB", "best hand-made",
+                 "meas ms", "meas MiB", "vs hand", "fits")]
+    for pt in doc["points"]:
+        b, m = pt["budget"], pt["planner"]
+        ok = [h for h in pt["hand"] if _fits(h, b)]
+        best = min(ok, key=lambda h: h["step_ms"]) if ok else None
+        lines.append("  %9.0f | %-22s %9.2f %9.2f %9.0f %9s | %-22s %9s %9s | %7s %4s" % (
+            b / MiB, "%s %s" % (_choice(m), "" if m["grad_bitwise_vs_keep"] else "GRADS DIFFER"),
+            m["predicted_ms"], m["step_ms"], m["predicted_peak"] / MiB, _peak(m["peak"])[:-4] if m["peak"] else "-",
+            best["label"] if best else "(none fits)", "%.2f" % best["step_ms"] if best else "-",
+            _peak(best["peak"])[:-4] if best and best["peak"] else "-",
+            "%.3fx" % (m["step_ms"] / best["step_ms"]) if best else "-", "yes" if _fits(m, b) else "NO"))
+    lines.append("  Pareto front (measured): " + "; ".join(
+        "%s %.0f MiB %.2f ms (%.3fx)" % (p["label"], p["peak"] / MiB, p["step_ms"], p["step_ms"] / ref)
+        for p in doc["pareto"]))
+    return "\n".join(lines)
+
+
+def plot(doc, path):
+    """A PNG of measured peak against step time (nothing without matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in [doc["keep"]] + [p["planner"] for p in doc["points"]] + [h for p in doc["points"]
+                                                                               for h in p["hand"]]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        peak = (r["peak"] if r["peak"] is not None else r["predicted_peak"]) / MiB
+        planner = r["label"].startswith("planner")
+        ax.scatter(peak, r["step_ms"], marker="o" if planner else "x", color="C0" if planner else "C1")
+        ax.annotate(r["label"], (peak, r["step_ms"]), fontsize=6)
+    ax.set_xlabel("peak device memory (MiB)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("memory budget sweep: planner (o) and hand-made (x)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,480 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""A memory budget in, the fastest plan out: per layer, keep, offload or recompute.
+
+Arithmetic only (plain numbers in, a :class:`BudgetPlan` out), as
+:func:`vmmrt.torch.planner.plan` is, so every case is checked by hand
+without a device. What it is given, per layer in forward order
+(:class:`LayerCost`): the forward and backward time of the warm-up passes,
+the bytes of each region that may move and of those that stay whatever
+happens, and whether the layer may (or must) be recomputed. Globally: the
+pinned bandwidths, the bytes that are on the device whatever the plan
+(parameters, gradients, optimizer states, the graph pool's floor:
+``static_bytes``), the driver's granularity and remap's cost per map.
+
+Each layer gets one action:
+
+keep       what it saves stays on the device from its forward to its backward;
+offload    some of its regions move (the rest stays): libvmmrt's banks (ping-pong:
+           two of the largest group) or mapped groups (remap: the look-ahead + 1
+           largest) hold what moves, rounded up to the granularity;
+recompute  its forward saves only its inputs (the graph's static inputs, already
+           in ``static_bytes``) and its backward runs the forward again first: its
+           whole saved set is in flight during its own backward only.
+
+Predicted step time = sum of forward and backward times + every recomputed
+forward + the copy time not hidden: a layer's D2H behind the next forward
+and its H2D behind the backwards of the look-ahead layers before it in
+backward order, each window scaled by ``margin`` (the planner's model) +
+remap's per-map cost. Predicted driver-level peak = static + banks + the
+larger of what stays at the end of the forwards and, for each recomputed
+layer j, what stays of the layers before it plus its whole saved set (the
+layers after it have released theirs by then).
+
+The search, per strategy and per bound on the largest group that moves
+(which fixes the banks), is the greedy of a multiple-choice knapsack: each
+layer's options (keep, offload levels, recompute) reduced to the lower
+convex hull of (bytes saved, time added), walked by the best bytes per
+millisecond until the peak fits, then every action undone that the budget
+allows back. Among all plans that fit, the fastest wins (ties: the lower
+peak); when none fits, :class:`BudgetError` gives the smallest peak found.
+"""
+import re
+
+import vmmrt
+from vmmrt import _capi
+from vmmrt.torch import select
+
+STRATEGIES = (("pingpong", 1), ("remap", 1), ("remap", 2), ("remap", 3))
+ACTIONS = ("keep", "offload", "recompute")
+# remap's cost per offloaded layer on the forward path: its map waits for a
+# D2H, a host function and the driver worker (issue #21, H200: ~0.4 ms).
+REMAP_MS = 0.4
+
+
+class BudgetError(vmmrt.Error):
+    """No plan fits the memory budget; ``smallest`` is the smallest budget (bytes)
+    the planner can fit, ``budget`` the one asked."""
+
+    def __init__(self, detail, budget=None, smallest=None, where="vmmrt.torch memory_budget"):
+        super().__init__(_capi.E_OUT_OF_MEMORY, detail, where)
+        self.budget, self.smallest = budget, smallest
+
+
+class InvalidBudget(vmmrt.Error, ValueError):
+    """A memory_budget (or hand plan) that is not one: wrong type, range or format."""
+
+    def __init__(self, detail, where="vmmrt.torch memory_budget"):
+        vmmrt.Error.__init__(self, _capi.E_INVALID_ARGUMENT, detail, where)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2,
+          "mib": 1 << 20, "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4,
+          "tib": 1 << 40}
+_FORMAT = "bytes as an int (24 << 30), a share of the device as a string (\"80%\"), or a size (\"60GiB\")"
+
+
+def parse(value, device_total=None):
+    """Bytes of a memory_budget: an int of bytes, "80%" of ``device_total``
+    (cuMemGetInfo's total) or a size with a unit ("60GiB", "64 GB")."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise InvalidBudget("memory_budget=%r is a %s; give %s" % (value, type(value).__name__, _FORMAT))
+    if isinstance(value, int):
+        if value <= 0:
+            raise InvalidBudget("memory_budget=%d: a budget is a positive number of bytes" % value)
+        return value
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%|[A-Za-z]*)\s*", value)
+    if m is None:
+        raise InvalidBudget("memory_budget=%r is not a budget; give %s" % (value, _FORMAT))
+    num, unit = float(m.group(1)), m.group(2)
+    if unit == "%":
+        if not 0 < num <= 100:
+            raise InvalidBudget("memory_budget=%r: a share of the device is above 0%% and at most 100%%" % value)
+        if device_total is None or device_total <= 0:
+            raise InvalidBudget("memory_budget=%r: the device's total memory is not known here; give bytes"
+                                % value)
+        return int(device_total * num / 100)
+    scale = _UNITS.get(unit.lower())
+    if scale is None:
+        raise InvalidBudget("memory_budget=%r: unknown unit %r (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB or %%)"
+                            % (value, unit))
+    if num * scale < 1:
+        raise InvalidBudget("memory_budget=%r: a budget is a positive number of bytes" % value)
+    return int(num * scale)
+
+
+class Budget:
+    """A memory_budget with more said than a number: ``limit`` (what
+    :func:`parse` takes, or None with ``layers``), ``reserve`` (bytes that
+    the step will hold beyond what is on the device when the plan is made,
+    e.g. optimizer states created at the first step), ``layers`` (a hand plan:
+    one choice per layer, "keep", "recompute", "offload" (every region) or a
+    fraction of the layer's bytes to offload; predicted, not searched) and
+    ``recompute`` (False: the planner never recomputes)."""
+
+    def __init__(self, limit=None, reserve=0, layers=None, recompute=True):
+        if limit is None and layers is None:
+            raise InvalidBudget("Budget() needs a limit, a hand plan (layers=) or both")
+        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+            raise InvalidBudget("Budget(reserve=%r): bytes, 0 or more" % (reserve,))
+        if layers is not None:
+            layers = [check_choice(c, i) for i, c in enumerate(layers)]
+        self.limit, self.reserve, self.layers, self.recompute = limit, reserve, layers, bool(recompute)
+
+
+def check_choice(c, i):
+    """One layer of a hand plan: "keep", "recompute", "offload" or a fraction in [0, 1]."""
+    if isinstance(c, str) and c in ACTIONS:
+        return c
+    if not isinstance(c, bool) and isinstance(c, (int, float)) and 0 <= c <= 1:
+        return float(c)
+    if isinstance(c, (tuple, list, dict)):
+        raise InvalidBudget("layer %d: %r: a layer is recomputed or offloaded, not both (recomputing it saves "
+                            "only its inputs, so there is nothing of it to offload)" % (i, c))
+    raise InvalidBudget("layer %d: %r is not a choice; give 'keep', 'recompute', 'offload' or a fraction of the "
+                        "layer's saved bytes to offload" % (i, c))
+
+
+class LayerCost:
+    """What the planner knows of one layer: ``sizes`` the bytes of each region
+    that may move (Offload.candidates), ``fixed`` the saved bytes that stay if
+    it is not recomputed (outputs, marked and small tensors), ``recompute``
+    None (may be), True (must be: marked by the user) or False (may not)."""
+    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "fixed", "recompute")
+
+    def __init__(self, name, fwd_ms, bwd_ms, sizes, fixed=0, recompute=None):
+        self.name, self.fwd_ms, self.bwd_ms = name, float(fwd_ms), float(bwd_ms or 0.0)
+        self.sizes, self.fixed, self.recompute = [int(s) for s in sizes], int(fixed), recompute
+
+    @property
+    def total(self):
+        return sum(self.sizes) + self.fixed
+
+
+class LayerChoice:
+    __slots__ = ("name", "action", "chosen", "moved", "resident", "total", "fwd_ms", "bwd_ms", "exposed_ms")
+
+    def __init__(self, cost, action, chosen=()):
+        self.name, self.action, self.chosen = cost.name, action, sorted(chosen)
+        self.moved = sum(cost.sizes[i] for i in self.chosen)
+        self.total = cost.total
+        self.resident = 0 if action == "recompute" else self.total - self.moved
+        self.fwd_ms, self.bwd_ms = cost.fwd_ms, cost.bwd_ms
+        self.exposed_ms = 0.0
+
+    def as_dict(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def _round(n, g):
+    return -(-n // g) * g if g > 1 else n
+
+
+class BudgetPlan:
+    """What the planner chose and what it predicts. ``layers[i].chosen`` are
+    the indices of the regions that move (what Offload.allocate(plan=) reads)."""
+
+    def __init__(self, layers, mode, lookahead, static_bytes, d2h_gbps, h2d_gbps, margin, granularity,
+                 remap_ms, budget=None):
+        self.layers, self.mode, self.lookahead = layers, mode, lookahead
+        self.static_bytes, self.d2h_gbps, self.h2d_gbps = static_bytes, d2h_gbps, h2d_gbps
+        self.margin, self.granularity, self.remap_ms, self.budget = margin, granularity, remap_ms, budget
+        self.alternatives = []      # (mode, lookahead, predicted_ms, peak_bytes) of the other strategies
+        self._evaluate()
+
+    def _evaluate(self):
+        ls, n = self.layers, len(self.layers)
+        groups = sorted((_round(c.moved, self.granularity) for c in ls if c.moved), reverse=True)
+        if not groups:
+            self.bank_bytes = 0
+        elif self.mode == "pingpong":
+            self.bank_bytes = 2 * groups[0]
+        else:
+            self.bank_bytes = sum(groups[:self.lookahead + 1])
+        bwd_eff = [c.bwd_ms + (c.fwd_ms if c.action == "recompute" else 0.0) for c in ls]
+        d2h, h2d = self.d2h_gbps * 1e6, self.h2d_gbps * 1e6       # bytes per ms
+        for i, c in enumerate(ls):
+            c.exposed_ms = 0.0
+            if not c.moved:
+                continue
+            nxt = ls[i + 1].fwd_ms if i + 1 < n else 0.0
+            window = sum(bwd_eff[i + 1:i + 1 + self.lookahead])
+            c.exposed_ms = (max(0.0, c.moved / d2h - self.margin * nxt) + max(0.0, c.moved / h2d - self.margin * window)
+                            + (self.remap_ms if self.mode == "remap" else 0.0))
+        self.graph_ms = sum(c.fwd_ms + c.bwd_ms for c in ls)
+        self.recompute_ms = sum(c.fwd_ms for c in ls if c.action == "recompute")
+        self.copy_ms = sum(c.exposed_ms for c in ls)
+        self.predicted_ms = self.graph_ms + self.recompute_ms + self.copy_ms
+        stays = sum(c.resident for c in ls)
+        worst, before = stays, 0
+        for c in ls:
+            if c.action == "recompute":
+                worst = max(worst, before + c.total)
+            before += c.resident
+        self.inflight_bytes = worst - stays
+        self.peak_bytes = self.static_bytes + self.bank_bytes + worst
+
+    @property
+    def fits(self):
+        return self.budget is None or self.peak_bytes <= self.budget
+
+    def counts(self):
+        out = dict.fromkeys(ACTIONS, 0)
+        for c in self.layers:
+            out[c.action] += 1
+        return out
+
+    def summary(self):
+        mib = float(1 << 20)
+        k = self.counts()
+        head = ("memory plan (%s, look-ahead %d): %d kept, %d offloaded, %d recomputed; predicted step %.2f ms "
+                "(layers %.2f + recompute %.2f + copies not hidden %.2f) = %.3fx the layers' time; predicted peak "
+                "%.0f MiB (static %.0f + kept %.0f + banks %.0f + in flight %.0f)%s"
+                % (self.mode, self.lookahead, k["keep"], k["offload"], k["recompute"], self.predicted_ms,
+                   self.graph_ms, self.recompute_ms, self.copy_ms,
+                   self.predicted_ms / self.graph_ms if self.graph_ms else 1.0, self.peak_bytes / mib,
+                   self.static_bytes / mib, sum(c.resident for c in self.layers) / mib, self.bank_bytes / mib,
+                   self.inflight_bytes / mib,
+                   "" if self.budget is None else " within the budget of %.0f MiB" % (self.budget / mib)))
+        lines = [head]
+        for c in self.layers:
+            what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions)" % (c.moved / mib, len(c.chosen)),
+                    "recompute": "recomputes its forward in backward (+%.2f ms)" % c.fwd_ms}[c.action]
+            lines.append("  %-24s fwd %7.2f ms  bwd %7.2f ms  saved %8.1f MiB  %s%s"
+                         % (c.name, c.fwd_ms, c.bwd_ms, c.total / mib, what,
+                            ", %.2f ms not hidden" % c.exposed_ms if c.exposed_ms else ""))
+        for mode, la, ms, peak in self.alternatives:
+            lines.append("  alternative: %s look-ahead %d predicts %.2f ms at %.0f MiB (Offload(mode=, lookahead=) "
+                         "chooses the strategy)" % (mode, la, ms, peak / mib))
+        return "\n".join(lines)
+
+    def as_dict(self):
+        return {"mode": self.mode, "lookahead": self.lookahead, "budget_bytes": self.budget,
+                "static_bytes": self.static_bytes, "bank_bytes": self.bank_bytes,
+                "inflight_bytes": self.inflight_bytes, "peak_bytes": self.peak_bytes,
+                "graph_ms": self.graph_ms, "recompute_ms": self.recompute_ms, "copy_ms": self.copy_ms,
+                "predicted_ms": self.predicted_ms, "counts": self.counts(),
+                "alternatives": [list(a) for a in self.alternatives],
+                "layers": [c.as_dict() for c in self.layers]}
+
+
+class _Env:
+    def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms):
+        self.costs, self.static, self.d2h, self.h2d = costs, static_bytes, d2h_gbps, h2d_gbps
+        self.margin, self.gran, self.remap_ms = margin, granularity, remap_ms
+
+    def make(self, choices, mode, la, budget=None):
+        ls = [LayerChoice(c, a, ch) for c, (a, ch) in zip(self.costs, choices)]
+        p = BudgetPlan(ls, mode, la, self.static, self.d2h, self.h2d, self.margin, self.gran, self.remap_ms,
+                       budget)
+        p.costs = self.costs        # what it was planned from (the benchmark predicts hand plans with it)
+        return p
+
+
+def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin):
+    if not 0 < margin <= 1:
+        raise InvalidBudget("planner margin %r is not in (0, 1]" % (margin,))
+    if not d2h_gbps > 0 or not h2d_gbps > 0:
+        raise InvalidBudget("the planner needs positive bandwidths, got D2H %r, H2D %r" % (d2h_gbps, h2d_gbps))
+    if static_bytes < 0:
+        raise InvalidBudget("static_bytes=%r is negative" % (static_bytes,))
+    for c in costs:
+        if c.fwd_ms < 0 or c.bwd_ms < 0 or any(s < 0 for s in c.sizes) or c.fixed < 0:
+            raise InvalidBudget("layer %r: negative time or size" % c.name)
+
+
+def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None,
+             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None):
+    """The prediction of a hand plan: ``choices`` one per layer as
+    :class:`Budget`'s ``layers`` take them. A fraction offloads the largest
+    regions first that fit in it (the same selection as offload=fraction);
+    the tail (last layer) moves nothing, as libvmmrt never copies it."""
+    h2d_gbps = h2d_gbps or d2h_gbps
+    _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin)
+    if len(choices) != len(costs):
+        raise InvalidBudget("a hand plan of %d choices for %d layers" % (len(choices), len(costs)))
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms)
+    out = []
+    for i, (c, ch) in enumerate(zip(costs, choices)):
+        ch = check_choice(ch, i)
+        if c.recompute is True and ch not in ("recompute",):
+            raise InvalidBudget("layer %d (%r) is marked for recomputation (vmmrt.torch.mark_recompute) and the "
+                                "hand plan says %r: a layer is recomputed or offloaded, not both" % (i, c.name, ch))
+        if ch == "recompute" and c.recompute is False:
+            raise InvalidBudget("layer %d (%r) cannot be recomputed" % (i, c.name))
+        tail = i == len(costs) - 1
+        if ch == "offload":
+            ch = 1.0
+        if isinstance(ch, float):
+            idx = [] if tail or ch == 0 else (list(range(len(c.sizes))) if ch >= 1 else
+                                              select.choose(c.sizes, select.fraction_budget(c.sizes, ch)))
+            out.append(("offload" if idx else "keep", idx))
+        else:
+            out.append((ch, []))
+    return env.make(out, mode, lookahead, budget)
+
+
+def _options(c, tail, env, la_window, nxt_fwd, mode):
+    """(bytes saved, ms added, (action, chosen)) of a layer's options, keep first."""
+    opts = [(0, 0.0, ("keep", []))]
+    if c.recompute is True:
+        return [(c.total, c.fwd_ms, ("recompute", []))]
+    if not tail and c.sizes:
+        d2h, h2d = env.d2h * 1e6, env.h2d * 1e6
+        seen = set()
+        order = sorted(range(len(c.sizes)), key=lambda k: (-c.sizes[k], k))
+        hidden = env.margin * min(nxt_fwd * env.d2h, la_window * env.h2d) * 1e6
+        budgets = [hidden]
+        acc = 0
+        for k in order:
+            acc += c.sizes[k]
+            budgets.append(acc)
+        for b in budgets:
+            idx = tuple(select.choose(c.sizes, b))
+            m = sum(c.sizes[k] for k in idx)
+            if not m or idx in seen:
+                continue
+            seen.add(idx)
+            t = (max(0.0, m / d2h - env.margin * nxt_fwd) + max(0.0, m / h2d - env.margin * la_window)
+                 + (env.remap_ms if mode == "remap" else 0.0))
+            opts.append((m, t, ("offload", list(idx))))
+    if c.recompute is None and c.total:
+        opts.append((c.total, c.fwd_ms, ("recompute", [])))
+    return opts
+
+
+def _hull(opts):
+    """The lower convex hull of (bytes saved, ms added) from keep: the options a
+    greedy by bytes per millisecond walks through, in order."""
+    pts = sorted(opts, key=lambda o: (o[0], o[1]))
+    front = []
+    for p in pts:          # drop the dominated: more time for fewer or equal bytes
+        while front and front[-1][1] >= p[1]:
+            front.pop()
+        front.append(p)
+    hull = []
+    for p in front:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = (hull[-2][0], hull[-2][1]), (hull[-1][0], hull[-1][1])
+            if (y2 - y1) * (p[0] - x1) >= (p[1] - y1) * (x2 - x1):
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return hull
+
+
+def _search(env, mode, la, cap, budget):
+    """The greedy under a cap on the bytes a layer moves (which fixes the banks)."""
+    costs, n = env.costs, len(env.costs)
+    hulls = []
+    for i, c in enumerate(costs):
+        nxt = costs[i + 1].fwd_ms if i + 1 < n else 0.0
+        window = sum(x.bwd_ms for x in costs[i + 1:i + 1 + la])
+        opts = [o for o in _options(c, i == n - 1, env, window, nxt, mode) if o[2][0] != "offload" or o[0] <= cap]
+        hulls.append(_hull(opts))
+    at = [0] * n
+    plan = env.make([h[0][2] for h in hulls], mode, la, budget)
+    best_fit = plan if plan.fits else None
+    smallest = plan
+    while True:
+        if plan.fits:
+            break
+        pick, pick_eff = None, None
+        for i, h in enumerate(hulls):
+            if at[i] + 1 < len(h):
+                a, b = h[at[i]], h[at[i] + 1]
+                dt = b[1] - a[1]
+                eff = (b[0] - a[0]) / dt if dt > 1e-12 else float("inf")
+                key = (eff, b[0] - a[0])
+                if pick is None or key > pick_eff:
+                    pick, pick_eff = i, key
+        if pick is None:
+            break
+        at[pick] += 1
+        plan = env.make([h[k][2] for h, k in zip(hulls, at)], mode, la, budget)
+        if plan.peak_bytes < smallest.peak_bytes:
+            smallest = plan
+    if plan.fits:
+        # Undo what the budget allows back, the costliest first.
+        improved = True
+        while improved:
+            improved = False
+            order = sorted(range(n), key=lambda i: -(hulls[i][at[i]][1] - hulls[i][at[i] - 1][1]) if at[i] else 0)
+            for i in order:
+                if not at[i]:
+                    continue
+                at[i] -= 1
+                trial = env.make([h[k][2] for h, k in zip(hulls, at)], mode, la, budget)
+                if trial.fits and trial.predicted_ms <= plan.predicted_ms:
+                    plan, improved = trial, True
+                else:
+                    at[i] += 1
+        best_fit = plan
+    # the smallest peak this cap reaches: every layer at its option of most bytes
+    most = env.make([max(h, key=lambda o: o[0])[2] for h in hulls], mode, la, budget)
+    if most.peak_bytes < smallest.peak_bytes:
+        smallest = most
+    return best_fit, smallest
+
+
+def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.9, granularity=1,
+           strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24):
+    """The fastest plan whose predicted peak is within ``budget`` bytes, over
+    ``strategies`` ((mode, look-ahead) pairs); :class:`BudgetError` with the
+    smallest budget that would fit when none does. ``recompute=False``: no
+    layer is recomputed unless it is marked."""
+    h2d_gbps = h2d_gbps or d2h_gbps
+    _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin)
+    if not strategies:
+        raise InvalidBudget("no strategy to plan with")
+    for mode, la in strategies:
+        if mode not in ("pingpong", "remap", "none") or not isinstance(la, int) or la < 1:
+            raise InvalidBudget("strategy (%r, %r): mode 'pingpong', 'remap' or 'none' (nothing moves), look-ahead "
+                                "1 or more" % (mode, la))
+    if not recompute:
+        costs = [c if c.recompute is True else LayerCost(c.name, c.fwd_ms, c.bwd_ms, c.sizes, c.fixed, False)
+                 for c in costs]
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms)
+    movable = sorted({s for i, c in enumerate(costs[:-1]) for s in _level_bytes(c)})
+    if len(movable) > caps:     # quantiles of the candidate group sizes, the largest kept
+        movable = sorted({movable[int(k * (len(movable) - 1) / (caps - 1))] for k in range(caps)})
+    best, smallest, per = None, None, {}
+    for mode, la in strategies:
+        for cap in [0] + (movable if mode != "none" else []):
+            fit, small = _search(env, mode, la, cap, budget)
+            if smallest is None or small.peak_bytes < smallest.peak_bytes:
+                smallest = small
+            if fit is not None:
+                # ties: what moves and is recomputed least (the prediction
+                # counts hidden copies as free, the device does not quite)
+                key = _rank(fit)
+                if (mode, la) not in per or key < per[(mode, la)][0]:
+                    per[(mode, la)] = (key, fit)
+                if best is None or key < _rank(best):
+                    best = fit
+    if best is None:
+        mib = float(1 << 20)
+        raise BudgetError("no plan fits a memory budget of %.0f MiB (%d bytes): the smallest the planner can fit is "
+                          "%.0f MiB (%d bytes: static %.0f MiB + %s); give at least that, or %s"
+                          % (budget / mib, budget, smallest.peak_bytes / mib, smallest.peak_bytes,
+                             smallest.static_bytes / mib,
+                             "; ".join("%d %s" % (v, k) for k, v in smallest.counts().items() if v),
+                             "allow recomputation" if not recompute else
+                             "lower the static memory (parameters, optimizer states, other tensors)"),
+                          budget, smallest.peak_bytes)
+    best.alternatives = [(m, la, p.predicted_ms, p.peak_bytes) for (m, la), (_, p) in sorted(per.items())
+                         if (m, la) != (best.mode, best.lookahead)]
+    return best
+
+
+def _rank(p):
+    return (round(p.predicted_ms, 6), sum(c.moved for c in p.layers), p.counts()["recompute"], p.peak_bytes)
+
+
+def _level_bytes(c):
+    order = sorted(c.sizes, reverse=True)
+    acc, out = 0, []
+    for s in order:
+        acc += s
+        out.append(acc)
+    return out

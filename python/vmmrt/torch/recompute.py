@@ -1,0 +1,226 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Recomputation (activation checkpointing) of whole layers, inside the graphs.
+
+A layer the budget planner (or the user, :func:`mark_recompute`) has
+recompute saves nothing in its forward: it runs under ``torch.no_grad()``,
+so autograd keeps no activation, and its inputs are what it needs again
+(under graphs, its static inputs, which hold the call's input until the
+layer's next forward). Its backward runs the forward again with gradients
+enabled, then ``autograd.grad`` over it: the same ops as
+``torch.utils.checkpoint``, so the same gradients, bitwise.
+
+Random ops draw the same numbers in the recomputation as in the forward:
+
+- eager (``graphs=False``): the RNG state of the CPU and of the inputs'
+  devices is kept at the forward and put back around the recomputation
+  (``preserve_rng_state``, as torch.utils.checkpoint does);
+- under graphs: the forward graph and the backward graph each draw from a
+  generator state of their own, cloned from the device's default generator
+  at capture (``Generator.clone_state``) and registered with its graph
+  (``CUDAGraph.register_generator_state``); the capture switches the default
+  generator to it (``graphsafe_set_state``) around the forward and around the
+  recomputation. Every replay advances a state by its graph's increment,
+  which the forward and the recomputation share (the same random ops), so
+  the two stay in step: the k-th backward replays the k-th forward's
+  numbers. :meth:`Offload.abort` abandons forwards whose backward never
+  came: the recomputation's state is set back to the forward's then. A
+  torch without these calls (before 2.4) refuses a recomputed layer that
+  draws random numbers under graphs.
+
+A recomputed layer moves nothing through libvmmrt: its saved tensors do
+not exist, so offloading it as well is refused where it is asked for
+(:mod:`vmmrt.torch.budget`'s hand plans, a marked layer).
+"""
+import torch
+from torch.autograd.function import once_differentiable
+from torch.utils.checkpoint import get_device_states, set_device_states
+
+from vmmrt import Error, _capi
+from vmmrt.torch import _compat
+
+_MARK = "_vmmrt_recompute"
+
+
+def mark_recompute(*callables):
+    """Mark modules (or functions) given to make_graphed_callables to be
+    recomputed in backward whatever the budget: their forward keeps no
+    activation. Returns the first one (a decorator too)."""
+    for c in callables:
+        if not callable(c):
+            raise TypeError("mark_recompute(%r): a module or function, as make_graphed_callables takes" % (c,))
+        setattr(c, _MARK, True)
+    return callables[0] if callables else None
+
+
+def marked(fn):
+    return bool(getattr(fn, _MARK, False))
+
+
+# ------------------------------------------------------------------ eager
+class _Recompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, runner, *inputs):
+        n = runner.n_user
+        ctx.runner = runner
+        ctx.cpu_rng = torch.get_rng_state()
+        ctx.devices, ctx.dev_states = get_device_states(*inputs[:n])
+        ctx.inputs = inputs[:n]
+        with torch.no_grad():
+            out = runner.call(inputs[:n])
+        leaves, runner.out_spec = _compat.tree_flatten(out)
+        for k, o in enumerate(leaves):
+            if not isinstance(o, torch.Tensor):
+                raise Error(_capi.E_INVALID_ARGUMENT, "output %d is a %s; outputs may only be tensors"
+                            % (k, type(o).__name__), "layer %r" % runner.name)
+        return tuple(leaves)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        runner = ctx.runner
+        if ctx.inputs is None:
+            raise Error(_capi.E_INVALID_STATE, "backward through this call ran twice (retain_graph); a recomputed "
+                        "layer keeps its inputs for one backward", "layer %r" % runner.name)
+        inputs, ctx.inputs = ctx.inputs, None
+        with torch.random.fork_rng(devices=ctx.devices):
+            torch.set_rng_state(ctx.cpu_rng)
+            set_device_states(ctx.devices, ctx.dev_states)
+            detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs)
+            with torch.enable_grad():
+                outs = _compat.tree_leaves(runner.call(detached))
+        need, gos = [], []
+        for o, g in zip(outs, grads):
+            if isinstance(o, torch.Tensor) and o.requires_grad and g is not None:
+                need.append(o)
+                gos.append(g)
+        wrt_in = [k for k, x in enumerate(detached) if x.requires_grad]
+        wrt_p = [k for k, p in enumerate(runner.params) if p.requires_grad]
+        wrt = [detached[k] for k in wrt_in] + [runner.params[k] for k in wrt_p]
+        res = torch.autograd.grad(need, wrt, gos, allow_unused=True) if need and wrt else [None] * len(wrt)
+        gin = [None] * runner.n_user
+        gp = [None] * len(runner.params)
+        for j, k in enumerate(wrt_in):
+            gin[k] = res[j]
+        for j, k in enumerate(wrt_p):
+            gp[k] = res[len(wrt_in) + j]
+        return (None,) + tuple(gin) + tuple(gp)
+
+
+def wrap(runner):
+    """The eager version of a recomputed runner's callable."""
+
+    def recomputed(*user_args):
+        leaves = _compat.tree_leaves(*user_args)
+        runner.check_args(leaves, torch.is_grad_enabled())
+        runner.layer.offload.check_usable()
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
+            return runner.call(leaves)
+        runner.check_params()
+        out = _Recompute.apply(runner, *(tuple(leaves) + runner.params))
+        return _compat.tree_unflatten(list(out), runner.out_spec)
+
+    return recomputed
+
+
+# ----------------------------------------------------------------- graphs
+class _GraphRng:
+    """The forward's and the recomputation's generator states (see the module)."""
+
+    def __init__(self, device):
+        self.gen = torch.cuda.default_generators[device.index if device.index is not None else
+                                                 torch.cuda.current_device()]
+        self.fwd = self.bwd = None
+        if hasattr(self.gen, "clone_state") and hasattr(self.gen, "graphsafe_set_state"):
+            self.fwd = self.gen.clone_state()
+            self.bwd = self.gen.clone_state()
+
+    @property
+    def available(self):
+        return self.fwd is not None
+
+    def using(self, state):
+        rng = self
+
+        class _Ctx:
+            def __enter__(self):
+                if state is not None:
+                    self.prev = rng.gen.graphsafe_get_state()
+                    rng.gen.graphsafe_set_state(state)
+
+            def __exit__(self, *exc):
+                if state is not None:
+                    rng.gen.graphsafe_set_state(self.prev)
+
+        return _Ctx()
+
+    def resync(self):
+        """After an abort: the recomputation's state back to the forward's."""
+        if self.available:
+            self.bwd.set_state(self.fwd.get_state())
+
+
+def draws_random(runner):
+    """Whether a forward of the runner advances the device's generator (outside
+    any capture: the warm-up is over)."""
+    gen = torch.cuda.default_generators[runner.sample[0].device.index or 0] if runner.sample else None
+    if gen is None:
+        return False
+    before = gen.get_offset() if hasattr(gen, "get_offset") else None
+    if before is None:
+        return False
+    with torch.no_grad():
+        runner.call(runner.sample)
+    torch.cuda.current_stream().synchronize()
+    return gen.get_offset() != before
+
+
+def prepare_graphs(runner, fwd_graph, bwd_graph, off):
+    """Before the first capture: the generator states of a recomputed runner."""
+    rng = _GraphRng(runner.layer.offload.device)
+    if not rng.available:
+        if draws_random(runner):
+            raise Error(_capi.E_NOT_SUPPORTED, "the layer draws random numbers (dropout?) and is recomputed under "
+                        "graphs, which needs torch's graph-safe generator states (Generator.clone_state, "
+                        "graphsafe_set_state: torch 2.4 or later); leave it out of recomputation, or use graphs=False",
+                        "layer %r" % runner.name)
+        rng.fwd = rng.bwd = None
+    else:
+        fwd_graph.register_generator_state(rng.fwd)
+        bwd_graph.register_generator_state(rng.bwd)
+        off._abort_hooks.append(rng.resync)
+    runner.recompute_rng = rng
+
+
+def forward_body(runner):
+    """What the forward graph of a recomputed runner captures: the forward, saving nothing."""
+    def fwd():
+        with runner.recompute_rng.using(runner.recompute_rng.fwd), torch.no_grad():
+            return runner.call(runner.sample)
+    return fwd
+
+
+def after_forward(runner, out):
+    leaves, runner.out_spec = _compat.tree_flatten(out)
+    runner.static_outputs = tuple(leaves)
+    # a gradient buffer for every output that can have one: which need one is
+    # known once the recomputation runs with gradients (in the backward's capture)
+    runner.static_grad_outputs = tuple(torch.empty_like(o) if o.is_floating_point() or o.is_complex() else None
+                                       for o in leaves)
+
+
+def backward_body(runner, allow_unused_input):
+    """What the backward graph captures: the forward again, from the static
+    inputs, then its gradients into static buffers (returned in surface order)."""
+    def bwd():
+        rng = runner.recompute_rng
+        detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in runner.sample)
+        with rng.using(rng.bwd), torch.enable_grad():
+            outs = _compat.tree_leaves(runner.call(detached))
+        need = [o for o, g in zip(outs, runner.static_grad_outputs) if o.requires_grad and g is not None]
+        gos = [g for o, g in zip(outs, runner.static_grad_outputs) if o.requires_grad and g is not None]
+        wrt = [x for x in detached if x.requires_grad] + [p for p in runner.params if p.requires_grad]
+        res = torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input) \
+            if need and wrt else [None] * len(wrt)
+        it = iter(res)
+        return tuple(next(it) if a.requires_grad else None for a in detached + runner.params)
+    return bwd
