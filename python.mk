@@ -15,6 +15,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/__init__.py \
 	python/vmmrt/torch/_address.py \
 	python/vmmrt/torch/backing.py \
+	python/vmmrt/torch/budget.py \
 	python/vmmrt/torch/_callables.py \
 	python/vmmrt/torch/_compat.py \
 	python/vmmrt/torch/_te.py \
@@ -27,6 +28,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/place.py \
 	python/vmmrt/torch/planner.py \
+	python/vmmrt/torch/recompute.py \
 	python/vmmrt/torch/saved.py \
 	python/vmmrt/torch/select.py
 vmmrt_py_bench = \
@@ -36,7 +38,8 @@ vmmrt_py_bench = \
 	python/vmmrt/torch/bench/llama.py \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
-	python/vmmrt/torch/bench/report.py
+	python/vmmrt/torch/bench/report.py \
+	python/vmmrt/torch/bench/sweep.py
 vmmrt_py_tests = \
 	python/tests/conftest.py \
 	python/tests/vmmrt_tap.py \
@@ -46,6 +49,7 @@ vmmrt_py_tests = \
 	python/tests/test_place.py \
 	python/tests/test_grads.py \
 	python/tests/test_select.py \
+	python/tests/test_budget.py \
 	python/tests/test_eager.py \
 	python/tests/test_errors.py \
 	python/tests/test_gpu.py \

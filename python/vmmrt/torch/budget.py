@@ -102,6 +102,17 @@ def parse(value, device_total=None):
     return int(num * scale)
 
 
+def check(value):
+    """Refuse what is not a memory_budget (type and format), before any work:
+    the device's total is not needed to tell."""
+    if isinstance(value, Budget):
+        if value.limit is not None:
+            parse(value.limit, 1 << 40)
+        return value
+    parse(value, 1 << 40)
+    return value
+
+
 class Budget:
     """A memory_budget with more said than a number: ``limit`` (what
     :func:`parse` takes, or None with ``layers``), ``reserve`` (bytes that

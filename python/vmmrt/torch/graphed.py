@@ -19,7 +19,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, _te, eager, pipeline, place, planner, recompute
+from vmmrt.torch import _callables, _compat, _te, budget, eager, pipeline, place, planner, recompute
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
@@ -212,6 +212,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         raise ValueError("memory_budget= with %s: the budget planner chooses what is offloaded, one microbatch at a "
                          "time; leave %s out" % (("order=", "order=") if order is not None else
                                                  ("offload='auto'", "offload=")))
+    if memory_budget is not None:
+        budget.check(memory_budget)
     just_one, runners = _callables.prepare(callables, sample_args, names, layout, sample_kwargs)
     for r in runners:
         r.generators, r.retain_graph = tuple(gens), retain_graph_in_backward

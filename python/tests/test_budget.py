@@ -1,0 +1,302 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""memory_budget=: the planner's arithmetic (hand-computed cases), the budget's
+parsing, the smallest budget of the no-fit error, recomputation against
+torch.utils.checkpoint (bitwise, host backend) and the refusals."""
+import json
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import vmmrt
+import vmmrt.torch as vt
+from vmmrt.torch import budget
+from vmmrt.torch.budget import Budget, BudgetError, InvalidBudget, LayerCost
+
+
+# ------------------------------------------------------------------ parsing
+def test_parse_takes_bytes_shares_and_sizes():
+    assert budget.parse(1 << 30) == 1 << 30
+    assert budget.parse("80%", 1000) == 800
+    assert budget.parse(" 100 % ", 1000) == 1000
+    assert budget.parse("60GiB") == 60 << 30
+    assert budget.parse("1.5 GB") == 1500 * 1000 ** 2
+    assert budget.parse("512mib") == 512 << 20
+
+
+@pytest.mark.parametrize("bad,why", [
+    (True, "bool"), (1.5, "float"), (None, "NoneType"), (-1, "positive"), (0, "positive"),
+    ("0%", "above 0%"), ("101%", "at most 100%"), ("abc", "not a budget"), ("5 parsecs", "unknown unit"),
+    ("80", None), ("-5GiB", "not a budget")])
+def test_parse_refuses_with_a_named_error(bad, why):
+    if bad == "80":           # a bare number in a string is bytes
+        assert budget.parse(bad) == 80
+        return
+    with pytest.raises(InvalidBudget) as e:
+        budget.parse(bad, 1000)
+    assert e.value.name == "VMMRT_E_INVALID_ARGUMENT" and why in str(e.value)
+    assert isinstance(e.value, vmmrt.Error) and isinstance(e.value, ValueError)
+
+
+def test_a_share_needs_the_device_total():
+    with pytest.raises(InvalidBudget, match="total memory is not known"):
+        budget.parse("50%")
+
+
+# --------------------------------------------------------------- arithmetic
+def _three():
+    # decimal bytes: at 10 GB/s a copy moves 1e7 bytes per ms
+    return [LayerCost("l%d" % i, 10.0, 20.0, [300_000_000, 100_000_000]) for i in range(3)]
+
+
+def test_hand_plan_time_and_peak_by_hand():
+    p = budget.evaluate(_three(), [1.0, "recompute", "keep"], "pingpong", 1, static_bytes=1000, d2h_gbps=10,
+                        margin=1.0)
+    # layer 0 moves 400 MB: D2H 40 ms behind layer 1's 10 ms forward (30 exposed), H2D 40 ms behind
+    # layer 1's backward, which recomputes (20 + 10 ms: 10 exposed); layer 1 recomputes: +10 ms
+    assert [c.action for c in p.layers] == ["offload", "recompute", "keep"]
+    assert p.layers[0].exposed_ms == pytest.approx(40.0)
+    assert p.graph_ms == 90.0 and p.recompute_ms == 10.0
+    assert p.predicted_ms == pytest.approx(140.0)
+    # two banks of 400 MB; what stays: layer 2's 400 MB; recomputing layer 1 holds 400 MB then, no more
+    assert p.bank_bytes == 800_000_000 and p.inflight_bytes == 0
+    assert p.peak_bytes == 1000 + 800_000_000 + 400_000_000
+    q = budget.evaluate(_three(), [1.0, "recompute", "keep"], "remap", 2, static_bytes=1000, d2h_gbps=10,
+                        margin=1.0)
+    # remap, look-ahead 2: the H2D hides behind two backwards (30 + 20 ms), the map costs REMAP_MS,
+    # and the mapped groups are the 3 largest (one here)
+    assert q.predicted_ms == pytest.approx(90.0 + 10.0 + 30.0 + budget.REMAP_MS)
+    assert q.peak_bytes == 1000 + 400_000_000 + 400_000_000
+
+
+def test_recomputed_layer_holds_its_whole_set_over_what_stays_before_it():
+    costs = [LayerCost("a", 1, 1, [100]), LayerCost("b", 1, 1, [100]), LayerCost("c", 1, 1, [500]),
+             LayerCost("d", 1, 1, [100])]
+    p = budget.evaluate(costs, ["keep", "keep", "recompute", "keep"], static_bytes=7)
+    # at c's backward: a and b stay (200), d is released, c's 500 are back
+    assert p.peak_bytes == 7 + 700 and p.inflight_bytes == 400
+    # the tail offloads nothing: libvmmrt never copies it
+    assert budget.evaluate(costs, [0.0, 0.0, 0.0, 1.0]).layers[3].action == "keep"
+
+
+def test_granularity_rounds_the_banks():
+    costs = [LayerCost("a", 1, 1, [3]), LayerCost("b", 1, 1, [1])]
+    assert budget.evaluate(costs, [1.0, "keep"], granularity=4).bank_bytes == 8
+
+
+def _four():
+    # tiny regions: every copy hides (1000 bytes at 1 GB/s is a microsecond)
+    return [LayerCost("l%d" % i, 10.0, 20.0, [1000]) for i in range(4)]
+
+
+def test_search_keeps_everything_when_it_fits():
+    p = budget.search(_four(), 4000, d2h_gbps=1)
+    assert p.counts() == {"keep": 4, "offload": 0, "recompute": 0} and p.predicted_ms == 120.0
+    assert p.peak_bytes == 4000 and "within the budget" in p.summary()
+
+
+def test_search_offloads_what_hides_before_recomputing():
+    # one layer offloaded makes two banks of its size: three must move to gain
+    p = budget.search(_four(), 3999, d2h_gbps=1)
+    assert p.counts() == {"keep": 1, "offload": 3, "recompute": 0}
+    assert p.peak_bytes == 3000 and p.predicted_ms == pytest.approx(120.0)
+
+
+def test_search_recomputes_when_offload_cannot_fit():
+    p = budget.search(_four(), 2500, d2h_gbps=1)
+    assert p.counts()["recompute"] == 2 and p.peak_bytes == 2000 and p.predicted_ms == pytest.approx(140.0)
+
+
+def test_no_fit_gives_the_smallest_budget_and_it_fits():
+    with pytest.raises(BudgetError) as e:
+        budget.search(_four(), 999, d2h_gbps=1)
+    # three recomputed and the tail kept: 1000 bytes at any moment
+    assert e.value.smallest == 1000 and e.value.budget == 999 and e.value.name == "VMMRT_E_OUT_OF_MEMORY"
+    assert "1000 bytes" in str(e.value)
+    p = budget.search(_four(), e.value.smallest, d2h_gbps=1)
+    assert p.peak_bytes == 1000 and p.counts()["recompute"] == 3 and p.predicted_ms == pytest.approx(150.0)
+    with pytest.raises(BudgetError) as e:
+        budget.search(_four(), 2500, d2h_gbps=1, recompute=False)
+    assert e.value.smallest == 3000
+
+
+def test_search_picks_the_faster_strategy():
+    # large copies: remap at look-ahead 2 hides the H2D behind two backwards
+    costs = [LayerCost("l%d" % i, 10.0, 10.0, [150_000_000]) for i in range(6)]
+    p = budget.search(costs, 700_000_000, d2h_gbps=10, margin=1.0, strategies=budget.STRATEGIES, recompute=False)
+    # each copy takes 15 ms, a forward 10: 5 ms of D2H exposed per moved layer. Ping-pong (banks 300 MB)
+    # fits 4 layers moved (H2D 5 ms exposed each): 120 + 40 ms. Remap at look-ahead 2 (the 3 largest groups
+    # mapped, 450 MB) fits 5 moved, with the H2D hidden but for layer 4 (one backward after it) and 0.4 ms
+    # per map: 120 + 5 * 5.4 + 5 = 152 ms
+    assert (p.mode, p.lookahead) == ("remap", 2) and p.fits
+    assert p.predicted_ms == pytest.approx(152.0)
+    assert ("pingpong", 1, pytest.approx(160.0), 600_000_000) in [tuple(a) for a in p.alternatives]
+    assert p.alternatives and all(ms >= p.predicted_ms for _, _, ms, _ in p.alternatives)
+
+
+def test_refusals_are_named():
+    with pytest.raises(InvalidBudget, match="not both"):
+        Budget(layers=[("recompute", 0.5)])
+    with pytest.raises(InvalidBudget, match="not a choice"):
+        Budget(layers=["sometimes"])
+    marked = [LayerCost("a", 1, 1, [10], recompute=True), LayerCost("b", 1, 1, [10])]
+    with pytest.raises(InvalidBudget, match="marked for recomputation"):
+        budget.evaluate(marked, [1.0, "keep"])
+    with pytest.raises(InvalidBudget):
+        budget.search(marked, 10, margin=0)
+    with pytest.raises(InvalidBudget):
+        Budget()
+
+
+# ------------------------------------------------------- recompute, on the CPU
+class Block(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+        self.drop = torch.nn.Dropout(0.25)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.up(self.norm(x)))
+        att = torch.nn.functional.softmax(h @ h.transpose(-1, -2) / 8.0, -1) @ h    # math attention
+        return x + self.drop(self.down(att))
+
+
+def _pair(n=4, seed=0):
+    torch.manual_seed(seed)
+    ref = [Block() for _ in range(n)]
+    mine = [Block() for _ in range(n)]
+    for a, b in zip(ref, mine):
+        b.load_state_dict(a.state_dict())
+    return ref, mine
+
+
+def _against_checkpoint(ref, fs, mine, steps=2):
+    x0 = torch.randn(2, 16, 32)
+    gy = torch.randn(2, 16, 32)
+    for it in range(steps):
+        torch.manual_seed(100 + it)
+        x = x0.clone().requires_grad_()
+        y = x
+        for m in ref:
+            y = checkpoint(m, y)
+        (y * gy).sum().backward()
+        gx_ref = x.grad
+        torch.manual_seed(100 + it)
+        x = x0.clone().requires_grad_()
+        y = x
+        for f in fs:
+            y = f(y)
+        (y * gy).sum().backward()
+        assert torch.equal(x.grad, gx_ref), it
+        for a, b in zip(ref, mine):
+            for p, q in zip(a.parameters(), b.parameters()):
+                assert torch.equal(p.grad, q.grad), it
+        for m in ref + mine:
+            m.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+def test_recompute_is_bitwise_torch_checkpoint(mode):
+    ref, mine = _pair()
+    plan = ["recompute", 1.0, "recompute", "keep"] if mode != "none" else ["recompute", "keep", "recompute", "keep"]
+    fs = vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),) for _ in mine),
+                                   graphs=False, mode=mode, min_bytes=1024, memory_budget=Budget(layers=plan))
+    off = vt.offload_of(fs[0])
+    try:
+        assert [c.action for c in off.plan.layers][0::2] == ["recompute", "recompute"]
+        # a recomputed layer moves nothing and keeps no resident slot
+        assert off.layers[0].saved_bytes()["moved"] == 0 and off.layers[0].resident is None
+        _against_checkpoint(ref, fs, mine)
+        if mode != "none":
+            assert off.stats()["bytes_offloaded"] > 0     # layer 1 did offload
+    finally:
+        off.close()
+
+
+def test_marked_layers_are_recomputed_without_a_budget():
+    ref, mine = _pair(3, seed=1)
+    vt.mark_recompute(mine[0], mine[1])
+    fs = vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),) for _ in mine),
+                                   graphs=False)
+    off = vt.offload_of(fs[0])
+    try:
+        assert [c.action for c in off.plan.layers] == ["recompute", "recompute", "keep"]
+        _against_checkpoint(ref, fs, mine, steps=1)
+    finally:
+        off.close()
+
+
+def test_marked_layer_offloaded_by_a_hand_plan_is_refused():
+    _, mine = _pair(2)
+    vt.mark_recompute(mine[0])
+    with pytest.raises(InvalidBudget, match="not both"):
+        vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),) for _ in mine),
+                                  graphs=False, memory_budget=Budget(layers=[1.0, "keep"]))
+
+
+def _build(mine, **kw):
+    return vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),) for _ in mine),
+                                     graphs=False, **kw)
+
+
+def test_budget_too_small_names_the_smallest_and_that_one_builds():
+    _, mine = _pair(4)
+    with pytest.raises(BudgetError) as e:
+        _build(mine, memory_budget=1000)
+    smallest = e.value.smallest
+    assert smallest > 1000 and "%d bytes" % smallest in str(e.value)
+    fs = _build(mine, memory_budget=smallest)
+    off = vt.offload_of(fs[0])
+    try:
+        assert off.plan.peak_bytes <= smallest and off.plan.counts()["recompute"] >= 1
+        x = torch.randn(2, 16, 32, requires_grad=True)
+        y = x
+        for f in fs:
+            y = f(y)
+        y.sum().backward()
+        assert x.grad is not None
+    finally:
+        off.close()
+
+
+def test_a_share_of_the_device_is_planned_against_its_total():
+    _, mine = _pair(2)
+    fs = _build(mine, memory_budget="50%")
+    off = vt.offload_of(fs[0])
+    try:
+        assert off.plan.budget == off.runtime.mem_info()[1] // 2
+        assert off.plan.counts()["keep"] == 2          # everything fits: nothing traded
+        assert json.dumps(off.plan.as_dict())
+    finally:
+        off.close()
+
+
+@pytest.mark.parametrize("kw,err", [
+    (dict(memory_budget="lots"), InvalidBudget), (dict(memory_budget=1.5), InvalidBudget),
+    (dict(memory_budget="80%", offload="auto"), ValueError), (dict(memory_budget=-3), InvalidBudget)])
+def test_bad_memory_budget_is_refused_before_any_work(kw, err):
+    _, mine = _pair(1)
+    with pytest.raises(err):
+        _build(mine, **kw)
+
+
+def test_offload_allocate_takes_a_budget():
+    torch.manual_seed(0)
+    m = Block()
+    off = vt.Offload(mode="pingpong", device="cpu")
+    try:
+        lay = off.layer("b", static=m.parameters())
+        x = torch.randn(2, 16, 32, requires_grad=True)
+        for _ in range(2):
+            with lay.discovering() as p:
+                y = m(x)
+                p.outputs = y
+            lay.fwd_ms.append(1.0)
+            lay.bwd_ms.append(2.0)
+            del y, p
+        off.allocate(memory_budget=Budget(layers=["recompute"]))
+        assert lay.recompute and off.plan.counts()["recompute"] == 1
+    finally:
+        off.close()
