@@ -187,3 +187,21 @@ def test_preset_sets_the_issue_shape_and_options_win():
     assert (a.layer, a.layers, a.hidden, a.ffn, a.heads, a.seq) == (["encoder"], 6, 4096, 16384, 32, 4096)
     a = bench.parse(["--preset", "encoder", "--device", "cpu", "--layers", "2"])
     assert a.layers == 2 and a.ffn == 16384
+
+
+def test_budget_sweep_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "sweep.json"
+    argv = ["--smoke", "--device", "cpu", "--layer", "torch", "--budget-sweep", "--sweep-points", "3",
+            "--iterations", "1", "--json", str(out)]
+    assert bench.main(argv) == 0
+    sw = json.loads(out.read_text())["sweep"]
+    budgets = [p["budget"] for p in sw["points"]]
+    # from keeping everything down to the smallest plan, the planner's choice fitting each
+    assert budgets[0] == sw["keep"]["predicted_peak"] and budgets[-1] == sw["smallest_bytes"]
+    assert budgets == sorted(budgets, reverse=True) and len(budgets) == 3
+    for p in sw["points"]:
+        m = p["planner"]
+        assert m["predicted_peak"] <= p["budget"] and m["step_ms"] > 0 and m["grad_bitwise_vs_keep"] is True
+        assert all(h["predicted_peak"] <= p["budget"] for h in p["hand"])
+    assert sw["points"][-1]["planner"]["counts"]["recompute"] >= 1
+    assert sw["pareto"] and sw["hand_predicted"]

@@ -156,8 +156,10 @@ class Block(torch.nn.Module):
         self.up = torch.nn.Linear(d, 4 * d)
         self.down = torch.nn.Linear(4 * d, d)
         self.drop = torch.nn.Dropout(0.25)
+        self.calls = 0
 
     def forward(self, x):
+        self.calls += 1
         h = torch.nn.functional.gelu(self.up(self.norm(x)))
         att = torch.nn.functional.softmax(h @ h.transpose(-1, -2) / 8.0, -1) @ h    # math attention
         return x + self.drop(self.down(att))
@@ -208,7 +210,10 @@ def test_recompute_is_bitwise_torch_checkpoint(mode):
         assert [c.action for c in off.plan.layers][0::2] == ["recompute", "recompute"]
         # a recomputed layer moves nothing and keeps no resident slot
         assert off.layers[0].saved_bytes()["moved"] == 0 and off.layers[0].resident is None
+        before = [m.calls for m in mine]
         _against_checkpoint(ref, fs, mine)
+        # two steps: a recomputed layer's forward runs again in each backward, the others' once
+        assert [m.calls - b for m, b in zip(mine, before)] == [4 if p == "recompute" else 2 for p in plan]
         if mode != "none":
             assert off.stats()["bytes_offloaded"] > 0     # layer 1 did offload
     finally:
@@ -300,3 +305,141 @@ def test_offload_allocate_takes_a_budget():
         assert lay.recompute and off.plan.counts()["recompute"] == 1
     finally:
         off.close()
+
+
+# ------------------------------------------------------ under graphs, on a GPU
+def _llama(n=4):
+    import copy
+    from vmmrt.torch.bench import llama
+    s = llama.Shape(hidden=256, ffn=512, heads=4, kv_heads=2, seq=256, batch=2)
+    base = llama.torch_layers(n, s, "cuda", torch.bfloat16, "math")
+    return s, base, copy.deepcopy(base)
+
+
+def _gpu_step(seq, layers, x, gy):
+    for m in layers:
+        m.zero_grad(set_to_none=True)
+    x.grad = None
+    y = x
+    for f in seq:
+        y = f(y)
+    y.backward(gy)
+    torch.cuda.synchronize()
+    return y, [x.grad.clone()] + [p.grad.clone() for m in layers for p in m.parameters()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["pingpong", "remap"])
+def test_graphs_recompute_is_bitwise_graph_only_and_checkpoint(mode):
+    from vmmrt.torch.bench import llama
+    s, base, ref = _llama()
+
+    def sample():
+        return torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(),) for _ in base), mode=mode,
+                                      memory_budget=Budget(layers=["recompute", 1.0, "recompute", "keep"]))
+        off = vt.offload_of(g[0])
+        try:
+            assert off.plan.counts() == {"keep": 1, "offload": 1, "recompute": 2}
+            torch.manual_seed(3)
+            for it in range(3):
+                x = sample()
+                gy = torch.randn_like(x)
+                y, got = _gpu_step(g, base, x, gy)
+                yr, want = _gpu_step(gref, ref, x.detach().clone().requires_grad_(), gy)
+                assert torch.equal(y, yr) and all(torch.equal(a, b) for a, b in zip(got, want)), it
+        finally:
+            off.close()
+        # and, eagerly on the same device, against torch.utils.checkpoint itself
+        for m in base + ref:
+            m.__dict__.pop("forward", None)
+        ge = vt.make_graphed_callables(tuple(base), tuple((sample(),) for _ in base), mode=mode, graphs=False,
+                                       memory_budget=Budget(layers=["recompute", 1.0, "recompute", "keep"]))
+        try:
+            x = sample()
+            gy = torch.randn_like(x)
+            _, got = _gpu_step(ge, base, x, gy)
+            ck = [lambda t, m=m: checkpoint(m, t, use_reentrant=False) for m in ref]
+            _, want = _gpu_step(ck, ref, x.detach().clone().requires_grad_(), gy)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+        finally:
+            vt.offload_of(ge[0]).close()
+
+
+class _Drop(torch.nn.Module):
+    """y = dropout(x) * w: the output shows the mask, so the gradient tells
+    whether the recomputation drew the forward's numbers."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(d, device="cuda"))
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(x, 0.5, True) * self.w
+
+
+@pytest.mark.gpu
+def test_graphs_recompute_draws_the_forwards_random_numbers():
+    layers = [_Drop(1024) for _ in range(3)]
+    sample = [torch.randn(64, 1024, device="cuda", requires_grad=True) for _ in layers]
+    g = vt.make_graphed_callables(tuple(layers), tuple((s,) for s in sample),
+                                  memory_budget=Budget(layers=["recompute", "keep", "recompute"]))
+    off = vt.offload_of(g[0])
+    try:
+        for it in range(4):
+            x = torch.randn(64, 1024, device="cuda", requires_grad=True)
+            y0 = g[0](x)
+            if it == 2:                       # an abandoned forward: the states are set back in step
+                off.abort()
+                y0 = g[0](x)
+            y1 = g[1](y0)
+            y = g[2](y1)
+            gy = torch.randn_like(y)
+            y.backward(gy)
+            torch.cuda.synchronize()
+            masks = [(t != 0).float() for t in (y0, y1, y)]
+            # d y / d x = mask2 * 2 * mask1 * 2 * mask0 * 2 (w = 1)
+            want = gy * masks[0] * masks[1] * masks[2] * 8
+            assert torch.equal(x.grad, want), it
+            for m in layers:
+                m.zero_grad(set_to_none=True)
+    finally:
+        off.close()
+
+
+@pytest.mark.gpu
+def test_graphs_budget_between_keep_and_smallest_fits_and_is_bitwise():
+    from vmmrt.torch.bench import llama
+    s, base, ref = _llama(6)
+
+    def sample():
+        return torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with llama.attention_backend("math"):
+        try:
+            vt.make_graphed_callables(tuple(base), tuple((sample(),) for _ in base), memory_budget=1)
+        except BudgetError as e:
+            smallest = e.smallest
+        for m in base:
+            m.__dict__.pop("forward", None)
+        keep = vt.make_graphed_callables(tuple(base), tuple((sample(),) for _ in base),
+                                         memory_budget=Budget(layers=["keep"] * 6))
+        top = vt.offload_of(keep[0]).plan.peak_bytes
+        vt.offload_of(keep[0]).close()
+        for m in base:
+            m.__dict__.pop("forward", None)
+        b = (top + smallest) // 2
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(),) for _ in base), memory_budget=b)
+        off = vt.offload_of(g[0])
+        try:
+            print(off.plan.summary())
+            assert off.plan.peak_bytes <= b and off.plan.counts()["keep"] < 6
+            x = sample()
+            gy = torch.randn_like(x)
+            y, got = _gpu_step(g, base, x, gy)
+            yr, want = _gpu_step(gref, ref, x.detach().clone().requires_grad_(), gy)
+            assert torch.equal(y, yr) and all(torch.equal(a, b) for a, b in zip(got, want))
+        finally:
+            off.close()

@@ -190,9 +190,9 @@ def _choice(r):
 def table(doc, title):
     ref = (doc.get("graph") or doc["keep"])["step_ms"]
     lines = ["", "budget sweep: %s, %s look-ahead %d, reserve %.0f MiB (AdamW's states), smallest plan %.0f MiB; "
-             "times against %s (%.2f ms); predicted step: the planner's layers + this run's zeroing and optimizer" % (title, doc["mode"], doc["lookahead"], doc["reserve_bytes"] / MiB,
-                                               doc["smallest_bytes"] / MiB,
-                                               "graph-only" if doc.get("graph") else "keeping all", ref),
+             "times against %s (%.2f ms); predicted step: the planner's layers + this run's zeroing and optimizer"
+             % (title, doc["mode"], doc["lookahead"], doc["reserve_bytes"] / MiB, doc["smallest_bytes"] / MiB,
+                "graph-only" if doc.get("graph") else "keeping all", ref),
              "  %9s | %-22s %9s %9s %9s %9s | %-22s %9s %9s | %7s %4s" % (
                  "budget", "planner (keep/off/rec)", "pred ms", "meas ms", "pred MiB", "meas MiB", "best hand-made",
                  "meas ms", "meas MiB", "vs hand", "fits")]
