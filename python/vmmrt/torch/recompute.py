@@ -13,10 +13,12 @@ Random ops draw the same numbers in the recomputation as in the forward:
 
 - eager (``graphs=False``): the RNG state of the CPU and of the inputs'
   devices is kept at the forward and put back around the recomputation
-  (``preserve_rng_state``, as torch.utils.checkpoint does);
-- under graphs: the forward graph and the backward graph each draw from a
-  generator state of their own, cloned from the device's default generator
-  at capture (``Generator.clone_state``) and registered with its graph
+  (``preserve_rng_state``, as torch.utils.checkpoint does), and so is that
+  of each of ``generators=``;
+- under graphs: the forward graph and the backward graph each draw from
+  generator states of their own, cloned at capture (``Generator.clone_state``)
+  from the device's default generator and from each of ``generators=``
+  (Megatron's RNG tracker's), and registered with their graph
   (``CUDAGraph.register_generator_state``); the capture switches the default
   generator to it (``graphsafe_set_state``) around the forward and around the
   recomputation. Every replay advances a state by its graph's increment,
@@ -36,7 +38,6 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat
 
 _MARK = "_vmmrt_recompute"
 
@@ -64,15 +65,11 @@ class _Recompute(torch.autograd.Function):
         ctx.runner = runner
         ctx.cpu_rng = torch.get_rng_state()
         ctx.devices, ctx.dev_states = get_device_states(*inputs[:n])
+        ctx.gen_states = [g.get_state() for g in runner.generators]
         ctx.inputs = inputs[:n]
         with torch.no_grad():
             out = runner.call(inputs[:n])
-        leaves, runner.out_spec = _compat.tree_flatten(out)
-        for k, o in enumerate(leaves):
-            if not isinstance(o, torch.Tensor):
-                raise Error(_capi.E_INVALID_ARGUMENT, "output %d is a %s; outputs may only be tensors"
-                            % (k, type(o).__name__), "layer %r" % runner.name)
-        return tuple(leaves)
+        return tuple(runner.split_outputs(out))
 
     @staticmethod
     @once_differentiable
@@ -82,12 +79,20 @@ class _Recompute(torch.autograd.Function):
             raise Error(_capi.E_INVALID_STATE, "backward through this call ran twice (retain_graph); a recomputed "
                         "layer keeps its inputs for one backward", "layer %r" % runner.name)
         inputs, ctx.inputs = ctx.inputs, None
+        gens = runner.generators
+        kept = [g.get_state() for g in gens]
         with torch.random.fork_rng(devices=ctx.devices):
             torch.set_rng_state(ctx.cpu_rng)
             set_device_states(ctx.devices, ctx.dev_states)
+            for g, st in zip(gens, ctx.gen_states):
+                g.set_state(st)
             detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs)
-            with torch.enable_grad():
-                outs = _compat.tree_leaves(runner.call(detached))
+            try:
+                with torch.enable_grad():
+                    outs = runner.split_outputs(runner.call(detached))
+            finally:
+                for g, st in zip(gens, kept):
+                    g.set_state(st)
         need, gos = [], []
         for o, g in zip(outs, grads):
             if isinstance(o, torch.Tensor) and o.requires_grad and g is not None:
@@ -109,54 +114,60 @@ class _Recompute(torch.autograd.Function):
 def wrap(runner):
     """The eager version of a recomputed runner's callable."""
 
-    def recomputed(*user_args):
-        leaves = _compat.tree_leaves(*user_args)
+    def recomputed(*user_args, **user_kwargs):
+        leaves = runner.flatten_call(user_args, user_kwargs)
         runner.check_args(leaves, torch.is_grad_enabled())
         runner.layer.offload.check_usable()
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
             return runner.call(leaves)
         runner.check_params()
         out = _Recompute.apply(runner, *(tuple(leaves) + runner.params))
-        return _compat.tree_unflatten(list(out), runner.out_spec)
+        return runner.join_outputs(out)
 
     return recomputed
 
 
 # ----------------------------------------------------------------- graphs
 class _GraphRng:
-    """The forward's and the recomputation's generator states (see the module)."""
+    """The forward's and the recomputation's states of every generator the
+    layer draws from: the device's default one and the user's (``generators=``,
+    Megatron's tracker's); see the module."""
 
-    def __init__(self, device):
-        self.gen = torch.cuda.default_generators[device.index if device.index is not None else
-                                                 torch.cuda.current_device()]
+    def __init__(self, device, generators=()):
+        default = torch.cuda.default_generators[device.index if device.index is not None else
+                                                torch.cuda.current_device()]
+        self.gens = [default] + [g for g in generators if g is not default]
         self.fwd = self.bwd = None
-        if hasattr(self.gen, "clone_state") and hasattr(self.gen, "graphsafe_set_state"):
-            self.fwd = self.gen.clone_state()
-            self.bwd = self.gen.clone_state()
+        if all(hasattr(g, "clone_state") and hasattr(g, "graphsafe_set_state") for g in self.gens):
+            self.fwd = [g.clone_state() for g in self.gens]
+            self.bwd = [g.clone_state() for g in self.gens]
 
     @property
     def available(self):
         return self.fwd is not None
 
-    def using(self, state):
+    def using(self, states):
         rng = self
 
         class _Ctx:
             def __enter__(self):
-                if state is not None:
-                    self.prev = rng.gen.graphsafe_get_state()
-                    rng.gen.graphsafe_set_state(state)
+                if states is not None:
+                    self.prev = [g.graphsafe_get_state() for g in rng.gens]
+                    for g, st in zip(rng.gens, states):
+                        g.graphsafe_set_state(st)
 
             def __exit__(self, *exc):
-                if state is not None:
-                    rng.gen.graphsafe_set_state(self.prev)
+                if states is not None:
+                    for g, st in zip(rng.gens, self.prev):
+                        g.graphsafe_set_state(st)
 
         return _Ctx()
 
     def resync(self):
-        """After an abort: the recomputation's state back to the forward's."""
+        """After an abort: the recomputation's states back to the forward's."""
         if self.available:
-            self.bwd.set_state(self.fwd.get_state())
+            for f, b in zip(self.fwd, self.bwd):
+                b.set_state(f.get_state())
 
 
 def draws_random(runner):
@@ -176,7 +187,7 @@ def draws_random(runner):
 
 def prepare_graphs(runner, fwd_graph, bwd_graph, off):
     """Before the first capture: the generator states of a recomputed runner."""
-    rng = _GraphRng(runner.layer.offload.device)
+    rng = _GraphRng(runner.layer.offload.device, runner.generators)
     if not rng.available:
         if draws_random(runner):
             raise Error(_capi.E_NOT_SUPPORTED, "the layer draws random numbers (dropout?) and is recomputed under "
@@ -185,8 +196,9 @@ def prepare_graphs(runner, fwd_graph, bwd_graph, off):
                         "layer %r" % runner.name)
         rng.fwd = rng.bwd = None
     else:
-        fwd_graph.register_generator_state(rng.fwd)
-        bwd_graph.register_generator_state(rng.bwd)
+        for f, b in zip(rng.fwd, rng.bwd):
+            fwd_graph.register_generator_state(f)
+            bwd_graph.register_generator_state(b)
         off._abort_hooks.append(rng.resync)
     runner.recompute_rng = rng
 
@@ -200,7 +212,7 @@ def forward_body(runner):
 
 
 def after_forward(runner, out):
-    leaves, runner.out_spec = _compat.tree_flatten(out)
+    leaves = runner.split_outputs(out)
     runner.static_outputs = tuple(leaves)
     # a gradient buffer for every output that can have one: which need one is
     # known once the recomputation runs with gradients (in the backward's capture)
@@ -215,11 +227,12 @@ def backward_body(runner, allow_unused_input):
         rng = runner.recompute_rng
         detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in runner.sample)
         with rng.using(rng.bwd), torch.enable_grad():
-            outs = _compat.tree_leaves(runner.call(detached))
+            outs = runner.split_outputs(runner.call(detached))
         need = [o for o, g in zip(outs, runner.static_grad_outputs) if o.requires_grad and g is not None]
         gos = [g for o, g in zip(outs, runner.static_grad_outputs) if o.requires_grad and g is not None]
         wrt = [x for x in detached if x.requires_grad] + [p for p in runner.params if p.requires_grad]
-        res = torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input) \
+        res = torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input,
+                                  retain_graph=runner.retain_graph) \
             if need and wrt else [None] * len(wrt)
         it = iter(res)
         return tuple(next(it) if a.requires_grad else None for a in detached + runner.params)
