@@ -27,6 +27,9 @@
 #            (needs megatron-core there: GPU_WHEELS="megatron-core==0.19.2"
 #            bash ../shared/gpu/prepare.sh brings its wheel; without it the
 #            example says so and test_megatron.py skips)
+#   budget   --budget-sweep: 8 Llama-3-8B layers, seq 4096, 5 budgets
+#            from graph-only's peak down to the smallest plan        ~5 min
+#   budget6  --budget-sweep on the default stack (6 layers)          ~4 min
 # The times are estimates, not readings: the former 6-layer, 4-mode table
 # took about 100 s with one loop; by our reading of it much of that was
 # comparing billions of gradient elements on the host, which the benchmark
@@ -111,7 +114,9 @@ for part in "${parts[@]}"; do
 	megatron)
 		step megatron 300 "$py" "$tree/examples/megatron_gpt.py" --json "$out/megatron.json" || true
 		[ -f "$out/megatron.log" ] && grep -A12 "^loop " "$out/megatron.log" | tee -a "$summary" ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron, or all)" ;;
+	budget) bench bench-budget 470 --layer torch --layers 8 --budget-sweep --iterations 5 ;;
+	budget6) bench bench-budget6 470 --layer torch --budget-sweep --iterations 5 ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"
