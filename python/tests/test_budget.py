@@ -266,6 +266,12 @@ def test_budget_too_small_names_the_smallest_and_that_one_builds():
         off.close()
 
 
+def test_a_hand_plan_over_its_limit_is_refused():
+    _, mine = _pair(2)
+    with pytest.raises(BudgetError, match="hand plan's predicted peak"):
+        _build(mine, memory_budget=Budget(1, layers=["keep", "keep"]))
+
+
 def test_a_share_of_the_device_is_planned_against_its_total():
     _, mine = _pair(2)
     fs = _build(mine, memory_budget="50%")

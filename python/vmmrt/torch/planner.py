@@ -213,9 +213,12 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
         if mode == "none" and any(c.moved for c in p.layers):
             raise budget.InvalidBudget("mode='none' moves nothing: a hand plan that offloads needs 'pingpong' or "
                                        "'remap'")
+        if not p.fits:
+            raise budget.BudgetError("the hand plan's predicted peak, %d bytes, is over the budget of %d bytes"
+                                     % (p.peak_bytes, limit), limit, p.peak_bytes)
         return p
     if limit is None:
-        choices = ["recompute" if c.recompute else float(offload) for c in costs]
+        choices = ["recompute" if c.recompute else float(offload) if mode != "none" else "keep" for c in costs]
         return budget.evaluate(costs, choices, mode if mode != "none" else "pingpong", off.lookahead, **common)
     strategies = [(mode, off.lookahead)] if mode != "none" else [("none", 1)]
     p = budget.search(costs, limit, strategies=strategies, recompute=b.recompute, **common)
