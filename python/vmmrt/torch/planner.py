@@ -205,10 +205,12 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
     gbps = measure_bandwidth(off.device, runtime=off.runtime)
     static = static_bytes(off, runners, graphs, b.reserve if b is not None else 0)
     mode = off.mode
+    # ping-pong without a declared schedule has two banks and restores one layer ahead
+    la = off.lookahead if mode == "remap" else 1
     common = dict(static_bytes=static, d2h_gbps=gbps[0], h2d_gbps=gbps[1], margin=margin,
                   granularity=off.granularity)
     if b is not None and b.layers is not None:
-        p = budget.evaluate(costs, b.layers, mode if mode != "none" else "pingpong", off.lookahead, budget=limit,
+        p = budget.evaluate(costs, b.layers, mode if mode != "none" else "pingpong", la, budget=limit,
                             **common)
         if mode == "none" and any(c.moved for c in p.layers):
             raise budget.InvalidBudget("mode='none' moves nothing: a hand plan that offloads needs 'pingpong' or "
@@ -219,12 +221,12 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
         return p
     if limit is None:
         choices = ["recompute" if c.recompute else float(offload) if mode != "none" else "keep" for c in costs]
-        return budget.evaluate(costs, choices, mode if mode != "none" else "pingpong", off.lookahead, **common)
-    strategies = [(mode, off.lookahead)] if mode != "none" else [("none", 1)]
+        return budget.evaluate(costs, choices, mode if mode != "none" else "pingpong", la, **common)
+    strategies = [(mode, la)] if mode != "none" else [("none", 1)]
     p = budget.search(costs, limit, strategies=strategies, recompute=b.recompute, **common)
     # what the other strategies would predict (they need another Offload(mode=, lookahead=))
     if mode != "none":
-        others = [s for s in budget.STRATEGIES if s != (mode, off.lookahead)]
+        others = [s for s in budget.STRATEGIES if s != (mode, la)]
         for s in others:
             try:
                 q = budget.search(costs, limit, strategies=[s], recompute=b.recompute, **common)

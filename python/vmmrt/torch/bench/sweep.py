@@ -121,7 +121,8 @@ def run_sweep(args, title, make_layers, shape, dtype):
         print("[sweep] keep all: predicted %.2f ms %.0f MiB, measured %.2f ms %s" % (
             keep["predicted_ms"], keep["predicted_peak"] / MiB, keep["step_ms"], _peak(keep["peak"])), flush=True)
         costs, inputs = kplan.costs, _inputs(kplan)
-        mode, la = args.sweep_mode, args.lookahead
+        mode = args.sweep_mode
+        la = args.lookahead if mode == "remap" else 1       # ping-pong: two banks, one layer ahead
         graph = None
         if sw.cuda:
             built = modes.build("graph", layers, sample, args)
