@@ -174,9 +174,9 @@ def _pair(n=4, seed=0):
     return ref, mine
 
 
-def _against_checkpoint(ref, fs, mine, steps=2):
-    x0 = torch.randn(2, 16, 32)
-    gy = torch.randn(2, 16, 32)
+def _against_checkpoint(ref, fs, mine, steps=2, shape=(2, 16, 32)):
+    x0 = torch.randn(*shape)
+    gy = torch.randn(*shape)
     for it in range(steps):
         torch.manual_seed(100 + it)
         x = x0.clone().requires_grad_()
@@ -241,8 +241,8 @@ def test_marked_layer_offloaded_by_a_hand_plan_is_refused():
                                   graphs=False, memory_budget=Budget(layers=[1.0, "keep"]))
 
 
-def _build(mine, **kw):
-    return vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),) for _ in mine),
+def _build(mine, shape=(2, 16, 32), **kw):
+    return vt.make_graphed_callables(tuple(mine), tuple((torch.randn(*shape, requires_grad=True),) for _ in mine),
                                      graphs=False, **kw)
 
 
@@ -264,6 +264,27 @@ def test_budget_too_small_names_the_smallest_and_that_one_builds():
         assert x.grad is not None
     finally:
         off.close()
+
+
+def test_mode_auto_builds_in_the_strategy_the_planner_chose(monkeypatch):
+    ref, mine = _pair(5, seed=2)
+    monkeypatch.setattr(budget, "STRATEGIES", (("remap", 2),))
+    # granules of 4 KiB, so that offloading these small layers beats keeping them
+    kw = dict(mode="auto", min_bytes=1024, options={"host_granularity": 4096})
+    with pytest.raises(BudgetError) as e:
+        _build(mine, **kw, memory_budget=Budget(1, recompute=False))
+    fs = _build(mine, **kw, memory_budget=Budget(e.value.smallest, recompute=False))
+    off = vt.offload_of(fs[0])
+    try:
+        # the discovery moved to a runtime in the chosen mode, and what moves goes through it
+        assert (off.plan.mode, off.plan.lookahead) == ("remap", 2) == (off.mode, off.lookahead)
+        assert off.plan.counts()["offload"] == 4 and all(lay.offload is off for lay in off.layers)
+        _against_checkpoint(ref, fs, mine)
+        assert off.stats()["bytes_offloaded"] > 0
+    finally:
+        off.close()
+    with pytest.raises(ValueError, match="'auto' with memory_budget="):
+        _build(mine, mode="auto")
 
 
 def test_a_hand_plan_over_its_limit_is_refused():

@@ -129,6 +129,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         1: 1.047x graph-only's step time at 1.059x its whole-step peak; 0:
         1.014x at 1.170x.
     memory_budget
+        (with ``mode="auto"`` the planner chooses the mode and look-ahead too)
         the device memory a training step may hold at the driver level:
         bytes, a share of the device ("80%"), a size ("60GiB"), or a
         :class:`vmmrt.torch.budget.Budget` (with a reserve for what the step
@@ -183,8 +184,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     gens = _te.generators(generators)
     if not graphs:
         gens = []
-    if mode not in ("pingpong", "remap", "none"):
-        raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none'%s" % (
+    if mode not in ("pingpong", "remap", "none") and not (mode == "auto" and memory_budget is not None):
+        raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none' ('auto' with memory_budget=)%s" % (
             mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
                 str(mode), ("pingpong", "remap", "none"), n=1))))
     if not isinstance(map_ahead, int) or isinstance(map_ahead, bool) or map_ahead < 0:
@@ -233,7 +234,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     else:
         uses = [(b, runners[i]) for b, i in layout.uses()]
     forwards = [r for b, r in uses if not b]
-    off = Offload(mode=mode, lookahead=lookahead, device=device, options=options, min_bytes=min_bytes)
+    off = Offload(mode="pingpong" if mode == "auto" else mode, lookahead=lookahead, device=device, options=options,
+                  min_bytes=min_bytes)
     off.map_ahead = map_ahead
     try:
         for r in forwards:                   # groups in forward order
@@ -251,7 +253,12 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             off.set_schedule([(r.layer, b) for b, r in uses])
         plan = None
         if memory_budget is not None or any(marks):
-            plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks)
+            plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
+                                       budget.STRATEGIES if mode == "auto" else None)
+            if mode == "auto":          # the planner's strategy: another runtime, the same discovery
+                off = planner.adopt(off, plan, runners, uses)
+                if grads == "mapped":
+                    _make_grads(runners, off)
             for r, c in zip(runners, plan.layers):
                 r.recompute = r.layer.recompute = c.action == "recompute"
             off.allocate(plan=plan)

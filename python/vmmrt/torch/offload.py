@@ -95,6 +95,7 @@ class Offload:
         opts.update(runtime_options(device))
         opts.update(options or {})
         self.runtime = vmmrt.Runtime(opts)
+        self.options = dict(options or {})     # as asked (planner.adopt makes another runtime with them)
         try:
             check_runtime_device(self.runtime.info(), device)
         except BaseException:

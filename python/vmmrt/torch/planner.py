@@ -18,6 +18,7 @@ only; :func:`measure_bandwidth` and the layer timings feed it.
 import torch
 
 import vmmrt
+from vmmrt import _capi
 from vmmrt.torch import select
 
 
@@ -189,13 +190,15 @@ def layer_costs(off, marked=None):
     return rows
 
 
-def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None):
+def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None):
     """The plan for ``memory_budget`` (bytes, "80%", "60GiB" or a
     :class:`vmmrt.torch.budget.Budget`) over the layers of ``off`` (after
     their warm-up): searched under a limit, predicted for a hand plan, or,
     with only layers marked for recomputation, those recomputed and the
-    others offloaded by the fraction ``offload``. Raises BudgetError when no
-    plan fits, InvalidBudget for a budget that is not one."""
+    others offloaded by the fraction ``offload``. ``strategies``: the (mode,
+    look-ahead) pairs to choose among (default: the runtime's; :func:`adopt`
+    then moves the layers to the chosen one). Raises BudgetError when no plan
+    fits, InvalidBudget for a budget that is not one."""
     from vmmrt.torch import budget
     b = memory_budget if isinstance(memory_budget, budget.Budget) else (
         None if memory_budget is None else budget.Budget(memory_budget))
@@ -222,8 +225,12 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
     if limit is None:
         choices = ["recompute" if c.recompute else float(offload) if mode != "none" else "keep" for c in costs]
         return budget.evaluate(costs, choices, mode if mode != "none" else "pingpong", la, **common)
-    strategies = [(mode, la)] if mode != "none" else [("none", 1)]
+    chosen = strategies is not None
+    if strategies is None:
+        strategies = [(mode, la)] if mode != "none" else [("none", 1)]
     p = budget.search(costs, limit, strategies=strategies, recompute=b.recompute, **common)
+    if chosen:
+        return p
     # what the other strategies would predict (they need another Offload(mode=, lookahead=))
     if mode != "none":
         others = [s for s in budget.STRATEGIES if s != (mode, la)]
@@ -234,3 +241,38 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
             except budget.BudgetError:
                 pass
     return p
+
+
+def adopt(off, plan, runners, uses):
+    """The layers of ``off`` (discovered, not allocated) moved to a runtime in
+    the plan's mode and look-ahead: a runtime's mode is fixed when it opens,
+    and nothing of a layer is in its C group before allocation, so the
+    discovery (regions, births, timings) carries over and only the groups are
+    made again. ``off`` is closed; returns the new :class:`Offload`."""
+    from vmmrt.torch.offload import Offload
+    la = off.lookahead if off.mode == "remap" else 1
+    if (plan.mode, plan.lookahead) == (off.mode, la):
+        return off
+    opts = dict(off.options, mode=plan.mode, lookahead=plan.lookahead)
+    device, min_bytes, map_ahead = off.device, off.min_bytes, off.map_ahead
+    olds = [r.layer for r in runners]
+    off.close()         # one runtime per device at a time
+    new = Offload(mode=plan.mode, lookahead=plan.lookahead, device=device, options=opts, min_bytes=min_bytes)
+    try:
+        new.map_ahead = map_ahead
+        for r, old in zip(runners, olds):
+            lay = new.layer(old.name)
+            lay.static = old.static
+            lay.plan, lay.births, lay.passes = old.plan, old.births, old.passes
+            lay.fwd_ms, lay.bwd_ms, lay.recompute = old.fwd_ms, old.bwd_ms, old.recompute
+            r.layer = lay
+        new.set_order([(r.layer, b) for b, r in uses])
+        if (new.mode, new.lookahead) != (plan.mode, plan.lookahead):
+            raise vmmrt.Error(_capi.E_MISMATCH, "the planner chose mode %r at look-ahead %d but the runtime opened %r "
+                              "at %d (a VMMRT_MODE or VMMRT_LOOKAHEAD in the environment?); unset them, or give mode= "
+                              "yourself" % (plan.mode, plan.lookahead, new.mode, new.lookahead),
+                              "vmmrt.torch memory_budget")
+    except BaseException:
+        new.close()
+        raise
+    return new
