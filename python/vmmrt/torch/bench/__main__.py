@@ -96,8 +96,9 @@ def _parser():
     p.add_argument("--sweep-points", type=int, default=5, help="budgets of --budget-sweep")
     p.add_argument("--sweep-hand", type=int, default=2,
                    help="hand-made choices measured per budget: the fastest predicted to fit")
-    p.add_argument("--sweep-mode", choices=("pingpong", "remap", "none"), default="pingpong",
-                   help="the offload mode of --budget-sweep's runs")
+    p.add_argument("--sweep-mode", choices=("pingpong", "remap", "none", "auto"), default="pingpong",
+                   help="the offload mode of --budget-sweep's runs (auto: the planner chooses it, the hand-made "
+                        "choices run in pingpong)")
     return p
 
 

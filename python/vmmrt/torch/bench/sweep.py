@@ -132,8 +132,10 @@ def run_sweep(args, title, make_layers, shape, dtype):
         if extra:
             print("[sweep] keep all measured %.0f MiB over its prediction: reserved for every later run"
                   % (extra / MiB), flush=True)
-        mode = args.sweep_mode
+        # "auto": the planner chooses the strategy; hand-made choices run in ping-pong
+        mode = "pingpong" if args.sweep_mode == "auto" else args.sweep_mode
         la = args.lookahead if mode == "remap" else 1       # ping-pong: two banks, one layer ahead
+        strategies = budget.STRATEGIES if args.sweep_mode == "auto" else [(mode, la)]
         graph = None
         if sw.cuda:
             built = modes.build("graph", layers, sample, args)
@@ -145,7 +147,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
             graph = {"step_ms": row["step_ms"], "peak": row["peak"]["peak"] if row.get("peak") else None}
             print("[sweep] graph-only: %.2f ms %s" % (graph["step_ms"], _peak(graph["peak"])), flush=True)
         try:
-            budget.search(costs, 1, strategies=[(mode, la)], **inputs)
+            budget.search(costs, 1, strategies=strategies, **inputs)
             smallest = 1
         except budget.BudgetError as e:
             smallest = e.smallest
@@ -153,13 +155,14 @@ def run_sweep(args, title, make_layers, shape, dtype):
         top = max(top, smallest)
         k = max(2, args.sweep_points)
         budgets = [int(top - (top - smallest) * i / (k - 1)) for i in range(k)]
-        hands = [(lab, ch, budget.evaluate(costs, ch, mode, la, **inputs)) for lab, ch in hand_plans(n)]
+        hands = [(lab, ch, budget.evaluate(costs, ch, mode, la, **inputs)) for lab, ch in hand_plans(n)
+                 if mode != "none" or all(c in ("keep", "recompute") for c in ch)]
         doc.update(graph=graph, keep=keep, smallest_bytes=smallest, budgets=budgets,
                    hand_predicted=[{"label": lab, "choices": ch, "predicted_ms": p.predicted_ms,
                                     "predicted_peak": p.peak_bytes} for lab, ch, p in hands])
         points = []
         for i, b in enumerate(budgets):
-            pl = budget.search(costs, b, strategies=[(mode, la)], **inputs)
+            pl = budget.search(costs, b, strategies=strategies, **inputs)
             print("[sweep] budget %d/%d: %.0f MiB" % (i + 1, k, b / MiB), flush=True)
             mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve), _sig(pl))
             fit = sorted((p.predicted_ms, lab, ch, p) for lab, ch, p in hands if p.peak_bytes <= b)
@@ -170,9 +173,10 @@ def run_sweep(args, title, make_layers, shape, dtype):
     doc["points"] = points
     doc["reserve_bytes"] = sw.reserve
     # full offload (every layer but the tail), measured once for the comparison of peaks
-    full = dict((lab, (ch, p)) for lab, ch, p in hands)["offload 1"]
-    with llama.attention_backend(args.attention):
-        sw.measure("offload 1", vt.Budget(layers=full[0], reserve=sw.reserve), _sig(full[1]))
+    full = dict((lab, (ch, p)) for lab, ch, p in hands).get("offload 1")
+    if full is not None:
+        with llama.attention_backend(args.attention):
+            sw.measure("offload 1", vt.Budget(layers=full[0], reserve=sw.reserve), _sig(full[1]))
     doc["measured"] = list(sw.measured.values())
     doc["pareto"] = pareto(list(sw.measured.values()))
     doc["targets"] = targets(doc)
@@ -233,8 +237,8 @@ def pareto(rows):
 
 
 def _choice(r):
-    c = r["counts"]
-    return "%dk/%do/%dr" % (c["keep"], c["offload"], c["recompute"])
+    c, pl = r["counts"], r["plan"]
+    return "%dk/%do/%dr %s%d" % (c["keep"], c["offload"], c["recompute"], pl["mode"][:2], pl["lookahead"])
 
 
 def table(doc, title):
