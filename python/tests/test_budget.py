@@ -210,6 +210,8 @@ def test_recompute_is_bitwise_torch_checkpoint(mode):
         assert [c.action for c in off.plan.layers][0::2] == ["recompute", "recompute"]
         # a recomputed layer moves nothing and keeps no resident slot
         assert off.layers[0].saved_bytes()["moved"] == 0 and off.layers[0].resident is None
+        # nor a gradient slot: its gradients are the backward's own buffers
+        assert not off.layers[0].grads.mapped and off.layers[1].grads.mapped
         before = [m.calls for m in mine]
         _against_checkpoint(ref, fs, mine)
         # two steps: a recomputed layer's forward runs again in each backward, the others' once

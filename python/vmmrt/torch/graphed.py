@@ -261,6 +261,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                     _make_grads(runners, off)
             for r, c in zip(runners, plan.layers):
                 r.recompute = r.layer.recompute = c.action == "recompute"
+            recompute.static_grads(runners, off)
             off.allocate(plan=plan)
             log.info("%s", plan.summary())
         elif offload == "auto":

@@ -237,3 +237,16 @@ def backward_body(runner, allow_unused_input):
         it = iter(res)
         return tuple(next(it) if a.requires_grad else None for a in detached + runner.params)
     return bwd
+
+
+def static_grads(runners, off):
+    """A recomputed runner's backward graph hands its parameters' gradients
+    over as static buffers: the gradient slot made for it (grads="mapped")
+    is never used, and goes before anything is mapped."""
+    for r in runners:
+        g = getattr(r, "grads", None)
+        if getattr(r, "recompute", False) and g is not None and g.backing is not None:
+            off.backings.remove(g.backing)
+            g.backing.destroy()
+            g.backing = None
+            g.why = "recomputed in backward: its backward graph hands static gradient buffers"
