@@ -17,7 +17,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, select
+from vmmrt.torch import _compat, _contracts, select
 from vmmrt.torch.layer import LayerOffload
 
 log = logging.getLogger("vmmrt.torch")
@@ -93,7 +93,7 @@ class Offload:
             device = torch.device("cuda", torch.cuda.current_device())
         opts = {"mode": mode, "lookahead": lookahead}
         opts.update(runtime_options(device))
-        opts.update(options or {})
+        opts.update(_contracts.runtime_options(options))
         self.runtime = vmmrt.Runtime(opts)
         try:
             check_runtime_device(self.runtime.info(), device)
