@@ -113,7 +113,7 @@ def _argument_names(runner):
     """Argument k's name, when the sample arguments are flat tensors."""
     if len(runner.sample_args) != len(runner.sample):
         return {}
-    fn = runner.module.forward if runner.module is not None else runner.fn
+    fn = runner.orig_forward or (runner.module.forward if runner.module is not None else runner.fn)
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
