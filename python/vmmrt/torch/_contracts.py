@@ -224,12 +224,24 @@ def watch(runner, ins, outs, inputs, outputs):
 
 # ------------------------------------------------------------ recovery
 
-def _pending(off):
-    p = getattr(off, "_pending_forwards", None)
-    if p is None:
-        p = off._pending_forwards = set()
-        off._abort_hooks.append(p.clear)
-    return p
+class _Iteration:
+    """The runners whose forward ran in the iteration under way, and those of
+    them whose backward has not: the iteration ends when none is left."""
+
+    def __init__(self):
+        self.ran, self.pending = set(), set()
+
+    def clear(self):
+        self.ran.clear()
+        self.pending.clear()
+
+
+def _iteration(off):
+    it = getattr(off, "_iteration", None)
+    if it is None:
+        it = off._iteration = _Iteration()
+        off._abort_hooks.append(it.clear)
+    return it
 
 
 def abandon(off, why):
@@ -249,23 +261,32 @@ def abandon(off, why):
 
 
 def forward_starts(runner):
-    """Before a runner's forward: a forward whose backward never came (its
-    output dropped, or the step given up without abort()) ends that
-    iteration, and this call starts the next."""
+    """Before a runner's forward: one that already ran in this iteration (its
+    output dropped without its backward, a step given up without abort(), two
+    microbatches in flight without order=) ends that iteration, and this call
+    starts the next."""
     off = runner.layer.offload
-    pending = _pending(off)
-    if runner.name in pending:
-        abandon(off, "layer %r was called again before the backward of its previous call (an output dropped "
-                "without its backward; one microbatch at a time without order=)" % runner.name)
-    pending.add(runner.name)
+    it = _iteration(off)
+    if runner.name in it.ran:
+        abandon(off, "layer %r was called again before %s (an output dropped without its backward; without "
+                "order=, one microbatch at a time)" % (
+                    runner.name, "the backward of its previous call" if runner.name in it.pending else
+                    "the iteration of its previous call ended (the backwards of the layers before it never came)"))
+    it.ran.add(runner.name)
+    it.pending.add(runner.name)
 
 
 def forward_failed(runner):
-    _pending(runner.layer.offload).discard(runner.name)
+    it = _iteration(runner.layer.offload)
+    it.ran.discard(runner.name)
+    it.pending.discard(runner.name)
 
 
 def backward_done(runner):
-    _pending(runner.layer.offload).discard(runner.name)
+    it = _iteration(runner.layer.offload)
+    it.pending.discard(runner.name)
+    if not it.pending:
+        it.ran.clear()
 
 
 def abandoned_error(runner):
