@@ -274,6 +274,19 @@ def test_every_argument_is_checked(kw, err, words):
     assert words in str(e.value)
 
 
+def test_callables_and_offload_arguments_are_checked():
+    m = [Block(), Block()]
+    with pytest.raises(TypeError, match="callables is a list: pass a tuple"):
+        vt.make_graphed_callables(m, tuple((torch.randn(*SHAPE, requires_grad=True),) for _ in m), graphs=False)
+    with pytest.raises(TypeError, match="callable 1 is a int"):
+        vt.make_graphed_callables((m[0], 3), tuple((torch.randn(*SHAPE, requires_grad=True),) for _ in m),
+                                  graphs=False)
+    with pytest.raises(TypeError, match="lookahead='2'"):
+        vt.Offload(device="cpu", lookahead="2")
+    with pytest.raises(TypeError, match="min_bytes"):
+        vt.Offload(device="cpu", min_bytes=None)
+
+
 def test_the_same_module_twice_is_refused_naming_both():
     m = Block()
     with pytest.raises(ValueError) as e:

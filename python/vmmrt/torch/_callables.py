@@ -212,6 +212,7 @@ def prepare(callables, sample_args, names, layout=None, sample_kwargs=None):
     With a pipeline ``layout`` (:class:`vmmrt.torch.pipeline.Layout`), as
     TransformerEngine's ``_order``: one runner per (layer, microbatch), in its
     layout, each named after its layer and microbatch ("2:Block/mb1")."""
+    _contracts.check_callables(callables)
     just_one = not isinstance(callables, tuple)
     if just_one:
         if layout is not None:

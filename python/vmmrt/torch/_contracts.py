@@ -47,6 +47,25 @@ def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def check_callables(callables):
+    """A tuple of modules or functions, or one: as torch.cuda.make_graphed_callables takes them."""
+    if isinstance(callables, list):
+        raise TypeError("callables is a list: pass a tuple of modules or functions (as "
+                        "torch.cuda.make_graphed_callables takes them), or one of them")
+    for i, c in enumerate(callables if isinstance(callables, tuple) else (callables,)):
+        if not callable(c):
+            raise TypeError("callable %d is a %s, not a module or function" % (i, type(c).__name__))
+
+
+def check_offload_arguments(lookahead, min_bytes):
+    """What Offload takes from the caller, checked as make_graphed_callables checks it."""
+    if not _is_int(lookahead) or not 0 <= lookahead <= 16:
+        raise TypeError("lookahead=%r: a whole number of layers between 0 and 16 (an int, not %s)"
+                        % (lookahead, type(lookahead).__name__))
+    if not _is_int(min_bytes) or min_bytes < 0:
+        raise TypeError("min_bytes=%r: a whole number of bytes, 0 or more" % (min_bytes,))
+
+
 def check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mode, lookahead, graphs, grads,
                     names, options, margin, min_bytes):
     """make_graphed_callables' arguments, each of its type; the graph-only ones
@@ -55,9 +74,7 @@ def check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mo
         raise TypeError("num_warmup_iters=%r: a whole number of warm-up passes, 0 or more" % (num_warmup_iters,))
     if not isinstance(allow_unused_input, bool):
         raise TypeError("allow_unused_input=%r: True or False" % (allow_unused_input,))
-    if not _is_int(lookahead) or not 0 <= lookahead <= 16:
-        raise TypeError("lookahead=%r: a whole number of layers between 0 and 16 (an int, not %s)"
-                        % (lookahead, type(lookahead).__name__))
+    check_offload_arguments(lookahead, min_bytes)
     if not isinstance(graphs, bool):
         raise TypeError("graphs=%r: True (CUDA graphs) or False (eager offload)" % (graphs,))
     if capture_error_mode not in CAPTURE_ERROR_MODES:
@@ -70,8 +87,6 @@ def check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mo
                         % (options,))
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
         raise TypeError("margin=%r: the planner's safety factor, a number above 0" % (margin,))
-    if not _is_int(min_bytes) or min_bytes < 0:
-        raise TypeError("min_bytes=%r: a whole number of bytes, 0 or more" % (min_bytes,))
     if not graphs:
         given = [k for k, v, d in (("pool", pool, None), ("capture_error_mode", capture_error_mode, "global"),
                                    ("grads", grads if grads == "accumulate" else None, None)) if v != d]

@@ -86,6 +86,7 @@ class Offload:
     def __init__(self, mode="pingpong", lookahead=1, device=None, options=None, min_bytes=1 << 16):
         if mode not in MODES:
             raise ValueError("mode %r is not one of %s" % (mode, ", ".join(MODES)))
+        _contracts.check_offload_arguments(lookahead, min_bytes)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
         device = torch.device(device)
