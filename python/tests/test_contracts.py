@@ -161,6 +161,20 @@ def test_another_dtype_shape_or_device_names_the_argument_and_the_sample(what):
     assert clean_step_matches(base, ref, g)
 
 
+def test_a_keyword_argument_is_named_by_its_keyword():
+    class Masked(Block):
+        def forward(self, x, mask=None):
+            return super().forward(x) * mask
+
+    torch.manual_seed(0)
+    m = Masked()
+    g = vt.make_graphed_callables(m, (torch.randn(*SHAPE, requires_grad=True),), graphs=False, min_bytes=0,
+                                  sample_kwargs={"mask": torch.ones(*SHAPE)})
+    with pytest.raises(vmmrt.Error) as e:
+        g(torch.randn(*SHAPE, requires_grad=True), mask=torch.ones(*SHAPE, dtype=torch.float64))
+    assert "keyword 'mask' is float64" in str(e.value) and "the sample was float32" in str(e.value)
+
+
 # ----------------------------------------------------------- 3. recovery
 
 def test_an_exception_inside_a_forward_abandons_the_iteration_only():

@@ -125,19 +125,27 @@ def distinct_callables(callables, names):
 # --------------------------------------------------------------- calls
 
 def _argument_names(runner):
-    """Argument k's name, when the sample arguments are flat tensors."""
-    if len(runner.sample_args) != len(runner.sample):
-        return {}
+    """Tensor argument k's name for messages, when the sample's positional
+    arguments are flat tensors: "argument 0 ('x')", then the keyword ones
+    ("keyword 'attention_mask'")."""
+    out = {}
+    if not all(isinstance(a, torch.Tensor) for a in runner.sample_args):
+        return out
     fn = runner.orig_forward or (runner.module.forward if runner.module is not None else runner.fn)
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
-        return {}
-    out = {}
-    for k in range(len(runner.sample)):
-        if k < len(params) and params[k].kind != params[k].VAR_POSITIONAL:
-            out[k] = params[k].name
+        params = []
+    for k in range(len(runner.sample_args)):
+        out[k] = "argument %d (%r)" % (k, params[k].name) if k < len(params) else "argument %d" % k
+    j = len(runner.sample_args)
+    kwargs = getattr(runner, "sample_kwargs", None) or {}
+    for key in getattr(runner, "kw_keys", ()):
+        for leaf in _compat.tree_flatten(kwargs[key])[0]:
+            if isinstance(leaf, torch.Tensor):
+                out[j] = "keyword %r" % key
+                j += 1
     return out
 
 
@@ -145,7 +153,7 @@ def describe_argument(runner, k):
     names = getattr(runner, "_arg_names", None)
     if names is None:
         names = runner._arg_names = _argument_names(runner)
-    return "argument %d (%r)" % (k, names[k]) if k in names else "argument %d" % k
+    return names.get(k, "argument %d" % k)
 
 
 def _layout(t):
