@@ -245,6 +245,39 @@ def test_a_refused_call_mid_iteration_changes_nothing():
     assert same(grads(base), grads(ref))
 
 
+def test_after_a_refused_call_the_next_iteration_may_start_over():
+    base, ref, g = build(3)
+    x, gy = batch(14)
+    y1 = g[1](g[0](x))
+    with pytest.raises(vmmrt.Error):
+        g[2](torch.randn(2, 16, 64, requires_grad=True))
+    assert clean_step_matches(base, ref, g, seed=15)   # from layer 0 again: the iteration in flight is abandoned
+    with pytest.raises(vmmrt.Error) as e:
+        y1.sum().backward()
+    assert "abandoned" in str(e.value)
+
+
+def test_after_a_call_out_of_the_order_the_next_iteration_may_start_over():
+    torch.manual_seed(0)
+    base = [MLP(32) for _ in range(2)]
+    ref = copy.deepcopy(base)
+    order = vt.order_1f1b(4, in_flight=2)
+    lay = pipeline.Layout(order, 2, None)
+    g = vt.make_graphed_callables(tuple(base), tuple((torch.randn(2, 8, 32, requires_grad=True),)
+                                                     for _ in range(lay.n_runners)), order=order, graphs=False,
+                                  min_bytes=0)
+    xs, gys = batches(4, seed=16)
+    Pipe(g, order, xs, gys).run(2)
+    with pytest.raises(vmmrt.Error) as e:
+        g[2 * 2](xs[2])                               # microbatch 2 before microbatch 0's backward
+    assert e.value.name == "VMMRT_E_MISMATCH"
+    zero(base)
+    xs, gys = batches(4, seed=17)
+    Pipe(g, order, xs, gys).run()                     # the first runner again: a new iteration
+    sequential(ref, xs, gys)
+    assert bitwise(param_grads(base), param_grads(ref))
+
+
 def test_a_drifted_layer_abandons_its_iteration_eagerly():
     class Drift(Block):
         flip = False
