@@ -53,7 +53,9 @@ def mark_not_offload(*tensors):
     TransformerEngine's own mark (``transformer_engine.pytorch.mark_not_offload``)
     and Megatron's (``offloading_activation = False``) are honoured too."""
     for t in tensors:
-        if isinstance(t, torch.Tensor):
+        if hasattr(t, "get_data_tensors"):   # TransformerEngine's quantized tensors: their data, as TE marks them
+            mark_not_offload(*[d for d in t.get_data_tensors() if d is not None])
+        elif isinstance(t, torch.Tensor):
             t._vmmrt_keep = True
 
 
