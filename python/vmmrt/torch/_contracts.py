@@ -88,14 +88,13 @@ def check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mo
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not margin > 0:
         raise TypeError("margin=%r: the planner's safety factor, a number above 0" % (margin,))
     if not graphs:
-        given = [k for k, v, d in (("pool", pool, None), ("capture_error_mode", capture_error_mode, "global"),
-                                   ("grads", grads if grads == "accumulate" else None, None)) if v != d]
-        if given:
-            raise ValueError("%s with graphs=False: %s CUDA graphs' (the graph pool, the capture's error mode, "
-                             "the backward graph adding into .grad); drop %s, or use graphs=True"
-                             % (" and ".join("%s=%r" % (k, {"pool": pool, "capture_error_mode": capture_error_mode,
-                                                             "grads": grads}[k]) for k in given),
-                                "they are" if len(given) > 1 else "it is", "them" if len(given) > 1 else "it"))
+        for given, what in ((pool is not None and "pool=%r" % (pool,), "the graphs' memory pool"),
+                            (capture_error_mode != "global" and "capture_error_mode=%r" % capture_error_mode,
+                             "how a capture treats unsafe calls"),
+                            (grads == "accumulate" and "grads='accumulate'", "the backward graph adds into .grad")):
+            if given:
+                raise ValueError("%s with graphs=False: it applies to CUDA graphs only (%s); drop it, or use "
+                                 "graphs=True" % (given, what))
 
 
 def runtime_options(options):
