@@ -11,6 +11,7 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/faults.c \
 	tools/torture/scenario.c \
 	tools/torture/illegal.c \
+	tools/torture/edges.c \
 	tools/torture/slots.c \
 	tools/torture/stacks.c \
 	tools/torture/torture.h \

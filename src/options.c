@@ -159,8 +159,15 @@ static vmmrt_status parse_value(int id, const char *value, vmmrt__opt_value *out
 				out->u = i;
 				return VMMRT_OK;
 			}
+	{
+		char list[96];
+		size_t at = 0;
+		list[0] = '\0';
+		for (unsigned i = 0; i < 6 && r->choices[i]; i++)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%s", i ? ", " : "", r->choices[i]);
 		return vmmrt__error(VMMRT_E_INVALID_OPTION, "%s (%s): '%s' is not one of %s", r->name, r->env,
-				   value, r->def ? "the documented choices" : "");
+				   value, list);
+	}
 	case T_BOOL:
 		if (!strcmp(value, "1") || !strcasecmp(value, "on") || !strcasecmp(value, "yes") ||
 		    !strcasecmp(value, "true")) {

@@ -42,6 +42,7 @@ class Moody(torch.nn.Module):
 
 def test_saved_tensors_that_drift_from_discovery_are_refused():
     m = Moody()
+    ref = copy.deepcopy(m)
     g = vt.make_graphed_callables(m, (torch.randn(16, 16, requires_grad=True),), graphs=False, min_bytes=0)
     x = torch.randn(16, 16, requires_grad=True)
     g(x).sum().backward()
@@ -50,10 +51,14 @@ def test_saved_tensors_that_drift_from_discovery_are_refused():
         g(torch.randn(16, 16, requires_grad=True))
     assert e.value.name == "VMMRT_E_MISMATCH"
     assert "layer '0:Moody'" in str(e.value) and "where discovery saw" in str(e.value)
-    m.flip = False
-    with pytest.raises(vmmrt.Error) as e:           # the offload refuses to go on, and says why
-        g(torch.randn(16, 16, requires_grad=True))
-    assert e.value.name == "VMMRT_E_INVALID_STATE" and "earlier failure" in str(e.value)
+    m.flip = False                                  # eagerly, the iteration was abandoned: the next one runs
+    for p in m.parameters():
+        p.grad = None
+    x = torch.randn(16, 16, requires_grad=True)
+    g(x).sum().backward()
+    ref(x.detach().clone().requires_grad_()).sum().backward()
+    assert same([p.grad for p in m.parameters()], [p.grad for p in ref.parameters()])
+    assert vt.offload_of(g).stats()["aborts"] == 1
 
 
 def test_a_layer_that_fails_is_named_with_its_cause():
@@ -74,10 +79,9 @@ def test_a_layer_that_fails_is_named_with_its_cause():
     b.armed = True
     with pytest.raises(RuntimeError, match="not permitted"):
         g(torch.randn(4, 8, requires_grad=True))
-    b.armed = False
-    with pytest.raises(vmmrt.Error) as e:
-        g(torch.randn(4, 8, requires_grad=True))
-    assert "layer 'boom'" in str(e.value) and "not permitted" in str(e.value)
+    b.armed = False                                 # the iteration was abandoned, the offload stays usable
+    g(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    assert vt.offload_of(g).stats()["aborts"] == 1
 
 
 def test_option_typos():

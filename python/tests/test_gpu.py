@@ -257,10 +257,11 @@ def test_bad_calls_are_refused_before_they_run():
                              requires_grad=True))
         assert e.value.name == "VMMRT_E_MISMATCH" and "layer '0:DecoderLayer'" in str(e.value)
         y = g[0](x)
-        with pytest.raises(vmmrt.Error) as e:
-            g[0](x)                               # a second forward before the first one's backward
-        assert e.value.name == "VMMRT_E_INVALID_STATE" and "one microbatch at a time" in str(e.value)
-        through(g[1:], y).sum().backward()        # the first call still completes, correctly
+        g[0](x)                                   # a second forward before the first one's backward:
+        with pytest.raises(vmmrt.Error) as e:     # it starts a new iteration (issue 23), the first one is gone
+            through(g[1:], y).sum().backward()
+        assert e.value.name == "VMMRT_E_INVALID_STATE" and "called again before the backward" in str(e.value)
+        through(g, x).sum().backward()            # the next one completes, correctly
         with torch.no_grad():
             assert torch.allclose(through(g, x).float(), through(ref, x).float(), atol=0, rtol=0)
     cleanup(base, ref)
@@ -474,3 +475,106 @@ def test_1f1b_driver_level_memory_against_none(mode):
     held = {md: used[md]["vmmrt"] + (used[md]["slots"] or 0) for md in used}
     assert held[mode] < held["none"] / 2
     assert used[mode]["used"] < used["none"]["used"] - (held["none"] - held[mode]) / 2
+
+
+# ------------------------------------------- issue 23's contracts, with graphs
+
+class ExpOut(torch.nn.Module):
+    """Saves its output (exp's backward reads it) and its input (the Linear's)."""
+
+    def __init__(self, d=256):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, d, device="cuda")
+
+    def forward(self, x):
+        return self.lin(x).exp()
+
+
+def exp_layers(n=2, seed=5):
+    torch.manual_seed(seed)
+    base = [ExpOut() for _ in range(n)]
+    return base, copy.deepcopy(base)
+
+
+def exp_sample():
+    return torch.randn(8, 64, 256, device="cuda", requires_grad=True)
+
+
+@pytest.mark.parametrize("what", ["input", "output"])
+def test_graphs_a_saved_tensor_changed_in_place_is_autograds_error(what):
+    base, ref = exp_layers()
+    gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((exp_sample(),) for _ in ref))
+    g = vt.make_graphed_callables(tuple(base), tuple((exp_sample(),) for _ in base))
+    off = vt.offload_of(g[0])
+    x = exp_sample()
+    h = x * 0.5
+    y0 = g[0](h)
+    y = g[1](y0)
+    if what == "input":
+        h.add_(1.0)                               # layer 0 saved it (its Linear's input)
+        layer = "0:ExpOut"
+    else:
+        y.mul_(0.5)                               # layer 1 saved it (exp's output)
+        layer = "1:ExpOut"
+    with pytest.raises(RuntimeError) as e:
+        y.sum().backward()
+    assert "modified by an inplace operation" in str(e.value) and "layer '%s'" % layer in str(e.value)
+    torch.cuda.synchronize()
+    assert off.stats()["aborts"] == 1             # abandoned; the next iteration is graph-only's, bitwise
+    gy = torch.randn(8, 64, 256, device="cuda")
+    _, got = step(g, base, x, gy)
+    _, want = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+    assert equal(got, want)
+    cleanup(base, ref)
+    off.close()
+
+
+def test_graphs_inputs_of_another_layout_are_copied_like_torch():
+    s, base, ref = layers_and_copy(n=2)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base))
+        x = torch.randn(s.batch, s.hidden, s.seq, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        x.requires_grad_()
+        gy = torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16)
+        for _ in range(2):
+            _, got = step(g, base, x, gy)
+            _, want = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+            assert equal(got, want)
+        with pytest.raises(vmmrt.Error) as e:
+            g[0](sample(s).float().detach().requires_grad_())
+        assert e.value.name == "VMMRT_E_MISMATCH" and "argument 0 ('x')" in str(e.value)
+        assert "bfloat16" in str(e.value) and "float32" in str(e.value)
+        _, got = step(g, base, x, gy)             # refused before it ran: nothing changed
+        _, want = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+        assert equal(got, want)
+    cleanup(base, ref)
+    vt.offload_of(g[0]).close()
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "remap"])
+def test_graphs_abort_mid_iteration_then_bitwise(mode):
+    """Abort with graphs, without an order: an exception between two layers
+    (the user's code), a dropped output, then abort(); each time the next
+    iteration is graph-only's, bitwise, and nothing is captured again."""
+    s, base, ref = layers_and_copy(n=4)
+    with llama.attention_backend("math"):
+        gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), mode=mode)
+        off = vt.offload_of(g[0])
+        torch.manual_seed(9)
+        for it in range(3):
+            x = sample(s)
+            gy = torch.randn_like(x)
+            if it == 0:
+                through(g[:2], x)                 # the user's code raises here: abort() gives the step up
+                off.abort()
+            elif it == 1:
+                through(g, x)                     # dropped: the next forward starts a new iteration
+            _, got = step(g, base, x, gy)
+            _, want = step(gref, ref, x.detach().clone().requires_grad_(), gy)
+            assert equal(got, want), "iteration %d" % it
+        off.sync()
+        assert off.stats()["aborts"] == 2
+    cleanup(base, ref)
+    off.close()

@@ -78,6 +78,19 @@ def test_marked_tensors_stay():
     assert [e.kind for e in rec.entries if e.shape == (4, 4)] == ["keep:marked"] * 3
 
 
+def test_marking_a_quantized_tensor_marks_its_data():
+    """TransformerEngine's quantized tensors hold their bytes in data tensors
+    (get_data_tensors), which TE's own mark_not_offload marks: so does ours."""
+    data, scale = torch.randn(4, 4), torch.randn(4)
+
+    class Quantized:
+        def get_data_tensors(self):
+            return data, None, scale
+
+    vmmrt.torch.mark_not_offload(Quantized())
+    assert getattr(data, "_vmmrt_keep", False) and getattr(scale, "_vmmrt_keep", False)
+
+
 def test_every_dtype_autograd_saves():
     x = torch.randn(2, 8, 32, requires_grad=True)
     rec, _ = record(lambda a: Zoo()(a).sum(), x)
@@ -149,9 +162,10 @@ def test_in_place_change_after_saving_is_refused():
         y = x * 2
         z = y * y
         y.add_(1)                                 # autograd alone would refuse at backward
-    with pytest.raises(vmmrt.Error) as e:
+    with pytest.raises(RuntimeError) as e:         # autograd's own error, and a vmmrt.Error naming the layer
         rec.finish([z])
-    assert "modified in place" in str(e.value)
+    assert isinstance(e.value, vmmrt.Error) and "layer 'L'" in str(e.value)
+    assert "modified by an inplace operation" in str(e.value)
 
 
 def test_originals_stay_alive_until_the_pass_ends():

@@ -10,7 +10,12 @@
  * whole public API, plus driver failures injected through the fault hook at a
  * call count the input chooses, calls made from inside a host function, one
  * legal iteration at once (so the steady state is reached), and destroying the
- * runtime with work in flight.
+ * runtime with work in flight. Operation 27 with the group byte's top bit set
+ * is an edge (edge_step): every public call with its zero, NULL and
+ * one-past-the-end arguments in whatever state the program reached, a
+ * schedule declared from the input's bytes (empty and NULL ones included),
+ * an abort, a group discovered again, retired memory released, a slot mapped
+ * asynchronously and released after its stream.
  *
  * The program never does what an application must not: it only touches its
  * own slots while they are mapped, and drains its stream (with a bound) before
@@ -301,6 +306,231 @@ static void iteration(fz *f)
 			return;
 }
 
+/*
+ * Every public call with its zero, NULL and one-past-the-end arguments, in
+ * whatever state the program is in: each must come back with a named error
+ * (chk) or succeed where the value is documented as valid (an empty
+ * schedule, a zero-size copy), and never crash. None of them may change
+ * what the program relies on: the calls that could (an empty schedule
+ * forgets a declared one) are made only before allocation, where that is
+ * their documented meaning.
+ */
+static void all_edges(fz *f)
+{
+	vmmrt_runtime *rt = f->rt;
+	vmmrt_group *g = f->ng ? f->g[0] : NULL;
+	vmmrt_options *o = NULL;
+	char buf[8];
+	size_t a, b;
+	void *p = NULL;
+	vmmrt_slot *x = NULL;
+	vmmrt_stream s2 = NULL;
+	vmmrt_event *ev = NULL;
+	vmmrt_graph *gr = NULL;
+	vmmrt_group *g2 = NULL;
+	vmmrt_devptr addr;
+	int done;
+	float ms;
+	vmmrt_tensor_desc d = {.bytes = 0, .dtype = 0, .ndim = VMMRT_MAX_DIMS + 1};
+	vmmrt_option_info info = {.size = sizeof(info)};
+	vmmrt_runtime_info ri = {.size = 0};
+	vmmrt_offload_stats os = {.size = 0};
+	vmmrt_driver_stats ds = {.size = sizeof(ds)};
+	vmmrt_schedule_step st[2 * NG + 1] = {{NULL, 0}};
+
+	(void)vmmrt_strerror(VMMRT_STATUS_COUNT_);
+	(void)vmmrt_status_name(VMMRT_STATUS_COUNT_);
+	(void)vmmrt_strerror((vmmrt_status)-1);
+	(void)vmmrt_version_string();
+	C(vmmrt_options_create(NULL));
+	vmmrt_options_destroy(NULL);
+	if (!C(vmmrt_options_create(&o))) {
+		C(vmmrt_options_set(o, NULL, "1"));
+		C(vmmrt_options_set(o, "", ""));
+		C(vmmrt_options_set(o, "lookahead", ""));
+		C(vmmrt_options_set(o, "lookahead", "17")); /* one past its range */
+		C(vmmrt_options_set(o, "host_capacity", "0"));
+		C(vmmrt_options_get(o, NULL, buf, sizeof(buf)));
+		C(vmmrt_options_get(o, "mode", NULL, 0));
+		C(vmmrt_options_get(o, "mode", buf, 1));
+		C(vmmrt_runtime_options_get(rt, NULL));
+		C(vmmrt_runtime_options_get(NULL, o));
+		C(vmmrt_runtime_options_get(rt, o));
+		C(vmmrt_runtime_create(o, NULL));
+		vmmrt_options_destroy(o);
+	}
+	C(vmmrt_options_apply_env(NULL));
+	C(vmmrt_option_describe(VMMRT_OPT_COUNT_, &info)); /* one past the table */
+	C(vmmrt_option_describe(0, NULL));
+	C(vmmrt_runtime_info_get(NULL, &ri));
+	C(vmmrt_runtime_info_get(rt, NULL));
+	C(vmmrt_runtime_info_get(rt, &ri));
+	C(vmmrt_runtime_destroy(NULL));
+	C(vmmrt_trace_span(NULL, "t", "n", 0, 0));
+	C(vmmrt_trace_span(rt, NULL, NULL, 1, 0));
+	C(vmmrt_mem_info(NULL, &a, &b));
+	C(vmmrt_mem_info(rt, NULL, NULL));
+	C(vmmrt_driver_stats_get(rt, VMMRT_DRIVER_CALLS, &ds)); /* one past the calls */
+	C(vmmrt_driver_stats_get(rt, 0, NULL));
+	C(vmmrt_driver_stats_reset(NULL));
+	/* slots */
+	C(vmmrt_slot_create(rt, 0, &x));
+	C(vmmrt_slot_create(rt, SIZE_MAX, &x));
+	C(vmmrt_slot_create(rt, 1, NULL));
+	C(vmmrt_slot_create(NULL, 1, &x));
+	C(vmmrt_slot_map(NULL));
+	C(vmmrt_slot_unmap(NULL));
+	C(vmmrt_slot_destroy(NULL));
+	C(vmmrt_slot_error(NULL));
+	C(vmmrt_slot_map_async(NULL));
+	C(vmmrt_slot_wait(NULL));
+	C(vmmrt_slot_release_after(NULL, f->s));
+	(void)vmmrt_slot_address(NULL);
+	(void)vmmrt_slot_size(NULL);
+	(void)vmmrt_slot_get_state(NULL);
+	/* streams, host memory, copies, events, kernels, graphs */
+	C(vmmrt_stream_create(rt, NULL));
+	C(vmmrt_stream_create(NULL, &s2));
+	C(vmmrt_stream_destroy(rt, NULL));
+	C(vmmrt_stream_destroy(NULL, f->s));
+	C(vmmrt_stream_synchronize(NULL, f->s));
+	C(vmmrt_host_alloc(rt, 0, &p));
+	C(vmmrt_host_alloc(rt, 1, NULL));
+	C(vmmrt_host_alloc(NULL, 1, &p));
+	C(vmmrt_host_free(NULL, p));
+	C(vmmrt_copy_to_device(rt, 0, NULL, 0));
+	C(vmmrt_copy_to_host(rt, NULL, 0, 0));
+	C(vmmrt_copy_to_host(NULL, buf, 0, 8));
+	C(vmmrt_copy_to_device_async(rt, 0, NULL, 0, f->s));
+	C(vmmrt_copy_to_host_async(rt, NULL, 0, 0, f->s));
+	C(vmmrt_event_create(rt, 0, NULL));
+	C(vmmrt_event_create(NULL, 0, &ev));
+	if (!C(vmmrt_event_create(rt, ~VMMRT_EVENT_TIMING, &ev))) /* unknown flags */
+		C(vmmrt_event_destroy(rt, ev));
+	C(vmmrt_event_destroy(rt, NULL));
+	C(vmmrt_event_record(rt, NULL, f->s));
+	C(vmmrt_event_query(rt, NULL, &done));
+	C(vmmrt_event_synchronize(rt, NULL));
+	C(vmmrt_event_elapsed_ms(rt, NULL, NULL, &ms));
+	C(vmmrt_event_elapsed_ms(rt, NULL, NULL, NULL));
+	C(vmmrt_stream_wait_event(rt, f->s, NULL));
+	C(vmmrt_kernel_fill(rt, f->s, 0, 0, 0));
+	C(vmmrt_kernel_checksum(rt, f->s, 0, 0, 0));
+	C(vmmrt_kernel_busy(NULL, f->s, 0));
+	C(vmmrt_kernel_layer(rt, f->s, 0, 0, 0, 0, 0));
+	C(vmmrt_graph_begin_capture(NULL, f->s));
+	C(vmmrt_graph_end_capture(rt, f->s, NULL));
+	C(vmmrt_graph_launch(rt, NULL, f->s));
+	C(vmmrt_graph_destroy(rt, NULL));
+	(void)gr;
+	(void)vmmrt_checksum_host(NULL, 0);
+	(void)vmmrt_layer_checksum_host(0, 0, 0);
+	/* groups and the offload */
+	C(vmmrt_group_create(NULL, "g", &g2));
+	C(vmmrt_group_create(rt, "g", NULL));
+	C(vmmrt_group_discover(g, NULL));
+	C(vmmrt_group_discover(g, &d)); /* ndim one past VMMRT_MAX_DIMS */
+	C(vmmrt_group_save(g, NULL, 0, NULL, &addr));
+	C(vmmrt_group_save(g, &d, 0, NULL, NULL));
+	C(vmmrt_group_save(NULL, &d, 0, NULL, &addr));
+	C(vmmrt_group_begin_capture(NULL));
+	C(vmmrt_group_end_capture(NULL));
+	C(vmmrt_group_error(NULL));
+	(void)vmmrt_group_get_state(NULL);
+	(void)vmmrt_group_address(NULL);
+	(void)vmmrt_group_bytes(NULL);
+	C(vmmrt_forward_end(NULL, f->s));
+	C(vmmrt_backward_begin(NULL, f->s));
+	C(vmmrt_backward_end(NULL, f->s));
+	C(vmmrt_offload_allocate(NULL));
+	C(vmmrt_offload_set_schedule(NULL, NULL, 0));
+	C(vmmrt_offload_set_schedule(rt, NULL, 1));
+	C(vmmrt_offload_set_schedule(rt, st, 1));                      /* a NULL group */
+	C(vmmrt_offload_set_schedule(rt, st, 2 * (size_t)f->ng + 1)); /* one step past every use */
+	C(vmmrt_offload_set_schedule(rt, st, SIZE_MAX));
+	if (g) {
+		vmmrt_schedule_step two[2] = {{g, 2}, {g, 1}}; /* backward one past 1 */
+		C(vmmrt_offload_set_schedule(rt, two, 2));
+		two[0].backward = 1; /* its backward before its forward */
+		two[1].backward = 0;
+		C(vmmrt_offload_set_schedule(rt, two, 2));
+	}
+	/* Empty: before allocation valid (a declared order is forgotten, and the
+	 * first iteration records one: its documented meaning), refused after. */
+	C(vmmrt_offload_set_schedule(rt, NULL, 0));
+	C(vmmrt_offload_abort(NULL));
+	C(vmmrt_group_rediscover(NULL));
+	C(vmmrt_offload_release_retired(NULL));
+	C(vmmrt_offload_sync(NULL));
+	C(vmmrt_offload_stats_get(rt, NULL));
+	C(vmmrt_offload_stats_get(rt, &os));
+	C(vmmrt_offload_stats_get(NULL, &os));
+	C(vmmrt_offload_stats_reset(NULL));
+}
+
+/* A schedule from the input: n steps of (group byte, backward byte), each
+ * group index possibly one past the groups (a NULL group), each backward
+ * possibly 2; or the legal order of every forward then every backward. */
+static void schedule_from(fz *f)
+{
+	vmmrt_schedule_step st[2 * NG + 1];
+	uint8_t n = u8(f);
+	if (n & 0x80) {
+		unsigned k = 0;
+		for (unsigned i = 0; i < f->ng; i++)
+			st[k++] = (vmmrt_schedule_step){f->g[i], 0};
+		for (unsigned i = f->ng; i-- > 0;)
+			st[k++] = (vmmrt_schedule_step){f->g[i], 1};
+		C(vmmrt_offload_set_schedule(f->rt, st, k));
+		return;
+	}
+	n %= 2 * NG + 2;
+	for (unsigned k = 0; k < n && k < 2 * NG + 1; k++) {
+		uint8_t gb = u8(f), b = u8(f);
+		unsigned gi = f->ng ? gb % (f->ng + 1) : 0;
+		st[k] = (vmmrt_schedule_step){gi < f->ng ? f->g[gi] : NULL, b % 3};
+	}
+	C(vmmrt_offload_set_schedule(f->rt, n ? st : NULL, n < 2 * NG + 1 ? n : 2 * NG + 1));
+}
+
+static void edge_step(fz *f, unsigned what, vmmrt_group *g, unsigned si)
+{
+	vmmrt_slot *sl = f->slot[si];
+	switch (what % 6) {
+	case 0:
+		all_edges(f);
+		break;
+	case 1:
+		schedule_from(f);
+		break;
+	case 2:
+		C(vmmrt_offload_abort(f->rt)); /* addresses stay, and what the fuzzer knows of them */
+		break;
+	case 3:
+		if (g && !C(vmmrt_group_rediscover(g))) {
+			for (unsigned i = 0; i < f->ng; i++)
+				if (f->g[i] == g)
+					f->nd[i] = 0; /* discovered anew */
+			f->allocated = false;
+		}
+		break;
+	case 4:
+		C(vmmrt_offload_release_retired(f->rt));
+		break;
+	case 5:
+		/* A slot mapped asynchronously, then released after the stream's work. */
+		if (!sl)
+			break;
+		if (!f->mapped[si]) {
+			if (!C(vmmrt_slot_map_async(sl)) && !C(vmmrt_slot_wait(sl)))
+				f->mapped[si] = true;
+		} else if (!C(vmmrt_slot_release_after(sl, f->s))) {
+			f->mapped[si] = false; /* no more of our work on it from here */
+		}
+		break;
+	}
+}
+
 static void step(fz *f)
 {
 	uint8_t op = u8(f), gb = u8(f);
@@ -513,6 +743,10 @@ static void step(fz *f)
 		}
 		break;
 	case 27:
+		if (gb & 0x80) {
+			edge_step(f, u8(f), g, si);
+			break;
+		}
 		/* NULL handles: named errors, never a crash. */
 		C(vmmrt_slot_map(NULL));
 		C(vmmrt_forward_begin(NULL, f->s));

@@ -44,6 +44,23 @@ def model(groups=3, words=(1024, 512, 2048, 256), big=False):
     return p
 
 
+EDGE = dict(all=0, schedule=1, abort=2, rediscover=3, retired=4, async_slot=5)
+
+
+def edge(what, g=0, s=0, *args):
+    """Operation 27 with the group byte's top bit: an edge (fuzz-api.c, edge_step)."""
+    return step("nulls", 0x80 | g, s, EDGE[what], *args)
+
+
+def groups_discovered(groups=3, words=(1024, 512, 2048, 256)):
+    p = b""
+    for i in range(groups):
+        p += step("group", 0, 0, 1)
+    for i in range(groups):
+        p += discover(i, words[i % len(words)])
+    return p
+
+
 def write(name, data, where="corpus"):
     with open(os.path.join("tests/fuzz", where, name), "wb") as f:
         f.write(data)
@@ -76,3 +93,32 @@ write("recreate-mid-iteration", cfg(1) + model() + step("iterate", 0, 0, 0) + st
 write("out-of-order", cfg(0) + model() + step("bb", 0) + step("fb", 1, 0, 1) + step("fb", 1, 0, 1) + step("fe", 2) +
       step("iterate", 0, 0, 1) + step("bb", 2) + step("fb", 2, 0, 1) + step("fe", 2) + step("begin", 1) +
       step("save", 1, 0, 0x40) + step("end", 1))
+
+# Issue 23: every call's zero, NULL and one-past-the-end arguments in every
+# state a program reaches, and the empty schedule that crashed.
+for mode, mname in ((0, "pingpong"), (1, "remap"), (2, "none")):
+    write(f"edges-every-state-{mname}", cfg(mode) + edge("all") + step("group", 0, 0, 1) + step("group", 0, 0, 1) +
+          edge("all") + discover(0, 1024) + discover(1, 512) + edge("all") + step("allocate") + edge("all") +
+          step("capture") + edge("all") + step("fb", 0, 0, 1) + edge("all") + step("fe", 0) + step("fb", 1, 0, 1) +
+          step("fe", 1) + step("bb", 1) + edge("all") + step("be", 1) + step("bb", 0) + step("be", 0) +
+          edge("all") + step("iterate", 0, 0, 1) + step("fb", 0, 0, 1) + edge("abort") + edge("all") +
+          step("iterate", 0, 0, 1) + step("sync") + edge("all"))
+    write(f"empty-schedule-{mname}", cfg(mode) + groups_discovered() + edge("schedule", 0, 0, 0) + step("allocate") +
+          step("capture") + step("iterate", 0, 0, 2) + step("sync"))
+write("empty-schedule-no-groups", cfg(0) + edge("schedule", 0, 0, 0) + step("allocate") + step("iterate", 0, 0, 1) +
+      edge("all"))
+write("declared-schedule-abort", cfg(0, lookahead=2) + groups_discovered(4) + edge("schedule", 0, 0, 0x80) +
+      step("allocate") + step("capture") + step("iterate", 0, 0, 0) + step("fb", 0, 0, 1) + step("fe", 0) +
+      step("fb", 1, 0, 1) + edge("abort") + step("iterate", 0, 0, 1) + edge("abort") + edge("all") + step("sync"))
+write("schedule-one-past-the-end", cfg(1) + groups_discovered(2) +
+      edge("schedule", 0, 0, 4, 0, 0, 2, 0, 1, 1, 0, 1) +        # group 2 of 2: NULL
+      edge("schedule", 0, 0, 4, 0, 0, 1, 0, 1, 2, 0, 1) +        # backward 2
+      edge("schedule", 0, 0, 4, 0, 1, 0, 0, 1, 0, 1, 1) +        # a backward before its forward
+      edge("schedule", 0, 0, 9) + step("allocate") + step("capture") + step("iterate", 0, 0, 1) +
+      edge("schedule", 0, 0, 0x80) + step("sync"))
+write("rediscover-and-retire", cfg(1) + model() + step("iterate", 0, 0, 1) + step("fb", 0, 0, 1) + edge("rediscover", 1) +
+      edge("abort") + edge("rediscover", 1) + discover(1, 3000) + edge("all") + step("allocate") + step("capture") +
+      step("iterate", 0, 0, 1) + edge("retired") + step("iterate", 0, 0, 1) + edge("retired") + step("sync"))
+write("async-slots", cfg(0) + step("slot", 0, 1, 0, 4) + edge("async_slot", 0, 1) + step("fill", 0, 1, 0, 2, 7) +
+      edge("async_slot", 0, 1) + edge("async_slot", 0, 1) + step("fill", 0, 1, 0, 2, 7) + edge("async_slot", 0, 1) +
+      step("sdestroy", 0, 1) + edge("async_slot", 0, 2) + edge("all"))

@@ -516,9 +516,9 @@ static void naive_setup(naive *n, size_t bytes)
  * counts the cuMemSetAccess calls begun while a D2H ran: none with the
  * option, one per forward or so without it.
  */
-static unsigned long set_access_beside_d2h(bool yield)
+static unsigned long set_access_beside_d2h(int yield) /* 1, 0, or -1: the option's default */
 {
-	const char *const opts[] = {"d2h_yield", yield ? "1" : "0", NULL};
+	const char *const opts[] = {yield < 0 ? NULL : "d2h_yield", yield ? "1" : "0", NULL};
 	/* copy-bound even in a sanitizer build: 16 ms per D2H against 1 ms forwards */
 	model_cfg cfg = {.mode = "remap", .layers = 6, .act_bytes = 8 << 20, .fwd_ns = 1000000, .bwd_ns = 20000000,
 			 .lookahead = 1, .latency = true, .copy_gbps = 0.5, .options = opts};
@@ -538,10 +538,12 @@ static unsigned long set_access_beside_d2h(bool yield)
 
 static void maps_run_beside_no_d2h(void **state)
 {
-	unsigned long with = set_access_beside_d2h(true), without = set_access_beside_d2h(false);
-	fprintf(stderr, "# cuMemSetAccess beside a D2H in 3 iterations: %lu with d2h_yield, %lu without\n", with,
-		without);
+	unsigned long with = set_access_beside_d2h(1), without = set_access_beside_d2h(0),
+		      dflt = set_access_beside_d2h(-1);
+	fprintf(stderr, "# cuMemSetAccess beside a D2H in 3 iterations: %lu with d2h_yield, %lu without, %lu by default\n",
+		with, without, dflt);
 	assert_int_equal(with, 0);
+	assert_int_equal(dflt, 0); /* the default yields (vmmrt(7), d2h_yield) */
 	/* The control: the test sees what it is meant to (11 or so), unless
 	 * ThreadSanitizer slows the forwards' kernels past the copies. */
 	const char *san = getenv("SANITIZED_BUILD");

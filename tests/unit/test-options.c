@@ -144,6 +144,49 @@ static void unknown_variables_are_named(void **state)
 	vmmrt_options_destroy(o);
 }
 
+/* A variable whose name extends a known one (VMMRT_LOOKAHEAD_2, a copy
+ * made for a second configuration) is a typo too: only the exact names are
+ * known, however long the name. */
+static void names_that_extend_a_known_one_are_refused(void **state)
+{
+	static const char *const names[] = {
+		"VMMRT_LOOKAHEAD_2", "VMMRT_MODEX", "VMMRT_MODE_", "VMMRT_LIBRARY_PATH",
+		"VMMRT_DRIVER_WORKERS_AND_THEN_SOME_MORE_LETTERS_PAST_SIXTY_FOUR_BYTES_OF_NAME",
+	};
+	vmmrt_options *o;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		setenv(names[i], "2", 1);
+		assert_int_equal(vmmrt_options_apply_env(o), VMMRT_E_INVALID_OPTION);
+		char want[64];
+		snprintf(want, sizeof(want), "%.40s", names[i]);
+		assert_non_null(strstr(vmmrt_last_error(), want));
+		assert_non_null(strstr(vmmrt_last_error(), "did you mean"));
+		unsetenv(names[i]);
+	}
+	setenv("VMMRT_LOOKAHEAD_2", "2", 1);
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_E_INVALID_OPTION);
+	assert_non_null(strstr(vmmrt_last_error(), "did you mean VMMRT_LOOKAHEAD?"));
+	unsetenv("VMMRT_LOOKAHEAD_2");
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_OK);
+	vmmrt_options_destroy(o);
+}
+
+/* A choice that is not one lists the choices. */
+static void bad_choices_list_the_choices(void **state)
+{
+	vmmrt_options *o;
+	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
+	setenv("VMMRT_MODE", "bogus", 1);
+	assert_int_equal(vmmrt_options_apply_env(o), VMMRT_E_INVALID_OPTION);
+	assert_non_null(strstr(vmmrt_last_error(), "VMMRT_MODE"));
+	assert_non_null(strstr(vmmrt_last_error(), "'bogus' is not one of pingpong, remap, none"));
+	unsetenv("VMMRT_MODE");
+	assert_int_equal(vmmrt_options_set(o, "environment", "sometimes"), VMMRT_E_INVALID_OPTION);
+	assert_non_null(strstr(vmmrt_last_error(), "override, fallback, ignore"));
+	vmmrt_options_destroy(o);
+}
+
 /* override, fallback and ignore, and the program's own choice of them. */
 static void environment_modes(void **state)
 {
@@ -333,6 +376,8 @@ int main(void)
 		cmocka_unit_test(command_line),
 		cmocka_unit_test(status_strings),
 		cmocka_unit_test(unknown_variables_are_named),
+		cmocka_unit_test(names_that_extend_a_known_one_are_refused),
+		cmocka_unit_test(bad_choices_list_the_choices),
 		cmocka_unit_test(environment_modes),
 		cmocka_unit_test(runtime_reports_values_in_force),
 		cmocka_unit_test(success_leaves_no_message),

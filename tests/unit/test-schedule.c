@@ -500,6 +500,84 @@ static void remap_keeps_handles_within_its_budget(void **state)
 }
 
 /*
+ * The same with groups of different sizes (remap_keeps_handles_within_its_budget
+ * gives every group one): a kept handle serves only a map of its own size, so
+ * a map the pool cannot serve empties it first (slot-work.c). What the driver
+ * holds for the groups, mapped and kept, stays within the bytes of the
+ * budget's largest groups, with or without reuse.
+ */
+static void remap_reuse_within_budget_with_sizes(void **state)
+{
+	static const unsigned mib[] = {2, 8, 4, 6, 2, 8, 4};
+	enum { N = sizeof(mib) / sizeof(mib[0]) };
+	for (int reuse = 0; reuse < 2; reuse++) {
+		vmmrt_runtime *rt = test_runtime((const char *const[]){"mode", "remap", "lookahead", "1", "handle_reuse",
+									 reuse ? "1" : "0", NULL});
+		vmmrt_group *g[N];
+		vmmrt_tensor_desc d[N];
+		vmmrt_devptr addr;
+		vmmrt_stream c;
+		for (unsigned i = 0; i < N; i++) {
+			size_t bytes = (size_t)mib[i] * MiB;
+			d[i] = (vmmrt_tensor_desc){.bytes = bytes, .dtype = 7, .ndim = 1, .shape = {(int64_t)(bytes / 8)},
+						   .stride = {1}};
+			assert_int_equal(vmmrt_group_create(rt, NULL, &g[i]), VMMRT_OK);
+			assert_int_equal(vmmrt_group_discover(g[i], &d[i]), VMMRT_OK);
+		}
+		assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
+		for (unsigned i = 0; i < N; i++) {
+			assert_int_equal(vmmrt_group_begin_capture(g[i]), VMMRT_OK);
+			assert_int_equal(vmmrt_group_save(g[i], &d[i], 0, NULL, &addr), VMMRT_OK);
+			assert_int_equal(vmmrt_group_end_capture(g[i]), VMMRT_OK);
+		}
+		assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+		for (int it = 0; it < 5; it++) {
+			if (it == 2) { /* from here: every group's first release ran before its second map */
+				assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
+				assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+				(void)vmmrt__host_created_peak(rt->be, true);
+			}
+			for (unsigned i = 0; i < N; i++) {
+				assert_int_equal(vmmrt_forward_begin(g[i], c), VMMRT_OK);
+				assert_int_equal(vmmrt_kernel_fill(rt, c, vmmrt_group_address(g[i]), d[i].bytes, it), VMMRT_OK);
+				assert_int_equal(vmmrt_forward_end(g[i], c), VMMRT_OK);
+			}
+			for (unsigned i = N; i-- > 0;) {
+				assert_int_equal(vmmrt_backward_begin(g[i], c), VMMRT_OK);
+				assert_int_equal(vmmrt_backward_end(g[i], c), VMMRT_OK);
+			}
+		}
+		assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
+		assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+		vmmrt_offload_stats s = {.size = sizeof(s)};
+		assert_int_equal(vmmrt_offload_stats_get(rt, &s), VMMRT_OK);
+		size_t peak = vmmrt__host_created_peak(rt->be, false);
+		assert_int_equal(vmmrt_offload_abort(rt), VMMRT_OK); /* gives back what the groups hold */
+		size_t held = peak - test_used(rt), bound = 0;
+		unsigned sorted[N];
+		memcpy(sorted, mib, sizeof(sorted));
+		for (unsigned i = 0; i < N; i++) /* the budget's largest groups */
+			for (unsigned j = i + 1; j < N; j++)
+				if (sorted[j] > sorted[i]) {
+					unsigned t = sorted[i];
+					sorted[i] = sorted[j];
+					sorted[j] = t;
+				}
+		for (unsigned i = 0; i < s.budget_groups && i < N; i++)
+			bound += (size_t)sorted[i] * MiB;
+		vmmrt_driver_stats ds = {.size = sizeof(ds)};
+		assert_int_equal(vmmrt_driver_stats_get(rt, 0 /* cuMemCreate */, &ds), VMMRT_OK);
+		fprintf(stderr, "# sizes 2..8 MiB, reuse %d: at most %zu MiB held for the groups in 3 iterations, budget %u "
+			"groups (%zu MiB); %llu cuMemCreate calls\n", reuse, held / (size_t)MiB, s.budget_groups, bound / (size_t)MiB,
+			(unsigned long long)ds.count);
+		assert_true(s.budget_groups >= 2 && s.budget_groups < N);
+		assert_true(held <= bound);
+		assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+		assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	}
+}
+
+/*
  * An abort before any hook ran (remap releases what allocation mapped) must
  * wait for the copies vmmrt_group_save made into the slot: here one still
  * queued behind a busy kernel. Without that wait the copy writes unmapped
@@ -648,6 +726,7 @@ int main(void)
 		cmocka_unit_test(abort_after_a_failed_hook),
 		cmocka_unit_test(skipped_abort_reset_is_caught),
 		host_only_test(remap_keeps_handles_within_its_budget), /* the host backend's peak */
+		host_only_test(remap_reuse_within_budget_with_sizes),
 		cmocka_unit_test(abort_waits_for_capture_copies),
 		cmocka_unit_test(abort_misuse),
 		cmocka_unit_test(rediscovery_with_live_graphs),

@@ -811,6 +811,8 @@ static bool abort_iteration(scen *s, unsigned it, bool recover)
 	if (!s_ok(s, st, "vmmrt_offload_abort"))
 		return false;
 	atomic_fetch_add_explicit(&T.aborts, 1, memory_order_relaxed);
+	if (edges_here(s, 8 + it % 8))
+		illegal_edges(s, s->ng, true);
 	vmmrt_offload_stats os = {.size = sizeof(os)};
 	if (!s_ok(s, API(s, "vmmrt_offload_stats_get", vmmrt_offload_stats_get(s->rt, &os)), "vmmrt_offload_stats_get"))
 		return false;
@@ -954,6 +956,8 @@ static run_end run_iterations(scen *s)
 				grp *g = &s->G[gi];
 				if (chance(r, p_illegal))
 					illegal_hooks(s, it, pos);
+				if (it < 2 && edges_here(s, 16 + it * 2 * MAXG + pos) && !s->errored)
+					illegal_edges(s, s->ng, true);
 				if (s->errored)
 					return RUN_ERROR;
 				if (mid && it == mid_it && pos == mid_pos && !mid_open)
@@ -1210,12 +1214,18 @@ void scenario_run(tthread *th, uint64_t seed)
 	}
 	bool sync = chance(&s->r, 0.6);
 	if (s_ok(s, API(s, "vmmrt_stream_create", vmmrt_stream_create(s->rt, &s->compute)), "vmmrt_stream_create")) {
-		if (discover(s)) {
+		if (edges_here(s, 1))
+			illegal_edges(s, 0, false);
+		if (!s->errored && discover(s)) {
 			if (chance(&s->r, 0.3))
 				illegal_life_cycle(s, false);
+			if (edges_here(s, 2) && !s->errored)
+				illegal_edges(s, s->ng, false);
 			if (!s->errored && allocate(s)) {
 				if (chance(&s->r, 0.3))
 					illegal_life_cycle(s, true);
+				if (edges_here(s, 3) && !s->errored)
+					illegal_edges(s, s->ng, true);
 				if (!s->errored && app_objects(s) && capture(s)) {
 					switch (run_iterations(s)) {
 					case RUN_MIDWAY:

@@ -130,6 +130,13 @@ void illegal_open_hook(scen *s, unsigned gi, bool backward);
 void hostfn_probe_launch(scen *s);
 void hostfn_probe_check(scen *s);
 
+/* edges.c */
+/* Whether the state numbered salt gets the edge calls (from the seed, not the scenario's stream). */
+bool edges_here(const scen *s, unsigned salt);
+/* The offload calls with zero, NULL and one-past-the-end arguments, with
+ * `groups` created; before allocation the empty schedule where it is valid. */
+void illegal_edges(scen *s, unsigned groups, bool allocated);
+
 /* slots.c */
 /* Random cycles of stream-ordered backing on slots of the application's own. */
 void slot_backing(scen *s);

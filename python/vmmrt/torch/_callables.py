@@ -11,7 +11,7 @@ import time
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, grads, place
+from vmmrt.torch import _compat, _contracts, grads, place
 
 
 class Runner:
@@ -135,18 +135,15 @@ class Runner:
                         % (len(leaves), len(self.sample)), "layer %r" % self.name)
         for k, (a, s) in enumerate(zip(leaves, self.sample)):
             if not isinstance(a, torch.Tensor):
-                raise Error(_capi.E_MISMATCH, "argument %d is a %s, the sample's is a tensor"
-                            % (k, type(a).__name__), "layer %r" % self.name)
+                raise Error(_capi.E_MISMATCH, "%s is a %s, the sample's is a tensor"
+                            % (_contracts.describe_argument(self, k), type(a).__name__), "layer %r" % self.name)
             if grad and a.requires_grad != s.requires_grad:
-                raise Error(_capi.E_MISMATCH, "argument %d has requires_grad=%s where the sample's has %s: the "
+                raise Error(_capi.E_MISMATCH, "%s has requires_grad=%s where the sample's has %s: the "
                             "sample arguments must require gradients exactly as the real ones do"
-                            % (k, a.requires_grad, s.requires_grad), "layer %r" % self.name)
-            if a.shape != s.shape or a.dtype != s.dtype or a.device != s.device:
-                raise Error(_capi.E_MISMATCH, "argument %d is %s %s on %s where the sample was %s %s on %s: the "
-                            "shapes a layer sees may not change between calls (capture one set of callables "
-                            "per shape)" % (k, str(a.dtype).replace("torch.", ""), list(a.shape), a.device,
-                                            str(s.dtype).replace("torch.", ""), list(s.shape), s.device),
+                            % (_contracts.describe_argument(self, k), a.requires_grad, s.requires_grad),
                             "layer %r" % self.name)
+            if a.shape != s.shape or a.dtype != s.dtype or a.device != s.device:
+                raise _contracts.mismatch(self, k, a, s)
 
     def check_params(self):
         """The module's parameters must still be the tensors it was graphed with,
@@ -215,6 +212,7 @@ def prepare(callables, sample_args, names, layout=None, sample_kwargs=None):
     With a pipeline ``layout`` (:class:`vmmrt.torch.pipeline.Layout`), as
     TransformerEngine's ``_order``: one runner per (layer, microbatch), in its
     layout, each named after its layer and microbatch ("2:Block/mb1")."""
+    _contracts.check_callables(callables)
     just_one = not isinstance(callables, tuple)
     if just_one:
         if layout is not None:
@@ -236,6 +234,7 @@ def prepare(callables, sample_args, names, layout=None, sample_kwargs=None):
                 else "a %s" % type(sample_kwargs).__name__))
     if names is not None and len(names) != len(callables):
         raise ValueError("%d names for %d callables" % (len(names), len(callables)))
+    _contracts.distinct_callables(callables, names)
     layer_names = []
     for i, c in enumerate(callables):
         name = names[i] if names is not None else default_name(i, c)

@@ -15,7 +15,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import place
+from vmmrt.torch import _contracts, place
 from vmmrt.torch.grads import quiet_hooks
 from vmmrt.torch.saved import original_error
 
@@ -57,8 +57,7 @@ class _EagerLayer(torch.autograd.Function):
             raise Error(_capi.E_INVALID_STATE, "backward through this call ran twice (retain_graph); each call "
                         "is offloaded once", "layer %r" % runner.name)
         if ctx.epoch != off.epoch:
-            raise Error(_capi.E_INVALID_STATE, "backward of a forward that Offload.abort() abandoned",
-                        "layer %r" % runner.name)
+            raise _contracts.abandoned_error(runner)
         outs, gos = [], []
         for o, g in zip(ctx.inner_out, grads):
             if o.requires_grad and g is not None:
@@ -75,6 +74,7 @@ class _EagerLayer(torch.autograd.Function):
             # the slot must be mapped by then, not only once the stream gets
             # there. (Graph replays check nothing; this wait is eager-only.)
             off.runtime.stream_synchronize(stream)
+        failure = None
         try:
             if outs and wrt:
                 mode = _grad_mode(runner, stream)
@@ -89,16 +89,22 @@ class _EagerLayer(torch.autograd.Function):
             # A gradient that is a view of a restored tensor would change when
             # the slot is reused: give autograd its own copy.
             res = [off.own(g) for g in res]
-        except BaseException as e:
-            err = original_error(e, [ctx.rec])
-            off.fail("layer %r: backward failed: %s" % (runner.name, err or e))
-            if err is not None:
-                raise err from None
-            raise
+        except BaseException as e:  # noqa: B902 - re-raised below, once the group's backward has ended
+            failure = e
         finally:
             ctx.inner_out = None
             ctx.inner_in = None
             lay.backward_end(stream)
+        if failure is not None:
+            # The user's (a saved tensor changed in place, an op that raised):
+            # autograd stops here, so the iteration's other backwards never
+            # come; it is abandoned and the next one starts clean.
+            err = original_error(failure, [ctx.rec])
+            _contracts.abandon(off, "layer %r: its backward raised %s" % (runner.name, err or failure))
+            if err is not None:
+                raise err from None
+            raise failure
+        _contracts.backward_done(runner)
         grads_in = [None] * runner.n_user
         grads_p = [None] * len(runner.params)
         for j, k in enumerate(wrt_in):
@@ -136,7 +142,13 @@ def wrap(runner):
             # No backward will come: no group work, no schedule entry.
             return runner.call(leaves)
         runner.check_params()
-        out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
+        leaves = _contracts.eager_inputs(runner, leaves)
+        _contracts.forward_starts(runner)
+        try:
+            out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
+        except BaseException:
+            _contracts.forward_failed(runner)
+            raise
         return runner.join_outputs(out)
 
     return offloaded

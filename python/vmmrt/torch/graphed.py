@@ -19,7 +19,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, _te, budget, eager, pipeline, place, planner, recompute
+from vmmrt.torch import _callables, _compat, _contracts, _te, budget, eager, pipeline, place, planner, recompute
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
@@ -184,6 +184,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     gens = _te.generators(generators)
     if not graphs:
         gens = []
+    _contracts.check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mode, lookahead, graphs,
+                               grads, names, options, margin, min_bytes)
     if mode not in ("pingpong", "remap", "none") and not (mode == "auto" and memory_budget is not None):
         raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none' ('auto' with memory_budget=)%s" % (
             mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
@@ -635,6 +637,7 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
     off = lay.offload
     r.pending = False
     off._abort_hooks.append(lambda: setattr(r, "pending", False))
+    watch_in, watch_out = _contracts.watched(r, lay.last_rec)
     again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
              "each (layer, microbatch) runner runs once per iteration (forward, then its backward)")
 
@@ -654,17 +657,23 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
             fwd_graph.replay()
             lay.forward_end(s)
             r.pending = True
-            return tuple(o.detach() for o in static_out)
+            outs = tuple(o.detach() for o in static_out)
+            ctx.watch = _contracts.watch(r, watch_in, watch_out, inputs, outs)
+            return outs
 
         @staticmethod
         @once_differentiable
         def backward(ctx, *gouts):
             if ctx.epoch != off.epoch:
-                raise Error(_capi.E_INVALID_STATE, "backward of a forward that Offload.abort() abandoned",
-                            "layer %r" % r.name)
+                raise _contracts.abandoned_error(r)
             if not r.pending:
                 raise Error(_capi.E_INVALID_STATE, "backward without a forward (or twice for one forward)",
                             "layer %r" % r.name)
+            err = ctx.watch.check("layer %r" % r.name) if ctx.watch is not None else None
+            if err is not None:
+                _contracts.abandon(off, str(err))
+                raise err
+            _contracts.backward_done(r)
             for g, grad in zip(static_gout, gouts):
                 if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
                     g.copy_(grad)
@@ -709,7 +718,12 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
                         "never all-reduce these gradients (every rank would silently keep its own); use "
                         "grads='static' (the default: the gradients go through autograd, and DDP's hooks run), or "
                         "all-reduce .grad yourself after the backward without DDP", "layer %r" % r.name)
-        out = Graphed.apply(*(tuple(leaves) + params))
+        _contracts.forward_starts(r)
+        try:
+            out = Graphed.apply(*(tuple(leaves) + params))
+        except BaseException:
+            _contracts.forward_failed(r)
+            raise
         return r.join_outputs(out)
 
     return functionalized

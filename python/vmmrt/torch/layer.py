@@ -25,7 +25,7 @@ bracketed by the same two backward hooks.
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _address, _compat, place
+from vmmrt.torch import _address, _compat, _contracts, place
 from vmmrt.torch.backing import Backing
 from vmmrt.torch.saved import REGION_ALIGN, Recorder
 
@@ -94,14 +94,24 @@ class Pass:
             raised = e
         if raised is not None:
             rec.release()
-            if self.kind != "discover":
+            if self.kind == "eager":
+                _contracts.user_failure(lay, "forward", raised)
+            elif self.kind != "discover":
                 lay.offload.fail("%s: %s pass failed: %s" % (lay._where(), self.kind, raised))
             if raised is not exc:
                 raise raised
             return False
+        user = self.kind == "eager"     # until finish(): what failed is the layer's, not the library's
         try:
             births = self.mode.births if (self.kind == "discover" and self.mode is not None) else None
-            moves = rec.finish(_compat.tree_leaves(self.outputs), births, recorded=self.mode is not None)
+            try:
+                moves = rec.finish(_compat.tree_leaves(self.outputs), births, recorded=self.mode is not None)
+            except BaseException as e:
+                if user:
+                    rec.release()
+                    _contracts.user_failure(lay, "forward", e)
+                raise
+            user = False
             if self.kind == "discover":
                 lay._discovered(rec, self.mode)
                 return False
@@ -130,7 +140,7 @@ class Pass:
             if self.kind == "eager":
                 lay.group.forward_end(self.stream)
         except BaseException as e:
-            if self.kind != "discover":
+            if self.kind != "discover" and not user:
                 lay.offload.fail("%s: %s pass failed: %s" % (lay._where(), self.kind, e))
             raise
         finally:

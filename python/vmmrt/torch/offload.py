@@ -17,7 +17,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, select
+from vmmrt.torch import _compat, _contracts, select
 from vmmrt.torch.layer import LayerOffload
 
 log = logging.getLogger("vmmrt.torch")
@@ -86,6 +86,7 @@ class Offload:
     def __init__(self, mode="pingpong", lookahead=1, device=None, options=None, min_bytes=1 << 16):
         if mode not in MODES:
             raise ValueError("mode %r is not one of %s" % (mode, ", ".join(MODES)))
+        _contracts.check_offload_arguments(lookahead, min_bytes)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
         device = torch.device(device)
@@ -93,7 +94,7 @@ class Offload:
             device = torch.device("cuda", torch.cuda.current_device())
         opts = {"mode": mode, "lookahead": lookahead}
         opts.update(runtime_options(device))
-        opts.update(options or {})
+        opts.update(_contracts.runtime_options(options))
         self.runtime = vmmrt.Runtime(opts)
         self.options = dict(options or {})     # as asked (planner.adopt makes another runtime with them)
         try:

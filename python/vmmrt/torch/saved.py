@@ -21,11 +21,12 @@ back for the next tensor of the same shape and merge two regions that
 discovery saw apart.
 """
 import threading
+import weakref
 
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, place
+from vmmrt.torch import _compat, _contracts, place
 
 # Region boundaries fall on multiples of this many bytes of their storage, so
 # a view keeps its address alignment modulo 512 inside the slot (the caching
@@ -48,9 +49,13 @@ _tls = threading.local()
 def mark_not_offload(*tensors):
     """Keep these tensors on the device when a layer saves them (TransformerEngine's
     ``mark_not_offload``): the whole storage region they stand on stays resident.
-    Call it inside the layer's forward, on every call (it marks tensor objects)."""
+    Call it inside the layer's forward, on every call (it marks tensor objects).
+    TransformerEngine's own mark (``transformer_engine.pytorch.mark_not_offload``)
+    and Megatron's (``offloading_activation = False``) are honoured too."""
     for t in tensors:
-        if isinstance(t, torch.Tensor):
+        if hasattr(t, "get_data_tensors"):   # TransformerEngine's quantized tensors: their data, as TE marks them
+            mark_not_offload(*[d for d in t.get_data_tensors() if d is not None])
+        elif isinstance(t, torch.Tensor):
             t._vmmrt_keep = True
 
 
@@ -67,10 +72,10 @@ class no_offload:
 def _marked(t):
     if getattr(_tls, "depth", 0) > 0:
         return True
-    if getattr(t, "_vmmrt_keep", False):
+    if getattr(t, "_vmmrt_keep", False) or _contracts.not_offload_marked(t):
         return True
     base = t._base
-    return base is not None and getattr(base, "_vmmrt_keep", False)
+    return base is not None and (getattr(base, "_vmmrt_keep", False) or _contracts.not_offload_marked(base))
 
 
 # A region born at its fixed address holds the whole storage its op
@@ -145,14 +150,20 @@ class Entry:
 
 
 class Packed:
-    """What autograd keeps for one saved tensor: an alias, or a view to rebuild."""
+    """What autograd keeps for one saved tensor: an alias, or a view to rebuild;
+    and its version when saved, with (for a view to rebuild) a weak reference
+    to the original, which only a user's reference keeps alive: autograd
+    checks no version of what went through saved_tensors_hooks, so unpack
+    does (see vmmrt.torch._contracts)."""
 
-    __slots__ = ("rec", "index", "alias")
+    __slots__ = ("rec", "index", "alias", "version", "original")
 
-    def __init__(self, rec, index, alias):
+    def __init__(self, rec, index, alias, version, original=None):
         self.rec = rec
         self.index = index
         self.alias = alias
+        self.version = version
+        self.original = original
 
 
 class Recorder:
@@ -179,6 +190,7 @@ class Recorder:
         # has not restored (or has already let go of).
         self.guard = None
         self.error = None             # the first Error a hook raised
+        self.saved_storages = set()   # storage pointers of every tensor saved (graphed calls' version checks)
 
     # ------------------------------------------------------------ hooks
     def hooks(self, mode=None):
@@ -220,13 +232,17 @@ class Recorder:
             self._fail(Error(_capi.E_INVALID_STATE, "a tensor was saved after the layer's pass ended", self._where()))
         kind, storage = self._classify(t)
         i = len(self.entries)
+        if isinstance(t, torch.Tensor) and t.numel():
+            self.saved_storages.add(_compat.storage_of(t)[0])
         if kind != "view":
             self.entries.append(Entry(kind, None, t, 0, 0))
             self._check(i)
             # An alias, never t itself: for an op's saved output, t's grad_fn
             # holds the SavedVariable that would hold t, a cycle through C++
             # that Python's gc never sees (a whole layer leaked per pass).
-            return Packed(self, i, t.detach())
+            # The alias shares t's version counter.
+            alias = t.detach() if isinstance(t, torch.Tensor) else t
+            return Packed(self, i, alias, getattr(t, "_version", 0))
         ptr, nbytes = storage
         r = self._by_storage.get(ptr)
         if r is None:
@@ -240,13 +256,19 @@ class Recorder:
         self._alive.append((i, t, t._version))
         self._check(i)
         if self.keep_all or not self._moves(r.index):
-            return Packed(self, i, t.detach())
-        return Packed(self, i, None)
+            return Packed(self, i, t.detach(), t._version)
+        # A view's base shares its version counter and is what a user holds
+        # (the view autograd saves is often a temporary of the op).
+        return Packed(self, i, None, t._version, weakref.ref(t._base if t._base is not None else t))
 
     def _moves(self, region):
         return self.plan.regions[region].selected
 
     def unpack(self, p):
+        live = p.alias if p.alias is not None else (p.original() if p.original is not None else None)
+        if isinstance(live, torch.Tensor) and live._version != p.version:
+            p.rec._fail(_contracts.inplace_error(p.rec._where(), live, "saved tensor %d of the layer" % p.index,
+                                                 live._version, p.version))
         if p.alias is not None:
             return p.alias
         with place.quiet():
@@ -277,8 +299,10 @@ class Recorder:
         self.finished = True
         for i, t, v in self._alive:
             if t._version != v:
-                raise Error(_capi.E_MISMATCH, "saved tensor %d (%s) was modified in place after it was saved"
-                            % (i, self.entries[i].describe()), self._where())
+                # its bytes would be copied as they are now, not as saved
+                raise _contracts.inplace_error(self._where(), t, "saved tensor %d of the layer (%s), modified in "
+                                               "place later in its forward" % (i, self.entries[i].describe()),
+                                               t._version, v)
         out_ptrs = set()
         for o in outputs:
             if isinstance(o, torch.Tensor) and o.device.type == self.device_type and o.numel():
