@@ -16,11 +16,12 @@ import threading
 import weakref
 
 from vmmrt import _capi
-from vmmrt._capi import MODES, GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
+from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
 from vmmrt._loader import LibraryNotFound, load as _load
 
-__all__ = ["Error", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
-           "version_string", "options_table", "fill_word", "checksum_host", "layer_checksum_host",
+__all__ = ["Error", "InvalidValue", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
+           "version_string", "options_table", "option_choices", "option_bounds", "fill_word", "checksum_host",
+           "layer_checksum_host",
            "STREAM_LEGACY", "STREAM_PER_THREAD", "MODES", "GROUP_STATES", "SLOT_STATES"]
 
 _lib = None
@@ -46,29 +47,48 @@ class Error(Exception):
     all of it on one line.
     """
 
-    def __init__(self, status, detail="", where=None):
+    def __init__(self, status: int, detail: str = "", where: "str | None" = None) -> None:
         self.status = int(status)
-        if 0 <= self.status < len(_capi.STATUS_NAMES):
-            self.name = _capi.STATUS_NAMES[self.status]
-        else:
-            self.name = "VMMRT_STATUS_%d" % self.status
+        self.name = status_name(self.status)
         self.detail = detail
         self.where = where
         text = detail if detail.startswith(self.name) else "%s: %s" % (self.name, detail)
         super().__init__("%s: %s" % (where, text) if where else text)
 
 
+class InvalidValue(Error, ValueError):
+    """The library refused a value it was given (an option, an argument, a
+    declared schedule): a :class:`Error` that is also a ValueError."""
+
+
+# What the library refuses as a bad value rather than a failure of its own.
+_VALUE_STATUSES = (_capi.E_INVALID_ARGUMENT, _capi.E_INVALID_OPTION)
+
+
 def _decode(b):
     return b.decode("utf-8", "replace") if b else ""
 
 
-def check(status, where=None):
-    """Raise :class:`Error` for a non-OK status, with the thread's last message."""
+def status_name(status: int) -> str:
+    """A status's enumerator name, as the library gives it (vmmrt_status_name);
+    without a library, the binding's own mirror of the header's numbers."""
+    try:
+        name = _decode(library().vmmrt_status_name(status))
+    except LibraryNotFound:
+        name = next(("VMMRT_" + k for k, v in vars(_capi).items()
+                     if v == status and (k == "OK" or k.startswith("E_"))), "")
+    return name if name and name != "VMMRT_E_UNKNOWN" else "VMMRT_STATUS_%d" % status
+
+
+def check(status: int, where: "str | None" = None, value: bool = False) -> None:
+    """Raise :class:`Error` for a non-OK status, with the thread's last message:
+    an :class:`InvalidValue` for a refused option or argument, or for any
+    refusal of a call whose arguments are the caller's values (``value``)."""
     if status == _capi.OK:
         return
     lib = library()
     detail = _decode(lib.vmmrt_last_error()) or _decode(lib.vmmrt_strerror(status))
-    raise Error(status, detail, where)
+    raise (InvalidValue if value or status in _VALUE_STATUSES else Error)(status, detail, where)
 
 
 def version():
@@ -90,6 +110,46 @@ def options_table():
             return rows
         rows.append({k: _decode(getattr(info, k)) for k in ("name", "env", "default_value", "range", "doc")})
         i += 1
+
+
+_option_rows = None      # the library's option table, read once (it is constant)
+
+
+def _option_row(name):
+    global _option_rows
+    if _option_rows is None:
+        _option_rows = options_table()
+    for row in _option_rows:
+        if row["name"] == name:
+            return row
+    raise InvalidValue(_capi.E_INVALID_ARGUMENT, "no libvmmrt option %r (see vmmrt.options_table())" % (name,))
+
+
+def option_choices(name: str) -> "tuple[str, ...]":
+    """The choices of one of the library's options that takes a word ("mode":
+    ("pingpong", "remap", "none")), from its option table, in the order of
+    their C enumerators."""
+    rng = _option_row(name)["range"]
+    if "|" not in rng or ".." in rng:
+        raise InvalidValue(_capi.E_INVALID_ARGUMENT, "option %r takes %s, not one of a list of words" % (name, rng))
+    return tuple(rng.split("|"))
+
+
+def option_bounds(name: str) -> "tuple[float, float]":
+    """The (least, greatest) value of one of the library's numeric options
+    ("lookahead": (0, 16)), from its option table."""
+    rng = _option_row(name)["range"]
+    m = re.search(r"(-?[0-9.e+]+)\.\.(-?[0-9.e+]+)$", rng)
+    if m is None:
+        raise InvalidValue(_capi.E_INVALID_ARGUMENT, "option %r takes %s, not a number in a range" % (name, rng))
+    lo, hi = (float(v) for v in m.groups())
+    return (int(lo), int(hi)) if lo.is_integer() and hi.is_integer() else (lo, hi)
+
+
+def __getattr__(name):
+    if name == "MODES":      # the offload strategies, from the library (module attribute, as it was)
+        return option_choices("mode")
+    raise AttributeError("module 'vmmrt' has no attribute %r" % (name,))
 
 
 def fill_word(seed, index):
@@ -176,7 +236,7 @@ class Runtime:
         check(self._lib.vmmrt_runtime_info_get(self._handle(), ctypes.byref(i)), "vmmrt_runtime_info_get")
         return {"backend": _decode(i.backend), "backend_note": _decode(i.backend_note),
                 "device": _decode(i.device), "device_ordinal": i.device_ordinal,
-                "granularity": i.granularity, "mode": _capi.MODES[i.mode],
+                "granularity": i.granularity, "mode": option_choices("mode")[i.mode],
                 "driver_workers": i.driver_workers, "lookahead": i.lookahead}
 
     def options(self):
@@ -345,7 +405,7 @@ class Runtime:
         s = _capi.sized(_capi.OffloadStats)
         check(self._lib.vmmrt_offload_stats_get(self._handle(), ctypes.byref(s)), "vmmrt_offload_stats_get")
         d = {name: getattr(s, name) for name, _ in _capi.OffloadStats._fields_ if name != "size"}
-        d["mode"] = _capi.MODES[d["mode"]]
+        d["mode"] = option_choices("mode")[d["mode"]]
         return d
 
     def offload_stats_reset(self):

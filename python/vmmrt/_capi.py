@@ -7,18 +7,12 @@ import ctypes
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int64,
                     c_size_t, c_uint, c_uint32, c_uint64, c_ulonglong, c_void_p)
 
-# vmmrt_status
-STATUS_NAMES = (
-    "VMMRT_OK", "VMMRT_E_INVALID_ARGUMENT", "VMMRT_E_INVALID_SIZE", "VMMRT_E_INVALID_STATE",
-    "VMMRT_E_INVALID_OPTION", "VMMRT_E_OUT_OF_MEMORY", "VMMRT_E_HOST_OUT_OF_MEMORY",
-    "VMMRT_E_NOT_PERMITTED", "VMMRT_E_NOT_SUPPORTED", "VMMRT_E_NO_DEVICE", "VMMRT_E_DRIVER",
-    "VMMRT_E_TIMEOUT", "VMMRT_E_BUSY", "VMMRT_E_MISMATCH", "VMMRT_E_CANCELLED",
-    "VMMRT_E_CORRUPTED", "VMMRT_E_CAPTURE", "VMMRT_E_FAULT",
-)
-for _i, _n in enumerate(STATUS_NAMES):
-    globals()[_n[len("VMMRT_"):]] = _i  # OK, E_MISMATCH, ...
+# vmmrt_status, numbered as the header numbers it (the ABI); the names and
+# texts are the library's (vmmrt_status_name, vmmrt_strerror).
+(OK, E_INVALID_ARGUMENT, E_INVALID_SIZE, E_INVALID_STATE, E_INVALID_OPTION, E_OUT_OF_MEMORY,
+ E_HOST_OUT_OF_MEMORY, E_NOT_PERMITTED, E_NOT_SUPPORTED, E_NO_DEVICE, E_DRIVER, E_TIMEOUT, E_BUSY,
+ E_MISMATCH, E_CANCELLED, E_CORRUPTED, E_CAPTURE, E_FAULT) = range(18)
 
-MODES = ("pingpong", "remap", "none")  # vmmrt_mode values 0, 1, 2
 GROUP_STATES = ("discovering", "allocated", "capturing", "ready", "failed")
 SLOT_STATES = ("reserved", "mapped", "pending", "failed")
 MAX_DIMS = 8

@@ -28,6 +28,7 @@ import weakref
 
 import torch
 
+import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat
 
@@ -59,9 +60,10 @@ def check_callables(callables):
 
 def check_offload_arguments(lookahead, min_bytes):
     """What Offload takes from the caller, checked as make_graphed_callables checks it."""
-    if not _is_int(lookahead) or not 0 <= lookahead <= 16:
-        raise TypeError("lookahead=%r: a whole number of layers between 0 and 16 (an int, not %s)"
-                        % (lookahead, type(lookahead).__name__))
+    lo, hi = vmmrt.option_bounds("lookahead")     # the library's range (its option table)
+    if not _is_int(lookahead) or not lo <= lookahead <= hi:
+        raise TypeError("lookahead=%r: a whole number of layers between %d and %d (an int, not %s)"
+                        % (lookahead, lo, hi, type(lookahead).__name__))
     if not _is_int(min_bytes) or min_bytes < 0:
         raise TypeError("min_bytes=%r: a whole number of bytes, 0 or more" % (min_bytes,))
 

@@ -18,6 +18,7 @@ import logging
 import torch
 from torch.autograd.function import once_differentiable
 
+import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import _callables, _compat, _contracts, _te, budget, eager, pipeline, place, planner, recompute
 from vmmrt.torch.grads import Grads, quiet_hooks
@@ -186,10 +187,11 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         gens = []
     _contracts.check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mode, lookahead, graphs,
                                grads, names, options, margin, min_bytes)
-    if mode not in ("pingpong", "remap", "none") and not (mode == "auto" and memory_budget is not None):
-        raise ValueError("mode=%r: choose 'pingpong', 'remap' or 'none' ('auto' with memory_budget=)%s" % (
-            mode, "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(
-                str(mode), ("pingpong", "remap", "none"), n=1))))
+    modes = vmmrt.option_choices("mode")    # the library's strategies
+    if mode not in modes and not (mode == "auto" and memory_budget is not None):
+        raise ValueError("mode=%r: choose %s ('auto' with memory_budget=)%s" % (
+            mode, ", ".join(repr(m) for m in modes),
+            "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(str(mode), modes, n=1))))
     if not isinstance(map_ahead, int) or isinstance(map_ahead, bool) or map_ahead < 0:
         raise ValueError("map_ahead=%r: a whole number of uses, 0 or more" % (map_ahead,))
     if grads not in GRADS:

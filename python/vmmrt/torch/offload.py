@@ -22,9 +22,6 @@ from vmmrt.torch.layer import LayerOffload
 
 log = logging.getLogger("vmmrt.torch")
 
-MODES = ("pingpong", "remap", "none")
-
-
 def runtime_options(device):
     """The C options that put a runtime on a torch device: the cuda backend on
     its ordinal, or the host backend (CPU tensors)."""
@@ -84,8 +81,6 @@ class Offload:
     """
 
     def __init__(self, mode="pingpong", lookahead=1, device=None, options=None, min_bytes=1 << 16):
-        if mode not in MODES:
-            raise ValueError("mode %r is not one of %s" % (mode, ", ".join(MODES)))
         _contracts.check_offload_arguments(lookahead, min_bytes)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
@@ -163,22 +158,25 @@ class Offload:
         Every iteration must then follow it: a hook out of it is a
         ``VMMRT_E_MISMATCH`` naming the runner and the one expected. Without
         a declared schedule the first iteration records one."""
-        if self.allocated:
-            raise Error(_capi.E_INVALID_STATE, "set_schedule() after allocate(): the banks follow the schedule, so "
-                        "it is declared before allocation", "vmmrt.torch.Offload")
         steps = [(lay, bool(backward)) for lay, backward in steps]
-        seen = set()
-        for k, (lay, backward) in enumerate(steps):
-            if not isinstance(lay, LayerOffload) or lay.offload is not self:
-                raise TypeError("schedule step %d: %r is not a layer of this offload" % (k, lay))
-            if (lay.name, backward) in seen:
-                raise ValueError("schedule step %d: the %s of layer %r twice" % (
-                    k, "backward" if backward else "forward", lay.name))
-            if backward and (lay.name, False) not in seen:
-                raise ValueError("schedule step %d: the backward of layer %r before its forward" % (k, lay.name))
-            seen.add((lay.name, backward))
-        missing = [l.name for l in self.layers if (l.name, False) not in seen or (l.name, True) not in seen]
+        for k, (lay, _) in enumerate(steps):
+            if not isinstance(lay, LayerOffload):
+                raise TypeError("schedule step %d: %r is not a layer of an Offload" % (k, lay))
+        # The library checks the order (each use once, a backward after its
+        # forward, nothing of another runtime, not after allocation): every
+        # layer's group now, those with tensors again at allocation (_declare).
+        try:
+            self.runtime.offload_set_schedule([(lay.group, b) for lay, b in steps])
+        except Error as e:
+            if e.status == _capi.E_INVALID_STATE and self.allocated:
+                raise Error(e.status, e.detail, "vmmrt.torch.Offload.set_schedule") from None
+            raise vmmrt.InvalidValue(e.status, e.detail, "vmmrt.torch.Offload.set_schedule") from None
+        # What only the package knows: its layers, those that will move nothing
+        # included (the library never sees their groups at allocation).
+        named = set((lay.name, b) for lay, b in steps)
+        missing = [l.name for l in self.layers if (l.name, False) not in named or (l.name, True) not in named]
         if missing:
+            self.runtime.offload_set_schedule([(lay.group, b) for lay, b in self.schedule or ()])
             raise ValueError("the schedule leaves out the forward or backward of layer%s %s" % (
                 "s" if len(missing) > 1 else "", ", ".join(repr(n) for n in missing)))
         self.schedule = steps

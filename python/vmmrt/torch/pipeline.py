@@ -124,6 +124,9 @@ class Layout:
                 self.steps.append((False, ch, fwd[ch]))
                 fwd[ch] += 1
             else:
+                # Checked here too, not only by the library's schedule: a Layout
+                # serves training loops (steps, split) with no runtime, and the
+                # runners it lays out are built before any group exists.
                 if bwd[ch] >= fwd[ch]:
                     raise ValueError("order: step %d is the backward of chunk %d, microbatch %d, before its forward"
                                      % (k, abs(c), bwd[ch]))
