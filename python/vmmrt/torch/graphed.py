@@ -13,6 +13,7 @@ addresses) runs outside capture on a side stream, as PyTorch's warm-up does.
 """
 import difflib
 import gc
+import inspect
 import logging
 
 import torch
@@ -29,16 +30,13 @@ GRADS = ("mapped", "static", "accumulate")
 
 log = logging.getLogger("vmmrt.torch")
 
-_OPTIONS = ("num_warmup_iters", "allow_unused_input", "pool", "capture_error_mode", "mode", "lookahead",
-            "offload", "graphs", "grads", "names", "options", "margin", "min_bytes", "order", "layers_per_chunk", "map_ahead",
-            "sample_kwargs", "generators", "retain_graph_in_backward", "pre_warmup_hook", "post_warmup_hook", "_order",
-            "_num_layers_per_chunk", "_reuse_graph_input_output_buffers") + (
-            "memory_budget",) + tuple(_te.FP8)
-
 
 def _reject_unknown(kwargs):
+    # The names it takes: its own signature's, and TransformerEngine's FP8 ones.
+    known = [p.name for p in inspect.signature(make_graphed_callables).parameters.values()
+             if p.kind is not p.VAR_KEYWORD][2:] + list(_te.FP8)
     for k in kwargs:
-        near = difflib.get_close_matches(k, _OPTIONS, n=1)
+        near = difflib.get_close_matches(k, known, n=1)
         raise TypeError("make_graphed_callables() got an unexpected keyword argument %r%s"
                         % (k, " (did you mean %r?)" % near[0] if near else ""))
 
