@@ -378,8 +378,8 @@ class Runtime:
         steps = list(steps)
         arr = (_capi.ScheduleStep * max(1, len(steps)))()
         for k, (g, backward) in enumerate(steps):
-            if not isinstance(g, Group) or g._rt is not self:
-                raise TypeError("schedule step %d: %r is not a group of this runtime" % (k, g))
+            if not isinstance(g, Group):     # the library refuses a group of another runtime
+                raise TypeError("schedule step %d: %r is not a vmmrt.Group" % (k, g))
             arr[k].group = g._g
             arr[k].backward = 1 if backward else 0
         check(self._lib.vmmrt_offload_set_schedule(self._handle(), arr, len(steps)), "vmmrt_offload_set_schedule")
