@@ -118,17 +118,19 @@ class Pass:
             eager_cuda = self.kind == "eager" and not lay.offload.host
             lay._placed(self.placed, moves, _compat.tree_leaves(self.outputs), rec)
             for r, ptr in moves:
+                # as this pass saved it: the library compares it with discovery's
+                desc = r.desc(rec.regions[r.index])
                 if ptr + r.lo == r.addr:
                     # born there (place.py): nothing to copy
-                    addr = lay.group.save(r.desc(), 0, None)
+                    addr = lay.group.save(desc, 0, None)
                 elif eager_cuda:
                     # The driver checks a copy's addresses when it is enqueued, and
                     # a remap slot is mapped only once the stream reaches the map
                     # the forward hook waited for: a kernel checks nothing then.
                     _kernel_copy(r, ptr, lay.offload.device)
-                    addr = lay.group.save(r.desc(), 0, None)
+                    addr = lay.group.save(desc, 0, None)
                 else:
-                    addr = lay.group.save(r.desc(), ptr + r.lo, self.stream)
+                    addr = lay.group.save(desc, ptr + r.lo, self.stream)
                 if addr != r.addr:
                     raise Error(_capi.E_MISMATCH, "region %d got address 0x%x, learned 0x%x"
                                 % (r.index, addr, r.addr), lay._where())

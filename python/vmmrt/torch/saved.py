@@ -88,7 +88,7 @@ class Region:
     """Bytes [lo, hi) of one storage, saved once; ``selected`` says whether it moves."""
 
     __slots__ = ("index", "storage_nbytes", "lo", "hi", "dtypes", "selected", "reason", "addr", "bases", "birth",
-                 "views_hi", "unplaced", "resident", "how", "why")
+                 "views_hi", "unplaced", "resident", "how", "why", "view")
 
     def __init__(self, index, storage_nbytes):
         self.index = index
@@ -96,6 +96,7 @@ class Region:
         self.lo = None
         self.hi = None
         self.dtypes = []
+        self.view = None     # (shape, stride) of the view that opened it (its descriptor's)
         self.selected = True
         self.reason = None   # why it is kept, when it is
         self.addr = None     # its fixed address, once learned
@@ -111,9 +112,12 @@ class Region:
     def nbytes(self):
         return self.hi - self.lo
 
-    def extend(self, start, end, dtype):
+    def extend(self, start, end, t):
         self.lo = start if self.lo is None else min(self.lo, start)
         self.hi = end if self.hi is None else max(self.hi, end)
+        dtype = t.dtype
+        if self.view is None:
+            self.view = (tuple(t.shape), tuple(t.stride()))
         if dtype not in self.dtypes:
             self.dtypes.append(dtype)
 
@@ -121,9 +125,18 @@ class Region:
         """Round lo down to the alignment (never below the storage's start)."""
         self.lo -= self.lo % REGION_ALIGN
 
-    def desc(self):
+    def desc(self, seen=None):
+        """The region as the library checks it at every save against discovery:
+        its bytes, and the dtype, shape and strides of the view that opened it,
+        as ``seen`` (this pass's region of the same index) saw them; by default
+        as discovery did. A view of more dimensions than a descriptor takes is
+        described flat (its bytes)."""
         from vmmrt import Group
-        return Group.desc(self.nbytes, DTYPE_TAG.get(self.dtypes[0], 0), (self.nbytes,), (1,), REGION_ALIGN)
+        seen = self if seen is None else seen
+        shape, stride = seen.view
+        if len(shape) > _capi.MAX_DIMS:
+            shape, stride = (self.nbytes,), (1,)
+        return Group.desc(self.nbytes, DTYPE_TAG.get(seen.dtypes[0], 0), shape, stride, REGION_ALIGN)
 
 
 class Entry:
@@ -251,7 +264,7 @@ class Recorder:
             self._by_storage[ptr] = r
         start = _compat.storage_offset_bytes(t)
         end = start + _compat.span_elements(t.shape, t.stride()) * t.element_size()
-        r.extend(start, end, t.dtype)
+        r.extend(start, end, t)
         self.entries.append(Entry("view", r.index, t, start, nbytes))
         self._alive.append((i, t, t._version))
         self._check(i)
