@@ -15,10 +15,16 @@ from vmmrt.torch import _compat, _contracts, grads, place
 
 
 class Runner:
-    """One callable: its function, parameters, sample arguments and layer."""
+    """One callable: its function, parameters, sample arguments and layer.
 
-    def __init__(self, index, fn, sample_args, name, sample_kwargs=None):
+    Every attribute is declared here, with what sets it: the graphed, eager
+    and recomputing paths (graphed.py, eager.py, recompute.py) fill them in as
+    the callable is graphed; none is added from outside."""
+
+    def __init__(self, index, fn, sample_args, name, sample_kwargs=None, callable_index=None, microbatch=None):
         self.index = index
+        self.callable_index = index if callable_index is None else callable_index  # its callable (order=: a layer)
+        self.microbatch = microbatch    # its microbatch under order= (None without)
         self.fn = fn
         self.module = fn if isinstance(fn, torch.nn.Module) else None
         self.name = name
@@ -43,6 +49,7 @@ class Runner:
         self.sample_args = tuple(sample_args)
         self.sample_kwargs = dict(sample_kwargs)
         self.out_consts = {}
+        self.n_out = 0              # the forward's output leaves (split_outputs)
         self.params = tuple(self.module.parameters()) if self.module is not None else ()
         # What the graphs and the offload's record of what stays hold on to:
         # each parameter's object and address (see check_params).
@@ -57,6 +64,20 @@ class Runner:
         self.grads = None           # grads.Grads (grads="mapped"), shared by a callable's runners
         self.generators = ()        # CUDA generators registered with each of its graphs
         self.retain_graph = False   # backward captured with retain_graph (retain_graph_in_backward)
+        self._arg_names = None      # its arguments' names for messages (_contracts.describe_argument)
+        # The budget's choice (graphed.py): forward run again in the backward (recompute.py).
+        self.recompute = False
+        self.recompute_rng = None   # the generators' states at the forward, for recomputation (recompute.py)
+        # What the graphs replay over (graphed.py; recompute.py for a recomputed runner):
+        self.static_outputs = None        # the forward graph's outputs
+        self.static_grad_outputs = None   # where the backward graph reads the outputs' gradients
+        self.static_grad_inputs = None    # the backward graph's gradients of surface (None where none)
+        self.grad_mode = None             # how parameter gradients reach .grad: "mapped", "static", "accumulate"
+        self.acc = None                   # grads="accumulate": the .grad tensors the backward graph adds into
+        self.acc_grad_inputs = None       # grads="accumulate": the sample's gradients added into in the graph
+        self.acc_shared = False           # grads="accumulate": those share the static gradients' memory
+        self.pinned_grads = None          # a gradient slot kept mapped under static buffers in it
+        self.pending = False              # its forward ran and its backward has not (graphed.py)
 
     @property
     def n_user(self):
@@ -254,8 +275,7 @@ def prepare(callables, sample_args, names, layout=None, sample_kwargs=None):
         name = layer_names[k] if mb is None else "%s/mb%d" % (layer_names[k], mb)
         if not isinstance(args, tuple):
             raise TypeError("%s: sample_args must be a tuple of tensors per callable" % name)
-        r = Runner(i, callables[k], args, name, None if sample_kwargs is None else sample_kwargs[i])
-        r.callable_index, r.microbatch = k, mb
+        r = Runner(i, callables[k], args, name, None if sample_kwargs is None else sample_kwargs[i], k, mb)
         runners.append(r)
     return just_one, runners
 
