@@ -59,6 +59,7 @@ vmmrt_py_tests = \
 	python/tests/test_pipeline.py \
 	python/tests/test_te_args.py \
 	python/tests/test_megatron.py \
+	python/tests/test_one_validator.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh
