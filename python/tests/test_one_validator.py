@@ -148,3 +148,29 @@ def test_every_argument_is_suggested_for_its_typo():
     for name in [p.name for p in params] + list(_te.FP8):
         with pytest.raises(TypeError, match="did you mean %r" % name):
             vt.make_graphed_callables(tuple(zoo_layers(1)), samples(1), graphs=False, **{name + "x": 1})
+
+
+# ------------------------------------------------------ type hints
+
+# Annotated by the change that reworks them (Offload's map pacing, the Slot binding).
+_ANNOTATED_ELSEWHERE = {"Offload.gpu_reached_previous", "Runtime.slot"}
+
+
+def test_the_public_api_has_type_hints():
+    """Every public function and method, its return included; the hints
+    evaluate on this Python (they are strings until asked for)."""
+    import typing
+    from vmmrt.torch import pipeline
+    fs = [vt.make_graphed_callables, vt.make_offloaded_callables, vt.offload_of, vt.mark_not_offload,
+          vt.order_1f1b, pipeline.split, pipeline.steps, vmmrt.check, vmmrt.status_name, vmmrt.option_choices,
+          vmmrt.option_bounds, vmmrt.version, vmmrt.version_string, vmmrt.options_table, vmmrt.library]
+    for cls in (vt.Offload, vmmrt.Runtime, vmmrt.Error, pipeline.Layout):
+        fs += [m for n, m in vars(cls).items() if inspect.isfunction(m) and (not n.startswith("_") or n == "__init__")]
+        fs += [p.fget for p in vars(cls).values() if isinstance(p, property)]
+    bare = []
+    for f in fs:
+        hints = typing.get_type_hints(f)
+        params = [p for p in inspect.signature(f).parameters if p != "self"]
+        if f.__qualname__ not in _ANNOTATED_ELSEWHERE and ("return" not in hints or any(p not in hints for p in params)):
+            bare.append(f.__qualname__)
+    assert not bare, "without type hints: %s" % bare

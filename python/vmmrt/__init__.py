@@ -10,10 +10,13 @@ The library is loaded on first use (see :mod:`vmmrt._loader` for where it is
 looked for), so ``import vmmrt`` works everywhere and a missing library is
 reported, with every place tried, by the first call that needs it.
 """
+from __future__ import annotations
+
 import ctypes
 import re
 import threading
 import weakref
+from typing import Any, Iterable, Union
 
 from vmmrt import _capi
 from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
@@ -28,7 +31,7 @@ _lib = None
 _lib_lock = threading.Lock()
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The loaded C library (a ctypes.CDLL with prototypes); loads it on first call."""
     global _lib
     if _lib is None:
@@ -47,7 +50,7 @@ class Error(Exception):
     all of it on one line.
     """
 
-    def __init__(self, status: int, detail: str = "", where: "str | None" = None) -> None:
+    def __init__(self, status: int, detail: str = "", where: str | None = None) -> None:
         self.status = int(status)
         self.name = status_name(self.status)
         self.detail = detail
@@ -80,7 +83,7 @@ def status_name(status: int) -> str:
     return name if name and name != "VMMRT_E_UNKNOWN" else "VMMRT_STATUS_%d" % status
 
 
-def check(status: int, where: "str | None" = None, value: bool = False) -> None:
+def check(status: int, where: str | None = None, value: bool = False) -> None:
     """Raise :class:`Error` for a non-OK status, with the thread's last message:
     an :class:`InvalidValue` for a refused option or argument, or for any
     refusal of a call whose arguments are the caller's values (``value``)."""
@@ -91,17 +94,17 @@ def check(status: int, where: "str | None" = None, value: bool = False) -> None:
     raise (InvalidValue if value or status in _VALUE_STATUSES else Error)(status, detail, where)
 
 
-def version():
+def version() -> tuple[int, int, int]:
     """The library's version as (major, minor, patch)."""
     v = library().vmmrt_version()
     return (v >> 16, (v >> 8) & 0xFF, v & 0xFF)
 
 
-def version_string():
+def version_string() -> str:
     return _decode(library().vmmrt_version_string())
 
 
-def options_table():
+def options_table() -> list[dict[str, str]]:
     """Every option of the C library: a list of dicts (name, env, default, range, doc)."""
     lib, rows, i = library(), [], 0
     while True:
@@ -125,7 +128,7 @@ def _option_row(name):
     raise InvalidValue(_capi.E_INVALID_ARGUMENT, "no libvmmrt option %r (see vmmrt.options_table())" % (name,))
 
 
-def option_choices(name: str) -> "tuple[str, ...]":
+def option_choices(name: str) -> tuple[str, ...]:
     """The choices of one of the library's options that takes a word ("mode":
     ("pingpong", "remap", "none")), from its option table, in the order of
     their C enumerators."""
@@ -135,7 +138,7 @@ def option_choices(name: str) -> "tuple[str, ...]":
     return tuple(rng.split("|"))
 
 
-def option_bounds(name: str) -> "tuple[float, float]":
+def option_bounds(name: str) -> tuple[float, float]:
     """The (least, greatest) value of one of the library's numeric options
     ("lookahead": (0, 16)), from its option table."""
     rng = _option_row(name)["range"]
@@ -152,18 +155,22 @@ def __getattr__(name):
     raise AttributeError("module 'vmmrt' has no attribute %r" % (name,))
 
 
-def fill_word(seed, index):
+def fill_word(seed: int, index: int) -> int:
     """The built-in fill pattern's word at index (the host reference of vmmrt_kernel_fill)."""
     return library().vmmrt_fill_word(seed, index)
 
 
-def checksum_host(ptr, nbytes):
+def checksum_host(ptr: int, nbytes: int) -> int:
     """The built-in checksum of nbytes of host memory at ptr."""
     return library().vmmrt_checksum_host(ctypes.c_void_p(ptr), nbytes)
 
 
-def layer_checksum_host(nbytes, input_seed, layer_seed):
+def layer_checksum_host(nbytes: int, input_seed: int, layer_seed: int) -> int:
     return library().vmmrt_layer_checksum_host(nbytes, input_seed, layer_seed)
+
+
+# A stream argument (see _stream): None, an int handle, or a torch.cuda.Stream.
+Stream = Union[None, int, Any]
 
 
 def _stream(s):
@@ -184,7 +191,7 @@ class Runtime:
     environment overrides them, as for any libvmmrt program.
     """
 
-    def __init__(self, options=None):
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
         lib = library()
         self._lib = lib
         opts = ctypes.c_void_p()
@@ -208,7 +215,7 @@ class Runtime:
         self.lookahead = info["lookahead"]
 
     # -- lifetime
-    def close(self):
+    def close(self) -> None:
         """Destroy the runtime (drains copies, joins workers, frees every slot)."""
         if self._finalizer.alive:
             self._finalizer.detach()
@@ -216,13 +223,13 @@ class Runtime:
             self._rt = None
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._rt is None
 
-    def __enter__(self):
+    def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
     def _handle(self):
@@ -231,7 +238,7 @@ class Runtime:
         return self._rt
 
     # -- information
-    def info(self):
+    def info(self) -> dict[str, Any]:
         i = _capi.sized(_capi.RuntimeInfo)
         check(self._lib.vmmrt_runtime_info_get(self._handle(), ctypes.byref(i)), "vmmrt_runtime_info_get")
         return {"backend": _decode(i.backend), "backend_note": _decode(i.backend_note),
@@ -239,7 +246,7 @@ class Runtime:
                 "granularity": i.granularity, "mode": option_choices("mode")[i.mode],
                 "driver_workers": i.driver_workers, "lookahead": i.lookahead}
 
-    def options(self):
+    def options(self) -> dict[str, str]:
         """The options in force, by name: the program's with the environment
         applied (a VMMRT_* variable may have replaced what was asked)."""
         lib = self._lib
@@ -256,18 +263,18 @@ class Runtime:
         finally:
             lib.vmmrt_options_destroy(opts)
 
-    def trace_span(self, track, name, t0_ns, t1_ns):
+    def trace_span(self, track: str, name: str, t0_ns: int, t1_ns: int) -> None:
         """A span on the runtime's trace (CLOCK_MONOTONIC ns; nothing when tracing is off)."""
         check(self._lib.vmmrt_trace_span(self._handle(), track.encode(), name.encode(), t0_ns, t1_ns),
               "vmmrt_trace_span")
 
-    def mem_info(self):
+    def mem_info(self) -> tuple[int, int]:
         """Driver-level (free, total) device bytes (cuMemGetInfo)."""
         f, t = ctypes.c_size_t(), ctypes.c_size_t()
         check(self._lib.vmmrt_mem_info(self._handle(), ctypes.byref(f), ctypes.byref(t)), "vmmrt_mem_info")
         return f.value, t.value
 
-    def driver_stats(self):
+    def driver_stats(self) -> list[dict[str, Any]]:
         out = []
         for call in range(_capi.DRIVER_CALLS):
             s = _capi.sized(_capi.DriverStats)
@@ -276,80 +283,81 @@ class Runtime:
                         "p99_us": s.p99_us, "max_us": s.max_us})
         return out
 
-    def driver_stats_reset(self):
+    def driver_stats_reset(self) -> None:
         check(self._lib.vmmrt_driver_stats_reset(self._handle()), "vmmrt_driver_stats_reset")
 
     # -- device helpers
-    def stream_create(self):
+    def stream_create(self) -> int:
         s = ctypes.c_void_p()
         check(self._lib.vmmrt_stream_create(self._handle(), ctypes.byref(s)), "vmmrt_stream_create")
         return s.value
 
-    def stream_destroy(self, stream):
+    def stream_destroy(self, stream: Stream) -> None:
         check(self._lib.vmmrt_stream_destroy(self._handle(), _stream(stream)), "vmmrt_stream_destroy")
 
-    def stream_synchronize(self, stream=None):
+    def stream_synchronize(self, stream: Stream = None) -> None:
         check(self._lib.vmmrt_stream_synchronize(self._handle(), _stream(stream)), "vmmrt_stream_synchronize")
 
-    def copy_to_device(self, dst, src_ptr, nbytes):
+    def copy_to_device(self, dst: int, src_ptr: int, nbytes: int) -> None:
         check(self._lib.vmmrt_copy_to_device(self._handle(), dst, ctypes.c_void_p(src_ptr), nbytes),
               "vmmrt_copy_to_device")
 
-    def copy_to_host(self, dst_ptr, src, nbytes):
+    def copy_to_host(self, dst_ptr: int, src: int, nbytes: int) -> None:
         check(self._lib.vmmrt_copy_to_host(self._handle(), ctypes.c_void_p(dst_ptr), src, nbytes),
               "vmmrt_copy_to_host")
 
-    def copy_to_device_async(self, dst, src_ptr, nbytes, stream=None):
+    def copy_to_device_async(self, dst: int, src_ptr: int, nbytes: int, stream: Stream = None) -> None:
         check(self._lib.vmmrt_copy_to_device_async(self._handle(), dst, ctypes.c_void_p(src_ptr), nbytes,
                                                    _stream(stream)), "vmmrt_copy_to_device_async")
 
-    def copy_to_host_async(self, dst_ptr, src, nbytes, stream=None):
+    def copy_to_host_async(self, dst_ptr: int, src: int, nbytes: int, stream: Stream = None) -> None:
         check(self._lib.vmmrt_copy_to_host_async(self._handle(), ctypes.c_void_p(dst_ptr), src, nbytes,
                                                  _stream(stream)), "vmmrt_copy_to_host_async")
 
-    def host_alloc(self, nbytes):
+    def host_alloc(self, nbytes: int) -> int:
         """Pinned host memory (an address); free it with :meth:`host_free`."""
         p = ctypes.c_void_p()
         check(self._lib.vmmrt_host_alloc(self._handle(), nbytes, ctypes.byref(p)), "vmmrt_host_alloc")
         return p.value
 
-    def host_free(self, ptr):
+    def host_free(self, ptr: int) -> None:
         check(self._lib.vmmrt_host_free(self._handle(), ctypes.c_void_p(ptr)), "vmmrt_host_free")
 
-    def event(self, timing=False):
+    def event(self, timing: bool = False) -> Event:
         return Event(self, timing)
 
-    def stream_wait_event(self, stream, event):
+    def stream_wait_event(self, stream: Stream, event: Event) -> None:
         check(self._lib.vmmrt_stream_wait_event(self._handle(), _stream(stream), event._e), "vmmrt_stream_wait_event")
 
-    def kernel_fill(self, dst, nbytes, seed, stream=None):
+    def kernel_fill(self, dst: int, nbytes: int, seed: int, stream: Stream = None) -> None:
         check(self._lib.vmmrt_kernel_fill(self._handle(), _stream(stream), dst, nbytes, seed), "vmmrt_kernel_fill")
 
-    def kernel_checksum(self, src, nbytes, result, stream=None):
+    def kernel_checksum(self, src: int, nbytes: int, result: int, stream: Stream = None) -> None:
         check(self._lib.vmmrt_kernel_checksum(self._handle(), _stream(stream), src, nbytes, result),
               "vmmrt_kernel_checksum")
 
-    def kernel_busy(self, nanoseconds, stream=None):
+    def kernel_busy(self, nanoseconds: int, stream: Stream = None) -> None:
         check(self._lib.vmmrt_kernel_busy(self._handle(), _stream(stream), nanoseconds), "vmmrt_kernel_busy")
 
-    def kernel_layer(self, dst, src, nbytes, seed, nanoseconds, stream=None):
+    def kernel_layer(self, dst: int, src: int, nbytes: int, seed: int, nanoseconds: int,
+                     stream: Stream = None) -> None:
         check(self._lib.vmmrt_kernel_layer(self._handle(), _stream(stream), dst, src, nbytes, seed, nanoseconds),
               "vmmrt_kernel_layer")
 
     # -- graphs of the library's own streams (the C API's; PyTorch's are torch.cuda.CUDAGraph)
-    def graph_begin_capture(self, stream):
+    def graph_begin_capture(self, stream: Stream) -> None:
         check(self._lib.vmmrt_graph_begin_capture(self._handle(), _stream(stream)), "vmmrt_graph_begin_capture")
 
-    def graph_end_capture(self, stream):
+    def graph_end_capture(self, stream: Stream) -> ctypes.c_void_p:
         g = ctypes.c_void_p()
         check(self._lib.vmmrt_graph_end_capture(self._handle(), _stream(stream), ctypes.byref(g)),
               "vmmrt_graph_end_capture")
         return g
 
-    def graph_launch(self, graph, stream=None):
+    def graph_launch(self, graph: ctypes.c_void_p, stream: Stream = None) -> None:
         check(self._lib.vmmrt_graph_launch(self._handle(), graph, _stream(stream)), "vmmrt_graph_launch")
 
-    def graph_destroy(self, graph):
+    def graph_destroy(self, graph: ctypes.c_void_p) -> None:
         check(self._lib.vmmrt_graph_destroy(self._handle(), graph), "vmmrt_graph_destroy")
 
     # -- slots
@@ -358,17 +366,17 @@ class Runtime:
         return Slot(self, nbytes)
 
     # -- offload
-    def group(self, name):
+    def group(self, name: str) -> Group:
         """A new offload group (create them in forward order, before :meth:`offload_allocate`)."""
         g = Group(self, name)
         self._groups.append(g)
         return g
 
     @property
-    def groups(self):
+    def groups(self) -> tuple[Group, ...]:
         return tuple(self._groups)
 
-    def offload_set_schedule(self, steps):
+    def offload_set_schedule(self, steps: Iterable[tuple[Group, bool]]) -> None:
         """Declare one iteration's order before :meth:`offload_allocate`
         (vmmrt_offload_set_schedule): ``steps`` is a sequence of (group,
         backward) pairs, the forward (False) and the backward (True) of every
@@ -384,31 +392,31 @@ class Runtime:
             arr[k].backward = 1 if backward else 0
         check(self._lib.vmmrt_offload_set_schedule(self._handle(), arr, len(steps)), "vmmrt_offload_set_schedule")
 
-    def offload_allocate(self):
+    def offload_allocate(self) -> None:
         check(self._lib.vmmrt_offload_allocate(self._handle()), "vmmrt_offload_allocate")
 
-    def offload_abort(self):
+    def offload_abort(self) -> None:
         """Abandon the iteration under way (vmmrt_offload_abort): waits for what is
         in flight and puts every group back where an iteration starts; addresses,
         and so the captured graphs, stay valid."""
         check(self._lib.vmmrt_offload_abort(self._handle()), "vmmrt_offload_abort")
 
-    def offload_release_retired(self):
+    def offload_release_retired(self) -> None:
         """Free the old allocations of re-discovered groups (vmmrt_offload_release_retired):
         the graphs captured over their old addresses must never run again."""
         check(self._lib.vmmrt_offload_release_retired(self._handle()), "vmmrt_offload_release_retired")
 
-    def offload_sync(self):
+    def offload_sync(self) -> None:
         check(self._lib.vmmrt_offload_sync(self._handle()), "vmmrt_offload_sync")
 
-    def offload_stats(self):
+    def offload_stats(self) -> dict[str, Any]:
         s = _capi.sized(_capi.OffloadStats)
         check(self._lib.vmmrt_offload_stats_get(self._handle(), ctypes.byref(s)), "vmmrt_offload_stats_get")
         d = {name: getattr(s, name) for name, _ in _capi.OffloadStats._fields_ if name != "size"}
         d["mode"] = option_choices("mode")[d["mode"]]
         return d
 
-    def offload_stats_reset(self):
+    def offload_stats_reset(self) -> None:
         check(self._lib.vmmrt_offload_stats_reset(self._handle()), "vmmrt_offload_stats_reset")
 
 

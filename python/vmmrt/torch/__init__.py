@@ -19,6 +19,10 @@
 
 Importing this module imports torch; the C library loads on first use.
 """
+from __future__ import annotations
+
+from typing import Any, Callable
+
 from vmmrt import Error  # noqa: F401
 from vmmrt.torch.graphed import make_graphed_callables, offload_of  # noqa: F401
 from vmmrt.torch.layer import LayerOffload  # noqa: F401
@@ -29,7 +33,8 @@ from vmmrt.torch.recompute import mark_recompute  # noqa: F401
 from vmmrt.torch.saved import mark_not_offload, no_offload  # noqa: F401
 
 
-def make_offloaded_callables(callables, sample_args, **kwargs):
+def make_offloaded_callables(callables: Callable | tuple[Callable, ...], sample_args: tuple,
+                             **kwargs: Any) -> Callable | tuple[Callable, ...]:
     """make_graphed_callables(..., graphs=False): eager layers with the same offload."""
     return make_graphed_callables(callables, sample_args, graphs=False, **kwargs)
 

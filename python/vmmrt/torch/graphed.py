@@ -11,10 +11,13 @@ forward graph and restored before the backward graph, outside the graphs.
 Everything before capture (warm-up, discovery, allocation, learning the fixed
 addresses) runs outside capture on a side stream, as PyTorch's warm-up does.
 """
+from __future__ import annotations
+
 import difflib
 import gc
 import inspect
 import logging
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -41,13 +44,22 @@ def _reject_unknown(kwargs):
                         % (k, " (did you mean %r?)" % near[0] if near else ""))
 
 
-def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False, pool=None,
-                           capture_error_mode="global", *, mode="pingpong", lookahead=1, offload=1.0,
-                           graphs=True, grads="mapped", names=None, options=None, margin=0.9,
-                           min_bytes=1 << 16, order=None, layers_per_chunk=None, map_ahead=1, sample_kwargs=None,
-                           generators=None, retain_graph_in_backward=False, pre_warmup_hook=None,
-                           post_warmup_hook=None, _order=None, _num_layers_per_chunk=None,
-                           _reuse_graph_input_output_buffers=False, memory_budget=None, **unknown):
+def make_graphed_callables(callables: Callable | tuple[Callable, ...],
+                           sample_args: tuple[torch.Tensor, ...] | tuple[tuple[torch.Tensor, ...], ...],
+                           num_warmup_iters: int = 3, allow_unused_input: bool = False, pool: Any = None,
+                           capture_error_mode: str = "global", *, mode: str = "pingpong", lookahead: int = 1,
+                           offload: float | bool | str = 1.0, graphs: bool = True, grads: str = "mapped",
+                           names: Sequence[str] | None = None, options: dict[str, Any] | None = None,
+                           margin: float = 0.9, min_bytes: int = 1 << 16, order: Sequence[int] | None = None,
+                           layers_per_chunk: int | Sequence[int] | None = None, map_ahead: int = 1,
+                           sample_kwargs: dict[str, Any] | tuple[dict[str, Any], ...] | None = None,
+                           generators: Sequence[torch.Generator] | None = None,
+                           retain_graph_in_backward: bool = False,
+                           pre_warmup_hook: Callable[[], None] | None = None,
+                           post_warmup_hook: Callable[[], None] | None = None, _order: Sequence[int] | None = None,
+                           _num_layers_per_chunk: int | Sequence[int] | None = None,
+                           _reuse_graph_input_output_buffers: bool = False, memory_budget: Any = None,
+                           **unknown: Any) -> Callable | tuple[Callable, ...]:
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -776,7 +788,7 @@ def _finish_pipeline(runners, funcs, off):
     return tuple(ret)
 
 
-def offload_of(c):
+def offload_of(c: Callable) -> Offload:
     """The :class:`Offload` behind a callable returned by make_graphed_callables."""
     off = getattr(c, "vmmrt_offload", None)
     if off is None:

@@ -10,8 +10,11 @@ for its callables; frameworks with their own runners use it directly:
     off.allocate(offload=1.0)          # or a fraction, or plan=vmmrt.torch.planner.plan(...)
     ... captures and replays (LayerOffload.capturing, the four hooks) ...
 """
+from __future__ import annotations
+
 import logging
 import os
+from typing import Any, Iterable
 
 import torch
 
@@ -80,7 +83,8 @@ class Offload:
     offset each, for memory that does not matter: scalars, index tensors).
     """
 
-    def __init__(self, mode="pingpong", lookahead=1, device=None, options=None, min_bytes=1 << 16):
+    def __init__(self, mode: str = "pingpong", lookahead: int = 1, device: torch.device | str | None = None,
+                 options: dict[str, Any] | None = None, min_bytes: int = 1 << 16) -> None:
         _contracts.check_offload_arguments(lookahead, min_bytes)
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
@@ -121,19 +125,19 @@ class Offload:
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
 
     # ------------------------------------------------------------- state
-    def fail(self, why):
+    def fail(self, why: str) -> None:
         if self.failed is None:
             self.failed = why
             log.error("vmmrt offload unusable: %s", why)
 
-    def check_usable(self):
+    def check_usable(self) -> None:
         if self.failed is not None:
             raise Error(_capi.E_INVALID_STATE, "this offload cannot be used after an earlier failure (%s); "
                         "build the graphed callables again" % self.failed)
         if self.runtime.closed:
             raise Error(_capi.E_INVALID_STATE, "this offload was closed")
 
-    def layer(self, name, static=()):
+    def layer(self, name: str, static: Iterable[torch.Tensor] = ()) -> LayerOffload:
         """A new layer (its group), in forward order; ``static``: tensors whose
         storage never moves (parameters, buffers, static graph inputs)."""
         if self.allocated:
@@ -145,7 +149,7 @@ class Offload:
         return lay
 
     # ---------------------------------------------------------- schedule
-    def set_schedule(self, steps):
+    def set_schedule(self, steps: Iterable[tuple[LayerOffload, bool]]) -> None:
         """Declare the order of every iteration, before :meth:`allocate`:
         ``steps`` lists (layer, backward) pairs, the forward (False) and the
         backward (True) of every layer once each, each forward before its
@@ -181,7 +185,7 @@ class Offload:
                 "s" if len(missing) > 1 else "", ", ".join(repr(n) for n in missing)))
         self.schedule = steps
 
-    def set_order(self, steps):
+    def set_order(self, steps: Iterable[tuple[LayerOffload, bool]]) -> None:
         """The order the layers run in, as (layer, backward) pairs (every
         forward then the backwards in reverse, or a pipeline's): memory a use
         needs is mapped once the GPU has reached the use before it
@@ -191,7 +195,7 @@ class Offload:
         for k, key in enumerate(steps):
             self._prev[key] = tuple(steps[k - j] for j in range(1, k + 1))
 
-    def use_started(self, lay, backward):
+    def use_started(self, lay: LayerOffload, backward: bool) -> None:
         """Mark, on the current stream, where this use's GPU work begins."""
         if self.host:
             return
@@ -221,7 +225,7 @@ class Offload:
         else:
             torch.cuda.current_stream().synchronize()
 
-    def flush(self):
+    def flush(self) -> None:
         """Releases that fell due while a graph was being captured."""
         if self._due and not self.capturing:
             due, self._due = self._due, set()
@@ -236,7 +240,7 @@ class Offload:
         self.runtime.offload_set_schedule([(lay.group, b) for lay, b in self.schedule if lay.moving()])
 
     # -------------------------------------------------------- allocation
-    def candidates(self, lay):
+    def candidates(self, lay: LayerOffload) -> list:
         """The regions of a layer that may move (in discovery order): not kept for
         a reason, and not smaller than min_bytes."""
         for r in lay.regions:
@@ -244,7 +248,7 @@ class Offload:
                 r.selected, r.reason = False, "small"
         return [r for r in lay.regions if r.reason is None]
 
-    def allocate(self, offload=1.0, plan=None, memory_budget=None):
+    def allocate(self, offload: float | bool = 1.0, plan: Any = None, memory_budget: Any = None) -> None:
         """End discovery: choose what moves, describe it to the groups, allocate
         (slots or banks, pinned host buffers) and learn every fixed address.
 
@@ -308,7 +312,7 @@ class Offload:
                          for lay in self.layers if lay.resident is not None]
         log.info("vmmrt: %s", self.describe())
 
-    def own(self, t):
+    def own(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """t, or a copy of it if it lies in a slot (where its bytes will not stay)."""
         if t is None or not t.numel():
             return t
@@ -319,23 +323,23 @@ class Offload:
         return t
 
     # ------------------------------------------------------ information
-    def saved_bytes(self):
+    def saved_bytes(self) -> dict[str, int]:
         out = {"views": 0, "distinct": 0, "moved": 0}
         for lay in self.layers:
             for k, v in lay.saved_bytes().items():
                 out[k] += v
         return out
 
-    def group_bytes(self):
+    def group_bytes(self) -> list[int]:
         return [lay.group.nbytes for lay in self.layers]
 
-    def device_bytes(self):
+    def device_bytes(self) -> int:
         """Device memory libvmmrt maps for offloaded activations now (banks or
         slots; its driver workers' count). The slots that come and go beside
         them (resident activations, gradients) are stats()["slot_bytes"]."""
         return self.runtime.offload_stats()["activation_bytes"]
 
-    def expected_bytes(self):
+    def expected_bytes(self) -> int:
         """What the strategy should hold in the steady state: two banks of the largest
         group (pingpong), look-ahead + 1 groups (remap), every group (none); unrounded.
         With a declared schedule, the library's bound for it (its banks, its remap
@@ -351,7 +355,7 @@ class Offload:
             return sum(sorted(sizes, reverse=True)[:self.lookahead + 1])
         return sum(sizes)
 
-    def placement(self):
+    def placement(self) -> dict[str, Any]:
         """How the offloaded bytes reached their slots at capture (or at the
         last eager pass), summed over the layers, and per layer: "placed"
         (born at the fixed address: no copy, no room in the pool), "copied"
@@ -370,7 +374,7 @@ class Offload:
                 out["why"][why] = out["why"].get(why, 0) + n
         return out
 
-    def describe(self):
+    def describe(self) -> str:
         b = self.saved_bytes()
         mib = 1 << 20
         text = ("%s, look-ahead %d, %d layers: saved %.1f MiB as views, %.1f MiB distinct, %.1f MiB offloaded"
@@ -397,7 +401,7 @@ class Offload:
                     text += "\n  %s: %s" % (g.name, g.describe())
         return text
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """The library's statistics (vmmrt_offload_stats_get), and how the saved
         bytes reached their slots at capture (:meth:`placement`, summed):
         placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes."""
@@ -407,11 +411,11 @@ class Offload:
             st["%s_bytes" % k] = p[k]
         return st
 
-    def sync(self):
+    def sync(self) -> None:
         """Wait for every copy and driver request in flight (end of training, tests)."""
         self.runtime.offload_sync()
 
-    def abort(self):
+    def abort(self) -> None:
         """Abandon the iteration under way (vmmrt_offload_abort): a step skipped
         for a NaN or infinite loss, an out-of-memory between two layers, a
         microbatch called out of the schedule's order. Whatever point it
@@ -438,13 +442,13 @@ class Offload:
         for fn in self._abort_hooks:
             fn()
 
-    def release_retired(self):
+    def release_retired(self) -> None:
         """Free the old memory of groups discovered again for a new shape
         (vmmrt_offload_release_retired): the graphs over their old addresses
         must never run again."""
         self.runtime.offload_release_retired()
 
-    def close(self):
+    def close(self) -> None:
         """Destroy the runtime: the graphs built over its addresses must not run again."""
         # The abort hooks close over the runners (their graphs, static
         # tensors, a pool): dropping them lets those go with the callables.

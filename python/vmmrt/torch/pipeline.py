@@ -20,10 +20,15 @@ microbatch, then layer: :meth:`Layout.index`), and :func:`split` arranges
 them by chunk and microbatch for the training loop.
 """
 
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
 __all__ = ["order_1f1b", "steps", "split", "Layout"]
 
 
-def order_1f1b(microbatches, in_flight=None, *, warmup=None, chunks=1, group=None):
+def order_1f1b(microbatches: int, in_flight: int | None = None, *, warmup: int | None = None, chunks: int = 1,
+               group: int | None = None) -> list[int]:
     """The 1F1B order of one pipeline stage, as Megatron-LM runs it (and as it
     hands it to TransformerEngine's make_graphed_callables).
 
@@ -76,13 +81,14 @@ def _positive(v, what):
     return v
 
 
-def steps(order):
+def steps(order: Sequence[int]) -> list[tuple[bool, int, int]]:
     """The order as (backward, chunk, microbatch) triples, chunk and microbatch
     0-based: what a training loop runs, one step at a time."""
     return Layout(order).steps
 
 
-def split(graphed, order, layers_per_chunk=None):
+def split(graphed: Sequence[Callable], order: Sequence[int],
+          layers_per_chunk: int | Sequence[int] | None = None) -> list[list[tuple[Callable, ...]]]:
     """``runs[chunk][microbatch]``: the tuple of the chunk's layer callables for
     that microbatch, from what make_graphed_callables(..., order=order) returned."""
     lay = Layout(order, None, layers_per_chunk, n_callables=len(graphed))
@@ -100,7 +106,8 @@ class Layout:
     the three, only the order is checked and :attr:`steps` made.
     """
 
-    def __init__(self, order, n_layers=None, layers_per_chunk=None, n_callables=None):
+    def __init__(self, order: Sequence[int], n_layers: int | None = None,
+                 layers_per_chunk: int | Sequence[int] | None = None, n_callables: int | None = None) -> None:
         order = list(order)
         if not order or any(not isinstance(c, int) or isinstance(c, bool) or c == 0 for c in order):
             raise ValueError("order: a list of non-zero chunk ids (+c forward of chunk c, -c its backward), "
@@ -164,15 +171,15 @@ class Layout:
                              % (n_callables, self.n_layers, m, self.n_layers * m))
 
     @property
-    def n_runners(self):
+    def n_runners(self) -> int:
         return self.n_layers * self.microbatches
 
-    def index(self, chunk, microbatch, layer):
+    def index(self, chunk: int, microbatch: int, layer: int) -> int:
         """Where runner (chunk, microbatch, layer-in-chunk) is, in TransformerEngine's
         layout: chunk-major, then microbatch, then layer."""
         return self.prefix[chunk] * self.microbatches + microbatch * self.layers_per_chunk[chunk] + layer
 
-    def where(self, i):
+    def where(self, i: int) -> tuple[int, int, int, int]:
         """(chunk, microbatch, layer in chunk, callable index) of runner i."""
         for c in range(self.chunks):
             lo, n = self.prefix[c] * self.microbatches, self.layers_per_chunk[c]
@@ -181,7 +188,7 @@ class Layout:
                 return c, mb, l, self.prefix[c] + l
         raise IndexError("runner %d of %d" % (i, self.n_runners))
 
-    def uses(self):
+    def uses(self) -> list[tuple[bool, int]]:
         """The order over runners: (backward, runner index) for every layer of every
         step, a chunk's layers in order forward and in reverse backward."""
         out = []
@@ -191,6 +198,6 @@ class Layout:
                 out.append((backward, self.index(c, mb, l)))
         return out
 
-    def forwards(self):
+    def forwards(self) -> list[int]:
         """Runner indices in the order of their forwards."""
         return [i for backward, i in self.uses() if not backward]

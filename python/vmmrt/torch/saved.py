@@ -46,7 +46,7 @@ DTYPE_TAG = {dt: i + 1 for i, dt in enumerate(_DTYPES)}
 _tls = threading.local()
 
 
-def mark_not_offload(*tensors):
+def mark_not_offload(*tensors: torch.Tensor) -> None:
     """Keep these tensors on the device when a layer saves them (TransformerEngine's
     ``mark_not_offload``): the whole storage region they stand on stays resident.
     Call it inside the layer's forward, on every call (it marks tensor objects).
