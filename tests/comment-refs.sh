@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: LGPL-2.1-or-later
-# The comments of the C sources name only what exists, in TAP. In every
-# comment of src/, include/, tools/ and tests/ (C files):
+# The comments of the sources name only what exists, in TAP. In every
+# comment of src/, include/, tools/ and tests/ (C files), and in every
+# comment and docstring of the Python package (python/vmmrt; with python3):
 #   1. a file (a word ending in .c .h .cu .md .mk .sh .py .am .ac) is a file
 #      of the tree: the path from the top, from the commenting file's
 #      directory or from src/, or, for a bare name, any file of that name;
@@ -66,6 +67,38 @@ awk -v comments="$tmp/comments" -v code="$tmp/code" '
 		print out >code
 	}' $(cat "$tmp/sources")
 touch "$tmp/comments"
+# The Python package's comments and docstrings, and its code, the same way
+# (its identifiers count as the code's, and Python's builtins as outside ones).
+if command -v python3 >/dev/null 2>&1; then
+	find python/vmmrt -name '*.py' | LC_ALL=C sort >"$tmp/pysources"
+	# shellcheck disable=SC2046
+	python3 - "$tmp/comments" "$tmp/code" $(cat "$tmp/pysources") <<'PY' || echo "# the Python sources could not be read"
+import ast, builtins, io, sys, tokenize
+comments, code = open(sys.argv[1], "a"), open(sys.argv[2], "a")
+code.write("\n".join(dir(builtins)) + "\n")
+for path in sys.argv[3:]:
+    src = open(path, encoding="utf-8").read()
+    docs = set()                # where each docstring starts
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docs.add((first.lineno, first.col_offset))
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type == tokenize.COMMENT:
+            lines = [tok.string[1:]]
+        elif tok.type == tokenize.STRING and tok.start in docs:
+            lines = tok.string.split("\n")
+        else:
+            code.write(tok.string + "\n")
+            continue
+        for k, text in enumerate(lines):
+            if text.strip():
+                comments.write("%s\t%d\t%s\n" % (path, tok.start[0] + k, text.replace("\t", " ")))
+PY
+fi
 
 # The identifiers of the code, and the functions it may name without
 # defining them (the C library's, pthreads', the CUDA driver's, liburcu's).
@@ -82,15 +115,20 @@ awk -F '\t' '{
 }' "$tmp/comments" >"$tmp/files"
 # A header from outside the tree is one the code includes (<cuda.h>, <urcu/wfcqueue.h>).
 sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\([^>]*\)>.*/\1/p' $(cat "$tmp/sources") | LC_ALL=C sort -u >"$tmp/system"
+# A file the build writes (vmmrt/_config.py, by make install) is named in its makefiles.
+cat configure.ac Makefile.am ./*.mk 2>/dev/null | grep -oE '[A-Za-z0-9_+-]+\.(c|h|py|sh|md|mk)' |
+	LC_ALL=C sort -u >"$tmp/built"
 bad1=$(awk -F '\t' 'FILENAME == ARGV[1] { outside[$1] = 1; next }
-	FILENAME == ARGV[2] { have[$1] = 1; n = split($1, p, "/"); base[p[n]] = 1; next }
+	FILENAME == ARGV[2] { built[$1] = 1; next }
+	FILENAME == ARGV[3] { have[$1] = 1; n = split($1, p, "/"); base[p[n]] = 1; next }
 	{
 		f = $3; d = $1; sub(/\/[^\/]*$/, "", d)
 		if (f in have || (d "/" f) in have || ("src/" f) in have) next
 		if (f !~ /\// && f in base) next
 		if (f in outside) next
+		n = split(f, p, "/"); if (p[n] in built) next
 		print "# " $1 ":" $2 ": names " f ", which is not in the tree"
-	}' "$tmp/system" "$tmp/tree" "$tmp/files")
+	}' "$tmp/system" "$tmp/built" "$tmp/tree" "$tmp/files")
 result 1 "every file a comment names exists" "$(wc -l <"$tmp/files") names" "$bad1"
 
 # 2. functions: word(), where the word is the code's or a known outside one
