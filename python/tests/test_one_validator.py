@@ -79,6 +79,18 @@ def test_the_library_checks_a_declared_schedule():
     other.close()
 
 
+@pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
+def test_the_bound_is_the_librarys(mode):
+    off = vt.Offload(mode=mode, device="cpu")
+    assert off.expected_bytes() == 0                 # nothing held before allocation
+    off.close()
+    g = vt.make_graphed_callables(tuple(zoo_layers(3)), samples(3), graphs=False, mode=mode, min_bytes=0)
+    off = vt.offload_of(g[0])
+    assert off.expected_bytes() == off.stats()["bound_bytes"]
+    assert off.expected_bytes() == (0 if mode == "none" else 2 * off.granularity)   # 2 banks; look-ahead 1 + 1
+    off.close()
+
+
 # ------------------------------------------------------ real descriptors
 
 class _Viewed(torch.nn.Module):

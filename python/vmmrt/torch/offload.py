@@ -340,20 +340,14 @@ class Offload:
         return self.runtime.offload_stats()["activation_bytes"]
 
     def expected_bytes(self) -> int:
-        """What the strategy should hold in the steady state: two banks of the largest
-        group (pingpong), look-ahead + 1 groups (remap), every group (none); unrounded.
-        With a declared schedule, the library's bound for it (its banks, its remap
-        budget)."""
-        sizes = self.group_bytes()
-        if not sizes:
+        """What the strategy holds in the steady state, as the library bounds it
+        (vmmrt_offload_stats' bound_bytes: two banks of the largest group, or
+        the banks a declared schedule needs, for ping-pong; look-ahead + 1
+        groups for remap; every group for none; in whole granules). Nothing
+        is held before :meth:`allocate`."""
+        if not self.allocated:
             return 0
-        if self.schedule is not None and self.allocated:
-            return self.stats()["bound_bytes"]
-        if self.mode == "pingpong":
-            return 2 * max(sizes)
-        if self.mode == "remap":
-            return sum(sorted(sizes, reverse=True)[:self.lookahead + 1])
-        return sum(sizes)
+        return self.stats()["bound_bytes"]
 
     def placement(self) -> dict[str, Any]:
         """How the offloaded bytes reached their slots at capture (or at the
