@@ -23,9 +23,8 @@ from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THR
 from vmmrt._loader import LibraryNotFound, load as _load
 
 __all__ = ["Error", "InvalidValue", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
-           "version_string", "options_table", "option_choices", "option_bounds", "fill_word", "checksum_host",
-           "layer_checksum_host",
-           "STREAM_LEGACY", "STREAM_PER_THREAD", "MODES", "GROUP_STATES", "SLOT_STATES"]
+           "version_string", "status_name", "options_table", "option_choices", "option_bounds", "fill_word",
+           "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD", "GROUP_STATES", "SLOT_STATES"]
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -77,7 +76,7 @@ def status_name(status: int) -> str:
     without a library, the binding's own mirror of the header's numbers."""
     try:
         name = _decode(library().vmmrt_status_name(status))
-    except LibraryNotFound:
+    except (LibraryNotFound, AttributeError):   # no library, or one lacking a call the binding declares
         name = next(("VMMRT_" + k for k, v in vars(_capi).items()
                      if v == status and (k == "OK" or k.startswith("E_"))), "")
     return name if name and name != "VMMRT_E_UNKNOWN" else "VMMRT_STATUS_%d" % status
@@ -150,7 +149,9 @@ def option_bounds(name: str) -> tuple[float, float]:
 
 
 def __getattr__(name):
-    if name == "MODES":      # the offload strategies, from the library (module attribute, as it was)
+    # vmmrt.MODES, the offload strategies, is the library's (not in __all__:
+    # "from vmmrt import *" loads no library)
+    if name == "MODES":
         return option_choices("mode")
     raise AttributeError("module 'vmmrt' has no attribute %r" % (name,))
 
