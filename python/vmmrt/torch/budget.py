@@ -53,11 +53,13 @@ REMAP_MS = 0.4
 
 class BudgetError(vmmrt.Error):
     """No plan fits the memory budget; ``smallest`` is the smallest budget (bytes)
-    the planner can fit, ``budget`` the one asked."""
+    the planner can fit, ``budget`` the one asked, ``keep`` the predicted peak of
+    keeping everything (from the same measurements: between the two, a
+    budget has a plan that recomputes or offloads)."""
 
-    def __init__(self, detail, budget=None, smallest=None, where="vmmrt.torch memory_budget"):
+    def __init__(self, detail, budget=None, smallest=None, where="vmmrt.torch memory_budget", keep=None):
         super().__init__(_capi.E_OUT_OF_MEMORY, detail, where)
-        self.budget, self.smallest = budget, smallest
+        self.budget, self.smallest, self.keep = budget, smallest, keep
 
 
 class InvalidBudget(vmmrt.Error, ValueError):
@@ -463,6 +465,7 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
                     per[(mode, la)] = (key, fit)
                 if best is None or key < _rank(best):
                     best = fit
+    keep = env.make([("recompute", []) if c.recompute is True else ("keep", []) for c in costs], "none", 1).peak_bytes
     if best is None:
         mib = float(1 << 20)
         raise BudgetError("no plan fits a memory budget of %.0f MiB (%d bytes): the smallest the planner can fit is "
@@ -472,7 +475,9 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
                              "; ".join("%d %s" % (v, k) for k, v in smallest.counts().items() if v),
                              "allow recomputation" if not recompute else
                              "lower the static memory (parameters, optimizer states, other tensors)"),
-                          budget, smallest.peak_bytes)
+                          budget, smallest.peak_bytes, keep=keep)
+    # the range of budgets these measurements plan in (what a caller chooses a budget from)
+    best.smallest_bytes, best.keep_bytes = smallest.peak_bytes, keep
     best.alternatives = [(m, la, p.predicted_ms, p.peak_bytes) for (m, la), (_, p) in sorted(per.items())
                          if (m, la) != (best.mode, best.lookahead)]
     return best

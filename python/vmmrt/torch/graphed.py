@@ -275,7 +275,6 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                     _make_grads(runners, off)
             for r, c in zip(runners, plan.layers):
                 r.recompute = r.layer.recompute = c.action == "recompute"
-            recompute.static_grads(runners, off)
             off.allocate(plan=plan)
             log.info("%s", plan.summary())
         elif offload == "auto":
@@ -417,7 +416,7 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
         r.grad_mode = grads if grads != "mapped" else ("mapped" if r.grads is not None and r.grads.mapped
                                                        else "static")
         if getattr(r, "recompute", False):
-            r.grad_mode = "static"
+            r.grad_mode = "mapped" if r.grad_mode == "mapped" else "static"
             recompute.prepare_graphs(r, fwd_graphs[r.index], bwd_graphs[r.index], off)
     if grads == "accumulate":
         _prepare_accumulate(runners)
@@ -429,7 +428,14 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     off.capturing = True
     try:
         for backward, r in uses:
-            if getattr(r, "recompute", False):
+            if getattr(r, "recompute", False) and backward and r.grad_mode == "mapped":
+                acc_graphs[r.index] = torch.cuda.CUDAGraph()
+                recompute.capture_mapped(r, bwd_graphs[r.index], acc_graphs[r.index], allow_unused_input,
+                                         lambda what, gr, body, r=r: _capture(r, what, gr, mempool, stream, error_mode,
+                                                                              body))
+                if r.grad_mode != "mapped":
+                    acc_graphs[r.index] = None
+            elif getattr(r, "recompute", False):
                 _capture_recomputed(r, backward, bwd_graphs[r.index] if backward else fwd_graphs[r.index], mempool,
                                     stream, error_mode, allow_unused_input)
             elif backward and r.grad_mode == "mapped":

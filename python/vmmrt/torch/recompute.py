@@ -33,11 +33,17 @@ A recomputed layer moves nothing through libvmmrt: its saved tensors do
 not exist, so offloading it as well is refused where it is asked for
 (:mod:`vmmrt.torch.budget`'s hand plans, a marked layer).
 """
+import logging
+
 import torch
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from vmmrt import Error, _capi
+from vmmrt.torch import _compat, eager, place
+from vmmrt.torch.grads import quiet_hooks
+
+log = logging.getLogger("vmmrt.torch")
 
 _MARK = "_vmmrt_recompute"
 
@@ -101,7 +107,18 @@ class _Recompute(torch.autograd.Function):
         wrt_in = [k for k, x in enumerate(detached) if x.requires_grad]
         wrt_p = [k for k, p in enumerate(runner.params) if p.requires_grad]
         wrt = [detached[k] for k in wrt_in] + [runner.params[k] for k in wrt_p]
-        res = torch.autograd.grad(need, wrt, gos, allow_unused=True) if need and wrt else [None] * len(wrt)
+        res = [None] * len(wrt)
+        if need and wrt:
+            # grads="mapped": the gradients' ops write them in the callable's
+            # slot, as the layer's other backwards do (the recomputed forward
+            # before is not counted: the births are the backward's own ops)
+            mode = eager._grad_mode(runner, eager.current_stream(runner.layer.offload))
+            with quiet_hooks(runner.params):
+                if mode is not None:
+                    with mode:
+                        res = torch.autograd.grad(need, wrt, gos, allow_unused=True)
+                else:
+                    res = torch.autograd.grad(need, wrt, gos, allow_unused=True)
         gin = [None] * runner.n_user
         gp = [None] * len(runner.params)
         for j, k in enumerate(wrt_in):
@@ -239,14 +256,87 @@ def backward_body(runner, allow_unused_input):
     return bwd
 
 
-def static_grads(runners, off):
-    """A recomputed runner's backward graph hands its parameters' gradients
-    over as static buffers: the gradient slot made for it (grads="mapped")
-    is never used, and goes before anything is mapped."""
-    for r in runners:
-        g = getattr(r, "grads", None)
-        if getattr(r, "recompute", False) and g is not None and g.backing is not None:
-            off.backings.remove(g.backing)
-            g.backing.destroy()
-            g.backing = None
-            g.why = "recomputed in backward: its backward graph hands static gradient buffers"
+def _again(runner):
+    """The forward run again from the static inputs, with gradients, in the
+    recomputation's generator states: (inputs, outputs to differentiate, their
+    gradient buffers)."""
+    rng = runner.recompute_rng
+    detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in runner.sample)
+    with rng.using(rng.bwd), torch.enable_grad():
+        outs = runner.split_outputs(runner.call(detached))
+    pairs = [(o, g) for o, g in zip(outs, runner.static_grad_outputs) if g is not None and o.requires_grad]
+    return detached, [o for o, _ in pairs], [g for _, g in pairs]
+
+
+def capture_mapped(r, graph, acc_graph, allow_unused_input, capture):
+    """grads="mapped" for a recomputed runner (see vmmrt.torch.grads): two
+    backward graphs, each running the forward again first, then *write* (the
+    ops that make each parameter's gradient write it in the callable's slot)
+    or *accumulate* (AccumulateGrad adds into the .grad there, in place). Its
+    gradients then come and go as the other layers' do, instead of static
+    buffers of the pool held for the life of the graphs (1x its parameters).
+    The place.Mode sees the backward's ops only, as discovery did. A gradient
+    not at its address leaves the runner "static", as for any layer.
+    ``capture(what, graph, body)`` captures into the shared pool."""
+    g = r.grads
+    dev = r.layer.offload.device_type
+    base = g.backing.tensor(None, counted=False)
+    placed = g.placements(base)
+    mode = place.Mode(dev, placed, g.known, r.layer.static)
+    params = [p for p in r.params if p.requires_grad]
+    seen = {}
+
+    def write():
+        detached, need, gos = _again(r)
+        inputs = [x for x in detached if x.requires_grad]
+        seen["inputs"] = [k for k, x in enumerate(detached) if x.requires_grad]
+        if not need or not inputs + params:
+            return [None] * (len(inputs) + len(params))
+        with quiet_hooks(r.params), mode:
+            return torch.autograd.grad(need, inputs + params, gos, only_inputs=True,
+                                       allow_unused=allow_unused_input, retain_graph=r.retain_graph)
+    res = list(capture("backward (recomputing the forward)", graph, write))
+    k_in = seen["inputs"]
+    gin, gp = res[:len(k_in)], iter(res[len(k_in):])
+    by_pos = dict(zip(k_in, gin))
+    sample_gin = tuple(by_pos.get(k) for k in range(len(r.sample)))
+    missed = [p.birth.describe() + ": " + (p.why or "not placed") for p in placed if p.how is None]
+    if missed or all(x is None for x in res):
+        if missed:
+            log.warning("vmmrt: layer %r: gradients not at their addresses at capture (%s): static buffers",
+                        r.name, "; ".join(missed))
+        r.grad_mode = "static"
+        r.pinned_grads = base
+        r.static_grad_inputs = sample_gin + tuple(next(gp) if p.requires_grad else None for p in r.params)
+        return
+    # the inputs' gradients: the accumulate graph writes them where the write graph's are
+    targets = []
+    for gx in gin:
+        b = mode.births.get(_compat.storage_of(gx)[0]) if gx is not None else None
+        if b is not None:
+            targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
+    acc_mode = place.Mode(dev, targets, mode.by_key, r.layer.static)
+    rng = r.recompute_rng
+    if rng.available:
+        for st in rng.bwd:          # one of the two replays at each backward: the state stays in step
+            acc_graph.register_generator_state(st)
+    for k, p in enumerate(r.params):
+        if p.requires_grad:
+            p.grad = g.view(base, k)
+
+    def accumulate():
+        detached, need, gos = _again(r)
+        inputs = [x for x in detached if x.requires_grad]
+        with quiet_hooks(params), acc_mode:
+            torch.autograd.backward(need, gos, inputs=inputs + params, retain_graph=r.retain_graph)
+        return tuple(x.grad for x in inputs)
+    try:
+        acc_in = capture("backward (recomputing the forward, accumulate)", acc_graph, accumulate)
+    finally:
+        for p in params:
+            p.grad = None
+    acc_pos = dict(zip(k_in, acc_in))
+    r.static_grad_inputs = sample_gin + (None,) * len(r.params)
+    r.acc_grad_inputs = tuple(acc_pos.get(k) for k in range(len(r.sample))) + (None,) * len(r.params)
+    r.acc_shared = all(a is None or (b is not None and a.data_ptr() == b.data_ptr())
+                       for a, b in zip(r.static_grad_inputs, r.acc_grad_inputs))

@@ -24,6 +24,28 @@ from vmmrt.torch.bench import llama, loops, modes, report
 
 MiB = float(1 << 20)
 SLACK = 1.02
+# Under attention other than math (SDPA's flash or efficient kernels) the
+# backward is not bitwise deterministic between runs: the gradients are then
+# checked by their norm against keeping all, within this (rounding moves the
+# ratio by ~1e-6; a dropped or doubled gradient by far more), and a NaN fails.
+NORM_TOL = 1e-3
+
+
+def grads_check(cmp, bitwise):
+    """(right, words) of modes.compare's (same, ulps, norm ratio) against the
+    reference: bitwise when ``bitwise`` (math attention), otherwise the norm
+    ratio within NORM_TOL of 1 and nothing NaN or missing."""
+    same, ulps, ratio = cmp
+    if same:
+        return True, "bitwise"
+    if same is None:
+        return False, "not compared"
+    if bitwise:
+        return False, "%.0f ulps off (not bitwise)" % ulps
+    if ratio is None or ulps != ulps or ratio != ratio or ulps == float("inf"):
+        return False, "a gradient missing or NaN"
+    ok = abs(ratio - 1.0) <= NORM_TOL
+    return ok, "norm ratio %.6f, %.0f ulps%s" % (ratio, ulps, "" if ok else " (over %g)" % NORM_TOL)
 
 
 def hand_plans(n):
@@ -55,6 +77,7 @@ class Sweep:
         self.cuda = xs[0].is_cuda
         self.reserve = 2 * sum(p.numel() * p.element_size() for p in modes.parameters(layers))
         self.ref = None
+        self.bitwise = getattr(args, "attention", "math") == "math"
         self.measured = {}          # signature -> row
 
     def run(self, label, memory_budget):
@@ -77,9 +100,9 @@ class Sweep:
             row, grads = modes.measure(built, self.layers, self.loop, self.xs, self.gys, a, self.weights)
             if self.ref is None:
                 self.ref = modes.host_copies(grads)
-                same = True
+                cmp = (True, 0.0, None)
             else:
-                same = modes.compare(grads, self.ref)[0]
+                cmp = modes.compare(grads, self.ref)
             del grads
         finally:
             modes.teardown(built, self.layers, self.weights)
@@ -90,7 +113,9 @@ class Sweep:
         out = {"label": label, "counts": plan.counts(), "predicted_layers_ms": plan.predicted_ms,
                "predicted_ms": plan.predicted_ms + outside, "fwd_bwd_ms": row["fwd_bwd_ms"],
                "predicted_peak": plan.peak_bytes, "step_ms": row["step_ms"], "peak": peak,
-               "grad_bitwise_vs_keep": same, "plan": plan.as_dict(), "summary": plan.summary()}
+               "grad_bitwise_vs_keep": bool(cmp[0]), "grad_ulps_vs_keep": cmp[1], "grad_norm_ratio_vs_keep": cmp[2],
+               "plan": plan.as_dict(), "summary": plan.summary()}
+        out["grads_ok"], out["grads_check"] = grads_check(cmp, self.bitwise)
         self.measured[_sig(plan)] = out
         return out, plan
 
@@ -115,7 +140,8 @@ def run_sweep(args, title, make_layers, shape, dtype):
         return torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True)
 
     sw = Sweep(args, layers, xs, gys, sample, weights)
-    doc = {"title": title, "mode": args.sweep_mode, "lookahead": args.lookahead}
+    doc = {"title": title, "mode": args.sweep_mode, "lookahead": args.lookahead,
+           "grads_check": "bitwise" if sw.bitwise else "norm ratio within %g" % NORM_TOL}
     with llama.attention_backend(args.attention):
         keep, kplan = sw.run("keep all", vt.Budget(layers=["keep"] * n, reserve=sw.reserve))
         print("[sweep] keep all: predicted %.2f ms %.0f MiB, measured %.2f ms %s" % (
@@ -206,7 +232,14 @@ def targets(doc):
     out.append(report._target("planner's measured peak within the budget (2 % slack), at every budget", r <= SLACK,
                               "worst %.3f of the budget (at %.0f MiB)%s" % (r, b / MiB, "" if doc["points"][0][
                                   "planner"]["peak"] is not None else "; predicted peaks (no device reading)"), 21))
-    full = [r for r in doc.get("measured", []) if r["label"] == "offload 1"]
+    rows = doc.get("measured", [])
+    bad = [r["label"] for r in rows if not r.get("grads_ok", r["grad_bitwise_vs_keep"])]
+    if rows:
+        out.append(report._target("gradients right in every measured plan (%s against keeping all)"
+                                  % doc.get("grads_check", "bitwise"), not bad,
+                                  "%d of %d%s" % (len(rows) - len(bad), len(rows),
+                                                  "; wrong: " + ", ".join(bad) if bad else ""), 21))
+    full = [r for r in rows if r["label"] == "offload 1"]
     rec = [p["planner"] for p in doc["points"] if p["planner"]["counts"]["recompute"]]
     if full and rec and full[0]["peak"] is not None and all(r["peak"] is not None for r in rec):
         low = min(r["peak"] for r in rec)
@@ -241,26 +274,45 @@ def _choice(r):
     return "%dk/%do/%dr %s%d" % (c["keep"], c["offload"], c["recompute"], pl["mode"][:2], pl["lookahead"])
 
 
+def _grads_cell(m):
+    if "grads_ok" not in m:
+        return "bitwise" if m["grad_bitwise_vs_keep"] else "DIFFER"
+    if m["grad_bitwise_vs_keep"]:
+        return "bitwise"
+    r = m.get("grad_norm_ratio_vs_keep")
+    word = "%+.1e" % (r - 1.0) if r is not None and r == r else "nan"
+    return word if m["grads_ok"] else "DIFFER " + word
+
+
 def table(doc, title):
     ref = (doc.get("graph") or doc["keep"])["step_ms"]
-    lines = ["", "budget sweep: %s, %s look-ahead %d, reserve %.0f MiB (AdamW's states + %.0f calibrated), smallest plan %.0f MiB; "
-             "times against %s (%.2f ms); predicted step: the planner's layers + this run's zeroing and optimizer"
-             % (title, doc["mode"], doc["lookahead"], doc["reserve_bytes"] / MiB, doc["calibration_bytes"] / MiB,
+    check = doc.get("grads_check", "bitwise")
+    lines = ["", "budget sweep: %s, %s look-ahead %d, reserve %.0f MiB (%s + %.0f calibrated), smallest plan %.0f MiB; "
+             "times against %s (%.2f ms); predicted step: the planner's layers + this run's zeroing and optimizer; "
+             "grads against keeping all: %s"
+             % (title, doc["mode"], doc["lookahead"], doc["reserve_bytes"] / MiB,
+                doc.get("reserve_what", "AdamW's states"), doc["calibration_bytes"] / MiB,
                 doc["smallest_bytes"] / MiB,
-                "graph-only" if doc.get("graph") else "keeping all", ref),
-             "  %9s | %-22s %9s %9s %9s %9s | %-22s %9s %9s | %7s %4s" % (
-                 "budget", "planner (keep/off/rec)", "pred ms", "meas ms", "pred MiB", "meas MiB", "best hand-made",
-                 "meas ms", "meas MiB", "vs hand", "fits")]
+                "graph-only" if doc.get("graph") else "keeping all", ref,
+                check if check == "bitwise" else check + " (the attention's backward is not deterministic; "
+                "norm ratio - 1 shown, DIFFER beyond it or NaN; --attention math checks bitwise)"),
+             "  %9s | %-16s %9s %9s %9s %9s %-16s | %-22s %9s %9s | %7s %4s" % (
+                 "budget", "planner k/o/r", "pred ms", "meas ms", "pred MiB", "meas MiB", "grads",
+                 "best hand-made", "meas ms", "meas MiB", "vs hand", "fits")]
     for pt in doc["points"]:
         b, m = pt["budget"], pt["planner"]
         ok = [h for h in pt["hand"] if _fits(h, b)]
         best = min(ok, key=lambda h: h["step_ms"]) if ok else None
-        lines.append("  %9.0f | %-22s %9.2f %9.2f %9.0f %9s | %-22s %9s %9s | %7s %4s" % (
-            b / MiB, "%s %s" % (_choice(m), "" if m["grad_bitwise_vs_keep"] else "GRADS DIFFER"),
-            m["predicted_ms"], m["step_ms"], m["predicted_peak"] / MiB, _peak(m["peak"])[:-4] if m["peak"] else "-",
+        lines.append("  %9.0f | %-16s %9.2f %9.2f %9.0f %9s %-16s | %-22s %9s %9s | %7s %4s" % (
+            b / MiB, _choice(m), m["predicted_ms"], m["step_ms"], m["predicted_peak"] / MiB,
+            _peak(m["peak"])[:-4] if m["peak"] else "-", _grads_cell(m),
             best["label"] if best else "(none fits)", "%.2f" % best["step_ms"] if best else "-",
             _peak(best["peak"])[:-4] if best and best["peak"] else "-",
             "%.3fx" % (m["step_ms"] / best["step_ms"]) if best else "-", "yes" if _fits(m, b) else "NO"))
+    bad = [r for r in doc.get("measured", []) if not r.get("grads_ok", r["grad_bitwise_vs_keep"])]
+    if bad:
+        lines.append("  GRADS DIFFER: " + "; ".join("%s (%s)" % (r["label"], r.get("grads_check", "not bitwise"))
+                                                     for r in bad))
     lines.append("  Pareto front (measured): " + "; ".join(
         "%s %.0f MiB %.2f ms (%.3fx)" % (p["label"], p["peak"] / MiB, p["step_ms"], p["step_ms"] / ref)
         for p in doc["pareto"]))
