@@ -58,25 +58,43 @@ def test_hand_plan_time_and_peak_by_hand():
     assert p.layers[0].exposed_ms == pytest.approx(40.0)
     assert p.graph_ms == 90.0 and p.recompute_ms == 10.0
     assert p.predicted_ms == pytest.approx(140.0)
-    # two banks of 400 MB; what stays: layer 2's 400 MB; recomputing layer 1 holds 400 MB then, no more
-    assert p.bank_bytes == 800_000_000 and p.inflight_bytes == 0
-    assert p.peak_bytes == 1000 + 800_000_000 + 400_000_000
+    # two banks of 400 MB; what stays: layer 2's 400 MB; recomputing layer 1 holds its 400 MB again in
+    # the pool, which keeps it reserved beside the rest
+    assert p.bank_bytes == 800_000_000 and p.inflight_bytes == 400_000_000 and p.timeline_bytes == 400_000_000
+    assert p.peak_bytes == 1000 + 800_000_000 + 400_000_000 + 400_000_000
     q = budget.evaluate(_three(), [1.0, "recompute", "keep"], "remap", 2, static_bytes=1000, d2h_gbps=10,
                         margin=1.0)
     # remap, look-ahead 2: the H2D hides behind two backwards (30 + 20 ms), the map costs REMAP_MS,
     # and the mapped groups are the 3 largest (one here)
     assert q.predicted_ms == pytest.approx(90.0 + 10.0 + 30.0 + budget.REMAP_MS)
-    assert q.peak_bytes == 1000 + 400_000_000 + 400_000_000
+    assert q.peak_bytes == 1000 + 400_000_000 + 400_000_000 + 400_000_000
 
 
-def test_recomputed_layer_holds_its_whole_set_over_what_stays_before_it():
+def test_recomputed_layer_holds_its_whole_set_in_the_pool_beside_what_stays():
     costs = [LayerCost("a", 1, 1, [100]), LayerCost("b", 1, 1, [100]), LayerCost("c", 1, 1, [500]),
              LayerCost("d", 1, 1, [100])]
     p = budget.evaluate(costs, ["keep", "keep", "recompute", "keep"], static_bytes=7)
-    # at c's backward: a and b stay (200), d is released, c's 500 are back
-    assert p.peak_bytes == 7 + 700 and p.inflight_bytes == 400
+    # c's 500 come back in its backward graph's pool, which keeps them reserved; a, b and d are kept
+    assert p.peak_bytes == 7 + 500 + 300 and p.inflight_bytes == 500 and p.timeline_bytes == 300
     # the tail offloads nothing: libvmmrt never copies it
     assert budget.evaluate(costs, [0.0, 0.0, 0.0, 1.0]).layers[3].action == "keep"
+
+
+def test_timeline_holds_residents_to_their_backward_and_gradients_from_theirs():
+    # uses: f0 f1 f2 b2 b1 b0; a resident slot lives [forward - 1, backward], gradients from backward - 1
+    costs = [LayerCost("a", 1, 1, [100], grads=10, fwd_work=5), LayerCost("b", 1, 1, [200], grads=20, bwd_work=50),
+             LayerCost("c", 1, 1, [300], grads=40)]
+    p = budget.evaluate(costs, ["keep"] * 3, static_bytes=7)
+    # at b2: all three kept (600) + c's and b's gradients (60); the largest working set is b's backward
+    assert p.timeline_bytes == 660 and p.inflight_bytes == 50 and p.peak_bytes == 7 + 50 + 660
+    # mapped at the use itself: only c's gradients at b2
+    assert budget.evaluate(costs, ["keep"] * 3, map_ahead=0).timeline_bytes == 640
+    # c recomputed: its 300 are in the pool (working set); at b1, a and b kept and every gradient mapped
+    q = budget.evaluate(costs, ["keep", "keep", "recompute"], static_bytes=7)
+    assert q.inflight_bytes == 300 and q.timeline_bytes == 370 and q.peak_bytes == 7 + 300 + 370
+    # the optimizer's step holds every gradient: more than anything else when the gradients dominate
+    big = [c.but(grads=1000) for c in costs]
+    assert budget.evaluate(big, ["recompute"] * 3).timeline_bytes == 3000
 
 
 def test_granularity_rounds_the_banks():
@@ -103,18 +121,20 @@ def test_search_offloads_what_hides_before_recomputing():
 
 
 def test_search_recomputes_when_offload_cannot_fit():
+    # k recomputed: one set of 1000 in the pool + 4 - k kept; offloading beside them adds banks
     p = budget.search(_four(), 2500, d2h_gbps=1)
-    assert p.counts()["recompute"] == 2 and p.peak_bytes == 2000 and p.predicted_ms == pytest.approx(140.0)
+    assert p.counts()["recompute"] == 3 and p.peak_bytes == 2000 and p.predicted_ms == pytest.approx(150.0)
 
 
 def test_no_fit_gives_the_smallest_budget_and_it_fits():
     with pytest.raises(BudgetError) as e:
         budget.search(_four(), 999, d2h_gbps=1)
-    # three recomputed and the tail kept: 1000 bytes at any moment
+    # all four recomputed: one saved set at a time, in the pool; keeping all is 4000
     assert e.value.smallest == 1000 and e.value.budget == 999 and e.value.name == "VMMRT_E_OUT_OF_MEMORY"
-    assert "1000 bytes" in str(e.value)
+    assert "1000 bytes" in str(e.value) and e.value.keep == 4000
     p = budget.search(_four(), e.value.smallest, d2h_gbps=1)
-    assert p.peak_bytes == 1000 and p.counts()["recompute"] == 3 and p.predicted_ms == pytest.approx(150.0)
+    assert p.peak_bytes == 1000 and p.counts()["recompute"] == 4 and p.predicted_ms == pytest.approx(160.0)
+    assert (p.smallest_bytes, p.keep_bytes) == (1000, 4000)
     with pytest.raises(BudgetError) as e:
         budget.search(_four(), 2500, d2h_gbps=1, recompute=False)
     assert e.value.smallest == 3000
@@ -387,8 +407,20 @@ def test_graphs_recompute_is_bitwise_graph_only_and_checkpoint(mode):
                 x = sample()
                 gy = torch.randn_like(x)
                 y, got = _gpu_step(g, base, x, gy)
+                # the recomputed layers' gradients too are in their slots (no static pool buffers)
+                _grads_in_slots(off, base)
                 yr, want = _gpu_step(gref, ref, x.detach().clone().requires_grad_(), gy)
                 assert torch.equal(y, yr) and all(torch.equal(a, b) for a, b in zip(got, want)), it
+            # a second backward into the .grad there: the accumulate graphs (g + g is 2g exactly)
+            x.grad = None
+            y = x
+            for f in g:
+                y = f(y)
+            y.backward(gy)
+            torch.cuda.synchronize()
+            _grads_in_slots(off, base)
+            twice = [p.grad for m in base for p in m.parameters()]
+            assert all(torch.equal(a, 2 * b) for a, b in zip(twice, got[1:]))
         finally:
             off.close()
         # and, eagerly on the same device, against torch.utils.checkpoint itself

@@ -11,7 +11,7 @@ import time
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, _contracts, grads, place
+from vmmrt.torch import _compat, _contracts, grads, place, planner
 
 
 class Runner:
@@ -331,14 +331,14 @@ def warmup(runners, iters, allow_unused_input):
         static = r.layer.static
         for i in range(passes):
             record = i < recording and place.AVAILABLE
-            with _Timer(cuda) as tf:
+            with _Timer(cuda) as tf, planner.working(r.layer, False):
                 with r.layer.discovering(record) as p:
                     out = r.call(r.sample)
                     p.outputs = out
             outputs = r.split_outputs(out)
             need = tuple(o for o in outputs if o.requires_grad)
             wrt = tuple(i for i in r.surface if i.requires_grad)
-            with _Timer(cuda) as tb:
+            with _Timer(cuda) as tb, planner.working(r.layer, True):
                 if need and wrt:
                     mode = place.Mode(r.layer.offload.device_type, static=static) if record else None
                     if mode is not None:

@@ -26,9 +26,23 @@ forward + the copy time not hidden: a layer's D2H behind the next forward
 and its H2D behind the backwards of the look-ahead layers before it in
 backward order, each window scaled by ``margin`` (the planner's model) +
 remap's per-map cost. Predicted driver-level peak = static + banks + the
-larger of what stays at the end of the forwards and, for each recomputed
-layer j, what stays of the layers before it plus its whole saved set (the
-layers after it have released theirs by then).
+largest working set + the most the timeline holds at once:
+
+- the working set of a layer is what its forward or backward allocates
+  beyond what it keeps (intermediates, the activations' gradients), and for
+  a recomputed layer its whole saved set again on top: these live in the
+  graph pool (or the caching allocator), which keeps its most reserved for
+  the life of the graphs, so the largest one counts at every moment;
+- the timeline: each layer's resident slot (what it keeps that does not
+  move) from just before its forward to its backward, and its mapped
+  gradients (grads="mapped") from just before its backward to the
+  optimizer's step, ``map_ahead`` uses ahead as Offload maps them; static
+  gradient buffers are in ``static_bytes``.
+
+What a step holds outside the layers (an optimizer's states and its
+temporaries: foreach AdamW's sqrt of a second moment is 1x the parameters)
+is the caller's ``Budget(reserve=)``: the caching allocator keeps it
+reserved beside everything above.
 
 The search, per strategy and per bound on the largest group that moves
 (which fixes the banks), is the greedy of a multiple-choice knapsack: each
@@ -151,12 +165,27 @@ class LayerCost:
     """What the planner knows of one layer: ``sizes`` the bytes of each region
     that may move (Offload.candidates), ``fixed`` the saved bytes that stay if
     it is not recomputed (outputs, marked and small tensors), ``recompute``
-    None (may be), True (must be: marked by the user) or False (may not)."""
-    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "fixed", "recompute")
+    None (may be), True (must be: marked by the user) or False (may not);
+    ``grads`` the bytes of its parameters' gradients when they come and go
+    (grads="mapped": mapped at its backward, released by zero_grad; static
+    buffers are in static_bytes instead); ``fwd_work`` and ``bwd_work`` what
+    its forward and backward allocate beyond what they keep (intermediates,
+    the gradients of activations: the warm-up's allocator peak over what
+    stays), which a graph pool or the caching allocator keeps reserved."""
+    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "fixed", "recompute", "grads", "fwd_work", "bwd_work")
 
-    def __init__(self, name, fwd_ms, bwd_ms, sizes, fixed=0, recompute=None):
+    def __init__(self, name, fwd_ms, bwd_ms, sizes, fixed=0, recompute=None, grads=0, fwd_work=0, bwd_work=0):
         self.name, self.fwd_ms, self.bwd_ms = name, float(fwd_ms), float(bwd_ms or 0.0)
         self.sizes, self.fixed, self.recompute = [int(s) for s in sizes], int(fixed), recompute
+        self.grads, self.fwd_work, self.bwd_work = int(grads), int(fwd_work), int(bwd_work)
+
+    def but(self, **kw):
+        """A copy with some fields changed."""
+        c = LayerCost(self.name, self.fwd_ms, self.bwd_ms, self.sizes, self.fixed, self.recompute, self.grads,
+                      self.fwd_work, self.bwd_work)
+        for k, v in kw.items():
+            setattr(c, k, v)
+        return c
 
     @property
     def total(self):
@@ -164,7 +193,8 @@ class LayerCost:
 
 
 class LayerChoice:
-    __slots__ = ("name", "action", "chosen", "moved", "resident", "total", "fwd_ms", "bwd_ms", "exposed_ms")
+    __slots__ = ("name", "action", "chosen", "moved", "resident", "total", "fwd_ms", "bwd_ms", "exposed_ms",
+                 "grads", "work")
 
     def __init__(self, cost, action, chosen=()):
         self.name, self.action, self.chosen = cost.name, action, sorted(chosen)
@@ -173,6 +203,10 @@ class LayerChoice:
         self.resident = 0 if action == "recompute" else self.total - self.moved
         self.fwd_ms, self.bwd_ms = cost.fwd_ms, cost.bwd_ms
         self.exposed_ms = 0.0
+        self.grads = cost.grads
+        # its working set: a recomputed layer's backward holds its whole saved
+        # set again (in the pool) under the forward's or the backward's own
+        self.work = max(cost.fwd_work, cost.bwd_work) + (self.total if action == "recompute" else 0)
 
     def as_dict(self):
         return {k: getattr(self, k) for k in self.__slots__}
@@ -187,8 +221,8 @@ class BudgetPlan:
     the indices of the regions that move (what Offload.allocate(plan=) reads)."""
 
     def __init__(self, layers, mode, lookahead, static_bytes, d2h_gbps, h2d_gbps, margin, granularity,
-                 remap_ms, budget=None):
-        self.layers, self.mode, self.lookahead = layers, mode, lookahead
+                 remap_ms, budget=None, map_ahead=1):
+        self.layers, self.mode, self.lookahead, self.map_ahead = layers, mode, lookahead, map_ahead
         self.static_bytes, self.d2h_gbps, self.h2d_gbps = static_bytes, d2h_gbps, h2d_gbps
         self.margin, self.granularity, self.remap_ms, self.budget = margin, granularity, remap_ms, budget
         self.alternatives = []      # (mode, lookahead, predicted_ms, peak_bytes) of the other strategies
@@ -217,14 +251,11 @@ class BudgetPlan:
         self.recompute_ms = sum(c.fwd_ms for c in ls if c.action == "recompute")
         self.copy_ms = sum(c.exposed_ms for c in ls)
         self.predicted_ms = self.graph_ms + self.recompute_ms + self.copy_ms
-        stays = sum(c.resident for c in ls)
-        worst, before = stays, 0
-        for c in ls:
-            if c.action == "recompute":
-                worst = max(worst, before + c.total)
-            before += c.resident
-        self.inflight_bytes = worst - stays
-        self.peak_bytes = self.static_bytes + self.bank_bytes + worst
+        # The pool (or the caching allocator) keeps what the passes allocated
+        # at most reserved: the largest working set is held all along.
+        self.inflight_bytes = max([c.work for c in ls] or [0])
+        self.timeline_bytes = timeline(ls, self.map_ahead)
+        self.peak_bytes = self.static_bytes + self.bank_bytes + self.inflight_bytes + self.timeline_bytes
 
     @property
     def fits(self):
@@ -241,12 +272,14 @@ class BudgetPlan:
         k = self.counts()
         head = ("memory plan (%s, look-ahead %d): %d kept, %d offloaded, %d recomputed; predicted step %.2f ms "
                 "(layers %.2f + recompute %.2f + copies not hidden %.2f) = %.3fx the layers' time; predicted peak "
-                "%.0f MiB (static %.0f + kept %.0f + banks %.0f + in flight %.0f)%s"
+                "%.0f MiB (static %.0f + banks %.0f + working set %.0f + activations and gradients at their "
+                "most %.0f, of which kept %.0f and gradients %.0f)%s"
                 % (self.mode, self.lookahead, k["keep"], k["offload"], k["recompute"], self.predicted_ms,
                    self.graph_ms, self.recompute_ms, self.copy_ms,
                    self.predicted_ms / self.graph_ms if self.graph_ms else 1.0, self.peak_bytes / mib,
-                   self.static_bytes / mib, sum(c.resident for c in self.layers) / mib, self.bank_bytes / mib,
-                   self.inflight_bytes / mib,
+                   self.static_bytes / mib, self.bank_bytes / mib, self.inflight_bytes / mib,
+                   self.timeline_bytes / mib, sum(c.resident for c in self.layers) / mib,
+                   sum(c.grads for c in self.layers) / mib,
                    "" if self.budget is None else " within the budget of %.0f MiB" % (self.budget / mib)))
         lines = [head]
         for c in self.layers:
@@ -263,22 +296,43 @@ class BudgetPlan:
     def as_dict(self):
         return {"mode": self.mode, "lookahead": self.lookahead, "budget_bytes": self.budget,
                 "static_bytes": self.static_bytes, "bank_bytes": self.bank_bytes,
-                "inflight_bytes": self.inflight_bytes, "peak_bytes": self.peak_bytes,
+                "inflight_bytes": self.inflight_bytes, "timeline_bytes": self.timeline_bytes,
+                "map_ahead": self.map_ahead, "peak_bytes": self.peak_bytes,
                 "graph_ms": self.graph_ms, "recompute_ms": self.recompute_ms, "copy_ms": self.copy_ms,
                 "predicted_ms": self.predicted_ms, "counts": self.counts(),
                 "alternatives": [list(a) for a in self.alternatives],
                 "layers": [c.as_dict() for c in self.layers]}
 
 
+def timeline(ls, ahead=1):
+    """The most that resident activations and mapped gradients hold at once
+    over a step (every forward, then the backwards in reverse): a layer's
+    resident slot from ``ahead`` uses before its forward to its backward, its
+    gradients from ``ahead`` uses before its backward to the optimizer's step
+    (Offload.gpu_reached_previous maps that far ahead of the GPU)."""
+    n = len(ls)
+    worst = sum(c.grads for c in ls)            # the optimizer's step: every gradient
+    for u in range(2 * n):
+        live = 0
+        for i, c in enumerate(ls):
+            f, b = i, 2 * n - 1 - i             # the layer's forward and backward uses
+            if f - ahead <= u <= b:
+                live += c.resident
+            if u >= b - ahead:
+                live += c.grads
+        worst = max(worst, live)
+    return worst
+
+
 class _Env:
-    def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms):
+    def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead=1):
         self.costs, self.static, self.d2h, self.h2d = costs, static_bytes, d2h_gbps, h2d_gbps
-        self.margin, self.gran, self.remap_ms = margin, granularity, remap_ms
+        self.margin, self.gran, self.remap_ms, self.map_ahead = margin, granularity, remap_ms, map_ahead
 
     def make(self, choices, mode, la, budget=None):
         ls = [LayerChoice(c, a, ch) for c, (a, ch) in zip(self.costs, choices)]
         p = BudgetPlan(ls, mode, la, self.static, self.d2h, self.h2d, self.margin, self.gran, self.remap_ms,
-                       budget)
+                       budget, self.map_ahead)
         p.costs = self.costs        # what it was planned from (the benchmark predicts hand plans with it)
         return p
 
@@ -291,12 +345,13 @@ def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin):
     if static_bytes < 0:
         raise InvalidBudget("static_bytes=%r is negative" % (static_bytes,))
     for c in costs:
-        if c.fwd_ms < 0 or c.bwd_ms < 0 or any(s < 0 for s in c.sizes) or c.fixed < 0:
+        if c.fwd_ms < 0 or c.bwd_ms < 0 or any(s < 0 for s in c.sizes) or min(c.fixed, c.grads, c.fwd_work,
+                                                                                 c.bwd_work) < 0:
             raise InvalidBudget("layer %r: negative time or size" % c.name)
 
 
 def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None,
-             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None):
+             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None, map_ahead=1):
     """The prediction of a hand plan: ``choices`` one per layer as
     :class:`Budget`'s ``layers`` take them. A fraction offloads the largest
     regions first that fit in it (the same selection as offload=fraction);
@@ -305,7 +360,7 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
     _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin)
     if len(choices) != len(costs):
         raise InvalidBudget("a hand plan of %d choices for %d layers" % (len(choices), len(costs)))
-    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms)
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead)
     out = []
     for i, (c, ch) in enumerate(zip(costs, choices)):
         ch = check_choice(ch, i)
@@ -431,7 +486,7 @@ def _search(env, mode, la, cap, budget):
 
 
 def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.9, granularity=1,
-           strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24):
+           strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24, map_ahead=1):
     """The fastest plan whose predicted peak is within ``budget`` bytes, over
     ``strategies`` ((mode, look-ahead) pairs); :class:`BudgetError` with the
     smallest budget that would fit when none does. ``recompute=False``: no
@@ -445,9 +500,8 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
             raise InvalidBudget("strategy (%r, %r): mode 'pingpong', 'remap' or 'none' (nothing moves), look-ahead "
                                 "1 or more" % (mode, la))
     if not recompute:
-        costs = [c if c.recompute is True else LayerCost(c.name, c.fwd_ms, c.bwd_ms, c.sizes, c.fixed, False)
-                 for c in costs]
-    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms)
+        costs = [c if c.recompute is True else c.but(recompute=False) for c in costs]
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead)
     movable = sorted({s for i, c in enumerate(costs[:-1]) for s in _level_bytes(c)})
     if len(movable) > caps:     # quantiles of the candidate group sizes, the largest kept
         movable = sorted({movable[int(k * (len(movable) - 1) / (caps - 1))] for k in range(caps)})

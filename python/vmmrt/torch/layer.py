@@ -162,6 +162,8 @@ class LayerOffload:
         self.passes = 0
         self.fwd_ms = []
         self.bwd_ms = []
+        self.fwd_work = []          # the warm-up's working sets, bytes (vmmrt.torch.planner.working)
+        self.bwd_work = []
         self._restored = False      # between backward_begin and backward_end
         self._bwd_capture = False
         self.last_rec = None        # the recorder of the latest pass (its hooks' errors)

@@ -146,37 +146,76 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
+class working:
+    """Around a warm-up pass of a layer (on CUDA): what it allocates beyond
+    what it keeps, from the caching allocator's peak (which this resets), into
+    ``lay.fwd_work`` (the peak over what the forward leaves: intermediates)
+    and ``lay.bwd_work`` (the peak over what was there before the backward:
+    its results are taken off in :func:`layer_costs`)."""
+
+    def __init__(self, lay, backward):
+        self.lay, self.backward = lay, backward
+        self.dev = lay.offload.device if lay.offload.device_type == "cuda" else None
+
+    def __enter__(self):
+        if self.dev is not None:
+            self.before = torch.cuda.memory_allocated(self.dev)
+            torch.cuda.reset_peak_memory_stats(self.dev)
+        return self
+
+    def __exit__(self, *exc):
+        if self.dev is not None and exc[0] is None:
+            peak = torch.cuda.max_memory_allocated(self.dev)
+            if self.backward:
+                self.lay.bwd_work.append(max(0, peak - self.before))
+            else:
+                self.lay.fwd_work.append(max(0, peak - torch.cuda.memory_allocated(self.dev)))
+
+
+def _mapped(r):
+    g = getattr(r, "grads", None)
+    return g is not None and g.mapped
+
+
 def static_bytes(off, runners=(), graphs=True, reserve=0):
     """What is on the device whatever the plan, as the budget planner counts
     it: on CUDA the driver's used memory now less what PyTorch's caching
     allocator holds unused (the warm-up's freed activations), on the host
     backend the parameters and the sample arguments; plus the gradients not
-    allocated yet (one per trainable parameter), the graphs' static outputs
-    (as large as their inputs, under graphs) and ``reserve`` (what the step
-    adds later: an optimizer's states before its first step)."""
-    params, seen = [], set()
+    allocated yet that do not come and go (static buffers: a callable whose
+    gradients are not mapped), under graphs the static tensors each capture
+    adds (outputs as large as the inputs, their gradients' buffers, the
+    inputs' gradients) and ``reserve`` (what the step adds later: an
+    optimizer's states and temporaries)."""
+    params, static, seen = [], [], set()
     for r in runners:
         for p in r.params:
             if id(p) not in seen:
                 seen.add(id(p))
                 params.append(p)
+                if not _mapped(r):
+                    static.append(p)
     samples = sum(_nbytes(t) for r in runners for t in r.sample)
+    grad_in = sum(_nbytes(t) for r in runners for t in r.sample if t.requires_grad)
     if off.host:
         base = sum(_nbytes(p) for p in params) + samples
     else:
         free, total = off.runtime.mem_info()
         dev = off.device
         base = (total - free) - (torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
-    grads = sum(_nbytes(p) for p in params if p.requires_grad and p.grad is None)
-    return base + grads + (samples if graphs else 0) + reserve
+    grads = sum(_nbytes(p) for p in static if p.requires_grad and p.grad is None)
+    return base + grads + (2 * samples + grad_in if graphs else 0) + reserve
 
 
-def layer_costs(off, marked=None):
+def layer_costs(off, marked=None, runners=()):
     """The budget planner's view of each layer of ``off`` (forward order): the
     fastest warm-up forward and backward, the regions that may move, the saved
-    bytes that stay unless it is recomputed; ``marked``: per layer, True when
-    the user marked it for recomputation (vmmrt.torch.mark_recompute)."""
+    bytes that stay unless it is recomputed, the working sets of its passes and,
+    from ``runners`` (the layers' own, in the same order), the bytes of its
+    mapped gradients; ``marked``: per layer, True when the user marked it for
+    recomputation (vmmrt.torch.mark_recompute)."""
     from vmmrt.torch import budget
+    by_layer = {id(r.layer): r for r in runners}
     rows = []
     for i, lay in enumerate(off.layers):
         if not lay.fwd_ms:
@@ -184,9 +223,18 @@ def layer_costs(off, marked=None):
                                        "times (LayerOffload.fwd_ms, bwd_ms); append them before planning" % lay.name)
         cand = off.candidates(lay)
         fixed = sum(r.nbytes for r in lay.regions if r.reason not in (None, "output", "recompute", "budget"))
+        r = by_layer.get(id(lay))
+        gbytes = lay.grads.backing.nbytes if r is not None and _mapped(r) else 0
+        # the backward's results are counted elsewhere: the parameters' gradients
+        # (mapped or static), the inputs' and the outputs' gradient buffers
+        results = 0 if r is None else (sum(_nbytes(p) for p in r.params if p.requires_grad)
+                                       + sum(2 * _nbytes(t) for t in r.sample if t.requires_grad))
+        fwd_work = min(lay.fwd_work) if lay.fwd_work else 0
+        bwd_work = max(0, min(lay.bwd_work) - results) if lay.bwd_work else 0
         rows.append(budget.LayerCost(lay.name, min(lay.fwd_ms), min(lay.bwd_ms) if lay.bwd_ms else 0.0,
                                      [r.nbytes for r in cand], fixed,
-                                     True if marked is not None and marked[i] else None))
+                                     True if marked is not None and marked[i] else None,
+                                     gbytes, fwd_work, bwd_work))
     return rows
 
 
@@ -204,14 +252,14 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
         None if memory_budget is None else budget.Budget(memory_budget))
     total = off.runtime.mem_info()[1]
     limit = None if b is None or b.limit is None else budget.parse(b.limit, total)
-    costs = layer_costs(off, marked)
+    costs = layer_costs(off, marked, runners)
     gbps = measure_bandwidth(off.device, runtime=off.runtime)
     static = static_bytes(off, runners, graphs, b.reserve if b is not None else 0)
     mode = off.mode
     # ping-pong without a declared schedule has two banks and restores one layer ahead
     la = off.lookahead if mode == "remap" else 1
     common = dict(static_bytes=static, d2h_gbps=gbps[0], h2d_gbps=gbps[1], margin=margin,
-                  granularity=off.granularity)
+                  granularity=off.granularity, map_ahead=0 if off.host else off.map_ahead)
     if b is not None and b.layers is not None:
         p = budget.evaluate(costs, b.layers, mode if mode != "none" else "pingpong", la, budget=limit,
                             **common)
@@ -265,6 +313,7 @@ def adopt(off, plan, runners, uses):
             lay.static = old.static
             lay.plan, lay.births, lay.passes = old.plan, old.births, old.passes
             lay.fwd_ms, lay.bwd_ms, lay.recompute = old.fwd_ms, old.bwd_ms, old.recompute
+            lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
             r.layer = lay
         new.set_order([(r.layer, b) for b, r in uses])
         if (new.mode, new.lookahead) != (plan.mode, plan.lookahead):

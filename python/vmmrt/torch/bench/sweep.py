@@ -67,7 +67,7 @@ def _sig(plan):
 
 def _inputs(plan):
     return dict(static_bytes=plan.static_bytes, d2h_gbps=plan.d2h_gbps, h2d_gbps=plan.h2d_gbps, margin=plan.margin,
-                granularity=plan.granularity, remap_ms=plan.remap_ms)
+                granularity=plan.granularity, remap_ms=plan.remap_ms, map_ahead=plan.map_ahead)
 
 
 class Sweep:
@@ -75,7 +75,10 @@ class Sweep:
         self.args, self.layers, self.xs, self.gys, self.sample, self.weights = args, layers, xs, gys, sample, weights
         self.loop = loops.Loop("set_to_none", 1)
         self.cuda = xs[0].is_cuda
-        self.reserve = 2 * sum(p.numel() * p.element_size() for p in modes.parameters(layers))
+        # AdamW's two states per parameter, and foreach AdamW's temporary (the
+        # square root of the second moments, 1x the parameters) at its step:
+        # the caching allocator keeps it reserved beside the layers' memory
+        self.reserve = 3 * sum(p.numel() * p.element_size() for p in modes.parameters(layers))
         self.ref = None
         self.bitwise = getattr(args, "attention", "math") == "math"
         self.measured = {}          # signature -> row
@@ -141,6 +144,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
 
     sw = Sweep(args, layers, xs, gys, sample, weights)
     doc = {"title": title, "mode": args.sweep_mode, "lookahead": args.lookahead,
+           "reserve_what": "AdamW's states and foreach temporary, 3x the parameters",
            "grads_check": "bitwise" if sw.bitwise else "norm ratio within %g" % NORM_TOL}
     with llama.attention_backend(args.attention):
         keep, kplan = sw.run("keep all", vt.Budget(layers=["keep"] * n, reserve=sw.reserve))
