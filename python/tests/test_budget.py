@@ -92,7 +92,7 @@ def test_timeline_holds_residents_to_their_backward_and_gradients_from_theirs():
     # c recomputed: its 300 are in the pool (working set); at b1, a and b kept and every gradient mapped
     q = budget.evaluate(costs, ["keep", "keep", "recompute"], static_bytes=7)
     assert q.inflight_bytes == 300 and q.timeline_bytes == 370 and q.peak_bytes == 7 + 300 + 370
-    # the optimizer's step holds every gradient: more than anything else when the gradients dominate
+    # from the last backward to the optimizer's step every gradient is mapped: the most when they dominate
     big = [c.but(grads=1000) for c in costs]
     assert budget.evaluate(big, ["recompute"] * 3).timeline_bytes == 3000
 
@@ -276,6 +276,27 @@ def test_marked_layer_offloaded_by_a_hand_plan_is_refused():
 def _build(mine, shape=(2, 16, 32), **kw):
     return vt.make_graphed_callables(tuple(mine), tuple((torch.randn(*shape, requires_grad=True),) for _ in mine),
                                      graphs=False, **kw)
+
+
+@pytest.mark.parametrize("grads", ["mapped", "static"])
+def test_mapped_gradients_are_in_the_timeline_static_ones_in_static(grads):
+    _, mine = _pair(3)
+    params = sum(p.numel() * p.element_size() for m in mine for p in m.parameters())
+    samples = 3 * 2 * 16 * 32 * 4
+    fs = _build(mine, grads=grads, memory_budget=Budget(layers=["keep"] * 3, reserve=5))
+    off = vt.offload_of(fs[0])
+    try:
+        p = off.plan
+        if grads == "mapped":
+            # the host backend: the parameters and samples, no gradient (each callable's come and go)
+            assert p.static_bytes == params + samples + 5
+            assert [c.grads for c in p.layers] == [lay.grads.backing.nbytes for lay in off.layers]
+            assert all(c.grads >= sum(q.numel() * 4 for q in m.parameters()) for c, m in zip(p.layers, mine))
+        else:
+            assert p.static_bytes == 2 * params + samples + 5 and all(c.grads == 0 for c in p.layers)
+        assert p.peak_bytes == p.static_bytes + p.bank_bytes + p.inflight_bytes + p.timeline_bytes
+    finally:
+        off.close()
 
 
 def test_budget_too_small_names_the_smallest_and_that_one_builds():
@@ -501,6 +522,9 @@ def test_graphs_budget_between_keep_and_smallest_fits_and_is_bitwise():
         off = vt.offload_of(g[0])
         try:
             print(off.plan.summary())
+            # the warm-up measured every layer's working sets
+            assert all(lay.fwd_work and lay.bwd_work for lay in off.layers)
+            assert all(c.work > 0 for c in off.plan.layers)
             # this build's own measurements put b in the same range
             assert off.plan.smallest_bytes <= b < off.plan.keep_bytes
             assert off.plan.peak_bytes <= b and off.plan.counts()["keep"] < 6
