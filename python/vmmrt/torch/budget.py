@@ -285,8 +285,8 @@ class BudgetPlan:
         for c in self.layers:
             what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions)" % (c.moved / mib, len(c.chosen)),
                     "recompute": "recomputes its forward in backward (+%.2f ms)" % c.fwd_ms}[c.action]
-            lines.append("  %-24s fwd %7.2f ms  bwd %7.2f ms  saved %8.1f MiB  %s%s"
-                         % (c.name, c.fwd_ms, c.bwd_ms, c.total / mib, what,
+            lines.append("  %-24s fwd %7.2f ms  bwd %7.2f ms  saved %8.1f MiB  work %7.1f MiB  grads %7.1f MiB  %s%s"
+                         % (c.name, c.fwd_ms, c.bwd_ms, c.total / mib, c.work / mib, c.grads / mib, what,
                             ", %.2f ms not hidden" % c.exposed_ms if c.exposed_ms else ""))
         for mode, la, ms, peak in self.alternatives:
             lines.append("  alternative: %s look-ahead %d predicts %.2f ms at %.0f MiB (Offload(mode=, lookahead=) "

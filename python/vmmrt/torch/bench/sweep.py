@@ -19,7 +19,7 @@ import time
 import torch
 
 import vmmrt.torch as vt
-from vmmrt.torch import budget
+from vmmrt.torch import budget, memory
 from vmmrt.torch.bench import llama, loops, modes, report
 
 MiB = float(1 << 20)
@@ -120,6 +120,12 @@ class Sweep:
                "plan": plan.as_dict(), "summary": plan.summary()}
         out["grads_ok"], out["grads_check"] = grads_check(cmp, self.bitwise)
         self.measured[_sig(plan)] = out
+        snap = row.get("memory")
+        print("[sweep] %s: predicted %.0f MiB = static %.0f + banks %.0f + working set %.0f + timeline %.0f; "
+              "measured peak %s%s" % (label, plan.peak_bytes / MiB, plan.static_bytes / MiB, plan.bank_bytes / MiB,
+                                      plan.inflight_bytes / MiB, plan.timeline_bytes / MiB, _peak(peak),
+                                      "; between forward and backward: " + memory.describe(snap) if snap else ""),
+              flush=True)
         return out, plan
 
     def measure(self, label, memory_budget, sig):
