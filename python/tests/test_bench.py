@@ -205,3 +205,18 @@ def test_budget_sweep_runs_on_the_cpu(tmp_path):
         assert all(h["predicted_peak"] <= p["budget"] for h in p["hand"])
     assert sw["points"][-1]["planner"]["counts"]["recompute"] >= 1
     assert sw["pareto"] and sw["hand_predicted"]
+    # attention "auto" (the default): gradients checked by their norm, and said so
+    assert sw["grads_check"].startswith("norm ratio") and all(m["grads_ok"] for m in sw["measured"])
+
+
+def test_budget_sweep_checks_gradients_bitwise_with_math_attention_by_norm_otherwise():
+    from vmmrt.torch.bench import sweep
+    assert sweep.grads_check((True, 0.0, None), True) == (True, "bitwise")
+    assert sweep.grads_check((False, 3.0, 1.0), True)[0] is False           # math attention: bitwise or wrong
+    assert sweep.grads_check((False, 40.0, 1.0 + 2e-6), False)[0] is True   # flash's run-to-run rounding
+    assert sweep.grads_check((False, 1e6, 1.01), False)[0] is False         # a real difference
+    assert sweep.grads_check((False, 1e6, 2.0), False)[0] is False          # a doubled gradient
+    assert sweep.grads_check((False, 0.0, float("nan")), False)[0] is False
+    assert sweep.grads_check((False, float("inf"), None), False)[0] is False  # a gradient missing
+    row = {"grad_bitwise_vs_keep": False, "grads_ok": False, "grad_norm_ratio_vs_keep": 1.01}
+    assert sweep._grads_cell(row).startswith("DIFFER")
