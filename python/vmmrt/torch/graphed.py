@@ -428,16 +428,10 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     off.capturing = True
     try:
         for backward, r in uses:
-            if getattr(r, "recompute", False) and backward and r.grad_mode == "mapped":
-                acc_graphs[r.index] = torch.cuda.CUDAGraph()
-                recompute.capture_mapped(r, bwd_graphs[r.index], acc_graphs[r.index], allow_unused_input,
-                                         lambda what, gr, body, r=r: _capture(r, what, gr, mempool, stream, error_mode,
-                                                                              body))
-                if r.grad_mode != "mapped":
-                    acc_graphs[r.index] = None
-            elif getattr(r, "recompute", False):
-                _capture_recomputed(r, backward, bwd_graphs[r.index] if backward else fwd_graphs[r.index], mempool,
-                                    stream, error_mode, allow_unused_input)
+            if getattr(r, "recompute", False):
+                acc_graphs[r.index] = _capture_recomputed(r, backward, bwd_graphs[r.index] if backward else
+                                                          fwd_graphs[r.index], mempool, stream, error_mode,
+                                                          allow_unused_input) or acc_graphs[r.index]
             elif backward and r.grad_mode == "mapped":
                 acc_graphs[r.index] = torch.cuda.CUDAGraph()
                 _capture_backward_mapped(r, bwd_graphs[r.index], acc_graphs[r.index], mempool, stream, error_mode,
@@ -479,14 +473,18 @@ def _capture_forward(r, graph, mempool, stream, error_mode, handle):
 
 
 def _capture_recomputed(r, backward, graph, mempool, stream, error_mode, allow_unused_input):
-    """A recomputed runner (vmmrt.torch.recompute): its forward saves nothing,
-    its backward graph runs the forward again, then the gradients."""
+    """A recomputed runner (vmmrt.torch.recompute): its forward saves nothing, its backward
+    graph runs the forward again, then the gradients; returns a mapped one's accumulate graph."""
+    def capture(what, gr, body):
+        return _capture(r, what, gr, mempool, stream, error_mode, body)
     if not backward:
-        recompute.after_forward(r, _capture(r, "forward", graph, mempool, stream, error_mode,
-                                            recompute.forward_body(r)))
+        recompute.after_forward(r, capture("forward", graph, recompute.forward_body(r)))
+    elif r.grad_mode == "mapped":
+        return recompute.capture_mapped(r, graph, allow_unused_input, capture)
     else:
-        r.static_grad_inputs = _capture(r, "backward (recomputing the forward)", graph, mempool, stream, error_mode,
-                                        recompute.backward_body(r, allow_unused_input))
+        r.static_grad_inputs = capture("backward (recomputing the forward)", graph,
+                                       recompute.backward_body(r, allow_unused_input))
+    return None
 
 
 def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input, grads):

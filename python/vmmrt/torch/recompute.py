@@ -268,7 +268,7 @@ def _again(runner):
     return detached, [o for o, _ in pairs], [g for _, g in pairs]
 
 
-def capture_mapped(r, graph, acc_graph, allow_unused_input, capture):
+def capture_mapped(r, graph, allow_unused_input, capture):
     """grads="mapped" for a recomputed runner (see vmmrt.torch.grads): two
     backward graphs, each running the forward again first, then *write* (the
     ops that make each parameter's gradient write it in the callable's slot)
@@ -277,7 +277,8 @@ def capture_mapped(r, graph, acc_graph, allow_unused_input, capture):
     buffers of the pool held for the life of the graphs (1x its parameters).
     The place.Mode sees the backward's ops only, as discovery did. A gradient
     not at its address leaves the runner "static", as for any layer.
-    ``capture(what, graph, body)`` captures into the shared pool."""
+    ``capture(what, graph, body)`` captures into the shared pool. Returns
+    the accumulate graph (None: "static")."""
     g = r.grads
     dev = r.layer.offload.device_type
     base = g.backing.tensor(None, counted=False)
@@ -308,7 +309,7 @@ def capture_mapped(r, graph, acc_graph, allow_unused_input, capture):
         r.grad_mode = "static"
         r.pinned_grads = base
         r.static_grad_inputs = sample_gin + tuple(next(gp) if p.requires_grad else None for p in r.params)
-        return
+        return None
     # the inputs' gradients: the accumulate graph writes them where the write graph's are
     targets = []
     for gx in gin:
@@ -316,6 +317,7 @@ def capture_mapped(r, graph, acc_graph, allow_unused_input, capture):
         if b is not None:
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
     acc_mode = place.Mode(dev, targets, mode.by_key, r.layer.static)
+    acc_graph = torch.cuda.CUDAGraph()
     rng = r.recompute_rng
     if rng.available:
         for st in rng.bwd:          # one of the two replays at each backward: the state stays in step
@@ -340,3 +342,4 @@ def capture_mapped(r, graph, acc_graph, allow_unused_input, capture):
     r.acc_grad_inputs = tuple(acc_pos.get(k) for k in range(len(r.sample))) + (None,) * len(r.params)
     r.acc_shared = all(a is None or (b is not None and a.data_ptr() == b.data_ptr())
                        for a, b in zip(r.static_grad_inputs, r.acc_grad_inputs))
+    return acc_graph
