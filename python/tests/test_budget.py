@@ -2,6 +2,7 @@
 """memory_budget=: the planner's arithmetic (hand-computed cases), the budget's
 parsing, the smallest budget of the no-fit error, recomputation against
 torch.utils.checkpoint (bitwise, host backend) and the refusals."""
+import contextlib
 import json
 
 import pytest
@@ -248,6 +249,61 @@ def test_recompute_is_bitwise_torch_checkpoint(mode):
         assert [m.calls - b for m, b in zip(mine, before)] == [4 if p == "recompute" else 2 for p in plan]
         if mode != "none":
             assert off.stats()["bytes_offloaded"] > 0     # layer 1 did offload
+    finally:
+        off.close()
+
+
+def test_recomputed_graph_bodies_write_and_accumulate_in_the_slot(monkeypatch):
+    """recompute.capture_mapped's write and accumulate bodies, run eagerly on
+    the host backend in place of captures: the write pass leaves each
+    parameter's gradient in the callable's slot, the accumulate pass adds
+    the same into it (2x, exactly), and both give the input's gradient in
+    one tensor, bitwise checkpoint's."""
+    from vmmrt.torch import _callables, graphed, recompute
+    from vmmrt.torch.offload import Offload
+
+    class Graph:
+        def register_generator_state(self, st):
+            pass
+
+    class NoRng:
+        available, fwd, bwd = False, None, None
+
+        def using(self, st):
+            return contextlib.nullcontext()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    ref, mine = _pair(3, seed=4)
+    for m in ref + mine:
+        m.drop.p = 0.0
+    _, runners = _callables.prepare(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),)
+                                                       for _ in mine), None)
+    off = Offload(mode="none", device="cpu", min_bytes=1024)
+    try:
+        for r in runners:
+            r.generators, r.retain_graph = (), False
+            r.layer = off.layer(r.name, static=r.params + r.buffers + r.sample)
+        off.set_order([(r.layer, False) for r in runners] + [(r.layer, True) for r in reversed(runners)])
+        _callables.warmup(runners, 3, False)
+        graphed._make_grads(runners, off)
+        for r in runners:
+            r.recompute = r.layer.recompute = True
+            r.recompute_rng = NoRng()
+        off.allocate(plan=budget.evaluate([LayerCost(r.name, 1, 1, [1]) for r in runners], ["recompute"] * 3))
+        for b in off.backings:
+            b.ensure()
+        for r, m in zip(runners, ref):
+            recompute.after_forward(r, recompute.forward_body(r)())
+            r.grad_mode = "mapped"
+            r.static_grad_outputs[0].normal_()
+            acc = recompute.capture_mapped(r, Graph(), False, lambda what, gr, body: body())
+            assert isinstance(acc, Graph) and r.grad_mode == "mapped" and r.acc_shared
+            x = r.sample[0].detach().clone().requires_grad_()
+            checkpoint(m, x, use_reentrant=False).backward(r.static_grad_outputs[0])
+            base = r.grads.backing.tensor(None, counted=False)
+            for k, p in enumerate(m.parameters()):
+                assert torch.equal(r.grads.view(base, k), 2 * p.grad), (r.name, k)
+            assert torch.equal(r.static_grad_inputs[0], x.grad) and torch.equal(r.acc_grad_inputs[0], x.grad)
+            assert all(g is None for g in r.static_grad_inputs[1:])
     finally:
         off.close()
 
