@@ -308,6 +308,66 @@ def test_recomputed_graph_bodies_write_and_accumulate_in_the_slot(monkeypatch):
         off.close()
 
 
+class _Mlp(torch.nn.Module):
+    def __init__(self, d=32, drop=0.1):
+        super().__init__()
+        self.up, self.down, self.drop = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d), torch.nn.Dropout(drop)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.drop(self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+class _Outer(torch.nn.Module):
+    """A layer with a sub-block (its MLP) that may be marked for recomputation."""
+
+    def __init__(self, ck=False):
+        super().__init__()
+        self.norm, self.mlp, self.ck = torch.nn.LayerNorm(32), _Mlp(), ck
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + (checkpoint(self.mlp, h, use_reentrant=False) if self.ck else self.mlp(h))
+
+
+@pytest.mark.parametrize("graphs_budget", [None, Budget(layers=[1.0, "keep"])])
+def test_marked_sub_block_is_recomputed_bitwise_checkpoint_and_saves_less(graphs_budget):
+    torch.manual_seed(6)
+    ref = [_Outer(ck=True) for _ in range(2)]
+    mine, plain = [_Outer() for _ in range(2)], [_Outer() for _ in range(2)]
+    for a, b, c in zip(ref, mine, plain):
+        b.load_state_dict(a.state_dict())
+        c.load_state_dict(a.state_dict())
+    vt.mark_recompute(*[m.mlp for m in mine])
+    kw = dict(min_bytes=1024, memory_budget=graphs_budget)
+    fs = _build(mine, **kw)
+    fp = _build(plain, **kw)
+    off, offp = vt.offload_of(fs[0]), vt.offload_of(fp[0])
+    try:
+        # the MLP's intermediates are not saved: only its input, as a tensor of the layer
+        assert off.saved_bytes()["distinct"] < offp.saved_bytes()["distinct"]
+        before = [m.mlp.calls for m in mine]
+        _against_checkpoint(ref, fs, mine, steps=2)
+        assert [m.mlp.calls - b for m, b in zip(mine, before)] == [4, 4]     # forward and backward, twice
+        if graphs_budget is not None:
+            assert off.stats()["bytes_offloaded"] > 0
+    finally:
+        off.close()
+        offp.close()
+
+
+def test_marked_sub_block_refuses_what_it_cannot_recompute():
+    m = _Outer()
+    vt.mark_recompute(m.mlp)
+    fs = _build([m])
+    try:
+        with pytest.raises(TypeError, match="positional arguments only"):
+            m.mlp(torch.randn(2, 16, 32, requires_grad=True), scale=2)
+    finally:
+        vt.offload_of(fs[0]).close()
+
+
 def test_marked_layers_are_recomputed_without_a_budget():
     ref, mine = _pair(3, seed=1)
     vt.mark_recompute(mine[0], mine[1])
@@ -593,3 +653,47 @@ def test_graphs_budget_between_keep_and_smallest_fits_and_is_bitwise():
             assert torch.equal(y, yr) and all(torch.equal(a, b) for a, b in zip(got, want))
         finally:
             off.close()
+
+
+def _outers(n, drop):
+    torch.manual_seed(8)
+    mine = [_Outer().cuda() for _ in range(n)]
+    ref = [_Outer().cuda() for _ in range(n)]
+    for a, b in zip(mine, ref):
+        b.load_state_dict(a.state_dict())
+        if drop:
+            a.mlp.drop.p = b.mlp.drop.p = drop
+        else:
+            a.mlp.drop = b.mlp.drop = torch.nn.Identity()
+    vt.mark_recompute(*[m.mlp for m in mine])
+    return mine, ref
+
+
+@pytest.mark.gpu
+def test_graphs_marked_sub_block_is_bitwise_graph_only():
+    mine, ref = _outers(3, 0.0)
+
+    def sample():
+        return torch.randn(2, 16, 32, device="cuda", requires_grad=True)
+    gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(),) for _ in ref))
+    g = vt.make_graphed_callables(tuple(mine), tuple((sample(),) for _ in mine), min_bytes=1024)
+    off = vt.offload_of(g[0])
+    try:
+        before = [m.mlp.calls for m in mine]
+        for it in range(2):
+            x = sample()
+            gy = torch.randn_like(x)
+            y, got = _gpu_step(g, mine, x, gy)
+            yr, want = _gpu_step(gref, ref, x.detach().clone().requires_grad_(), gy)
+            assert torch.equal(y, yr) and all(torch.equal(a, b) for a, b in zip(got, want)), it
+        assert [m.mlp.calls for m in mine] == before      # replays: the captured forward and recomputation
+    finally:
+        off.close()
+
+
+@pytest.mark.gpu
+def test_graphs_marked_sub_block_that_draws_random_numbers_is_refused():
+    mine, _ = _outers(2, 0.5)
+    with pytest.raises(vmmrt.Error, match="draws random numbers"):
+        vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, device="cuda", requires_grad=True),)
+                                                     for _ in mine))

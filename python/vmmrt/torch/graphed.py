@@ -233,7 +233,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     for r in runners:
         r.generators, r.retain_graph = tuple(gens), retain_graph_in_backward
     gen_states = [g.get_state() for g in gens]
-    marks = [recompute.marked(r.fn) for r in runners]
+    marks = recompute.marks(runners)
     if any(marks) and (order is not None or offload == "auto"):
         raise ValueError("mark_recompute() layers with %s: give memory_budget= (or a fraction) instead"
                          % ("order=" if order is not None else "offload='auto'"))

@@ -51,7 +51,10 @@ _MARK = "_vmmrt_recompute"
 def mark_recompute(*callables):
     """Mark modules (or functions) given to make_graphed_callables to be
     recomputed in backward whatever the budget: their forward keeps no
-    activation. Returns the first one (a decorator too)."""
+    activation. A module inside one of them (a sub-block: its MLP, its
+    attention) is recomputed alone: the layer saves only the sub-block's
+    inputs for it, and its backward runs the sub-block again first
+    (:class:`_SubBlock`). Returns the first one (a decorator too)."""
     for c in callables:
         if not callable(c):
             raise TypeError("mark_recompute(%r): a module or function, as make_graphed_callables takes" % (c,))
@@ -61,6 +64,110 @@ def mark_recompute(*callables):
 
 def marked(fn):
     return bool(getattr(fn, _MARK, False))
+
+
+def marks(runners):
+    """Per runner, whether its callable is marked for recomputation; and the
+    marked sub-blocks inside a module (any descendant given to
+    :func:`mark_recompute`) are made to recompute in its backward
+    (:class:`_SubBlock`)."""
+    for r in runners:
+        if isinstance(r.fn, torch.nn.Module):
+            for sub in r.fn.modules():
+                if sub is not r.fn and marked(sub) and "_vmmrt_sub_forward" not in sub.__dict__:
+                    _install(sub)
+    return [marked(r.fn) for r in runners]
+
+
+# -------------------------------------------------------------- sub-blocks
+def _install(sub):
+    orig = sub.forward
+    sub._vmmrt_sub_forward = orig
+    sub._vmmrt_draws = None          # whether its forward draws random numbers (seen outside captures)
+    name = type(sub).__name__
+
+    def forward(*args, **kwargs):
+        if not torch.is_grad_enabled():
+            return orig(*args, **kwargs)
+        if kwargs or not args or not all(isinstance(a, torch.Tensor) for a in args):
+            raise TypeError("mark_recompute(%s) sub-block: called with %s; a recomputed sub-block takes tensors as "
+                            "positional arguments only (wrap the call, or mark the whole layer)"
+                            % (name, "keyword arguments" if kwargs else "non-tensor arguments"))
+        params = tuple(p for p in sub.parameters() if p.requires_grad)
+        out = _SubBlock.apply(sub, len(args), *(args + params))
+        return out[0] if sub._vmmrt_single else out
+
+    sub.forward = forward
+
+
+def _capturing():
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _outputs(sub, out):
+    single = isinstance(out, torch.Tensor)
+    outs = (out,) if single else out
+    if not isinstance(outs, tuple) or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise TypeError("mark_recompute(%s) sub-block returned %s; a recomputed sub-block returns a tensor or a "
+                        "tuple of tensors" % (type(sub).__name__, type(out).__name__))
+    sub._vmmrt_single = single
+    return outs
+
+
+class _SubBlock(torch.autograd.Function):
+    """A marked sub-block: its forward saves only its inputs (which the
+    layer's offload then sees as saved tensors of the layer), its backward
+    runs it again with gradients, as torch.utils.checkpoint does. Eagerly
+    the RNG states are kept and put back; under graphs a sub-block that draws
+    random numbers is refused (its recomputation, captured into the backward
+    graph, would draw other numbers than the forward graph's)."""
+
+    @staticmethod
+    def forward(ctx, sub, n, *args):
+        inputs = args[:n]
+        ctx.sub, ctx.n_params = sub, len(args) - n
+        capturing = _capturing()
+        if capturing and sub._vmmrt_draws is not False:
+            raise Error(_capi.E_NOT_SUPPORTED, "the sub-block %s marked for recomputation %s under graphs: its "
+                        "recomputation in the backward graph would draw other numbers than the forward; mark the "
+                        "whole layer (whose recomputation keeps the forward's generator states), or leave the "
+                        "sub-block unmarked" % (type(sub).__name__, "draws random numbers (dropout?)"
+                                                if sub._vmmrt_draws else "was never run before a capture"),
+                        "vmmrt.torch.mark_recompute")
+        ctx.rng = None
+        if not capturing:
+            before = torch.get_rng_state()
+            ctx.devices, ctx.dev_states = get_device_states(*inputs)
+            ctx.rng = before
+        with torch.no_grad():
+            outs = _outputs(sub, sub._vmmrt_sub_forward(*inputs))
+        if not capturing:
+            after_devs = get_device_states(*inputs)[1]
+            sub._vmmrt_draws = bool(sub._vmmrt_draws) or not torch.equal(before, torch.get_rng_state()) or any(
+                not torch.equal(a, b) for a, b in zip(ctx.dev_states, after_devs))
+        ctx.save_for_backward(*inputs)
+        return outs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        sub = ctx.sub
+        inputs = ctx.saved_tensors
+        detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs)
+        with torch.random.fork_rng(devices=ctx.devices if ctx.rng is not None else [],
+                                   enabled=ctx.rng is not None):
+            if ctx.rng is not None:
+                torch.set_rng_state(ctx.rng)
+                set_device_states(ctx.devices, ctx.dev_states)
+            with torch.enable_grad():
+                outs = _outputs(sub, sub._vmmrt_sub_forward(*detached))
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]
+        params = [p for p in sub.parameters() if p.requires_grad]
+        wrt = [x for x in detached if x.requires_grad] + params
+        res = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+                   if pairs and wrt else [None] * len(wrt))
+        gin = tuple(next(res) if x.requires_grad else None for x in detached)
+        return (None, None) + gin + tuple(next(res) for _ in params)
 
 
 # ------------------------------------------------------------------ eager
