@@ -642,7 +642,7 @@ def test_graphs_budget_between_keep_and_smallest_fits_and_is_bitwise():
             print(off.plan.summary())
             # the warm-up measured every layer's working sets
             assert all(lay.fwd_work and lay.bwd_work for lay in off.layers)
-            assert max(c.work for c in off.plan.layers if c.action != "recompute") > 0
+            assert min(max(lay.fwd_work) + max(lay.bwd_work) for lay in off.layers) > 0
             # this build's own measurements put b in the same range
             assert off.plan.smallest_bytes <= b < off.plan.keep_bytes
             assert off.plan.peak_bytes <= b and off.plan.counts()["keep"] < 6
