@@ -18,6 +18,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/budget.py \
 	python/vmmrt/torch/_callables.py \
 	python/vmmrt/torch/_compat.py \
+	python/vmmrt/torch/_contracts.py \
 	python/vmmrt/torch/_te.py \
 	python/vmmrt/torch/eager.py \
 	python/vmmrt/torch/grads.py \
@@ -58,6 +59,7 @@ vmmrt_py_tests = \
 	python/tests/test_ddp.py \
 	python/tests/test_pipeline.py \
 	python/tests/test_te_args.py \
+	python/tests/test_contracts.py \
 	python/tests/test_megatron.py \
 	python/tests/test_one_validator.py \
 	python/tests/gpu_run.sh \
