@@ -131,8 +131,11 @@ def _grad_mode(runner, stream):
     return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static)
 
 
-def wrap(runner):
-    """The eager-offload version of runner's callable."""
+def wrap(runner, node=None):
+    """The eager-offload version of runner's callable: one autograd node per
+    call (``node``: the autograd Function, this module's by default; the
+    recomputation's for a recomputed layer)."""
+    node = node or _EagerLayer
 
     def offloaded(*user_args, **user_kwargs):
         leaves = runner.flatten_call(user_args, user_kwargs)
@@ -145,7 +148,7 @@ def wrap(runner):
         leaves = _contracts.eager_inputs(runner, leaves)
         _contracts.forward_starts(runner)
         try:
-            out = _EagerLayer.apply(runner, *(tuple(leaves) + runner.params))
+            out = node.apply(runner, *(tuple(leaves) + runner.params))
         except BaseException:
             _contracts.forward_failed(runner)
             raise

@@ -236,19 +236,9 @@ class _Recompute(torch.autograd.Function):
 
 
 def wrap(runner):
-    """The eager version of a recomputed runner's callable."""
-
-    def recomputed(*user_args, **user_kwargs):
-        leaves = runner.flatten_call(user_args, user_kwargs)
-        runner.check_args(leaves, torch.is_grad_enabled())
-        runner.layer.offload.check_usable()
-        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + runner.params):
-            return runner.call(leaves)
-        runner.check_params()
-        out = _Recompute.apply(runner, *(tuple(leaves) + runner.params))
-        return runner.join_outputs(out)
-
-    return recomputed
+    """The eager version of a recomputed runner's callable: the eager path's
+    call checks and recovery (vmmrt.torch.eager.wrap), this module's node."""
+    return eager.wrap(runner, _Recompute)
 
 
 # ----------------------------------------------------------------- graphs
