@@ -41,6 +41,7 @@ vmmrt_py_bench = \
 	python/vmmrt/torch/bench/llama.py \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
+	python/vmmrt/torch/bench/progress.py \
 	python/vmmrt/torch/bench/report.py \
 	python/vmmrt/torch/bench/sweep.py
 vmmrt_py_tests = \
@@ -64,6 +65,7 @@ vmmrt_py_tests = \
 	python/tests/test_contracts.py \
 	python/tests/test_megatron.py \
 	python/tests/test_one_validator.py \
+	python/tests/test_install.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh
