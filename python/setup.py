@@ -81,12 +81,8 @@ def run(cmd, cwd):
     r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if r.returncode != 0:
         tail = r.stdout.decode(errors="replace").splitlines()[-25:]
-        log = os.path.join(cwd, "config.log")
-        hint = ""
-        if cmd[0] == "./configure" and os.path.exists(log):
-            hint = "\n(the end of config.log says which check failed)"
-        sys.exit("\n".join(tail) + "\nvmmrt: `%s` failed (exit %d). Building libvmmrt needs %s.%s"
-                 % (" ".join(cmd), r.returncode, NEEDS, hint))
+        sys.exit("\n".join(tail) + "\nvmmrt: `%s` failed (exit %d). Building libvmmrt needs %s."
+                 % (" ".join(cmd), r.returncode, NEEDS))
 
 
 def build_library(out):

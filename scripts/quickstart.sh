@@ -8,8 +8,9 @@
 # It installs what `make check` needs to run every test that needs no GPU:
 # the C build and test tools, python3 with venv, and Debian's CPU-only
 # PyTorch, pytest and libabigail (for the Python package's tests and the ABI
-# check; about 400 MB with their dependencies). `--minimal` leaves those
-# three out: make check then skips the Python tests and the ABI check.
+# check: about 950 MB installed, 300 packages with their dependencies).
+# `--minimal` leaves those three out: make check then skips the Python
+# tests and the ABI check.
 # `--no-run` stops after the build (this is what CI uses).
 # Extra arguments after `--` go to ./configure.
 set -euo pipefail
