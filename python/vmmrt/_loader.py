@@ -108,19 +108,23 @@ def _why_not_loaded(err):
 
 
 def _resolved(lib, path):
-    """The file the dynamic loader mapped for ``lib`` (dladdr of one of its functions)."""
-    class DlInfo(ctypes.Structure):
-        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    """The file the dynamic loader mapped for ``lib``: the path given, or for a
+    bare soname the mapping of this process that holds one of its functions
+    (/proc/self/maps; read, not asked of the loader: dladdr through ctypes
+    kills processes that run under AddressSanitizer)."""
+    if os.sep in path:
+        return os.path.realpath(path)
+    addr = ctypes.cast(lib.vmmrt_version, ctypes.c_void_p).value
     try:
-        dladdr = ctypes.CDLL(None).dladdr
-        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
-        info = DlInfo()
-        if dladdr(ctypes.cast(lib.vmmrt_version, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
-            return os.path.realpath(info.dli_fname.decode())
-    except (AttributeError, OSError):
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                f = line.split()
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if lo <= addr < hi and len(f) >= 6:
+                    return f[5]
+    except (OSError, ValueError):
         pass
-    return os.path.realpath(path) if os.sep in path else path
+    return path
 
 
 _loaded = None
