@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 # The Python package (python/vmmrt: the ctypes binding of the C API, and
 # vmmrt.torch, the PyTorch integration): installed under $(pythondir) by
-# `make install` for the python3 configure found (PYTHON=... ./configure picks
-# another), with vmmrt/_config.py recording $(libdir) for the loader; tested by
-# tests/python.sh under `make check` (tests.mk; skipped without a python3 that
-# has torch). `pip install ./python` installs the same package without the
-# libdir record.
+# `make install` for the python3 configure chose (--with-python=PATH or
+# PYTHON=PATH picks it; configure's summary says which, and whether
+# $(pythondir) is on its sys.path), with vmmrt/_config.py recording $(libdir)
+# for the loader; tested by tests/python.sh under `make check` (tests.mk;
+# skipped without a python3 that has torch). `pip install ./python` builds a
+# wheel of the same package with the library inside (python/setup.py).
 
 vmmrt_py_core = \
 	python/vmmrt/__init__.py \
+	python/vmmrt/__main__.py \
 	python/vmmrt/_capi.py \
 	python/vmmrt/_loader.py
 vmmrt_py_torch = \
@@ -39,6 +41,7 @@ vmmrt_py_bench = \
 	python/vmmrt/torch/bench/llama.py \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
+	python/vmmrt/torch/bench/progress.py \
 	python/vmmrt/torch/bench/report.py \
 	python/vmmrt/torch/bench/sweep.py
 vmmrt_py_tests = \
@@ -62,15 +65,20 @@ vmmrt_py_tests = \
 	python/tests/test_contracts.py \
 	python/tests/test_megatron.py \
 	python/tests/test_one_validator.py \
+	python/tests/test_install.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh
 
-EXTRA_DIST += python/pyproject.toml python/README.md $(vmmrt_py_tests) \
+EXTRA_DIST += python/pyproject.toml python/setup.py python/README.md pytest.ini $(vmmrt_py_tests) \
 	examples/torch_offload.py examples/torch_ddp.py examples/torch_1f1b.py \
 	examples/megatron_gpt.py
 
 if HAVE_PYTHON
+# The tests that run python3 (tests/python.sh, tests/abi/ctypes.sh) use the one
+# configure chose, first.
+AM_TESTS_ENVIRONMENT += PYTHON='$(PYTHON)'; export PYTHON;
+
 vmmrtdir = $(pythondir)/vmmrt
 vmmrt_PYTHON = $(vmmrt_py_core)
 vmmrttorchdir = $(vmmrtdir)/torch

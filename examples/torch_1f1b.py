@@ -25,6 +25,7 @@ import torch
 
 import vmmrt.torch as vt
 from vmmrt.torch import pipeline
+from vmmrt.torch.bench.progress import Progress
 
 MiB = float(1 << 20)
 
@@ -144,20 +145,25 @@ def main():
           % (a.layers, a.microbatches, a.in_flight, dev, str(dtype).replace("torch.", ""), a.batch, a.seq,
              a.hidden))
     rows = []
-    for mode in modes:
-        rows.append(train(mode, a, dev, dtype))
-        # The last mode's runners (graphs, pool, static tensors) go before the
-        # next one measures: each mode's memory is its own.
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+    with Progress(len(modes), "1F1B") as bar:
+        for mode in modes:
+            bar.start(mode)
+            rows.append(train(mode, a, dev, dtype))
+            bar.end()
+            # The last mode's runners (graphs, pool, static tensors) go before the
+            # next one measures: each mode's memory is its own.
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
     base = next((r for r in rows if r["mode"] == "none"), rows[0])
     print("%-9s %14s %12s %6s %9s %11s %7s  %s" % ("mode", "used MiB", "vmmrt MiB", "banks", "step ms",
                                                    "moved MiB", "aborts", "weights vs " + base["mode"]))
     for r in rows:
         diff = (r["weights"] - base["weights"]).abs().max().item()
-        print("%-9s %8.0f (%3.0f%%) %12.1f %6d %9.2f %11.1f %7d  %s"
-              % (r["mode"], r["used"] / MiB, 100.0 * r["used"] / base["used"] if base["used"] else 0,
+        # The share of the baseline's memory only where the baseline holds some
+        # (on the host backend "none" holds no emulated device memory).
+        print("%-9s %8.0f %5s %12.1f %6d %9.2f %11.1f %7d  %s"
+              % (r["mode"], r["used"] / MiB, "(%.0f%%)" % (100.0 * r["used"] / base["used"]) if base["used"] else "",
                  r["vmmrt"] / MiB, r["banks"], r["ms"], r["moved"] / MiB, r["aborts"],
                  "bitwise equal" if torch.equal(r["weights"], base["weights"]) else "max |diff| %.3g" % diff))
     # libvmmrt's modes run the same graphs over the same bytes: the same weights, bit for bit

@@ -420,6 +420,8 @@ def main(argv=None):
     refs = {}
     rows = []
     for i, mode in enumerate(args.modes, 1):
+        if d.rank == 0:
+            print("[%d/%d] %s: started" % (i, len(args.modes), mode), flush=True)
         row = run_mode(mode, args, d, shape, dtype, refs, x, gy)
         got = d.gather(row)
         rows.extend(got)

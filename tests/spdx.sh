@@ -8,7 +8,7 @@ srcdir=${srcdir:-.}
 echo "1..2"
 missing=$(cd "$srcdir" && find . \( -name .git -o -name .gpu -o -name autom4te.cache -o -name m4 \
 		-o -path ./tests/fuzz/corpus -o -path ./tests/regression/fuzz -o -path ./tests/fuzz/known \
-		-o -name __pycache__ -o -name '*.egg-info' -o -name '_build' \) -prune -o -type f \
+		-o -name __pycache__ -o -name '*.egg-info' -o -name '_build' -o -name .venv -o -path ./python/build \) -prune -o -type f \
 	\( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cc' -o -name '*.sh' -o -name '*.py' \
 	   -o -name '*.am' -o -name '*.mk' -o -name configure.ac -o -name '*.pc.in' -o -name '*.supp' \
 	   -o -name '*.[137]' -o -path ./.ci/run \) -print |

@@ -3,11 +3,27 @@
 tensor autograd saves, and runners for the eager-offload path on the host
 backend (CPU tensors at libvmmrt's emulated device addresses)."""
 import copy
+import os
 
 import pytest
 import torch
 
+import vmmrt
 import vmmrt.torch as vt
+
+# The python3 processes some tests start import the same package and helpers
+# as this one, whether from the checkout (pytest.ini's pythonpath) or installed.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(vmmrt.__file__))), os.path.dirname(os.path.abspath(__file__))]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def pytest_report_header(config):
+    try:
+        where = str(vmmrt.library_path())
+    except vmmrt.LibraryNotFound as e:
+        where = "not found: %s" % e
+    return "vmmrt: package %s, library %s" % (os.path.dirname(vmmrt.__file__), where)
 
 
 class Zoo(torch.nn.Module):

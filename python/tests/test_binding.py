@@ -74,8 +74,9 @@ def test_loader_lists_every_place_it_tried(monkeypatch):
         _loader.load()
     assert "VMMRT_LIBRARY=/nonexistent/libvmmrt.so.1: no such file" in str(e.value)
     monkeypatch.delenv("VMMRT_LIBRARY")
-    places = [p for p, _ in _loader._candidates()]
+    places = [c[0] for c in _loader._candidates()]
     assert places[0] == "VMMRT_LIBRARY"
+    assert places[1].startswith("bundled ")
     assert any(p.startswith("in-tree build") for p in places)
     assert any(p.startswith("installed libdir") for p in places)
     assert any("find_library" in p for p in places)

@@ -20,10 +20,10 @@ from typing import Any, Iterable, Union
 
 from vmmrt import _capi
 from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
-from vmmrt._loader import LibraryNotFound, load as _load
+from vmmrt._loader import LibraryNotFound, library_path, load as _load
 
-__all__ = ["Error", "InvalidValue", "LibraryNotFound", "Runtime", "Group", "Slot", "Event", "library", "version",
-           "version_string", "status_name", "options_table", "option_choices", "option_bounds", "fill_word",
+__all__ = ["Error", "InvalidValue", "LibraryNotFound", "library_path", "Runtime", "Group", "Slot", "Event", "library",
+           "version", "version_string", "status_name", "options_table", "option_choices", "option_bounds", "fill_word",
            "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD", "GROUP_STATES", "SLOT_STATES"]
 
 _lib = None

@@ -38,7 +38,7 @@ import torch
 import vmmrt
 import vmmrt.torch as vt
 from vmmrt.torch import planner
-from vmmrt.torch.bench import encoder, llama, loops, modes, report
+from vmmrt.torch.bench import encoder, llama, loops, modes, progress, report
 
 MiB = float(1 << 20)
 HF_MODES = ("eager", "graph", "pingpong", "planner")
@@ -176,8 +176,10 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
     ref = None
     spread = None
     rows = {}
+    bar = progress.Progress(len(order), loop.name)
     for i, name in enumerate(order, 1):
         built = None
+        bar.start(name)
         try:
             with llama.attention_backend(args.attention):
                 built = modes.build(name, layers, sample, args)
@@ -200,7 +202,7 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
                         row["spread"] = spread
                         row["grad_within_spread"] = bool(same or (spread and diff <= spread))
         except Exception as e:  # a mode that fails is reported, the others still run
-            print("[%d/%d] %-14s FAILED: %s: %s" % (i, len(order), name, type(e).__name__, e), flush=True)
+            bar.end("[%d/%d] %-14s FAILED: %s: %s" % (i, len(order), name, type(e).__name__, e))
             rows[name] = {"mode": name, "loop": loop.name, "error": "%s: %s" % (type(e).__name__, e),
                           "step_ms": float("nan"), "build_s": 0.0}
             grads = None
@@ -211,10 +213,11 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
                     pass
             continue
         rows[name] = row
-        print(report.progress(i, len(order), row, rows.get("graph", {}).get("step_ms")), flush=True)
+        bar.end(report.progress(i, len(order), row, rows.get("graph", {}).get("step_ms")))
         if row.get("plan_text"):
             print(row["plan_text"], flush=True)
         modes.teardown(built, layers, weights)
+    bar.close()
     gr = rows.get("graph")
     if gr and "error" not in gr:
         for r in rows.values():

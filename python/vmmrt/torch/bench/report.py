@@ -34,9 +34,10 @@ def copy_bound_ms(row, d2h_gbps, h2d_gbps):
     forward (nothing to copy before it ends) and its backward (nothing left
     to restore while it runs), taken as one layer's share of graph-only's
     forwards and backwards (the layers are alike), and the zeroing and the
-    optimizer's step, graph-only's."""
+    optimizer's step, graph-only's. None without graph-only in the run: the
+    copies alone are no bound (on the CPU they are a small part of a step)."""
     c = copy_ms(row, d2h_gbps, h2d_gbps)
-    return None if c is None else c + row.get("head_tail_ms", 0.0)
+    return None if c is None or "head_tail_ms" not in row else c + row["head_tail_ms"]
 
 
 def two_banks(row):
@@ -124,9 +125,10 @@ _COLUMNS = (("mode", "%-14s", 14), ("step ms", "%9s", 9), ("vs graph", "%8s", 8)
 
 def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
     """One loop's table: a row per mode; "peak" is the sampled whole step,
-    "used" and its parts the reading between forward and backward."""
-    head = " ".join(fmt % name for name, fmt, _ in _COLUMNS) + "  grads vs %s" % (ref_name or "-")
-    lines = [title, head, "-" * len(head)]
+    "used" and its parts the reading between forward and backward. A column
+    no row has a figure for (graph-only's ratios where it did not run, memory
+    on the CPU) is left out."""
+    body = []
     for r in rows:
         m = r.get("memory") or {}
         vg = r.get("vs_graph") or {}
@@ -139,7 +141,12 @@ def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
                  _f(_mib(m.get("slots")), "%.0f"), _f(_mib(m.get("other")), "%.0f"),
                  _f(_mib(r.get("d2h_bytes_per_step")), "%.0f"), _f(r.get("d2h_gbps"), "%.1f"),
                  _f(r.get("h2d_gbps"), "%.1f"), _f(bound, "%.2f"), _f(r["step_ms"] / bound if bound else None, "%.3f"))
-        lines.append(" ".join(fmt % c for (_, fmt, _), c in zip(_COLUMNS, cells)) + "  " + _grads_text(r))
+        body.append((cells, _grads_text(r)))
+    keep = [k for k in range(len(_COLUMNS)) if k < 2 or any(cells[k] != "-" for cells, _ in body)]
+    head = " ".join(_COLUMNS[k][1] % _COLUMNS[k][0] for k in keep) + "  grads vs %s" % (ref_name or "-")
+    lines = [title, head, "-" * len(head)]
+    for cells, grads in body:
+        lines.append(" ".join(_COLUMNS[k][1] % cells[k] for k in keep) + "  " + grads)
     sampled = [r for r in rows if r.get("peak")]
     if sampled:
         slow = min(sampled, key=lambda r: r["peak"]["rate_hz"] or 0)
