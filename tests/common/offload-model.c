@@ -126,8 +126,9 @@ static vmmrt_status capture(model *m)
 		TRY(vmmrt_group_save(m->g[i], &d, 0, NULL, &a));
 		TRY(vmmrt_group_end_capture(m->g[i]));
 		/* the synthetic layer (synth.h), its result to a fixed address */
-		synth_layer l = {.act = a, .input = in, .bytes = bytes, .pattern = 1000 + i, .fwd_ns = m->cfg.fwd_ns,
-				 .bwd_ns = m->cfg.bwd_ns, .bwd_sum = vmmrt_slot_address(m->results) + 8 * i};
+		synth_tensor t = {.act = a, .bytes = bytes, .pattern = 1000 + i,
+				  .bwd_sum = vmmrt_slot_address(m->results) + 8 * i};
+		synth_layer l = {.input = in, .fwd_ns = m->cfg.fwd_ns, .bwd_ns = m->cfg.bwd_ns, .n = 1, .t = &t};
 		TRY(vmmrt_graph_begin_capture(m->rt, m->compute));
 		TRY(synth_forward(m->rt, m->compute, &l));
 		TRY(vmmrt_graph_end_capture(m->rt, m->compute, &m->fwd[i]));

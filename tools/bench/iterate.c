@@ -63,25 +63,32 @@ static uint64_t ns(double ms)
 
 /* Layer i of the synthetic model (synth.h) on the activation at `a`: its
  * forward's checksum at res[i], its backward's at res[L + i]. */
-static synth_layer layer(const model *m, vmmrt_devptr a, unsigned i)
+static synth_tensor tensor(const model *m, vmmrt_devptr a, unsigned i)
 {
-	return (synth_layer){.act = a, .input = m->input_addr, .bytes = m->A, .pattern = 1000 + i,
-			     .fwd_ns = ns(m->p.fwd_ms), .bwd_ns = ns(m->p.bwd_ms), .fwd_sum = m->res_addr + 8 * i,
-			     .bwd_sum = m->res_addr + 8 * (m->L + i)};
+	return (synth_tensor){.act = a, .bytes = m->A, .pattern = 1000 + i, .fwd_sum = m->res_addr + 8 * i,
+			      .bwd_sum = m->res_addr + 8 * (m->L + i)};
+}
+
+static synth_layer layer(const model *m, const synth_tensor *t)
+{
+	return (synth_layer){.input = m->input_addr, .fwd_ns = ns(m->p.fwd_ms), .bwd_ns = ns(m->p.bwd_ms), .n = 1,
+			     .t = t};
 }
 
 /* The forward and backward of layer i on the activation at `a`: launched
  * directly (eager modes) or captured into graphs (the others). */
 vmmrt_status bench_enqueue_forward(model *m, vmmrt_devptr a, unsigned i)
 {
-	synth_layer l = layer(m, a, i);
+	synth_tensor t = tensor(m, a, i);
+	synth_layer l = layer(m, &t);
 	TRY(m, synth_forward(m->rt, m->compute, &l), "forward of layer %u", i);
 	return VMMRT_OK;
 }
 
 vmmrt_status bench_enqueue_backward(model *m, vmmrt_devptr a, unsigned i)
 {
-	synth_layer l = layer(m, a, i);
+	synth_tensor t = tensor(m, a, i);
+	synth_layer l = layer(m, &t);
 	TRY(m, synth_backward(m->rt, m->compute, &l), "backward of layer %u", i);
 	return VMMRT_OK;
 }

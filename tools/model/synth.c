@@ -93,18 +93,46 @@ vmmrt_status synth_declare(vmmrt_runtime *rt, vmmrt_group *const *groups, const 
 	return st;
 }
 
+static vmmrt_status direct_layer(void *ctx, vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr dst, vmmrt_devptr src,
+				 size_t bytes, uint64_t pattern, uint64_t ns)
+{
+	(void)ctx;
+	return vmmrt_kernel_layer(rt, s, dst, src, bytes, pattern, ns);
+}
+
+static vmmrt_status direct_checksum(void *ctx, vmmrt_runtime *rt, vmmrt_stream s, vmmrt_devptr src, size_t bytes,
+				    vmmrt_devptr result)
+{
+	(void)ctx;
+	return vmmrt_kernel_checksum(rt, s, src, bytes, result);
+}
+
+static vmmrt_status direct_busy(void *ctx, vmmrt_runtime *rt, vmmrt_stream s, uint64_t ns)
+{
+	(void)ctx;
+	return vmmrt_kernel_busy(rt, s, ns);
+}
+
+const synth_ops synth_direct = {direct_layer, direct_checksum, direct_busy};
+
 vmmrt_status synth_forward(vmmrt_runtime *rt, vmmrt_stream s, const synth_layer *l)
 {
-	vmmrt_status st = vmmrt_kernel_layer(rt, s, l->act, l->input, l->bytes, l->pattern, l->fwd_ns);
-	if (st == VMMRT_OK && l->fwd_sum)
-		st = vmmrt_kernel_checksum(rt, s, l->act, l->bytes, l->fwd_sum);
+	const synth_ops *o = l->ops ? l->ops : &synth_direct;
+	vmmrt_status st = VMMRT_OK;
+	for (unsigned k = 0; k < l->n && st == VMMRT_OK; k++) {
+		const synth_tensor *t = &l->t[k];
+		st = o->layer(l->ctx, rt, s, t->act, l->input, t->bytes, t->pattern, l->fwd_ns / l->n);
+		if (st == VMMRT_OK && t->fwd_sum)
+			st = o->checksum(l->ctx, rt, s, t->act, t->bytes, t->fwd_sum);
+	}
 	return st;
 }
 
 vmmrt_status synth_backward(vmmrt_runtime *rt, vmmrt_stream s, const synth_layer *l)
 {
-	vmmrt_status st = vmmrt_kernel_busy(rt, s, l->bwd_ns);
-	if (st == VMMRT_OK)
-		st = vmmrt_kernel_checksum(rt, s, l->act, l->bytes, l->bwd_sum);
+	const synth_ops *o = l->ops ? l->ops : &synth_direct;
+	vmmrt_status st = l->bwd_ns ? o->busy(l->ctx, rt, s, l->bwd_ns) : VMMRT_OK;
+	for (unsigned k = 0; k < l->n && st == VMMRT_OK; k++)
+		st = o->checksum(l->ctx, rt, s, l->t[k].act, l->t[k].bytes, l->t[k].bwd_sum);
 	return st;
 }

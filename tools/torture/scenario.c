@@ -4,7 +4,8 @@
  * to destruction through a random legal sequence with illegal calls mixed in,
  * every restored activation checked against its checksum.
  *
- * The model: every non-empty group has a forward graph that writes each of its
+ * The model is the synthetic one (tools/model/synth.h), a layer per
+ * non-empty group: its forward graph writes each of the group's
  * tensors as input ^ pattern(tensor) (the input is refilled with a new seed
  * every iteration) and a backward graph that first computes for a while (so a
  * restore that overwrites a bank too early is seen), then checksums each
@@ -703,56 +704,74 @@ static void abandon_capture(scen *s)
 	s_quiet(s, false);
 }
 
-static bool capture_graphs(scen *s, grp *g)
+/* The layer's library calls, each accounted for as any other of the
+ * scenario's (s_ok: a failure must be named and explained). */
+static vmmrt_status op_layer(void *ctx, vmmrt_runtime *rt, vmmrt_stream st, vmmrt_devptr dst, vmmrt_devptr src,
+			     size_t bytes, uint64_t pattern, uint64_t ns)
+{
+	scen *s = ctx;
+	vmmrt_status r = API(s, "vmmrt_kernel_layer", vmmrt_kernel_layer(rt, st, dst, src, bytes, pattern, ns));
+	(void)s_ok(s, r, "vmmrt_kernel_layer");
+	return r;
+}
+
+static vmmrt_status op_checksum(void *ctx, vmmrt_runtime *rt, vmmrt_stream st, vmmrt_devptr src, size_t bytes,
+				vmmrt_devptr result)
+{
+	scen *s = ctx;
+	vmmrt_status r = API(s, "vmmrt_kernel_checksum", vmmrt_kernel_checksum(rt, st, src, bytes, result));
+	(void)s_ok(s, r, "vmmrt_kernel_checksum");
+	return r;
+}
+
+static vmmrt_status op_busy(void *ctx, vmmrt_runtime *rt, vmmrt_stream st, uint64_t ns)
+{
+	scen *s = ctx;
+	vmmrt_status r = API(s, "vmmrt_kernel_busy", vmmrt_kernel_busy(rt, st, ns));
+	(void)s_ok(s, r, "vmmrt_kernel_busy");
+	return r;
+}
+
+static const synth_ops scenario_ops = {op_layer, op_checksum, op_busy};
+
+/* The group as the synthetic model's layer (synth.h): a tensor each, every
+ * backward's checksum to the tensor's word of the result slot. */
+static synth_layer as_layer(scen *s, const grp *g, synth_tensor *t)
+{
+	for (unsigned k = 0; k < g->nt; k++)
+		t[k] = (synth_tensor){.act = g->t[k].addr, .bytes = g->t[k].d.bytes, .pattern = g->t[k].seed,
+				      .bwd_sum = vmmrt_slot_address(s->results) + 8 * g->t[k].rix};
+	return (synth_layer){.input = vmmrt_slot_address(s->input), .fwd_ns = s->fwd_ns, .bwd_ns = s->bwd_ns,
+			     .n = g->nt, .t = t, .ops = &scenario_ops, .ctx = s};
+}
+
+/* One graph of the layer: its forward's or its backward's. */
+static bool capture_graph(scen *s, const synth_layer *l, bool bwd, vmmrt_graph **out)
 {
 	vmmrt_runtime *rt = s->rt;
-	if (!g->nt)
-		return true;
 	if (!s_ok(s, API(s, "vmmrt_graph_begin_capture", vmmrt_graph_begin_capture(rt, s->compute)),
 		  "vmmrt_graph_begin_capture"))
 		return false;
-	for (unsigned k = 0; k < g->nt; k++) {
-		tens *t = &g->t[k];
-		if (!s_ok(s, API(s, "vmmrt_kernel_layer",
-				 vmmrt_kernel_layer(rt, s->compute, t->addr, vmmrt_slot_address(s->input), t->d.bytes,
-						    t->seed, s->fwd_ns / g->nt)),
-			  "vmmrt_kernel_layer")) {
-			abandon_capture(s);
-			return false;
-		}
-	}
-	if (!s_ok(s, API(s, "vmmrt_graph_end_capture", vmmrt_graph_end_capture(rt, s->compute, &g->fwd)),
-		  "vmmrt_graph_end_capture")) {
-		g->fwd = NULL;
+	if ((bwd ? synth_backward : synth_forward)(rt, s->compute, l) != VMMRT_OK) {
 		abandon_capture(s);
 		return false;
 	}
-	/* Backward: compute first, then read the activations. */
-	if (!s_ok(s, API(s, "vmmrt_graph_begin_capture", vmmrt_graph_begin_capture(rt, s->compute)),
-		  "vmmrt_graph_begin_capture"))
-		return false;
-	if (s->bwd_ns && !s_ok(s, API(s, "vmmrt_kernel_busy", vmmrt_kernel_busy(rt, s->compute, s->bwd_ns)),
-			       "vmmrt_kernel_busy")) {
-		abandon_capture(s);
-		return false;
-	}
-	for (unsigned k = 0; k < g->nt; k++) {
-		tens *t = &g->t[k];
-		if (!s_ok(s, API(s, "vmmrt_kernel_checksum",
-				 vmmrt_kernel_checksum(rt, s->compute, t->addr, t->d.bytes,
-						       vmmrt_slot_address(s->results) + 8 * t->rix)),
-			  "vmmrt_kernel_checksum")) {
-			abandon_capture(s);
-			return false;
-		}
-	}
-	if (!s_ok(s, API(s, "vmmrt_graph_end_capture", vmmrt_graph_end_capture(rt, s->compute, &g->bwd)),
+	if (!s_ok(s, API(s, "vmmrt_graph_end_capture", vmmrt_graph_end_capture(rt, s->compute, out)),
 		  "vmmrt_graph_end_capture")) {
-		g->bwd = NULL;
+		*out = NULL;
 		abandon_capture(s);
 		return false;
 	}
 	return true;
+}
+
+static bool capture_graphs(scen *s, grp *g)
+{
+	synth_tensor t[MAXT];
+	if (!g->nt)
+		return true;
+	synth_layer l = as_layer(s, g, t);
+	return capture_graph(s, &l, false, &g->fwd) && capture_graph(s, &l, true, &g->bwd);
 }
 
 static bool capture(scen *s)
