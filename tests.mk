@@ -26,7 +26,7 @@
 # names its own).
 TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests/common -I$(top_srcdir)/tools $(CMOCKA_CFLAGS)
 LDADD = libvmmrt-testing.la $(CMOCKA_LIBS) $(URCU_LIBS) $(CK_LIBS)
-test_model = tests/common/offload-model.c tests/common/offload-model.h tools/model/synth.c tools/model/synth.h tests/common/test-common.h tests/common/check-ok.h
+test_model = tests/common/offload-model.c tests/common/offload-model.h tools/model/synth.c tools/model/synth.h tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 
 # ------------------------------------------------------------ how they run
 # Every test speaks TAP, through one driver, under a time limit: a test that
@@ -99,9 +99,9 @@ tests_unit_test_streams_CPPFLAGS = $(TEST_CPPFLAGS)
 regression_tests = \
 	tests/regression/test-remap-order \
 	tests/regression/test-torture-regress
-tests_regression_test_remap_order_SOURCES = tests/regression/test-remap-order.c
+tests_regression_test_remap_order_SOURCES = tests/regression/test-remap-order.c tests/common/test-layers.h
 tests_regression_test_remap_order_CPPFLAGS = $(TEST_CPPFLAGS)
-tests_regression_test_torture_regress_SOURCES = tests/regression/test-torture-regress.c
+tests_regression_test_torture_regress_SOURCES = tests/regression/test-torture-regress.c tests/common/test-layers.h
 tests_regression_test_torture_regress_CPPFLAGS = $(TEST_CPPFLAGS)
 
 # ------------------------------------------------------------ gpu

@@ -33,6 +33,7 @@
 #include <urcu/uatomic.h>
 
 #include "driver.h"
+#include "test-layers.h"
 #include "testing.h"
 
 #define MiB (1024ull * 1024)
@@ -44,28 +45,14 @@ static const char *lookahead = "1";
 
 static vmmrt_runtime *slow_remap(unsigned ngroups, vmmrt_group **g, vmmrt_stream *c)
 {
-	vmmrt_options *o;
 	vmmrt_runtime *rt;
-	vmmrt_devptr a;
-	vmmrt_tensor_desc d = {.bytes = MiB, .dtype = 1, .ndim = 1, .shape = {(int64_t)(MiB / 8)}, .stride = {1}};
-	if (vmmrt_options_create(&o) || vmmrt_options_set(o, "backend", "host") || vmmrt_options_set(o, "mode", "remap") ||
-	    vmmrt_options_set(o, "host_latency", "1") || vmmrt_options_set(o, "host_copy_gbps", "0.02") ||
-	    vmmrt_options_set(o, "timeout_ms", "2000") || vmmrt_options_set(o, "host_granularity", "64K") ||
-	    vmmrt_options_set(o, "lookahead", lookahead) || vmmrt_options_set(o, "handle_reuse", "0") ||
-	    vmmrt_runtime_create(o, &rt))
+	const char *const opts[] = {"mode", "remap", "host_latency", "1", "host_copy_gbps", "0.02", "timeout_ms", "2000",
+				    "host_granularity", "64K", "lookahead", lookahead, "handle_reuse", "0", NULL};
+	test_layers_cfg cfg = {.options = opts, .n = ngroups, .bytes = MiB, .dtype = 1, .capture = true};
+	if (test_layers(&cfg, &rt, g, NULL))
 		_exit(10);
-	vmmrt_options_destroy(o);
 	if (vmmrt_stream_create(rt, c))
 		_exit(11);
-	for (unsigned i = 0; i < ngroups; i++)
-		if (vmmrt_group_create(rt, NULL, &g[i]) || vmmrt_group_discover(g[i], &d))
-			_exit(11);
-	if (vmmrt_offload_allocate(rt))
-		_exit(11);
-	for (unsigned i = 0; i < ngroups; i++)
-		if (vmmrt_group_begin_capture(g[i]) || vmmrt_group_save(g[i], &d, 0, NULL, &a) ||
-		    vmmrt_group_end_capture(g[i]))
-			_exit(11);
 	return rt;
 }
 

@@ -51,6 +51,7 @@
 #include "offload.h"
 #include "runtime.h"
 #include "worker.h"
+#include "test-layers.h"
 #include "testing.h"
 #include "tsan.h"
 
@@ -164,22 +165,15 @@ static void sync_names_the_failed_map(void **state)
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		alarm(60);
-		vmmrt_runtime *rt = make_rt("remap", "1000");
+		vmmrt_runtime *rt;
 		vmmrt_stream c;
 		vmmrt_group *g[2];
-		vmmrt_devptr a;
-		vmmrt_tensor_desc d = {.bytes = 2 * MiB, .dtype = 1, .ndim = 1, .shape = {(int64_t)(MiB / 4)}, .stride = {1}};
+		const char *const opts[] = {"mode", "remap", "host_capacity", "256M", "timeout_ms", "1000", NULL};
+		test_layers_cfg cfg = {.options = opts, .n = 2, .bytes = 2 * MiB, .dtype = 1, .capture = true};
+		if (test_layers(&cfg, &rt, g, NULL))
+			_exit(11);
 		if (vmmrt_stream_create(rt, &c))
 			_exit(10);
-		for (int i = 0; i < 2; i++)
-			if (vmmrt_group_create(rt, NULL, &g[i]) || vmmrt_group_discover(g[i], &d))
-				_exit(11);
-		if (vmmrt_offload_allocate(rt))
-			_exit(12);
-		for (int i = 0; i < 2; i++)
-			if (vmmrt_group_begin_capture(g[i]) || vmmrt_group_save(g[i], &d, 0, NULL, &a) ||
-			    vmmrt_group_end_capture(g[i]))
-				_exit(13);
 		/* The first iteration records the order; the map of the second
 		 * iteration's first backward restore fails 300 ms late. */
 		for (int it = 0; it < 2; it++) {
@@ -429,16 +423,10 @@ static bool refused_for_capture(vmmrt_status st, const char *hook)
 /* One group of 1 MiB, allocated and captured, and a compute stream. */
 static vmmrt_runtime *one_group(const char *mode, vmmrt_group **g, vmmrt_stream *c, vmmrt_devptr *addr)
 {
-	vmmrt_options *o;
 	vmmrt_runtime *rt;
-	vmmrt_tensor_desc d = {.bytes = MiB, .dtype = 1, .ndim = 1, .shape = {(int64_t)(MiB / 8)}, .stride = {1}};
-	if (vmmrt_options_create(&o) || vmmrt_options_set(o, "backend", "host") || vmmrt_options_set(o, "mode", mode) ||
-	    vmmrt_options_set(o, "host_capacity", "64M") || vmmrt_runtime_create(o, &rt))
-		return NULL;
-	vmmrt_options_destroy(o);
-	if (vmmrt_stream_create(rt, c) || vmmrt_group_create(rt, "g", g) || vmmrt_group_discover(*g, &d) ||
-	    vmmrt_offload_allocate(rt) || vmmrt_group_begin_capture(*g) || vmmrt_group_save(*g, &d, 0, NULL, addr) ||
-	    vmmrt_group_end_capture(*g))
+	const char *const opts[] = {"mode", mode, "host_capacity", "64M", NULL};
+	test_layers_cfg cfg = {.options = opts, .n = 1, .bytes = MiB, .dtype = 1, .capture = true};
+	if (test_layers(&cfg, &rt, g, addr) || vmmrt_stream_create(rt, c))
 		return NULL;
 	return rt;
 }

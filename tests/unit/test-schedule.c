@@ -28,6 +28,7 @@
 #include "offload.h"
 #include "runtime.h"
 #include "test-common.h"
+#include "test-layers.h"
 #include "testing.h"
 
 #define MiB (1024ull * 1024)
@@ -511,25 +512,15 @@ static void remap_reuse_within_budget_with_sizes(void **state)
 	static const unsigned mib[] = {2, 8, 4, 6, 2, 8, 4};
 	enum { N = sizeof(mib) / sizeof(mib[0]) };
 	for (int reuse = 0; reuse < 2; reuse++) {
-		vmmrt_runtime *rt = test_runtime((const char *const[]){"mode", "remap", "lookahead", "1", "handle_reuse",
-									 reuse ? "1" : "0", NULL});
+		size_t sizes[N];
+		for (unsigned i = 0; i < N; i++)
+			sizes[i] = (size_t)mib[i] * MiB;
+		const char *const opts[] = {"mode", "remap", "lookahead", "1", "handle_reuse", reuse ? "1" : "0", NULL};
+		test_layers_cfg cfg = {.options = opts, .n = N, .sizes = sizes, .dtype = 7, .capture = true};
+		vmmrt_runtime *rt;
 		vmmrt_group *g[N];
-		vmmrt_tensor_desc d[N];
-		vmmrt_devptr addr;
 		vmmrt_stream c;
-		for (unsigned i = 0; i < N; i++) {
-			size_t bytes = (size_t)mib[i] * MiB;
-			d[i] = (vmmrt_tensor_desc){.bytes = bytes, .dtype = 7, .ndim = 1, .shape = {(int64_t)(bytes / 8)},
-						   .stride = {1}};
-			assert_int_equal(vmmrt_group_create(rt, NULL, &g[i]), VMMRT_OK);
-			assert_int_equal(vmmrt_group_discover(g[i], &d[i]), VMMRT_OK);
-		}
-		assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
-		for (unsigned i = 0; i < N; i++) {
-			assert_int_equal(vmmrt_group_begin_capture(g[i]), VMMRT_OK);
-			assert_int_equal(vmmrt_group_save(g[i], &d[i], 0, NULL, &addr), VMMRT_OK);
-			assert_int_equal(vmmrt_group_end_capture(g[i]), VMMRT_OK);
-		}
+		assert_int_equal(test_layers(&cfg, &rt, g, NULL), VMMRT_OK);
 		assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
 		for (int it = 0; it < 5; it++) {
 			if (it == 2) { /* from here: every group's first release ran before its second map */
@@ -539,7 +530,7 @@ static void remap_reuse_within_budget_with_sizes(void **state)
 			}
 			for (unsigned i = 0; i < N; i++) {
 				assert_int_equal(vmmrt_forward_begin(g[i], c), VMMRT_OK);
-				assert_int_equal(vmmrt_kernel_fill(rt, c, vmmrt_group_address(g[i]), d[i].bytes, it), VMMRT_OK);
+				assert_int_equal(vmmrt_kernel_fill(rt, c, vmmrt_group_address(g[i]), sizes[i], it), VMMRT_OK);
 				assert_int_equal(vmmrt_forward_end(g[i], c), VMMRT_OK);
 			}
 			for (unsigned i = N; i-- > 0;) {
