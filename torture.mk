@@ -10,6 +10,10 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/main.c \
 	tools/torture/faults.c \
 	tools/torture/scenario.c \
+	tools/torture/settings.c \
+	tools/torture/verify.c \
+	tools/torture/capture.c \
+	tools/torture/teardown.c \
 	tools/torture/illegal.c \
 	tools/torture/edges.c \
 	tools/torture/slots.c \

@@ -116,6 +116,56 @@ bool s_ok(scen *s, vmmrt_status st, const char *what);
 /* Suppress (or allow again) injected failures around clean-up calls. */
 void s_quiet(scen *s, bool on);
 
+static inline void heartbeat(scen *s, const char *what)
+{
+	atomic_store_explicit(&s->th->step, what, memory_order_relaxed);
+	atomic_store_explicit(&s->th->heartbeat_ns, t_now_ns(), memory_order_relaxed);
+}
+
+static inline const char *mode_name(vmmrt_mode m)
+{
+	return m == VMMRT_MODE_REMAP ? "remap" : m == VMMRT_MODE_PINGPONG ? "pingpong" : "none";
+}
+
+static inline size_t round_up(size_t v, size_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+/* settings.c */
+/* Everything the scenario does, drawn from its seed (s->r). */
+void s_configure(scen *s);
+/* The runtime of those settings, with the fault hook set. */
+bool s_create_runtime(scen *s);
+
+/* verify.c */
+/* Check the results of every launched backward not checked yet. */
+void s_verify(scen *s);
+/* Results of launched backwards that cannot be looked at (the stream is stuck): excused. */
+void s_excuse_pending(scen *s);
+/* Bounded wait until the compute stream is idle; false if it is not by then. */
+bool s_drain_compute(scen *s, uint64_t limit_ms);
+uint64_t s_drain_limit_ms(scen *s);
+/* A quiet point (vmmrt_offload_sync first if `sync`): everything enqueued so
+ * far has finished and is checked, with the invariants of a quiet point. */
+void s_checkpoint(scen *s, bool sync);
+
+/* capture.c */
+/* begin / save each tensor (drifted saves refused) / end; `again`: the
+ * addresses must be those of the first capture. */
+bool s_capture_group(scen *s, grp *g, bool again);
+/* The group's forward and backward graphs (none for an empty group). */
+bool s_capture_graphs(scen *s, grp *g);
+/* Every group's capture and graphs. */
+bool s_capture(scen *s);
+
+/* teardown.c */
+/* Before the destroy of a scenario that ends with copies in flight: the
+ * driver slowed so that a wrong teardown faults. */
+void s_end_in_flight(scen *s);
+/* Destroy the runtime (quiesced first if `sync`), checking that nothing leaked. */
+void s_teardown(scen *s, bool sync);
+
 /* illegal.c */
 /* An illegal call must return exactly `want`, change nothing, and name the error. */
 void s_expect(scen *s, vmmrt_status got, vmmrt_status want, const char *what);

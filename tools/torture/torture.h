@@ -6,7 +6,12 @@
  *
  * main.c      options, torture threads, watchdog, progress, SUMMARY, crashes
  * faults.c    the fault hook (vmmrt__drv_set_fault_hook) of one runtime
- * scenario.c  one runtime from creation to destruction, verified
+ * scenario.c  one runtime from creation to destruction: its phases and
+ *             iterations
+ * settings.c  its configuration, from its seed, and its runtime
+ * capture.c   its captures: the synthetic model's layers (tools/model/synth.h)
+ * verify.c    its results and the invariants of a quiet point
+ * teardown.c  its end, and the leaks it must not have
  * illegal.c   the illegal calls and the named error each must return
  * stacks.c    every thread's stack, for the reports of a hang or a crash
  */
