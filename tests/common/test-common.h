@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "check-ok.h"
+#include "test-layers.h"
 #include "vmmrt.h"
 
 #define HOST_ONLY ((void *)"host-only")
@@ -43,18 +44,11 @@ static inline size_t test_used(vmmrt_runtime *rt)
 /* Device memory in use when test_runtime made the last runtime: tests measure from there. */
 static size_t test_baseline;
 
-/* A runtime on the host backend (VMMRT_BACKEND may say otherwise) with the
- * given NULL-terminated name/value pairs set; it records the baseline. */
+/* test_layers_runtime's runtime, asserted; it records the baseline. */
 static inline vmmrt_runtime *test_runtime(const char *const *kv)
 {
-	vmmrt_options *o;
-	vmmrt_runtime *rt;
-	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
-	for (; kv[0]; kv += 2)
-		assert_int_equal(vmmrt_options_set(o, kv[0], kv[1]), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
-	vmmrt_options_destroy(o);
+	vmmrt_runtime *rt = NULL;
+	assert_int_equal(test_layers_runtime(kv, &rt), VMMRT_OK);
 	test_baseline = test_used(rt);
 	return rt;
 }

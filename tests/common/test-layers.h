@@ -24,9 +24,7 @@ static inline vmmrt_tensor_desc test_act(size_t bytes, uint32_t dtype)
 }
 
 typedef struct test_layers_cfg {
-	/* name, value, ..., NULL: set after "backend" "host" (VMMRT_BACKEND
-	 * still overrides it); NULL: none */
-	const char *const *options;
+	const char *const *options; /* test_layers_runtime's */
 	unsigned n;
 	size_t bytes;              /* each layer's activation, unless sizes */
 	const size_t *sizes;       /* NULL, or layer i's in sizes[i] */
@@ -34,24 +32,32 @@ typedef struct test_layers_cfg {
 	bool capture;              /* save every activation after allocation */
 } test_layers_cfg;
 
+/* A runtime on the host backend with the name/value pairs kv (NULL: none)
+ * set after "backend" "host" (VMMRT_BACKEND still overrides it). */
+static inline vmmrt_status test_layers_runtime(const char *const *kv, vmmrt_runtime **rt)
+{
+	vmmrt_options *o;
+	vmmrt_status st = vmmrt_options_create(&o);
+	if (st != VMMRT_OK)
+		return st;
+	st = vmmrt_options_set(o, "backend", "host");
+	for (; st == VMMRT_OK && kv && kv[0]; kv += 2)
+		st = vmmrt_options_set(o, kv[0], kv[1]);
+	if (st == VMMRT_OK)
+		st = vmmrt_runtime_create(o, rt);
+	vmmrt_options_destroy(o);
+	return st;
+}
+
 /* The runtime in *rt, layer i's group in g[i] and (capture) its activation's
  * address in addr[i] (addr may be NULL). On failure the first failure is
  * returned and the runtime destroyed (*rt NULL). */
 static inline vmmrt_status test_layers(const test_layers_cfg *c, vmmrt_runtime **rt, vmmrt_group **g,
 				       vmmrt_devptr *addr)
 {
-	vmmrt_options *o;
 	vmmrt_devptr a;
 	*rt = NULL;
-	vmmrt_status st = vmmrt_options_create(&o);
-	if (st != VMMRT_OK)
-		return st;
-	st = vmmrt_options_set(o, "backend", "host");
-	for (const char *const *kv = c->options; st == VMMRT_OK && kv && kv[0]; kv += 2)
-		st = vmmrt_options_set(o, kv[0], kv[1]);
-	if (st == VMMRT_OK)
-		st = vmmrt_runtime_create(o, rt);
-	vmmrt_options_destroy(o);
+	vmmrt_status st = test_layers_runtime(c->options, rt);
 	for (unsigned i = 0; st == VMMRT_OK && i < c->n; i++) {
 		vmmrt_tensor_desc d = test_act(c->sizes ? c->sizes[i] : c->bytes, c->dtype);
 		st = vmmrt_group_create(*rt, NULL, &g[i]);

@@ -73,15 +73,9 @@
 
 static vmmrt_runtime *make_rt(const char *mode, const char *timeout_ms)
 {
-	vmmrt_options *o;
-	vmmrt_runtime *rt;
-	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "mode", mode), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "host_capacity", "256M"), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "timeout_ms", timeout_ms), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
-	vmmrt_options_destroy(o);
+	vmmrt_runtime *rt = NULL;
+	const char *const opts[] = {"mode", mode, "host_capacity", "256M", "timeout_ms", timeout_ms, NULL};
+	assert_int_equal(test_layers_runtime(opts, &rt), VMMRT_OK);
 	return rt;
 }
 

@@ -487,11 +487,7 @@ typedef struct naive {
 
 static void naive_setup(naive *n, size_t bytes)
 {
-	vmmrt_options *o;
-	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_create(o, &n->rt), VMMRT_OK);
-	vmmrt_options_destroy(o);
+	n->rt = test_runtime((const char *const[]){NULL});
 	assert_int_equal(vmmrt_stream_create(n->rt, &n->s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_create(n->rt, bytes, &n->act), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map(n->act), VMMRT_OK);
@@ -656,11 +652,7 @@ static void api_misuse(void **state)
 	model_destroy(m);
 
 	/* Empty groups are no-ops; bad descriptors are refused at discovery. */
-	vmmrt_options *o;
-	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
-	vmmrt_options_destroy(o);
+	rt = test_runtime((const char *const[]){NULL});
 	assert_int_equal(vmmrt_group_create(rt, "empty", &empty), VMMRT_OK);
 	assert_int_equal(vmmrt_group_discover(empty, &(vmmrt_tensor_desc){.bytes = 0}), VMMRT_E_INVALID_SIZE);
 	assert_int_equal(vmmrt_group_discover(empty, &(vmmrt_tensor_desc){.bytes = 8, .ndim = 9}),

@@ -276,13 +276,7 @@ static void destroy_while_requests_are_queued(void **state)
 
 static void timeout_is_bounded_and_abandons(void **state)
 {
-	vmmrt_options *o;
-	vmmrt_runtime *rt;
-	assert_int_equal(vmmrt_options_create(&o), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "backend", "host"), VMMRT_OK);
-	assert_int_equal(vmmrt_options_set(o, "timeout_ms", "30"), VMMRT_OK);
-	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
-	vmmrt_options_destroy(o);
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"timeout_ms", "30", NULL});
 	gate g = {0};
 	vmmrt__request blocker;
 	vmmrt_slot *s;
