@@ -2,14 +2,14 @@
 /*
  * The synthetic model that the offload tests (tests/common/offload-model.c),
  * vmmrt-bench (tools/bench/modes.c) and vmmrt-torture
- * (tools/torture/scenario.c) run, in one place: the order of an iteration's
+ * (tools/torture/capture.c) run, in one place: the order of an iteration's
  * uses, its declaration to the library, and what a layer's graphs do.
  *
  * A group per (layer, microbatch): group m * layers + l is layer l of
  * microbatch m. Forward of a layer: act = input ^ pattern, lasting fwd_ns
  * (then, if asked, a checksum of act); backward: busy for bwd_ns first (if
- * not 0), so * that a restore landing late or overwriting early is seen, then a checksum
- * of the activation it reads. The host knows every checksum
+ * not 0), so that a restore landing late or overwriting early is seen, then
+ * a checksum of the activation it reads. The host knows every checksum
  * (vmmrt_layer_checksum_host). A layer may hold several activations (the
  * torture's groups do). Public API only: the bench links libvmmrt.so.
  */
