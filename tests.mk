@@ -74,6 +74,7 @@ unit_tests = \
 	tests/unit/test-host-backend \
 	tests/unit/test-slot \
 	tests/unit/test-slot-async \
+	tests/unit/test-slot-stream \
 	tests/unit/test-worker \
 	tests/unit/test-offload \
 	tests/unit/test-schedule \
@@ -86,6 +87,8 @@ tests_unit_test_slot_SOURCES = tests/unit/test-slot.c tests/common/test-common.h
 tests_unit_test_slot_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_slot_async_SOURCES = tests/unit/test-slot-async.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 tests_unit_test_slot_async_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_unit_test_slot_stream_SOURCES = tests/unit/test-slot-stream.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
+tests_unit_test_slot_stream_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_worker_SOURCES = tests/unit/test-worker.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 tests_unit_test_worker_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_offload_SOURCES = tests/unit/test-offload.c $(test_model)

@@ -75,6 +75,8 @@ typedef unsigned long long vmmrt_devptr;
 typedef struct vmmrt_stream_s *vmmrt_stream;
 #define VMMRT_STREAM_LEGACY ((vmmrt_stream)0x1)
 #define VMMRT_STREAM_PER_THREAD ((vmmrt_stream)0x2)
+/* An event on a stream (vmmrt_event_create); the slots' stream-ordered calls take one too. */
+typedef struct vmmrt_event vmmrt_event;
 
 typedef enum vmmrt_status {
 	VMMRT_OK = 0,
@@ -239,6 +241,16 @@ VMMRT_EXTERN vmmrt_status vmmrt_slot_wait(vmmrt_slot *slot);
  * handle pool: the point is that the memory comes back) after the GPU passes this point. A
  * vmmrt_slot_map_async made before the release ran cancels it. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_release_after(vmmrt_slot *slot, vmmrt_stream stream);
+/* vmmrt_slot_map_async, but the driver worker makes the map only once event (as
+ * recorded when the worker polls it) has completed; the launch thread does not
+ * wait (since 0.3.0). A map already queued, or the slot mapped: nothing more is
+ * queued, as for vmmrt_slot_map_async. */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_map_after(vmmrt_slot *slot, vmmrt_event *event);
+/* Enqueue on stream a wait (a stream wait-value, no host wait) until the maps
+ * queued for the slot so far have ended; nothing when they have. A map that
+ * fails still ends the wait: the work after it runs without the memory, and the
+ * failure is the slot's error (vmmrt_slot_error, the next call) (since 0.3.0). */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_wait_stream(vmmrt_slot *slot, vmmrt_stream stream);
 
 /* ------------------------------------------------- device helpers (any backend) */
 
@@ -263,7 +275,6 @@ VMMRT_EXTERN vmmrt_status vmmrt_copy_to_host_async(vmmrt_runtime *rt, void *dst,
 
 /* Events, as CUDA's: a record marks a point in a stream; waits and queries refer
  * to the most recent record; an event never recorded counts as complete. */
-typedef struct vmmrt_event vmmrt_event;
 #define VMMRT_EVENT_TIMING 0x1u /* can be timed with vmmrt_event_elapsed_ms (costs a little) */
 VMMRT_EXTERN vmmrt_status vmmrt_event_create(vmmrt_runtime *rt, unsigned int flags, vmmrt_event **out);
 VMMRT_EXTERN vmmrt_status vmmrt_event_destroy(vmmrt_runtime *rt, vmmrt_event *event);

@@ -431,14 +431,25 @@ void vmmrt__slot_async_done(vmmrt__request *req, vmmrt_status st, void *arg)
 			uatomic_or(&s->backing, VMMRT__SLOT_UNBACKED);
 		publish_error(s, st);
 	}
+	/* A map that ended, however: the streams waiting for it go on (slot.h),
+	 * after the failure is published, which vmmrt_slot_wait_stream reads
+	 * after the flag. */
+	if (req->ops == &vmmrt__slot_amap_ops && s->flag) {
+		cmm_smp_wmb();
+		uatomic_set(s->flag, uatomic_read(&s->map_seq));
+	}
 	/* Last, with a barrier: whoever reads queued at 0 then reads this state. */
 	(void)uatomic_add_return(&s->queued, -1);
 }
 
-/* The ring of releases and their events, once nothing can use them: the
- * slot's requests were cancelled or ran before its destroy did. */
+/* The ring of releases and their events, and the stream waits' flag, once
+ * nothing can use them: the slot's requests were cancelled or ran before
+ * its destroy did. */
 static void free_releases(vmmrt_slot *s)
 {
+	if (s->flag)
+		(void)vmmrt__drv_host_free(s->rt, s->flag);
+	s->flag = NULL;
 	if (!s->releases)
 		return;
 	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++)

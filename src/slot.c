@@ -280,12 +280,43 @@ static vmmrt_status push_async(vmmrt_slot *s, vmmrt__request *req)
 	return st;
 }
 
-vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s)
+/* The stream waits' flag, before the first stream-ordered map is pushed
+ * (slot.h): a stream may wait for any map pushed from then on. */
+static vmmrt_status make_flag(vmmrt_slot *s)
 {
-	VMMRT__API_ENTER();
-	VMMRT__CHECK_ARG(s, "slot is NULL");
+	vmmrt_runtime *rt = s->rt;
+	uint32_t *flag;
+	vmmrt_status st = vmmrt__drv_host_alloc(rt, 64, (void **)&flag);
+	if (st != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: the stream waits' flag", (unsigned long long)s->id);
+	if ((st = vmmrt__drv_host_devptr(rt, flag, &s->flag_dev)) != VMMRT_OK) {
+		(void)vmmrt__drv_host_free(rt, flag);
+		return vmmrt__error_wrap(st, "slot %llu: the stream waits' flag", (unsigned long long)s->id);
+	}
+	*flag = uatomic_read(&s->map_seq);
+	s->flag = flag; /* the worker reads it only in a map's done, pushed after */
+	return VMMRT_OK;
+}
+
+/* Only the application's slots: the library's own (remap's groups) have
+ * their maps and releases planned by the strategy, and no stream waits'
+ * flag of their own. */
+static vmmrt_status app_slot(const vmmrt_slot *s, const char *func)
+{
+	if (!s->app)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu belongs to the library (an offload group's); "
+				    "only a slot made by vmmrt_slot_create can be mapped stream-ordered", func,
+				    (unsigned long long)s->id);
+	return VMMRT_OK;
+}
+
+/* vmmrt_slot_map_async (after NULL) and vmmrt_slot_map_after. */
+static vmmrt_status map_stream_ordered(vmmrt_slot *s, vmmrt__bevent *after)
+{
 	vmmrt_status st = async_entry(s);
 	if (st != VMMRT_OK)
+		return st;
+	if (!s->flag && (st = make_flag(s)) != VMMRT_OK)
 		return st;
 	/* UNBACKED while its map still runs: that map failed and is ending.
 	 * Wait for it and report it before this call cancels anything. */
@@ -298,15 +329,76 @@ vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s)
 	if (old & VMMRT__SLOT_UNBACKED) {
 		/* Idle, unless a map failed since the check above. */
 		st = wait_in_flight(s, &s->amap_req, "its failed map did not end");
-		if (st == VMMRT_OK)
-			st = push_async(s, &s->amap_req);
+		if (st == VMMRT_OK) {
+			s->amap_req.after = after;
+			uatomic_set(&s->map_seq, s->map_seq + 1);
+			if ((st = push_async(s, &s->amap_req)) != VMMRT_OK)
+				uatomic_set(&s->map_seq, s->map_seq - 1); /* nothing will publish it */
+		}
 		if (st != VMMRT_OK) {
 			uatomic_or(&s->backing, VMMRT__SLOT_UNBACKED); /* nothing queued to back it */
 			return st;
 		}
 	}
-	/* Else mapped, or the map that backs it is queued: nothing to add. */
+	/* Else mapped, or the map that backs it is queued (as it was asked):
+	 * nothing to add. */
 	s->wanted = true;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt_slot_map_async(vmmrt_slot *s)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(s, "slot is NULL");
+	return map_stream_ordered(s, NULL);
+}
+
+vmmrt_status vmmrt_slot_map_after(vmmrt_slot *s, vmmrt_event *event)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(event, "event is NULL (record one on the stream the map is to follow)");
+	vmmrt_status st = app_slot(s, __func__);
+	if (st != VMMRT_OK)
+		return st;
+	/* The worker polls the application's event as it polls a release's
+	 * own (vmmrt__request.after): recorded again before the map is made,
+	 * the map waits for the new record (vmmrt_slot_map_after(3)). */
+	return map_stream_ordered(s, (vmmrt__bevent *)event);
+}
+
+vmmrt_status vmmrt_slot_wait_stream(vmmrt_slot *s, vmmrt_stream stream)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(s, "slot is NULL");
+	vmmrt_runtime *rt = s->rt;
+	unsigned long long id = (unsigned long long)s->id;
+	vmmrt_status st = app_slot(s, __func__);
+	if (st != VMMRT_OK)
+		return st;
+	/* The flag first, then the failure: a map publishes its failure before
+	 * its flag, so a map seen ended here has reported how. */
+	uint32_t seq = s->map_seq;
+	bool ended = !s->flag || (int32_t)(uatomic_read(s->flag) - seq) >= 0;
+	cmm_smp_rmb();
+	if ((st = async_entry(s)) != VMMRT_OK)
+		return st;
+	if (!s->wanted)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is neither mapped nor has a map queued (never "
+				    "mapped, or released since its last map): the stream would wait for nothing and "
+				    "then use memory that is not there", __func__, id);
+	/* As a release's event would: a wait captured into a graph would wait
+	 * at every replay for a map of this moment, or for none. */
+	bool capturing = false;
+	if ((st = vmmrt__drv_stream_is_capturing(rt, stream, &capturing)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: slot %llu: asking whether the stream is capturing", __func__, id);
+	if (capturing)
+		return vmmrt__error(VMMRT_E_CAPTURE, "%s: slot %llu: the stream is capturing a graph (map the slot "
+				    "and vmmrt_slot_wait for it before the capture)", __func__, id);
+	if (ended)
+		return VMMRT_OK; /* mapped already: nothing for the GPU to wait for */
+	if ((st = vmmrt__drv_stream_wait_value32(rt, stream, s->flag_dev, seq)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: slot %llu: the stream's wait for the map", __func__, id);
 	return VMMRT_OK;
 }
 

@@ -52,6 +52,15 @@
  * and does nothing; clear too early would leave a slot unbacked for good,
  * so everything that may unback the slot sets it first.
  */
+/*
+ * Stream waits (vmmrt_slot_map_after, vmmrt_slot_wait_stream): each push of
+ * amap_req takes the next map_seq, and its done callback stores that number
+ * into *flag, a host-pinned word, whether the map was made, failed or was
+ * cancelled: a stream that waits for it (a wait-value, as remap's restores
+ * wait for their map) must never wait forever. The flag exists once the
+ * first stream-ordered map is pushed (made before the push: the worker may
+ * end it before the push returns), and goes with the slot.
+ */
 #define VMMRT__SLOT_UNBACKED 1ull
 #define VMMRT__SLOT_GENERATION 2ull
 /* Stream-ordered releases a slot may have in flight: a launch thread runs a
@@ -94,7 +103,10 @@ struct vmmrt_slot {
 	/* Stream-ordered backing (see above). */
 	uint64_t backing;      /* uatomic: generation * 2 | VMMRT__SLOT_UNBACKED */
 	int32_t queued;        /* uatomic: its map and releases not finished yet (PENDING) */
-	vmmrt__request amap_req;        /* vmmrt_slot_map_async's (ensure) */
+	vmmrt__request amap_req;        /* vmmrt_slot_map_async's and map_after's (ensure) */
+	uint32_t *flag;                 /* host-pinned: the map_seq of the last map that ended */
+	vmmrt_devptr flag_dev;          /* its device address, for the wait-values */
+	uint32_t map_seq;               /* the caller's: the last amap_req pushed; read by its done */
 	vmmrt__slot_release *releases;  /* [VMMRT__SLOT_RELEASES], made by the first release_after */
 	/* the caller's (one thread uses a slot at a time): */
 	unsigned next_release;          /* the ring's next record */
@@ -125,7 +137,7 @@ extern const vmmrt__request_ops vmmrt__slot_release_ops;
 extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
 /*
  * The stream-ordered ones: amap (ensure, sets VMMRT__SLOT_UNBACKED again if it
- * fails) and arelease (on a vmmrt__slot_release: claims the generation it
+ * fails, publishes map_seq to the flag however it ends) and arelease (on a vmmrt__slot_release: claims the generation it
  * was asked in, then unmaps and cuMemReleases). Both end by decrementing
  * the slot's `queued`, whatever the outcome (their done callback:
  * vmmrt__slot_async_done, which publishes a failure).
