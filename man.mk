@@ -77,11 +77,13 @@ man3_pages = \
 	man/man3/vmmrt_slot_error.3 \
 	man/man3/vmmrt_slot_get_state.3 \
 	man/man3/vmmrt_slot_map.3 \
+	man/man3/vmmrt_slot_map_after.3 \
 	man/man3/vmmrt_slot_map_async.3 \
 	man/man3/vmmrt_slot_release_after.3 \
 	man/man3/vmmrt_slot_size.3 \
 	man/man3/vmmrt_slot_unmap.3 \
 	man/man3/vmmrt_slot_wait.3 \
+	man/man3/vmmrt_slot_wait_stream.3 \
 	man/man3/vmmrt_status_name.3 \
 	man/man3/vmmrt_stream_create.3 \
 	man/man3/vmmrt_stream_destroy.3 \
