@@ -11,6 +11,15 @@
  * the fill's bytes, which a release that ran anyway would have taken (new
  * memory, or on the host backend a fault).
  *
+ * Half the runs map the way a launch thread that never waits does: the map
+ * follows an event on a second stream busy for a random while
+ * (vmmrt_slot_map_after) and the stream waits for it on the device
+ * (vmmrt_slot_wait_stream), so the fill after it runs over memory only a
+ * correct wait guarantees. With faults armed, such a map is also waited for
+ * on the host before the fill (a map that failed must not be written
+ * through): the stream's wait must then have been let go however the map
+ * ended, or the clean-up's drain hangs.
+ *
  * Checked: every cycle's checksum; the slots' memory is what slot_bytes
  * says once the releases have run, and none is left after destroy (the
  * scenario's end checks the handles too); a map never leaves a slot
@@ -33,6 +42,9 @@
 typedef struct slots_run {
 	scen *s;
 	vmmrt_stream st;
+	vmmrt_stream side;       /* stream_ordered: the work a map follows */
+	vmmrt_event *after;
+	bool stream_ordered;     /* maps by map_after and wait_stream */
 	vmmrt_slot *x[NSLOTS], *res;
 	unsigned n;
 	uint32_t *gate;          /* pinned: the stream waits until it reaches gate_at */
@@ -67,6 +79,10 @@ static bool setup(slots_run *r)
 	if (!OK(r, "vmmrt_slot_map", vmmrt_slot_map(r->res)))
 		return false;
 	t_range_add(vmmrt_slot_address(r->res), vmmrt_slot_size(r->res), s->seed);
+	if (r->stream_ordered &&
+	    (!OK(r, "vmmrt_stream_create", vmmrt_stream_create(s->rt, &r->side)) ||
+	     !OK(r, "vmmrt_event_create", vmmrt_event_create(s->rt, 0, &r->after))))
+		return false;
 	r->n = (unsigned)rnd_in(&s->r, 1, NSLOTS);
 	for (unsigned k = 0; k < r->n; k++) {
 		size_t bytes = (size_t)rnd_in(&s->r, 1, 2 * s->gran);
@@ -77,11 +93,33 @@ static bool setup(slots_run *r)
 	return true;
 }
 
-/* The map before a use: queued, then waited for on the worker (not the GPU). */
+/* The map before a use, after a random while of the side stream's, and the
+ * stream's wait for it: nobody on the host waits, unless faults may fail it. */
+static bool map_on_stream(slots_run *r, vmmrt_slot *x)
+{
+	scen *s = r->s;
+	uint64_t ns = rnd_in(&s->r, 0, 2000000);
+	if (!OK(r, "vmmrt_kernel_busy", vmmrt_kernel_busy(s->rt, r->side, ns)) ||
+	    !OK(r, "vmmrt_event_record", vmmrt_event_record(s->rt, r->after, r->side)) ||
+	    !OK(r, "vmmrt_slot_map_after", vmmrt_slot_map_after(x, r->after)) ||
+	    !OK(r, "vmmrt_slot_wait_stream", vmmrt_slot_wait_stream(x, r->st)))
+		return false;
+	return s->fc.rate == 0 || OK(r, "vmmrt_slot_wait", vmmrt_slot_wait(x));
+}
+
+/* The map before a use: queued, then waited for on the worker (not the GPU),
+ * or on the stream. */
 static bool map(slots_run *r, vmmrt_slot *x)
 {
-	if (!OK(r, "vmmrt_slot_map_async", vmmrt_slot_map_async(x)) || !OK(r, "vmmrt_slot_wait", vmmrt_slot_wait(x)))
+	if (r->stream_ordered) {
+		if (!map_on_stream(r, x))
+			return false;
+	} else if (!OK(r, "vmmrt_slot_map_async", vmmrt_slot_map_async(x)) ||
+		   !OK(r, "vmmrt_slot_wait", vmmrt_slot_wait(x))) {
 		return false;
+	}
+	if (r->stream_ordered && r->s->fc.rate == 0)
+		return true; /* PENDING, MAPPED: the stream knows when */
 	vmmrt_slot_state now = vmmrt_slot_get_state(x);
 	if (now != VMMRT_SLOT_MAPPED && now != VMMRT_SLOT_PENDING && !fault_causes(&r->s->fc))
 		t_fail(r->s->seed, "slot-state", "slot %p in state %d after vmmrt_slot_wait succeeded", (void *)x, (int)now);
@@ -180,7 +218,7 @@ void slot_backing(scen *s)
 {
 	if (s->errored)
 		return;
-	slots_run r = {.s = s};
+	slots_run r = {.s = s, .stream_ordered = chance(&s->r, 0.5)};
 	uint64_t base = slot_bytes(s); /* the scenario's input and results slots */
 	unsigned cycles = (unsigned)rnd_in(&s->r, 4, NCYCLES);
 	bool ready = setup(&r); /* the results slot mapped, among the rest */
@@ -189,6 +227,8 @@ void slot_backing(scen *s)
 	/* From here on, clean-up: nothing injected, and everything checked. */
 	s_quiet(s, true);
 	bool drained = !r.st || OK(&r, "vmmrt_stream_synchronize", vmmrt_stream_synchronize(s->rt, r.st));
+	if (r.side && !OK(&r, "vmmrt_stream_synchronize", vmmrt_stream_synchronize(s->rt, r.side)))
+		drained = false;
 	settle(&r);
 	if (drained && ready)
 		verify(&r);
@@ -216,5 +256,9 @@ void slot_backing(scen *s)
 		(void)vmmrt_host_free(s->rt, r.gate);
 	if (r.st && drained)
 		(void)OK(&r, "vmmrt_stream_destroy", vmmrt_stream_destroy(s->rt, r.st));
+	if (r.after && drained)
+		(void)OK(&r, "vmmrt_event_destroy", vmmrt_event_destroy(s->rt, r.after));
+	if (r.side && drained)
+		(void)OK(&r, "vmmrt_stream_destroy", vmmrt_stream_destroy(s->rt, r.side));
 	s_quiet(s, false);
 }
