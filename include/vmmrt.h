@@ -75,7 +75,10 @@ typedef unsigned long long vmmrt_devptr;
 typedef struct vmmrt_stream_s *vmmrt_stream;
 #define VMMRT_STREAM_LEGACY ((vmmrt_stream)0x1)
 #define VMMRT_STREAM_PER_THREAD ((vmmrt_stream)0x2)
-/* An event on a stream (vmmrt_event_create); the slots' stream-ordered calls take one too. */
+/* An event on a stream (vmmrt_event_create). On the CUDA backend it is the
+ * CUevent itself, cast, as for streams (PyTorch's torch.cuda.Event().cuda_event,
+ * once recorded), so an application's own event can be passed to
+ * vmmrt_slot_map_after. */
 typedef struct vmmrt_event vmmrt_event;
 
 typedef enum vmmrt_status {

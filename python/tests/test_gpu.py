@@ -380,9 +380,11 @@ def test_1f1b_graphs_bitwise_equal_to_sequential_microbatches(mode, p, m):
         stats = off.stats()
         if mode != "none":          # (none moves nothing: the library counts no iteration)
             assert stats["iterations"] == 3 and stats["schedule_declared"] == 1
-        # the hooks never block; the maps of gradient and resident memory wait
-        # for their worker on the host, by design (Offload.gpu_reached_previous)
-        assert stats["launch_thread_blocking"] <= 2 + sum(b.maps for b in off.backings)
+        # the hooks never block, nor do the maps of gradient and resident
+        # memory made on the stream (Offload.map_for_use); the others wait
+        # for their worker on the host, by design
+        assert sum(b.stream_maps for b in off.backings) > 0
+        assert stats["launch_thread_blocking"] <= 2 + sum(b.maps - b.stream_maps for b in off.backings)
         if mode == "pingpong":
             assert stats["bank_conflicts"] == 0 and stats["banks"] >= 2
         if mode != "none":
@@ -578,3 +580,36 @@ def test_graphs_abort_mid_iteration_then_bitwise(mode):
         assert off.stats()["aborts"] == 2
     cleanup(base, ref)
     off.close()
+
+
+def test_slot_mapped_after_a_torch_event_with_its_tensor_made_first():
+    """A tensor over a slot whose memory is not there yet (made without asking
+    the driver about the pointer), the map after a torch event, the stream
+    waiting for it on the device: the launch thread waits for nothing, and
+    the kernel after the wait finds the memory."""
+    import time
+    from vmmrt.torch import _dlpack
+    with vmmrt.Runtime({"backend": "cuda", "device": torch.cuda.current_device()}) as rt:
+        s = rt.slot(64 << 20)
+        t, owner = _dlpack.owned_tensor_at(s.address, s.size, "cuda")
+        assert t.data_ptr() == s.address and t.numel() == s.size
+        stream = torch.cuda.current_stream()
+        torch.cuda._sleep(200 * 1000 * 1000)         # ~0.1 s of the GPU's
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        s.map_after(ev)
+        s.wait_stream(stream.cuda_stream)
+        t.fill_(7)
+        ok = (t == 7).all()
+        assert s.state == "pending" and not ev.query()  # the host is ahead of the GPU
+        torch.cuda.synchronize()
+        assert bool(ok) and s.state == "mapped"
+        del t, ok
+        gc.collect()
+        s.release_after(stream.cuda_stream)
+        t0 = time.monotonic()
+        while s.state == "pending" and time.monotonic() - t0 < 5:
+            time.sleep(0.002)
+        assert s.state == "reserved" and rt.offload_stats()["slot_bytes"] == 0
+        del owner
+        s.destroy()

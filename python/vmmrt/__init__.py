@@ -183,6 +183,20 @@ def _stream(s):
     return ctypes.c_void_p(int(s)) if int(s) else None
 
 
+def _event(e):
+    """An event argument: an :class:`Event`, or on the CUDA backend (where a vmmrt_event
+    is the CUevent) an object with ``cuda_event`` (a recorded torch.cuda.Event) or an
+    int handle."""
+    if isinstance(e, Event):
+        if e._e is None:
+            raise ValueError("the event was destroyed")
+        return e._e
+    if e is None:
+        return None
+    h = int(getattr(e, "cuda_event", e))
+    return ctypes.c_void_p(h) if h else None
+
+
 class Runtime:
     """One opened device (vmmrt_runtime): backend, options, driver workers, groups.
 
@@ -453,6 +467,18 @@ class Slot:
         """Release the memory, to the driver, once the work enqueued on stream so far has
         completed (a stream-ordered free); returns at once."""
         check(self._rt._lib.vmmrt_slot_release_after(self._s, _stream(stream)), "vmmrt_slot_release_after")
+
+    def map_after(self, event):
+        """map_async, but the worker maps only once ``event`` has completed (an :class:`Event`,
+        or on CUDA a torch.cuda.Event, recorded; recorded again before the map is made, the
+        map waits for the new record). Returns at once."""
+        check(self._rt._lib.vmmrt_slot_map_after(self._s, _event(event)), "vmmrt_slot_map_after")
+
+    def wait_stream(self, stream=None):
+        """Make ``stream`` wait, on the device, for the maps queued so far (nothing if they
+        ended); returns at once. A map that fails lets the stream go on without the memory
+        and is this slot's error (vmmrt_slot_wait_stream(3))."""
+        check(self._rt._lib.vmmrt_slot_wait_stream(self._s, _stream(stream)), "vmmrt_slot_wait_stream")
 
     def destroy(self):
         if self._s is not None:

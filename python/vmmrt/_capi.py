@@ -108,6 +108,8 @@ _PROTOTYPES = {
     "vmmrt_slot_map_async": (status_t, [handle]),
     "vmmrt_slot_wait": (status_t, [handle]),
     "vmmrt_slot_release_after": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_slot_map_after": (status_t, [handle, handle]),
+    "vmmrt_slot_wait_stream": (status_t, [handle, vmmrt_stream]),
     "vmmrt_stream_create": (status_t, [handle, _P(vmmrt_stream)]),
     "vmmrt_stream_destroy": (status_t, [handle, vmmrt_stream]),
     "vmmrt_stream_synchronize": (status_t, [handle, vmmrt_stream]),
@@ -166,7 +168,8 @@ _PROTOTYPES = {
 # so the rest of the binding still loads.
 _SINCE = {name: "0.2.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offload_abort",
                                      "vmmrt_group_rediscover", "vmmrt_offload_release_retired",
-                                     "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after")}
+                                     "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after",
+                                     "vmmrt_slot_map_after", "vmmrt_slot_wait_stream")}
 
 
 class _Missing:

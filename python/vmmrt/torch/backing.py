@@ -21,6 +21,15 @@ first. A map requested before the release ran cancels it (the memory and its
 bytes stay), so asking ahead is never wrong. Nothing here runs while a CUDA
 graph is being captured: a release that falls due then waits for the next
 :meth:`Backing.flush`.
+
+A map is made one of two ways. :meth:`Backing.ensure` waits on the host
+until the worker has mapped (capture, setup, and eager ops on CUDA, which
+the driver checks when they are enqueued). :meth:`Backing.map_on_stream`
+waits for nobody: the worker maps once an event has completed
+(vmmrt_slot_map_after) and the stream waits on the device for the map
+(vmmrt_slot_wait_stream), so the launch thread keeps running ahead of the
+GPU; the tensors of such a use are made over the address alone
+(:mod:`vmmrt.torch._dlpack`).
 """
 import logging
 import threading
@@ -28,7 +37,7 @@ import weakref
 
 import torch
 
-from vmmrt.torch import _address, _compat
+from vmmrt.torch import _address, _compat, _dlpack
 
 log = logging.getLogger("vmmrt.torch")
 
@@ -48,7 +57,10 @@ class Backing:
         self._live = 0            # storages made by tensor() still alive
         self._wanted = False      # a map asked for, and no release since
         self._due = None          # a release that fell due during a capture: its stream
+        self._on_stream = False   # the map asked for is stream-ordered: not known made on the host
+        self._afters = []         # the events a queued map may still wait for: kept alive till then
         self.maps = 0
+        self.stream_maps = 0      # of maps, those made by map_on_stream
         self.releases = 0
 
     # ------------------------------------------------------------ state
@@ -74,6 +86,25 @@ class Backing:
         with self._lock:
             self._prefetch()
         self.slot.wait()
+        self._on_stream = False
+
+    def map_on_stream(self, after, stream):
+        """Mapped for the work enqueued on ``stream`` from now on, the host
+        waiting for nothing: the worker maps once ``after`` (a recorded
+        event) has completed, and the stream waits for that map on the
+        device. ``after`` is kept alive until no map can wait for it."""
+        with self._lock:
+            self._due = None
+            if not self._wanted:
+                if self._afters and self.slot.state != "pending":
+                    del self._afters[:]   # no map queued: none waits for them
+                self._afters.append(after)
+                self.slot.map_after(after)
+                self._wanted = True
+                self._on_stream = True
+                self.maps += 1
+                self.stream_maps += 1
+        self.slot.wait_stream(stream)
 
     def release(self, stream):
         """Give the memory back once ``stream`` gets here (a no-op if it is not
@@ -90,6 +121,7 @@ class Backing:
             return
         self.slot.release_after(stream)
         self._wanted = False
+        self._on_stream = False
         self._due = None
         self.releases += 1
 
@@ -104,8 +136,12 @@ class Backing:
         """A new 1-D uint8 tensor over the whole slot, mapped. ``counted``: the
         memory is released (ordered on ``stream``) once every storage made
         this way has died; otherwise its life is the caller's (release)."""
-        self.ensure()
-        t, owner = _address.owned_tensor_at(self.address, self.nbytes, torch.uint8, self.offload.device)
+        if self._on_stream:
+            # The memory may not be there yet: the address is all it needs.
+            t, owner = _dlpack.owned_tensor_at(self.address, self.nbytes, self.offload.device)
+        else:
+            self.ensure()
+            t, owner = _address.owned_tensor_at(self.address, self.nbytes, torch.uint8, self.offload.device)
         if counted and owner is not None:
             with self._lock:
                 self._live += 1

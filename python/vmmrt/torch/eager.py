@@ -125,8 +125,7 @@ def _grad_mode(runner, stream):
     g = runner.grads
     if g is None or not g.mapped or g.backing.live:
         return None
-    if not g.backing.mapped:
-        runner.layer.offload.gpu_reached_previous(runner.layer, True)
+    runner.layer.offload.map_for_use(runner.layer, True, g.backing, stream, eager=True)
     base = g.backing.tensor(stream)
     return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static)
 

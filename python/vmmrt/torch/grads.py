@@ -162,12 +162,12 @@ class Grads:
     # --------------------------------------------------------- per step
     def before_backward(self, stream, where, lay=None):
         """Choose the graph of this backward and get the memory ready (mapped
-        once the GPU has begun the use before, see
-        Offload.gpu_reached_previous). Returns (accumulate, src, states): src
+        once the GPU has begun the use before, the stream waiting for it: see
+        Offload.map_for_use). Returns (accumulate, src, states): src
         is a tensor over the live memory that the gradients handed back are
         made from."""
-        if lay is not None and self.backing.live == 0 and not self.backing.mapped:
-            self.offload.gpu_reached_previous(lay, True)
+        if lay is not None and self.backing.live == 0:
+            self.offload.map_for_use(lay, True, self.backing, stream)
         states = [None if v is None else self.state(k, p) for k, (p, v) in enumerate(zip(self.params, self.views))]
         acc = "ours" in states
         src = None
@@ -180,6 +180,8 @@ class Grads:
                                 "or grads='static'" % k, where)
             if any(st in ("none", "foreign") for st in states):
                 src = self.backing.tensor(stream)
+                if "foreign" in states and not self.offload.host:
+                    self.backing.ensure()  # copy_ is a cudaMemcpyAsync, checked when enqueued: mapped by then
                 for k, (p, st) in enumerate(zip(self.params, states)):
                     if st == "none":
                         self.view(src, k).zero_()

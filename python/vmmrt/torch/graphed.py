@@ -133,12 +133,16 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         memory that comes and goes with a layer (its resident activations,
         its gradients) is mapped once the GPU has begun the use this many
         uses before (forwards and backwards in the order they run): 1 holds
-        the least at any moment, and the launch thread then waits for the GPU
-        and for each map; 0 maps as soon as the launch thread gets there (the
-        fastest, but a whole pass ahead of the GPU, so the memory is all
-        mapped at once). On the H200, 8 Llama-3-8B layers, mode "none":
-        1: 1.047x graph-only's step time at 1.059x its whole-step peak; 0:
-        1.014x at 1.170x.
+        the least at any moment; 0 maps as soon as the launch thread gets
+        there (a whole pass ahead of the GPU, so the memory is all mapped at
+        once). With 1 or more the launch thread waits for nothing when it
+        replays graphs: a driver worker maps once the GPU has begun that use,
+        and the GPU waits for the map before the use (vmmrt_slot_map_after,
+        vmmrt_slot_wait_stream); eager on CUDA, the launch thread waits for
+        the GPU and for each map (torch's copies are checked when enqueued).
+        On the H200, 8 Llama-3-8B layers, mode "none", when the launch thread
+        still waited with graphs too: 1: 1.047x graph-only's step time at
+        1.059x its whole-step peak; 0: 1.014x at 1.170x.
     memory_budget
         (with ``mode="auto"`` the planner chooses the mode and look-ahead too)
         the device memory a training step may hold at the driver level:

@@ -69,7 +69,7 @@ class Pass:
             self.rec.guard = lay._guard
             self.placed = lay.placements()
             if self.kind == "eager":
-                lay.forward_begin(self.stream)
+                lay.forward_begin(self.stream, eager=True)
                 if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
                     # The layer's own ops write the slot: it must be free
                     # (its bank's D2H done) or mapped (remap) before they
@@ -376,12 +376,11 @@ class LayerOffload:
                 "moved": sum(r.nbytes for r in self.moving())}
 
     # ------------------------------------------------------------- hooks
-    def forward_begin(self, stream=None):
+    def forward_begin(self, stream=None, eager=False):
         self._check_usable()
         self.offload.flush()
-        if self.resident is not None and not self.resident.mapped:
-            self.offload.gpu_reached_previous(self, False)
-            self.resident.ensure()
+        if self.resident is not None:
+            self.offload.map_for_use(self, False, self.resident, stream, eager)
         self.group.forward_begin(stream)
         self.offload.use_started(self, False)
 

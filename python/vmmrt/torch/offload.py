@@ -121,6 +121,7 @@ class Offload:
         self._prev = {}             # (layer name, backward) -> the uses before it, nearest first (set_order)
         self.map_ahead = 1          # uses between the GPU's and the one memory is mapped for
         self._started = {}          # (layer name, backward) -> event where its GPU work began
+        self._host_event = None     # the host backend's: where a stream-ordered map follows (map_for_use)
         self.backings = []          # every Backing: resident slots, gradients
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
 
@@ -204,6 +205,49 @@ class Offload:
         if ev is None:
             ev = self._started[key] = torch.cuda.Event()
         ev.record(torch.cuda.current_stream())
+
+    def map_for_use(self, lay, backward, backing, stream, eager=False):
+        """Map ``backing`` for this use, ``map_ahead`` uses ahead of the GPU
+        (see :meth:`gpu_reached_previous` for why not further). One use or
+        more ahead and not capturing, nobody waits: the worker maps once
+        the GPU has begun the use ``map_ahead`` before this one (its event
+        from :meth:`use_started`; for the first uses of an iteration, once
+        what is queued now has run), and the stream waits on the device for
+        the map before this use's work (Backing.map_on_stream). The host
+        waits instead while capturing (every slot is mapped before the first
+        capture), with map_ahead=0, and for eager ops on CUDA (a copy is a
+        cudaMemcpyAsync, which the driver checks when it is enqueued). On
+        the host backend the CPU runs the use's ops itself: it waits for the
+        map after asking for it the same way."""
+        if backing.mapped:
+            return
+        if self.map_ahead == 0 or self.capturing or _compat.is_capturing() or (eager and not self.host):
+            self.gpu_reached_previous(lay, backward)
+            backing.ensure()
+            return
+        backing.map_on_stream(self._map_point(lay, backward, stream), stream)
+        if self.host:
+            backing.slot.wait()
+
+    def _map_point(self, lay, backward, stream):
+        """The event a stream-ordered map for this use follows."""
+        if self.host:
+            # The CPU is the device and is here already: what the host
+            # backend's stream has queued. One event does (the map is waited
+            # for before the next is asked).
+            if self._host_event is None:
+                self._host_event = self.runtime.event()
+                self._close_hooks.append(self._host_event.destroy)
+            self._host_event.record(stream)
+            return self._host_event
+        before = self._prev.get((lay.name, bool(backward)), ())
+        ev = self._started.get(before[self.map_ahead - 1]) if len(before) >= self.map_ahead else None
+        if ev is None:
+            # The first uses of an iteration: after what is queued before
+            # them (the optimizer step), as gpu_reached_previous waits.
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream())
+        return ev
 
     def gpu_reached_previous(self, lay, backward):
         """Before memory for this use is mapped: wait until the GPU has begun
