@@ -244,8 +244,9 @@ VMMRT_EXTERN vmmrt_status vmmrt_slot_wait(vmmrt_slot *slot);
  * handle pool: the point is that the memory comes back) after the GPU passes this point. A
  * vmmrt_slot_map_async made before the release ran cancels it. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_release_after(vmmrt_slot *slot, vmmrt_stream stream);
-/* vmmrt_slot_map_async, but the driver worker makes the map only once event (as
- * recorded when the worker polls it) has completed; the launch thread does not
+/* vmmrt_slot_map_async, but the driver worker makes the map only once the work
+ * event captures now has completed (as cuStreamWaitEvent would: recording it
+ * again or destroying it afterwards changes nothing); the launch thread does not
  * wait (since 0.3.0). A map already queued, or the slot mapped: nothing more is
  * queued, as for vmmrt_slot_map_async. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_map_after(vmmrt_slot *slot, vmmrt_event *event);

@@ -450,6 +450,12 @@ static void free_releases(vmmrt_slot *s)
 	if (s->flag)
 		(void)vmmrt__drv_host_free(s->rt, s->flag);
 	s->flag = NULL;
+	if (s->order_event)
+		(void)vmmrt__drv_event_destroy(s->rt, s->order_event);
+	if (s->order_stream)
+		(void)vmmrt__drv_stream_destroy(s->rt, s->order_stream);
+	s->order_event = NULL;
+	s->order_stream = NULL;
 	if (!s->releases)
 		return;
 	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++)

@@ -310,6 +310,28 @@ static vmmrt_status app_slot(const vmmrt_slot *s, const char *func)
 	return VMMRT_OK;
 }
 
+/* The map to push follows `event` as recorded now (cuStreamWaitEvent's
+ * rule), not as the worker would find it when it polls: the application
+ * may record it again or destroy it at once. A stream of the slot's own
+ * (made on first use), not one shared, so that no slot's map waits for
+ * another's event. */
+static vmmrt_status follow(vmmrt_slot *s, vmmrt__bevent *event)
+{
+	vmmrt_runtime *rt = s->rt;
+	unsigned long long id = (unsigned long long)s->id;
+	vmmrt_status st;
+	if (!s->order_stream && (st = vmmrt__drv_stream_create(rt, &s->order_stream)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: the stream its maps follow their events on", id);
+	if (!s->order_event && (st = vmmrt__drv_event_create(rt, false, &s->order_event)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: the event its map waits for", id);
+	if ((st = vmmrt__drv_stream_wait_event(rt, s->order_stream, event)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: following the event (is it an event of this device?)", id);
+	if ((st = vmmrt__drv_event_record(rt, s->order_event, s->order_stream)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "slot %llu: recording the event its map waits for", id);
+	s->amap_req.after = s->order_event;
+	return VMMRT_OK;
+}
+
 /* vmmrt_slot_map_async (after NULL) and vmmrt_slot_map_after. */
 static vmmrt_status map_stream_ordered(vmmrt_slot *s, vmmrt__bevent *after)
 {
@@ -329,8 +351,12 @@ static vmmrt_status map_stream_ordered(vmmrt_slot *s, vmmrt__bevent *after)
 	if (old & VMMRT__SLOT_UNBACKED) {
 		/* Idle, unless a map failed since the check above. */
 		st = wait_in_flight(s, &s->amap_req, "its failed map did not end");
+		if (st == VMMRT_OK) { /* the last map ended: the request, its event are free */
+			s->amap_req.after = NULL;
+			if (after)
+				st = follow(s, after);
+		}
 		if (st == VMMRT_OK) {
-			s->amap_req.after = after;
 			uatomic_set(&s->map_seq, s->map_seq + 1);
 			if ((st = push_async(s, &s->amap_req)) != VMMRT_OK)
 				uatomic_set(&s->map_seq, s->map_seq - 1); /* nothing will publish it */
@@ -361,9 +387,6 @@ vmmrt_status vmmrt_slot_map_after(vmmrt_slot *s, vmmrt_event *event)
 	vmmrt_status st = app_slot(s, __func__);
 	if (st != VMMRT_OK)
 		return st;
-	/* The worker polls the application's event as it polls a release's
-	 * own (vmmrt__request.after): recorded again before the map is made,
-	 * the map waits for the new record (vmmrt_slot_map_after(3)). */
 	return map_stream_ordered(s, (vmmrt__bevent *)event);
 }
 

@@ -107,6 +107,12 @@ struct vmmrt_slot {
 	uint32_t *flag;                 /* host-pinned: the map_seq of the last map that ended */
 	vmmrt_devptr flag_dev;          /* its device address, for the wait-values */
 	uint32_t map_seq;               /* the caller's: the last amap_req pushed; read by its done */
+	/* vmmrt_slot_map_after: the map follows the application's event as it
+	 * was at the call, through a stream of the slot's own that waits for it
+	 * and records order_event, which the worker polls (amap_req.after).
+	 * Recorded only before a push, when the last map has ended. */
+	vmmrt_stream order_stream;
+	vmmrt__bevent *order_event;
 	vmmrt__slot_release *releases;  /* [VMMRT__SLOT_RELEASES], made by the first release_after */
 	/* the caller's (one thread uses a slot at a time): */
 	unsigned next_release;          /* the ring's next record */

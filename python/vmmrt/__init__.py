@@ -469,9 +469,9 @@ class Slot:
         check(self._rt._lib.vmmrt_slot_release_after(self._s, _stream(stream)), "vmmrt_slot_release_after")
 
     def map_after(self, event):
-        """map_async, but the worker maps only once ``event`` has completed (an :class:`Event`,
-        or on CUDA a torch.cuda.Event, recorded; recorded again before the map is made, the
-        map waits for the new record). Returns at once."""
+        """map_async, but the worker maps only once the work ``event`` captures now has
+        completed (an :class:`Event`, or on CUDA a recorded torch.cuda.Event; recorded again
+        or destroyed afterwards, it changes nothing). Returns at once."""
         check(self._rt._lib.vmmrt_slot_map_after(self._s, _event(event)), "vmmrt_slot_map_after")
 
     def wait_stream(self, stream=None):

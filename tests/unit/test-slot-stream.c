@@ -97,34 +97,40 @@ static vmmrt_status hook_fn(void *ctx, const char *op, uint64_t *delay_us)
 /*
  * 1. The map waits for its event: while the stream the event is on is busy
  *    the slot stays unmapped (and PENDING), the launch thread having waited
- *    for nothing; then the worker maps it. vmmrt_slot_wait still waits on
- *    the host for such a map.
+ *    for nothing; then the worker maps it. It follows the event as it was
+ *    at the call: recorded again behind more work, the map does not wait
+ *    for that; destroyed at once, the map still waits for the work before.
+ *    vmmrt_slot_wait still waits on the host for such a map.
  */
 static void map_after_follows_its_event(void **state)
 {
 	vmmrt_runtime *rt = make_rt();
 	vmmrt_slot *s;
 	vmmrt_stream a;
-	vmmrt_event *e;
+	vmmrt_event *e, *busy_done, *gone;
 	const size_t n = 4 * MiB;
 	vmmrt_offload_stats o = {.size = sizeof(o)};
 	assert_int_equal(vmmrt_stream_create(rt, &a), VMMRT_OK);
 	assert_int_equal(vmmrt_event_create(rt, 0, &e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &busy_done), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_create(rt, n, &s), VMMRT_OK);
 	assert_int_equal(vmmrt_kernel_busy(rt, a, 300 * MS), VMMRT_OK);
 	assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, busy_done, a), VMMRT_OK);
 	assert_int_equal(vmmrt_offload_stats_get(rt, &o), VMMRT_OK);
 	uint64_t blocking = o.launch_thread_blocking;
 	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK); /* a map queued: nothing more */
 	assert_int_equal(vmmrt_offload_stats_get(rt, &o), VMMRT_OK);
 	assert_int_equal(o.launch_thread_blocking, blocking); /* returned at once */
+	assert_int_equal(vmmrt_kernel_busy(rt, a, 300 * MS), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK); /* again, 300 ms later */
 
 	int done = 0, checks = 0;
-	while (vmmrt_event_query(rt, e, &done) == VMMRT_OK && !done) {
+	while (vmmrt_event_query(rt, busy_done, &done) == VMMRT_OK && !done) {
 		vmmrt_slot_state now = vmmrt_slot_get_state(s);
 		size_t mapped = used(rt);
-		assert_int_equal(vmmrt_event_query(rt, e, &done), VMMRT_OK);
+		assert_int_equal(vmmrt_event_query(rt, busy_done, &done), VMMRT_OK);
 		if (done)
 			break; /* the map may have run between the reads */
 		assert_int_equal(now, VMMRT_SLOT_PENDING);
@@ -134,7 +140,10 @@ static void map_after_follows_its_event(void **state)
 	}
 	assert_true(checks > 0);
 	assert_int_equal(settled_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(vmmrt_event_query(rt, e, &done), VMMRT_OK);
+	assert_false(done); /* mapped before the record made after the call completed */
 	assert_int_equal(used(rt), n);
+	assert_int_equal(vmmrt_stream_synchronize(rt, a), VMMRT_OK);
 	vmmrt_driver_stats create = {.size = sizeof(create)};
 	assert_int_equal(vmmrt_driver_stats_get(rt, 0, &create), VMMRT_OK);
 	assert_int_equal(create.count, 1);
@@ -144,14 +153,18 @@ static void map_after_follows_its_event(void **state)
 	assert_int_equal(vmmrt_slot_release_after(s, a), VMMRT_OK);
 	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt_kernel_busy(rt, a, 100 * MS), VMMRT_OK);
-	assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK);
-	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &gone), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, gone, a), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, busy_done, a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_after(s, gone), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, gone), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
-	assert_int_equal(vmmrt_event_query(rt, e, &done), VMMRT_OK);
+	assert_int_equal(vmmrt_event_query(rt, busy_done, &done), VMMRT_OK);
 	assert_true(done);
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(used(rt), n);
 	assert_int_equal(vmmrt_event_destroy(rt, e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, busy_done), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_destroy(rt, a), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
@@ -395,6 +408,16 @@ static void errors_are_named(void **state)
 	assert_int_equal(vmmrt_slot_wait_stream(own, st), VMMRT_E_INVALID_ARGUMENT);
 	assert_int_equal(vmmrt_slot_get_state(own), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt__slot_destroy(own), VMMRT_OK);
+
+	/* Following the event refused by the driver: named, nothing queued,
+	 * and the next map_after maps. */
+	hook h = {.fail = "cuStreamWaitEvent", .fails = 1};
+	vmmrt__drv_set_fault_hook(rt, hook_fn, &h);
+	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_E_DRIVER);
+	assert_non_null(strstr(vmmrt_last_error(), "following the event"));
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(vmmrt_slot_wait_stream(s, st), VMMRT_E_INVALID_STATE);
 
 	/* A capturing stream: refused, nothing enqueued (the capture ends clean). */
 	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);

@@ -58,7 +58,6 @@ class Backing:
         self._wanted = False      # a map asked for, and no release since
         self._due = None          # a release that fell due during a capture: its stream
         self._on_stream = False   # the map asked for is stream-ordered: not known made on the host
-        self._afters = []         # the events a queued map may still wait for: kept alive till then
         self.maps = 0
         self.stream_maps = 0      # of maps, those made by map_on_stream
         self.releases = 0
@@ -90,15 +89,12 @@ class Backing:
 
     def map_on_stream(self, after, stream):
         """Mapped for the work enqueued on ``stream`` from now on, the host
-        waiting for nothing: the worker maps once ``after`` (a recorded
-        event) has completed, and the stream waits for that map on the
-        device. ``after`` is kept alive until no map can wait for it."""
+        waiting for nothing: the worker maps once the work ``after`` (a
+        recorded event) captures now has completed, and the stream waits
+        for that map on the device."""
         with self._lock:
             self._due = None
             if not self._wanted:
-                if self._afters and self.slot.state != "pending":
-                    del self._afters[:]   # no map queued: none waits for them
-                self._afters.append(after)
                 self.slot.map_after(after)
                 self._wanted = True
                 self._on_stream = True

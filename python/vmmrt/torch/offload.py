@@ -122,6 +122,7 @@ class Offload:
         self.map_ahead = 1          # uses between the GPU's and the one memory is mapped for
         self._started = {}          # (layer name, backward) -> event where its GPU work began
         self._host_event = None     # the host backend's: where a stream-ordered map follows (map_for_use)
+        self._now_event = None      # CUDA: "what is queued now", for the first uses of an iteration
         self.backings = []          # every Backing: resident slots, gradients
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
 
@@ -233,8 +234,8 @@ class Offload:
         """The event a stream-ordered map for this use follows."""
         if self.host:
             # The CPU is the device and is here already: what the host
-            # backend's stream has queued. One event does (the map is waited
-            # for before the next is asked).
+            # backend's stream has queued. (A map follows its event as it
+            # is when asked: one event, recorded again each time, does.)
             if self._host_event is None:
                 self._host_event = self.runtime.event()
                 self._close_hooks.append(self._host_event.destroy)
@@ -245,7 +246,9 @@ class Offload:
         if ev is None:
             # The first uses of an iteration: after what is queued before
             # them (the optimizer step), as gpu_reached_previous waits.
-            ev = torch.cuda.Event()
+            if self._now_event is None:
+                self._now_event = torch.cuda.Event()
+            ev = self._now_event
             ev.record(torch.cuda.current_stream())
         return ev
 
