@@ -21,6 +21,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/_callables.py \
 	python/vmmrt/torch/_compat.py \
 	python/vmmrt/torch/_contracts.py \
+	python/vmmrt/torch/_dlpack.py \
 	python/vmmrt/torch/_te.py \
 	python/vmmrt/torch/eager.py \
 	python/vmmrt/torch/grads.py \
@@ -53,6 +54,7 @@ vmmrt_py_tests = \
 	python/tests/test_place.py \
 	python/tests/test_grads.py \
 	python/tests/test_select.py \
+	python/tests/test_stream_maps.py \
 	python/tests/test_budget.py \
 	python/tests/test_eager.py \
 	python/tests/test_errors.py \

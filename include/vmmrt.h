@@ -247,13 +247,13 @@ VMMRT_EXTERN vmmrt_status vmmrt_slot_release_after(vmmrt_slot *slot, vmmrt_strea
 /* vmmrt_slot_map_async, but the driver worker makes the map only once the work
  * event captures now has completed (as cuStreamWaitEvent would: recording it
  * again or destroying it afterwards changes nothing); the launch thread does not
- * wait (since 0.3.0). A map already queued, or the slot mapped: nothing more is
+ * wait (since 0.2.0). A map already queued, or the slot mapped: nothing more is
  * queued, as for vmmrt_slot_map_async. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_map_after(vmmrt_slot *slot, vmmrt_event *event);
 /* Enqueue on stream a wait (a stream wait-value, no host wait) until the maps
  * queued for the slot so far have ended; nothing when they have. A map that
  * fails still ends the wait: the work after it runs without the memory, and the
- * failure is the slot's error (vmmrt_slot_error, the next call) (since 0.3.0). */
+ * failure is the slot's error (vmmrt_slot_error, the next call) (since 0.2.0). */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_wait_stream(vmmrt_slot *slot, vmmrt_stream stream);
 
 /* ------------------------------------------------- device helpers (any backend) */
