@@ -143,8 +143,9 @@ extern const vmmrt__request_ops vmmrt__slot_release_ops;
 extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
 /*
  * The stream-ordered ones: amap (ensure, sets VMMRT__SLOT_UNBACKED again if it
- * fails, publishes map_seq to the flag however it ends) and arelease (on a vmmrt__slot_release: claims the generation it
- * was asked in, then unmaps and cuMemReleases). Both end by decrementing
+ * fails, publishes map_seq to the flag however it ends) and arelease (on a
+ * vmmrt__slot_release: claims the generation it was asked in, then unmaps
+ * and cuMemReleases). Both end by decrementing
  * the slot's `queued`, whatever the outcome (their done callback:
  * vmmrt__slot_async_done, which publishes a failure).
  */
