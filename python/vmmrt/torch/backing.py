@@ -100,7 +100,7 @@ class Backing:
                 self._on_stream = True
                 self.maps += 1
                 self.stream_maps += 1
-        self.slot.wait_stream(stream)
+            self.slot.wait_stream(stream)   # never blocks: under the lock, as a release is
 
     def release(self, stream):
         """Give the memory back once ``stream`` gets here (a no-op if it is not
