@@ -447,7 +447,15 @@ void vmmrt__slot_async_done(vmmrt__request *req, vmmrt_status st, void *arg)
  * its destroy did. */
 static void free_releases(vmmrt_slot *s)
 {
-	if (s->flag)
+	/* The streams that waited on the flag read it until they pass their
+	 * wait (its map published it, or was cancelled, by now): not after. */
+	for (unsigned i = 0; i < VMMRT__SLOT_WAITS; i++)
+		if (s->waited[i]) {
+			(void)vmmrt__drv_event_synchronize(s->rt, s->waited[i]);
+			(void)vmmrt__drv_event_destroy(s->rt, s->waited[i]);
+			s->waited[i] = NULL;
+		}
+	if (s->flag && !s->keep_flag)
 		(void)vmmrt__drv_host_free(s->rt, s->flag);
 	s->flag = NULL;
 	if (s->order_event)

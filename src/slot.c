@@ -420,8 +420,25 @@ vmmrt_status vmmrt_slot_wait_stream(vmmrt_slot *s, vmmrt_stream stream)
 				    "and vmmrt_slot_wait for it before the capture)", __func__, id);
 	if (ended)
 		return VMMRT_OK; /* mapped already: nothing for the GPU to wait for */
+	vmmrt__bevent **passed = &s->waited[s->next_wait % VMMRT__SLOT_WAITS];
+	bool done = true;
+	if (!*passed && (st = vmmrt__drv_event_create(rt, false, passed)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: slot %llu: the event behind the stream's wait", __func__, id);
+	/* The ring's oldest, written over: if its stream has not passed that
+	 * wait yet, the destroy cannot know when it will, and leaves the flag
+	 * to the backend's close. */
+	if (vmmrt__drv_event_query(rt, *passed, &done) != VMMRT_OK || !done)
+		s->keep_flag = true;
 	if ((st = vmmrt__drv_stream_wait_value32(rt, stream, s->flag_dev, seq)) != VMMRT_OK)
 		return vmmrt__error_wrap(st, "%s: slot %llu: the stream's wait for the map", __func__, id);
+	/* Behind the wait, so that the slot's destroy knows when the stream no
+	 * longer reads the flag. */
+	if ((st = vmmrt__drv_event_record(rt, *passed, stream)) != VMMRT_OK) {
+		s->keep_flag = true;
+		return vmmrt__error_wrap(st, "%s: slot %llu: recording the event behind the stream's wait (enqueued)",
+					 __func__, id);
+	}
+	s->next_wait++;
 	return VMMRT_OK;
 }
 

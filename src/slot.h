@@ -66,6 +66,9 @@
 /* Stream-ordered releases a slot may have in flight: a launch thread runs a
  * few steps ahead of the GPU; one more waits for the oldest (bounded). */
 #define VMMRT__SLOT_RELEASES 4
+/* The last stream waits of a slot whose passing its destroy waits for
+ * before the flag goes (a stream still behind one would read freed memory). */
+#define VMMRT__SLOT_WAITS 4
 
 typedef struct vmmrt__slot_release {
 	vmmrt__request req;   /* its `after` is event; req.owner the slot */
@@ -113,6 +116,14 @@ struct vmmrt_slot {
 	 * Recorded only before a push, when the last map has ended. */
 	vmmrt_stream order_stream;
 	vmmrt__bevent *order_event;
+	/* vmmrt_slot_wait_stream: an event recorded behind each of the last
+	 * VMMRT__SLOT_WAITS waits (the caller's ring; made on first use), which
+	 * the destroy synchronizes before it frees the flag. keep_flag: a wait
+	 * whose event could not be recorded: the flag is left to the backend's
+	 * close rather than freed under it. */
+	vmmrt__bevent *waited[VMMRT__SLOT_WAITS];
+	unsigned next_wait;
+	bool keep_flag;
 	vmmrt__slot_release *releases;  /* [VMMRT__SLOT_RELEASES], made by the first release_after */
 	/* the caller's (one thread uses a slot at a time): */
 	unsigned next_release;          /* the ring's next record */

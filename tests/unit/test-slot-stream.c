@@ -359,6 +359,46 @@ static void a_failed_map_lets_the_stream_go(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/*
+ * 6. A slot destroyed while a stream has its wait still ahead (the stream
+ *    busy before it): the destroy waits until the stream has passed the
+ *    wait before the flag goes, which the stream would otherwise read
+ *    after it was freed (a fault on the host backend).
+ */
+static void destroy_waits_for_a_stream_behind_its_wait(void **state)
+{
+	vmmrt_runtime *rt = make_rt();
+	vmmrt_slot *s;
+	vmmrt_stream a, b;
+	vmmrt_event *e, *passed;
+	int done = 0;
+	assert_int_equal(vmmrt_stream_create(rt, &a), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_create(rt, &b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &passed), VMMRT_OK);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+		assert_int_equal(vmmrt_kernel_busy(rt, a, 30 * MS), VMMRT_OK); /* the map is not made at once */
+		assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK);
+		assert_int_equal(vmmrt_kernel_busy(rt, b, 200 * MS), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_wait_stream(s, b), VMMRT_OK);
+		assert_int_equal(vmmrt_event_record(rt, passed, b), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK); /* mapped; b is still busy before its wait */
+		assert_int_equal(vmmrt_event_query(rt, passed, &done), VMMRT_OK);
+		assert_false(done);
+		assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+		assert_int_equal(vmmrt_event_query(rt, passed, &done), VMMRT_OK);
+		assert_true(done); /* b passed its wait before the flag went */
+	}
+	assert_int_equal(vmmrt_stream_synchronize(rt, b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, passed), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, a), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, b), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 typedef struct hf_ctx {
 	vmmrt_slot *slot;
 	vmmrt_stream stream;
@@ -464,6 +504,7 @@ int main(void)
 		cmocka_unit_test(map_after_cancels_a_pending_release),
 		cmocka_unit_test(a_failed_map_lets_the_stream_go),
 		cmocka_unit_test(errors_are_named),
+		cmocka_unit_test(destroy_waits_for_a_stream_behind_its_wait),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }
