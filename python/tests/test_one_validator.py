@@ -164,10 +164,6 @@ def test_every_argument_is_suggested_for_its_typo():
 
 # ------------------------------------------------------ type hints
 
-# Annotated by the change that reworks them (Offload's map pacing, the Slot binding).
-_ANNOTATED_ELSEWHERE = {"Offload.gpu_reached_previous", "Runtime.slot"}
-
-
 def test_the_public_api_has_type_hints():
     """Every public function and method, its return included; the hints
     evaluate on this Python (they are strings until asked for)."""
@@ -183,8 +179,6 @@ def test_the_public_api_has_type_hints():
     for f in fs:
         hints = typing.get_type_hints(f)
         params = [p for p in inspect.signature(f).parameters if p != "self"]
-        if f.__qualname__ in _ANNOTATED_ELSEWHERE:
-            continue
         if "return" not in hints or any(p not in hints for p in params):
             bare.append(f.__qualname__)
     assert not bare, "without type hints: %s" % bare

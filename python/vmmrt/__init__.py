@@ -376,7 +376,7 @@ class Runtime:
         check(self._lib.vmmrt_graph_destroy(self._handle(), graph), "vmmrt_graph_destroy")
 
     # -- slots
-    def slot(self, nbytes):
+    def slot(self, nbytes: int) -> Slot:
         """A fixed-VA slot of nbytes (rounded up to the granularity), nothing mapped."""
         return Slot(self, nbytes)
 
@@ -468,13 +468,13 @@ class Slot:
         completed (a stream-ordered free); returns at once."""
         check(self._rt._lib.vmmrt_slot_release_after(self._s, _stream(stream)), "vmmrt_slot_release_after")
 
-    def map_after(self, event):
+    def map_after(self, event: Any) -> None:
         """map_async, but the worker maps only once the work ``event`` captures now has
         completed (an :class:`Event`, or on CUDA a recorded torch.cuda.Event; recorded again
         or destroyed afterwards, it changes nothing). Returns at once."""
         check(self._rt._lib.vmmrt_slot_map_after(self._s, _event(event)), "vmmrt_slot_map_after")
 
-    def wait_stream(self, stream=None):
+    def wait_stream(self, stream: Stream = None) -> None:
         """Make ``stream`` wait, on the device, for the maps queued so far (nothing if they
         ended); returns at once. A map that fails lets the stream go on without the memory
         and is this slot's error (vmmrt_slot_wait_stream(3))."""

@@ -21,6 +21,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, select
+from vmmrt.torch.backing import Backing
 from vmmrt.torch.layer import LayerOffload
 
 log = logging.getLogger("vmmrt.torch")
@@ -207,7 +208,8 @@ class Offload:
             ev = self._started[key] = torch.cuda.Event()
         ev.record(torch.cuda.current_stream())
 
-    def map_for_use(self, lay, backward, backing, stream, eager=False):
+    def map_for_use(self, lay: LayerOffload, backward: bool, backing: Backing, stream: vmmrt.Stream,
+                    eager: bool = False) -> None:
         """Map ``backing`` for this use, ``map_ahead`` uses ahead of the GPU
         (see :meth:`gpu_reached_previous` for why not further). One use or
         more ahead and not capturing, nobody waits: the worker maps once
@@ -230,7 +232,7 @@ class Offload:
         if self.host:
             backing.slot.wait()
 
-    def _map_point(self, lay, backward, stream):
+    def _map_point(self, lay: LayerOffload, backward: bool, stream: vmmrt.Stream) -> Any:
         """The event a stream-ordered map for this use follows."""
         if self.host:
             # The CPU is the device and is here already: what the host
@@ -252,7 +254,7 @@ class Offload:
             ev.record(torch.cuda.current_stream())
         return ev
 
-    def gpu_reached_previous(self, lay, backward):
+    def gpu_reached_previous(self, lay: LayerOffload, backward: bool) -> None:
         """Before memory for this use is mapped: wait until the GPU has begun
         the use before it. The host runs ahead of the GPU, but a map made
         when the host gets somewhere holds memory from then on, while a
