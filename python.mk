@@ -34,7 +34,8 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/planner.py \
 	python/vmmrt/torch/recompute.py \
 	python/vmmrt/torch/saved.py \
-	python/vmmrt/torch/select.py
+	python/vmmrt/torch/select.py \
+	python/vmmrt/torch/static_grads.py
 vmmrt_py_bench = \
 	python/vmmrt/torch/bench/__init__.py \
 	python/vmmrt/torch/bench/__main__.py \

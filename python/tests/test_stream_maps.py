@@ -117,3 +117,26 @@ def test_memory_of_a_use_is_mapped_on_the_stream_and_results_stay_bitwise(mode, 
         assert settle(b.slot) == "reserved", b.name  # and the memory came back
     assert off.stats()["slot_bytes"] == 0
     off.close()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_pinned_backing_is_never_released(pinned):
+    """A slot that holds a runner's static gradient buffers (graphed.py, a
+    runner whose gradients did not land at their addresses) stays mapped when
+    the last counted tensor over it dies: those buffers are written at every
+    replay. (The H200 said "invalid argument" when it had been released.)"""
+    from vmmrt.torch.backing import Backing
+    off = vt.Offload(mode="none", device="cpu", options={"host_granularity": 4096})
+    try:
+        b = Backing(off, "grads", 1 << 16)
+        off.backings.append(b)
+        if pinned:
+            b.pin()
+        t = b.tensor(None)
+        t.fill_(3)
+        del t
+        assert b.mapped == pinned and b.releases == (0 if pinned else 1)
+        if pinned:                  # the bytes stayed: the same memory
+            assert b.tensor(None, counted=False).sum().item() == 3 << 16
+    finally:
+        off.close()

@@ -61,6 +61,7 @@ class Backing:
         self.maps = 0
         self.stream_maps = 0      # of maps, those made by map_on_stream
         self.releases = 0
+        self._pinned = False      # static buffers live in it (pin): never released
 
     # ------------------------------------------------------------ state
     @property
@@ -108,8 +109,16 @@ class Backing:
         with self._lock:
             self._release(stream)
 
+    def pin(self):
+        """Keep the memory mapped for good: a runner whose gradients did not
+        land at their addresses has its static gradient buffers in this slot
+        (graphed.py), which its graphs write at every replay, whoever else
+        drops the last tensor over the slot."""
+        with self._lock:
+            self._pinned = True
+
     def _release(self, stream):
-        if not self._wanted:
+        if not self._wanted or self._pinned:
             return
         if self.offload.capturing or _compat.is_capturing():
             self._due = stream

@@ -24,7 +24,8 @@ from torch.autograd.function import once_differentiable
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _callables, _compat, _contracts, _te, budget, eager, pipeline, place, planner, recompute
+from vmmrt.torch import (_callables, _compat, _contracts, _te, budget, eager, pipeline, place, planner, recompute,
+                         static_grads)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
@@ -423,7 +424,7 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
             r.grad_mode = "mapped" if r.grad_mode == "mapped" else "static"
             recompute.prepare_graphs(r, fwd_graphs[r.index], bwd_graphs[r.index], off)
     if grads == "accumulate":
-        _prepare_accumulate(runners)
+        static_grads.prepare_accumulate(runners)
     # Every slot a capture writes is mapped before the first capture, and
     # nothing is released until the last: a driver call of a worker during
     # a "global" capture would invalidate it.
@@ -459,8 +460,9 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
         if b.live == 0:
             b.release(s)
     off.flush()
-    # (parameter, its static gradient buffer) of every runner: see _unalias.
-    aliases = [(p, r.static_grad_inputs[r.n_user + k]) for r in runners for k, p in enumerate(r.params)
+    # (parameter, its static gradient buffer) of every runner: see static_grads.unalias.
+    aliases = [(p, r.static_grad_inputs[r.n_user + k], r.grads.backing if r.pinned_grads is not None else None)
+               for r in runners for k, p in enumerate(r.params)
                if r.grad_mode == "static" and r.static_grad_inputs[r.n_user + k] is not None]
     return [_graphed(r, f, b, a, r.grad_mode, aliases) for r, f, b, a in zip(runners, fwd_graphs, bwd_graphs,
                                                                               acc_graphs)]
@@ -503,7 +505,7 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
                     return torch.autograd.grad(need, tuple(i for i in r.surface if i.requires_grad), gos,
                                                only_inputs=True, allow_unused=allow_unused_input,
                                                retain_graph=r.retain_graph)
-                return _backward_accumulate(r, need, gos)
+                return static_grads.backward_accumulate(r, need, gos)
         grad_inputs = _capture(r, "backward", graph, mempool, stream, error_mode, bwd)
     static = []
     k = 0
@@ -552,6 +554,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
                     r.name, "; ".join(missed))
         r.grad_mode = "static"
         r.pinned_grads = base      # the slot stays mapped under the static buffers in it
+        g.backing.pin()
         r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.surface)
         return
     # The inputs' gradients: the accumulate graph writes them where the write
@@ -595,55 +598,6 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         log.info("vmmrt: layer %r: the accumulate graph's input gradients have buffers of their own", r.name)
 
 
-def _unalias(aliases):
-    """AccumulateGrad keeps a static gradient buffer itself as .grad when .grad
-    was None (a tensor it may steal). The next replay of ANY graph may write
-    that buffer: the pool hands the blocks of tensors freed after a forward
-    capture (the saved originals, once copied to their fixed addresses) to
-    later captures, so a backward graph's static buffer can share memory with
-    an earlier forward graph's intermediates. So before a forward replays,
-    every .grad that is still such a buffer becomes a copy of its own."""
-    for p, sg in aliases:
-        g = p.grad
-        if g is not None and g.data_ptr() == sg.data_ptr():
-            p.grad = g.clone()
-
-
-def _prepare_accumulate(runners):
-    """grads="accumulate": each parameter's .grad is one preallocated tensor,
-    outside the graph pool, that the backward graph adds into (one per
-    parameter, whichever microbatch's runner adds into it)."""
-    accs = {}
-    for r in runners:
-        for p in r.params:
-            if not p.requires_grad or id(p) in accs:
-                continue
-            if getattr(p, "_post_accumulate_grad_hooks", None) or getattr(p, "_backward_hooks", None):
-                raise ValueError("layer %r: a parameter has gradient hooks, which grads='accumulate' would skip "
-                                 "(the backward graph writes .grad itself); use grads='static'" % r.name)
-            acc = torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
-            p.grad = acc
-            accs[id(p)] = acc
-        r.acc = tuple(accs[id(p)] if p.requires_grad else None for p in r.params)
-
-
-def _backward_accumulate(r, need, gos):
-    """The backward with parameters' AccumulateGrad inside the capture: with
-    .grad defined, it is an in-place add (captured), and each temporary
-    gradient is freed as soon as it is added."""
-    inputs = [x for x in r.sample if x.requires_grad]
-    kept = [x.grad for x in inputs]
-    for x in inputs:
-        x.grad = None
-    wrt = inputs + [p for p in r.params if p.requires_grad]
-    torch.autograd.backward(need, gos, inputs=wrt, retain_graph=r.retain_graph)
-    res = []
-    for x, old in zip(inputs, kept):
-        res.append(x.grad)
-        x.grad = old
-    return tuple(res) + (None,) * (len(wrt) - len(inputs))
-
-
 def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
     lay = r.layer
     mapped = r.grads if grads == "mapped" else None
@@ -668,7 +622,7 @@ def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
                 raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
                             + again, "layer %r" % r.name)
             ctx.epoch = off.epoch
-            _unalias(aliases)
+            static_grads.unalias(aliases)
             for i in range(n_user):
                 if static_in[i].data_ptr() != inputs[i].data_ptr():
                     static_in[i].copy_(inputs[i])

@@ -405,6 +405,7 @@ def capture_mapped(r, graph, allow_unused_input, capture):
                         r.name, "; ".join(missed))
         r.grad_mode = "static"
         r.pinned_grads = base
+        g.backing.pin()             # the static buffers are in the slot: it stays mapped
         r.static_grad_inputs = sample_gin + tuple(next(gp) if p.requires_grad else None for p in r.params)
         return None
     # the inputs' gradients: the accumulate graph writes them where the write graph's are
