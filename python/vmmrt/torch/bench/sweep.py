@@ -200,18 +200,25 @@ def run_sweep(args, title, make_layers, shape, dtype):
         for i, b in enumerate(budgets):
             pl = budget.search(costs, b, strategies=strategies, **inputs)
             print("[sweep] budget %d/%d: %.0f MiB" % (i + 1, k, b / MiB), flush=True)
-            try:
-                mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve), _sig(pl))
-            except budget.BudgetError as e:
-                # The build measures its own static memory, which can have
-                # grown since the keep-all run (what earlier builds left in
-                # the caching allocator): the point moves to what fits now.
-                print("[sweep] budget %.0f MiB: no plan fits in this build (%s); measured at its smallest, %.0f MiB"
-                      % (b / MiB, e, e.smallest / MiB), flush=True)
-                doc.setdefault("moved_budgets", []).append({"planned": b, "measured_at": e.smallest})
-                b = e.smallest
-                mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve),
-                                  ("moved", b))
+            sig, mine = _sig(pl), None
+            for _ in range(3):
+                try:
+                    mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve), sig)
+                    break
+                except budget.BudgetError as e:
+                    # The build measures its own static memory, which has
+                    # grown since the keep-all run (about 64 MiB per build on
+                    # the H200, not yet explained; README): the point moves
+                    # to what fits in the next build, with some room for it.
+                    planned, b = b, int(e.smallest * 1.01)
+                    print("[sweep] budget %.0f MiB: no plan fits in this build (smallest %.0f MiB); trying %.0f MiB"
+                          % (planned / MiB, e.smallest / MiB, b / MiB), flush=True)
+                    doc.setdefault("moved_budgets", []).append({"planned": planned, "measured_at": b})
+                    sig = ("moved", b)
+            if mine is None:
+                print("[sweep] budget %.0f MiB: nothing fits after three tries; the sweep ends here" % (b / MiB),
+                      flush=True)
+                break
             fit = sorted((p.predicted_ms, lab, ch, p) for lab, ch, p in hands if p.peak_bytes <= b)
             tried = []
             for _, lab, ch, p in fit[:max(0, args.sweep_hand)]:
