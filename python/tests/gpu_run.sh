@@ -30,6 +30,8 @@
 #   budget   --budget-sweep: 8 Llama-3-8B layers, seq 4096, 5 budgets
 #            from graph-only's peak down to the smallest plan        ~5 min
 #   budget6  --budget-sweep on the default stack (6 layers)          ~4 min
+#   budget32 --budget-sweep on 32 Llama-3-8B layers, seq 4096 (issue
+#            #21's stack; alone, with GPU_RUN_BUDGET_S=550)          ~8 min
 # The times are estimates, not readings: the former 6-layer, 4-mode table
 # took about 100 s with one loop; by our reading of it much of that was
 # comparing billions of gradient elements on the host, which the benchmark
@@ -116,7 +118,8 @@ for part in "${parts[@]}"; do
 		[ -f "$out/megatron.log" ] && grep -A12 "^loop " "$out/megatron.log" | tee -a "$summary" ;;
 	budget) bench bench-budget 470 --layer torch --layers 8 --budget-sweep --iterations 5 ;;
 	budget6) bench bench-budget6 470 --layer torch --budget-sweep --iterations 5 ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6, or all)" ;;
+	budget32) bench bench-budget32 540 --layer torch --layers 32 --budget-sweep --iterations 5 ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"

@@ -618,6 +618,41 @@ def test_graphs_recompute_draws_the_forwards_random_numbers():
 
 
 @pytest.mark.gpu
+def test_graphs_builds_torn_down_give_back_all_they_took():
+    """A budget sweep builds dozens of times in one process and each build
+    plans against the static memory it measures: whatever one build leaves
+    behind shrinks every later one's budget. The first build may leave what
+    any first use leaves (cuBLAS workspaces, kernels); the later ones leave
+    nothing at the driver (a new warm-up stream per build left 64 MiB each
+    on the H200: cuBLAS workspaces per stream)."""
+    import gc
+    s, base, _ = _llama(2)
+
+    def sample():
+        return torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def build_step_close():
+        g = vt.make_graphed_callables(tuple(base), tuple((sample(),) for _ in base))
+        off = vt.offload_of(g[0])
+        x = sample()
+        _gpu_step(g, base, x, torch.randn_like(x))
+        for m in base:
+            m.__dict__.pop("forward", None)
+            m.__dict__.pop("vmmrt_offload", None)
+            m.zero_grad(set_to_none=True)
+        off.close()
+        del g, off, x
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    used = [build_step_close() for _ in range(4)]
+    assert used[3] - used[1] < (4 << 20), ["%.1f MiB" % (u / 2 ** 20) for u in used]
+
+
+@pytest.mark.gpu
 def test_graphs_budget_between_keep_and_smallest_fits_and_is_bitwise():
     from vmmrt.torch.bench import llama
     # activations of ~50 MB a layer: the range from keeping all to the smallest plan is hundreds of MB,

@@ -17,6 +17,7 @@ import difflib
 import gc
 import inspect
 import logging
+import threading
 from typing import Any, Callable, Sequence
 
 import torch
@@ -328,6 +329,25 @@ def _device_of(runners):
     return torch.device("cuda") if _compat.cuda_available() else torch.device("cpu")
 
 
+_side = threading.local()
+
+
+def _side_stream():
+    """This thread's warm-up and capture stream on the current device, the
+    same at every build: PyTorch keeps a cuBLAS workspace (32 MiB on Hopper)
+    per handle and stream for the life of the process, so a new stream per
+    build left two more (the forward's and the autograd thread's) on the
+    H200 after each build was torn down."""
+    streams = getattr(_side, "streams", None)
+    if streams is None:
+        streams = _side.streams = {}
+    index = torch.cuda.current_device()
+    s = streams.get(index)
+    if s is None:
+        s = streams[index] = torch.cuda.Stream(device=index)
+    return s
+
+
 def _warmup(runners, off, iters, allow_unused_input):
     """Warm-up and discovery, on a side stream on CUDA: autograd nodes made on
     the legacy default stream and kept alive made a later backward capture
@@ -336,7 +356,7 @@ def _warmup(runners, off, iters, allow_unused_input):
         _callables.warmup(runners, iters, allow_unused_input)
         return None
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
+    stream = _side_stream()
     with torch.cuda.stream(stream):
         _callables.warmup(runners, iters, allow_unused_input)
     torch.cuda.synchronize()

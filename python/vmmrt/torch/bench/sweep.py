@@ -206,10 +206,11 @@ def run_sweep(args, title, make_layers, shape, dtype):
                     mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve), sig)
                     break
                 except budget.BudgetError as e:
-                    # The build measures its own static memory, which has
-                    # grown since the keep-all run (about 64 MiB per build on
-                    # the H200, not yet explained; README): the point moves
-                    # to what fits in the next build, with some room for it.
+                    # The build measures its own static memory: should it
+                    # have grown since the keep-all run (a new warm-up
+                    # stream per build once left 64 MiB of cuBLAS
+                    # workspaces each time), the point moves to what fits
+                    # in the next build, with some room for it, and says so.
                     planned, b = b, int(e.smallest * 1.01)
                     print("[sweep] budget %.0f MiB: no plan fits in this build (smallest %.0f MiB); trying %.0f MiB"
                           % (planned / MiB, e.smallest / MiB, b / MiB), flush=True)
