@@ -30,7 +30,7 @@
 #   budget   --budget-sweep: 8 Llama-3-8B layers, seq 4096, 5 budgets
 #            from graph-only's peak down to the smallest plan        ~5 min
 #   budget6  --budget-sweep on the default stack (6 layers)          ~4 min
-#   budget32 --budget-sweep on 32 Llama-3-8B layers, seq 4096 (issue
+#   budget32 --budget-sweep on 32 Llama-3-8B layers, seq 4096, 4 budgets (issue
 #            #21's stack; alone, with GPU_RUN_BUDGET_S=550)          ~8 min
 # The times are estimates, not readings: the former 6-layer, 4-mode table
 # took about 100 s with one loop; by our reading of it much of that was
@@ -118,7 +118,7 @@ for part in "${parts[@]}"; do
 		[ -f "$out/megatron.log" ] && grep -A12 "^loop " "$out/megatron.log" | tee -a "$summary" ;;
 	budget) bench bench-budget 470 --layer torch --layers 8 --budget-sweep --iterations 5 ;;
 	budget6) bench bench-budget6 470 --layer torch --budget-sweep --iterations 5 ;;
-	budget32) bench bench-budget32 540 --layer torch --layers 32 --budget-sweep --iterations 5 ;;
+	budget32) bench bench-budget32 540 --layer torch --layers 32 --budget-sweep --sweep-points 4 --iterations 4 ;;
 	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32, or all)" ;;
 	esac
 done
