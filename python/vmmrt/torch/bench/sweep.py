@@ -243,20 +243,26 @@ def run_sweep(args, title, make_layers, shape, dtype):
 def targets(doc):
     """Issue #21's targets, met or missed by how much (on the CPU no peak is
     measured: the predicted one stands in, and the times are the host's)."""
-    out, worst_t, worst_p, hand_seen = [], [], [], False
+    out, worst_t, worst_s, worst_p = [], [], [], []
     for pt in doc["points"]:
         b, m = pt["budget"], pt["planner"]
-        ok = [h for h in pt["hand"] if _fits(h, b)]
-        if ok:
-            hand_seen = True
-            best = min(ok, key=lambda h: h["step_ms"])
+        best = _best_hand(_hands(doc, pt), b)
+        if best:
             worst_t.append((m["step_ms"] / best["step_ms"], b, best["label"]))
-        peak = m["peak"] if m["peak"] is not None else m["predicted_peak"]
-        worst_p.append((peak / b, b))
-    if hand_seen:
+        loose = _best_hand(_hands(doc, pt), b, SLACK)
+        if loose:
+            worst_s.append((m["step_ms"] / loose["step_ms"], b, loose["label"], _peak_of(loose) / b))
+        worst_p.append((_peak_of(m) / b, b))
+    if worst_t:
         r, b, lab = max(worst_t)
+        also = ""
+        if worst_s and max(worst_s)[0] > r:
+            rs, bs, ls, over = max(worst_s)
+            also = ("; against choices up to 2 %% over the budget as well, which the planner may not plan for: "
+                    "%.3fx (at %.0f MiB, %s at %.3f of it)" % (rs, bs / MiB, ls, over))
         out.append(report._target("planner within 3 % of the best hand-made choice that fits, at every budget",
-                                  r <= 1.03, "worst %.3fx (at %.0f MiB, against %s)" % (r, b / MiB, lab), 21))
+                                  r <= 1.03, "worst %.3fx (at %.0f MiB, against %s)%s" % (r, b / MiB, lab, also),
+                                  21))
     r, b = max(worst_p)
     out.append(report._target("planner's measured peak within the budget (2 % slack), at every budget", r <= SLACK,
                               "worst %.3f of the budget (at %.0f MiB)%s" % (r, b / MiB, "" if doc["points"][0][
@@ -281,9 +287,27 @@ def _peak(v):
     return "%.0f MiB" % (v / MiB) if v else "-"
 
 
-def _fits(row, b):
-    peak = row["peak"] if row["peak"] is not None else row["predicted_peak"]
-    return peak <= b * SLACK
+def _peak_of(row):
+    return row["peak"] if row["peak"] is not None else row["predicted_peak"]
+
+
+def _fits(row, b, slack=SLACK):
+    return _peak_of(row) <= b * slack
+
+
+def _hands(doc, pt):
+    """Every hand-made choice the sweep measured (keeping all included),
+    whichever budget it was measured at: each one fits some budgets."""
+    rows = [r for r in doc.get("measured", ()) if not r["label"].startswith("planner")]
+    return rows or pt["hand"]
+
+
+def _best_hand(rows, b, slack=1.0):
+    """The fastest hand-made choice that fits: its measured peak within the
+    budget itself (the planner plans to the budget; SLACK is its prediction's
+    tolerance, not room a hand-made choice may use)."""
+    ok = [h for h in rows if _fits(h, b, slack)]
+    return min(ok, key=lambda h: h["step_ms"]) if ok else None
 
 
 def pareto(rows):
@@ -330,8 +354,7 @@ def table(doc, title):
                  "best hand-made", "meas ms", "meas MiB", "vs hand", "fits")]
     for pt in doc["points"]:
         b, m = pt["budget"], pt["planner"]
-        ok = [h for h in pt["hand"] if _fits(h, b)]
-        best = min(ok, key=lambda h: h["step_ms"]) if ok else None
+        best = _best_hand(_hands(doc, pt), b)
         lines.append("  %9.0f | %-16s %9.2f %9.2f %9.0f %9s %-16s | %-22s %9s %9s | %7s %4s" % (
             b / MiB, _choice(m), m["predicted_ms"], m["step_ms"], m["predicted_peak"] / MiB,
             _peak(m["peak"])[:-4] if m["peak"] else "-", _grads_cell(m),
@@ -371,3 +394,31 @@ def plot(doc, path):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def main(argv=None):
+    """``python3 -m vmmrt.torch.bench.sweep RUN.json [PLOT.png]``: the table,
+    targets and plot of a sweep's --json again, without a device (the
+    figures as measured; the verdicts by this version's rules)."""
+    import json
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) not in (1, 2):
+        print("usage: python3 -m vmmrt.torch.bench.sweep RUN.json [PLOT.png]", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        doc = json.load(f)
+    sw = doc.get("sweep")
+    if not sw:
+        print("%s: no budget sweep in it (a --budget-sweep run's --json)" % argv[0], file=sys.stderr)
+        return 2
+    sw["targets"] = targets(sw)
+    print(table(sw, sw["title"]))
+    print(report.print_targets(sw["targets"], "targets of issue #21:"))
+    if len(argv) == 2:
+        print("plot: %s" % (plot(sw, argv[1]) or "none (matplotlib is not importable)"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
