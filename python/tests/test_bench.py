@@ -220,3 +220,34 @@ def test_budget_sweep_checks_gradients_bitwise_with_math_attention_by_norm_other
     assert sweep.grads_check((False, float("inf"), None), False)[0] is False  # a gradient missing
     row = {"grad_bitwise_vs_keep": False, "grads_ok": False, "grad_norm_ratio_vs_keep": 1.01}
     assert sweep._grads_cell(row).startswith("DIFFER")
+
+
+def test_budget_sweep_compares_with_hand_made_choices_within_the_budget_itself(tmp_path, capsys):
+    from vmmrt.torch.bench import sweep
+    mib = 1 << 20
+
+    def row(label, ms, peak):
+        return {"label": label, "step_ms": ms, "peak": peak * mib, "predicted_peak": peak * mib,
+                "predicted_ms": ms, "counts": {"keep": 1, "offload": 0, "recompute": 1},
+                "plan": {"mode": "pingpong", "lookahead": 1}, "grad_bitwise_vs_keep": True, "grads_ok": True}
+    planner = row("planner @ 1000 MiB", 110.0, 1000)
+    over = row("offload 0.25", 100.0, 1007)        # 0.7 % over: within the planner's slack, not the budget
+    within = row("checkpoint 4", 120.0, 900)
+    keep = row("keep all", 95.0, 1200)
+    doc = {"title": "t", "mode": "pingpong", "lookahead": 1, "reserve_bytes": 0, "calibration_bytes": 0,
+           "smallest_bytes": 800 * mib, "graph": None, "keep": keep,
+           "points": [{"budget": 1000 * mib, "planner": planner, "hand": [over]}],
+           "measured": [keep, planner, over, within]}
+    doc["pareto"] = sweep.pareto(doc["measured"])
+    t = sweep.targets(doc)[0]
+    # against checkpoint 4 (measured at another budget, within this one): met,
+    # and the comparison with the one 0.7 % over said beside it
+    assert t["met"] and "0.917x" in t["detail"] and "against checkpoint 4" in t["detail"], t
+    assert "1.100x" in t["detail"] and "offload 0.25 at 1.007" in t["detail"], t
+    assert "checkpoint 4" in sweep.table(doc, "t")
+    # the same again from a run's JSON, without a device
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"sweep": doc}))
+    assert sweep.main([str(path)]) == 0
+    assert "against checkpoint 4" in capsys.readouterr().out
+    assert sweep.main([str(tmp_path / "none.json"), "a", "b"]) == 2
