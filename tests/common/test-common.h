@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check-ok.h"
 #include "test-layers.h"
@@ -54,6 +55,29 @@ static inline vmmrt_runtime *test_runtime(const char *const *kv)
 }
 
 /* Device memory used since test_runtime. */
+static inline void test_sleep_ms(unsigned ms)
+{
+	struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+/* 64 MiB of host capacity and one quick OOM retry: the slot tests' runtime. */
+static inline vmmrt_runtime *test_slot_runtime(void)
+{
+	return test_runtime((const char *const[]){"host_capacity", "64M", "oom_retries", "1", "oom_backoff_us", "10",
+						  NULL});
+}
+
+/* The worker runs a release once its event has completed and it polls
+ * again (every 50 us): wait, bounded, until the slot leaves PENDING. */
+static inline vmmrt_slot_state test_settled_state(vmmrt_slot *s)
+{
+	for (int i = 0; i < 5000 && vmmrt_slot_get_state(s) == VMMRT_SLOT_PENDING; i++)
+		test_sleep_ms(1);
+	return vmmrt_slot_get_state(s);
+}
+
 static inline size_t used(vmmrt_runtime *rt)
 {
 	return test_used(rt) - test_baseline;

@@ -28,27 +28,6 @@
 #define MiB (1024ull * 1024)
 #define MS (1000ull * 1000)
 
-static vmmrt_runtime *make_rt(void)
-{
-	return test_runtime((const char *const[]){"host_capacity", "64M", "oom_retries", "1", "oom_backoff_us", "10",
-						  NULL});
-}
-
-static void sleep_ms(unsigned ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-/* The worker runs a release once its event has completed and it polls
- * again (every 50 us): wait, bounded, until the slot leaves PENDING. */
-static vmmrt_slot_state settled_state(vmmrt_slot *s)
-{
-	for (int i = 0; i < 5000 && vmmrt_slot_get_state(s) == VMMRT_SLOT_PENDING; i++)
-		sleep_ms(1);
-	return vmmrt_slot_get_state(s);
-}
-
 static vmmrt_offload_stats stats(vmmrt_runtime *rt)
 {
 	vmmrt_offload_stats o = {.size = sizeof(o)};
@@ -99,7 +78,7 @@ static vmmrt_status hook_fn(void *ctx, const char *op, uint64_t *delay_us)
  *    after vmmrt_slot_wait the memory is there and usable. */
 static void map_async_then_wait(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	hook h = {.create_delay_us = 50000};
 	vmmrt_slot *s, *res;
 	vmmrt_stream st;
@@ -137,7 +116,7 @@ static void map_async_then_wait(void **state)
  *    busy the memory stays (and is readable); then it goes to the driver. */
 static void release_after_waits_for_the_stream(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s;
 	vmmrt_stream st;
 	vmmrt_event *passed;
@@ -167,11 +146,11 @@ static void release_after_waits_for_the_stream(void **state)
 		assert_int_equal(now, VMMRT_SLOT_PENDING);
 		assert_int_equal(mapped, n);
 		checks++;
-		sleep_ms(10);
+		test_sleep_ms(10);
 	}
 	assert_true(checks > 0);
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(used(rt), 0); /* back to the driver */
 	assert_int_equal(stats(rt).slot_bytes, 0);
 	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
@@ -192,7 +171,7 @@ static void release_after_waits_for_the_stream(void **state)
  *    before are intact once the stream has passed the release's point. */
 static void map_async_cancels_a_pending_release(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s, *res;
 	vmmrt_stream st;
 	const size_t n = 4 * MiB;
@@ -209,13 +188,13 @@ static void map_async_cancels_a_pending_release(void **state)
 	assert_int_equal(vmmrt_slot_map_async(s), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(used(rt), n + vmmrt_slot_size(res));
 	assert_int_equal(stats(rt).slot_bytes, n + vmmrt_slot_size(res));
 	assert_int_equal(device_checksum(rt, st, vmmrt_slot_address(s), n, res), fill_checksum(n, 9));
 	/* A release asked after that map does run. */
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(used(rt), vmmrt_slot_size(res));
 	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -234,7 +213,7 @@ static void map_async_cancels_a_pending_release(void **state)
 static void steps_ahead_of_the_gpu(void **state)
 {
 	enum { STEPS = 10 };
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s, *res;
 	vmmrt_stream st;
 	const size_t n = 2 * MiB;
@@ -259,10 +238,10 @@ static void steps_ahead_of_the_gpu(void **state)
 		 * for it, and step 5's for step 1's; then the GPU catches up. */
 		assert_int_equal(stats(rt).launch_thread_blocking, blocking + (i == 4 || i == 5));
 		if (i == 5)
-			assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED); /* the GPU caught up */
+			assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED); /* the GPU caught up */
 	}
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(used(rt), vmmrt_slot_size(res));
 	assert_int_equal(vmmrt_copy_to_host(rt, sums, vmmrt_slot_address(res), sizeof(sums)), VMMRT_OK);
 	for (int i = 0; i < STEPS; i++)
@@ -292,7 +271,7 @@ static void released_memory_is_not_pooled(void **state)
 		assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
 		assert_int_equal(used(rt), n);
 		assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
-		assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+		assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 		assert_int_equal(used(rt), 0);
 		/* The synchronous unmap gives it back too. */
 		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
@@ -324,7 +303,7 @@ static void inside_host_function(void *arg)
 /* 6. Every refusal named, and the slot unchanged by it. */
 static void errors_are_named(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s;
 	vmmrt_stream st, cap;
 	vmmrt_graph *g;
@@ -347,7 +326,7 @@ static void errors_are_named(void **state)
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_E_INVALID_STATE);
 	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_E_BUSY); /* a release queued */
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_E_INVALID_STATE);
 
 	/* A capturing stream: refused before anything is queued. */
@@ -374,12 +353,12 @@ static void errors_are_named(void **state)
 	hook h = {.fail = "cuMemUnmap", .fails = 1};
 	vmmrt__drv_set_fault_hook(rt, hook_fn, &h);
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_FAILED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_FAILED);
 	assert_int_equal(vmmrt_slot_map_async(s), VMMRT_E_DRIVER);
 	assert_non_null(strstr(vmmrt_last_error(), "earlier asynchronous request failed"));
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(used(rt), 0);
 
 	/* A failed map: reported by vmmrt_slot_wait; the next map_async maps. */
@@ -420,7 +399,7 @@ static void errors_are_named(void **state)
  *    only the application's slots: the offload's own are activations). */
 static void statistics_follow_the_slots(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *a, *b, *own;
 	vmmrt_stream st;
 	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
@@ -439,7 +418,7 @@ static void statistics_follow_the_slots(void **state)
 	assert_int_equal(o.slot_bytes, 6 * MiB);
 	assert_int_equal(o.slot_peak_bytes, 6 * MiB);
 	assert_int_equal(vmmrt_slot_release_after(b, st), VMMRT_OK);
-	assert_int_equal(settled_state(b), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(b), VMMRT_SLOT_RESERVED);
 	o = stats(rt);
 	assert_int_equal(o.slot_bytes, 2 * MiB);
 	assert_int_equal(o.slot_peak_bytes, 6 * MiB);

@@ -31,25 +31,6 @@
 #define MiB (1024ull * 1024)
 #define MS (1000ull * 1000)
 
-static vmmrt_runtime *make_rt(void)
-{
-	return test_runtime((const char *const[]){"host_capacity", "64M", "oom_retries", "1", "oom_backoff_us", "10",
-						  NULL});
-}
-
-static void sleep_ms(unsigned ms)
-{
-	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-	nanosleep(&ts, NULL);
-}
-
-static vmmrt_slot_state settled_state(vmmrt_slot *s)
-{
-	for (int i = 0; i < 5000 && vmmrt_slot_get_state(s) == VMMRT_SLOT_PENDING; i++)
-		sleep_ms(1);
-	return vmmrt_slot_get_state(s);
-}
-
 /* Has the event completed? Bounded: fails the test after ~5 s. */
 static void until_done(vmmrt_runtime *rt, vmmrt_event *e)
 {
@@ -58,7 +39,7 @@ static void until_done(vmmrt_runtime *rt, vmmrt_event *e)
 		assert_int_equal(vmmrt_event_query(rt, e, &done), VMMRT_OK);
 		if (done)
 			return;
-		sleep_ms(1);
+		test_sleep_ms(1);
 	}
 	fail_msg("the event did not complete in 5 s: a stream waits for a map that never ends");
 }
@@ -104,7 +85,7 @@ static vmmrt_status hook_fn(void *ctx, const char *op, uint64_t *delay_us)
  */
 static void map_after_follows_its_event(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s;
 	vmmrt_stream a;
 	vmmrt_event *e, *busy_done, *gone;
@@ -136,10 +117,10 @@ static void map_after_follows_its_event(void **state)
 		assert_int_equal(now, VMMRT_SLOT_PENDING);
 		assert_int_equal(mapped, 0);
 		checks++;
-		sleep_ms(10);
+		test_sleep_ms(10);
 	}
 	assert_true(checks > 0);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(vmmrt_event_query(rt, e, &done), VMMRT_OK);
 	assert_false(done); /* mapped before the record made after the call completed */
 	assert_int_equal(used(rt), n);
@@ -151,7 +132,7 @@ static void map_after_follows_its_event(void **state)
 	/* Released, then mapped after a busy stream again: the host wait holds
 	 * until the event has completed and the map is made. */
 	assert_int_equal(vmmrt_slot_release_after(s, a), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt_kernel_busy(rt, a, 100 * MS), VMMRT_OK);
 	assert_int_equal(vmmrt_event_create(rt, 0, &gone), VMMRT_OK);
 	assert_int_equal(vmmrt_event_record(rt, gone, a), VMMRT_OK);
@@ -178,7 +159,7 @@ static void map_after_follows_its_event(void **state)
  */
 static void wait_stream_holds_the_work_after_it(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s, *res;
 	vmmrt_stream a, b;
 	vmmrt_event *e, *passed;
@@ -209,7 +190,7 @@ static void wait_stream_holds_the_work_after_it(void **state)
 		if (done)
 			break;
 		checks++;
-		sleep_ms(10);
+		test_sleep_ms(10);
 	}
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(used(rt), n + vmmrt_slot_size(res));
@@ -244,7 +225,7 @@ static void wait_stream_holds_the_work_after_it(void **state)
  */
 static void map_after_cancels_a_pending_release(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s, *res;
 	vmmrt_stream st, b;
 	vmmrt_event *now;
@@ -270,7 +251,7 @@ static void map_after_cancels_a_pending_release(void **state)
 	assert_int_equal(vmmrt_kernel_checksum(rt, b, vmmrt_slot_address(s), n, vmmrt_slot_address(res)), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_synchronize(rt, b), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_MAPPED);
 	assert_int_equal(used(rt), n + vmmrt_slot_size(res));
 	assert_int_equal(vmmrt_copy_to_host(rt, &sum, vmmrt_slot_address(res), 8), VMMRT_OK);
 	assert_int_equal(sum, fill_checksum(n, 31));
@@ -279,7 +260,7 @@ static void map_after_cancels_a_pending_release(void **state)
 
 	/* Released for real, then mapped after st's later work: new memory. */
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(used(rt), vmmrt_slot_size(res));
 	assert_int_equal(vmmrt_kernel_busy(rt, st, 100 * MS), VMMRT_OK);
 	assert_int_equal(vmmrt_event_record(rt, now, st), VMMRT_OK);
@@ -307,7 +288,7 @@ static void map_after_cancels_a_pending_release(void **state)
  */
 static void a_failed_map_lets_the_stream_go(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s;
 	vmmrt_stream a, b;
 	vmmrt_event *e, *passed;
@@ -327,7 +308,7 @@ static void a_failed_map_lets_the_stream_go(void **state)
 	assert_int_equal(uatomic_read(&h.waits), 1);
 	assert_int_equal(vmmrt_event_record(rt, passed, b), VMMRT_OK);
 	until_done(rt, passed);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_FAILED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_FAILED);
 	assert_int_equal(vmmrt_slot_error(s), VMMRT_E_DRIVER);
 	assert_non_null(strstr(vmmrt_last_error(), "cuMemCreate"));
 	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_RESERVED);
@@ -338,7 +319,7 @@ static void a_failed_map_lets_the_stream_go(void **state)
 	h = (hook){.fail = "cuMemCreate", .fails = 1};
 	assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_FAILED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_FAILED);
 	assert_int_equal(vmmrt_slot_wait_stream(s, b), VMMRT_E_DRIVER);
 	assert_non_null(strstr(vmmrt_last_error(), "earlier asynchronous request failed"));
 	assert_int_equal(uatomic_read(&h.waits), 0);
@@ -367,7 +348,7 @@ static void a_failed_map_lets_the_stream_go(void **state)
  */
 static void destroy_waits_for_a_stream_behind_its_wait(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s;
 	vmmrt_stream a, b;
 	vmmrt_event *e, *reached;
@@ -419,7 +400,7 @@ static void inside_host_function(void *arg)
 /* 5. Every refusal named, and the slot unchanged by it. */
 static void errors_are_named(void **state)
 {
-	vmmrt_runtime *rt = make_rt();
+	vmmrt_runtime *rt = test_slot_runtime();
 	vmmrt_slot *s, *own;
 	vmmrt_stream st, cap;
 	vmmrt_event *e;
@@ -469,7 +450,7 @@ static void errors_are_named(void **state)
 	assert_non_null(strstr(vmmrt_last_error(), name));
 	assert_int_equal(vmmrt_graph_end_capture(rt, cap, &g), VMMRT_OK);
 	assert_int_equal(vmmrt_graph_destroy(rt, g), VMMRT_OK);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_MAPPED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_MAPPED);
 
 	/* From a host function: refused, nothing changed. */
 	hf_ctx c = {.slot = s, .stream = st, .event = e};
@@ -482,7 +463,7 @@ static void errors_are_named(void **state)
 	/* Released since its last map: the wait refuses. */
 	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_wait_stream(s, st), VMMRT_E_INVALID_STATE);
-	assert_int_equal(settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 
 	/* Destroyed with a map waiting for its event: cancelled, nothing leaks. */
 	assert_int_equal(vmmrt_kernel_busy(rt, st, 200 * MS), VMMRT_OK);
