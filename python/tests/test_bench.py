@@ -251,3 +251,8 @@ def test_budget_sweep_compares_with_hand_made_choices_within_the_budget_itself(t
     assert sweep.main([str(path)]) == 0
     assert "against checkpoint 4" in capsys.readouterr().out
     assert sweep.main([str(tmp_path / "none.json"), "a", "b"]) == 2
+    assert sweep.main([str(tmp_path / "none.json")]) == 2           # no such file: said, no traceback
+    (tmp_path / "bad.json").write_text("[1, 2")
+    assert sweep.main([str(tmp_path / "bad.json")]) == 2
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert sweep.main([str(tmp_path / "other.json")]) == 2          # JSON, but not a sweep's

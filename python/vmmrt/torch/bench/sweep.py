@@ -406,9 +406,13 @@ def main(argv=None):
     if len(argv) not in (1, 2):
         print("usage: python3 -m vmmrt.torch.bench.sweep RUN.json [PLOT.png]", file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        doc = json.load(f)
-    sw = doc.get("sweep")
+    try:
+        with open(argv[0]) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print("%s: not a readable JSON file: %s" % (argv[0], e), file=sys.stderr)
+        return 2
+    sw = doc.get("sweep") if isinstance(doc, dict) else None
     if not sw:
         print("%s: no budget sweep in it (a --budget-sweep run's --json)" % argv[0], file=sys.stderr)
         return 2
