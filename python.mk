@@ -39,12 +39,16 @@ vmmrt_py_torch = \
 vmmrt_py_bench = \
 	python/vmmrt/torch/bench/__init__.py \
 	python/vmmrt/torch/bench/__main__.py \
+	python/vmmrt/torch/bench/alone.py \
 	python/vmmrt/torch/bench/encoder.py \
+	python/vmmrt/torch/bench/front.py \
+	python/vmmrt/torch/bench/frontrun.py \
 	python/vmmrt/torch/bench/llama.py \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
 	python/vmmrt/torch/bench/progress.py \
 	python/vmmrt/torch/bench/report.py \
+	python/vmmrt/torch/bench/shapes.py \
 	python/vmmrt/torch/bench/sweep.py
 vmmrt_py_tests = \
 	python/tests/conftest.py \

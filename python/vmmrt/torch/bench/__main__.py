@@ -2,7 +2,10 @@
 """python3 -m vmmrt.torch.bench: whole-layer CUDA graphs with CPU activation
 offload, measured as users judge them: training steps with AdamW in the two
 loops people write, driver-level memory over the whole step, against eager,
-save_on_cpu and graph-only, in one run.
+save_on_cpu and graph-only, in one run; or (--front) PyTorch's own answers
+to running out of memory (checkpointing, graphs of checkpointed layers,
+save_on_cpu) against vmmrt.torch's, as two Pareto fronts of step time
+against peak memory.
 
 Each table is one layer set in one loop (--loop): set_to_none
 (opt.zero_grad(set_to_none=True)) or persistent (.grad kept and zeroed in
@@ -14,18 +17,41 @@ is reported), driver-level memory between the last forward and its backward
 with its parts, both against graph-only in the same loop, bytes moved, the
 copy bound, and the gradients of one step from the same weights against the
 loop's reference (graph-only in set_to_none with one microbatch, eager
-otherwise: graph-only's .grad aliases its static buffers). Then issue #20's
-targets and issue #12's, each met or missed by how much.
+otherwise: graph-only's .grad aliases its static buffers). Then the targets
+for the whole step and for offload, each met or missed by how much.
 
 Default: 6 Llama-3-8B-shaped layers (hidden 4096, ffn 14336, 32 heads / 8 kv
 heads, seq 4096, batch 1, bf16) written with torch ops, the modes eager,
 save_on_cpu, graph, none, pingpong, remap, planner, both loops; then Hugging
 Face transformers' LlamaDecoderLayer in the same shape (eager, graph,
 pingpong, planner) when transformers is installed. --layer encoder runs
-torch.nn.TransformerEncoderLayer (--preset encoder: issue #20's shape,
-d 4096, ffn 16384, 32 heads, seq 4096, 6 layers). --smoke: a tiny shape that
-runs in seconds (on the CPU too, where only the eager modes run, on the host
-backend).
+torch.nn.TransformerEncoderLayer (--preset encoder: d 4096, ffn 16384,
+32 heads, seq 4096, 6 layers). --smoke: a tiny shape that runs in seconds (on
+the CPU too, where only the eager modes run, on the host backend). Without a
+GPU and without --device, the bench says so and runs --smoke.
+
+--front (vmmrt.torch.bench.frontrun, .front): for each --shape, in one
+process and one loop (--loop; default set_to_none), a point per option:
+eager, ckpt k (torch.utils.checkpoint, non-reentrant, the first k layers;
+--front-ks values of k over 1..L), graphs (torch.cuda.make_graphed_callables),
+graphs+ckpt k, save_on_cpu; vmmrt none, auto, pingpong and remap (full
+offload), recompute all, and memory_budget= at --front-budgets budgets from
+graphs' peak down to the smallest plan. Each point's median step time and
+whole-step peak (driver level, over the memory before the model), gradients
+against the loop's reference; then both fronts, each vmmrt point against the
+fastest PyTorch option within its peak, and a verdict line per shape ("vmmrt
+ahead at N of M memory levels; dominated at K"); --json writes every point
+(after each one) and a PNG of both fronts beside it (matplotlib).
+--check-alone then runs each PyTorch point again alone in a fresh process
+(vmmrt.torch.bench.alone) and compares (within 3 %). Shapes and their
+estimated time on the H200 with the defaults (one loop):
+  llama     8 torch-ops Llama-3-8B layers, seq 4096                  ~4 min
+  launch    16 layers, hidden 1024, ffn 4096, seq 1024 (launch-bound) ~2 min
+  encoder   6 nn.TransformerEncoderLayer, d 4096, ffn 16384, seq 4096 ~5 min
+  hf        4 transformers LlamaDecoderLayer (Llama-3-8B), seq 4096   ~2.5 min
+  megatron  4 megatron-core TransformerLayer (local spec), seq 2048  ~2.5 min
+(--check-alone adds about 15 s per PyTorch point; fewer k values
+(--front-ks 3), budgets or --iterations shorten a run.)
 """
 import argparse
 import logging
@@ -38,13 +64,13 @@ import torch
 import vmmrt
 import vmmrt.torch as vt
 from vmmrt.torch import planner
-from vmmrt.torch.bench import encoder, llama, loops, modes, progress, report
+from vmmrt.torch.bench import encoder, llama, loops, modes, progress, report, shapes
 
 MiB = float(1 << 20)
 HF_MODES = ("eager", "graph", "pingpong", "planner")
 LAYERS = ("torch", "hf", "encoder")
 PRESETS = {
-    # issue #20's encoder: torch.nn.TransformerEncoderLayer at d 4096, ffn 16384, 32 heads, seq 4096
+    # torch.nn.TransformerEncoderLayer at d 4096, ffn 16384, 32 heads, seq 4096
     "encoder": dict(layer="encoder", layers=6, hidden=4096, ffn=16384, heads=32, kv_heads=32, seq=4096),
 }
 
@@ -52,7 +78,9 @@ PRESETS = {
 def _parser():
     p = argparse.ArgumentParser(prog="python3 -m vmmrt.torch.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(PRESETS), help="a shape and layer of issue #20 (explicit options win)")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="encoder: 6 torch.nn.TransformerEncoderLayers, d 4096, ffn 16384, 32 heads, seq 4096 "
+                        "(explicit options win)")
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batch", type=int, default=1)
@@ -68,9 +96,11 @@ def _parser():
                         "LlamaDecoderLayer, if installed), encoder (torch.nn.TransformerEncoderLayer); or all "
                         "(default: torch,hf)")
     p.add_argument("--hf-modes", default=",".join(HF_MODES), help="modes run with the transformers layer")
-    p.add_argument("--loop", choices=loops.LOOPS + ("both",), default="both",
+    p.add_argument("--loop", choices=loops.LOOPS + ("both",), default=None,
                    help="set_to_none: opt.zero_grad(set_to_none=True); persistent: .grad kept across steps and "
-                        "zeroed in place; both: a table each")
+                        "zeroed in place; both: a table each (default: both; with --front, set_to_none)")
+    p.add_argument("--optimizer", choices=loops.OPTIMIZERS, default="foreach",
+                   help="AdamW's kernels: foreach (default) or fused (CUDA only)")
     p.add_argument("--microbatches", type=int, default=1, help="microbatches accumulated per optimizer step")
     p.add_argument("--grads", default=None,
                    help="grads= for vmmrt.torch.make_graphed_callables (default: none passed, the library's default)")
@@ -85,7 +115,8 @@ def _parser():
     p.add_argument("--warmup", type=int, default=2, help="steps before the timed ones, after building")
     p.add_argument("--sample-us", type=float, default=50.0,
                    help="the peak sampler's sleep between two readings, in microseconds")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="default: cuda where there is a GPU; otherwise the CPU with --smoke")
     p.add_argument("--smoke", action="store_true", help="a tiny shape: seconds, not minutes")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -99,6 +130,25 @@ def _parser():
     p.add_argument("--sweep-mode", choices=("pingpong", "remap", "none", "auto"), default="pingpong",
                    help="the offload mode of --budget-sweep's runs (auto: the planner chooses it, the hand-made "
                         "choices run in pingpong)")
+    p.add_argument("--front", action="store_true",
+                   help="instead of the tables: PyTorch's options and vmmrt's as two fronts of step time against "
+                        "peak, per --shape (see above)")
+    p.add_argument("--shape", default="llama",
+                   help="--front's shapes, comma-separated, from: %s; or all (default: llama)"
+                        % ", ".join(shapes.SHAPES))
+    p.add_argument("--front-ks", type=int, default=5, help="--front: how many values of k (checkpointed layers), "
+                   "spread over 1..layers (default 5)")
+    p.add_argument("--front-budgets", type=int, default=4,
+                   help="--front: memory_budget= points from graphs' peak down to the smallest plan (default 4)")
+    p.add_argument("--front-budget-mode", choices=("auto", "pingpong", "remap"), default="auto",
+                   help="--front: mode= of the memory_budget= points (auto: the planner chooses; default)")
+    p.add_argument("--front-families", default="torch,vmmrt",
+                   help="--front: whose options, comma-separated: torch, vmmrt (default both)")
+    p.add_argument("--check-alone", action="store_true",
+                   help="--front: then each PyTorch point again alone in a fresh process "
+                        "(python3 -m vmmrt.torch.bench.alone), its figures against the front's")
+    p.add_argument("--check-tolerance", type=float, default=0.03,
+                   help="--check-alone: the largest relative difference that agrees (default 0.03)")
     return p
 
 
@@ -108,6 +158,17 @@ def parse(argv):
     if pre.preset:
         p.set_defaults(**PRESETS[pre.preset])
     a = p.parse_args(argv)
+    a.no_gpu_smoke = False
+    if a.device is None:
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if a.device == "cpu" and not a.smoke:
+            # full-size layers on a CPU take many minutes per mode: a user
+            # without a GPU asked for nothing so slow
+            a.smoke = a.no_gpu_smoke = True
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here (torch %s)" % torch.__version__)
+    if a.optimizer == "fused" and a.device != "cuda":
+        p.error("--optimizer fused needs CUDA (torch's fused AdamW runs on the GPU)")
     if a.smoke:
         a.layers, a.seq, a.hidden, a.ffn, a.heads, a.kv_heads = 3, 256, 256, 704, 4, 2
         a.iterations, a.warmup = min(a.iterations, 3), 1
@@ -129,7 +190,26 @@ def parse(argv):
     for x in a.layer:
         if x not in LAYERS:
             p.error("unknown layer %r; layers are %s, or all" % (x, ", ".join(LAYERS)))
+    if a.loop is None:
+        a.loop = "set_to_none" if a.front else "both"
     a.loops = list(loops.LOOPS) if a.loop == "both" else [a.loop]
+    a.shapes = list(shapes.SHAPES) if a.shape == "all" else [x.strip() for x in a.shape.split(",") if x.strip()]
+    for x in a.shapes:
+        if x not in shapes.SHAPES:
+            p.error("unknown shape %r; shapes are %s, or all" % (x, ", ".join(shapes.SHAPES)))
+    a.front_families = [x.strip() for x in a.front_families.split(",") if x.strip()]
+    if not a.front_families or any(x not in ("torch", "vmmrt") for x in a.front_families):
+        p.error("--front-families: torch, vmmrt or both, comma-separated (got %r)" % ",".join(a.front_families))
+    if a.front_ks < 1 or a.front_budgets < 0:
+        p.error("--front-ks must be at least 1 and --front-budgets at least 0")
+    if a.check_alone and not a.front:
+        p.error("--check-alone goes with --front")
+    if a.front and a.budget_sweep:
+        p.error("--front and --budget-sweep are two runs: give one")
+    if not 0 < a.check_tolerance < 1:
+        p.error("--check-tolerance: a fraction between 0 and 1 (0.03 is 3 %)")
+    if a.iterations < 1 or a.warmup < 0:
+        p.error("--iterations must be at least 1 and --warmup at least 0")
     if a.microbatches < 1:
         p.error("--microbatches must be at least 1")
     return a
@@ -159,7 +239,7 @@ def run_set(title, make_layers, args, shape, dtype, bw, run_modes):
     out = {"title": title, "loops": {}}
     for name in args.loops:
         loop = loops.Loop(name, k)
-        print("\n-- %s, %s" % (title, loop.describe()), flush=True)
+        print("\n-- %s, %s" % (title, loop.describe(args.optimizer)), flush=True)
         out["loops"][name] = run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run_modes)
     del layers
     return out
@@ -232,10 +312,10 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
     full = args.fraction >= 1.0
     ts = report.targets_20(ok, bw[0], bw[1], full, loop.name, ref_name)
     if ts:
-        print(report.print_targets(ts, "targets of issue #20 (%s loop):" % loop.name), flush=True)
+        print(report.print_targets(ts, "targets for the whole step (%s loop):" % loop.name), flush=True)
     t12 = report.targets(ok, bw[0], bw[1], full, shape.seq, ref_name or "the reference")
     if t12:
-        print(report.print_targets(t12, "targets of issue #12 (%s loop):" % loop.name), flush=True)
+        print(report.print_targets(t12, "targets for offload (%s loop):" % loop.name), flush=True)
     return {"loop": loop.name, "microbatches": loop.microbatches, "reference": ref_name, "rows": ordered,
             "targets": ts + t12}
 
@@ -268,6 +348,42 @@ def _budget_sweep(args, argv, doc, shape, dev, dtype, t0):
     return 0
 
 
+def _front(args, argv, doc, dev, dtype, t0):
+    from vmmrt.torch.bench import alone, front, frontrun
+    doc["fronts"] = []
+
+    def save():
+        doc["wall_s"] = time.perf_counter() - t0
+        if args.json:
+            report.dump(args.json, doc)
+    for name in args.shapes:
+        spec = shapes.SHAPES[name]
+        if args.smoke:
+            spec = spec.smoke(args.device)
+        print("\n== front: %s" % spec.describe(), flush=True)
+        frontrun.run(args, spec, dev, dtype, doc["fronts"], save)
+    if args.check_alone:
+        doc["alone"] = alone.check(doc, args)
+        save()
+    doc["wall_s"] = time.perf_counter() - t0
+    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
+    for line in frontrun.summary(doc["fronts"]):
+        print(line, flush=True)
+    if args.json:
+        save()
+        png = front.plot_all(doc["fronts"], args.json.rsplit(".", 1)[0] + ".png")
+        print("plot: %s" % (png or "none (matplotlib is not importable)"), flush=True)
+    # A shape whose package is missing is said and skipped; an option of
+    # PyTorch's that raises is its own answer (recorded); a vmmrt point that
+    # fails or whose gradients differ is ours.
+    failed = any(d.get("error") and not d["error"].startswith("Unavailable") for d in doc["fronts"]) or any(
+        p["family"] == "vmmrt" and (p.get("error") or p.get("grads_ok") is False)
+        for d in doc["fronts"] for p in d["points"])
+    if args.check_alone and doc["alone"].get("disagree"):
+        failed = True
+    return 1 if failed else 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
@@ -281,18 +397,25 @@ def main(argv=None):
     info = {"torch": torch.__version__, "python": platform.python_version(), "vmmrt": vmmrt.version_string(),
             "device": torch.cuda.get_device_name() if dev.type == "cuda" else platform.processor() or "cpu",
             "grads_default": _grads_default()}
-    print("vmmrt.torch.bench: %d layers, %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
-          % (args.layers, shape.as_dict(), args.dtype, args.attention, info["device"], info["torch"],
-             info["vmmrt"]), flush=True)
+    if args.no_gpu_smoke:
+        print("vmmrt.torch.bench: no CUDA device here: running the tiny --smoke shape on the CPU (eager modes, "
+              "libvmmrt's host backend); give --device cpu for the full shape", flush=True)
+    what = "front of %s" % ", ".join(args.shapes) if args.front else "%d layers, hidden %d, ffn %d, %d heads " \
+        "(%d kv), seq %d, batch %d" % (args.layers, shape.hidden, shape.ffn, shape.heads, shape.kv_heads, shape.seq,
+                                      shape.batch)
+    print("vmmrt.torch.bench: %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
+          % (what, args.dtype, args.attention, info["device"], info["torch"], info["vmmrt"]), flush=True)
     print("libvmmrt's copies (a slot and pinned host memory, %d MiB): D2H %.1f GB/s, H2D %.1f GB/s"
           % (probe >> 20, bw[0], bw[1]), flush=True)
-    print("loops: %s, %d microbatch%s per step, AdamW(lr=1e-4, foreach=True); vmmrt grads=%s"
-          % (", ".join(args.loops), args.microbatches, "" if args.microbatches == 1 else "es",
+    print("loops: %s, %d microbatch%s per step, AdamW(lr=1e-4, %s=True); vmmrt grads=%s"
+          % (", ".join(args.loops), args.microbatches, "" if args.microbatches == 1 else "es", args.optimizer,
              args.grads or "the library's default (%s)" % info["grads_default"]), flush=True)
     doc = {"config": dict(vars(args), shape=shape.as_dict()), "info": info,
            "bandwidth": {"d2h_gbps": bw[0], "h2d_gbps": bw[1]}, "sets": []}
     if args.budget_sweep:
         return _budget_sweep(args, argv, doc, shape, dev, dtype, t0)
+    if args.front:
+        return _front(args, argv, doc, dev, dtype, t0)
     sets = []
     if "torch" in args.layer:
         sets.append(("torch", "torch-ops Llama layer",

@@ -5,8 +5,8 @@ than the benchmark, with biases, LayerNorm and nn.MultiheadAttention.
 ``torch.nn.TransformerEncoderLayer(d_model=hidden, nhead=heads,
 dim_feedforward=ffn, batch_first=True, norm_first=True, dropout=0.0)`` in the
 benchmark's dtype; attention is bidirectional (no mask), through
-scaled_dot_product_attention where torch has it. Issue #20's shape is
-d 4096, ffn 16384, 32 heads, seq 4096, 6 layers (``--preset encoder``).
+scaled_dot_product_attention where torch has it. The front's shape (and
+``--preset encoder``) is d 4096, ffn 16384, 32 heads, seq 4096, 6 layers.
 """
 import torch
 

@@ -23,11 +23,18 @@ eager instead (:func:`reference`).
 import torch
 
 LOOPS = ("set_to_none", "persistent")
+OPTIMIZERS = ("foreach", "fused")
 
 
-def optimizer(params):
-    """The optimizer of every mode: AdamW with foreach kernels, as real training
-    runs it, so that its two states per parameter are in the memory measured."""
+def optimizer(params, kind="foreach"):
+    """The optimizer of every mode: AdamW, as real training runs it, so that
+    its two states per parameter are in the memory measured; ``kind``
+    foreach (multi-tensor kernels; a temporary the size of the parameters
+    at its step) or fused (one fused kernel per group; CUDA only)."""
+    if kind not in OPTIMIZERS:
+        raise ValueError("optimizer %r is not one of %s" % (kind, ", ".join(OPTIMIZERS)))
+    if kind == "fused":
+        return torch.optim.AdamW(params, lr=1e-4, fused=True)
     return torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
 
@@ -90,7 +97,7 @@ class Loop:
         if marks:
             marks[3]()
 
-    def describe(self):
+    def describe(self, opt_kind="foreach"):
         z = "opt.zero_grad(set_to_none=%s)" % (self.name == "set_to_none")
-        return "%s loop: %s, %d microbatch%s, AdamW" % (self.name, z, self.microbatches,
-                                                       "" if self.microbatches == 1 else "es")
+        return "%s loop: %s, %d microbatch%s, AdamW %s" % (self.name, z, self.microbatches,
+                                                          "" if self.microbatches == 1 else "es", opt_kind)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The benchmark's output: a progress line per mode, a table per loop, the
-targets of issues #20 and #12 (met, or missed by how much), and the JSON
+targets for the whole step and for offload (met, or missed by how much), and the JSON
 document."""
 import json
 import math
@@ -158,17 +158,22 @@ def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
     return "\n".join(lines)
 
 
-def _target(name, ok, detail, issue=12):
-    return {"issue": issue, "target": name, "met": bool(ok), "detail": detail}
+# The groups of targets: for the whole step (time with the optimizer, the
+# whole step's peak), for offload itself, for the budget planner.
+STEP, OFFLOAD, PLANNER = "whole step", "offload", "budget planner"
 
 
-def _info(name, detail, issue=20):
-    """A figure the issue asks to see, with no threshold to meet."""
-    return {"issue": issue, "target": name, "met": None, "detail": detail}
+def _target(name, ok, detail, group=OFFLOAD):
+    return {"group": group, "target": name, "met": bool(ok), "detail": detail}
+
+
+def _info(name, detail, group=STEP):
+    """A figure worth seeing, with no threshold to meet."""
+    return {"group": group, "target": name, "met": None, "detail": detail}
 
 
 def targets(rows, d2h_gbps, h2d_gbps, full_offload, seq=None, ref_name="graph"):
-    """Issue #12's targets, each met or missed by how much, from one table's rows
+    """The targets for offload, each met or missed by how much, from one table's rows
     (its gradients are checked against ``ref_name``, the loop's reference)."""
     by = {r["mode"]: r for r in rows}
     out = []
@@ -234,7 +239,7 @@ def targets(rows, d2h_gbps, h2d_gbps, full_offload, seq=None, ref_name="graph"):
 
 
 def targets_20(rows, d2h_gbps, h2d_gbps, full_offload, loop, ref_name):
-    """Issue #20's targets from one loop's rows: what users judge, the whole
+    """The targets for the whole step, from one loop's rows: what users judge, the whole
     step's peak of driver-level memory and the step time with the optimizer."""
     by = {r["mode"]: r for r in rows if "error" not in r}
     out = []
@@ -244,13 +249,13 @@ def targets_20(rows, d2h_gbps, h2d_gbps, full_offload, loop, ref_name):
         a, bb = peak(r), (peak(b) if b else None)
         if a is not None and bb:
             out.append(_target(name, a <= limit * bb, "%.0f vs %.0f MiB %s (x%.4f)"
-                               % (a / MiB, bb / MiB, what, a / bb), 20))
+                               % (a / MiB, bb / MiB, what, a / bb), STEP))
 
     none = by.get("none")
     if none and g:
         x = none["step_ms"] / g["step_ms"]
         out.append(_target("none: step time <= 1.005x graph-only", x <= 1.005,
-                           "x%.4f (%.2f vs %.2f ms)" % (x, none["step_ms"], g["step_ms"]), 20))
+                           "x%.4f (%.2f vs %.2f ms)" % (x, none["step_ms"], g["step_ms"]), STEP))
         mem_target("none: whole-step peak <= 1.00x graph-only", none, g, 1.0, "graph-only")
     pp = by.get("pingpong")
     if pp and full_offload:
@@ -260,11 +265,11 @@ def targets_20(rows, d2h_gbps, h2d_gbps, full_offload, loop, ref_name):
             out.append(_target("pingpong (full offload): whole-step peak <= 1.05x (save_on_cpu's + two banks)",
                                peak(pp) <= 1.05 * want,
                                "%.0f MiB vs %.0f save_on_cpu + %.0f two banks = %.0f (x%.4f)"
-                               % (peak(pp) / MiB, peak(soc) / MiB, banks / MiB, want / MiB, peak(pp) / want), 20))
+                               % (peak(pp) / MiB, peak(soc) / MiB, banks / MiB, want / MiB, peak(pp) / want), STEP))
         b = copy_bound_ms(pp, d2h_gbps, h2d_gbps) if d2h_gbps else None
         if b:
             out.append(_target("pingpong (full offload): step within 5% of the copy bound", pp["step_ms"] <= 1.05 * b,
-                               "%.2f ms vs bound %.2f ms (x%.3f)" % (pp["step_ms"], b, pp["step_ms"] / b), 20))
+                               "%.2f ms vs bound %.2f ms (x%.3f)" % (pp["step_ms"], b, pp["step_ms"] / b), STEP))
     if loop == "set_to_none":
         # What the library maps beside the activations (gradients, resident
         # activations) while no .grad exists: the gradient memory this loop
@@ -286,7 +291,7 @@ def targets_20(rows, d2h_gbps, h2d_gbps, full_offload, loop, ref_name):
     if pl and g:
         x = pl["step_ms"] / g["step_ms"]
         out.append(_target("planner: step time <= 1.01x graph-only", x <= 1.01,
-                           "x%.4f (%.2f vs %.2f ms)" % (x, pl["step_ms"], g["step_ms"]), 20))
+                           "x%.4f (%.2f vs %.2f ms)" % (x, pl["step_ms"], g["step_ms"]), STEP))
     if pl:
         mem_target("planner: whole-step peak <= eager's", pl, e, 1.0, "eager")
         mem_target("planner: whole-step peak <= graph-only's", pl, g, 1.0, "graph-only")
@@ -314,7 +319,7 @@ def targets_20(rows, d2h_gbps, h2d_gbps, full_offload, loop, ref_name):
             if q is not None and abs(q - 1.0) > 1e-3:
                 detail += ", norm x%.4f" % q
         out.append(_target("%s: gradients bitwise as %s's (%s loop)" % (m, ref_name, loop), r["grad_bitwise"],
-                           detail, 20))
+                           detail, STEP))
     return out
 
 

@@ -98,7 +98,8 @@ class Sweep:
             for m in seq:
                 x = m(x)
             return x
-        built = modes.Built(label, run, off, time.perf_counter() - t0, loops.optimizer(modes.parameters(self.layers)))
+        built = modes.Built(label, run, off, time.perf_counter() - t0,
+                            loops.optimizer(modes.parameters(self.layers), getattr(a, "optimizer", "foreach")))
         try:
             row, grads = modes.measure(built, self.layers, self.loop, self.xs, self.gys, a, self.weights)
             if self.ref is None:
@@ -236,12 +237,12 @@ def run_sweep(args, title, make_layers, shape, dtype):
     doc["pareto"] = pareto(list(sw.measured.values()))
     doc["targets"] = targets(doc)
     print(table(doc, title), flush=True)
-    print(report.print_targets(doc["targets"], "targets of issue #21:"), flush=True)
+    print(report.print_targets(doc["targets"], "targets of the budget planner:"), flush=True)
     return doc
 
 
 def targets(doc):
-    """Issue #21's targets, met or missed by how much (on the CPU no peak is
+    """The budget planner's targets, met or missed by how much (on the CPU no peak is
     measured: the predicted one stands in, and the times are the host's)."""
     out, worst_t, worst_s, worst_p = [], [], [], []
     for pt in doc["points"]:
@@ -262,24 +263,25 @@ def targets(doc):
                     "%.3fx (at %.0f MiB, %s at %.3f of it)" % (rs, bs / MiB, ls, over))
         out.append(report._target("planner within 3 % of the best hand-made choice that fits, at every budget",
                                   r <= 1.03, "worst %.3fx (at %.0f MiB, against %s)%s" % (r, b / MiB, lab, also),
-                                  21))
+                                  report.PLANNER))
     r, b = max(worst_p)
     out.append(report._target("planner's measured peak within the budget (2 % slack), at every budget", r <= SLACK,
                               "worst %.3f of the budget (at %.0f MiB)%s" % (r, b / MiB, "" if doc["points"][0][
-                                  "planner"]["peak"] is not None else "; predicted peaks (no device reading)"), 21))
+                                  "planner"]["peak"] is not None else "; predicted peaks (no device reading)"),
+                              report.PLANNER))
     rows = doc.get("measured", [])
     bad = [r["label"] for r in rows if not r.get("grads_ok", r["grad_bitwise_vs_keep"])]
     if rows:
         out.append(report._target("gradients right in every measured plan (%s against keeping all)"
                                   % doc.get("grads_check", "bitwise"), not bad,
                                   "%d of %d%s" % (len(rows) - len(bad), len(rows),
-                                                  "; wrong: " + ", ".join(bad) if bad else ""), 21))
+                                                  "; wrong: " + ", ".join(bad) if bad else ""), report.PLANNER))
     full = [r for r in rows if r["label"] == "offload 1"]
     rec = [p["planner"] for p in doc["points"] if p["planner"]["counts"]["recompute"]]
     if full and rec and full[0]["peak"] is not None and all(r["peak"] is not None for r in rec):
         low = min(r["peak"] for r in rec)
         out.append(report._target("with recomputation, a peak below full offload's", low < full[0]["peak"],
-                                  "%.0f MiB against %.0f MiB" % (low / MiB, full[0]["peak"] / MiB), 21))
+                                  "%.0f MiB against %.0f MiB" % (low / MiB, full[0]["peak"] / MiB), report.PLANNER))
     return out
 
 
@@ -418,7 +420,7 @@ def main(argv=None):
         return 2
     sw["targets"] = targets(sw)
     print(table(sw, sw["title"]))
-    print(report.print_targets(sw["targets"], "targets of issue #21:"))
+    print(report.print_targets(sw["targets"], "targets of the budget planner:"))
     if len(argv) == 2:
         print("plot: %s" % (plot(sw, argv[1]) or "none (matplotlib is not importable)"))
     return 0

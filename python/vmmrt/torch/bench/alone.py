@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""One PyTorch option of the front, alone in a fresh process, measured
+without the benchmark's own machinery: the independent check of the
+front's figures for PyTorch's options.
+
+    python3 -m vmmrt.torch.bench.alone --shape llama --option ckpt --k 2
+
+It builds the shape's layers (:mod:`shapes`, the same weights and inputs),
+runs ONE option (eager, ckpt K, graph, graph-ckpt K, save_on_cpu) in the
+loop asked, times --iterations steps after --warmup with CUDA events (the
+median), then samples the driver's used memory (torch.cuda.mem_get_info)
+from a thread of its own over one more whole step, and prints one line of
+JSON: the step time and the peak over the used memory before the model.
+Nothing here comes from modes, loops or memory: a fault of theirs would
+show as a difference.
+
+:func:`check` (``--front --check-alone``) runs this for every PyTorch point
+of a front, each in its own process, and compares: time and peak within the
+tolerance (3 %) agree.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+OPTIONS = ("eager", "ckpt", "graph", "graph-ckpt", "save_on_cpu")
+
+
+class _Ckpt(torch.nn.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.layer, x, use_reentrant=False)
+
+
+class _Sampler:
+    """The largest total - free of the device while it runs."""
+
+    def __init__(self, interval_s=50e-6):
+        self.interval_s, self.peak, self.samples = interval_s, 0, 0
+
+    def _used(self):
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+
+    def _loop(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._used())
+            self.samples += 1
+            time.sleep(self.interval_s)
+
+    def __enter__(self):
+        self._stop = threading.Event()
+        self.peak, self.samples = self._used(), 1
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self._used())
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python3 -m vmmrt.torch.bench.alone", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="llama")
+    p.add_argument("--option", choices=OPTIONS, required=True)
+    p.add_argument("--k", type=int, default=0, help="checkpointed layers (ckpt, graph-ckpt)")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--loop", choices=("set_to_none", "persistent"), default="set_to_none")
+    p.add_argument("--microbatches", type=int, default=1)
+    p.add_argument("--optimizer", choices=("foreach", "fused"), default="foreach")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--attention", choices=("auto", "flash", "math"), default="auto")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    return p
+
+
+def measure(a):
+    """The option alone: a dict of its figures."""
+    from vmmrt.torch.bench import llama, shapes       # the layers only
+    if a.shape not in shapes.SHAPES:
+        raise SystemExit("unknown shape %r; shapes are %s" % (a.shape, ", ".join(shapes.SHAPES)))
+    if a.option in ("ckpt", "graph-ckpt") and a.k < 1:
+        raise SystemExit("--option %s needs --k 1 or more" % a.option)
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if a.option.startswith("graph") and not cuda:
+        raise SystemExit("--option %s needs CUDA" % a.option)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    if a.smoke and not cuda:
+        dtype = torch.float32
+    spec = shapes.SHAPES[a.shape]
+    if a.smoke:
+        spec = spec.smoke(a.device)
+    if cuda:
+        torch.zeros(1, device=dev)
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        base = total - free
+    layers, dims = shapes.build(spec, dev, dtype, a.attention)
+    g = torch.Generator(device="cpu").manual_seed(7)
+    xs = [torch.randn(*dims, generator=g).to(dev, dtype).requires_grad_() for _ in range(a.microbatches)]
+    gys = [torch.randn(*dims, generator=g).to(dev, dtype) for _ in range(a.microbatches)]
+    params = [p for m in layers for p in m.parameters() if p.requires_grad]
+    k = a.k if a.option in ("ckpt", "graph-ckpt") else 0
+    mods = [_Ckpt(m) if i < k else m for i, m in enumerate(layers)]
+    if a.option.startswith("graph"):
+        mods = list(torch.cuda.make_graphed_callables(
+            tuple(mods), tuple((torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True),) for _ in mods)))
+    opt = torch.optim.AdamW(params, lr=1e-4, **{a.optimizer: True})
+
+    def forward(x):
+        for m in mods:
+            x = m(x)
+        return x
+
+    def step():
+        if a.loop == "set_to_none":
+            opt.zero_grad(set_to_none=True)
+            for x in xs:
+                x.grad = None
+        else:
+            opt.zero_grad(set_to_none=False)
+            for x in xs:
+                if x.grad is not None:
+                    x.grad.zero_()
+        for x, gy in zip(xs, gys):
+            if a.option == "save_on_cpu":
+                with torch.autograd.graph.save_on_cpu(pin_memory=cuda):
+                    y = forward(x)
+            else:
+                y = forward(x)
+            y.backward(gy)
+            del y
+        opt.step()
+
+    with llama.attention_backend(a.attention):
+        for _ in range(a.warmup):
+            step()
+        times = []
+        for _ in range(a.iterations):
+            if cuda:
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                step()
+                e1.record()
+                torch.cuda.synchronize()
+                times.append(e0.elapsed_time(e1))
+            else:
+                t0 = time.perf_counter()
+                step()
+                times.append((time.perf_counter() - t0) * 1e3)
+        out = {"shape": a.shape, "smoke": a.smoke, "option": a.option, "k": k, "loop": a.loop,
+               "optimizer": a.optimizer, "step_ms": statistics.median(times), "iterations": len(times),
+               "peak": None, "peak_abs": None}
+        if cuda:
+            torch.cuda.synchronize()
+            with _Sampler() as s:
+                step()
+                torch.cuda.synchronize()
+            out.update(peak=s.peak - base, peak_abs=s.peak, base_bytes=base, samples=s.samples)
+    return out
+
+
+def agree(front_pt, alone_pt, tol=0.03):
+    """(agree, time ratio, peak ratio) of a front point and the same option
+    alone: both figures within ``tol`` (the peak only where both have one)."""
+    rt = alone_pt["step_ms"] / front_pt["step_ms"] if front_pt.get("step_ms") else None
+    rp = None
+    if front_pt.get("peak") and alone_pt.get("peak") is not None:
+        rp = alone_pt["peak"] / front_pt["peak"]
+    ok = rt is not None and abs(rt - 1) <= tol and (rp is None or abs(rp - 1) <= tol)
+    return ok, rt, rp
+
+
+def _argv(args, shape, pt, loop):
+    out = ["--shape", shape, "--option", pt["option"], "--loop", loop, "--microbatches", str(args.microbatches),
+           "--optimizer", args.optimizer, "--iterations", str(args.iterations), "--warmup", str(args.warmup),
+           "--attention", args.attention, "--dtype", args.dtype, "--device", args.device]
+    if pt.get("param"):
+        out += ["--k", str(pt["param"])]
+    if args.smoke:
+        out.append("--smoke")
+    return out
+
+
+def check(doc, args, runner=None):
+    """Every PyTorch point of the fronts in ``doc`` alone, each in a fresh
+    process (``runner(argv)`` -> dict: a subprocess by default), against the
+    front's figures: {"rows": [...], "agree", "disagree", "line"}."""
+    runner = runner or _subprocess
+    rows = []
+    for d in doc.get("fronts", []):
+        shape = d["shape"]["name"]
+        for pt in d.get("points", []):
+            if pt.get("family") != "torch" or pt.get("error") or pt.get("option") not in OPTIONS:
+                continue
+            argv = _argv(args, shape, pt, d["loop"])
+            row = {"front": d["title"], "label": pt["label"], "argv": argv, "front_step_ms": pt["step_ms"],
+                   "front_peak": pt.get("peak")}
+            try:
+                got = runner(argv)
+                ok, rt, rp = agree(pt, got, args.check_tolerance)
+                row.update(alone_step_ms=got["step_ms"], alone_peak=got.get("peak"), time_ratio=rt, peak_ratio=rp,
+                           agree=ok)
+            except Exception as e:
+                row.update(error="%s: %s" % (type(e).__name__, e), agree=False)
+            rows.append(row)
+            print(_row_text(row), flush=True)
+    n_ok = sum(1 for r in rows if r["agree"])
+    out = {"rows": rows, "agree": n_ok, "disagree": len(rows) - n_ok, "tolerance": args.check_tolerance}
+    out["line"] = "alone check: %d of %d PyTorch points agree within %.0f %% with the same option alone in a " \
+                  "fresh process%s" % (n_ok, len(rows), 100 * args.check_tolerance,
+                                       "" if args.device == "cuda" else " (CPU: times only, no peak)")
+    print(out["line"], flush=True)
+    return out
+
+
+def _row_text(r):
+    if r.get("error"):
+        return "[alone] %s %s: FAILED: %s" % (r["front"], r["label"], r["error"])
+    mib = float(1 << 20)
+    peak = "" if r["peak_ratio"] is None else ", peak %.0f vs %.0f MiB (x%.3f)" % (
+        r["alone_peak"] / mib, r["front_peak"] / mib, r["peak_ratio"])
+    return "[alone] %s %-16s step %.2f vs %.2f ms (x%.3f)%s: %s" % (
+        r["front"], r["label"], r["alone_step_ms"], r["front_step_ms"], r["time_ratio"], peak,
+        "agrees" if r["agree"] else "DIFFERS")
+
+
+def _subprocess(argv):
+    p = subprocess.run([sys.executable, "-m", "vmmrt.torch.bench.alone"] + argv, capture_output=True, text=True,
+                       timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("exit status %d: %s" % (p.returncode, (p.stderr or p.stdout).strip()[-400:]))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    a = _parser().parse_args(argv)
+    print(json.dumps(measure(a)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

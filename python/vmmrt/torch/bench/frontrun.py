@@ -1,0 +1,335 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""--front: PyTorch's own answers to running out of device memory against
+vmmrt.torch's, each measured as a point of (step time, whole-step peak) in
+one process and one loop, and the two fronts compared (:mod:`front`).
+
+PyTorch's options (family "torch"):
+
+eager             the layers as they are
+ckpt k            eager, the first k layers under
+                  torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+graphs            torch.cuda.make_graphed_callables over the layers
+graphs+ckpt k     the same over the layers, the first k wrapped in a module
+                  whose forward checkpoints the layer (torch captures the
+                  recomputation into the backward graph)
+save_on_cpu       eager under torch.autograd.graph.save_on_cpu(pin_memory=True)
+
+vmmrt.torch's (family "vmmrt"): none (slots resident), auto
+(offload="auto"), full offload in pingpong and in remap, every layer
+recomputed (a hand plan), and memory_budget= at budgets from graphs' peak
+down to the smallest plan the planner finds (their plans found before
+building: a budget whose plan is one already measured is not run again).
+On the CPU (host backend) the eager options only: no graphs, vmmrt with
+graphs=False.
+
+k: --front-ks values spread over 1..L. Each point is built, measured and
+torn down before the next (modes.build / modes.measure / modes.teardown),
+from the same weights, with the same inputs; its gradients of one step are
+compared with the loop's reference (graphs in set_to_none with one
+microbatch, eager otherwise). The peak is modes.measure's driver-level
+peak of one whole step, minus the driver's used memory before the model
+was made: parameters, gradients and optimizer states are in it. A point
+that fails is reported and the others still run; the JSON is written after
+every point, so a run stopped by a time limit keeps what it measured.
+"""
+import time
+
+import torch
+
+import vmmrt.torch as vt
+from vmmrt.torch import budget, memory
+from vmmrt.torch.bench import front, llama, loops, modes, progress, shapes, sweep
+
+MiB = float(1 << 20)
+TORCH_OPTIONS = ("eager", "ckpt", "graph", "graph-ckpt", "save_on_cpu")
+
+
+def k_values(n, count):
+    """``count`` values of k spread over 1..n (fewer where n is smaller)."""
+    if n < 1 or count < 1:
+        return []
+    if count == 1:
+        return [n]
+    return sorted({int(round(1 + (n - 1) * i / (count - 1))) for i in range(count)})
+
+
+class Ckpt(torch.nn.Module):
+    """A layer whose forward is checkpointed (non-reentrant), as users wrap one."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.layer, x, use_reentrant=False)
+
+
+class Option:
+    """One point to measure: ``label``, ``family``, ``kind`` (a TORCH_OPTIONS
+    entry, a modes.MODES one, "recompute" or "budget") and its parameter
+    (k, or the budget in bytes)."""
+
+    def __init__(self, label, family, kind, param=None):
+        self.label, self.family, self.kind, self.param = label, family, kind, param
+
+
+def options(n, cuda, ks, families):
+    """The static options in the order they run (budgets come after recompute all)."""
+    out = []
+    if "torch" in families:
+        out.append(Option("eager", "torch", "eager"))
+        out += [Option("ckpt %d" % k, "torch", "ckpt", k) for k in ks]
+        if cuda:
+            out.append(Option("graphs", "torch", "graph"))
+            out += [Option("graphs+ckpt %d" % k, "torch", "graph-ckpt", k) for k in ks]
+        out.append(Option("save_on_cpu", "torch", "save_on_cpu"))
+    if "vmmrt" in families:
+        if cuda:
+            out += [Option("vmmrt none", "vmmrt", "none"), Option("vmmrt auto", "vmmrt", "planner"),
+                    Option("vmmrt pingpong", "vmmrt", "pingpong"), Option("vmmrt remap", "vmmrt", "remap")]
+        else:
+            out += [Option("vmmrt eager-pingpong", "vmmrt", "eager-pingpong"),
+                    Option("vmmrt eager-remap", "vmmrt", "eager-remap")]
+        out.append(Option("vmmrt recompute all", "vmmrt", "recompute"))
+    return out
+
+
+def _through(seq, x):
+    for m in seq:
+        x = m(x)
+    return x
+
+
+def build(opt, layers, sample, args, reserve, cuda):
+    """modes.Built for ``opt`` over ``layers``."""
+    n = len(layers)
+    if opt.kind in modes.MODES:
+        return modes.build(opt.kind, layers, sample, args)
+    t0 = time.perf_counter()
+    off = None
+    if opt.kind == "ckpt":
+        seq = [Ckpt(m) if i < opt.param else m for i, m in enumerate(layers)]
+    elif opt.kind == "graph-ckpt":
+        mods = tuple(Ckpt(m) if i < opt.param else m for i, m in enumerate(layers))
+        seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
+    elif opt.kind in ("recompute", "budget"):
+        b = vt.Budget(layers=["recompute"] * n, reserve=reserve) if opt.kind == "recompute" else \
+            vt.Budget(opt.param, reserve=reserve)
+        mode = "pingpong" if opt.kind == "recompute" else args.front_budget_mode
+        seq = list(vt.make_graphed_callables(tuple(layers), tuple((sample(),) for _ in layers),
+                                             names=["layer%d" % i for i in range(n)], mode=mode,
+                                             lookahead=args.lookahead, margin=args.margin, graphs=cuda,
+                                             memory_budget=b))
+        off = vt.offload_of(seq[0])
+    else:
+        raise ValueError("unknown option %r" % opt.kind)
+    if cuda:
+        torch.cuda.synchronize()
+    return modes.Built(opt.kind, lambda x: _through(seq, x), off, time.perf_counter() - t0,
+                       loops.optimizer(modes.parameters(layers), args.optimizer))
+
+
+def _grads(cmp, spread, math_attention):
+    """(right or None, words) of modes.compare's result against the reference."""
+    same, ulps, _ = cmp
+    if same is None:
+        return None, "not compared"
+    if not same and spread and ulps is not None and ulps <= spread:
+        return True, "%.3g ulp (within the reference's spread)" % ulps
+    return sweep.grads_check(cmp, math_attention)
+
+
+class Front:
+    """One shape in one loop: the layers once, then a point per option."""
+
+    def __init__(self, args, spec, loop, dev, dtype, on_point=None):
+        self.args, self.spec, self.loop, self.dev, self.dtype = args, spec, loop, dev, dtype
+        self.cuda = dev.type == "cuda"
+        self.on_point = on_point or (lambda doc: None)
+        self.points = []
+        self.doc = {"title": "%s, %s loop" % (spec.name, loop.name), "shape": spec.as_dict(),
+                    "describe": spec.describe(), "loop": loop.name, "microbatches": loop.microbatches,
+                    "optimizer": args.optimizer, "points": self.points}
+
+    def _peak(self, row):
+        p = (row.get("peak") or {}).get("peak")
+        return (None, None) if p is None else (p - self.base, p)
+
+    def run(self):
+        a, spec = self.args, self.spec
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self.base = memory.driver_used(self.dev) if self.cuda else None
+        layers, dims = shapes.build(spec, self.dev, self.dtype, a.attention)
+        n = len(layers)
+        weights = modes.Weights(layers)
+        g = torch.Generator(device="cpu").manual_seed(7)
+        mb = self.loop.microbatches
+        xs = [torch.randn(*dims, generator=g).to(self.dev, self.dtype).requires_grad_() for _ in range(mb)]
+        gys = [torch.randn(*dims, generator=g).to(self.dev, self.dtype) for _ in range(mb)]
+
+        def sample():
+            return torch.randn(*dims, device=self.dev, dtype=self.dtype, requires_grad=True)
+
+        ks = k_values(n, a.front_ks)
+        opts = options(n, self.cuda, ks, a.front_families)
+        ref_kind = self.loop.reference if self.cuda else "eager"
+        if not any(o.kind == ref_kind for o in opts):
+            ref_kind = "eager" if any(o.kind == "eager" for o in opts) else None
+        # the reference first: every other point is compared with it as it comes
+        opts.sort(key=lambda o: o.kind != ref_kind)
+        budgets = a.front_budgets if "vmmrt" in a.front_families else 0
+        pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
+        # AdamW's two states per parameter, and foreach's temporary (1x the parameters) at its step
+        self.reserve = (3 if a.optimizer == "foreach" else 2) * pb
+        self.doc.update(ks=ks, reference=None, base_bytes=self.base, reserve_bytes=self.reserve)
+        self.ref, self.spread, self.plan_of_recompute, self.seen = None, None, None, {}
+        bar = progress.Progress(len(opts) + budgets, "%s, %s" % (spec.name, self.loop.name))
+        with llama.attention_backend(a.attention):
+            for o in opts:
+                self._point(o, layers, weights, xs, gys, sample, bar, o.kind == ref_kind)
+            if budgets:
+                for o in self._budget_options(n, budgets):
+                    self._point(o, layers, weights, xs, gys, sample, bar, False)
+        bar.close()
+        del layers, weights, xs, gys
+        return self.doc
+
+    def _point(self, o, layers, weights, xs, gys, sample, bar, is_ref):
+        a = self.args
+        bar.start(o.label)
+        built = None
+        pt = {"label": o.label, "family": o.family, "option": o.kind, "param": o.param}
+        try:
+            built = build(o, layers, sample, a, self.reserve, self.cuda)
+            row, grads = modes.measure(built, layers, self.loop, xs, gys, a, weights)
+            if is_ref:
+                self.ref = modes.host_copies(grads)
+                del grads
+                self.spread = modes.spread(built, layers, self.loop, xs, gys, weights, self.ref)
+                pt["grads_ok"], pt["grads"] = True, "reference" + (
+                    "" if not self.spread else " (run to run %.3g ulp)" % self.spread)
+                self.doc["reference"] = o.label
+            else:
+                cmp = modes.compare(grads, self.ref)
+                del grads
+                pt["grads_ok"], pt["grads"] = _grads(cmp, self.spread, a.attention == "math")
+                pt["grad_bitwise"], pt["grad_max_ulp"], pt["grad_norm_ratio"] = cmp
+            if o.kind == "recompute" and built.offload is not None and built.offload.plan is not None:
+                self.plan_of_recompute = (built.offload.plan, self._peak(row)[1])
+            if built.offload is not None and built.offload.plan is not None:
+                pt["plan"] = built.offload.plan.summary()
+                pt["predicted_peak_bytes"] = built.offload.plan.peak_bytes
+            peak, peak_abs = self._peak(row)
+            pt.update(step_ms=row["step_ms"], step_ms_min=row["step_ms_min"], step_ms_max=row["step_ms_max"],
+                      iterations=row["iterations"], fwd_bwd_ms=row["fwd_bwd_ms"], opt_ms=row["opt_ms"],
+                      build_s=row["build_s"], peak=peak, peak_abs=peak_abs,
+                      peak_samples=(row.get("peak") or {}).get("samples"),
+                      peak_rate_hz=(row.get("peak") or {}).get("rate_hz"),
+                      d2h_bytes_per_step=row.get("d2h_bytes_per_step"))
+        except Exception as e:  # a point that fails is reported, the others still run
+            pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
+            grads = None
+        finally:
+            if built is not None:
+                try:
+                    modes.teardown(built, layers, weights)
+                except Exception as e:
+                    pt.setdefault("error", "teardown: %s: %s" % (type(e).__name__, e))
+        self.points.append(pt)
+        bar.end(self._line(len(self.points), bar.n, pt))
+        self.on_point(self.doc)
+
+    def _line(self, i, n, pt):
+        if pt.get("error"):
+            return "[%d/%d] %-24s FAILED: %s" % (i, n, pt["label"], pt["error"])
+        ref = next((p for p in self.points if p["label"] in ("graphs", "eager") and not p.get("error")), None)
+        parts = ["[%d/%d] %-24s build %5.1f s  step %8.2f ms" % (i, n, pt["label"], pt["build_s"], pt["step_ms"])]
+        if ref is not None and ref is not pt:
+            parts.append("(x%.3f %s)" % (pt["step_ms"] / ref["step_ms"], ref["label"]))
+        if pt.get("peak") is not None:
+            parts.append("peak %.0f MiB over the memory before the model" % (pt["peak"] / MiB))
+        parts.append("grads %s" % pt.get("grads", "-"))
+        return "  ".join(parts)
+
+    def _budget_options(self, n, count):
+        """memory_budget= options from graphs' peak (else keeping all's
+        predicted peak) down to the smallest plan, from the costs the
+        recompute-all build measured; a plan met before is not run again."""
+        if self.plan_of_recompute is None:
+            print("[front] no budgets: the recompute-all point did not run (its build measures what the planner "
+                  "plans from)", flush=True)
+            return []
+        plan, measured = self.plan_of_recompute
+        costs, inputs = plan.costs, sweep._inputs(plan)
+        # What the model does not see: recompute all's measured peak over its
+        # prediction, reserved for every budget, as a user would measure one
+        # step and reserve the rest.
+        extra = max(0, measured - plan.peak_bytes) if measured else 0
+        self.reserve += extra
+        inputs["static_bytes"] += extra
+        mode = self.args.front_budget_mode
+        la = self.args.lookahead if mode == "remap" else 1
+        strategies = budget.STRATEGIES if mode == "auto" else [(mode, la)]
+        try:
+            budget.search(costs, 1, strategies=strategies, **inputs)
+            smallest = 1
+        except budget.BudgetError as e:
+            smallest = e.smallest
+        graph = next((p for p in self.points if p["option"] == "graph" and p.get("peak_abs")), None)
+        if graph is not None:
+            top = graph["peak_abs"]
+        else:       # (the CPU: no peak measured) keeping everything's predicted peak
+            top = budget.evaluate(costs, ["keep"] * n, "pingpong", 1, **inputs).peak_bytes
+        top = max(top, smallest)
+        budgets = [int(top - (top - smallest) * i / (count - 1)) for i in range(count)] if count > 1 else [top]
+        self.doc.update(budgets=budgets, smallest_plan_bytes=smallest, calibration_bytes=extra,
+                        budget_mode=mode)
+        out, seen = [], {}
+        for b in budgets:
+            try:
+                sig = sweep._sig(budget.search(costs, b, strategies=strategies, **inputs))
+            except budget.BudgetError:
+                print("[front] memory_budget=%.0f MiB: no plan fits; not measured" % (b / MiB), flush=True)
+                continue
+            label = ("budget %.0f MiB" if b >= 100 * MiB else "budget %.2f MiB") % (b / MiB)
+            if sig in seen:
+                print("[front] %s: the plan of %s again; not measured again" % (label, seen[sig]), flush=True)
+                continue
+            seen[sig] = label
+            out.append(Option(label, "vmmrt", "budget", b))
+        return out
+
+
+def run(args, spec, dev, dtype, docs, save=None):
+    """A front per loop of ``args.loops`` over ``spec``, printed; each
+    front's document is appended to ``docs`` before it runs, and ``save()``
+    called after every point (the JSON so far)."""
+    for name in args.loops:
+        loop = loops.Loop(name, args.microbatches)
+        print("\n-- front: %s; %s" % (spec.describe(), loop.describe(args.optimizer)), flush=True)
+        fr = Front(args, spec, loop, dev, dtype, on_point=lambda doc: save and save())
+        docs.append(fr.doc)
+        try:
+            fr.run()
+        except Exception as e:      # the layers could not be made: said, the next shape still runs
+            fr.doc["error"] = "%s: %s" % (type(e).__name__, e)
+            print("front %s: FAILED: %s" % (fr.doc["title"], fr.doc["error"]), flush=True)
+            if save:
+                save()
+            if isinstance(e, shapes.Unavailable):
+                return
+            continue
+        text, v = front.report(fr.points, "graphs" if dev.type == "cuda" else "eager", fr.doc["title"])
+        print(text, flush=True)
+        fr.doc["verdict"] = v
+        if save:
+            save()
+
+
+def summary(docs):
+    """One verdict line per shape and loop."""
+    return ["verdict (%s): %s" % (d["title"], d["verdict"]["line"] if d.get("verdict") else
+                                  "not run: " + d.get("error", "stopped")) for d in docs]
+
