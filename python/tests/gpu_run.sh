@@ -32,6 +32,25 @@
 #   budget6  --budget-sweep on the default stack (6 layers)          ~4 min
 #   budget32 --budget-sweep on 32 Llama-3-8B layers, seq 4096, 4 budgets (issue
 #            #21's stack; alone, with GPU_RUN_BUDGET_S=550)          ~8 min
+#   front-llama    --front (PyTorch's options against vmmrt's, two fronts and
+#                  a verdict): 8 Llama-3-8B layers (torch ops), seq 4096,
+#                  22 points                                         ~4 min
+#   front-launch   --front: 16 layers, hidden 1024, ffn 4096, seq 1024
+#                  (launch-bound), 22 points                         ~2 min
+#   front-encoder  --front: 6 torch.nn.TransformerEncoderLayers, d 4096,
+#                  ffn 16384, 32 heads, seq 4096; alone              ~5 min
+#   front-hf       --front: 4 transformers LlamaDecoderLayers, seq 4096 ~2.5 min
+#   front-megatron --front: 4 megatron-core TransformerLayers (local spec),
+#                  seq 2048 (megatron-core as for "megatron" above)  ~2.5 min
+#   front-fused    --front of launch with AdamW fused                ~2 min
+#   front-persistent  --front of launch in the persistent loop       ~2 min
+#   check-launch   --front of launch, PyTorch's options only (3 values of k),
+#                  then each again alone in a fresh process, within 3 % ~4 min
+#   check-llama    the same on the llama shape                       ~5 min
+#   e.g. bash .gpu/on-device.sh 'GPU_RUN_NO_PYTEST=1 bash python/tests/gpu_run.sh front-launch front-llama'
+#   (~6 min), then front-encoder; front-hf front-megatron; check-launch; check-llama,
+#   one command each. Every front writes front-NAME.json (every point, written
+#   after each one) and front-NAME.png (both fronts; where matplotlib is).
 # The times are estimates, not readings: the former 6-layer, 4-mode table
 # took about 100 s with one loop; by our reading of it much of that was
 # comparing billions of gradient elements on the host, which the benchmark
@@ -96,6 +115,14 @@ bench() { # bench NAME LIMIT ARGS...
 		grep -E "^\s+\[(met|MISSED)\]|FAILED" "$out/$name.log" | sed "s/^/$name: /" | tee -a "$summary"
 }
 
+front() { # front NAME LIMIT ARGS...: a --front run, its verdict lines in the summary
+	name=$1 limit=$2
+	shift 2
+	step "$name" "$limit" "$py" -m vmmrt.torch.bench --front --json "$out/$name.json" "$@" || true
+	[ -f "$out/$name.log" ] &&
+		grep -E "^verdict|FAILED|^alone check|DIFFERS|^plot" "$out/$name.log" | sed "s/^/$name: /" | tee -a "$summary"
+}
+
 # Every table runs both loops (--loop both, the default) at one microbatch.
 for part in "${parts[@]}"; do
 	case $part in
@@ -119,7 +146,16 @@ for part in "${parts[@]}"; do
 	budget) bench bench-budget 470 --layer torch --layers 8 --budget-sweep --iterations 5 ;;
 	budget6) bench bench-budget6 470 --layer torch --budget-sweep --iterations 5 ;;
 	budget32) bench bench-budget32 540 --layer torch --layers 32 --budget-sweep --sweep-points 4 --iterations 4 ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32, or all)" ;;
+	front-llama) front front-llama 420 --shape llama ;;
+	front-launch) front front-launch 240 --shape launch ;;
+	front-encoder) front front-encoder 480 --shape encoder ;;
+	front-hf) front front-hf 300 --shape hf ;;
+	front-megatron) front front-megatron 300 --shape megatron ;;
+	front-fused) front front-fused 240 --shape launch --optimizer fused ;;
+	front-persistent) front front-persistent 240 --shape launch --loop persistent ;;
+	check-launch) front check-launch 420 --shape launch --front-families torch --front-ks 3 --check-alone ;;
+	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent check-launch check-llama, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"

@@ -256,3 +256,154 @@ def test_budget_sweep_compares_with_hand_made_choices_within_the_budget_itself(t
     assert sweep.main([str(tmp_path / "bad.json")]) == 2
     (tmp_path / "other.json").write_text("[1, 2]")
     assert sweep.main([str(tmp_path / "other.json")]) == 2          # JSON, but not a sweep's
+
+
+# --front: the arithmetic on made-up fronts, then one smoke run on the CPU.
+
+def _pt(label, family, ms, mib, **kw):
+    return dict(label=label, family=family, step_ms=ms, peak=mib << 20, **kw)
+
+
+def _made_up():
+    return [_pt("eager", "torch", 100.0, 1000), _pt("ckpt 2", "torch", 115.0, 800), _pt("graphs", "torch", 95.0, 1050),
+            # wrong gradients (graph-only's in the persistent loop): no option at all
+            _pt("graphs persistent", "torch", 50.0, 500, grads_ok=False),
+            # faster than ckpt 2 (the fastest within its peak) only by holding more: not ahead
+            _pt("between", "vmmrt", 105.0, 900),
+            # faster than eager, which holds as much: ahead
+            _pt("ahead", "vmmrt", 99.0, 1000),
+            # below every PyTorch option's peak: only vmmrt fits
+            _pt("small", "vmmrt", 200.0, 700),
+            _pt("slow", "vmmrt", 96.0, 1100),      # graphs holds less and is faster
+            _pt("tie", "vmmrt", 95.0, 1050),       # ties count for PyTorch
+            _pt("failed", "vmmrt", float("nan"), 0, error="RuntimeError: boom"),
+            _pt("wrong", "vmmrt", 10.0, 10, grads_ok=False)]
+
+
+def test_front_verdicts_on_made_up_fronts():
+    from vmmrt.torch.bench import front
+    pts = _made_up()
+    v = front.verdict(pts)
+    by = {j["label"]: j for j in v["judged"]}
+    assert set(by) == {"between", "ahead", "small", "slow", "tie"}      # failed and wrong take no part
+    assert by["between"]["verdict"] == front.BETWEEN and by["between"]["answer"] == "ckpt 2"
+    assert by["between"]["ratio"] == pytest.approx(105.0 / 115.0)
+    assert by["ahead"]["verdict"] == front.AHEAD and by["ahead"]["beats"] == "eager"
+    assert by["small"]["verdict"] == front.ONLY and by["small"]["answer"] is None
+    assert by["slow"]["verdict"] == front.DOMINATED and by["slow"]["answer"] == "graphs"
+    assert by["tie"]["verdict"] == front.DOMINATED
+    assert (v["levels"], v["ahead"], v["only"], v["dominated"], v["between"]) == (5, 2, 1, 2, 1)
+    assert v["line"] == ("vmmrt ahead at 2 of 5 memory levels (1 where no PyTorch option fits); dominated at 2; "
+                         "in between at 1")
+    assert [p["label"] for p in front.pareto([p for p in pts if p["family"] == "torch"])] == \
+        ["ckpt 2", "eager", "graphs"]
+    text, _ = front.report(pts, "graphs", "made up")
+    assert "verdict (made up): vmmrt ahead at 2 of 5" in text and "FAILED: RuntimeError: boom" in text
+
+
+def test_front_never_calls_ahead_a_point_holding_more_than_the_option_it_beats():
+    """Random fronts: every "ahead" beats an option holding at least as much
+    (or none fits), none within its peak is as fast; every "dominated" has
+    such an option; nothing else is called ahead."""
+    import random
+    from vmmrt.torch.bench import front
+    rng = random.Random(5)
+    for _ in range(300):
+        pts = [_pt("t%d" % i, "torch", rng.uniform(50, 150), rng.randint(500, 1500)) for i in range(rng.randint(0, 8))]
+        pts += [_pt("v%d" % i, "vmmrt", rng.uniform(50, 150), rng.randint(400, 1600)) for i in range(6)]
+        torch_pts = [p for p in pts if p["family"] == "torch"]
+        bylabel = {p["label"]: p for p in pts}
+        for j in front.verdict(pts)["judged"]:
+            v = bylabel[j["label"]]
+            within = [t for t in torch_pts if t["peak"] <= v["peak"]]
+            if j["verdict"] == front.AHEAD:
+                b = bylabel[j["beats"]]
+                assert b["peak"] >= v["peak"] and b["step_ms"] > v["step_ms"]
+                assert all(t["step_ms"] > v["step_ms"] for t in within)
+            elif j["verdict"] == front.ONLY:
+                assert not within
+            elif j["verdict"] == front.DOMINATED:
+                assert any(t["step_ms"] <= v["step_ms"] for t in within)
+            else:
+                assert j["verdict"] == front.BETWEEN
+                assert within and all(t["step_ms"] > v["step_ms"] for t in within)
+                assert not any(t["peak"] >= v["peak"] and t["step_ms"] > v["step_ms"] for t in torch_pts)
+
+
+def test_front_k_values_spread_over_the_layers():
+    from vmmrt.torch.bench import frontrun
+    assert frontrun.k_values(8, 5) == [1, 3, 4, 6, 8]
+    assert frontrun.k_values(16, 5) == [1, 5, 8, 12, 16]
+    assert frontrun.k_values(4, 5) == [1, 2, 3, 4] and frontrun.k_values(6, 1) == [6]
+    ks = frontrun.k_values(6, 5)
+    assert len(ks) == 5 and ks[0] == 1 and ks[-1] == 6
+
+
+def test_alone_check_compares_within_the_tolerance():
+    from types import SimpleNamespace
+    from vmmrt.torch.bench import alone
+    assert alone.agree({"step_ms": 100.0, "peak": 1000}, {"step_ms": 102.9, "peak": 1029})[0]
+    assert not alone.agree({"step_ms": 100.0, "peak": 1000}, {"step_ms": 103.5, "peak": 1000})[0]
+    assert not alone.agree({"step_ms": 100.0, "peak": 1000}, {"step_ms": 100.0, "peak": 968})[0]
+    assert alone.agree({"step_ms": 100.0, "peak": None}, {"step_ms": 101.0, "peak": None})[0]   # the CPU: time only
+    doc = {"fronts": [{"title": "t", "loop": "set_to_none", "shape": {"name": "llama"}, "points": [
+        _pt("eager", "torch", 100.0, 1000, option="eager", param=None),
+        _pt("ckpt 2", "torch", 120.0, 800, option="ckpt", param=2),
+        _pt("vmmrt none", "vmmrt", 90.0, 1000, option="none")]}]}
+    args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1, attention="auto",
+                           dtype="bf16", device="cuda", smoke=False, check_tolerance=0.03)
+    asked = []
+
+    def runner(argv):
+        asked.append(argv)
+        k = argv[argv.index("--option") + 1]
+        return {"step_ms": 100.5, "peak": 1000 << 20} if k == "eager" else {"step_ms": 130.0, "peak": 800 << 20}
+    out = alone.check(doc, args, runner)
+    assert len(asked) == 2 and "--k" in asked[1] and asked[1][asked[1].index("--k") + 1] == "2"
+    assert (out["agree"], out["disagree"]) == (1, 1) and "1 of 2" in out["line"]
+
+
+def test_alone_measures_one_option_on_the_cpu():
+    from vmmrt.torch.bench import alone
+    got = alone.measure(alone._parser().parse_args(["--shape", "launch", "--smoke", "--device", "cpu", "--option",
+                                                     "ckpt", "--k", "2", "--iterations", "1", "--warmup", "0"]))
+    assert got["step_ms"] > 0 and got["k"] == 2 and got["peak"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")
+def test_without_a_gpu_the_bench_runs_the_smoke_shape(capsys):
+    a = bench.parse([])
+    assert a.device == "cpu" and a.smoke and a.no_gpu_smoke
+    assert not bench.parse(["--device", "cpu"]).smoke       # told otherwise
+    with pytest.raises(SystemExit):
+        bench.parse(["--optimizer", "fused", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--front", "--shape", "llama,nope"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--check-alone"])
+
+
+def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "front.json"
+    argv = ["--front", "--smoke", "--device", "cpu", "--shape", "all", "--front-ks", "2", "--front-budgets", "1",
+            "--iterations", "1", "--json", str(out)]
+    assert bench.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "issue" not in text and "{'" not in text             # the user's words, no raw dict
+    doc = json.loads(out.read_text())
+    fronts = {d["shape"]["name"]: d for d in doc["fronts"]}
+    assert set(fronts) == {"llama", "launch", "encoder", "hf", "megatron"}
+    for name in ("llama", "launch", "encoder"):
+        d = fronts[name]
+        labels = [p["label"] for p in d["points"]]
+        n = d["shape"]["layers"]
+        assert labels[:5] == ["eager", "ckpt 1", "ckpt %d" % n, "save_on_cpu", "vmmrt eager-pingpong"], labels
+        assert "vmmrt recompute all" in labels and any(x.startswith("budget ") for x in labels), labels
+        assert d["reference"] == "eager" and d["loop"] == "set_to_none"
+        for p in d["points"]:
+            assert not p.get("error") and p["step_ms"] > 0 and p["grads_ok"], p
+        assert d["verdict"]["line"].startswith("no verdict")        # no peak on the CPU
+        assert "verdict (%s, set_to_none loop)" % name in text
+    for name in ("hf", "megatron"):     # installed or said why not
+        d = fronts[name]
+        assert d.get("verdict") or d["error"].startswith("Unavailable"), d
