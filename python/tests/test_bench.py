@@ -168,7 +168,8 @@ def test_smoke_run_writes_every_loop(tmp_path, loop, k):
         assert r["iterations"] == 2 and r["loop"] == name
         # every mode starts from the same weights: the eager offload is bitwise
         assert r["grad_bitwise"] is True
-        assert any(t["group"] == "whole step" and t["met"] and "gradients bitwise" in t["target"] for t in lp["targets"])
+        assert any(t["group"] == "whole step" and t["met"] and "gradients bitwise" in t["target"]
+                   for t in lp["targets"])
 
 
 def test_encoder_layer_offloads_eagerly_on_the_cpu(tmp_path):
@@ -407,3 +408,32 @@ def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
     for name in ("hf", "megatron"):     # installed or said why not
         d = fronts[name]
         assert d.get("verdict") or d["error"].startswith("Unavailable"), d
+
+
+def test_front_options_and_graphs_of_checkpointed_layers(monkeypatch):
+    """The options on CUDA (without a device: their list), and a graphed
+    checkpointed build that torch refuses with the default RNG handling is
+    made again without it and says so (make_graphed_callables stood in)."""
+    from types import SimpleNamespace
+    from vmmrt.torch.bench import frontrun
+    labels = [o.label for o in frontrun.options(8, True, [1, 4, 8], ["torch", "vmmrt"])]
+    assert labels == ["eager", "ckpt 1", "ckpt 4", "ckpt 8", "graphs", "graphs+ckpt 1", "graphs+ckpt 4",
+                      "graphs+ckpt 8", "save_on_cpu", "vmmrt none", "vmmrt auto", "vmmrt pingpong", "vmmrt remap",
+                      "vmmrt recompute all"]
+    calls = []
+
+    def fake(mods, samples):
+        calls.append([getattr(m, "preserve_rng_state", None) for m in mods])
+        if any(getattr(m, "preserve_rng_state", False) for m in mods):
+            raise RuntimeError("Cannot call CUDAGeneratorImpl::current_seed during CUDA graph capture")
+        return mods
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", fake)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    layers = [Tiny(), Tiny(), Tiny()]
+    args = SimpleNamespace(optimizer="foreach")
+    built = frontrun.build(frontrun.Option("graphs+ckpt 2", "torch", "graph-ckpt", 2), layers,
+                           lambda: torch.randn(3, 8, requires_grad=True), args, 0, False)
+    assert calls == [[True, True, None], [False, False, None]]
+    assert built.note.startswith("preserve_rng_state=False") and "current_seed" in built.note
+    x = torch.randn(3, 8, requires_grad=True)
+    assert torch.equal(built.run(x), layers[2](layers[1](layers[0](x))))

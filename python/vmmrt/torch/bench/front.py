@@ -143,7 +143,8 @@ def table(points, ref_label=None):
         rp = p["peak"] / ref["peak"] if ref and ref.get("peak") and p.get("peak") is not None else None
         lines.append("  %-26s %-6s %9s %8s %9s %8s %5s  %s" % (
             p["label"], p["family"], _ms(p["step_ms"]), "-" if rt is None else "%.3f" % rt, _mib(p.get("peak")),
-            "-" if rp is None else "%.3f" % rp, "*" if id(p) in on else "", p.get("grads", "-")))
+            "-" if rp is None else "%.3f" % rp, "*" if id(p) in on else "", p.get("grads", "-"))
+            + ("  [%s]" % p["note"] if p.get("note") else ""))
     return "\n".join(lines)
 
 
@@ -166,12 +167,12 @@ def describe_judged(v):
     return text
 
 
-def report(points, ref_label, title):
-    """The text: the table, both fronts, every vmmrt point judged, the
-    verdict line and what it means."""
+def report(points, ref_label, title, notes=()):
+    """The text: the table (then ``notes``), both fronts, every vmmrt point
+    judged, the verdict line and what it means."""
     v = verdict(points)
-    lines = ["", "front: %s" % title, table(points, ref_label), describe_front(points, "torch"),
-             describe_front(points, "vmmrt")]
+    lines = ["", "front: %s" % title, table(points, ref_label)] + ["  " + n for n in notes] + [
+        describe_front(points, "torch"), describe_front(points, "vmmrt")]
     if v["judged"]:
         lines.append("  each vmmrt point against PyTorch at its peak:")
         lines += [describe_judged(j) for j in v["judged"]]

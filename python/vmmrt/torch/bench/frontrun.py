@@ -56,12 +56,14 @@ def k_values(n, count):
 class Ckpt(torch.nn.Module):
     """A layer whose forward is checkpointed (non-reentrant), as users wrap one."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, preserve_rng_state=True):
         super().__init__()
         self.layer = layer
+        self.preserve_rng_state = preserve_rng_state
 
     def forward(self, x):
-        return torch.utils.checkpoint.checkpoint(self.layer, x, use_reentrant=False)
+        return torch.utils.checkpoint.checkpoint(self.layer, x, use_reentrant=False,
+                                                 preserve_rng_state=self.preserve_rng_state)
 
 
 class Option:
@@ -106,12 +108,24 @@ def build(opt, layers, sample, args, reserve, cuda):
     if opt.kind in modes.MODES:
         return modes.build(opt.kind, layers, sample, args)
     t0 = time.perf_counter()
-    off = None
+    off, note = None, None
     if opt.kind == "ckpt":
         seq = [Ckpt(m) if i < opt.param else m for i, m in enumerate(layers)]
     elif opt.kind == "graph-ckpt":
-        mods = tuple(Ckpt(m) if i < opt.param else m for i, m in enumerate(layers))
-        seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
+        try:
+            mods = tuple(Ckpt(m) if i < opt.param else m for i, m in enumerate(layers))
+            seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
+        except RuntimeError as e:
+            # A torch whose checkpoint reads the CUDA generator's state under
+            # capture refuses it ("Cannot call CUDAGeneratorImpl::current_seed
+            # during CUDA graph capture"): the layers draw no random numbers,
+            # so not preserving it computes the same; said in the point.
+            for m in layers:
+                m.__dict__.pop("forward", None)
+            torch.cuda.synchronize()
+            mods = tuple(Ckpt(m, False) if i < opt.param else m for i, m in enumerate(layers))
+            seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
+            note = "preserve_rng_state=False (with the default, torch raised: %s)" % str(e).splitlines()[0][:160]
     elif opt.kind in ("recompute", "budget"):
         b = vt.Budget(layers=["recompute"] * n, reserve=reserve) if opt.kind == "recompute" else \
             vt.Budget(opt.param, reserve=reserve)
@@ -125,8 +139,25 @@ def build(opt, layers, sample, args, reserve, cuda):
         raise ValueError("unknown option %r" % opt.kind)
     if cuda:
         torch.cuda.synchronize()
-    return modes.Built(opt.kind, lambda x: _through(seq, x), off, time.perf_counter() - t0,
-                       loops.optimizer(modes.parameters(layers), args.optimizer))
+    built = modes.Built(opt.kind, lambda x: _through(seq, x), off, time.perf_counter() - t0,
+                        loops.optimizer(modes.parameters(layers), args.optimizer))
+    built.note = note
+    return built
+
+
+def fresh(cuda):
+    """What a fresh process would not hold: cuBLAS keeps a workspace per
+    (handle, stream) in the caching allocator, and every
+    torch.cuda.make_graphed_callables warms up on a new side stream, so
+    without this each graphed point would leave one behind for every later
+    point's peak to count."""
+    if not cuda:
+        return
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
 
 
 def _grads(cmp, spread, math_attention):
@@ -147,6 +178,7 @@ class Front:
         self.cuda = dev.type == "cuda"
         self.on_point = on_point or (lambda doc: None)
         self.points = []
+        self.base = None
         self.doc = {"title": "%s, %s loop" % (spec.name, loop.name), "shape": spec.as_dict(),
                     "describe": spec.describe(), "loop": loop.name, "microbatches": loop.microbatches,
                     "optimizer": args.optimizer, "points": self.points}
@@ -157,9 +189,7 @@ class Front:
 
     def run(self):
         a, spec = self.args, self.spec
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+        fresh(self.cuda)
         self.base = memory.driver_used(self.dev) if self.cuda else None
         layers, dims = shapes.build(spec, self.dev, self.dtype, a.attention)
         n = len(layers)
@@ -233,10 +263,13 @@ class Front:
             grads = None
         finally:
             if built is not None:
+                if getattr(built, "note", None):
+                    pt["note"] = built.note
                 try:
                     modes.teardown(built, layers, weights)
                 except Exception as e:
                     pt.setdefault("error", "teardown: %s: %s" % (type(e).__name__, e))
+            fresh(self.cuda)
         self.points.append(pt)
         bar.end(self._line(len(self.points), bar.n, pt))
         self.on_point(self.doc)
@@ -321,7 +354,12 @@ def run(args, spec, dev, dtype, docs, save=None):
             if isinstance(e, shapes.Unavailable):
                 return
             continue
-        text, v = front.report(fr.points, "graphs" if dev.type == "cuda" else "eager", fr.doc["title"])
+        notes = ["front (*): on its family's Pareto front; grads: against %s" % (fr.doc.get("reference") or "nothing")]
+        if fr.base is not None:
+            notes.append("peak: the whole step's driver-level peak over the %.0f MiB the device used before the model "
+                         "was made; a budget point is named by the memory_budget= it was given, which counts the "
+                         "device's used memory in all" % (fr.base / MiB))
+        text, v = front.report(fr.points, "graphs" if dev.type == "cuda" else "eager", fr.doc["title"], notes)
         print(text, flush=True)
         fr.doc["verdict"] = v
         if save:

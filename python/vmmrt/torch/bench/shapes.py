@@ -130,7 +130,10 @@ def megatron_layers(n, shape, device, dtype=torch.bfloat16, seed=1234):
                             bf16=dtype == torch.bfloat16, params_dtype=dtype, pipeline_dtype=dtype,
                             hidden_dropout=0.0, attention_dropout=0.0)
     spec = get_gpt_layer_local_spec()
-    rope = RotaryEmbedding(kv_channels=cfg.kv_channels, rotary_percent=1.0, rotary_base=int(shape.rope_theta))
+    try:
+        rope = RotaryEmbedding(kv_channels=cfg.kv_channels, rotary_percent=1.0, rotary_base=int(shape.rope_theta))
+    except TypeError:           # a megatron-core before rotary_base=
+        rope = RotaryEmbedding(kv_channels=cfg.kv_channels, rotary_percent=1.0)
     emb = rope(shape.seq).to(device)
     layers = [MegatronLayer(build_module(spec, config=cfg, layer_number=i + 1), emb).to(device) for i in range(n)]
     return llama.init_(layers, seed)
