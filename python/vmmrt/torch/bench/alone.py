@@ -149,19 +149,25 @@ def measure(a):
     with llama.attention_backend(a.attention):
         for _ in range(a.warmup):
             step()
-        times = []
+        if cuda:
+            torch.cuda.synchronize()
+        # steps back to back, as training runs them (the host may run ahead
+        # of the device), each between two events; one wait at the end
+        times, events = [], []
         for _ in range(a.iterations):
             if cuda:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 step()
                 e1.record()
-                torch.cuda.synchronize()
-                times.append(e0.elapsed_time(e1))
+                events.append((e0, e1))
             else:
                 t0 = time.perf_counter()
                 step()
                 times.append((time.perf_counter() - t0) * 1e3)
+        if cuda:
+            torch.cuda.synchronize()
+            times = [e0.elapsed_time(e1) for e0, e1 in events]
         out = {"shape": a.shape, "smoke": a.smoke, "option": a.option, "k": k, "loop": a.loop,
                "optimizer": a.optimizer, "step_ms": statistics.median(times), "iterations": len(times),
                "peak": None, "peak_abs": None}

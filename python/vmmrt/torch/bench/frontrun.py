@@ -167,7 +167,8 @@ def _grads(cmp, spread, math_attention):
         return None, "not compared"
     if not same and spread and ulps is not None and ulps <= spread:
         return True, "%.3g ulp (within the reference's spread)" % ulps
-    return sweep.grads_check(cmp, math_attention)
+    ok, words = sweep.grads_check(cmp, math_attention)
+    return ok, words if ok else "WRONG: " + words
 
 
 class Front:
