@@ -437,3 +437,19 @@ def test_front_options_and_graphs_of_checkpointed_layers(monkeypatch):
     assert built.note.startswith("preserve_rng_state=False") and "current_seed" in built.note
     x = torch.randn(3, 8, requires_grad=True)
     assert torch.equal(built.run(x), layers[2](layers[1](layers[0](x))))
+
+
+def test_alone_check_runs_the_option_in_a_fresh_process():
+    """The arguments the check passes are the ones alone takes: one
+    checkpointed point of the launch shape, smoke, on the CPU."""
+    from types import SimpleNamespace
+    from vmmrt.torch.bench import alone
+    doc = {"fronts": [{"title": "launch, set_to_none loop", "loop": "set_to_none", "shape": {"name": "launch"},
+                       "points": [_pt("ckpt 2", "torch", 5.0, 0, option="ckpt", param=2)]}]}
+    doc["fronts"][0]["points"][0]["peak"] = None
+    args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=1, warmup=0, attention="auto",
+                           dtype="fp32", device="cpu", smoke=True, check_tolerance=0.03)
+    out = alone.check(doc, args)
+    (row,) = out["rows"]
+    assert "error" not in row, row
+    assert row["alone_step_ms"] > 0 and row["alone_peak"] is None and row["peak_ratio"] is None

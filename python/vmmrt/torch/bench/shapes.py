@@ -58,11 +58,6 @@ SHAPES = {
     "hf": Spec("hf", "hf", 4, "transformers LlamaDecoderLayer", seq=4096, **_L3),
     "megatron": Spec("megatron", "megatron", 4, "megatron-core TransformerLayer (local spec)", seq=2048, **_L3),
 }
-# What a run takes on the H200 with the front's defaults (one loop; estimates
-# from the step times measured there, not readings of the front itself).
-ESTIMATE_S = {"llama": 240, "launch": 120, "encoder": 300, "hf": 150, "megatron": 150}
-
-
 class Unavailable(Exception):
     """The shape's layers cannot be built here (a package missing, no CUDA)."""
 
