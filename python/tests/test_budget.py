@@ -4,6 +4,7 @@ parsing, the smallest budget of the no-fit error, recomputation against
 torch.utils.checkpoint (bitwise, host backend) and the refusals."""
 import contextlib
 import json
+import logging
 
 import pytest
 import torch
@@ -231,7 +232,7 @@ def _against_checkpoint(ref, fs, mine, steps=2, shape=(2, 16, 32), check=None):
 
 
 @pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])
-def test_recompute_is_bitwise_torch_checkpoint(mode):
+def test_recompute_is_bitwise_torch_checkpoint(mode, caplog):
     ref, mine = _pair()
     plan = ["recompute", 1.0, "recompute", "keep"] if mode != "none" else ["recompute", "keep", "recompute", "keep"]
     fs = vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, requires_grad=True),) for _ in mine),
@@ -244,7 +245,10 @@ def test_recompute_is_bitwise_torch_checkpoint(mode):
         # its gradients are mapped as the others' are (no static buffers held for the life of the graphs)
         assert off.layers[0].grads.mapped and off.layers[1].grads.mapped
         before = [m.calls for m in mine]
-        _against_checkpoint(ref, fs, mine, check=lambda: _grads_in_slots(off, mine))
+        with caplog.at_level(logging.WARNING, logger="vmmrt.torch"):
+            _against_checkpoint(ref, fs, mine, check=lambda: _grads_in_slots(off, mine))
+        # each recomputed backward ends its part of the iteration: no step is abandoned
+        assert not [r.message for r in caplog.records if "abandoned" in r.message]
         # two steps: a recomputed layer's forward runs again in each backward, the others' once
         assert [m.calls - b for m, b in zip(mine, before)] == [4 if p == "recompute" else 2 for p in plan]
         if mode != "none":

@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import get_device_states, set_device_states
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, eager, place
+from vmmrt.torch import _compat, _contracts, eager, place
 from vmmrt.torch.grads import quiet_hooks
 
 log = logging.getLogger("vmmrt.torch")
@@ -232,6 +232,9 @@ class _Recompute(torch.autograd.Function):
             gin[k] = res[j]
         for j, k in enumerate(wrt_p):
             gp[k] = res[len(wrt_in) + j]
+        # its backward came: the iteration ends once every layer's has (else
+        # the next forward of the first layer would abandon it)
+        _contracts.backward_done(runner)
         return (None,) + tuple(gin) + tuple(gp)
 
 
