@@ -453,3 +453,14 @@ def test_alone_check_runs_the_option_in_a_fresh_process():
     (row,) = out["rows"]
     assert "error" not in row, row
     assert row["alone_step_ms"] > 0 and row["alone_peak"] is None and row["peak_ratio"] is None
+
+
+def test_front_plot_has_a_panel_per_front(tmp_path):
+    pytest.importorskip("matplotlib")
+    from vmmrt.torch.bench import front
+    docs = [{"points": _made_up(), "describe": "made up", "loop": "set_to_none"},
+            {"points": [_pt("eager", "torch", 1.0, 1, peak_note="")], "describe": "one", "loop": "persistent"},
+            {"points": [], "describe": "no peaks"}]
+    path = front.plot_all(docs, str(tmp_path / "f.png"))
+    assert path and (tmp_path / "f.png").stat().st_size > 1000
+    assert front.plot_all([{"points": []}], str(tmp_path / "g.png")) is None
