@@ -32,6 +32,8 @@
 #   budget6  --budget-sweep on the default stack (6 layers)          ~4 min
 #   budget32 --budget-sweep on 32 Llama-3-8B layers, seq 4096, 4 budgets (issue
 #            #21's stack; alone, with GPU_RUN_BUDGET_S=550)          ~8 min
+#   front-smoke    --front --smoke of every shape: tiny, every option, on
+#                  the GPU (a first check that each builds)           ~1.5 min
 #   front-llama    --front (PyTorch's options against vmmrt's, two fronts and
 #                  a verdict): 8 Llama-3-8B layers (torch ops), seq 4096,
 #                  22 points                                         ~4 min
@@ -146,6 +148,7 @@ for part in "${parts[@]}"; do
 	budget) bench bench-budget 470 --layer torch --layers 8 --budget-sweep --iterations 5 ;;
 	budget6) bench bench-budget6 470 --layer torch --budget-sweep --iterations 5 ;;
 	budget32) bench bench-budget32 540 --layer torch --layers 32 --budget-sweep --sweep-points 4 --iterations 4 ;;
+	front-smoke) front front-smoke 150 --smoke --shape all ;;
 	front-llama) front front-llama 420 --shape llama ;;
 	front-launch) front front-launch 240 --shape launch ;;
 	front-encoder) front front-encoder 480 --shape encoder ;;
@@ -155,7 +158,7 @@ for part in "${parts[@]}"; do
 	front-persistent) front front-persistent 240 --shape launch --loop persistent ;;
 	check-launch) front check-launch 420 --shape launch --front-families torch --front-ks 3 --check-alone ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent check-launch check-llama, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent check-launch check-llama, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"

@@ -408,6 +408,14 @@ def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
     for name in ("hf", "megatron"):     # installed or said why not
         d = fronts[name]
         assert d.get("verdict") or d["error"].startswith("Unavailable"), d
+    # the same again from the JSON, without running anything
+    from vmmrt.torch.bench import front
+    assert front.main([str(out)]) == 0
+    again = capsys.readouterr().out
+    assert "front: llama, set_to_none loop" in again and "vmmrt recompute all" in again
+    assert front.main([str(tmp_path / "none.json")]) == 2
+    (tmp_path / "other.json").write_text("[1]")
+    assert front.main([str(tmp_path / "other.json")]) == 2
 
 
 def test_front_options_and_graphs_of_checkpointed_layers(monkeypatch):

@@ -217,3 +217,40 @@ def plot_all(fronts, path):
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def main(argv=None):
+    """``python3 -m vmmrt.torch.bench.front RUN.json [PLOT.png]``: the
+    fronts, every vmmrt point judged and the verdicts of a --front run's
+    JSON again, without a device (the figures as measured, the verdicts by
+    this version's rules), and the plot."""
+    import json
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) not in (1, 2):
+        print("usage: python3 -m vmmrt.torch.bench.front RUN.json [PLOT.png]", file=sys.stderr)
+        return 2
+    try:
+        with open(argv[0]) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print("%s: not a readable JSON file: %s" % (argv[0], e), file=sys.stderr)
+        return 2
+    fronts = doc.get("fronts") if isinstance(doc, dict) else None
+    if not fronts:
+        print("%s: no front in it (a --front run's --json)" % argv[0], file=sys.stderr)
+        return 2
+    for d in fronts:
+        if d.get("error"):
+            print("\nfront %s: not run: %s" % (d.get("title"), d["error"]))
+            continue
+        text, _ = report(d["points"], d.get("reference") if d.get("reference") in ("graphs", "eager") else "eager",
+                         d.get("title", ""))
+        print(text)
+    if len(argv) == 2:
+        print("plot: %s" % (plot_all(fronts, argv[1]) or "none (matplotlib is not importable, or no peak)"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
