@@ -372,7 +372,7 @@ def _front(args, argv, doc, dev, dtype, t0):
     if args.json:
         save()
         png = front.plot_all(doc["fronts"], args.json.rsplit(".", 1)[0] + ".png")
-        print("plot: %s" % (png or "none (matplotlib is not importable)"), flush=True)
+        print("plot: %s" % (png or "none (matplotlib is not importable, or no peak was measured)"), flush=True)
     # A shape whose package is missing is said and skipped; an option of
     # PyTorch's that raises is its own answer (recorded); a vmmrt point that
     # fails or whose gradients differ is ours.
