@@ -49,10 +49,14 @@
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
 #                  then each again alone in a fresh process, within 3 % ~4 min
 #   check-llama    the same on the llama shape                       ~5 min
-#   e.g. bash .gpu/on-device.sh 'GPU_RUN_NO_PYTEST=1 bash python/tests/gpu_run.sh front-launch front-llama'
-#   (~6 min), then front-encoder; front-hf front-megatron; check-launch; check-llama,
-#   one command each. Every front writes front-NAME.json (every point, written
-#   after each one) and front-NAME.png (both fronts; where matplotlib is).
+#   The fronts, one group per command, each with GPU_RUN_NO_PYTEST=1:
+#     bash .gpu/on-device.sh 'GPU_RUN_NO_PYTEST=1 bash python/tests/gpu_run.sh front-launch front-llama'
+#   (~6 min; front-smoke first where the time allows), then front-encoder;
+#   front-hf front-megatron; check-launch; check-llama; front-fused
+#   front-persistent. Every front writes front-NAME.json (every point, written
+#   after each one: a part stopped by its limit keeps what it measured) and
+#   front-NAME.png (both fronts); python3 -m vmmrt.torch.bench.front
+#   front-NAME.json prints its tables again.
 # The times are estimates, not readings: the former 6-layer, 4-mode table
 # took about 100 s with one loop; by our reading of it much of that was
 # comparing billions of gradient elements on the host, which the benchmark
