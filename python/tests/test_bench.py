@@ -472,3 +472,23 @@ def test_front_plot_has_a_panel_per_front(tmp_path):
     path = front.plot_all(docs, str(tmp_path / "f.png"))
     assert path and (tmp_path / "f.png").stat().st_size > 1000
     assert front.plot_all([{"points": []}], str(tmp_path / "g.png")) is None
+
+
+def test_front_records_either_planners_plan():
+    """offload="auto"'s plan (vmmrt auto) predicts no peak; memory_budget='s does."""
+    from vmmrt.torch import planner
+    from vmmrt.torch.bench import frontrun
+    auto = planner.Plan.__new__(planner.Plan)
+    auto.summary = lambda: "auto's plan"
+    assert frontrun.plan_fields(auto) == {"plan": "auto's plan"}
+    costs = [budget_cost("l%d" % i) for i in range(2)]
+    from vmmrt.torch import budget
+    p = budget.evaluate(costs, ["recompute", "keep"], "pingpong", 1, static_bytes=10, d2h_gbps=50.0)
+    got = frontrun.plan_fields(p)
+    assert got["predicted_peak_bytes"] == p.peak_bytes and got["plan"] == p.summary()
+    assert frontrun.plan_fields(None) == {}
+
+
+def budget_cost(name):
+    from vmmrt.torch.budget import LayerCost
+    return LayerCost(name, 1.0, 2.0, [1 << 20, 1 << 19], fixed=1 << 10)

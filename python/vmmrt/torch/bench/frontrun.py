@@ -160,6 +160,17 @@ def fresh(cuda):
     torch.cuda.empty_cache()
 
 
+def plan_fields(plan):
+    """What a point records of its offload's plan: the budget planner's
+    (memory_budget=) predicts a peak, offload="auto"'s plan does not."""
+    if plan is None:
+        return {}
+    out = {"plan": plan.summary()}
+    if getattr(plan, "peak_bytes", None) is not None:
+        out["predicted_peak_bytes"] = plan.peak_bytes
+    return out
+
+
 def _grads(cmp, spread, math_attention):
     """(right or None, words) of modes.compare's result against the reference."""
     same, ulps, _ = cmp
@@ -252,9 +263,8 @@ class Front:
                 pt["grad_bitwise"], pt["grad_max_ulp"], pt["grad_norm_ratio"] = cmp
             if o.kind == "recompute" and built.offload is not None and built.offload.plan is not None:
                 self.plan_of_recompute = (built.offload.plan, self._peak(row)[1])
-            if built.offload is not None and built.offload.plan is not None:
-                pt["plan"] = built.offload.plan.summary()
-                pt["predicted_peak_bytes"] = built.offload.plan.peak_bytes
+            if built.offload is not None:
+                pt.update(plan_fields(built.offload.plan))
             peak, peak_abs = self._peak(row)
             pt.update(step_ms=row["step_ms"], step_ms_min=row["step_ms_min"], step_ms_max=row["step_ms_max"],
                       iterations=row["iterations"], fwd_bwd_ms=row["fwd_bwd_ms"], opt_ms=row["opt_ms"],
