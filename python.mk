@@ -19,6 +19,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/backing.py \
 	python/vmmrt/torch/budget.py \
 	python/vmmrt/torch/_callables.py \
+	python/vmmrt/torch/_compiled.py \
 	python/vmmrt/torch/_compat.py \
 	python/vmmrt/torch/_contracts.py \
 	python/vmmrt/torch/_dlpack.py \
@@ -54,6 +55,7 @@ vmmrt_py_tests = \
 	python/tests/conftest.py \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_bench.py \
+	python/tests/test_compiled.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \

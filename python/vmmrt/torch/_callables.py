@@ -332,7 +332,7 @@ def warmup(runners, iters, allow_unused_input):
         for i in range(passes):
             record = i < recording and place.AVAILABLE
             with _Timer(cuda) as tf, planner.working(r.layer, False):
-                with r.layer.discovering(record) as p:
+                with r.layer.discovering(record, r.sample) as p:
                     out = r.call(r.sample)
                     p.outputs = out
             outputs = r.split_outputs(out)

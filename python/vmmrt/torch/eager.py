@@ -36,7 +36,7 @@ class _EagerLayer(torch.autograd.Function):
         off = runner.layer.offload
         stream = current_stream(off)
         with torch.enable_grad():
-            with runner.layer.offloading(stream) as p:
+            with runner.layer.offloading(stream, detached) as p:
                 out = runner.call(detached)
                 p.outputs = out
         leaves = runner.split_outputs(out)

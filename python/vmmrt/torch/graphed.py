@@ -25,8 +25,8 @@ from torch.autograd.function import once_differentiable
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import (_callables, _compat, _contracts, _te, budget, eager, pipeline, place, planner, recompute,
-                         static_grads)
+from vmmrt.torch import (_callables, _compat, _compiled, _contracts, _te, budget, eager, pipeline, place, planner,
+                         recompute, static_grads)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload
 from vmmrt.torch.saved import original_error
@@ -261,6 +261,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         for r in forwards:                   # groups in forward order
             static = r.params + r.buffers + (r.sample if graphs else ())
             r.layer = off.layer(r.name, static=static)
+            r.layer.compiled = _compiled.is_compiled(r.fn)
         off.set_order([(r.layer, b) for b, r in uses])
         if pre_warmup_hook is not None:
             pre_warmup_hook()
@@ -490,7 +491,7 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
 
 def _capture_forward(r, graph, mempool, stream, error_mode, handle):
     def fwd():
-        with r.layer.capturing(handle) as p:
+        with r.layer.capturing(handle, r.sample) as p:
             out = r.call(r.sample)
             p.outputs = out
         return out

@@ -25,7 +25,7 @@ bracketed by the same two backward hooks.
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _address, _compat, _contracts, place
+from vmmrt.torch import _address, _compat, _compiled, _contracts, place
 from vmmrt.torch.backing import Backing
 from vmmrt.torch.saved import REGION_ALIGN, Recorder
 
@@ -43,8 +43,9 @@ def _kernel_copy(region, ptr, device):
 class Pass:
     """The context of one pass: set ``outputs`` to what the forward returned."""
 
-    def __init__(self, layer, kind, stream=None):
+    def __init__(self, layer, kind, stream=None, inputs=()):
         self.layer, self.kind, self.stream = layer, kind, stream
+        self.inputs = inputs        # where a walk back from the outputs stops (_compiled.py)
         self.outputs = ()
         self.record = True
         self.rec = None
@@ -60,14 +61,14 @@ class Pass:
             if lay.offload.allocated:
                 raise Error(_capi.E_INVALID_STATE, "discovery after allocation", lay._where())
             self.rec = Recorder(lay.name, dev, lay.static, keep_all=True)
-            if place.AVAILABLE and self.record:
+            if place.AVAILABLE and self.record and not lay.compiled:
                 self.mode = place.Mode(dev, static=lay.static)
         else:
             if not lay.offload.allocated:
                 raise Error(_capi.E_INVALID_STATE, "%s before Offload.allocate()" % self.kind, lay._where())
             self.rec = Recorder(lay.name, dev, lay.static, plan=lay.plan)
             self.rec.guard = lay._guard
-            self.placed = lay.placements()
+            self.placed = [] if lay.compiled else lay.placements()
             if self.kind == "eager":
                 lay.forward_begin(self.stream, eager=True)
                 if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
@@ -81,15 +82,20 @@ class Pass:
             if self.placed:
                 self.mode = place.Mode(dev, self.placed, lay.births, lay.static)
         lay.last_rec = self.rec
-        self._hooks = self.rec.hooks(self.mode)
-        self._hooks.__enter__()
+        if not lay.compiled:
+            self._hooks = self.rec.hooks(self.mode)
+            self._hooks.__enter__()
         return self
 
     def __exit__(self, exc_type, exc, tb):
         lay, rec = self.layer, self.rec
         raised = exc
         try:
-            self._hooks.__exit__(exc_type, exc, tb)
+            if self._hooks is not None:
+                self._hooks.__exit__(exc_type, exc, tb)
+            elif exc is None:
+                # torch.compile'd: no hooks while it ran (_compiled.py)
+                _compiled.attach(rec, _compat.tree_leaves(self.outputs), _compat.tree_leaves(self.inputs))
         except BaseException as e:  # the Error a hook raised, unwrapped
             raised = e
         if raised is not None:
@@ -105,7 +111,8 @@ class Pass:
         try:
             births = self.mode.births if (self.kind == "discover" and self.mode is not None) else None
             try:
-                moves = rec.finish(_compat.tree_leaves(self.outputs), births, recorded=self.mode is not None)
+                moves = rec.finish(_compat.tree_leaves(self.outputs), births, recorded=self.mode is not None,
+                                   unrecorded=_compiled.UNSEEN if lay.compiled else "torch without TorchDispatchMode")
             except BaseException as e:
                 if user:
                     rec.release()
@@ -171,6 +178,7 @@ class LayerOffload:
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
         self.grads = None           # grads.Grads of the callable (grads="mapped")
         self.recompute = False      # the budget planner recomputes it: it saves nothing (vmmrt.torch.recompute)
+        self.compiled = False       # torch.compile'd: its saved tensors are reached after the forward (_compiled.py)
 
     def _where(self):
         return "layer %r" % self.name
@@ -179,18 +187,19 @@ class LayerOffload:
         self.offload.check_usable()
 
     # ------------------------------------------------------------ passes
-    def discovering(self, record=True):
+    def discovering(self, record=True, inputs=()):
         """A discovery pass; ``record``: also record which op allocates each
-        saved tensor (vmmrt.torch.place), which costs Python time per op."""
-        p = Pass(self, "discover")
+        saved tensor (vmmrt.torch.place), which costs Python time per op.
+        ``inputs``: the forward's (for a compiled layer: see _compiled.py)."""
+        p = Pass(self, "discover", inputs=inputs)
         p.record = record
         return p
 
-    def capturing(self, stream):
-        return Pass(self, "capture", stream)
+    def capturing(self, stream, inputs=()):
+        return Pass(self, "capture", stream, inputs)
 
-    def offloading(self, stream):
-        return Pass(self, "eager", stream)
+    def offloading(self, stream, inputs=()):
+        return Pass(self, "eager", stream, inputs)
 
     def capturing_backward(self):
         lay = self

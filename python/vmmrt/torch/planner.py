@@ -313,6 +313,7 @@ def adopt(off, plan, runners, uses):
             lay.static = old.static
             lay.plan, lay.births, lay.passes = old.plan, old.births, old.passes
             lay.fwd_ms, lay.bwd_ms, lay.recompute = old.fwd_ms, old.bwd_ms, old.recompute
+            lay.compiled = old.compiled
             lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
             r.layer = lay
         new.set_order([(r.layer, b) for b, r in uses])

@@ -304,11 +304,12 @@ class Recorder:
                              "the same tensors (shapes, dtypes, views) in the same order at every call"
                              % (i, self.entries[i].describe(), plan[i].describe()), self._where()))
 
-    def finish(self, outputs=(), births=None, recorded=True):
+    def finish(self, outputs=(), births=None, recorded=True, unrecorded="torch without TorchDispatchMode"):
         """End the pass: check it against the plan, mark output regions kept, and
         return the originals of the regions that move (in region order).
         ``births`` (discovery): the pass's place.Mode births, by storage
-        (``recorded`` False: a pass that did not record them)."""
+        (``recorded`` False: a pass that did not record them, because of
+        ``unrecorded``)."""
         self.finished = True
         for i, t, v in self._alive:
             if t._version != v:
@@ -327,7 +328,7 @@ class Recorder:
             for i in outs:
                 self.regions[i].selected = False
                 self.regions[i].reason = "output"
-            self._births(births if recorded else None)
+            self._births(births if recorded else None, unrecorded)
             return []
         if len(self.entries) != len(self.plan.entries):
             raise Error(_capi.E_MISMATCH, "%d tensors saved where discovery saw %d"
@@ -339,7 +340,7 @@ class Recorder:
         by_index = {r.index: ptr for ptr, r in self._by_storage.items()}
         return [(r, by_index[r.index]) for r in self.plan.regions if r.selected]
 
-    def _births(self, births):
+    def _births(self, births, unrecorded=None):
         """Which regions can be born at their fixed address: those whose storage
         an op of the pass allocated, and whose saved views cover (nearly) all of
         it; such a region grows to the whole storage."""
@@ -347,7 +348,7 @@ class Recorder:
             r.views_hi = r.hi
             b = births.get(ptr) if births is not None else None
             if births is None:
-                r.unplaced = "no record of the layer's ops (torch without TorchDispatchMode)"
+                r.unplaced = "no record of the layer's ops (%s)" % unrecorded
             elif b is None or b.storage_nbytes != r.storage_nbytes:
                 r.unplaced = "not allocated by an op of the layer's forward"
             elif b.offset != 0 or r.lo != 0:
