@@ -492,3 +492,12 @@ def test_front_records_either_planners_plan():
 def budget_cost(name):
     from vmmrt.torch.budget import LayerCost
     return LayerCost(name, 1.0, 2.0, [1 << 20, 1 << 19], fixed=1 << 10)
+
+
+@pytest.mark.parametrize("argv", [["--option", "ckpt"], ["--option", "ckpt", "--k", "9"], ["--option", "eager",
+                                                                                          "--iterations", "0"],
+                                  ["--option", "eager", "--shape", "nope"]])
+def test_alone_refuses_what_it_cannot_run(argv):
+    from vmmrt.torch.bench import alone
+    with pytest.raises(SystemExit):
+        alone.measure(alone._parser().parse_args(["--smoke", "--device", "cpu"] + argv))
