@@ -447,6 +447,35 @@ def test_front_options_and_graphs_of_checkpointed_layers(monkeypatch):
     assert torch.equal(built.run(x), layers[2](layers[1](layers[0](x))))
 
 
+def test_front_budget_below_the_builds_smallest_is_given_its_smallest(monkeypatch):
+    """The lowest budget is chosen from one build's costs; the build that
+    runs it may plan a few MiB above: it is given its own smallest plan and
+    says so (on the H200 the launch shape's last point failed 4 MiB short)."""
+    from types import SimpleNamespace
+    import vmmrt.torch as vt
+    from vmmrt.torch.bench import frontrun
+    asked = []
+
+    def fake(mods, samples, memory_budget=None, **kw):
+        asked.append(memory_budget.limit)
+        if memory_budget.limit < 3639 << 20:
+            raise vt.BudgetError("too small", budget=memory_budget.limit, smallest=3639 << 20)
+        return mods
+    monkeypatch.setattr(vt, "make_graphed_callables", fake)
+    monkeypatch.setattr(vt, "offload_of", lambda c: None)
+    layers = [Tiny(), Tiny()]
+    args = SimpleNamespace(optimizer="foreach", front_budget_mode="auto", lookahead=1, margin=0.9)
+    built = frontrun.build(frontrun.Option("budget 3635 MiB", "vmmrt", "budget", 3635 << 20), layers,
+                           lambda: torch.randn(3, 8, requires_grad=True), args, 0, False)
+    assert asked == [3635 << 20, 3639 << 20]
+    assert "3639 MiB" in built.note and "3635 MiB asked" in built.note
+    # far below the smallest (more than 2 %): a planner fault, not rounding: it fails
+    asked.clear()
+    with pytest.raises(vt.BudgetError):
+        frontrun.build(frontrun.Option("budget 3000 MiB", "vmmrt", "budget", 3000 << 20), layers,
+                       lambda: torch.randn(3, 8, requires_grad=True), args, 0, False)
+
+
 def test_alone_check_runs_the_option_in_a_fresh_process():
     """The arguments the check passes are the ones alone takes: one
     checkpointed point of the launch shape, smoke, on the CPU."""
@@ -492,3 +521,12 @@ def test_front_records_either_planners_plan():
 def budget_cost(name):
     from vmmrt.torch.budget import LayerCost
     return LayerCost(name, 1.0, 2.0, [1 << 20, 1 << 19], fixed=1 << 10)
+
+
+@pytest.mark.parametrize("argv", [["--option", "ckpt"], ["--option", "ckpt", "--k", "9"], ["--option", "eager",
+                                                                                          "--iterations", "0"],
+                                  ["--option", "eager", "--shape", "nope"]])
+def test_alone_refuses_what_it_cannot_run(argv):
+    from vmmrt.torch.bench import alone
+    with pytest.raises(SystemExit):
+        alone.measure(alone._parser().parse_args(["--smoke", "--device", "cpu"] + argv))

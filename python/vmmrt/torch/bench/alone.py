@@ -94,6 +94,10 @@ def measure(a):
         raise SystemExit("unknown shape %r; shapes are %s" % (a.shape, ", ".join(shapes.SHAPES)))
     if a.option in ("ckpt", "graph-ckpt") and a.k < 1:
         raise SystemExit("--option %s needs --k 1 or more" % a.option)
+    if a.iterations < 1 or a.warmup < 0 or a.microbatches < 1:
+        raise SystemExit("--iterations and --microbatches must be at least 1, --warmup at least 0")
+    if a.optimizer == "fused" and a.device != "cuda":
+        raise SystemExit("--optimizer fused needs CUDA")
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     if a.option.startswith("graph") and not cuda:
@@ -104,6 +108,8 @@ def measure(a):
     spec = shapes.SHAPES[a.shape]
     if a.smoke:
         spec = spec.smoke(a.device)
+    if a.k > spec.layers:
+        raise SystemExit("--k %d: the %s shape has %d layers" % (a.k, a.shape, spec.layers))
     if cuda:
         torch.zeros(1, device=dev)
         torch.cuda.synchronize()

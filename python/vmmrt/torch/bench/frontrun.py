@@ -130,10 +130,25 @@ def build(opt, layers, sample, args, reserve, cuda):
         b = vt.Budget(layers=["recompute"] * n, reserve=reserve) if opt.kind == "recompute" else \
             vt.Budget(opt.param, reserve=reserve)
         mode = "pingpong" if opt.kind == "recompute" else args.front_budget_mode
-        seq = list(vt.make_graphed_callables(tuple(layers), tuple((sample(),) for _ in layers),
-                                             names=["layer%d" % i for i in range(n)], mode=mode,
-                                             lookahead=args.lookahead, margin=args.margin, graphs=cuda,
-                                             memory_budget=b))
+
+        def make(b):
+            return list(vt.make_graphed_callables(tuple(layers), tuple((sample(),) for _ in layers),
+                                                  names=["layer%d" % i for i in range(n)], mode=mode,
+                                                  lookahead=args.lookahead, margin=args.margin, graphs=cuda,
+                                                  memory_budget=b))
+        try:
+            seq = make(b)
+        except vt.BudgetError as e:
+            # The build plans from its own warm-up, whose static memory can
+            # come out a few MiB above the costs the budgets were chosen
+            # from: the lowest budget then asks for less than its smallest.
+            if opt.kind != "budget" or not e.smallest or e.smallest > opt.param * 1.02:
+                raise
+            for m in layers:
+                m.__dict__.pop("forward", None)
+            seq = make(vt.Budget(e.smallest, reserve=reserve))
+            note = "given %.0f MiB, the build's smallest plan (%.0f MiB asked)" % (e.smallest / MiB,
+                                                                                    opt.param / MiB)
         off = vt.offload_of(seq[0])
     else:
         raise ValueError("unknown option %r" % opt.kind)
