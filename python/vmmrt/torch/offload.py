@@ -71,8 +71,14 @@ class Offload:
     """A libvmmrt runtime for one set of layers, created in forward order.
 
     ``mode``: "pingpong" (two resident banks), "remap" (memory released after
-    the D2H and mapped again before the H2D) or "none" (resident, same hooks).
-    ``lookahead``: restores started ahead of the backward being run.
+    the D2H and mapped again before the H2D) or "none" (resident, same hooks);
+    left out, VMMRT_MODE's, else "pingpong".
+    ``lookahead``: restores started ahead of the backward being run; left
+    out, VMMRT_LOOKAHEAD's, else 1. Every VMMRT_* variable is checked by the
+    library before the runtime opens (a malformed one is an error, as in the
+    C tools); one that says otherwise than an argument is a warning naming
+    both, and the argument applies (unless ``options={"environment":
+    "override"}``).
     ``device``: a CUDA device (the cuda backend on its ordinal; by default
     the current device, so under torchrun the one torch.cuda.set_device gave
     the process), or "cpu" for the host backend (a GPU emulated on host
@@ -84,14 +90,21 @@ class Offload:
     offset each, for memory that does not matter: scalars, index tensors).
     """
 
-    def __init__(self, mode: str = "pingpong", lookahead: int = 1, device: torch.device | str | None = None,
-                 options: dict[str, Any] | None = None, min_bytes: int = 1 << 16) -> None:
-        _contracts.check_offload_arguments(lookahead, min_bytes)
+    def __init__(self, mode: str | None = None, lookahead: int | None = None,
+                 device: torch.device | str | None = None, options: dict[str, Any] | None = None,
+                 min_bytes: int = 1 << 16, _settled: bool = False) -> None:
+        _contracts.check_offload_arguments(1 if lookahead is None else lookahead, min_bytes)
+        if mode is not None and not isinstance(mode, str):
+            raise TypeError("mode=%r: one of %s" % (mode, ", ".join(repr(m) for m in vmmrt.option_choices("mode"))))
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        if not _settled:     # make_graphed_callables has done it, for its own arguments
+            s = _contracts.environment_settings({"mode": mode, "lookahead": lookahead}, runtime_options(device),
+                                                options, "vmmrt.torch.Offload")
+            mode, lookahead = s["mode"], s["lookahead"]
         opts = {"mode": mode, "lookahead": lookahead}
         opts.update(runtime_options(device))
         opts.update(_contracts.runtime_options(options))
@@ -447,11 +460,14 @@ class Offload:
     def stats(self) -> dict[str, Any]:
         """The library's statistics (vmmrt_offload_stats_get), and how the saved
         bytes reached their slots at capture (:meth:`placement`, summed):
-        placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes."""
+        placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes;
+        tensors_held: tensors over its slots alive now (gradients, resident
+        activations), each of which defers the destroy of a :meth:`close`."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
             st["%s_bytes" % k] = p[k]
+        st["tensors_held"] = self.runtime.holds
         return st
 
     def sync(self) -> None:
@@ -492,7 +508,10 @@ class Offload:
         self.runtime.offload_release_retired()
 
     def close(self) -> None:
-        """Destroy the runtime: the graphs built over its addresses must not run again."""
+        """Destroy the runtime: the graphs built over its addresses must not run
+        again. A tensor over one of its slots still alive (a ``.grad`` kept
+        by the user, a view) keeps its memory: the destroy waits until the
+        last one dies (``runtime.destroy_deferred``)."""
         # The abort hooks close over the runners (their graphs, static
         # tensors, a pool): dropping them lets those go with the callables.
         self._abort_hooks.clear()
