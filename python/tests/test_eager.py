@@ -160,3 +160,23 @@ def test_describe_and_stats_tell_the_same_story(pair, mode, lookahead, staying):
     assert "%.1f MiB offloaded (%.1f MiB copied to the host and back per iteration" % (
         b["moved"] / mib, b["copied"] / mib) in text, text
     assert all(repr(l.name) in text for l in stay), text
+
+
+@pytest.mark.parametrize("view", ["head", "tail", "transposed"])
+def test_an_input_over_a_larger_storage_is_taken_like_any_other(pair, view):
+    """big[:2] has the sample's offset and strides over a larger storage,
+    big[1:] another offset: each goes in as a copy in the sample's layout
+    (what the saved tensors were discovered over), gradients as eager's."""
+    g, ref, base = pair(n=2)
+    torch.manual_seed(5)
+    for it in range(2):
+        big = torch.randn(5, 8, 32)
+        x = {"head": lambda: big[:2], "tail": lambda: big[3:],
+             "transposed": lambda: big[:2].transpose(0, 1).contiguous().transpose(0, 1)}[view]()
+        x = x.detach().requires_grad_()
+        xr = x.detach().clone().requires_grad_()
+        gy = torch.randn(2, 8, 32)
+        assert torch.equal(step(g, x, gy), step(ref, xr, gy))
+        assert torch.equal(x.grad, xr.grad) and same(grads(base), grads(ref))
+        for m in base + ref:
+            m.zero_grad(set_to_none=True)
