@@ -70,6 +70,7 @@ vmmrt_py_tests = \
 	python/tests/test_megatron.py \
 	python/tests/test_one_validator.py \
 	python/tests/test_install.py \
+	python/tests/gpu_probe_compile.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh

@@ -24,8 +24,9 @@ from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THR
 from vmmrt._loader import LibraryNotFound, library_path, load as _load
 
 __all__ = ["Error", "InvalidValue", "LibraryNotFound", "library_path", "Runtime", "Group", "Slot", "Event", "library",
-           "version", "version_string", "status_name", "options_table", "environment_options", "option_choices", "option_bounds", "fill_word",
-           "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD", "GROUP_STATES", "SLOT_STATES"]
+           "version", "version_string", "status_name", "options_table", "environment_options", "option_choices",
+           "option_bounds", "fill_word", "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD",
+           "GROUP_STATES", "SLOT_STATES"]
 
 _lib = None
 _lib_lock = threading.Lock()

@@ -41,6 +41,23 @@ from vmmrt.torch import _address, _compat, _dlpack
 
 log = logging.getLogger("vmmrt.torch")
 
+# Holds let go while a CUDA graph was being captured: the last one of a closed
+# runtime destroys it, whose driver calls would invalidate the capture (of
+# another build: this one's runtime is open). The next flush lets them go.
+_late = []
+_late_lock = threading.Lock()
+
+
+def flush_late():
+    """Let go the holds that fell due during a capture (Offload.flush)."""
+    if _compat.is_capturing():
+        return
+    with _late_lock:
+        late = list(_late)
+        del _late[:]
+    for let_go in late:
+        let_go()
+
 
 class Backing:
     """One slot of ``nbytes`` whose memory comes and goes. ``stream_of()``
@@ -172,7 +189,12 @@ class Backing:
         except Exception as e:  # pragma: no cover - reported, the memory stays mapped
             log.error("vmmrt: %s: release failed: %s", self.name, e)
         finally:
-            let_go()    # after a close(), the last one destroys the runtime
+            # after a close(), the last one destroys the runtime: not in a capture
+            if _compat.is_capturing():
+                with _late_lock:
+                    _late.append(let_go)
+            else:
+                let_go()
 
     def destroy(self):
         self.slot.destroy()

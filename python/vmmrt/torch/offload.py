@@ -21,7 +21,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, select
-from vmmrt.torch.backing import Backing
+from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
 
 log = logging.getLogger("vmmrt.torch")
@@ -291,6 +291,7 @@ class Offload:
 
     def flush(self) -> None:
         """Releases that fell due while a graph was being captured."""
+        flush_late()
         if self._due and not self.capturing:
             due, self._due = self._due, set()
             for b in due:
