@@ -18,7 +18,7 @@ whether its input and parameter gradients are bitwise the reference's (else
 the largest difference and the first parameter that differs) and its step
 time. Without CUDA or torch.compile it says so and exits 0.
 
-    python3 python/tests/gpu_probe_compile.py [--dtype bf16|fp32] [--iters 3]
+    python3 python/tests/gpu_probe_compile.py [--dtype bf16|fp32] [--iters 3] [--cpu]
 """
 import argparse
 import copy
@@ -33,17 +33,21 @@ def main():
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--cpu", action="store_true", help="a dry run of the probe itself on the CPU: no graphs (eager "
+                    "offload, host backend), torch's graphs left out, torch.compile where there is one")
     a = ap.parse_args()
-    if not torch.cuda.is_available() or not hasattr(torch, "compile"):
+    if not a.cpu and (not torch.cuda.is_available() or not hasattr(torch, "compile")):
         print("gpu_probe_compile: skipped (needs CUDA and torch.compile)")
         return 0
+    compile_ = getattr(torch, "compile", None) or (lambda m: m)
     import vmmrt.torch as vt
     from vmmrt.torch import place
     from vmmrt.torch.bench.llama import Shape, torch_layers
 
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     shape = Shape(hidden=256, ffn=704, heads=4, kv_heads=2, seq=128, batch=2)
-    dev = torch.device("cuda")
+    dev = torch.device("cpu" if a.cpu else "cuda")
+    sync = (lambda: None) if a.cpu else torch.cuda.synchronize
     master = torch_layers(a.layers, shape, dev, dtype, attention="math")
     gen = torch.Generator(device="cpu").manual_seed(7)
     data = [(torch.randn(shape.batch, shape.seq, shape.hidden, generator=gen).to(dev, dtype),
@@ -55,7 +59,7 @@ def main():
     def build(kind):
         layers = copy.deepcopy(master)
         if kind != "eager-uncompiled":
-            layers = [torch.compile(m) for m in layers]
+            layers = [compile_(m) for m in layers]
         samples = tuple((sample(),) for _ in layers)
         if kind in ("eager", "eager-uncompiled"):
             return layers, None
@@ -67,7 +71,7 @@ def main():
         if kind == "vmmrt-noplace":
             place.AVAILABLE = False
         try:
-            out = vt.make_graphed_callables(tuple(layers), samples, **kw)
+            out = vt.make_graphed_callables(tuple(layers), samples, graphs=not a.cpu, **kw)
         finally:
             place.AVAILABLE = saved
         return list(out), vt.offload_of(out[0])
@@ -76,7 +80,7 @@ def main():
         layers, off = build(kind)
         params = [p for m in layers for p in m.parameters()]
         res = None
-        torch.cuda.synchronize()
+        sync()
         times = []
         for it, (x0, gy) in enumerate(data):
             for p in params:
@@ -87,7 +91,7 @@ def main():
             for m in layers:
                 y = m(y)
             (y.float() * gy.float()).sum().backward()
-            torch.cuda.synchronize()
+            sync()
             times.append(time.perf_counter() - t0)
             res = [x.grad.clone()] + [p.grad.clone() if p.grad is not None else None for p in params]
         names = ["input"] + ["%d:%s" % (i, n) for i, m in enumerate(layers) for n, _ in m.named_parameters()]
@@ -96,6 +100,8 @@ def main():
         return res, names, min(times[1:] or times)
 
     kinds = ["eager", "eager-uncompiled", "torch", "vmmrt-none", "vmmrt-static", "vmmrt-noplace", "vmmrt-pingpong"]
+    if a.cpu:
+        kinds.remove("torch")
     ref = None
     for kind in kinds:
         try:
