@@ -190,7 +190,11 @@ class Backing:
             log.error("vmmrt: %s: release failed: %s", self.name, e)
         finally:
             # after a close(), the last one destroys the runtime: not in a capture
-            if _compat.is_capturing():
+            try:
+                capturing = _compat.is_capturing()
+            except Exception:  # pragma: no cover - no answer: as if capturing, the next flush lets it go
+                capturing = True
+            if capturing:
                 with _late_lock:
                     _late.append(let_go)
             else:
