@@ -60,6 +60,7 @@ vmmrt_py_tests = \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \
 	python/tests/test_grads.py \
+	python/tests/test_lifetime.py \
 	python/tests/test_select.py \
 	python/tests/test_stream_maps.py \
 	python/tests/test_budget.py \
@@ -75,6 +76,7 @@ vmmrt_py_tests = \
 	python/tests/test_megatron.py \
 	python/tests/test_one_validator.py \
 	python/tests/test_install.py \
+	python/tests/gpu_probe_compile.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh

@@ -14,6 +14,7 @@ smaller cpu preset (seconds on two cores, not minutes). A line says when each
 mode starts and ends, and each step (a bar where tqdm is installed).
 """
 import argparse
+import os
 import time
 
 import torch
@@ -31,7 +32,8 @@ PRESETS = {  # (shape, layers, steps)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", default="pingpong", choices=MODES + ("all",))
+    p.add_argument("--mode", default=None, choices=MODES + ("all",),
+                   help="default: VMMRT_MODE's, else pingpong (the C tools' switch)")
     p.add_argument("--offload", default="1.0", help="a fraction of each layer's saved bytes, or auto")
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
                    help="the shape, layers and steps (default: gpu with CUDA, cpu without)")
@@ -43,13 +45,16 @@ def main():
     cuda = torch.cuda.is_available()
     shape, n_layers, steps = PRESETS[a.preset or ("gpu" if cuda else "cpu")]
     a.layers, a.steps = a.layers or n_layers, a.steps or steps
+    # Left out, mode= is left out too: VMMRT_MODE decides, as for the C tools.
     modes = MODES if a.mode == "all" else (a.mode,)
     for i, mode in enumerate(modes, 1):
+        name = mode or ("%s (VMMRT_MODE)" % os.environ["VMMRT_MODE"] if os.environ.get("VMMRT_MODE") else
+                        "pingpong")
         print("[%d/%d] %s: started (%d layers, hidden %d, seq %d, on %s)"
-              % (i, len(modes), mode, a.layers, shape.hidden, shape.seq, "cuda" if cuda else "cpu"), flush=True)
+              % (i, len(modes), name, a.layers, shape.hidden, shape.seq, "cuda" if cuda else "cpu"), flush=True)
         t0 = time.perf_counter()
         train(mode, offload, shape, a.layers, a.steps, cuda)
-        print("[%d/%d] %s: done in %.1f s" % (i, len(modes), mode, time.perf_counter() - t0), flush=True)
+        print("[%d/%d] %s: done in %.1f s" % (i, len(modes), name, time.perf_counter() - t0), flush=True)
 
 
 def train(mode, offload, shape, n_layers, steps, cuda):
@@ -70,7 +75,7 @@ def train(mode, offload, shape, n_layers, steps, cuda):
         print(off.plan.summary())
 
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    with Progress(steps, mode, start_lines=False) as bar:
+    with Progress(steps, off.mode, start_lines=False) as bar:
         for step in range(steps):
             bar.start("step %d" % step)
             for micro in range(2):                  # two microbatches accumulate into .grad

@@ -99,6 +99,31 @@ def test_timeline_holds_residents_to_their_backward_and_gradients_from_theirs():
     assert budget.evaluate(big, ["recompute"] * 3).timeline_bytes == 3000
 
 
+def test_a_layers_working_set_is_the_larger_of_its_forward_and_backward():
+    # the pool holds what one pass allocates at a time, not both passes' sum
+    for fwd, bwd in ((30, 70), (70, 30)):
+        costs = [LayerCost("a", 1, 1, [100], fwd_work=fwd, bwd_work=bwd), LayerCost("b", 1, 1, [100])]
+        p = budget.evaluate(costs, ["keep", "keep"])
+        assert p.inflight_bytes == 70 and p.layers[0].work == 70
+        assert p.peak_bytes == 70 + 200
+        # recomputed: the saved set again, over the larger of the two
+        assert budget.evaluate(costs, ["recompute", "keep"]).layers[0].work == 70 + 100
+
+
+def test_margin_scales_both_copy_windows():
+    # layer 0 moves 100 MB: 10 ms each way at 10 GB/s; its D2H hides behind
+    # layer 1's forward (16 ms), its H2D behind layer 1's backward (15 ms),
+    # each scaled by the margin: at 0.5, 8 and 7.5 ms, so 2 + 2.5 exposed
+    costs = [LayerCost("a", 10.0, 30.0, [100_000_000]), LayerCost("b", 16.0, 15.0, [1000])]
+    p = budget.evaluate(costs, [1.0, "keep"], d2h_gbps=10, margin=0.5)
+    assert p.layers[0].exposed_ms == pytest.approx(4.5)
+    assert budget.evaluate(costs, [1.0, "keep"], d2h_gbps=10, margin=1.0).layers[0].exposed_ms == 0.0
+    # the search's options predict the same
+    env = budget._Env(costs, 0, 10.0, 10.0, 0.5, 1, budget.REMAP_MS)
+    opts = budget._options(costs[0], False, env, 15.0, 16.0, "pingpong")
+    assert [o[1] for o in opts if o[2] == ("offload", [0])] == [pytest.approx(4.5)]
+
+
 def test_granularity_rounds_the_banks():
     costs = [LayerCost("a", 1, 1, [3]), LayerCost("b", 1, 1, [1])]
     assert budget.evaluate(costs, [1.0, "keep"], granularity=4).bank_bytes == 8
@@ -120,6 +145,22 @@ def test_search_offloads_what_hides_before_recomputing():
     p = budget.search(_four(), 3999, d2h_gbps=1)
     assert p.counts() == {"keep": 1, "offload": 3, "recompute": 0}
     assert p.peak_bytes == 3000 and p.predicted_ms == pytest.approx(120.0)
+
+
+def test_search_moves_least_when_hidden_copies_cost_no_time():
+    # Six layers whose copies all hide: offloading one costs no more time
+    # than keeping it. 6000 kept; k offloaded hold 6000 - 1000 k + two banks
+    # of 1000, so 3 fit 5000; offloading all 5 that may (the tail never
+    # moves) fits too, at the same predicted time, but moves more (the hull
+    # once dropped keep, and the greedy could not undo a layer back to it).
+    costs = [LayerCost("l%d" % i, 10.0, 20.0, [1000]) for i in range(6)]
+    p = budget.search(costs, 5000, d2h_gbps=1)
+    assert p.counts() == {"keep": 3, "offload": 3, "recompute": 0}, p.summary()
+    assert p.peak_bytes == 5000 and p.predicted_ms == pytest.approx(180.0)
+    # the hull of one such layer starts at keep, whatever hides
+    env = budget._Env(costs, 0, 1.0, 1.0, 0.9, 1, budget.REMAP_MS)
+    hull = budget._hull(budget._options(costs[0], False, env, 20.0, 10.0, "pingpong"))
+    assert hull[0][2][0] == "keep" and hull[1][2][0] == "offload" and hull[1][1] == 0.0
 
 
 def test_search_recomputes_when_offload_cannot_fit():

@@ -6,6 +6,8 @@ any layout accepted, a user's mistake leaving the offload usable, every
 argument checked, an explicit argument beating a VMMRT_* variable."""
 import copy
 
+import warnings
+
 import pytest
 import torch
 
@@ -358,6 +360,67 @@ def test_an_explicit_argument_beats_the_environment(monkeypatch):
     # and the library's own precedence, when asked for
     _, _, g = build(1, mode="pingpong", options={"environment": "override"})
     assert vt.offload_of(g[0]).mode == "remap"
+
+
+@pytest.mark.parametrize("var,value,says", [
+    ("VMMRT_MODE", "ping-pong", "mode (VMMRT_MODE): 'ping-pong' is not one of pingpong, remap, none"),
+    ("VMMRT_MODE", "off", "mode (VMMRT_MODE): 'off' is not one of"),
+    ("VMMRT_LOOKAHEAD", "-3", "lookahead (VMMRT_LOOKAHEAD): '-3'"),
+])
+@pytest.mark.parametrize("given", [{}, {"mode": "pingpong", "lookahead": 1}])
+def test_a_malformed_variable_is_the_librarys_error_even_beside_an_argument(monkeypatch, var, value, says, given):
+    """As the C tools refuse it (the library parses every VMMRT_* variable),
+    whether or not an argument would have won over it."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(vmmrt.InvalidValue) as e:
+        build(1, **given)
+    assert e.value.name == "VMMRT_E_INVALID_OPTION" and says in str(e.value), str(e.value)
+    with pytest.raises(vmmrt.InvalidValue, match=var):
+        vt.Offload(device="cpu", **given)
+    # "ignore" reads nothing, not even to check it
+    _, _, g = build(1, options={"environment": "ignore"}, **given)
+    vt.offload_of(g[0]).close()
+
+
+def test_a_valid_variable_applies_when_the_argument_is_left_out(monkeypatch):
+    monkeypatch.setenv("VMMRT_MODE", "remap")
+    monkeypatch.setenv("VMMRT_LOOKAHEAD", "2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")              # nothing to warn about
+        _, _, g = build(1)
+        off = vt.offload_of(g[0])
+        assert (off.mode, off.lookahead) == ("remap", 2) and off.runtime.info()["mode"] == "remap"
+        off.close()
+        off = vt.Offload(device="cpu")
+        assert (off.mode, off.lookahead) == ("remap", 2)
+        off.close()
+        # an argument the variable agrees with: nothing to say either
+        _, _, g = build(1, mode="remap")
+        vt.offload_of(g[0]).close()
+    monkeypatch.delenv("VMMRT_MODE")
+    monkeypatch.delenv("VMMRT_LOOKAHEAD")
+    off = vt.Offload(device="cpu")
+    assert (off.mode, off.lookahead) == ("pingpong", 1)       # the defaults
+    off.close()
+
+
+def test_an_argument_against_a_variable_is_one_warning_naming_both(monkeypatch):
+    monkeypatch.setenv("VMMRT_MODE", "remap")
+    monkeypatch.setenv("VMMRT_LOOKAHEAD", "2")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        _, _, g = build(1, mode="none", lookahead=0)
+    msgs = [str(x.message) for x in w if issubclass(x.category, UserWarning)]
+    assert len(msgs) == 1, msgs
+    assert "VMMRT_MODE=remap and mode='none'" in msgs[0] and "VMMRT_LOOKAHEAD=2 and lookahead=0" in msgs[0], msgs
+    assert "the argument applies" in msgs[0]
+    off = vt.offload_of(g[0])
+    assert (off.mode, off.lookahead) == ("none", 0)
+    off.close()
+    with pytest.warns(UserWarning, match="VMMRT_MODE=remap and mode='pingpong': the variable applies"):
+        off = vt.Offload(device="cpu", mode="pingpong", options={"environment": "override"})
+    assert off.mode == "remap"
+    off.close()
 
 
 def test_transformer_engines_and_megatrons_marks_keep_a_tensor():

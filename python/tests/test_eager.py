@@ -126,3 +126,57 @@ def test_functions_as_well_as_modules():
     xr = x.detach().clone().requires_grad_()
     f(xr).sum().backward()
     assert torch.equal(x.grad, xr.grad)
+
+
+@pytest.mark.parametrize("mode,lookahead,staying", [("pingpong", 1, 1), ("remap", 1, 1), ("remap", 3, 2)])
+def test_describe_and_stats_tell_the_same_story(pair, mode, lookahead, staying):
+    """What describe() says moves is what stats() counts: every offloaded
+    region in the first iteration (which records the order), then all but
+    the layers libvmmrt keeps on the device, whose backward comes within the
+    look-ahead of their forward (the last one; at look-ahead 3, the last two
+    of four)."""
+    g, ref, base = pair(n=4, mode=mode, lookahead=lookahead)
+    off = vt.offload_of(g[0])
+    stay = off.staying()
+    assert [l.name for l in stay] == [l.name for l in off.layers[-staying:]]
+    b = off.saved_bytes()
+    stayed = sum(l.saved_bytes()["moved"] for l in stay)
+    # what libvmmrt copies of a group: its regions and the alignment between them
+    groups = [l.group.nbytes for l in off.layers]
+    assert sum(groups) >= b["moved"] > stayed > 0
+    assert b["copied"] == sum(groups[:-staying])
+    n = 4
+    for it in range(n):
+        step(g, torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32))
+        for m in base:
+            m.zero_grad(set_to_none=True)
+    off.sync()
+    st = off.stats()
+    assert st["iterations"] == n
+    assert st["bytes_offloaded"] == sum(groups) + (n - 1) * b["copied"]
+    assert st["last_d2h_bytes"] == b["copied"]
+    text = off.describe()
+    mib = float(1 << 20)
+    assert "%.1f MiB offloaded (%.1f MiB copied to the host and back per iteration" % (
+        b["moved"] / mib, b["copied"] / mib) in text, text
+    assert all(repr(l.name) in text for l in stay), text
+
+
+@pytest.mark.parametrize("view", ["head", "tail", "transposed"])
+def test_an_input_over_a_larger_storage_is_taken_like_any_other(pair, view):
+    """big[:2] has the sample's offset and strides over a larger storage,
+    big[1:] another offset: each goes in as a copy in the sample's layout
+    (what the saved tensors were discovered over), gradients as eager's."""
+    g, ref, base = pair(n=2)
+    torch.manual_seed(5)
+    for it in range(2):
+        big = torch.randn(5, 8, 32)
+        x = {"head": lambda: big[:2], "tail": lambda: big[3:],
+             "transposed": lambda: big[:2].transpose(0, 1).contiguous().transpose(0, 1)}[view]()
+        x = x.detach().requires_grad_()
+        xr = x.detach().clone().requires_grad_()
+        gy = torch.randn(2, 8, 32)
+        assert torch.equal(step(g, x, gy), step(ref, xr, gy))
+        assert torch.equal(x.grad, xr.grad) and same(grads(base), grads(ref))
+        for m in base + ref:
+            m.zero_grad(set_to_none=True)

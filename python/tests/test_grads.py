@@ -153,3 +153,39 @@ def test_bad_grads_and_map_ahead_are_refused_by_name():
         with pytest.raises(ValueError) as e:
             vt.make_graphed_callables(tuple(base), samples(1), graphs=False, **kw)
         assert word in str(e.value) and "'mapped'" in str(e.value) or "whole number" in str(e.value)
+
+
+
+def test_accumulate_with_ours_a_foreign_and_no_grad_in_one_callable():
+    """The accumulate path (CUDA graphs only: driven here through the Grads
+    hooks the graphed backward calls, on the host backend): some .grad ours
+    (the last microbatch's, at the fixed address), one of someone else's (a
+    DDP bucket view), one None. Before the accumulate graph, the foreign one
+    is copied into the slot beside ours and the missing one zeroed; the graph
+    adds this backward's gradient into each in place; after it, every .grad
+    is set to None and the sums at the fixed addresses go back to autograd,
+    whose AccumulateGrad takes them as .grad."""
+    g, base, ref = build(n=2)
+    off = vt.offload_of(g[0])
+    lay = off.layers[0]
+    gr = lay.grads
+    step(g, torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32))
+    params = list(base[0].parameters())
+    assert len(params) >= 3 and all(gr.state(k, p) == "ours" for k, p in enumerate(params))
+    bucket = torch.full_like(params[1], 0.25)
+    params[1].grad = bucket
+    params[2].grad = None
+    before = [None if p.grad is None else p.grad.clone() for p in params]
+    acc, src, states = gr.before_backward(None, "test", lay)
+    assert acc and states[:3] == ["ours", "foreign", "none"] and set(states[3:]) <= {"ours"}
+    # the accumulate graph: this backward's gradient added in place at each fixed address
+    torch.manual_seed(6)
+    new = [torch.randn_like(p) for p in params]
+    for k, d in enumerate(new):
+        gr.view(src, k).add_(d)
+    out = gr.after_backward(acc, src, states)
+    assert all(p.grad is None for p in params)
+    for k, (o, b, d) in enumerate(zip(out, before, new)):
+        assert torch.equal(o, d if b is None else b + d), k
+        assert o.data_ptr() == gr.backing.address + gr.views[k][0]
+    assert torch.equal(bucket, torch.full_like(bucket, 0.25))    # read, not written

@@ -381,3 +381,29 @@ def test_the_example_runs():
     assert set(rows) == {"pingpong", "remap"} and all("bitwise equal" in v for v in rows.values())
     for mode in ("none", "pingpong", "remap"):                 # and eager, on a GPU
         assert r.stdout.count("  %s step 1: a loss is not finite: step abandoned (Offload.abort)" % mode) == 1
+
+
+def test_one_gradient_slot_per_callable_not_per_microbatch():
+    """Under order=, the (layer, microbatch) runners of one callable share its
+    parameters, so one gradient slot: its microbatches accumulate into the
+    one .grad at its fixed address (a slot per runner would hold m times the
+    gradients, and each microbatch's gradient would land elsewhere)."""
+    base, ref = stage(3)
+    m = 4
+    order = vt.order_1f1b(m, in_flight=2)
+    g = graphed(base, order)
+    off = vt.offload_of(g[0])
+    per_layer = [lay.grads for lay in off.layers]
+    assert len(per_layer) == 3 * m and all(gr is not None and gr.mapped for gr in per_layer)
+    assert len({id(gr) for gr in per_layer}) == 3
+    slots = [b for b in off.backings if b.name.endswith("/grads")]
+    assert len(slots) == 3 and sorted(b.name for b in slots) == sorted("%s/grads" % n for n in
+                                                                      {gr.name for gr in per_layer})
+    xs, gys = batches(m, seed=21)
+    Pipe(g, order, xs, gys).run()
+    sequential(ref, xs, gys)
+    assert bitwise(param_grads(base), param_grads(ref))
+    for mod in base:
+        gr = next(gr for gr in per_layer if gr.params[0] is next(mod.parameters()))
+        for p in mod.parameters():                               # in the callable's one slot
+            assert gr.backing.address <= p.grad.data_ptr() < gr.backing.address + gr.backing.nbytes

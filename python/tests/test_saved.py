@@ -180,3 +180,21 @@ def test_originals_stay_alive_until_the_pass_ends():
     rec.finish()
     # exp saves its output: one region per iteration, none merged
     assert len([r for r in rec.regions if r.storage_nbytes == 256 * 4]) == 4
+
+
+def test_a_mismatch_says_what_differs_even_the_storage_size_alone():
+    # The same dtype, shape, strides and offset over a larger storage
+    # (big[:4] against a tensor of its own): describe() is the same text
+    # twice, so the message says what differs.
+    x = torch.randn(4, 6, requires_grad=True)
+    plan, _ = record(lambda a: (a * a).sum(), x)
+    plan.finish()
+    big = torch.randn(10, 6, requires_grad=True)
+    with pytest.raises(vmmrt.Error) as e:
+        record(lambda a: (a * a).sum(), big[:4], plan=plan)
+    msg = str(e.value)
+    assert e.value.name == "VMMRT_E_MISMATCH" and "storage size in bytes %d, not %d" % (10 * 6 * 4, 4 * 6 * 4) in msg
+    with pytest.raises(vmmrt.Error) as e:
+        record(lambda a: (a * a).sum(), big[1:5], plan=plan)
+    assert "byte offset in its storage 24, not 0" in str(e.value)
+    assert "storage size in bytes 240, not 96" in str(e.value)

@@ -140,3 +140,118 @@ def test_a_pinned_backing_is_never_released(pinned):
             assert b.tensor(None, counted=False).sum().item() == 3 << 16
     finally:
         off.close()
+
+
+class _Spy:
+    """A real slot whose calls are recorded, in order."""
+
+    def __init__(self, slot, calls):
+        self._slot, self.calls = slot, calls
+
+    def __getattr__(self, name):
+        attr = getattr(self._slot, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args):
+            self.calls.append((name,) + args)
+            return attr(*args)
+        return call
+
+
+def test_backing_map_on_stream_makes_every_using_stream_wait_for_the_map():
+    """Backing.map_on_stream asks the worker to map after the event, and the
+    stream of the use waits for that map on the device: driven directly, so
+    that no later host wait (the host backend's, Offload.map_for_use's) can
+    hide a missing wait_stream. A second use while the map is asked for
+    queues no second map, but its stream waits too."""
+    from vmmrt.torch.backing import Backing
+    off = vt.Offload(device="cpu")
+    try:
+        b = Backing(off, "t", 1 << 16)
+        calls = []
+        b.slot = _Spy(b.slot, calls)
+        rt = off.runtime
+        s1, s2 = rt.stream_create(), rt.stream_create()
+        ev = rt.event()
+        ev.record(s1)
+        b.map_on_stream(ev, s1)
+        assert [c[0] for c in calls] == ["map_after", "wait_stream"] and calls[1][1] == s1
+        assert b.mapped and b.stream_maps == 1
+        b.map_on_stream(ev, s2)
+        assert [c[0] for c in calls[2:]] == ["wait_stream"] and calls[2][1] == s2 and b.maps == 1
+        rt.stream_synchronize(s2)
+        assert settle(b.slot) == "mapped"
+        b.release(s2)
+        rt.stream_synchronize(s2)
+        assert settle(b.slot) == "reserved"
+        ev.destroy()
+        rt.stream_destroy(s1)
+        rt.stream_destroy(s2)
+    finally:
+        off.close()
+
+
+def test_unalias_copies_a_slot_buffer_only_once_it_is_mapped():
+    """static_grads.unalias: a .grad that is a static gradient buffer in a
+    gradient slot becomes a copy of its own before a forward replays, and
+    the copy is enqueued only once the slot's memory is mapped (a map asked
+    for on the stream may not be made yet: the H200's "invalid argument" in
+    the 1F1B example; on the host backend a read of the unmapped slot)."""
+    from vmmrt.torch import static_grads
+    from vmmrt.torch.backing import Backing
+    off = vt.Offload(device="cpu")
+    try:
+        b = Backing(off, "grads", 1 << 16)
+        sg = b.tensor(None)[:64].view(torch.float32)     # a static buffer in the slot, mapped now
+        sg.fill_(3.0)
+        p = torch.nn.Parameter(torch.zeros(16))
+        p.grad = sg
+        order = []
+        ensure = b.ensure
+
+        def spy():
+            order.append(("ensure", p.grad is sg))        # before the copy: .grad is still the buffer
+            ensure()
+        b.ensure = spy
+        static_grads.unalias([(p, sg, b)])
+        assert order == [("ensure", True)]
+        assert p.grad is not sg and p.grad.data_ptr() != sg.data_ptr() and torch.equal(p.grad, torch.full((16,), 3.0))
+        static_grads.unalias([(p, sg, b)])               # no longer an alias: nothing to do
+        assert len(order) == 1
+        del sg
+    finally:
+        off.close()
+
+
+def test_unalias_of_a_buffer_in_a_released_slot_maps_it_first():
+    """The same on the host backend's memory itself, in a subprocess: the
+    slot released under a static buffer (uncounted, as graphed.py's are),
+    the copy of unalias reads the slot, mapped again first (a read of the
+    unmapped slot is a SIGSEGV there)."""
+    import os
+    import subprocess
+    import sys
+    code = """
+import time, torch
+import vmmrt.torch as vt
+from vmmrt.torch import static_grads
+from vmmrt.torch.backing import Backing
+off = vt.Offload(device="cpu")
+b = Backing(off, "grads", 1 << 16)
+sg = b.tensor(None, counted=False)[:64].view(torch.float32)
+p = torch.nn.Parameter(torch.zeros(16))
+p.grad = sg
+b.release(None)
+off.runtime.stream_synchronize(None)
+t0 = time.monotonic()
+while b.slot.state != "reserved" and time.monotonic() - t0 < 5:
+    time.sleep(0.002)
+assert b.slot.state == "reserved", b.slot.state
+static_grads.unalias([(p, sg, b)])
+print("copied", p.grad is not sg and b.slot.state == "mapped", flush=True)
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in sys.path if x))
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "copied True" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])

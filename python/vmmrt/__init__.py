@@ -13,18 +13,20 @@ reported, with every place tried, by the first call that needs it.
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import threading
 import weakref
-from typing import Any, Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
 from vmmrt import _capi
 from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
 from vmmrt._loader import LibraryNotFound, library_path, load as _load
 
 __all__ = ["Error", "InvalidValue", "LibraryNotFound", "library_path", "Runtime", "Group", "Slot", "Event", "library",
-           "version", "version_string", "status_name", "options_table", "option_choices", "option_bounds", "fill_word",
-           "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD", "GROUP_STATES", "SLOT_STATES"]
+           "version", "version_string", "status_name", "options_table", "environment_options", "option_choices",
+           "option_bounds", "fill_word", "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD",
+           "GROUP_STATES", "SLOT_STATES"]
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -148,6 +150,36 @@ def option_bounds(name: str) -> tuple[float, float]:
     return (int(lo), int(hi)) if lo.is_integer() and hi.is_integer() else (lo, hi)
 
 
+def environment_options(environment: str | None = None) -> dict[str, str]:
+    """The options the VMMRT_* environment sets, by option name, each value as
+    the library reads it (vmmrt_options_apply_env on options the program left
+    unset): every variable is parsed, so a malformed value (VMMRT_MODE=ping-pong,
+    VMMRT_LOOKAHEAD=-3) or an unknown VMMRT_* name is an :class:`InvalidValue`
+    with the library's message, as for any libvmmrt program, even where the
+    program's own value of that option will win. ``environment``: the
+    program's value of option "environment" (None: VMMRT_ENVIRONMENT's, else
+    override); under "ignore" the environment is not read: {}."""
+    lib = library()
+    opts = ctypes.c_void_p()
+    check(lib.vmmrt_options_create(ctypes.byref(opts)), "vmmrt_options_create")
+    try:
+        if environment is not None:
+            check(lib.vmmrt_options_set(opts, b"environment", str(environment).encode()),
+                  "option environment=%r" % (environment,), value=True)
+        check(lib.vmmrt_options_apply_env(opts), "the VMMRT_* environment", value=True)
+        buf = ctypes.create_string_buffer(4096)
+
+        def get(name):
+            check(lib.vmmrt_options_get(opts, name.encode(), buf, len(buf)), "vmmrt_options_get")
+            return _decode(buf.value)
+        if get("environment") == "ignore":
+            return {}
+        return {row["name"]: get(row["name"]) for row in options_table()
+                if row["name"] != "environment" and row["env"] in os.environ}
+    finally:
+        lib.vmmrt_options_destroy(opts)
+
+
 def __getattr__(name):
     # vmmrt.MODES, the offload strategies, is the library's (not in __all__:
     # "from vmmrt import *" loads no library)
@@ -197,6 +229,52 @@ def _event(e):
     return ctypes.c_void_p(h) if h else None
 
 
+class _Life:
+    """When a runtime is destroyed: at close or collection, unless tensors over
+    its slots are still alive (holds), then when the last of them goes. At
+    interpreter exit a runtime still held is not destroyed: its memory goes
+    back with the process (weakref.finalize runs no callback after exit, so
+    the holds are never let go then). Not the Runtime itself, so that its
+    finalizer does not keep it alive."""
+
+    def __init__(self, lib, rt):
+        self.lib = lib
+        self.rt = rt
+        self.lock = threading.Lock()
+        self.holds = 0
+        self.ended = False       # close() or the finalizer asked for the destroy
+        self.deferred = False    # ... and it waits for the holds
+
+    def hold(self):
+        with self.lock:
+            self.holds += 1
+        done = []
+
+        def let_go():
+            if done:
+                return
+            done.append(True)
+            with self.lock:
+                self.holds -= 1
+                last = self.ended and self.holds == 0 and self.rt is not None
+                rt, self.rt = (self.rt, None) if last else (None, self.rt)
+            if rt is not None:
+                self.lib.vmmrt_runtime_destroy(rt)   # the deferred destroy: nobody to report a failure to
+        return let_go
+
+    def end(self):
+        """The destroy's status, or None when it is deferred (or was done)."""
+        with self.lock:
+            self.ended = True
+            if self.rt is None:
+                return None
+            if self.holds:
+                self.deferred = True
+                return None
+            rt, self.rt = self.rt, None
+        return self.lib.vmmrt_runtime_destroy(rt)
+
+
 class Runtime:
     """One opened device (vmmrt_runtime): backend, options, driver workers, groups.
 
@@ -223,7 +301,8 @@ class Runtime:
             lib.vmmrt_options_destroy(opts)
         self._rt = rt
         self._groups = []
-        self._finalizer = weakref.finalize(self, lib.vmmrt_runtime_destroy, rt)
+        self._life = _Life(lib, rt)
+        self._finalizer = weakref.finalize(self, self._life.end)
         info = self.info()
         self.backend = info["backend"]
         self.mode = info["mode"]
@@ -231,15 +310,39 @@ class Runtime:
 
     # -- lifetime
     def close(self) -> None:
-        """Destroy the runtime (drains copies, joins workers, frees every slot)."""
+        """Destroy the runtime (drains copies, joins workers, frees every slot),
+        or, while tensors over its memory are alive (:meth:`hold`), once the
+        last of them is gone: closed now for every use, it keeps its memory
+        until then."""
         if self._finalizer.alive:
             self._finalizer.detach()
-            check(self._lib.vmmrt_runtime_destroy(self._rt), "vmmrt_runtime_destroy")
             self._rt = None
+            status = self._life.end()
+            if status is not None:
+                check(status, "vmmrt_runtime_destroy")
 
     @property
     def closed(self) -> bool:
         return self._rt is None
+
+    def hold(self) -> Callable[[], None]:
+        """Keep the runtime's memory while something outside it points into its
+        slots (a tensor made over a slot's address): :meth:`close`, the
+        runtime's garbage collection and interpreter exit defer the destroy
+        until every hold is let go. Returns the function that lets this one
+        go (call it once, from any thread; it never raises)."""
+        self._handle()
+        return self._life.hold()
+
+    @property
+    def holds(self) -> int:
+        """Holds not let go yet (:meth:`hold`)."""
+        return self._life.holds
+
+    @property
+    def destroy_deferred(self) -> bool:
+        """Closed, and destroyed only once the last hold is let go."""
+        return self._life.deferred
 
     def __enter__(self) -> Runtime:
         return self

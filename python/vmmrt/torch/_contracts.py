@@ -24,6 +24,7 @@ make_graphed_callables, and how it survives a user's mistake.
 """
 import inspect
 import logging
+import warnings
 import weakref
 
 import torch
@@ -106,6 +107,52 @@ def runtime_options(options):
     opts = dict(options or {})
     opts.setdefault("environment", "fallback")
     return opts
+
+
+_DEFAULTS = {"mode": "pingpong", "lookahead": 1}
+
+
+def _text(v):
+    return str(int(v)) if isinstance(v, bool) else str(v)
+
+
+def environment_settings(given, package, options, where="vmmrt.torch"):
+    """The VMMRT_* environment against what the runtime is asked for, before it
+    opens. Every variable is parsed by the library (vmmrt.environment_options),
+    so a malformed one is an error here as in the C tools, even for an option
+    given as an argument. ``given``: the caller's arguments by option name
+    ("mode", "lookahead"; None where left out), ``package``: what the package
+    chooses itself (the backend and device of the tensors). Returns ``given``
+    with each left out filled from the environment, else the default. A
+    variable that says otherwise than an argument (or than the package,
+    or than one of ``options``) is one warning naming both, and which one
+    the runtime takes ("environment" option: fallback, the argument;
+    override, the variable)."""
+    opts = runtime_options(options)
+    env = vmmrt.environment_options(str(opts["environment"]))
+    override = str(opts["environment"]) == "override"
+    rows = {row["name"]: row["env"] for row in vmmrt.options_table()}
+    clashes = []
+    asked = [(k, v, "%s=%r" % (k, v)) for k, v in given.items() if v is not None]
+    asked += [(k, v, "options[%r]=%r" % (k, v)) for k, v in (options or {}).items() if k != "environment"]
+    asked += [(k, v, "%s %s (from the tensors' device)" % (k, v)) for k, v in package.items()
+              if k not in (options or {})]
+    for name, value, what in asked:
+        if name in env and env[name] != _text(value):
+            clashes.append("%s=%s and %s" % (rows.get(name, name), env[name], what))
+    if clashes:
+        warnings.warn("%s: %s: %s" % (where, "; ".join(clashes), "the variable applies (options={'environment': "
+                                      "'override'})" if override else "the argument applies (an argument beats the "
+                                      "environment; options={'environment': 'override'} lets the variable win)"),
+                      UserWarning, stacklevel=3)
+    out = {}
+    for k, v in given.items():
+        if v is None:
+            v = env.get(k, _DEFAULTS.get(k))
+            if k == "lookahead" and isinstance(v, str):
+                v = int(v)
+        out[k] = v
+    return out
 
 
 def distinct_callables(callables, names):

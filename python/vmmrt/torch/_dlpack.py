@@ -57,11 +57,23 @@ class Owner:
     __slots__ = ("__weakref__",)
 
 
-@_DELETER
-def _deleted(managed):
-    # torch calls this (holding the GIL) when the storage dies.
+def _deleted_py(managed, _lock=_lock, _alive=_alive, _addressof=ctypes.addressof):
+    # torch calls this (holding the GIL) when the storage dies, which may be
+    # in the interpreter's last garbage collection, after this module's
+    # globals are gone: what it needs comes as defaults.
     with _lock:
-        _alive.pop(ctypes.addressof(managed.contents), None)
+        _alive.pop(_addressof(managed.contents), None)
+
+
+_deleted = _DELETER(_deleted_py)
+
+# A tensor still alive at interpreter exit dies in its last collection, or
+# after: the managed tensors it points at and the deleter torch calls must
+# outlive every one of them. The module's dict is cleared at exit and the
+# cycle (deleter -> its defaults -> _alive -> a managed tensor -> deleter)
+# would be collected: one reference more keeps them for good.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_alive))
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_deleted))
 
 
 def owned_tensor_at(addr, nbytes, device):

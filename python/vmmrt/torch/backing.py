@@ -41,6 +41,23 @@ from vmmrt.torch import _address, _compat, _dlpack
 
 log = logging.getLogger("vmmrt.torch")
 
+# Holds let go while a CUDA graph was being captured: the last one of a closed
+# runtime destroys it, whose driver calls would invalidate the capture (of
+# another build: this one's runtime is open). The next flush lets them go.
+_late = []
+_late_lock = threading.Lock()
+
+
+def flush_late():
+    """Let go the holds that fell due during a capture (Offload.flush)."""
+    if _compat.is_capturing():
+        return
+    with _late_lock:
+        late = list(_late)
+        del _late[:]
+    for let_go in late:
+        let_go()
+
 
 class Backing:
     """One slot of ``nbytes`` whose memory comes and goes. ``stream_of()``
@@ -140,29 +157,48 @@ class Backing:
     def tensor(self, stream, counted=True):
         """A new 1-D uint8 tensor over the whole slot, mapped. ``counted``: the
         memory is released (ordered on ``stream``) once every storage made
-        this way has died; otherwise its life is the caller's (release)."""
+        this way has died; otherwise its life is the caller's (release).
+        Either way the runtime is not destroyed under it (Runtime.hold):
+        Offload.close(), its collection and interpreter exit wait for the
+        tensor to die (at exit, the process's end takes the memory)."""
         if self._on_stream:
             # The memory may not be there yet: the address is all it needs.
             t, owner = _dlpack.owned_tensor_at(self.address, self.nbytes, self.offload.device)
         else:
             self.ensure()
             t, owner = _address.owned_tensor_at(self.address, self.nbytes, torch.uint8, self.offload.device)
-        if counted and owner is not None:
-            with self._lock:
-                self._live += 1
-            weakref.finalize(owner, self._dropped, stream)
+        if owner is not None:
+            let_go = self.offload.runtime.hold()
+            if counted:
+                with self._lock:
+                    self._live += 1
+            # Not at exit: a release then would free the memory under a tensor
+            # something may still read while the interpreter goes.
+            weakref.finalize(owner, self._dropped, stream, counted, let_go).atexit = False
         return t
 
-    def _dropped(self, stream):
+    def _dropped(self, stream, counted, let_go):
         # Runs on whichever thread let go of the last view (the autograd
         # engine's, the optimizer's); never raises.
         try:
-            with self._lock:
-                self._live -= 1
-                if self._live == 0 and not self.offload.runtime.closed:
-                    self._release(stream)
+            if counted:
+                with self._lock:
+                    self._live -= 1
+                    if self._live == 0 and not self.offload.runtime.closed:
+                        self._release(stream)
         except Exception as e:  # pragma: no cover - reported, the memory stays mapped
             log.error("vmmrt: %s: release failed: %s", self.name, e)
+        finally:
+            # after a close(), the last one destroys the runtime: not in a capture
+            try:
+                capturing = _compat.is_capturing()
+            except Exception:  # pragma: no cover - no answer: as if capturing, the next flush lets it go
+                capturing = True
+            if capturing:
+                with _late_lock:
+                    _late.append(let_go)
+            else:
+                let_go()
 
     def destroy(self):
         self.slot.destroy()

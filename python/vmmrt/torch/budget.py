@@ -416,7 +416,11 @@ def _hull(opts):
     pts = sorted(opts, key=lambda o: (o[0], o[1]))
     front = []
     for p in pts:          # drop the dominated: more time for fewer or equal bytes
-        while front and front[-1][1] >= p[1]:
+        # ... but never the start (keep, no bytes saved): an offload whose
+        # copies hide completely costs no more time than keep, and without
+        # keep the greedy could not undo the layer back to it, and would
+        # move every layer where fewer fit the budget in the same time
+        while front and front[-1][0] > 0 and front[-1][1] >= p[1]:
             front.pop()
         front.append(p)
     hull = []

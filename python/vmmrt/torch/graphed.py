@@ -28,7 +28,7 @@ from vmmrt import Error, _capi
 from vmmrt.torch import (_callables, _compat, _compiled, _contracts, _te, budget, eager, pipeline, place, planner,
                          recompute, static_grads)
 from vmmrt.torch.grads import Grads, quiet_hooks
-from vmmrt.torch.offload import Offload
+from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
 
 GRADS = ("mapped", "static", "accumulate")
@@ -49,7 +49,7 @@ def _reject_unknown(kwargs):
 def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                            sample_args: tuple[torch.Tensor, ...] | tuple[tuple[torch.Tensor, ...], ...],
                            num_warmup_iters: int = 3, allow_unused_input: bool = False, pool: Any = None,
-                           capture_error_mode: str = "global", *, mode: str = "pingpong", lookahead: int = 1,
+                           capture_error_mode: str = "global", *, mode: str | None = None, lookahead: int | None = None,
                            offload: float | bool | str = 1.0, graphs: bool = True, grads: str = "mapped",
                            names: Sequence[str] | None = None, options: dict[str, Any] | None = None,
                            margin: float = 0.9, min_bytes: int = 1 << 16, order: Sequence[int] | None = None,
@@ -77,9 +77,15 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         "pingpong" (two resident banks; no driver call after allocation),
         "remap" (device memory released after each D2H and mapped again
         before the H2D) or "none" (slots stay resident: the same machinery
-        without offload, for A/B runs).
+        without offload, for A/B runs). Left out: VMMRT_MODE's, else
+        "pingpong".
     lookahead
-        how many layers ahead the restores (and remap's maps) start.
+        how many layers ahead the restores (and remap's maps) start. Left
+        out: VMMRT_LOOKAHEAD's, else 1. Every VMMRT_* variable is checked
+        by the library first (a malformed one is a ``vmmrt.InvalidValue``,
+        as in the C tools); one that says otherwise than an argument given
+        is one warning naming both, and the argument applies (with
+        ``options={"environment": "override"}``, the variable).
     offload
         what moves: 1.0 (every saved tensor that can), a fraction of each
         layer's distinct saved bytes, 0.0 (nothing), or "auto": the planner
@@ -201,10 +207,10 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     gens = _te.generators(generators)
     if not graphs:
         gens = []
-    _contracts.check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mode, lookahead, graphs,
-                               grads, names, options, margin, min_bytes)
+    _contracts.check_arguments(num_warmup_iters, allow_unused_input, pool, capture_error_mode,
+                               1 if lookahead is None else lookahead, graphs, grads, names, options, margin, min_bytes)
     modes = vmmrt.option_choices("mode")    # the library's strategies
-    if mode not in modes and not (mode == "auto" and memory_budget is not None):
+    if mode is not None and mode not in modes and not (mode == "auto" and memory_budget is not None):
         raise ValueError("mode=%r: choose %s ('auto' with memory_budget=)%s" % (
             mode, ", ".join(repr(m) for m in modes),
             "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(str(mode), modes, n=1))))
@@ -254,8 +260,12 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     else:
         uses = [(b, runners[i]) for b, i in layout.uses()]
     forwards = [r for b, r in uses if not b]
+    # The environment, checked once, against the caller's own arguments.
+    s = _contracts.environment_settings({"mode": mode, "lookahead": lookahead}, runtime_options(device), options,
+                                        "vmmrt.torch.make_graphed_callables")
+    mode, lookahead = s["mode"], s["lookahead"]
     off = Offload(mode="pingpong" if mode == "auto" else mode, lookahead=lookahead, device=device, options=options,
-                  min_bytes=min_bytes)
+                  min_bytes=min_bytes, _settled=True)
     off.map_ahead = map_ahead
     try:
         for r in forwards:                   # groups in forward order

@@ -241,6 +241,8 @@ class LayerOffload:
             i = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
             was = self.plan.entries[i].describe() if i < len(old) else "nothing"
             now = rec.entries[i].describe() if i < len(new) else "nothing"
+            if i < len(old) and i < len(new):
+                now += " (%s)" % rec.entries[i].differences(self.plan.entries[i])
             raise Error(_capi.E_MISMATCH, "warm-up passes saved different tensors: tensor %d was %s, then %s; "
                         "a layer must save the same tensors at every call" % (i, was, now), self._where())
 

@@ -21,7 +21,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, select
-from vmmrt.torch.backing import Backing
+from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
 
 log = logging.getLogger("vmmrt.torch")
@@ -71,8 +71,14 @@ class Offload:
     """A libvmmrt runtime for one set of layers, created in forward order.
 
     ``mode``: "pingpong" (two resident banks), "remap" (memory released after
-    the D2H and mapped again before the H2D) or "none" (resident, same hooks).
-    ``lookahead``: restores started ahead of the backward being run.
+    the D2H and mapped again before the H2D) or "none" (resident, same hooks);
+    left out, VMMRT_MODE's, else "pingpong".
+    ``lookahead``: restores started ahead of the backward being run; left
+    out, VMMRT_LOOKAHEAD's, else 1. Every VMMRT_* variable is checked by the
+    library before the runtime opens (a malformed one is an error, as in the
+    C tools); one that says otherwise than an argument is a warning naming
+    both, and the argument applies (unless ``options={"environment":
+    "override"}``).
     ``device``: a CUDA device (the cuda backend on its ordinal; by default
     the current device, so under torchrun the one torch.cuda.set_device gave
     the process), or "cpu" for the host backend (a GPU emulated on host
@@ -84,14 +90,21 @@ class Offload:
     offset each, for memory that does not matter: scalars, index tensors).
     """
 
-    def __init__(self, mode: str = "pingpong", lookahead: int = 1, device: torch.device | str | None = None,
-                 options: dict[str, Any] | None = None, min_bytes: int = 1 << 16) -> None:
-        _contracts.check_offload_arguments(lookahead, min_bytes)
+    def __init__(self, mode: str | None = None, lookahead: int | None = None,
+                 device: torch.device | str | None = None, options: dict[str, Any] | None = None,
+                 min_bytes: int = 1 << 16, _settled: bool = False) -> None:
+        _contracts.check_offload_arguments(1 if lookahead is None else lookahead, min_bytes)
+        if mode is not None and not isinstance(mode, str):
+            raise TypeError("mode=%r: one of %s" % (mode, ", ".join(repr(m) for m in vmmrt.option_choices("mode"))))
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if _compat.cuda_available() else "cpu"
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        if not _settled:     # make_graphed_callables has done it, for its own arguments
+            s = _contracts.environment_settings({"mode": mode, "lookahead": lookahead}, runtime_options(device),
+                                                options, "vmmrt.torch.Offload")
+            mode, lookahead = s["mode"], s["lookahead"]
         opts = {"mode": mode, "lookahead": lookahead}
         opts.update(runtime_options(device))
         opts.update(_contracts.runtime_options(options))
@@ -120,6 +133,7 @@ class Offload:
         self.capturing = False      # make_graphed_callables is capturing: no release now (backing.py)
         self._due = set()           # backings whose release fell due during a capture
         self._prev = {}             # (layer name, backward) -> the uses before it, nearest first (set_order)
+        self._order = None          # set_order's steps, as (layer name, backward)
         self.map_ahead = 1          # uses between the GPU's and the one memory is mapped for
         self._started = {}          # (layer name, backward) -> event where its GPU work began
         self._host_event = None     # the host backend's: where a stream-ordered map follows (map_for_use)
@@ -194,6 +208,7 @@ class Offload:
         needs is mapped once the GPU has reached the use before it
         (:meth:`gpu_reached_previous`)."""
         steps = [(lay.name, bool(b)) for lay, b in steps]
+        self._order = steps
         self._prev = {}
         for k, key in enumerate(steps):
             self._prev[key] = tuple(steps[k - j] for j in range(1, k + 1))
@@ -276,6 +291,7 @@ class Offload:
 
     def flush(self) -> None:
         """Releases that fell due while a graph was being captured."""
+        flush_late()
         if self._due and not self.capturing:
             due, self._due = self._due, set()
             for b in due:
@@ -372,11 +388,54 @@ class Offload:
         return t
 
     # ------------------------------------------------------ information
+    def staying(self) -> list[LayerOffload]:
+        """The layers with regions to move whose group libvmmrt keeps on the
+        device instead: its rule (vmmrt_offload_set_schedule(3)) keeps a group
+        whose backward comes within the look-ahead in force (at least 1) of its
+        forward, counted in the uses of groups with tensors, as nothing runs
+        in between that could want the memory: with every forward then the
+        backwards in reverse, the last layer. It copies nothing of them from
+        the second iteration on (from the first under a declared schedule);
+        the first iteration, which records the order, copies every group.
+        The order is the declared schedule, else :meth:`set_order`'s, else
+        every forward then the backwards in reverse."""
+        if self.mode == "none":
+            return []
+        if self.schedule is not None:
+            order = [(lay.name, b) for lay, b in self.schedule]
+        elif self._order is not None:
+            order = list(self._order)
+        else:
+            order = [(l.name, False) for l in self.layers] + [(l.name, True) for l in reversed(self.layers)]
+        by_name = {l.name: l for l in self.layers}
+        order = [(n, b) for n, b in order if n in by_name and by_name[n].moving()]
+        pos = {key: k for k, key in enumerate(order)}
+        la = self.lookahead
+        if self.allocated and not self.runtime.closed:
+            st = self.runtime.offload_stats()
+            if st["schedule_recorded"] or st["schedule_declared"]:
+                la = st["lookahead_in_force"]
+        elif self.mode == "pingpong" and self.schedule is None:
+            la = min(la, 1)          # ping-pong's two banks without a declared schedule
+        reach = max(la, 1)
+        return [l for l in self.layers if (l.name, False) in pos and (l.name, True) in pos
+                and pos[(l.name, True)] - pos[(l.name, False)] <= reach]
+
     def saved_bytes(self) -> dict[str, int]:
+        """Bytes of the layers' saved tensors (LayerOffload.saved_bytes,
+        summed): "views", "distinct", "moved" (the regions at offloaded
+        addresses), and "copied": what goes to the host and back each
+        iteration, as stats()'s bytes_offloaded grows from the second
+        iteration on: the groups of the layers that move, those of
+        :meth:`staying` left out, each as libvmmrt copies it (its regions
+        and the alignment between them, once allocated)."""
         out = {"views": 0, "distinct": 0, "moved": 0}
         for lay in self.layers:
             for k, v in lay.saved_bytes().items():
                 out[k] += v
+        stay = set(l.name for l in self.staying())
+        out["copied"] = sum(lay.group.nbytes if self.allocated else lay.saved_bytes()["moved"]
+                            for lay in self.layers if lay.moving() and lay.name not in stay)
         return out
 
     def group_bytes(self) -> list[int]:
@@ -423,6 +482,16 @@ class Offload:
         text = ("%s, look-ahead %d, %d layers: saved %.1f MiB as views, %.1f MiB distinct, %.1f MiB offloaded"
                 % (self.mode, self.lookahead, len(self.layers), b["views"] / mib, b["distinct"] / mib,
                    b["moved"] / mib))
+        stay = self.staying()
+        if stay:
+            one = len(stay) == 1
+            text += (" (%.1f MiB copied to the host and back per iteration: %s (%.1f MiB) stay%s on the device, "
+                     "%s backward within the look-ahead of %s forward%s)"
+                     % (b["copied"] / mib, ("layer " if one else "layers ") + ", ".join(repr(l.name) for l in stay),
+                        sum(l.saved_bytes()["moved"] for l in stay) / mib, "s" if one else "",
+                        "its" if one else "each one's", "its" if one else "its",
+                        "" if self.schedule is not None else "; the first iteration, which records the order, "
+                        "copies every layer"))
         p = self.placement()
         if p["placed"] or p["copied"] or p["copy"] or p["resident"] or p["pool"]:
             text += ("; in their slots: %.1f MiB born there, %.1f MiB copied in by their op, %.1f MiB copied at "
@@ -447,11 +516,14 @@ class Offload:
     def stats(self) -> dict[str, Any]:
         """The library's statistics (vmmrt_offload_stats_get), and how the saved
         bytes reached their slots at capture (:meth:`placement`, summed):
-        placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes."""
+        placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes;
+        tensors_held: tensors over its slots alive now (gradients, resident
+        activations), each of which defers the destroy of a :meth:`close`."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
             st["%s_bytes" % k] = p[k]
+        st["tensors_held"] = self.runtime.holds
         return st
 
     def sync(self) -> None:
@@ -492,7 +564,10 @@ class Offload:
         self.runtime.offload_release_retired()
 
     def close(self) -> None:
-        """Destroy the runtime: the graphs built over its addresses must not run again."""
+        """Destroy the runtime: the graphs built over its addresses must not run
+        again. A tensor over one of its slots still alive (a ``.grad`` kept
+        by the user, a view) keeps its memory: the destroy waits until the
+        last one dies (``runtime.destroy_deferred``)."""
         # The abort hooks close over the runners (their graphs, static
         # tensors, a pool): dropping them lets those go with the callables.
         self._abort_hooks.clear()

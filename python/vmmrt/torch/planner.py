@@ -305,7 +305,8 @@ def adopt(off, plan, runners, uses):
     device, min_bytes, map_ahead = off.device, off.min_bytes, off.map_ahead
     olds = [r.layer for r in runners]
     off.close()         # one runtime per device at a time
-    new = Offload(mode=plan.mode, lookahead=plan.lookahead, device=device, options=opts, min_bytes=min_bytes)
+    new = Offload(mode=plan.mode, lookahead=plan.lookahead, device=device, options=opts, min_bytes=min_bytes,
+                  _settled=True)     # the planner's choice, against the environment already
     try:
         new.map_ahead = map_ahead
         for r, old in zip(runners, olds):

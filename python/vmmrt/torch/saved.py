@@ -161,6 +161,24 @@ class Entry:
         return "%s %s stride %s (%s)" % (str(self.dtype).replace("torch.", ""), list(self.shape),
                                           list(self.stride), what)
 
+    def differences(self, other):
+        """What differs between this entry and ``other`` (discovery's), in
+        words: describe() leaves out the storage's size, which two views
+        alike in everything else (``big[:2]`` and a tensor of its own) differ
+        in, and the message would show the same text twice."""
+        out = []
+        for field, name in (("kind", "kind"), ("region", "region"), ("dtype", "dtype"), ("shape", "shape"),
+                            ("stride", "strides"), ("offset", "byte offset in its storage"),
+                            ("storage_nbytes", "storage size in bytes")):
+            a, b = getattr(self, field), getattr(other, field)
+            if a != b:
+                if field == "dtype":
+                    a, b = str(a).replace("torch.", ""), str(b).replace("torch.", "")
+                elif field in ("shape", "stride"):
+                    a, b = list(a), list(b)
+                out.append("%s %s, not %s" % (name, a, b))
+        return "; ".join(out)
+
 
 class Packed:
     """What autograd keeps for one saved tensor: an alias, or a view to rebuild;
@@ -300,9 +318,10 @@ class Recorder:
                              "a layer must save the same tensors, in the same order, at every call"
                              % (i, self.entries[i].describe(), len(plan)), self._where()))
         if self.entries[i].key() != plan[i].key():
-            self._fail(Error(_capi.E_MISMATCH, "saved tensor %d is %s where discovery saw %s; a layer must save "
-                             "the same tensors (shapes, dtypes, views) in the same order at every call"
-                             % (i, self.entries[i].describe(), plan[i].describe()), self._where()))
+            self._fail(Error(_capi.E_MISMATCH, "saved tensor %d is %s where discovery saw %s (%s); a layer must "
+                             "save the same tensors (shapes, dtypes, views) in the same order at every call"
+                             % (i, self.entries[i].describe(), plan[i].describe(),
+                                self.entries[i].differences(plan[i])), self._where()))
 
     def finish(self, outputs=(), births=None, recorded=True, unrecorded="torch without TorchDispatchMode"):
         """End the pass: check it against the plan, mark output regions kept, and
