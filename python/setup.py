@@ -2,7 +2,7 @@
 """The wheel's build step: libvmmrt built by the project's own Autotools build.
 
 pyproject.toml holds the metadata; this file only adds three commands to
-setuptools (python/README.md, "Building the wheel", says why setuptools):
+setuptools (doc/install.md, "The manylinux wheel and the sdist", says why setuptools):
 
 - build_py also runs ``./configure && make libvmmrt.la`` on a copy of the C
   sources (the checkout above python/, or csrc/ in an sdist) in a temporary
