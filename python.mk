@@ -68,6 +68,7 @@ vmmrt_py_tests = \
 	python/tests/test_errors.py \
 	python/tests/test_gpu.py \
 	python/tests/test_readme.py \
+	python/tests/test_packaging.py \
 	python/tests/test_runner_api.py \
 	python/tests/test_ddp.py \
 	python/tests/test_pipeline.py \

@@ -128,7 +128,8 @@ tests_fuzz_fuzz_replay_LDADD = libvmmrt-testing.la $(URCU_LIBS) $(CK_LIBS) -lpth
 
 # ------------------------------------------------------------ scripts
 torture_tests = tests/torture/short.sh tests/torture/hang.sh tests/regression/planted.sh
-tree_tests = tests/spdx.sh tests/layering.sh tests/comment-refs.sh tests/man-check.sh tests/bench-smoke.sh tests/python.sh
+tree_tests = tests/spdx.sh tests/layering.sh tests/comment-refs.sh tests/man-check.sh tests/doc-headings.sh tests/bench-smoke.sh \
+	tests/python.sh
 
 check_PROGRAMS += $(unit_tests) $(regression_tests) $(gpu_tests) tests/abi/test-dlopen tests/fuzz/fuzz-replay
 TESTS += $(unit_tests) $(regression_tests) $(gpu_tests) $(abi_tests) $(torture_tests) tests/fuzz/replay.sh \

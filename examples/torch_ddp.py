@@ -24,7 +24,7 @@ backward (graph pool, caching allocator, libvmmrt, the rest: CUDA context,
 NCCL's buffers), bytes moved per step, the gradients against the reference
 and whether the ranks agree; --json writes every number.
 
-How the pieces fit (see README.md, "Several GPUs", and vmmrt(7)):
+How the pieces fit (see doc/pytorch.md, "Several GPUs", and vmmrt(7)):
 
 - one runtime per process: vmmrt.torch opens it on the device of the layers'
   tensors (libvmmrt's "device" option), here cuda:LOCAL_RANK; runtimes of

@@ -151,7 +151,7 @@ typedef enum vmmrt_mode {
 typedef struct vmmrt_runtime_info {
 	size_t size;           /* set by the caller: sizeof(vmmrt_runtime_info) */
 	const char *backend;  /* "cuda" or "host" */
-	char backend_note[192]; /* why this backend: "auto: no CUDA driver (...), using host" */
+	char backend_note[192]; /* why this backend: "auto: no GPU to use, so the host backend emulates one (...)" */
 	char device[96];      /* device name */
 	int device_ordinal;
 	size_t granularity;   /* VMM allocation granularity in bytes */

@@ -2,7 +2,7 @@
 """The wheel's build step: libvmmrt built by the project's own Autotools build.
 
 pyproject.toml holds the metadata; this file only adds three commands to
-setuptools (python/README.md, "Building the wheel", says why setuptools):
+setuptools (doc/install.md, "The manylinux wheel and the sdist", says why setuptools):
 
 - build_py also runs ``./configure && make libvmmrt.la`` on a copy of the C
   sources (the checkout above python/, or csrc/ in an sdist) in a temporary
@@ -61,19 +61,24 @@ def copy_source(src, dst):
     """Copy the C sources, without python/ and without any build output (a
     configured or built checkout would otherwise hand its objects, its
     Makefile and its options to this build)."""
-    listed = subprocess.run(["git", "-C", src, "ls-files", "-z", "--cached", "--others",
-                             "--exclude-standard"], capture_output=True)
-    if listed.returncode == 0 and os.path.exists(os.path.join(src, ".git")):
+    listed = None
+    # A checkout with git: only its files (not what a build left there). Without
+    # git (a machine that never installed it, a downloaded tree, an sdist's
+    # csrc/), every file but the build outputs below.
+    if os.path.exists(os.path.join(src, ".git")) and shutil.which("git") is not None:
+        listed = subprocess.run(["git", "-C", src, "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], capture_output=True)
+    if listed is not None and listed.returncode == 0:
         for rel in listed.stdout.decode().split("\0"):
             if not rel or rel.startswith("python/") or not os.path.isfile(os.path.join(src, rel)):
                 continue
             os.makedirs(os.path.join(dst, os.path.dirname(rel)), exist_ok=True)
             shutil.copy2(os.path.join(src, rel), os.path.join(dst, rel))
         return
-    # A release tarball or an sdist's csrc/: no git, configure already there.
     shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns(
         "python", ".git", "*.o", "*.lo", "*.la", "*.a", ".libs", ".deps", "*.so*", "Makefile",
-        "config.status", "config.log", "config.h", "libtool", "stamp-h1", "*_fatbin.c", "*.fatbin"))
+        "config.status", "config.log", "config.h", "libtool", "stamp-h1", "*_fatbin.c", "*.fatbin",
+        "autom4te.cache", "*.log", "*.trs", "*.tar.gz", "*.whl"))
 
 
 def run(cmd, cwd):

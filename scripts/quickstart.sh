@@ -51,4 +51,14 @@ if [ "$run" = yes ]; then
   ./examples/vmmrt-example
   echo
   ./tools/vmmrt-bench --quiet
+  echo
+fi
+
+# The last line: what a PyTorch user runs next. Debian's own python3 refuses
+# pip (it is managed by apt), so without a venv of theirs, one that still
+# sees Debian's python3-torch.
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  echo "quickstart: done. For PyTorch, install the vmmrt package into your venv: $VIRTUAL_ENV/bin/python -m pip install ./python"
+else
+  echo "quickstart: done. For PyTorch, install the vmmrt package for the python you train with (PYTHON -m pip install ./python), or into a new venv: python3 -m venv --system-site-packages ~/venv && ~/venv/bin/python -m pip install ./python"
 fi

@@ -18,6 +18,19 @@
 #include "slot.h"
 #include "trace.h"
 
+/* A message of vmmrt__error() without its leading "VMMRT_E_<NAME>: ". */
+static const char *without_status_name(const char *message)
+{
+	const char *p = message;
+
+	if (strncmp(p, "VMMRT_E_", 8) != 0)
+		return message;
+	p += 8;
+	while ((*p >= 'A' && *p <= 'Z') || *p == '_')
+		p++;
+	return strncmp(p, ": ", 2) == 0 ? p + 2 : message;
+}
+
 static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 {
 	vmmrt__backend_choice choice = (vmmrt__backend_choice)vmmrt__opt_u(&rt->opts, VMMRT_OPT_BACKEND);
@@ -35,8 +48,13 @@ static vmmrt_status open_backend(vmmrt_runtime *rt, char *note, size_t note_len)
 	}
 	if (choice == VMMRT_BACKEND_CUDA || (st != VMMRT_E_NO_DEVICE && st != VMMRT_E_NOT_SUPPORTED))
 		return vmmrt__error_wrap(st, "cuda backend");
-	/* auto: no usable GPU here, so emulate one; say why. */
-	snprintf(note, note_len, "auto: %s; using the host backend", vmmrt_last_error());
+	/*
+	 * auto: no usable GPU here, so emulate one; say why in the user's words.
+	 * Falling back is the choice auto exists to make, not a failure, so the
+	 * cause goes without its status name ("VMMRT_E_NOT_SUPPORTED: ").
+	 */
+	snprintf(note, note_len, "auto: no GPU to use, so the host backend emulates one (%s)",
+		 without_status_name(vmmrt_last_error()));
 	/* The reason now lives in the note: a runtime created on the fallback is a success. */
 	vmmrt__error_clear();
 	return vmmrt__drv_open(rt, &vmmrt__backend_host);

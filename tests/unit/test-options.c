@@ -306,6 +306,11 @@ static void success_leaves_no_message(void **state)
 	assert_int_equal(vmmrt_options_set(o, "backend", "auto"), VMMRT_OK);
 	assert_int_equal(vmmrt_runtime_create(o, &rt), VMMRT_OK);
 	assert_string_equal(vmmrt_last_error(), "");
+	/* ... in the user's words: a choice made on purpose carries no status name */
+	vmmrt_runtime_info info = {.size = sizeof(info)};
+	assert_int_equal(vmmrt_runtime_info_get(rt, &info), VMMRT_OK);
+	assert_non_null(strstr(info.backend_note, "auto: "));
+	assert_null(strstr(info.backend_note, "VMMRT_E_"));
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 	vmmrt_options_destroy(o);
 }

@@ -23,6 +23,22 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+try:
+    import torch as _torch  # noqa: F401
+except ModuleNotFoundError as _e:
+    if _e.name != "torch":
+        raise
+    # The binding (import vmmrt) needs no torch; this part does. Say which
+    # python lacks it and how to get it, rather than a bare "No module named".
+    import sys as _sys
+
+    raise ModuleNotFoundError(
+        "vmmrt.torch needs PyTorch, which %s cannot import. Install it for that python: "
+        "`%s -m pip install torch` (or your framework's own build of torch; installing this "
+        "package with its [torch] extra does the same), or on Debian `apt-get install "
+        "python3-torch` (CPU only; a venv sees it with --system-site-packages). The C binding, "
+        "`import vmmrt`, works without torch." % (_sys.executable, _sys.executable), name="torch") from None
+
 from vmmrt import Error  # noqa: F401
 from vmmrt.torch.graphed import make_graphed_callables, offload_of  # noqa: F401
 from vmmrt.torch.layer import LayerOffload  # noqa: F401
