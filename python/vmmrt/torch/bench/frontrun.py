@@ -113,7 +113,10 @@ def build(opt, layers, sample, args, reserve, cuda):
         seq = [Ckpt(m) if i < opt.param else m for i, m in enumerate(layers)]
     elif opt.kind == "graph-ckpt":
         try:
-            mods = tuple(Ckpt(m) if i < opt.param else m for i, m in enumerate(layers))
+            keep_rng = not any(getattr(m, "rng_tracked", False) for m in layers)
+            if not keep_rng:
+                note = "preserve_rng_state=False (Megatron's RNG tracker: see shapes.MegatronLayer)"
+            mods = tuple(Ckpt(m, keep_rng) if i < opt.param else m for i, m in enumerate(layers))
             seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
         except RuntimeError as e:
             # A torch whose checkpoint reads the CUDA generator's state under
@@ -259,6 +262,8 @@ class Front:
         built = None
         pt = {"label": o.label, "family": o.family, "option": o.kind, "param": o.param}
         try:
+            if layers and hasattr(layers[0], "reseed"):
+                layers[0].reseed()
             built = build(o, layers, sample, a, self.reserve, self.cuda)
             row, grads = modes.measure(built, layers, self.loop, xs, gys, a, weights)
             if is_ref:

@@ -85,10 +85,24 @@ class MegatronLayer(torch.nn.Module):
     ([seq, batch, hidden], Megatron's layout) with the rotary embedding of
     its sequence as a buffer, causal attention, no mask tensor."""
 
-    def __init__(self, layer, rope):
+    # Megatron's RNG tracker swaps its graph-safe generator states into the
+    # default generator: a capture that torch aborts midway (a checkpoint
+    # reading the RNG state under capture) leaves the state swapped in marked
+    # as capturing for good, and every later capture or random op of the
+    # process fails ("Offset increment outside graph capture"). So its
+    # checkpoints preserve no RNG state (dropout 0: nothing is random), and
+    # each point starts from fresh tracker states (reseed).
+    rng_tracked = True
+
+    def __init__(self, layer, rope, seed=1234):
         super().__init__()
         self.layer = layer
+        self.seed = seed
         self.register_buffer("rope", rope, persistent=False)
+
+    def reseed(self):
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+        model_parallel_cuda_manual_seed(self.seed, use_cudagraphable_rng=True)
 
     def forward(self, x):
         out = self.layer(hidden_states=x, attention_mask=None, rotary_pos_emb=self.rope)
@@ -130,5 +144,6 @@ def megatron_layers(n, shape, device, dtype=torch.bfloat16, seed=1234):
     except TypeError:           # a megatron-core before rotary_base=
         rope = RotaryEmbedding(kv_channels=cfg.kv_channels, rotary_percent=1.0)
     emb = rope(shape.seq).to(device)
-    layers = [MegatronLayer(build_module(spec, config=cfg, layer_number=i + 1), emb).to(device) for i in range(n)]
+    layers = [MegatronLayer(build_module(spec, config=cfg, layer_number=i + 1), emb, seed).to(device)
+              for i in range(n)]
     return llama.init_(layers, seed)
