@@ -545,9 +545,20 @@ const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_
 const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
 
+/* A stream-ordered release starts once the map asked before it ended
+ * (slot.h): the flag holds the map_seq of the last map that ended, stored
+ * by vmmrt__slot_async_done on this worker. No flag: no map was ever asked. */
+static bool arelease_ready(const vmmrt__request *req)
+{
+	const vmmrt__slot_release *r = caa_container_of(req, vmmrt__slot_release, req);
+	const vmmrt_slot *s = req->owner;
+	return !s->flag || (int32_t)(uatomic_read(s->flag) - r->map_seq) >= 0;
+}
+
 /* The stream-ordered ones settle in their done callback, vmmrt__slot_async_done. */
 const vmmrt__request_ops vmmrt__slot_amap_ops = {.name = "map", .run = run_ensure, .withdrawn = slot_dying};
-const vmmrt__request_ops vmmrt__slot_arelease_ops = {.name = "release", .run = run_arelease, .withdrawn = slot_dying};
+const vmmrt__request_ops vmmrt__slot_arelease_ops = {
+	.name = "release", .run = run_arelease, .withdrawn = slot_dying, .ready = arelease_ready};
 
 /* Never cancelled: it runs even when its worker stops without draining. */
 const vmmrt__request_ops vmmrt__slot_destroy_ops = {

@@ -500,6 +500,7 @@ vmmrt_status vmmrt_slot_release_after(vmmrt_slot *s, vmmrt_stream stream)
 	if ((st = vmmrt__drv_event_record(rt, r->event, stream)) != VMMRT_OK)
 		return vmmrt__error_wrap(st, "%s: slot %llu: recording the release's event", __func__, id);
 	r->gen = uatomic_read(&s->backing) / VMMRT__SLOT_GENERATION;
+	r->map_seq = s->map_seq; /* after the map asked last, whatever its event (slot.h) */
 	r->req.after = r->event;
 	if ((st = push_async(s, &r->req)) != VMMRT_OK)
 		return st;
