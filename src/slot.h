@@ -65,7 +65,8 @@
  * cancelled: a stream that waits for it (a wait-value, as remap's restores
  * wait for their map) must never wait forever. The flag exists once the
  * first stream-ordered map is pushed (made before the push: the worker may
- * end it before the push returns), and goes with the slot.
+ * end it before the push returns), and goes with the slot: freed by the
+ * destroy's caller once the worker has run it, never on the worker (slot.c).
  */
 #define VMMRT__SLOT_UNBACKED 1ull
 #define VMMRT__SLOT_GENERATION 2ull

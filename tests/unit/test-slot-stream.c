@@ -570,6 +570,55 @@ static void refused_after_a_synchronous_unmap(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/*
+ * 9. A slot destroyed while a stream waits for another slot's map, which
+ *    the same worker is yet to make (its event is on a busy stream): the
+ *    destroy must not free its flag on that worker. Freeing pinned memory
+ *    synchronizes the whole device (cuMemFreeHost; the host backend's free
+ *    does as the GPU's), so the worker would wait for the stream, and the
+ *    stream for the worker, for ever: the destroy timed out, and everything
+ *    after it hung (the timeout wrapper fails the test then). Freed on the
+ *    destroy's caller, it waits only until the map is made.
+ */
+static void destroy_frees_the_flag_off_the_worker(void **state)
+{
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"host_capacity", "64M", "driver_workers", "1",
+							       "timeout_ms", "2000", NULL});
+	vmmrt_slot *x, *y;
+	vmmrt_stream a, b;
+	vmmrt_event *e, *passed;
+	int done = 0;
+	assert_int_equal(vmmrt_stream_create(rt, &a), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_create(rt, &b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &passed), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &x), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &y), VMMRT_OK);
+	assert_int_equal(x->worker, y->worker);
+	assert_int_equal(vmmrt_slot_map_async(x), VMMRT_OK); /* x has a flag */
+	assert_int_equal(vmmrt_slot_wait(x), VMMRT_OK);
+
+	assert_int_equal(vmmrt_kernel_busy(rt, a, 300 * MS), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_after(y, e), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_wait_stream(y, b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, passed, b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_query(rt, passed, &done), VMMRT_OK);
+	assert_false(done); /* b waits for y's map, 300 ms away */
+	assert_int_equal(vmmrt_slot_destroy(x), VMMRT_OK);
+	assert_int_equal(vmmrt_event_query(rt, passed, &done), VMMRT_OK);
+	if (test_on_host())
+		assert_true(done); /* the free waited for the device, as cuMemFreeHost does */
+	assert_int_equal(vmmrt_slot_get_state(y), VMMRT_SLOT_MAPPED);
+	assert_int_equal(vmmrt_slot_destroy(y), VMMRT_OK);
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(vmmrt_event_destroy(rt, e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, passed), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, a), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, b), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -581,6 +630,7 @@ int main(void)
 		cmocka_unit_test(destroy_waits_for_a_stream_behind_its_wait),
 		cmocka_unit_test(release_after_follows_the_map_asked_before),
 		cmocka_unit_test(refused_after_a_synchronous_unmap),
+		cmocka_unit_test(destroy_frees_the_flag_off_the_worker),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }
