@@ -442,37 +442,6 @@ void vmmrt__slot_async_done(vmmrt__request *req, vmmrt_status st, void *arg)
 	(void)uatomic_add_return(&s->queued, -1);
 }
 
-/* The ring of releases and their events, and the stream waits' flag, once
- * nothing can use them: the slot's requests were cancelled or ran before
- * its destroy did. */
-static void free_releases(vmmrt_slot *s)
-{
-	/* The streams that waited on the flag read it until they pass their
-	 * wait (its map published it, or was cancelled, by now): not after. */
-	for (unsigned i = 0; i < VMMRT__SLOT_WAITS; i++)
-		if (s->waited[i]) {
-			(void)vmmrt__drv_event_synchronize(s->rt, s->waited[i]);
-			(void)vmmrt__drv_event_destroy(s->rt, s->waited[i]);
-			s->waited[i] = NULL;
-		}
-	if (s->flag && !s->keep_flag)
-		(void)vmmrt__drv_host_free(s->rt, s->flag);
-	s->flag = NULL;
-	if (s->order_event)
-		(void)vmmrt__drv_event_destroy(s->rt, s->order_event);
-	if (s->order_stream)
-		(void)vmmrt__drv_stream_destroy(s->rt, s->order_stream);
-	s->order_event = NULL;
-	s->order_stream = NULL;
-	if (!s->releases)
-		return;
-	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++)
-		if (s->releases[i].event)
-			(void)vmmrt__drv_event_destroy(s->rt, s->releases[i].event);
-	free(s->releases);
-	s->releases = NULL;
-}
-
 static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 {
 	vmmrt_slot *s = req->owner;
@@ -501,7 +470,10 @@ static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 		publish_error(s, st);
 		return st;
 	}
-	free_releases(s);
+	/* The stream waits' flag, events and stream are the caller's to free
+	 * (slot.c: vmmrt__slot_destroy), not this worker's: freeing the flag
+	 * synchronizes the device, whose streams may wait for a map that only
+	 * this worker can make. */
 	retire(s);
 	return VMMRT_OK;
 }
@@ -545,9 +517,20 @@ const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_
 const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
 
+/* A stream-ordered release starts once the map asked before it ended
+ * (slot.h): the flag holds the map_seq of the last map that ended, stored
+ * by vmmrt__slot_async_done on this worker. No flag: no map was ever asked. */
+static bool arelease_ready(const vmmrt__request *req)
+{
+	const vmmrt__slot_release *r = caa_container_of(req, vmmrt__slot_release, req);
+	const vmmrt_slot *s = req->owner;
+	return !s->flag || (int32_t)(uatomic_read(s->flag) - r->map_seq) >= 0;
+}
+
 /* The stream-ordered ones settle in their done callback, vmmrt__slot_async_done. */
 const vmmrt__request_ops vmmrt__slot_amap_ops = {.name = "map", .run = run_ensure, .withdrawn = slot_dying};
-const vmmrt__request_ops vmmrt__slot_arelease_ops = {.name = "release", .run = run_arelease, .withdrawn = slot_dying};
+const vmmrt__request_ops vmmrt__slot_arelease_ops = {
+	.name = "release", .run = run_arelease, .withdrawn = slot_dying, .ready = arelease_ready};
 
 /* Never cancelled: it runs even when its worker stops without draining. */
 const vmmrt__request_ops vmmrt__slot_destroy_ops = {

@@ -194,6 +194,56 @@ vmmrt_status vmmrt_slot_unmap(vmmrt_slot *s)
 	return st;
 }
 
+/* What the stream-ordered calls made for a slot, on its caller's thread:
+ * the stream waits' flag, the events behind those waits, the stream and
+ * event its maps follow, the ring of releases. */
+typedef struct stream_state {
+	uint32_t *flag;
+	bool keep_flag;
+	vmmrt__bevent *waited[VMMRT__SLOT_WAITS];
+	vmmrt_stream order_stream;
+	vmmrt__bevent *order_event;
+	vmmrt__slot_release *releases;
+} stream_state;
+
+static stream_state stream_state_of(const vmmrt_slot *s)
+{
+	stream_state k = {s->flag, s->keep_flag, {0}, s->order_stream, s->order_event, s->releases};
+	memcpy(k.waited, s->waited, sizeof(k.waited));
+	return k;
+}
+
+/*
+ * Freed once the slot's destroy ran (its map and releases were cancelled
+ * or ended, the flag published), on the caller's thread, never on the
+ * driver worker: freeing the flag (cuMemFreeHost) synchronizes the whole
+ * device, and a stream anywhere may be waiting for a map that only that
+ * worker can make, which would then wait for ever (a deadlock, fault-free,
+ * found by vmmrt-torture on the host backend, whose pinned free now
+ * synchronizes as the GPU's does). The streams that waited on the flag read
+ * it until they pass their wait: their events are synchronized first.
+ */
+static void free_stream_state(vmmrt_runtime *rt, stream_state *k)
+{
+	for (unsigned i = 0; i < VMMRT__SLOT_WAITS; i++)
+		if (k->waited[i]) {
+			(void)vmmrt__drv_event_synchronize(rt, k->waited[i]);
+			(void)vmmrt__drv_event_destroy(rt, k->waited[i]);
+		}
+	if (k->flag && !k->keep_flag)
+		(void)vmmrt__drv_host_free(rt, k->flag);
+	if (k->order_event)
+		(void)vmmrt__drv_event_destroy(rt, k->order_event);
+	if (k->order_stream)
+		(void)vmmrt__drv_stream_destroy(rt, k->order_stream);
+	if (!k->releases)
+		return;
+	for (unsigned i = 0; i < VMMRT__SLOT_RELEASES; i++)
+		if (k->releases[i].event)
+			(void)vmmrt__drv_event_destroy(rt, k->releases[i].event);
+	free(k->releases);
+}
+
 vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s)
 {
 	/*
@@ -209,14 +259,21 @@ vmmrt_status vmmrt__slot_destroy(vmmrt_slot *s)
 	vmmrt__request_init(req, &vmmrt__slot_destroy_ops, s);
 	uatomic_set(&s->dying, true);
 	/* Once pushed, the slot may be freed at any moment: read what we need first. */
-	uint64_t timeout_ms = s->rt->timeout_ms;
-	vmmrt_status st = vmmrt__worker_push(s->rt->workers, s->worker, req);
+	vmmrt_runtime *rt = s->rt;
+	uint64_t timeout_ms = rt->timeout_ms;
+	stream_state kept = stream_state_of(s);
+	vmmrt_status st = vmmrt__worker_push(rt->workers, s->worker, req);
 	if (st != VMMRT_OK) {
 		uatomic_set(&s->dying, false);
 		free(req);
 		return st;
 	}
-	return vmmrt__request_wait_owned(req, timeout_ms);
+	/* A failed destroy keeps the slot, and all of it; one that timed out
+	 * may yet free the slot: what it kept is left to the runtime's end
+	 * (the backend's close frees pinned memory, events and streams). */
+	if ((st = vmmrt__request_wait_owned(req, timeout_ms)) == VMMRT_OK)
+		free_stream_state(rt, &kept);
+	return st;
 }
 
 /* The public calls: their prologue, then what the library's own code calls
@@ -462,7 +519,7 @@ static vmmrt_status make_releases(vmmrt_slot *s)
 		vmmrt__request_init(&r[i].req, &vmmrt__slot_arelease_ops, s);
 		r[i].req.done = vmmrt__slot_async_done;
 	}
-	s->releases = r; /* the worker reads it only at destroy, queued after */
+	s->releases = r; /* its requests reach the worker only when pushed, after this */
 	return VMMRT_OK;
 }
 
@@ -500,6 +557,7 @@ vmmrt_status vmmrt_slot_release_after(vmmrt_slot *s, vmmrt_stream stream)
 	if ((st = vmmrt__drv_event_record(rt, r->event, stream)) != VMMRT_OK)
 		return vmmrt__error_wrap(st, "%s: slot %llu: recording the release's event", __func__, id);
 	r->gen = uatomic_read(&s->backing) / VMMRT__SLOT_GENERATION;
+	r->map_seq = s->map_seq; /* after the map asked last, whatever its event (slot.h) */
 	r->req.after = r->event;
 	if ((st = push_async(s, &r->req)) != VMMRT_OK)
 		return st;

@@ -39,8 +39,8 @@
  *  - M's swap before R's claim: the generation is no longer g, so R's claim
  *    fails and R does nothing, whether it runs before or after the map M
  *    pushed (if any). M pushed nothing only if UNBACKED was clear: no
- *    release had claimed since the map that backs the slot, which is done
- *    or queued ahead of R (requests without an event run in push order).
+ *    release had claimed since the map that backs the slot, which has
+ *    ended before R starts (below).
  *  - R's claim before M's swap: M sees UNBACKED (only a map_async or a
  *    synchronous map clears it, both on the caller's thread) and pushes an
  *    ensure map. R is running or done by then, and the worker runs one
@@ -48,6 +48,12 @@
  *  - No map_async after R: the generation is still g when R runs; R claims
  *    (UNBACKED is clear unless the map backing the slot failed, and then
  *    there is nothing to release) and releases.
+ * A release starts only once the map asked before it has ended (its
+ * map_seq reached the flag: the arelease ops' ready), whatever the events
+ * they wait for: a map that follows an event on a busy stream
+ * (vmmrt_slot_map_after) would otherwise be passed by a release after an
+ * idle stream, which would claim, find nothing mapped, and leave the map
+ * to land behind it with no release to come.
  * UNBACKED set too often costs an ensure map that finds the slot mapped
  * and does nothing; clear too early would leave a slot unbacked for good,
  * so everything that may unback the slot sets it first.
@@ -59,7 +65,8 @@
  * cancelled: a stream that waits for it (a wait-value, as remap's restores
  * wait for their map) must never wait forever. The flag exists once the
  * first stream-ordered map is pushed (made before the push: the worker may
- * end it before the push returns), and goes with the slot.
+ * end it before the push returns), and goes with the slot: freed by the
+ * destroy's caller once the worker has run it, never on the worker (slot.c).
  */
 #define VMMRT__SLOT_UNBACKED 1ull
 #define VMMRT__SLOT_GENERATION 2ull
@@ -74,6 +81,7 @@ typedef struct vmmrt__slot_release {
 	vmmrt__request req;   /* its `after` is event; req.owner the slot */
 	vmmrt__bevent *event; /* recorded on the caller's stream; made on first use */
 	uint64_t gen;         /* the slot's map generation when it was requested */
+	uint32_t map_seq;     /* the slot's map_seq then: it starts once that map ended */
 } vmmrt__slot_release;
 
 struct vmmrt_slot {
@@ -155,8 +163,8 @@ extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
 /*
  * The stream-ordered ones: amap (ensure, sets VMMRT__SLOT_UNBACKED again if it
  * fails, publishes map_seq to the flag however it ends) and arelease (on a
- * vmmrt__slot_release: claims the generation it was asked in, then unmaps
- * and cuMemReleases). Both end by decrementing
+ * vmmrt__slot_release: once the map asked before it ended, claims the
+ * generation it was asked in, then unmaps and cuMemReleases). Both end by decrementing
  * the slot's `queued`, whatever the outcome (their done callback:
  * vmmrt__slot_async_done, which publishes a failure).
  */

@@ -46,7 +46,8 @@ typedef struct vmmrt__worker {
 
 	/* worker-owned: requests waiting for admission, in arrival order */
 	struct cds_list_head parked;
-	/* worker-owned: requests waiting for their `after` event, any order */
+	/* worker-owned: requests waiting for their `after` event or to be
+	 * ready (vmmrt__request_ops), any order */
 	struct cds_list_head waiting;
 
 	/* worker-owned: the class's local state */
@@ -347,6 +348,24 @@ static bool after_done(worker *wk, vmmrt__request *req, vmmrt_status *failed)
 	return false;
 }
 
+/*
+ * May req start? Its `after` event has completed (forgotten then: it is
+ * not asked again), or its query failed (*failed: it ends with that), and
+ * its ops say it is ready.
+ */
+static bool may_start(worker *wk, vmmrt__request *req, vmmrt_status *failed)
+{
+	*failed = VMMRT_OK;
+	if (req->after) {
+		if (!after_done(wk, req, failed))
+			return false;
+		req->after = NULL;
+		if (*failed != VMMRT_OK)
+			return true;
+	}
+	return !req->ops->ready || req->ops->ready(req);
+}
+
 static void take(worker *wk, vmmrt__request *req);
 
 static void run_waiting(worker *wk)
@@ -354,10 +373,9 @@ static void run_waiting(worker *wk)
 	vmmrt__request *req, *tmp;
 	cds_list_for_each_entry_safe(req, tmp, &wk->waiting, wait_node) {
 		vmmrt_status failed;
-		if (!after_done(wk, req, &failed))
+		if (!may_start(wk, req, &failed))
 			continue;
 		cds_list_del(&req->wait_node);
-		req->after = NULL;
 		if (failed != VMMRT_OK) {
 			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
 			finish(wk, req, failed);
@@ -381,18 +399,15 @@ static const struct timespec *next_deadline(worker *wk, struct timespec *ts)
 
 static void take(worker *wk, vmmrt__request *req)
 {
-	if (req->after) {
-		vmmrt_status failed;
-		if (!after_done(wk, req, &failed)) {
-			cds_list_add_tail(&req->wait_node, &wk->waiting);
-			return;
-		}
-		req->after = NULL;
-		if (failed != VMMRT_OK) {
-			uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
-			finish(wk, req, failed);
-			return;
-		}
+	vmmrt_status failed;
+	if (!may_start(wk, req, &failed)) {
+		cds_list_add_tail(&req->wait_node, &wk->waiting);
+		return;
+	}
+	if (failed != VMMRT_OK) {
+		uatomic_cmpxchg(&req->state, VMMRT_REQ_QUEUED, VMMRT_REQ_RUNNING);
+		finish(wk, req, failed);
+		return;
 	}
 	if (req->admit && (!cds_list_empty(&wk->parked) || !admit(req))) {
 		cds_list_add_tail(&req->wait_node, &wk->parked);
@@ -456,7 +471,7 @@ static void *worker_main(void *arg)
 		/* One whose event has not come may not run now: what it follows is
 		 * still in flight (a release would pull memory from under a graph). */
 		vmmrt_status failed;
-		bool ready = !req->after || (after_done(wk, req, &failed) && failed == VMMRT_OK);
+		bool ready = may_start(wk, req, &failed) && failed == VMMRT_OK;
 		run(wk, req, !drain || !ready);
 	}
 	if (wk->set->cls && wk->set->cls->stop)

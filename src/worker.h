@@ -41,7 +41,12 @@ typedef struct vmmrt__bevent vmmrt__bevent;
  * destroyed: it ends cancelled without running), run (inside an RCU
  * read-side section), unchanged (optional, after a failed run: nothing
  * changed, so a persistent request may run again later), settle (optional:
- * publish the outcome to the owner, before done). A request the worker
+ * publish the outcome to the owner, before done). Before all of them, ready
+ * (optional): may it start yet? One that must not pass another request of
+ * its owner still waiting elsewhere (a slot's release and the map asked
+ * before it, which waits for an event of its own) says not yet; the worker
+ * asks again, with the `after` events, in no order (never among the parked
+ * ones, which would hold up every request admitted after it). A request the worker
  * cancels (a stop without drain, its owner's destroy) does not run unless
  * it is uncancellable (a destroy, which must free what it owns).
  */
@@ -51,6 +56,7 @@ typedef struct vmmrt__request_ops {
 	bool (*withdrawn)(const vmmrt__request *req);
 	bool (*unchanged)(const vmmrt__request *req);
 	void (*settle)(vmmrt__request *req, vmmrt_status st);
+	bool (*ready)(const vmmrt__request *req);
 	bool uncancellable;
 } vmmrt__request_ops;
 

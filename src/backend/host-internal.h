@@ -197,6 +197,9 @@ vmmrt_status vmmrt__host_event_op(vmmrt__backend *b, vmmrt_stream s, vmmrt__beve
 vmmrt_status vmmrt__host_submit(vmmrt__backend *b, vmmrt_stream s, const struct host_op *op,
 				const char *func) VMMRT__HOST_HIDDEN;
 
+/* host-stream.c: wait until every stream has run what was enqueued on it
+ * before the call (cuCtxSynchronize; what cuMemFreeHost does first). */
+vmmrt_status vmmrt__host_streams_synchronize(vmmrt__backend *b, const char *func) VMMRT__HOST_HIDDEN;
 /* host-stream.c: stop every stream thread and free streams, events and graphs. */
 void vmmrt__host_streams_shutdown(vmmrt__backend *b) VMMRT__HOST_HIDDEN;
 

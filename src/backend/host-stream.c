@@ -446,6 +446,56 @@ vmmrt_status vmmrt__host_kernel_launch(vmmrt__backend *b, vmmrt_stream s, vmmrt_
 	return vmmrt__host_submit(b, s, &op, __func__);
 }
 
+/*
+ * Every stream, up to what was enqueued before the call. The streams are
+ * listed first, with their targets, under obj_lock, then waited for one at
+ * a time without it (a stream thread never takes it; an API call from
+ * another thread must not wait behind this one); a stream destroyed
+ * meanwhile is not found again and needs no waiting (its thread is gone).
+ */
+vmmrt_status vmmrt__host_streams_synchronize(vmmrt__backend *b, const char *func)
+{
+	struct target {
+		struct vmmrt_stream_s *st;
+		uint64_t enqueued;
+	} *t = NULL;
+	size_t n = 0, cap = 0;
+	struct vmmrt_stream_s *st;
+	vmmrt_status status = vmmrt__host_enter(b, func);
+
+	if (status != VMMRT_OK)
+		return status;
+	for (;;) {
+		size_t count = 0;
+		pthread_mutex_lock(&b->obj_lock);
+		cds_list_for_each_entry(st, &b->streams, node)
+			count++;
+		if (count <= cap) {
+			cds_list_for_each_entry(st, &b->streams, node) {
+				pthread_mutex_lock(&st->lock);
+				t[n++] = (struct target){st, st->enqueued};
+				pthread_mutex_unlock(&st->lock);
+			}
+			pthread_mutex_unlock(&b->obj_lock);
+			break;
+		}
+		pthread_mutex_unlock(&b->obj_lock);
+		free(t);
+		cap = count + 4;
+		if (!(t = malloc(cap * sizeof(*t))))
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: synchronizing %zu streams", func, count);
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (!(st = vmmrt__host_stream_lock(b, t[i].st)))
+			continue;
+		while (st->completed < t[i].enqueued && !uatomic_read(&b->closing))
+			pthread_cond_wait(&st->idle_cond, &st->lock);
+		pthread_mutex_unlock(&st->lock);
+	}
+	free(t);
+	return VMMRT_OK;
+}
+
 /* ------------------------------------------------------------------ closing */
 
 void vmmrt__host_streams_shutdown(vmmrt__backend *b)

@@ -212,8 +212,25 @@ vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 	return VMMRT_OK;
 }
 
+/*
+ * As cuMemFreeHost, which synchronizes the context first: no stream may
+ * still read the memory (a wait-value on a flag in it, a copy) when it is
+ * unmapped. So a stream left waiting for ever on a flag, anywhere, makes
+ * the free wait for ever, here as on a GPU: what a hang there looks like.
+ */
 vmmrt_status vmmrt__host_host_free(vmmrt__backend *b, void *p)
 {
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
+	if (st != VMMRT_OK)
+		return st;
+	/* A pointer that is not an allocation is refused at once, unsynchronized. */
+	pthread_mutex_lock(&b->obj_lock);
+	bool known = vmmrt__host_lookup(b, &pinned, p) != NULL;
+	pthread_mutex_unlock(&b->obj_lock);
+	if (!known)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, pinned.unknown, __func__, p);
+	if ((st = vmmrt__host_streams_synchronize(b, __func__)) != VMMRT_OK)
+		return st;
 	return vmmrt__host_destroy(b, &pinned, p, __func__);
 }
 

@@ -779,6 +779,41 @@ static void test_wait_write_value32(void **state)
 	OK(ops->host_free(b, flags));
 }
 
+static void *write_one_later(void *p)
+{
+	sleep_ms(100);
+	uatomic_set((uint32_t *)p, 1);
+	return NULL;
+}
+
+/*
+ * Freeing pinned memory first waits, as cuMemFreeHost does (it synchronizes
+ * the device), until every stream has run what was enqueued before the
+ * call: here a stream held on a word of another allocation, which a thread
+ * sets 100 ms later. The free returns only once the stream has passed (its
+ * host function ran), so no stream can still read what it frees, and a
+ * stream that waits for ever makes the free wait for ever, as on a GPU.
+ */
+static void test_host_free_synchronizes(void **state)
+{
+	vmmrt__backend *b = *state;
+	uint32_t *flags = pinned(b, 4096);
+	void *other = pinned(b, 4096);
+	vmmrt_stream sa;
+	pthread_t t;
+	int passed = 0;
+
+	OK(ops->stream_create(b, &sa));
+	OK(ops->stream_wait_value32(b, sa, devptr(b, &flags[0]), 1));
+	OK(ops->launch_host_func(b, sa, set_flag, &passed));
+	assert_int_equal(pthread_create(&t, NULL, write_one_later, &flags[0]), 0);
+	OK(ops->host_free(b, other));
+	assert_int_equal(uatomic_read(&passed), 1);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	OK(ops->stream_destroy(b, sa));
+	OK(ops->host_free(b, flags));
+}
+
 /* ------------------------------------------------------------------ graphs */
 
 static void test_graph_capture_replay(void **state)
@@ -1259,6 +1294,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_release_while_mapped, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stream_fifo, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_event_cross_stream, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_host_free_synchronizes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_event_wait_enqueue_time, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_host_func_rules, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_wait_write_value32, setup, teardown),

@@ -442,6 +442,41 @@ static void statistics_follow_the_slots(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/*
+ * 8. A synchronous vmmrt_slot_map starts a map generation, as map_async
+ *    does: a release_after asked after it claims that generation and gives
+ *    the memory back (a release asked in a generation the map did not move
+ *    to would read as overtaken and leave the slot mapped), each time; a
+ *    map_async after a synchronous map finds it mapped and queues nothing.
+ */
+static void release_after_a_synchronous_map(void **state)
+{
+	vmmrt_runtime *rt = test_slot_runtime();
+	vmmrt_slot *s;
+	vmmrt_stream st;
+	const size_t n = 2 * MiB;
+	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, n, &s), VMMRT_OK);
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+		assert_int_equal(used(rt), n);
+		assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_OK);
+		assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
+		assert_int_equal(used(rt), 0);
+		assert_int_equal(vmmrt_slot_error(s), VMMRT_OK);
+	}
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_async(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_MAPPED);
+	vmmrt_driver_stats create = {.size = sizeof(create)};
+	assert_int_equal(vmmrt_driver_stats_get(rt, 0, &create), VMMRT_OK);
+	assert_int_equal(create.count, 3);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -452,6 +487,7 @@ int main(void)
 		cmocka_unit_test(released_memory_is_not_pooled),
 		cmocka_unit_test(errors_are_named),
 		cmocka_unit_test(statistics_follow_the_slots),
+		cmocka_unit_test(release_after_a_synchronous_map),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -130,13 +130,17 @@ static void map_after_follows_its_event(void **state)
 	assert_int_equal(create.count, 1);
 
 	/* Released, then mapped after a busy stream again: the host wait holds
-	 * until the event has completed and the map is made. */
+	 * until the event has completed and the map is made. What the test
+	 * can know then is that the work before the event has completed:
+	 * busy_done is recorded before `gone` (one recorded after it may still
+	 * be ahead of the stream when the map, which follows `gone` alone, has
+	 * been made). */
 	assert_int_equal(vmmrt_slot_release_after(s, a), VMMRT_OK);
 	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
 	assert_int_equal(vmmrt_kernel_busy(rt, a, 100 * MS), VMMRT_OK);
 	assert_int_equal(vmmrt_event_create(rt, 0, &gone), VMMRT_OK);
-	assert_int_equal(vmmrt_event_record(rt, gone, a), VMMRT_OK);
 	assert_int_equal(vmmrt_event_record(rt, busy_done, a), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, gone, a), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_map_after(s, gone), VMMRT_OK);
 	assert_int_equal(vmmrt_event_destroy(rt, gone), VMMRT_OK);
 	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
@@ -480,6 +484,141 @@ static void errors_are_named(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/*
+ * 7. A release follows the map asked before it, whatever streams their
+ *    events are on: the map follows an event on a busy stream, the release
+ *    an idle one, whose event completes first. The release still runs
+ *    after the map and releases it: the slot ends unbacked, its memory
+ *    given back, and the next map and release go as usual. A release that
+ *    ran first would find nothing mapped and do nothing, and the map would
+ *    land behind it: the slot mapped, with no release to come, and the
+ *    next release_after refused.
+ */
+static void release_after_follows_the_map_asked_before(void **state)
+{
+	vmmrt_runtime *rt = test_slot_runtime();
+	vmmrt_slot *s;
+	vmmrt_stream busy, idle;
+	vmmrt_event *e;
+	const size_t n = 2 * MiB;
+	assert_int_equal(vmmrt_stream_create(rt, &busy), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_create(rt, &idle), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &e), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, n, &s), VMMRT_OK);
+	for (int round = 0; round < 2; round++) {
+		assert_int_equal(vmmrt_kernel_busy(rt, busy, 200 * MS), VMMRT_OK);
+		assert_int_equal(vmmrt_event_record(rt, e, busy), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_release_after(s, idle), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_PENDING);
+		assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
+		assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
+		assert_int_equal(used(rt), 0);
+		assert_int_equal(vmmrt_slot_error(s), VMMRT_OK);
+	}
+	/* And mapped again, then released after the idle stream: as usual. */
+	assert_int_equal(vmmrt_slot_map_async(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
+	assert_int_equal(used(rt), n);
+	assert_int_equal(vmmrt_slot_release_after(s, idle), VMMRT_OK);
+	assert_int_equal(test_settled_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(vmmrt_stream_synchronize(rt, busy), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, e), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, busy), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, idle), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+/*
+ * 8. After a synchronous vmmrt_slot_unmap the slot has nothing a stream
+ *    could wait for or a release could release: both refused with
+ *    INVALID_STATE and named, nothing enqueued, the slot unchanged.
+ */
+static void refused_after_a_synchronous_unmap(void **state)
+{
+	vmmrt_runtime *rt = test_slot_runtime();
+	vmmrt_slot *s;
+	vmmrt_stream st;
+	vmmrt_event *e;
+	char name[32];
+	hook h = {0};
+	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &e), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &s), VMMRT_OK);
+	snprintf(name, sizeof(name), "slot %llu", (unsigned long long)s->id);
+	/* Mapped stream-ordered first, so that the stream waits have a flag. */
+	assert_int_equal(vmmrt_event_record(rt, e, st), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_after(s, e), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_wait(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	vmmrt__drv_set_fault_hook(rt, hook_fn, &h);
+	assert_int_equal(vmmrt_slot_wait_stream(s, st), VMMRT_E_INVALID_STATE);
+	assert_non_null(strstr(vmmrt_last_error(), name));
+	assert_int_equal(vmmrt_slot_release_after(s, st), VMMRT_E_INVALID_STATE);
+	assert_non_null(strstr(vmmrt_last_error(), name));
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(uatomic_read(&h.waits), 0);
+	assert_int_equal(vmmrt_slot_get_state(s), VMMRT_SLOT_RESERVED);
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, e), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
+/*
+ * 9. A slot destroyed while a stream waits for another slot's map, which
+ *    the same worker is yet to make (its event is on a busy stream): the
+ *    destroy must not free its flag on that worker. Freeing pinned memory
+ *    synchronizes the whole device (cuMemFreeHost; the host backend's free
+ *    does as the GPU's), so the worker would wait for the stream, and the
+ *    stream for the worker, for ever: the destroy timed out, and everything
+ *    after it hung (the timeout wrapper fails the test then). Freed on the
+ *    destroy's caller, it waits only until the map is made.
+ */
+static void destroy_frees_the_flag_off_the_worker(void **state)
+{
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"host_capacity", "64M", "driver_workers", "1",
+							       "timeout_ms", "2000", NULL});
+	vmmrt_slot *x, *y;
+	vmmrt_stream a, b;
+	vmmrt_event *e, *passed;
+	int done = 0;
+	assert_int_equal(vmmrt_stream_create(rt, &a), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_create(rt, &b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_create(rt, 0, &passed), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &x), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_create(rt, 2 * MiB, &y), VMMRT_OK);
+	assert_int_equal(x->worker, y->worker);
+	assert_int_equal(vmmrt_slot_map_async(x), VMMRT_OK); /* x has a flag */
+	assert_int_equal(vmmrt_slot_wait(x), VMMRT_OK);
+
+	assert_int_equal(vmmrt_kernel_busy(rt, a, 300 * MS), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, e, a), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_after(y, e), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_wait_stream(y, b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_record(rt, passed, b), VMMRT_OK);
+	assert_int_equal(vmmrt_event_query(rt, passed, &done), VMMRT_OK);
+	assert_false(done); /* b waits for y's map, 300 ms away */
+	assert_int_equal(vmmrt_slot_destroy(x), VMMRT_OK);
+	assert_int_equal(vmmrt_event_query(rt, passed, &done), VMMRT_OK);
+	if (test_on_host())
+		assert_true(done); /* the free waited for the device, as cuMemFreeHost does */
+	assert_int_equal(vmmrt_slot_get_state(y), VMMRT_SLOT_MAPPED);
+	assert_int_equal(vmmrt_slot_destroy(y), VMMRT_OK);
+	assert_int_equal(used(rt), 0);
+	assert_int_equal(vmmrt_event_destroy(rt, e), VMMRT_OK);
+	assert_int_equal(vmmrt_event_destroy(rt, passed), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, a), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, b), VMMRT_OK);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -489,6 +628,9 @@ int main(void)
 		cmocka_unit_test(a_failed_map_lets_the_stream_go),
 		cmocka_unit_test(errors_are_named),
 		cmocka_unit_test(destroy_waits_for_a_stream_behind_its_wait),
+		cmocka_unit_test(release_after_follows_the_map_asked_before),
+		cmocka_unit_test(refused_after_a_synchronous_unmap),
+		cmocka_unit_test(destroy_frees_the_flag_off_the_worker),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }

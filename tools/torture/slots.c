@@ -27,7 +27,9 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -52,6 +54,7 @@ typedef struct slots_run {
 	uint32_t gate_at;
 	uint64_t want[NCYCLES];
 	bool launched[NCYCLES];
+	bool forced[NCYCLES];    /* its gate was opened by the keeper: not checked */
 } slots_run;
 
 #define OK(r, what, call) s_ok((r)->s, API((r)->s, what, call), what)
@@ -127,19 +130,83 @@ static bool map(slots_run *r, vmmrt_slot *x)
 }
 
 /*
+ * The gate's keeper: a thread that makes no driver call and opens the gate
+ * if the torture thread has not within a bound. While the gate holds the
+ * stream, the device is not idle; a call of another thread that
+ * synchronizes it (cuMemFreeHost: vmmrt_host_free, a destroy that frees
+ * pinned memory) then holds the driver until the stream has passed, and on
+ * the H200 this thread's next driver call (cuEventRecord in
+ * vmmrt_slot_release_after) waited behind it: neither could go on, a hang
+ * of the torture's own making. Opened by the keeper, the gate may let the
+ * stream pass the release before the map: that cycle is not checked.
+ */
+typedef struct gate_keeper {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;               /* the torture thread got through its calls */
+	uint32_t *gate, at;
+	bool forced;
+} gate_keeper;
+
+static void *keep_gate(void *arg)
+{
+	gate_keeper *k = arg;
+	uint64_t ms = 2ull * cfg.timeout_ms + 1000;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)(ms / 1000);
+	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&k->lock);
+	while (!k->done)
+		if (pthread_cond_timedwait(&k->cond, &k->lock, &ts) == ETIMEDOUT)
+			break;
+	if (!k->done) {
+		k->forced = true;
+		__atomic_store_n(k->gate, k->at, __ATOMIC_SEQ_CST);
+	}
+	pthread_mutex_unlock(&k->lock);
+	return NULL;
+}
+
+/*
  * Release right after the fill, then map again while the stream is held on
  * the gate (so it cannot have passed the release): the release must come to
  * nothing. The gate opens whatever happens, or the stream would wait for
- * ever.
+ * ever: by this thread once its calls returned, or by the keeper (above).
  */
-static bool release_and_map_again(slots_run *r, vmmrt_slot *x)
+static bool release_and_map_again(slots_run *r, vmmrt_slot *x, unsigned c)
 {
 	scen *s = r->s;
 	uint32_t at = ++r->gate_at;
-	if (!OK(r, "stream_wait_value32", vmmrt__drv_stream_wait_value32(s->rt, r->st, r->gate_dev, at)))
-		return false;
-	bool ok = OK(r, "vmmrt_slot_release_after", vmmrt_slot_release_after(x, r->st)) && map(r, x);
-	__atomic_store_n(r->gate, at, __ATOMIC_SEQ_CST);
+	gate_keeper k = {.gate = r->gate, .at = at};
+	pthread_t keeper;
+	pthread_mutex_init(&k.lock, NULL);
+	pthread_cond_init(&k.cond, NULL);
+	if (pthread_create(&keeper, NULL, keep_gate, &k) != 0) {
+		pthread_cond_destroy(&k.cond);
+		pthread_mutex_destroy(&k.lock);
+		return true; /* no gate without its keeper: the cycle goes on ungated */
+	}
+	bool ok = OK(r, "stream_wait_value32", vmmrt__drv_stream_wait_value32(s->rt, r->st, r->gate_dev, at)) &&
+		  OK(r, "vmmrt_slot_release_after", vmmrt_slot_release_after(x, r->st)) && map(r, x);
+	pthread_mutex_lock(&k.lock);
+	k.done = true;
+	if (!k.forced)
+		__atomic_store_n(r->gate, at, __ATOMIC_SEQ_CST);
+	pthread_cond_signal(&k.cond);
+	pthread_mutex_unlock(&k.lock);
+	pthread_join(keeper, NULL);
+	pthread_cond_destroy(&k.cond);
+	pthread_mutex_destroy(&k.lock);
+	if (k.forced) {
+		r->forced[c] = true;
+		t_note(1, "scenario %016" PRIx64 ": slot cycle %u: the gate's keeper opened it (a driver call held "
+			  "behind another thread's synchronizing one); the cycle is not checked", s->seed, c);
+	}
 	return ok;
 }
 
@@ -154,7 +221,7 @@ static bool cycle(slots_run *r, unsigned c)
 		return false;
 	if (!OK(r, "vmmrt_kernel_fill", vmmrt_kernel_fill(s->rt, r->st, va, n, in)))
 		return false;
-	if (chance(&s->r, 0.3) && !release_and_map_again(r, x))
+	if (chance(&s->r, 0.3) && !release_and_map_again(r, x, c))
 		return false;
 	/* Over the fill, for a random while: the stream's delay. */
 	uint64_t ns = rnd_in(&s->r, 0, 3000000);
@@ -193,6 +260,10 @@ static void verify(slots_run *r)
 	for (unsigned c = 0; c < NCYCLES; c++) {
 		if (!r->launched[c])
 			continue;
+		if (r->forced[c]) {
+			atomic_fetch_add_explicit(&T.excused, 1, memory_order_relaxed);
+			continue;
+		}
 		if (got[c] == r->want[c]) {
 			atomic_fetch_add_explicit(&T.slot_cycles, 1, memory_order_relaxed);
 			continue;
