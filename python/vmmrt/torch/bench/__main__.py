@@ -386,6 +386,9 @@ def _front(args, argv, doc, dev, dtype, t0):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if "--front" in argv:
+        from vmmrt.torch.bench import frontrun
+        frontrun.eager_modules()
     args = parse(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]

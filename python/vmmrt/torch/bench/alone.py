@@ -20,6 +20,7 @@ tolerance (3 %) agree.
 """
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -260,6 +261,9 @@ def _subprocess(argv):
 
 
 def main(argv=None):
+    # as the front measures (frontrun.eager_modules): every kernel module in
+    # the memory before the model
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
     a = _parser().parse_args(argv)
     print(json.dumps(measure(a)), flush=True)
     return 0

@@ -32,6 +32,7 @@ was made: parameters, gradients and optimizer states are in it. A point
 that fails is reported and the others still run; the JSON is written after
 every point, so a run stopped by a time limit keeps what it measured.
 """
+import os
 import time
 
 import torch
@@ -161,6 +162,18 @@ def build(opt, layers, sample, args, reserve, cuda):
                         loops.optimizer(modes.parameters(layers), args.optimizer))
     built.note = note
     return built
+
+
+def eager_modules():
+    """CUDA loads a kernel's module on its first launch, and keeps it: in one
+    process, the kernels an earlier point loaded would sit in every later
+    point's peak over the memory before the model, where a fresh process
+    counts only its own. Loaded all at once before the model (unless the
+    caller chose otherwise), they are in every point's base alike: on the
+    H200 the graphed points' peaks then agreed within 0.3 % with each option
+    alone in a fresh process, against 3 % under lazy loading. Call before
+    CUDA starts."""
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 
 def fresh(cuda):
