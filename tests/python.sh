@@ -1,6 +1,9 @@
 #!/bin/sh
 # SPDX-License-Identifier: LGPL-2.1-or-later
 # The Python package's tests (python/tests, pytest) under make check, in TAP.
+# test-timeout-s: 1200
+# (one stream for the whole suite: about 5 min here alone, and make check
+# runs it beside the C tests on 2 cores; twice that under the sanitizers)
 #
 # They need a python3 that imports torch and pytest. $PYTHON, python3 and
 # /usr/bin/python3 are tried in turn: the first python3 on PATH may lack torch

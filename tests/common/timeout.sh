@@ -8,6 +8,15 @@
 # ten seconds later, and the TAP stream ends with a "Bail out!" that names
 # the test and the limit. Without timeout(1) the test runs unbounded.
 limit=${TEST_TIMEOUT_S:-300}
+# A test that is long by nature (a whole suite in one TAP stream) says so in
+# its own first lines, "# test-timeout-s: N": the larger limit applies.
+for script; do :; done
+if [ -f "$script" ]; then
+	own=$(head -n 20 "$script" 2>/dev/null | sed -n 's/^# test-timeout-s: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
+	if [ -n "$own" ] && [ "$own" -gt "$limit" ]; then
+		limit=$own
+	fi
+fi
 if ! command -v timeout >/dev/null 2>&1; then
 	exec "$@"
 fi
