@@ -530,3 +530,18 @@ def test_alone_refuses_what_it_cannot_run(argv):
     from vmmrt.torch.bench import alone
     with pytest.raises(SystemExit):
         alone.measure(alone._parser().parse_args(["--smoke", "--device", "cpu"] + argv))
+
+
+def test_front_points_keep_their_gradient_words_in_the_json(tmp_path):
+    """report.dump drops the tables' "grads" (tensors): the front's words
+    travel under another key and a re-rendered table shows them."""
+    import json
+    from vmmrt.torch.bench import front, report
+    pt = _pt("eager", "torch", 5.0, 1 << 30)
+    pt["grads_ok"], pt["grads_text"] = True, "bitwise"
+    path = tmp_path / "run.json"
+    report.dump(str(path), {"fronts": [{"title": "t", "points": [pt]}]})
+    back = json.loads(path.read_text())["fronts"][0]["points"][0]
+    assert back["grads_text"] == "bitwise"
+    text, _ = front.report([back], "eager", "t")
+    assert "bitwise" in text

@@ -143,7 +143,7 @@ def table(points, ref_label=None):
         rp = p["peak"] / ref["peak"] if ref and ref.get("peak") and p.get("peak") is not None else None
         lines.append("  %-26s %-6s %9s %8s %9s %8s %5s  %s" % (
             p["label"], p["family"], _ms(p["step_ms"]), "-" if rt is None else "%.3f" % rt, _mib(p.get("peak")),
-            "-" if rp is None else "%.3f" % rp, "*" if id(p) in on else "", p.get("grads", "-"))
+            "-" if rp is None else "%.3f" % rp, "*" if id(p) in on else "", _grads_words(p))
             + ("  [%s]" % p["note"] if p.get("note") else ""))
     return "\n".join(lines)
 
@@ -219,26 +219,28 @@ def plot_all(fronts, path):
     return path
 
 
+def _grads_words(p):
+    """What the point's gradients were against the reference, in words (a
+    run written before the words were kept: from the numbers)."""
+    if p.get("grads_text"):
+        return p["grads_text"]
+    if p.get("grad_bitwise"):
+        return "bitwise"
+    if p.get("grad_max_ulp") is not None:
+        return "%.3g ulp%s" % (p["grad_max_ulp"], "" if p.get("grads_ok", True) else " (wrong)")
+    return "-"
+
+
 def main(argv=None):
     """``python3 -m vmmrt.torch.bench.front RUN.json [PLOT.png]``: the
     fronts, every vmmrt point judged and the verdicts of a --front run's
     JSON again, without a device (the figures as measured, the verdicts by
     this version's rules), and the plot."""
-    import json
     import sys
+    from vmmrt.torch.bench.report import load_run
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (1, 2):
-        print("usage: python3 -m vmmrt.torch.bench.front RUN.json [PLOT.png]", file=sys.stderr)
-        return 2
-    try:
-        with open(argv[0]) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print("%s: not a readable JSON file: %s" % (argv[0], e), file=sys.stderr)
-        return 2
-    fronts = doc.get("fronts") if isinstance(doc, dict) else None
-    if not fronts:
-        print("%s: no front in it (a --front run's --json)" % argv[0], file=sys.stderr)
+    fronts = load_run(argv, "vmmrt.torch.bench.front", "fronts", "no front in it (a --front run's --json)")
+    if fronts is None:
         return 2
     for d in fronts:
         if d.get("error"):

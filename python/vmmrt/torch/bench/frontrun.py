@@ -286,13 +286,13 @@ class Front:
                 # deterministic); the CPU's kernels are
                 self.spread = modes.spread(built, layers, self.loop, xs, gys, weights, self.ref) if self.cuda \
                     else 0.0
-                pt["grads_ok"], pt["grads"] = True, "reference" + (
+                pt["grads_ok"], pt["grads_text"] = True, "reference" + (
                     "" if not self.spread else " (run to run %.3g ulp)" % self.spread)
                 self.doc["reference"] = o.label
             else:
                 cmp = modes.compare(grads, self.ref)
                 del grads
-                pt["grads_ok"], pt["grads"] = _grads(cmp, self.spread, a.attention == "math")
+                pt["grads_ok"], pt["grads_text"] = _grads(cmp, self.spread, a.attention == "math")
                 pt["grad_bitwise"], pt["grad_max_ulp"], pt["grad_norm_ratio"] = cmp
             if o.kind == "recompute" and built.offload is not None and built.offload.plan is not None:
                 self.plan_of_recompute = (built.offload.plan, self._peak(row)[1])
@@ -330,7 +330,7 @@ class Front:
             parts.append("(x%.3f %s)" % (pt["step_ms"] / ref["step_ms"], ref["label"]))
         if pt.get("peak") is not None:
             parts.append("peak %.0f MiB over the memory before the model" % (pt["peak"] / MiB))
-        parts.append("grads %s" % pt.get("grads", "-"))
+        parts.append("grads %s" % pt.get("grads_text", "-"))
         return "  ".join(parts)
 
     def _budget_options(self, n, count):

@@ -346,3 +346,24 @@ def dump(path, doc):
         return o
     with open(path, "w") as f:
         json.dump(clean(doc), f, indent=1)
+
+
+def load_run(argv, prog, key, what):
+    """The part ``key`` of a run's --json, for a command that renders it
+    again (``prog RUN.json [PLOT.png]``), or None after saying on stderr why
+    not (wrong arguments, an unreadable file, no such part: ``what`` names
+    the run it wants); the caller then exits with 2."""
+    import sys
+    if len(argv) not in (1, 2):
+        print("usage: python3 -m %s RUN.json [PLOT.png]" % prog, file=sys.stderr)
+        return None
+    try:
+        with open(argv[0]) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        print("%s: not a readable JSON file: %s" % (argv[0], e), file=sys.stderr)
+        return None
+    part = doc.get(key) if isinstance(doc, dict) else None
+    if not part:
+        print("%s: %s" % (argv[0], what), file=sys.stderr)
+    return part or None

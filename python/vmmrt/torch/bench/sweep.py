@@ -402,21 +402,11 @@ def main(argv=None):
     """``python3 -m vmmrt.torch.bench.sweep RUN.json [PLOT.png]``: the table,
     targets and plot of a sweep's --json again, without a device (the
     figures as measured; the verdicts by this version's rules)."""
-    import json
     import sys
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) not in (1, 2):
-        print("usage: python3 -m vmmrt.torch.bench.sweep RUN.json [PLOT.png]", file=sys.stderr)
-        return 2
-    try:
-        with open(argv[0]) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        print("%s: not a readable JSON file: %s" % (argv[0], e), file=sys.stderr)
-        return 2
-    sw = doc.get("sweep") if isinstance(doc, dict) else None
-    if not sw:
-        print("%s: no budget sweep in it (a --budget-sweep run's --json)" % argv[0], file=sys.stderr)
+    sw = report.load_run(argv, "vmmrt.torch.bench.sweep", "sweep",
+                         "no budget sweep in it (a --budget-sweep run's --json)")
+    if sw is None:
         return 2
     sw["targets"] = targets(sw)
     print(table(sw, sw["title"]))
