@@ -55,6 +55,7 @@ vmmrt_py_tests = \
 	python/tests/conftest.py \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_bench.py \
+	python/tests/test_driver_calls.py \
 	python/tests/test_compiled.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \

@@ -518,12 +518,20 @@ class Offload:
         bytes reached their slots at capture (:meth:`placement`, summed):
         placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes;
         tensors_held: tensors over its slots alive now (gradients, resident
-        activations), each of which defers the destroy of a :meth:`close`."""
+        activations), each of which defers the destroy of a :meth:`close`;
+        driver_calls_by_kind: the driver's VMM calls made so far by name
+        (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease;
+        vmmrt_driver_stats_get's count: since the runtime's creation or its
+        last driver_stats_reset, not capped), and driver_calls, their sum.
+        Two readings' difference is the calls made between them."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
             st["%s_bytes" % k] = p[k]
         st["tensors_held"] = self.runtime.holds
+        by_kind = {d["name"]: d["count"] for d in self.runtime.driver_stats()}
+        st["driver_calls_by_kind"] = by_kind
+        st["driver_calls"] = sum(by_kind.values())
         return st
 
     def sync(self) -> None:

@@ -127,13 +127,20 @@ def _ms(v):
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else "%.2f" % v
 
 
+def _num(v, fmt="%.1f"):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt % v
+
+
 def table(points, ref_label=None):
-    """A line per point: step time and peak, against ``ref_label``'s."""
+    """A line per point: step time and peak, against ``ref_label``'s; the
+    launch thread's CPU time per layer per step (forward and backward, us)
+    and the driver's VMM calls per step (vmmrt's points)."""
     ref = next((p for p in points if p["label"] == ref_label and not p.get("error")), None)
     on = {id(p) for p in pareto([p for p in points if p.get("family") == "torch"])}
     on |= {id(p) for p in pareto([p for p in points if p.get("family") == "vmmrt"])}
-    head = "  %-26s %-6s %9s %8s %9s %8s %5s  %s" % ("option", "family", "step ms", "x" + (ref_label or "-")[:7],
-                                                   "peak MiB", "x" + (ref_label or "-")[:7], "front", "gradients")
+    head = "  %-26s %-6s %9s %8s %9s %8s %5s %8s %8s  %s" % (
+        "option", "family", "step ms", "x" + (ref_label or "-")[:7], "peak MiB", "x" + (ref_label or "-")[:7],
+        "front", "us/L/stp", "drv/step", "gradients")
     lines = [head, "  " + "-" * (len(head) - 2)]
     for p in points:
         if p.get("error"):
@@ -141,9 +148,10 @@ def table(points, ref_label=None):
             continue
         rt = p["step_ms"] / ref["step_ms"] if ref and ref.get("step_ms") else None
         rp = p["peak"] / ref["peak"] if ref and ref.get("peak") and p.get("peak") is not None else None
-        lines.append("  %-26s %-6s %9s %8s %9s %8s %5s  %s" % (
+        lines.append("  %-26s %-6s %9s %8s %9s %8s %5s %8s %8s  %s" % (
             p["label"], p["family"], _ms(p["step_ms"]), "-" if rt is None else "%.3f" % rt, _mib(p.get("peak")),
-            "-" if rp is None else "%.3f" % rp, "*" if id(p) in on else "", _grads_words(p))
+            "-" if rp is None else "%.3f" % rp, "*" if id(p) in on else "", _num(p.get("launch_us_per_layer_step")),
+            _num(p.get("driver_calls_per_step")), _grads_words(p))
             + ("  [%s]" % p["note"] if p.get("note") else ""))
     return "\n".join(lines)
 

@@ -304,7 +304,11 @@ class Front:
                       build_s=row["build_s"], peak=peak, peak_abs=peak_abs,
                       peak_samples=(row.get("peak") or {}).get("samples"),
                       peak_rate_hz=(row.get("peak") or {}).get("rate_hz"),
-                      d2h_bytes_per_step=row.get("d2h_bytes_per_step"))
+                      d2h_bytes_per_step=row.get("d2h_bytes_per_step"),
+                      launch_fwd_us_per_layer=row.get("launch_fwd_us_per_layer"),
+                      launch_bwd_us_per_layer=row.get("launch_bwd_us_per_layer"),
+                      launch_us_per_layer_step=row.get("launch_us_per_layer_step"),
+                      driver_calls_per_step=row.get("driver_calls_per_step"))
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
             grads = None

@@ -20,6 +20,9 @@ microbatch (K > 1), graph-only's gradients are wrong (doubled, in the
 persistent loop with one microbatch), and the gradients are checked against
 eager instead (:func:`reference`).
 """
+import threading
+import time
+
 import torch
 
 LOOPS = ("set_to_none", "persistent")
@@ -70,7 +73,7 @@ class Loop:
                 if x.grad is not None:
                     x.grad.zero_()
 
-    def step(self, run, opt, xs, gys, marks=None, between=None):
+    def step(self, run, opt, xs, gys, marks=None, between=None, launch=None):
         """One optimizer step: zero, then forward and backward of each
         microbatch (xs[k], gys[k]), then opt.step().
 
@@ -78,7 +81,8 @@ class Loop:
         after the last backward and after the optimizer's step (CUDA events'
         record, for the time of each part). ``between``: called after the
         last microbatch's forward, before its backward (the memory reading
-        between forward and backward)."""
+        between forward and backward). ``launch``: a :class:`LaunchClock`
+        that adds up the CPU time of the threads calling the layers."""
         if marks:
             marks[0]()
         self.zero(opt, xs)
@@ -86,10 +90,13 @@ class Loop:
             marks[1]()
         last = len(xs) - 1
         for k, (x, gy) in enumerate(zip(xs, gys)):
-            y = run(x)
+            y = launch.forward(run, x) if launch is not None else run(x)
             if between is not None and k == last:
                 between()
-            y.backward(gy)
+            if launch is not None:
+                launch.backward(y, gy)
+            else:
+                y.backward(gy)
             del y
         if marks:
             marks[2]()
@@ -101,3 +108,52 @@ class Loop:
         z = "opt.zero_grad(set_to_none=%s)" % (self.name == "set_to_none")
         return "%s loop: %s, %d microbatch%s, AdamW %s" % (self.name, z, self.microbatches,
                                                           "" if self.microbatches == 1 else "es", opt_kind)
+
+
+def _thread_cpu_ns(ident):
+    """CPU time of another thread of this process (threading.get_ident())."""
+    return time.clock_gettime_ns(time.pthread_getcpuclockid(ident))
+
+
+class LaunchClock:
+    """The CPU time of the threads that call the layers over one step, in ns:
+    ``fwd_ns`` around each forward call of the layers, ``bwd_ns`` around each
+    backward, and how many of each (``forwards``, ``backwards``).
+
+    The forward runs on the calling thread. The backward runs there on the
+    CPU, but on CUDA autograd runs the layers' backwards on its device
+    thread while the caller waits: a hook on the output, called by whichever
+    thread starts the backward, reads that thread's clock, which is read
+    again when backward() returns; the caller's own time around the call
+    (waiting, the engine's bookkeeping) is added. ``clock`` reads the calling
+    thread's CPU clock (time.thread_time_ns; a test injects its own),
+    ``clock_of(ident)`` another thread's on the same clock."""
+
+    def __init__(self, clock=time.thread_time_ns, clock_of=_thread_cpu_ns):
+        self.clock, self.clock_of = clock, clock_of
+        self.fwd_ns = self.bwd_ns = 0
+        self.forwards = self.backwards = 0
+
+    def forward(self, run, x):
+        t0 = self.clock()
+        y = run(x)
+        self.fwd_ns += self.clock() - t0
+        self.forwards += 1
+        return y
+
+    def backward(self, y, gy):
+        me = threading.get_ident()
+        first = {}
+
+        def hook(_grad):
+            if not first:
+                first["ident"], first["t0"] = threading.get_ident(), self.clock()
+
+        if y.requires_grad:
+            y.register_hook(hook)
+        t0 = self.clock()
+        y.backward(gy)
+        self.bwd_ns += self.clock() - t0
+        if first and first["ident"] != me:
+            self.bwd_ns += self.clock_of(first["ident"]) - first["t0"]
+        self.backwards += 1

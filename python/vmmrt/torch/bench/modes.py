@@ -192,11 +192,36 @@ def _median(v):
     return statistics.median(v) if v else float("nan")
 
 
-def measure(built, layers, loop, xs, gys, args, weights):
-    """One mode in one loop: step times (ms; device events, median), the peak
-    of driver-level memory over a whole step, driver memory between forward
-    and backward, copies; and the gradients of one step from the restored
-    weights (on the device: compare them before the next step)."""
+def launch_us(clocks, layers):
+    """The launch thread's CPU time per layer, in microseconds, the median
+    over the timed steps' :class:`loops.LaunchClock`: per forward call
+    (``launch_fwd_us_per_layer``), per backward call
+    (``launch_bwd_us_per_layer``; a backward call goes through every layer
+    once) and per step, both together (``launch_us_per_layer_step``: K
+    microbatches' calls)."""
+    if not clocks or layers < 1:
+        return dict.fromkeys(("launch_fwd_us_per_layer", "launch_bwd_us_per_layer", "launch_us_per_layer_step"))
+    per = 1e3 * layers
+    return {"launch_fwd_us_per_layer": _median([c.fwd_ns / (c.forwards * per) for c in clocks]),
+            "launch_bwd_us_per_layer": _median([c.bwd_ns / (c.backwards * per) for c in clocks]),
+            "launch_us_per_layer_step": _median([(c.fwd_ns + c.bwd_ns) / per for c in clocks])}
+
+
+def driver_calls_per_step(before, after, steps):
+    """The driver's VMM calls per step between two Offload.stats() readings
+    taken ``steps`` steps apart: in total and by kind."""
+    n = max(1, steps)
+    by = {k: (v - before["driver_calls_by_kind"].get(k, 0)) / n for k, v in after["driver_calls_by_kind"].items()}
+    return (after["driver_calls"] - before["driver_calls"]) / n, by
+
+
+def measure(built, layers, loop, xs, gys, args, weights, clock=None):
+    """One mode in one loop: step times (ms; device events, median), the
+    launch thread's CPU time per layer (:func:`launch_us`; ``clock``, if
+    given, replaces time.thread_time_ns), the driver's VMM calls per step,
+    the peak of driver-level memory over a whole step, driver memory between
+    forward and backward, copies; and the gradients of one step from the
+    restored weights (on the device: compare them before the next step)."""
     dev = xs[0].device
     cuda = dev.type == "cuda"
     run, opt, off = built.run, built.opt, built.offload
@@ -206,11 +231,13 @@ def measure(built, layers, loop, xs, gys, args, weights):
     if off is not None:
         off.sync()
         before = off.stats()
-    marks = []
+    marks, clocks = [], []
     for _ in range(args.iterations):
         m = _Marks(cuda)
-        loop.step(run, opt, xs, gys, marks=m.callables())
+        c = loops.LaunchClock(clock) if clock is not None else loops.LaunchClock()
+        loop.step(run, opt, xs, gys, marks=m.callables(), launch=c)
         marks.append(m)
+        clocks.append(c)
     _sync()
     step = [m.ms(0, 3) for m in marks]
     res = {"mode": built.name, "loop": loop.name, "microbatches": loop.microbatches, "build_s": built.build_s,
@@ -218,6 +245,7 @@ def measure(built, layers, loop, xs, gys, args, weights):
            "step_ms_max": max(step) if step else None, "iterations": len(step),
            "zero_ms": _median([m.ms(0, 1) for m in marks]), "fwd_bwd_ms": _median([m.ms(1, 2) for m in marks]),
            "opt_ms": _median([m.ms(2, 3) for m in marks])}
+    res.update(launch_us(clocks, len(layers)))
     if built.name in _GRADS_MODES:
         res["grads_arg"] = getattr(args, "grads", None) or "default"
     if off is not None:
@@ -234,6 +262,8 @@ def measure(built, layers, loop, xs, gys, args, weights):
         res["vmmrt_mode"] = off.mode
         res["lookahead"] = off.lookahead
         res["launch_thread_blocking"] = after["launch_thread_blocking"] - before["launch_thread_blocking"]
+        res["driver_calls_per_step"], res["driver_calls_per_step_by_kind"] = \
+            driver_calls_per_step(before, after, len(step))
         res["bank_conflicts"] = after["bank_conflicts"]
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()

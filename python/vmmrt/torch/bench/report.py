@@ -111,6 +111,10 @@ def progress(i, n, row, ref_ms):
         parts.append("used %.0f MiB between fwd and bwd" % (mem["used"] / MiB))
     if row.get("d2h_bytes_per_step"):
         parts.append("moved %.0f MiB/step" % (row["d2h_bytes_per_step"] / MiB))
+    if row.get("launch_us_per_layer_step") is not None:
+        parts.append("launch %.1f us/layer/step" % row["launch_us_per_layer_step"])
+    if row.get("driver_calls_per_step") is not None:
+        parts.append("%.1f driver calls/step" % row["driver_calls_per_step"])
     if row.get("grad_bitwise") is not None or row.get("grad_reference"):
         parts.append("grads %s" % _grads_text(row))
     return "  ".join(parts)
@@ -120,12 +124,15 @@ _COLUMNS = (("mode", "%-14s", 14), ("step ms", "%9s", 9), ("vs graph", "%8s", 8)
             ("peak MiB", "%9s", 9), ("vs graph", "%8s", 8), ("smp kHz", "%7s", 7),
             ("used MiB", "%9s", 9), ("vs graph", "%8s", 8), ("pool", "%7s", 7), ("alloc", "%7s", 7),
             ("vmmrt", "%7s", 7), ("slots", "%7s", 7), ("other", "%6s", 6), ("moved MiB", "%9s", 9),
-            ("D2H GB/s", "%8s", 8), ("H2D GB/s", "%8s", 8), ("bound ms", "%9s", 9), ("/bound", "%7s", 7))
+            ("D2H GB/s", "%8s", 8), ("H2D GB/s", "%8s", 8), ("bound ms", "%9s", 9), ("/bound", "%7s", 7),
+            ("fwd us/L", "%8s", 8), ("bwd us/L", "%8s", 8), ("drv/step", "%8s", 8))
 
 
 def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
     """One loop's table: a row per mode; "peak" is the sampled whole step,
-    "used" and its parts the reading between forward and backward. A column
+    "used" and its parts the reading between forward and backward; "fwd
+    us/L" and "bwd us/L" the launch thread's CPU time per layer per forward
+    and backward call, "drv/step" the driver's VMM calls per step. A column
     no row has a figure for (graph-only's ratios where it did not run, memory
     on the CPU) is left out."""
     body = []
@@ -140,7 +147,9 @@ def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
                  _f(_mib(m.get("allocator")), "%.0f"), _f(_mib(m.get("vmmrt")), "%.0f"),
                  _f(_mib(m.get("slots")), "%.0f"), _f(_mib(m.get("other")), "%.0f"),
                  _f(_mib(r.get("d2h_bytes_per_step")), "%.0f"), _f(r.get("d2h_gbps"), "%.1f"),
-                 _f(r.get("h2d_gbps"), "%.1f"), _f(bound, "%.2f"), _f(r["step_ms"] / bound if bound else None, "%.3f"))
+                 _f(r.get("h2d_gbps"), "%.1f"), _f(bound, "%.2f"), _f(r["step_ms"] / bound if bound else None, "%.3f"),
+                 _f(r.get("launch_fwd_us_per_layer"), "%.1f"), _f(r.get("launch_bwd_us_per_layer"), "%.1f"),
+                 _f(r.get("driver_calls_per_step"), "%.1f"))
         body.append((cells, _grads_text(r)))
     keep = [k for k in range(len(_COLUMNS)) if k < 2 or any(cells[k] != "-" for cells, _ in body)]
     head = " ".join(_COLUMNS[k][1] % _COLUMNS[k][0] for k in keep) + "  grads vs %s" % (ref_name or "-")

@@ -1,0 +1,67 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The driver's VMM calls per step, counted by Offload.stats() (the C
+library's vmmrt_driver_stats_get counts, on the host backend as on CUDA):
+the baseline that "no driver call in steady state" ([hot-path] 3) tightens."""
+import pytest
+import torch
+
+import vmmrt.torch as vt
+from conftest import samples, zoo_layers
+
+N = 3
+KINDS = ("cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease")
+
+
+def _per_step(mode, warmup=2, steps=3, **kw):
+    """The calls of each kind made by each step after ``warmup`` steps
+    (the Zoo layers, graphs=False, everything above 0 bytes offloadable,
+    4 KiB granules so that resident slots exist for these small layers)."""
+    g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode=mode, lookahead=1,
+                                  min_bytes=0, options={"host_granularity": 4096}, **kw)
+    off = vt.offload_of(g[0])
+    x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+    out = []
+    try:
+        prev = off.stats()
+        for i in range(warmup + steps):
+            y = x
+            for m in g:
+                y = m(y)
+            y.backward(gy)
+            off.sync()              # remap's unmaps after the last backward belong to the step
+            cur = off.stats()
+            assert cur["driver_calls"] == sum(cur["driver_calls_by_kind"].values())
+            assert tuple(cur["driver_calls_by_kind"]) == KINDS
+            if i >= warmup:
+                out.append({k: cur["driver_calls_by_kind"][k] - prev["driver_calls_by_kind"][k] for k in KINDS}
+                           | {"total": cur["driver_calls"] - prev["driver_calls"]})
+            prev = cur
+    finally:
+        off.close()
+    return out
+
+
+def test_remap_maps_and_unmaps_every_step():
+    """remap releases the offloaded slots' memory and maps it again each
+    step (measured here: 4 or 5 maps per step over 3 layers, as the workers
+    take the requests)."""
+    for s in _per_step("remap"):
+        assert s["total"] > 0 and s["cuMemMap"] > 0
+        assert s["cuMemMap"] == s["cuMemSetAccess"] == s["cuMemUnmap"], s
+
+
+def test_pingpong_fully_offloaded_makes_no_driver_call_after_warm_up():
+    """Every saved tensor offloaded: the two banks are mapped once (the
+    first step) and nothing more."""
+    assert _per_step("pingpong") == [dict.fromkeys(KINDS + ("total",), 0)] * 3
+
+
+@pytest.mark.parametrize("mode,kw", [("pingpong", {"offload": 0.5}), ("none", {})])
+def test_resident_slots_are_made_and_released_every_step_today(mode, kw):
+    """The baseline today (measured on the host backend): what stays on the
+    device goes to a resident slot per layer that is created, mapped, given
+    access, unmapped and released again every step, one call of each kind
+    per layer per step (5 * 3 = 15 calls per step over 3 layers), in mode
+    "none" and in "pingpong" with half offloaded. The [hot-path] work that
+    keeps these slots across steps turns this into 0."""
+    assert _per_step(mode, **kw) == [dict.fromkeys(KINDS, N) | {"total": 5 * N}] * 3
