@@ -147,6 +147,52 @@ def test_weights_restore_in_place():
     assert all(p.data_ptr() == ptr and torch.equal(p, v) for p, ptr, v in before)
 
 
+class _Ticks(torch.autograd.Function):
+    """Advances a fake clock by fwd ns in its forward, by bwd ns in its backward."""
+
+    @staticmethod
+    def forward(ctx, x, clock, fwd, bwd):
+        ctx.clock, ctx.bwd = clock, bwd
+        clock[0] += fwd
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.clock[0] += ctx.bwd
+        return g, None, None, None
+
+
+class _Ticking(Tiny):
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def forward(self, x):
+        return _Ticks.apply(super().forward(x), self.clock, 7000, 11000)
+
+
+@pytest.mark.parametrize("n,k", [(3, 1), (6, 1), (3, 2)])
+def test_launch_time_is_per_layer_per_call(n, k):
+    """The launch thread's time, read on a fake clock that only the layers
+    advance (7 us per layer forward, 11 us per layer backward): the figures
+    are per layer and per call whatever the layers and microbatches, and
+    their sum per layer per step counts the K microbatches."""
+    from types import SimpleNamespace
+    clock = [0]
+    torch.manual_seed(0)
+    layers = [_Ticking(clock) for _ in range(n)]
+    xs = [torch.randn(3, 8, requires_grad=True) for _ in range(k)]
+    gys = [torch.randn(3, 8) for _ in range(k)]
+    built = modes.Built("eager", lambda x: modes._through(layers, x),
+                        opt=loops.optimizer(modes.parameters(layers)))
+    res, _ = modes.measure(built, layers, loops.Loop("set_to_none", k), xs, gys,
+                           SimpleNamespace(warmup=1, iterations=3), modes.Weights(layers), clock=lambda: clock[0])
+    assert res["launch_fwd_us_per_layer"] == 7.0
+    assert res["launch_bwd_us_per_layer"] == 11.0
+    assert res["launch_us_per_layer_step"] == 18.0 * k
+    assert "driver_calls_per_step" not in res           # no offload, no driver
+
+
 @pytest.mark.parametrize("loop,k", [("both", 1), ("persistent", 2)])
 def test_smoke_run_writes_every_loop(tmp_path, loop, k):
     out = tmp_path / "bench.json"
@@ -163,8 +209,14 @@ def test_smoke_run_writes_every_loop(tmp_path, loop, k):
         rows = {r["mode"]: r for r in lp["rows"]}
         assert set(rows) == {"eager", "eager-pingpong"}
         r = rows["eager-pingpong"]
-        for key in ("step_ms", "zero_ms", "fwd_bwd_ms", "opt_ms", "d2h_bytes_per_step", "offload_stats"):
+        for key in ("step_ms", "zero_ms", "fwd_bwd_ms", "opt_ms", "d2h_bytes_per_step", "offload_stats",
+                    "driver_calls_per_step"):
             assert r[key] is not None, key
+        assert r["driver_calls_per_step"] == sum(r["driver_calls_per_step_by_kind"].values())
+        assert "driver_calls_per_step" not in rows["eager"]
+        for m in rows.values():     # the real clock: present, positive, finite (never its size)
+            for key in ("launch_fwd_us_per_layer", "launch_bwd_us_per_layer", "launch_us_per_layer_step"):
+                assert 0 < m[key] < float("inf"), (m["mode"], key)
         assert r["iterations"] == 2 and r["loop"] == name
         # every mode starts from the same weights: the eager offload is bitwise
         assert r["grad_bitwise"] is True
@@ -403,6 +455,8 @@ def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
         assert d["reference"] == "eager" and d["loop"] == "set_to_none"
         for p in d["points"]:
             assert not p.get("error") and p["step_ms"] > 0 and p["grads_ok"], p
+            assert 0 < p["launch_us_per_layer_step"] < float("inf"), p
+            assert (p["driver_calls_per_step"] is not None) == (p["family"] == "vmmrt"), p
         assert d["verdict"]["line"].startswith("no verdict")        # no peak on the CPU
         assert "verdict (%s, set_to_none loop)" % name in text
     for name in ("hf", "megatron"):     # installed or said why not
@@ -413,6 +467,7 @@ def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
     assert front.main([str(out)]) == 0
     again = capsys.readouterr().out
     assert "front: llama, set_to_none loop" in again and "vmmrt recompute all" in again
+    assert "us/L/stp" in again and "drv/step" in again
     assert front.main([str(tmp_path / "none.json")]) == 2
     (tmp_path / "other.json").write_text("[1]")
     assert front.main([str(tmp_path / "other.json")]) == 2
