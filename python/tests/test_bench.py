@@ -193,6 +193,38 @@ def test_launch_time_is_per_layer_per_call(n, k):
     assert "driver_calls_per_step" not in res           # no offload, no driver
 
 
+def test_launch_time_of_a_backward_run_by_another_thread():
+    """On CUDA autograd runs the layers' backwards on its device thread: the
+    backward's time is the caller's plus that thread's from the hook on the
+    output (the first thing it runs) to the return. A stand-in output whose
+    backward runs its hook on a thread of its own, on per-thread fake clocks."""
+    ticks = {}
+
+    def clock():
+        return ticks.setdefault(threading.get_ident(), 0)
+
+    class Out:
+        requires_grad = True
+
+        def register_hook(self, h):
+            self.hook = h
+
+        def backward(self, gy):
+            def worker():
+                me = threading.get_ident()
+                ticks[me] = 100         # before the backward: not counted
+                self.hook(gy)
+                ticks[me] += 5000       # the layers' backwards
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+            ticks[threading.get_ident()] += 300   # the caller's own part
+
+    c = loops.LaunchClock(clock, clock_of=lambda ident: ticks[ident])
+    c.backward(Out(), None)
+    assert (c.bwd_ns, c.backwards) == (5300, 1)
+
+
 @pytest.mark.parametrize("loop,k", [("both", 1), ("persistent", 2)])
 def test_smoke_run_writes_every_loop(tmp_path, loop, k):
     out = tmp_path / "bench.json"

@@ -127,10 +127,13 @@ class LaunchClock:
     again when backward() returns; the caller's own time around the call
     (waiting, the engine's bookkeeping) is added. ``clock`` reads the calling
     thread's CPU clock (time.thread_time_ns; a test injects its own),
-    ``clock_of(ident)`` another thread's on the same clock."""
+    ``clock_of(ident)`` another thread's on the same clock (by default that
+    of the thread; ``clock`` itself when only ``clock`` is given)."""
 
-    def __init__(self, clock=time.thread_time_ns, clock_of=_thread_cpu_ns):
-        self.clock, self.clock_of = clock, clock_of
+    def __init__(self, clock=None, clock_of=None):
+        if clock_of is None:
+            clock_of = _thread_cpu_ns if clock is None else (lambda _ident: clock())
+        self.clock, self.clock_of = clock or time.thread_time_ns, clock_of
         self.fwd_ns = self.bwd_ns = 0
         self.forwards = self.backwards = 0
 

@@ -234,7 +234,7 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
     marks, clocks = [], []
     for _ in range(args.iterations):
         m = _Marks(cuda)
-        c = loops.LaunchClock(clock) if clock is not None else loops.LaunchClock()
+        c = loops.LaunchClock(clock)
         loop.step(run, opt, xs, gys, marks=m.callables(), launch=c)
         marks.append(m)
         clocks.append(c)
