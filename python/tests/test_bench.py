@@ -222,7 +222,26 @@ def test_launch_time_of_a_backward_run_by_another_thread():
 
     c = loops.LaunchClock(clock, clock_of=lambda ident: ticks[ident])
     c.backward(Out(), None)
-    assert (c.bwd_ns, c.backwards) == (5300, 1)
+    assert (c.bwd_ns, c.backwards, c.elsewhere) == (5300, 1, 1)
+
+
+def test_launch_time_of_a_backward_on_the_cpu_is_the_callers():
+    c = loops.LaunchClock()
+    lin = torch.nn.Linear(8, 8)
+    c.backward(lin(torch.randn(2, 8)), torch.randn(2, 8))
+    assert (c.backwards, c.elsewhere) == (1, 0) and c.bwd_ns > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="autograd's device thread is CUDA's")
+def test_launch_time_of_a_cuda_backward_counts_autograds_device_thread():
+    """What the backward figure assumes on CUDA: the layers' backwards run
+    on another thread than the caller's, which the hook finds."""
+    c = loops.LaunchClock()
+    lin = torch.nn.Linear(8, 8).cuda()
+    for _ in range(2):
+        c.backward(lin(torch.randn(2, 8, device="cuda")), torch.randn(2, 8, device="cuda"))
+    torch.cuda.synchronize()
+    assert (c.backwards, c.elsewhere) == (2, 2) and c.bwd_ns > 0
 
 
 @pytest.mark.parametrize("loop,k", [("both", 1), ("persistent", 2)])

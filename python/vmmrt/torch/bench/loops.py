@@ -118,7 +118,8 @@ def _thread_cpu_ns(ident):
 class LaunchClock:
     """The CPU time of the threads that call the layers over one step, in ns:
     ``fwd_ns`` around each forward call of the layers, ``bwd_ns`` around each
-    backward, and how many of each (``forwards``, ``backwards``).
+    backward, and how many of each (``forwards``, ``backwards``; of the
+    backwards, ``elsewhere`` ran on another thread than the caller's).
 
     The forward runs on the calling thread. The backward runs there on the
     CPU, but on CUDA autograd runs the layers' backwards on its device
@@ -135,7 +136,7 @@ class LaunchClock:
             clock_of = _thread_cpu_ns if clock is None else (lambda _ident: clock())
         self.clock, self.clock_of = clock or time.thread_time_ns, clock_of
         self.fwd_ns = self.bwd_ns = 0
-        self.forwards = self.backwards = 0
+        self.forwards = self.backwards = self.elsewhere = 0
 
     def forward(self, run, x):
         t0 = self.clock()
@@ -159,4 +160,5 @@ class LaunchClock:
         self.bwd_ns += self.clock() - t0
         if first and first["ident"] != me:
             self.bwd_ns += self.clock_of(first["ident"]) - first["t0"]
+            self.elsewhere += 1
         self.backwards += 1
