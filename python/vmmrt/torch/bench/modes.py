@@ -215,6 +215,15 @@ def driver_calls_per_step(before, after, steps):
     return (after["driver_calls"] - before["driver_calls"]) / n, by
 
 
+def _settle(off):
+    """Wait for what the steps asked of the driver workers: on the host
+    backend the releases after each backward are ordered on its stream
+    (on CUDA, _sync() waited for the device's)."""
+    if off.host:
+        off.runtime.stream_synchronize(None)
+    off.sync()
+
+
 def measure(built, layers, loop, xs, gys, args, weights, clock=None):
     """One mode in one loop: step times (ms; device events, median), the
     launch thread's CPU time per layer (:func:`launch_us`; ``clock``, if
@@ -229,7 +238,7 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
         loop.step(run, opt, xs, gys)
     _sync()
     if off is not None:
-        off.sync()
+        _settle(off)
         before = off.stats()
     marks, clocks = [], []
     for _ in range(args.iterations):
@@ -249,7 +258,7 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
     if built.name in _GRADS_MODES:
         res["grads_arg"] = getattr(args, "grads", None) or "default"
     if off is not None:
-        off.sync()
+        _settle(off)
         after = off.stats()
         n = max(1, len(step))
         res["d2h_bytes_per_step"] = (after["bytes_offloaded"] - before["bytes_offloaded"]) / n
