@@ -534,11 +534,24 @@ static unsigned long set_access_beside_d2h(int yield) /* 1, 0, or -1: the option
 
 static void maps_run_beside_no_d2h(void **state)
 {
-	unsigned long with = set_access_beside_d2h(1), without = set_access_beside_d2h(0),
-		      dflt = set_access_beside_d2h(-1);
-	fprintf(stderr, "# cuMemSetAccess beside a D2H in 3 iterations: %lu with d2h_yield, %lu without, %lu by default\n",
-		with, without, dflt);
 	const char *san = getenv("SANITIZED_BUILD");
+	/* ThreadSanitizer may slow the forwards' kernels past the copies: the
+	 * control then sees nothing, and the run says nothing either way. */
+	int control = !san || !strstr(san, "thread");
+	unsigned long with = 0, without = 0, dflt = 0;
+	/* The control (no yield: 11 or so maps beside a copy) needs the copies
+	 * to outlast the forwards, which a machine loaded by other work can
+	 * undo for a whole run: the comparison is made on a run whose control
+	 * saw the overlap, up to three runs. */
+	for (int run = 0; run < 3; run++) {
+		with = set_access_beside_d2h(1);
+		without = set_access_beside_d2h(0);
+		dflt = set_access_beside_d2h(-1);
+		fprintf(stderr, "# cuMemSetAccess beside a D2H in 3 iterations: %lu with d2h_yield, %lu without, %lu by "
+				"default\n", with, without, dflt);
+		if (without >= 1 || !control)
+			break;
+	}
 	if (san && *san) {
 		/* A sanitizer stretches every call: the yield still cuts the
 		 * overlap (ASan once let 1 of 4 through), not always to none. */
@@ -548,9 +561,7 @@ static void maps_run_beside_no_d2h(void **state)
 		assert_int_equal(with, 0);
 		assert_int_equal(dflt, 0); /* the default yields (vmmrt(7), d2h_yield) */
 	}
-	/* The control: the test sees what it is meant to (11 or so), unless
-	 * ThreadSanitizer slows the forwards' kernels past the copies. */
-	if (!san || !strstr(san, "thread"))
+	if (control)
 		assert_true(without >= 1);
 }
 
