@@ -61,7 +61,7 @@ from vmmrt.torch import select
 STRATEGIES = (("pingpong", 1), ("remap", 1), ("remap", 2), ("remap", 3))
 ACTIONS = ("keep", "offload", "recompute")
 # remap's cost per offloaded layer on the forward path: its map waits for a
-# D2H, a host function and the driver worker (issue #21, H200: ~0.4 ms).
+# D2H, a host function and the driver worker (H200: ~0.4 ms).
 REMAP_MS = 0.4
 
 
