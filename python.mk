@@ -29,6 +29,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/graphed.py \
 	python/vmmrt/torch/layer.py \
 	python/vmmrt/torch/memory.py \
+	python/vmmrt/torch/memplan.py \
 	python/vmmrt/torch/offload.py \
 	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/place.py \
@@ -56,6 +57,7 @@ vmmrt_py_tests = \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_bench.py \
 	python/tests/test_driver_calls.py \
+	python/tests/test_memplan.py \
 	python/tests/test_compiled.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \

@@ -1,0 +1,209 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""One physical memory plan for the memory that comes and goes with a layer:
+its resident activations (LayerOffload.resident) and its mapped gradients
+(Grads.backing), each a :class:`vmmrt.torch.backing.Backing`.
+
+Without a plan each of those slots gets memory of its own from the driver
+before its use and gives it back after (create, map, set access, unmap,
+release: five driver calls per slot per step). A graphed training step is
+a fixed timeline, though, so once it has been seen the life of every slot
+is known, and slots whose lives never overlap can sit on the same physical
+pages: one pages object (Runtime.pages) holds them all, each slot bound at
+an offset of it (Slot.map_pages) for good. The steady state then makes no
+driver call, and the memory is what the stream-ordered map and release give
+(eager-like: a layer's resident memory is the gradients' of the layers
+whose backward comes after).
+
+The timeline is the step's order of uses (Offload.set_order: every forward
+then the backwards in reverse, or a pipeline's), positions 0 .. U-1, and
+U is the step's end (the optimizer step). Lives are closed intervals:
+
+- resident of a layer: [its forward, its backward] (mapped before the
+  forward, released after the backward);
+- gradients, ``set_to_none`` loop (zero_grad(set_to_none=True) drops .grad
+  before the next step's first forward): [the first backward of the
+  callable's runners, U];
+- gradients, persistent ``.grad`` loop: the whole step, and beyond: its
+  memory is the ``.grad`` the user keeps, with its values, so it stays the
+  slot's own (never shared, not in the pages).
+
+The loop is learned, not asked (:class:`Watcher`): the plan is made at the
+first forward of the second step it sees (after the captures, or after the
+warm-up without graphs); gradient memory still held then is persistent.
+
+A tensor that outlives what the plan assumed (a ``g = p.grad`` kept across
+the next forward, a saved tensor held past its backward) is caught at the
+use that would write over it: when a planned slot's use begins while a slot
+it shares bytes with is still held, the slot being used gets memory of its
+own for that use (unbound from the pages, then mapped as without a plan;
+counted as ``plan_conflicts`` in Offload.stats(), logged once) and goes
+back to the pages at a later use that finds its bytes free.
+
+Caveat: the pages stay mapped through the optimizer step, where without
+the plan the resident memory released after each backward goes back to the
+driver, and PyTorch's caching allocator may get it for the optimizer's
+temporaries (foreach AdamW's, about the parameters' size).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Sequence
+
+log = logging.getLogger("vmmrt.torch")
+
+RESIDENT = "resident"
+GRADS = "grads"
+
+
+class Life:
+    """One slot's life over the step: ``start``, ``end`` (closed, positions in
+    the step's order of uses; the step's end is the order's length), its
+    size, and whether it goes in the pages (``shared``: False for a
+    persistent ``.grad``, which keeps memory of its own)."""
+
+    def __init__(self, key: Any, kind: str, nbytes: int, start: int, end: int, shared: bool = True,
+                 why: str = "") -> None:
+        if nbytes <= 0:
+            raise ValueError("%r: %d bytes" % (key, nbytes))
+        if start > end:
+            raise ValueError("%r: life [%d, %d] ends before it starts" % (key, start, end))
+        self.key, self.kind, self.nbytes, self.start, self.end = key, kind, nbytes, start, end
+        self.shared = shared
+        self.why = why
+        self.offset = None      # in the pages, once placed
+
+    def overlaps(self, other: Life) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+    def __repr__(self) -> str:
+        return "Life(%r, %s, %d B, [%d, %d]%s)" % (self.key, self.kind, self.nbytes, self.start, self.end,
+                                                    "" if self.offset is None else " @%d" % self.offset)
+
+
+def _round_up(n: int, g: int) -> int:
+    return -(-n // g) * g
+
+
+def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
+          grads: Iterable[tuple[str, Sequence[str], int, bool]]) -> list[Life]:
+    """Every slot's life. ``order``: the step's uses, (layer name, backward);
+    ``residents``: layer name -> bytes of its resident slot; ``grads``:
+    (name, the layers whose backwards write them, bytes, persistent)."""
+    pos = {}
+    for k, use in enumerate(order):
+        if use in pos:
+            raise ValueError("use %r twice in the order" % (use,))
+        pos[use] = k
+    end = len(order)
+    out = []
+    for name, nbytes in residents.items():
+        f, b = pos.get((name, False)), pos.get((name, True))
+        if f is None or b is None:
+            raise ValueError("layer %r: its forward or backward is not in the order" % name)
+        out.append(Life((name, RESIDENT), RESIDENT, nbytes, f, b, why="from its forward to its backward"))
+    for name, layers, nbytes, persistent in grads:
+        bwd = [pos.get((n, True)) for n in layers]
+        if not bwd or None in bwd:
+            raise ValueError("gradients %r: a backward of %r is not in the order" % (name, list(layers)))
+        if persistent:
+            out.append(Life((name, GRADS), GRADS, nbytes, 0, end, shared=False,
+                            why="persistent .grad: the whole step and the next, its own memory"))
+        else:
+            out.append(Life((name, GRADS), GRADS, nbytes, min(bwd), end,
+                            why="from its first backward to zero_grad(set_to_none=True)"))
+    return out
+
+
+def _first_fit(items: list[Life], granularity: int) -> dict[Any, int]:
+    """Each item at the lowest offset (a multiple of the granularity) where it
+    shares no byte with an item placed before it whose life overlaps."""
+    placed = []
+    out = {}
+    for it in items:
+        size = _round_up(it.nbytes, granularity)
+        busy = sorted((o, o + _round_up(p.nbytes, granularity)) for p, o in placed if p.overlaps(it))
+        off = 0
+        for lo, hi in busy:
+            if off + size <= lo:
+                break
+            off = max(off, hi)
+        out[it.key] = off
+        placed.append((it, off))
+    return out
+
+
+def place(items: list[Life], granularity: int) -> int:
+    """Set each shared item's offset in the pages so that no two whose lives
+    overlap share a byte; returns the pages' size (whole granules). Greedy
+    first-fit, by size (largest first) and by start; the smaller wins."""
+    if granularity <= 0:
+        raise ValueError("granularity %d" % granularity)
+    shared = [it for it in items if it.shared]
+    best = None
+    for key in (lambda it: (-it.nbytes, it.start), lambda it: (it.start, -it.nbytes)):
+        offs = _first_fit(sorted(shared, key=key), granularity)
+        size = max([offs[it.key] + _round_up(it.nbytes, granularity) for it in shared] or [0])
+        if best is None or size < best[0]:
+            best = (size, offs)
+    size, offs = best
+    for it in items:
+        it.offset = offs.get(it.key) if it.shared else None
+    return size
+
+
+def sharers(items: list[Life], granularity: int) -> dict[Any, list[Any]]:
+    """For each placed item, the keys of the others it shares a byte with."""
+    placed = [it for it in items if it.offset is not None]
+    out = {it.key: [] for it in items}
+    for a in placed:
+        ea = a.offset + _round_up(a.nbytes, granularity)
+        for b in placed:
+            if b is not a and a.offset < b.offset + _round_up(b.nbytes, granularity) and b.offset < ea:
+                out[a.key].append(b.key)
+    return out
+
+
+class Plan:
+    """The arithmetic's result: every slot's life and offset, the pages' size
+    (the plan's device memory, with the persistent gradients' own)."""
+
+    def __init__(self, order: Sequence[tuple[str, bool]], items: list[Life], granularity: int) -> None:
+        self.order = list(order)
+        self.items = items
+        self.granularity = granularity
+        self.pages_bytes = place(items, granularity)
+        self.own_bytes = sum(_round_up(it.nbytes, granularity) for it in items if not it.shared)
+        self.shares = sharers(items, granularity)
+        # what each slot would hold without the plan, summed at the worst use
+        self.unplanned_peak = max([sum(_round_up(it.nbytes, granularity) for it in items
+                                       if it.start <= t <= it.end) for t in range(len(self.order) + 1)] or [0])
+
+    @property
+    def total_bytes(self) -> int:
+        """The predicted device memory of these slots: the pages and the
+        persistent gradients' own memory."""
+        return self.pages_bytes + self.own_bytes
+
+    def by_key(self) -> dict[Any, Life]:
+        return {it.key: it for it in self.items}
+
+    def summary(self) -> str:
+        lines = ["memory plan: %s of pages for %d slots%s (mapped and released around each use instead, the same "
+                 "slots hold %s at the busiest use)"
+                 % (size(self.pages_bytes), sum(1 for it in self.items if it.shared),
+                    "" if not self.own_bytes else ", %s of persistent gradients in their own memory"
+                    % size(self.own_bytes), size(self.unplanned_peak))]
+        for it in sorted(self.items, key=lambda it: (it.offset is None, it.offset or 0, it.start)):
+            where = "own memory" if it.offset is None else "offset %s" % size(it.offset)
+            with_ = self.shares.get(it.key) or []
+            lines.append("  %s %s: %s at %s, life [%d, %d] (%s)%s"
+                         % (it.key[0], it.kind, size(it.nbytes), where, it.start, it.end, it.why,
+                            "; shares with " + ", ".join("%s %s" % k for k in with_) if with_ else ""))
+        return "\n".join(lines)
+
+
+def size(n: int) -> str:
+    """Bytes for people: MiB from one MiB on, KiB below."""
+    if n >= 1 << 20 or n == 0:
+        return "%.1f MiB" % (n / float(1 << 20))
+    return "%.1f KiB" % (n / 1024.0)
