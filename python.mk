@@ -58,6 +58,7 @@ vmmrt_py_tests = \
 	python/tests/test_bench.py \
 	python/tests/test_driver_calls.py \
 	python/tests/test_memplan.py \
+	python/tests/test_memplan_gpu.py \
 	python/tests/test_compiled.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \

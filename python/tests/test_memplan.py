@@ -1,11 +1,16 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""The memory plan's arithmetic (vmmrt.torch.memplan) on made-up timelines:
-the lives of the resident and gradient slots, where each lands in the
-pages, what shares with what, and the predicted size."""
+"""The memory plan (vmmrt.torch.memplan): its arithmetic on made-up
+timelines (the lives of the resident and gradient slots, where each lands in
+the pages, what shares with what, the predicted size), then the plan as
+make_graphed_callables applies it on the host backend (no driver call in
+steady state, gradients bitwise as without it, a .grad kept past its life)."""
 import random
 
 import pytest
+import torch
 
+import vmmrt.torch as vt
+from conftest import run, samples, zoo_layers
 from vmmrt.torch import memplan
 
 G = 4096
@@ -141,3 +146,122 @@ def test_summary_says_what_shares_with_what():
     text = three().summary()
     assert "memory plan: 56.0 KiB of pages for 6 slots" in text
     assert "a grads" in text and "shares with" in text
+
+
+# ------------------------------------------------- on the host backend
+# The plan as make_graphed_callables applies it (graphs=False: the host
+# backend emulates the GPU on host memory, and the same hooks run).
+
+N = 4
+
+
+def _build(plan=True, mode="none", **kw):
+    g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode=mode, lookahead=1,
+                                  min_bytes=0, options={"host_granularity": 4096}, memory_plan=plan, **kw)
+    return g, vt.offload_of(g[0])
+
+
+def _inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 8, 32, generator=gen, requires_grad=True), torch.randn(2, 8, 32, generator=gen)
+
+
+def _settle(off):
+    # the releases after each backward are ordered on the host backend's
+    # stream and then go to the workers (test_driver_calls.py)
+    off.runtime.stream_synchronize(None)
+    off.sync()
+
+
+def _train(plan, steps, set_to_none=True, mode="none", keep_at=None, **kw):
+    """Steps of the set_to_none (or persistent .grad) loop; returns the
+    gradients after each step, the driver calls each step made, the stats
+    and describe() at the end, and (keep_at) what a kept .grad held."""
+    g, off = _build(plan, mode, **kw)
+    params = [p for m in g for p in m.parameters()]
+    out = {"grads": [], "calls": []}
+    try:
+        for i in range(steps):
+            kept = None
+            if set_to_none:
+                if i == keep_at:
+                    # the user keeps the first layer's gradients across the
+                    # next forward
+                    kept = [p.grad for p in g[0].parameters()]
+                    values = [t.clone() for t in kept]
+                for m in g:
+                    m.zero_grad(set_to_none=True)
+            before = off.stats()["driver_calls"]
+            x, gy = _inputs(i)
+            y = run(g, x)
+            if kept is not None:
+                out["after_forward"] = [torch.equal(a, b) for a, b in zip(kept, values)]
+            (y * gy).sum().backward()
+            del y, kept
+            _settle(off)
+            out["calls"].append(off.stats()["driver_calls"] - before)
+            out["grads"].append([p.grad.clone() for p in params])
+        out["stats"] = off.stats()
+        out["describe"] = off.describe()
+        out["plan"] = off.memplan.plan
+        out["first_grads"] = off.layers[0].grads.name
+    finally:
+        off.close()
+    return out
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("mode,kw", [("none", {}), ("pingpong", {"offload": 0.5})])
+def test_set_to_none_loop_shares_pages_and_makes_no_driver_call(mode, kw):
+    on = _train(True, 5, mode=mode, **kw)
+    off = _train(False, 5, mode=mode, **kw)
+    # the plan is made at the second step's first forward: from the third
+    # step on, nothing is mapped or released
+    assert on["calls"][2:] == [0, 0, 0], on["calls"]
+    assert all(c > 0 for c in off["calls"]), off["calls"]
+    assert on["stats"]["plan_bytes"] == on["plan"].pages_bytes > 0
+    assert on["stats"]["plan_conflicts"] == 0
+    # gradients at their layers' backward land on resident memory of the
+    # layers whose backward came before
+    assert any(k[1] == "resident" for k in on["plan"].shares[(on["first_grads"], "grads")])
+    assert on["plan"].pages_bytes < sum(it.nbytes for it in on["plan"].items)
+    for a, b in zip(on["grads"], off["grads"]):
+        assert _same(a, b)
+    assert "memory plan:" in on["describe"] and "shares with" in on["describe"]
+    assert "memory plan: off (memory_plan=False)" in off["describe"]
+
+
+def test_persistent_grads_keep_their_own_memory():
+    on = _train(True, 4, set_to_none=False)
+    off = _train(False, 4, set_to_none=False)
+    assert on["calls"][2:] == [0, 0]
+    grads = [it for it in on["plan"].items if it.kind == "grads"]
+    assert grads and all(it.offset is None and not it.shared for it in grads)
+    assert all(not on["plan"].shares[it.key] for it in on["plan"].items if it.kind == "grads")
+    for a, b in zip(on["grads"], off["grads"]):
+        assert _same(a, b)
+
+
+def test_a_grad_kept_across_the_next_forward_keeps_its_values():
+    """The plan assumes zero_grad drops the gradients before the next
+    forward; a .grad kept past it is found at the use that would write over
+    it: the layer's resident slot gets memory of its own for that step."""
+    on = _train(True, 6, keep_at=3)
+    off = _train(False, 6, keep_at=3)
+    assert any(k[1] == "resident" for k in on["plan"].shares[(on["first_grads"], "grads")])
+    assert on["after_forward"] == [True] * len(on["after_forward"])
+    assert on["stats"]["plan_conflicts"] >= 1
+    assert off["stats"]["plan_conflicts"] == 0
+    # the step after the conflict puts the slot back on the pages, then
+    # nothing more
+    assert on["calls"][5] == 0, on["calls"]
+    for a, b in zip(on["grads"], off["grads"]):
+        assert _same(a, b)
+
+
+def test_memory_plan_must_be_a_bool():
+    with pytest.raises(TypeError, match="memory_plan"):
+        vt.make_graphed_callables(tuple(zoo_layers(1)), samples(1), graphs=False, memory_plan="yes")

@@ -30,6 +30,13 @@ waits for nobody: the worker maps once an event has completed
 (vmmrt_slot_wait_stream), so the launch thread keeps running ahead of the
 GPU; the tensors of such a use are made over the address alone
 (:mod:`vmmrt.torch._dlpack`).
+
+Once the step's timeline is known, the memory plan (:mod:`vmmrt.torch.memplan`)
+may bind the slot to an offset of pages it shares with slots whose lives do
+not overlap its own (:meth:`Backing.bind`): the memory then stays mapped, and
+map and release are no-ops (no driver call per step) that only track whether
+the slot is in use, which the plan checks before another slot over the same
+bytes begins its use. An unbound Backing behaves as it always did.
 """
 import logging
 import threading
@@ -79,6 +86,9 @@ class Backing:
         self.stream_maps = 0      # of maps, those made by map_on_stream
         self.releases = 0
         self._pinned = False      # static buffers live in it (pin): never released
+        self.planned = None       # memplan.Entry, once the memory plan counts this slot in
+        self._bound = False       # on the plan's pages: map and release are no-ops
+        self._in_use = False      # bound, and its use begun and not released since
 
     # ------------------------------------------------------------ state
     @property
@@ -88,12 +98,57 @@ class Backing:
     @property
     def mapped(self):
         """Mapped, or asked to be (the worker may still be at it)."""
-        return self._wanted
+        return self._wanted or self._bound
+
+    @property
+    def bound(self):
+        """On the memory plan's pages (:meth:`bind`)."""
+        return self._bound
+
+    @property
+    def busy(self):
+        """Bound, and its bytes wanted: its use has begun and not been
+        released, or a tensor made over it is alive."""
+        return self._bound and (self._in_use or self._live > 0)
+
+    # ------------------------------------------------------ memory plan
+    def bind(self, pages, offset):
+        """Put the slot on ``pages`` at ``offset`` for good, if its own memory
+        is gone (released, and the release run by the worker) and nothing
+        is over it; returns whether it did. One driver map, set access."""
+        with self._lock:
+            if self._bound:
+                return True
+            if self._wanted or self._live or self._pinned or self.slot.state != "reserved":
+                return False
+            self.slot.map_pages(pages, offset)
+            self._bound = True
+            self._in_use = False
+            return True
+
+    def unbind(self):
+        """Off the pages (the caller has waited for the work that used them
+        through this slot): the next map is memory of its own again."""
+        with self._lock:
+            if self._bound:
+                self.slot.unmap()
+                self._bound = False
+                self._in_use = False
+
+    def begin_use(self):
+        """Bound: the use begins (map_for_use), no driver call."""
+        self._in_use = True
+
+    def end_use(self):
+        """An abandoned iteration (Offload.abort) will not release it."""
+        with self._lock:
+            if self._bound and not self._live:
+                self._in_use = False
 
     # ------------------------------------------------------- map, release
     def _prefetch(self):
         self._due = None
-        if not self._wanted:
+        if not self._wanted and not self._bound:
             self.slot.map_async()
             self._wanted = True
             self.maps += 1
@@ -102,6 +157,8 @@ class Backing:
         """Mapped when this returns (waiting for the worker if it is not done)."""
         with self._lock:
             self._prefetch()
+            if self._bound:
+                return
         self.slot.wait()
         self._on_stream = False
 
@@ -112,6 +169,8 @@ class Backing:
         for that map on the device."""
         with self._lock:
             self._due = None
+            if self._bound:
+                return
             if not self._wanted:
                 self.slot.map_after(after)
                 self._wanted = True
@@ -135,6 +194,9 @@ class Backing:
             self._pinned = True
 
     def _release(self, stream):
+        if self._bound:
+            self._in_use = False     # the plan's pages stay
+            return
         if not self._wanted or self._pinned:
             return
         if self.offload.capturing or _compat.is_capturing():
@@ -161,8 +223,9 @@ class Backing:
         Either way the runtime is not destroyed under it (Runtime.hold):
         Offload.close(), its collection and interpreter exit wait for the
         tensor to die (at exit, the process's end takes the memory)."""
-        if self._on_stream:
-            # The memory may not be there yet: the address is all it needs.
+        if self._on_stream or self._bound:
+            # The memory may not be there yet (or is for good, on the plan's
+            # pages): the address is all it needs.
             t, owner = _dlpack.owned_tensor_at(self.address, self.nbytes, self.offload.device)
         else:
             self.ensure()

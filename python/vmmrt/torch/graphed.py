@@ -61,7 +61,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                            post_warmup_hook: Callable[[], None] | None = None, _order: Sequence[int] | None = None,
                            _num_layers_per_chunk: int | Sequence[int] | None = None,
                            _reuse_graph_input_output_buffers: bool = False, memory_budget: Any = None,
-                           **unknown: Any) -> Callable | tuple[Callable, ...]:
+                           memory_plan: bool = True, **unknown: Any) -> Callable | tuple[Callable, ...]:
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -163,6 +163,26 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         (``offload_of(c).plan.summary()``); it replaces ``offload=``. No
         plan fits: :class:`vmmrt.torch.budget.BudgetError`, with the
         smallest budget that would.
+    memory_plan
+        True (the default): once the first step after the captures (after
+        the warm-up without graphs) has run, the memory that comes and goes
+        with a layer (its resident activations, its gradients) is put on
+        one set of physical pages, each slot at an offset where it shares
+        bytes only with slots whose lives over the step never overlap its
+        own (a layer's resident memory holds the gradients of the layers
+        whose backward comes after, as eager reuses freed blocks); the
+        steady state then makes no driver call. Whether ``.grad`` is set to
+        None between steps or kept (persistent gradients, which keep memory
+        of their own) is learned from that first step. A tensor kept past
+        the life the plan gave it (a ``.grad`` kept across the next forward)
+        is detected where its bytes would be written over: the slot about
+        to be used then gets memory of its own
+        (``stats()["plan_conflicts"]``). ``describe()`` prints the plan. The
+        pages stay mapped through the optimizer step, where without the
+        plan the resident memory is given back after each backward and the
+        caching allocator may reuse it for the optimizer's temporaries.
+        False: each slot is mapped before its use and released after it
+        (five driver calls per slot and step).
 
     TransformerEngine's arguments (its make_graphed_callables, as Megatron-LM
     calls it; all keyword only here):
@@ -214,6 +234,8 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         raise ValueError("mode=%r: choose %s ('auto' with memory_budget=)%s" % (
             mode, ", ".join(repr(m) for m in modes),
             "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(str(mode), modes, n=1))))
+    if not isinstance(memory_plan, bool):
+        raise TypeError("memory_plan=%r: True or False" % (memory_plan,))
     if not isinstance(map_ahead, int) or isinstance(map_ahead, bool) or map_ahead < 0:
         raise ValueError("map_ahead=%r: a whole number of uses, 0 or more" % (map_ahead,))
     if grads not in GRADS:
@@ -304,6 +326,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
             funcs = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
         else:
             funcs = [recompute.wrap(r) if getattr(r, "recompute", False) else eager.wrap(r) for r in runners]
+        off.plan_memory(memory_plan)
     except BaseException:
         off.close()
         raise

@@ -390,6 +390,8 @@ class LayerOffload:
     def forward_begin(self, stream=None, eager=False):
         self._check_usable()
         self.offload.flush()
+        if self.offload.memplan is not None:
+            self.offload.memplan.forward_begin(self, stream)
         if self.resident is not None:
             self.offload.map_for_use(self, False, self.resident, stream, eager)
         self.group.forward_begin(stream)

@@ -204,6 +204,165 @@ class Plan:
 
 def size(n: int) -> str:
     """Bytes for people: MiB from one MiB on, KiB below."""
-    if n >= 1 << 20 or n == 0:
+    if n == 0:
+        return "0"
+    if n >= 1 << 20:
         return "%.1f MiB" % (n / float(1 << 20))
     return "%.1f KiB" % (n / 1024.0)
+
+
+# --------------------------------------------------------------- applied
+class Entry:
+    """One planned slot: its Backing, its life, and the Backings it shares
+    bytes with."""
+
+    def __init__(self, watcher: Watcher, backing: Any, life: Life) -> None:
+        self.watcher = watcher
+        self.backing = backing
+        self.life = life
+        self.sharers = []
+
+    def begin_use(self, stream: Any) -> bool:
+        """The slot's use begins (Offload.map_for_use): True when it is on the
+        pages and its bytes are free (nothing to map); False when it is to
+        be mapped as without a plan: bytes it shares still held (a
+        conflict: it leaves the pages), or it is off them and cannot come
+        back yet."""
+        b = self.backing
+        held = [o for o in self.sharers if o.busy]
+        if b.bound:
+            if not held:
+                b.begin_use()
+                return True
+            self.watcher.conflict(self, held, stream)
+            return False
+        if self.life.offset is None or held or self.watcher.pages is None:
+            return False
+        if b.bind(self.watcher.pages, self.life.offset):
+            self.watcher.binds += 1
+            b.begin_use()
+            return True
+        return False
+
+
+class Watcher:
+    """Learns the loop, then makes and applies the plan (Offload.memplan).
+
+    At each first forward of a step (the first use of the order): from the
+    second one on, once every resident slot has been released (a whole
+    step ran), the gradient slots still held tell the loop (held:
+    persistent ``.grad``; free: set_to_none), the plan is made over the
+    Offload's order, the pages are created and every planned slot is bound
+    (a slot whose own memory the workers have not released yet is bound at
+    a later use)."""
+
+    def __init__(self, off: Any, enabled: bool = True) -> None:
+        self.off = off
+        self.enabled = enabled
+        order = off._order
+        if order is None:
+            order = [(l.name, False) for l in off.layers] + [(l.name, True) for l in reversed(off.layers)]
+        self.order = list(order)
+        self.first = self.order[0][0] if self.order else None
+        self.starts = 0
+        self.plan = None          # Plan, once made
+        self.pages = None
+        self.entries = []
+        self.conflicts = 0        # uses that found bytes they share still held
+        self.binds = 0            # slots put on the pages (at the plan, or back after a conflict)
+        self.why_not = "not made yet: the plan is made at the second step's first forward" if enabled else \
+            "off (memory_plan=False)"
+        self._warned = False
+        off._abort_hooks.append(self._aborted)
+
+    # ------------------------------------------------------------ slots
+    def _slots(self):
+        """(residents by layer name, [(name, layer names, Backing)]): the
+        slots the plan may hold; a pinned gradient slot (static buffers in
+        it) stays as it is."""
+        residents = {l.name: l.resident for l in self.off.layers if l.resident is not None}
+        grads = {}
+        for l in self.off.layers:
+            g = getattr(l, "grads", None)
+            if g is None or g.backing is None or g.backing._pinned:
+                continue
+            grads.setdefault(id(g), (g.name, [], g.backing))[1].append(l.name)
+        return residents, list(grads.values())
+
+    # ------------------------------------------------------------ hooks
+    def forward_begin(self, lay: Any, stream: Any) -> None:
+        """LayerOffload.forward_begin, before its slot is mapped."""
+        if lay.name != self.first or self.plan is not None or not self.enabled:
+            return
+        self.starts += 1
+        if self.starts < 2:
+            return
+        residents, grads = self._slots()
+        if any(b.mapped for b in residents.values()):
+            return      # a step's backwards have not all run: not a steady step yet
+        self.make(residents, grads, stream)
+
+    def _aborted(self):
+        for e in self.entries:
+            e.backing.end_use()
+
+    # ------------------------------------------------------------- make
+    def make(self, residents: dict, grads: list, stream: Any) -> None:
+        items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
+                      [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads])
+        plan = Plan(self.order, items, self.off.granularity)
+        self.plan = plan
+        self.why_not = None
+        backing = {(n, RESIDENT): b for n, b in residents.items()}
+        backing.update({(name, GRADS): b for name, _, b in grads})
+        self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None]
+        by_key = {e.life.key: e.backing for e in self.entries}
+        for e in self.entries:
+            e.sharers = [by_key[k] for k in plan.shares[e.life.key]]
+            e.backing.planned = e
+        if not self.entries:
+            log.info("vmmrt: %s", plan.summary())
+            return
+        # The releases of the last step reach the workers once the stream
+        # gets to them: wait for both, so that the slots are free to bind.
+        self._drain(stream)
+        self.pages = self.off.runtime.pages(plan.pages_bytes)
+        self.off._close_hooks.append(self.pages.destroy)
+        for e in self.entries:
+            if e.backing.bind(self.pages, e.life.offset):
+                self.binds += 1
+        log.info("vmmrt: %s", plan.summary())
+
+    def _drain(self, stream: Any) -> None:
+        if self.off.host:
+            self.off.runtime.stream_synchronize(stream)
+        else:
+            import torch
+            torch.cuda.synchronize(self.off.device)
+        self.off.runtime.offload_sync()
+
+    def conflict(self, entry: Entry, held: list, stream: Any) -> None:
+        """A use of ``entry``'s slot begins while a slot sharing its bytes is
+        held (a .grad kept across the next forward, a saved tensor kept past
+        its backward): the slot leaves the pages, after the work that used
+        them through it, and maps memory of its own as without a plan."""
+        self.conflicts += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("vmmrt: memory plan: %s is used while %s, which shares its memory, is still held (a tensor "
+                        "kept past the life the plan gave it, such as a .grad kept across the next forward): it "
+                        "gets memory of its own, at the cost of driver calls (Offload.stats()['plan_conflicts'] "
+                        "counts these); logged once", entry.backing.name, ", ".join(b.name for b in held))
+        self._drain(stream)
+        entry.backing.unbind()
+
+    # ------------------------------------------------------------- info
+    def stats(self) -> dict:
+        return {"plan_conflicts": self.conflicts, "plan_binds": self.binds,
+                "plan_bytes": self.pages.size if self.pages is not None else 0}
+
+    def describe(self) -> str:
+        if self.plan is None:
+            return "memory plan: %s" % self.why_not
+        return self.plan.summary() + "".join("\n  %s: off the pages now (memory of its own since a conflict)"
+                                             % e.backing.name for e in self.entries if not e.backing.bound)

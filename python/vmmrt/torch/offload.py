@@ -140,6 +140,7 @@ class Offload:
         self._now_event = None      # CUDA: "what is queued now", for the first uses of an iteration
         self.backings = []          # every Backing: resident slots, gradients
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
+        self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
 
     # ------------------------------------------------------------- state
     def fail(self, why: str) -> None:
@@ -237,6 +238,8 @@ class Offload:
         cudaMemcpyAsync, which the driver checks when it is enqueued). On
         the host backend the CPU runs the use's ops itself: it waits for the
         map after asking for it the same way."""
+        if backing.planned is not None and backing.planned.begin_use(stream):
+            return      # on the memory plan's pages, its bytes free
         if backing.mapped:
             return
         if self.map_ahead == 0 or self.capturing or _compat.is_capturing() or (eager and not self.host):
@@ -377,6 +380,17 @@ class Offload:
                          for lay in self.layers if lay.resident is not None]
         log.info("vmmrt: %s", self.describe())
 
+    def plan_memory(self, enabled: bool = True) -> None:
+        """Once the layers' uses are set (set_order) and their slots made: put
+        the resident and gradient slots on shared physical pages once a
+        steady step has been seen (:mod:`vmmrt.torch.memplan`); until then,
+        and with ``enabled`` False, each is mapped and released around its
+        use."""
+        from vmmrt.torch import memplan
+        if not isinstance(enabled, bool):
+            raise TypeError("memory_plan=%r: True or False" % (enabled,))
+        self.memplan = memplan.Watcher(self, enabled)
+
     def own(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """t, or a copy of it if it lies in a slot (where its bytes will not stay)."""
         if t is None or not t.numel():
@@ -511,6 +525,8 @@ class Offload:
             for g in gr.values():
                 if not g.mapped:
                     text += "\n  %s: %s" % (g.name, g.describe())
+        if self.memplan is not None:
+            text += "\n" + self.memplan.describe()
         return text
 
     def stats(self) -> dict[str, Any]:
@@ -523,7 +539,11 @@ class Offload:
         (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease;
         vmmrt_driver_stats_get's count: since the runtime's creation or its
         last driver_stats_reset, not capped), and driver_calls, their sum.
-        Two readings' difference is the calls made between them."""
+        Two readings' difference is the calls made between them. The memory
+        plan (:mod:`vmmrt.torch.memplan`): plan_bytes (its pages),
+        plan_binds (slots put on them), plan_conflicts (uses that found
+        bytes they share still held by a tensor, and mapped memory of their
+        own instead)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -532,6 +552,8 @@ class Offload:
         by_kind = {d["name"]: d["count"] for d in self.runtime.driver_stats()}
         st["driver_calls_by_kind"] = by_kind
         st["driver_calls"] = sum(by_kind.values())
+        st.update(self.memplan.stats() if self.memplan is not None else
+                  {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
         return st
 
     def sync(self) -> None:

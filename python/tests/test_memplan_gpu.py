@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The memory plan (vmmrt.torch.memplan) under CUDA graphs (skipped without
+a CUDA device): gradients bitwise those of memory_plan=False, no driver
+call per step once the plan is made, in both loops, and a .grad kept
+across the next forward intact. Run on the H200:
+
+    /usr/bin/python3 -m pytest -q python/tests/test_memplan_gpu.py
+"""
+import copy
+import gc
+
+import pytest
+import torch
+
+import vmmrt.torch as vt
+from vmmrt.torch.bench import llama
+
+pytestmark = pytest.mark.gpu
+
+# large enough that every layer has a resident slot (half a 2 MiB granule or more)
+SHAPE = dict(hidden=256, ffn=512, heads=4, kv_heads=2, seq=1024, batch=2)
+N = 4
+
+
+def _train(layers, plan, mode, kw, set_to_none, steps=5, keep_at=None):
+    s = llama.Shape(**SHAPE)
+    g = vt.make_graphed_callables(tuple(layers), tuple((_sample(s, 100 + i),) for i in range(N)), mode=mode,
+                                  memory_plan=plan, **kw)
+    off = vt.offload_of(g[0])
+    out = {"grads": [], "calls": []}
+    try:
+        for i in range(steps):
+            kept = None
+            if i == keep_at:
+                kept = [p.grad for p in layers[0].parameters()]
+                values = [t.clone() for t in kept]
+            for m in layers:
+                m.zero_grad(set_to_none=set_to_none)
+            torch.cuda.synchronize()
+            off.sync()
+            before = off.stats()["driver_calls"]
+            x = _sample(s, i)
+            gy = torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=torch.Generator("cuda").manual_seed(i))
+            y = x
+            for m in g:
+                y = m(y)
+            if kept is not None:
+                torch.cuda.synchronize()
+                out["after_forward"] = [torch.equal(a, b) for a, b in zip(kept, values)]
+            y.backward(gy)
+            del y, kept
+            torch.cuda.synchronize()
+            off.sync()
+            out["calls"].append(off.stats()["driver_calls"] - before)
+            out["grads"].append([p.grad.clone() for m in layers for p in m.parameters()])
+        out["stats"] = off.stats()
+        out["describe"] = off.describe()
+        out["planned"] = off.memplan.plan is not None
+    finally:
+        for m in layers:
+            m.__dict__.pop("forward", None)
+            m.zero_grad(set_to_none=True)
+        off.close()
+        gc.collect()
+        torch.cuda.synchronize()
+    return out
+
+
+def _sample(s, seed):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    return torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, generator=gen,
+                       requires_grad=True)
+
+
+def _both(mode, kw, set_to_none, keep_at=None):
+    base = llama.torch_layers(N, llama.Shape(**SHAPE), "cuda", torch.bfloat16, "math")
+    ref = copy.deepcopy(base)
+    with llama.attention_backend("math"):
+        on = _train(base, True, mode, kw, set_to_none, keep_at=keep_at)
+        off = _train(ref, False, mode, kw, set_to_none, keep_at=keep_at)
+    return on, off
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("mode,kw", [("none", {}), ("pingpong", {"offload": 0.5})])
+def test_plan_is_bitwise_and_makes_no_driver_call(mode, kw, set_to_none):
+    on, off = _both(mode, kw, set_to_none)
+    print(on["describe"])
+    print("driver calls per step: plan", on["calls"], "no plan", off["calls"])
+    assert on["planned"]
+    assert on["stats"]["plan_bytes"] > 0 and on["stats"]["plan_conflicts"] == 0
+    assert on["calls"][2:] == [0] * (len(on["calls"]) - 2)
+    for it, (a, b) in enumerate(zip(on["grads"], off["grads"])):
+        assert len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b)), "gradients, step %d" % it
+
+
+def test_a_grad_kept_across_the_next_forward_is_intact():
+    on, off = _both("none", {}, True, keep_at=3)
+    assert on["after_forward"] == [True] * len(on["after_forward"])
+    assert on["stats"]["plan_conflicts"] >= 1
+    for it, (a, b) in enumerate(zip(on["grads"], off["grads"])):
+        assert all(torch.equal(u, v) for u, v in zip(a, b)), "gradients, step %d" % it
