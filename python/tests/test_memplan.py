@@ -224,6 +224,8 @@ def test_set_to_none_loop_shares_pages_and_makes_no_driver_call(mode, kw):
     assert all(c > 0 for c in off["calls"]), off["calls"]
     assert on["stats"]["plan_bytes"] == on["plan"].pages_bytes > 0
     assert on["stats"]["plan_conflicts"] == 0
+    # what the runtime holds for its slots is what the plan predicted
+    assert on["stats"]["slot_bytes"] == on["plan"].total_bytes
     # gradients at their layers' backward land on resident memory of the
     # layers whose backward came before
     assert any(k[1] == "resident" for k in on["plan"].shares[(on["first_grads"], "grads")])
@@ -241,6 +243,7 @@ def test_persistent_grads_keep_their_own_memory():
     grads = [it for it in on["plan"].items if it.kind == "grads"]
     assert grads and all(it.offset is None and not it.shared for it in grads)
     assert all(not on["plan"].shares[it.key] for it in on["plan"].items if it.kind == "grads")
+    assert on["plan"].own_bytes > 0 and on["stats"]["slot_bytes"] == on["plan"].total_bytes
     for a, b in zip(on["grads"], off["grads"]):
         assert _same(a, b)
 

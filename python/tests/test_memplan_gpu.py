@@ -56,6 +56,7 @@ def _train(layers, plan, mode, kw, set_to_none, steps=5, keep_at=None):
         out["stats"] = off.stats()
         out["describe"] = off.describe()
         out["planned"] = off.memplan.plan is not None
+        out["predicted"] = off.memplan.plan.total_bytes if out["planned"] else None
     finally:
         for m in layers:
             m.__dict__.pop("forward", None)
@@ -89,6 +90,7 @@ def test_plan_is_bitwise_and_makes_no_driver_call(mode, kw, set_to_none):
     print("driver calls per step: plan", on["calls"], "no plan", off["calls"])
     assert on["planned"]
     assert on["stats"]["plan_bytes"] > 0 and on["stats"]["plan_conflicts"] == 0
+    assert on["stats"]["slot_bytes"] == on["predicted"]      # the pages, and persistent gradients' own
     assert on["calls"][2:] == [0] * (len(on["calls"]) - 2)
     for it, (a, b) in enumerate(zip(on["grads"], off["grads"])):
         assert len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b)), "gradients, step %d" % it

@@ -142,10 +142,11 @@ def test_a_storage_saved_in_part_is_copied_and_says_why():
 def test_kept_tensors_live_in_a_resident_slot_only_from_forward_to_backward():
     """What stays on the device (mode "none" here; the planner's or the
     fraction's leftovers alike) is born in the layer's resident slot, mapped
-    for the forward and given back after the backward, as eager frees it."""
+    for the forward and given back after the backward, as eager frees it
+    (without the memory plan, and before it is made: test_memplan.py)."""
     base = zoo_layers(2)
     ref = copy.deepcopy(base)
-    g = _eager(base, "none")
+    g = _eager(base, "none", memory_plan=False)
     off = vt.offload_of(g[0])
     res = [lay.resident for lay in off.layers]
     assert all(b is not None for b in res)

@@ -248,7 +248,8 @@ class Entry:
 class Watcher:
     """Learns the loop, then makes and applies the plan (Offload.memplan).
 
-    At each first forward of a step (the first use of the order): from the
+    At each first forward of a step (the first layer whose forward hook
+    runs after the callables were made): from the
     second one on, once every resident slot has been released (a whole
     step ran), the gradient slots still held tell the loop (held:
     persistent ``.grad``; free: set_to_none), the plan is made over the
@@ -263,7 +264,7 @@ class Watcher:
         if order is None:
             order = [(l.name, False) for l in off.layers] + [(l.name, True) for l in reversed(off.layers)]
         self.order = list(order)
-        self.first = self.order[0][0] if self.order else None
+        self.first = None         # the layer whose forward begins a step: the first to call forward_begin
         self.starts = 0
         self.plan = None          # Plan, once made
         self.pages = None
@@ -292,7 +293,12 @@ class Watcher:
     # ------------------------------------------------------------ hooks
     def forward_begin(self, lay: Any, stream: Any) -> None:
         """LayerOffload.forward_begin, before its slot is mapped."""
-        if lay.name != self.first or self.plan is not None or not self.enabled:
+        if self.plan is not None or not self.enabled:
+            return
+        if self.first is None:
+            # (an eager recomputed layer runs no hooks: the first of the order may not be it)
+            self.first = lay.name
+        if lay.name != self.first:
             return
         self.starts += 1
         if self.starts < 2:
