@@ -106,6 +106,9 @@ def _parser():
                    help="grads= for vmmrt.torch.make_graphed_callables (default: none passed, the library's default)")
     p.add_argument("--map-ahead", type=int, default=None,
                    help="map_ahead= for vmmrt.torch.make_graphed_callables (default: the library's)")
+    p.add_argument("--no-memory-plan", dest="memory_plan", action="store_false",
+                   help="memory_plan=False for vmmrt.torch.make_graphed_callables: resident and gradient slots "
+                        "mapped and released around each use (default: the plan, vmmrt.torch.memplan)")
     p.add_argument("--fraction", type=float, default=1.0, help="offload fraction of the vmmrt modes (planner: auto)")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--margin", type=float, default=0.9, help="the planner's safety factor")
@@ -171,7 +174,9 @@ def parse(argv):
         p.error("--optimizer fused needs CUDA (torch's fused AdamW runs on the GPU)")
     if a.smoke:
         a.layers, a.seq, a.hidden, a.ffn, a.heads, a.kv_heads = 3, 256, 256, 704, 4, 2
-        a.iterations, a.warmup = min(a.iterations, 3), 1
+        # two steps of warm-up: the memory plan is made at the second
+        # (vmmrt.torch.memplan), so the timed steps are its steady state
+        a.iterations, a.warmup = min(a.iterations, 3), 2
         if a.device == "cpu":
             # Debian's torch multiplies slowly on the CPU: a quarter of the work per layer.
             a.seq, a.hidden, a.ffn = 128, 128, 352

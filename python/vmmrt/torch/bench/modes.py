@@ -55,6 +55,8 @@ def _vmmrt_kwargs(name, args):
         kw["grads"] = args.grads
     if getattr(args, "map_ahead", None):
         kw["map_ahead"] = args.map_ahead
+    if getattr(args, "memory_plan", True) is False:
+        kw["memory_plan"] = False
     return kw
 
 
