@@ -515,8 +515,9 @@ class Offload:
                 text += "\n  copied %.1f MiB: %s" % (n / mib, why)
         res = [lay.resident.nbytes for lay in self.layers if lay.resident is not None]
         if res:
-            text += (" (resident slots of %d layers: mapped for the forward, released after the backward)"
-                     % len(res))
+            planned = sum(1 for lay in self.layers if lay.resident is not None and lay.resident.bound)
+            text += (" (resident slots of %d layers: %s)" % (len(res), "on the memory plan's pages, below"
+                     if planned else "mapped for the forward, released after the backward"))
         gr = {id(lay.grads): lay.grads for lay in self.layers if getattr(lay, "grads", None) is not None}
         if gr:
             mapped = [g for g in gr.values() if g.mapped]
