@@ -307,3 +307,32 @@ def test_a_1f1b_pipeline_shares_residents_between_microbatches():
     assert on["stats"]["slot_bytes"] == p.total_bytes and on["stats"]["plan_conflicts"] == 0
     for a, b in zip(on["grads"], off["grads"]):
         assert _same(a, b)
+
+
+def test_a_step_abandoned_after_a_forward_leaves_nothing_held():
+    """One microbatch in flight: the resident slots of the microbatches
+    share pages. A step abandoned (Offload.abort) after a forward whose
+    backward never came must not leave that resident counted as in use,
+    or the next step's first forward would find its bytes held."""
+    from test_pipeline import Pipe, batches, graphed, stage
+    order = vt.order_1f1b(3, in_flight=1)
+    base, _ = stage()
+    g = graphed(base, order, mode="none")
+    off = vt.offload_of(g[0])
+    try:
+        for i in range(5):
+            for m in base:
+                m.zero_grad(set_to_none=True)
+            xs, gys = batches(3, i)
+            pipe = Pipe(g, order, xs, gys)
+            if i == 3:
+                pipe.run(3)                  # microbatch 0's forward and backward, microbatch 1's forward
+                off.abort()
+                continue
+            pipe.run()
+            _settle(off)
+        p = off.memplan.plan
+        assert any(k[1] == "resident" for it in p.items if it.kind == "resident" for k in p.shares[it.key])
+        assert off.stats()["plan_conflicts"] == 0
+    finally:
+        off.close()
