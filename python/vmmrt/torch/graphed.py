@@ -178,9 +178,11 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         is detected where its bytes would be written over: the slot about
         to be used then gets memory of its own
         (``stats()["plan_conflicts"]``). ``describe()`` prints the plan. The
-        pages stay mapped through the optimizer step, where without the
-        plan the resident memory is given back after each backward and the
-        caching allocator may reuse it for the optimizer's temporaries.
+        pages stay mapped between steps: without the plan the resident
+        memory is given back after each backward (and with set_to_none the
+        gradients' at zero_grad), and the caching allocator may reuse it
+        for the optimizer's temporaries or a loss head run outside the
+        graphed layers.
         False: each slot is mapped before its use and released after it
         (five driver calls per slot and step).
 

@@ -39,10 +39,14 @@ own for that use (unbound from the pages, then mapped as without a plan;
 counted as ``plan_conflicts`` in Offload.stats(), logged once) and goes
 back to the pages at a later use that finds its bytes free.
 
-Caveat: the pages stay mapped through the optimizer step, where without
-the plan the resident memory released after each backward goes back to the
-driver, and PyTorch's caching allocator may get it for the optimizer's
-temporaries (foreach AdamW's, about the parameters' size).
+Caveat: the pages stay mapped between steps too. Without the plan the
+resident memory released after each backward goes back to the driver, and
+PyTorch's caching allocator may get it for the optimizer's temporaries
+(foreach AdamW's, about the parameters' size); and with set_to_none the
+gradients' memory is given back at zero_grad, free for what runs outside
+the graphed layers before their backward (a loss head's logits). The
+step's peak inside the backward is the same; what the caching allocator can
+borrow between steps is not.
 """
 from __future__ import annotations
 
