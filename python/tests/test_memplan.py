@@ -144,7 +144,7 @@ def test_bad_timelines_are_refused():
 
 def test_summary_says_what_shares_with_what():
     text = three().summary()
-    assert "memory plan: 56.0 KiB of pages for 6 slots" in text
+    assert "memory plan: 56.0 KiB predicted: 56.0 KiB of pages for 6 slots" in text
     assert "a grads" in text and "shares with" in text
 
 

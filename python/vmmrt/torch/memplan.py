@@ -192,9 +192,9 @@ class Plan:
         return {it.key: it for it in self.items}
 
     def summary(self) -> str:
-        lines = ["memory plan: %s of pages for %d slots%s (mapped and released around each use instead, the same "
-                 "slots hold %s at the busiest use)"
-                 % (size(self.pages_bytes), sum(1 for it in self.items if it.shared),
+        lines = ["memory plan: %s predicted: %s of pages for %d slots%s (mapped and released around each use "
+                 "instead, the same slots would hold %s at the busiest use)"
+                 % (size(self.total_bytes), size(self.pages_bytes), sum(1 for it in self.items if it.shared),
                     "" if not self.own_bytes else ", %s of persistent gradients in their own memory"
                     % size(self.own_bytes), size(self.unplanned_peak))]
         for it in sorted(self.items, key=lambda it: (it.offset is None, it.offset or 0, it.start)):
@@ -344,12 +344,17 @@ class Watcher:
         log.info("vmmrt: %s", plan.summary())
 
     def _drain(self, stream: Any) -> None:
+        self._device_done(stream)
+        self.off.runtime.offload_sync()
+
+    def _device_done(self, stream: Any) -> None:
+        """The work queued so far has run (the host backend's stream; every
+        stream of the CUDA device)."""
         if self.off.host:
             self.off.runtime.stream_synchronize(stream)
         else:
             import torch
             torch.cuda.synchronize(self.off.device)
-        self.off.runtime.offload_sync()
 
     def conflict(self, entry: Entry, held: list, stream: Any) -> None:
         """A use of ``entry``'s slot begins while a slot sharing its bytes is
@@ -363,7 +368,7 @@ class Watcher:
                         "kept past the life the plan gave it, such as a .grad kept across the next forward): it "
                         "gets memory of its own, at the cost of driver calls (Offload.stats()['plan_conflicts'] "
                         "counts these); logged once", entry.backing.name, ", ".join(b.name for b in held))
-        self._drain(stream)
+        self._device_done(stream)     # what read or wrote the pages through the slot
         entry.backing.unbind()
 
     # ------------------------------------------------------------- info
