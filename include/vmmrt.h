@@ -213,10 +213,12 @@ typedef enum vmmrt_slot_state {
 VMMRT_EXTERN vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
 /* Create physical memory and map it at the slot's address; waits for the worker. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_map(vmmrt_slot *slot);
-/* Unmap and release the physical memory; the address stays reserved. */
+/* Unmap and release the physical memory; the address stays reserved. A slot
+ * bound to pages (vmmrt_slot_map_pages) is unmapped only: the memory stays the pages'. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_unmap(vmmrt_slot *slot);
-/* Release everything, reservation included. Requests still queued for the slot are
- * cancelled (their status becomes VMMRT_E_CANCELLED); the call waits for the worker. */
+/* Release everything, reservation included (a bound slot's memory stays the pages').
+ * Requests still queued for the slot are cancelled (their status becomes
+ * VMMRT_E_CANCELLED); the call waits for the worker. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_destroy(vmmrt_slot *slot);
 VMMRT_EXTERN vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *slot);
 VMMRT_EXTERN size_t vmmrt_slot_size(const vmmrt_slot *slot);

@@ -600,8 +600,8 @@ class Slot:
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidValue(_capi.E_INVALID_ARGUMENT, "offset must be a non-negative int, not %r" % (offset,),
                                "vmmrt_slot_map_pages")
-        check(self._rt._lib.vmmrt_slot_map_pages(self._s, pages._handle(), offset), "vmmrt_slot_map_pages",
-              value=True)
+        st = self._rt._lib.vmmrt_slot_map_pages(self._s, pages._handle(), offset)
+        check(st, "vmmrt_slot_map_pages", value=st == _capi.E_INVALID_SIZE)   # the offset: a bad value
 
     def destroy(self):
         if self._s is not None:

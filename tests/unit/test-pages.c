@@ -472,6 +472,47 @@ static void failed_bind_is_rolled_back(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* A driver call that outlasts the runtime's timeout: the waits give up
+ * (the worker sleeps ten times the timeout inside the call, so the wait
+ * always ends first), and what the workers finish later is the runtime's
+ * destroy's to release and free: nothing leaks. */
+typedef struct stall_plan {
+	const char *op;
+	uint64_t us;
+} stall_plan;
+
+static vmmrt_status stall_hook(void *ctx, const char *op, uint64_t *delay_us)
+{
+	stall_plan *sp = ctx;
+	if (sp->op && !strcmp(op, sp->op)) {
+		*delay_us = sp->us;
+		sp->op = NULL; /* once */
+	}
+	return VMMRT_OK;
+}
+
+static void timed_out_pages_are_the_runtimes_to_finish(void **state)
+{
+	vmmrt_runtime *rt = test_runtime((const char *const[]){"host_capacity", "64M", "timeout_ms", "40", NULL});
+	stall_plan sp = {.op = "cuMemCreate", .us = 400000};
+	vmmrt_pages *p = NULL, *q;
+	vmmrt__drv_set_fault_hook(rt, stall_hook, &sp);
+	assert_int_equal(vmmrt_pages_create(rt, 2 * MiB, &p), VMMRT_E_TIMEOUT);
+	assert_null(p);
+	assert_int_equal(uatomic_read(&rt->live_pages), 1); /* listed: its release is queued behind */
+	vmmrt_pages *left = cds_list_first_entry(&rt->pages, vmmrt_pages, link);
+	assert_true(left->abandoned);
+	assert_int_equal(vmmrt__request_wait(&left->release_req, 10000), VMMRT_OK);
+	assert_int_equal(uatomic_read(&rt->live_handles), 0); /* what the late create made is released */
+	/* a destroy that times out: the pages are not to be used again */
+	assert_int_equal(vmmrt_pages_create(rt, 2 * MiB, &q), VMMRT_OK);
+	sp = (stall_plan){.op = "cuMemRelease", .us = 400000};
+	assert_int_equal(vmmrt_pages_destroy(q), VMMRT_E_TIMEOUT);
+	assert_int_equal(vmmrt_pages_destroy(q), VMMRT_E_BUSY);
+	assert_non_null(strstr(vmmrt_last_error(), "runtime's destroy finishes it"));
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK); /* no handle, slot or pages left */
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -485,6 +526,7 @@ int main(void)
 		cmocka_unit_test(driver_calls_are_counted),
 		cmocka_unit_test(runtime_destroy_takes_what_is_left),
 		cmocka_unit_test(failed_bind_is_rolled_back),
+		cmocka_unit_test(timed_out_pages_are_the_runtimes_to_finish),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }
