@@ -336,3 +336,21 @@ def test_a_step_abandoned_after_a_forward_leaves_nothing_held():
         assert off.stats()["plan_conflicts"] == 0
     finally:
         off.close()
+
+
+def test_pages_that_cannot_be_made_leave_the_slots_as_without_a_plan(monkeypatch):
+    """No device memory for the pages (or any failure to make them): the
+    step goes on, each slot mapped and released around its use, and
+    describe() says why."""
+    import vmmrt
+
+    def refused(self, nbytes):
+        raise vmmrt.Error(vmmrt._capi.E_OUT_OF_MEMORY, "made up for the test", "vmmrt_pages_create")
+    monkeypatch.setattr(vmmrt.Runtime, "pages", refused)
+    on = _train(True, 4)
+    off = _train(False, 4)
+    assert on["plan"] is not None and on["stats"]["plan_bytes"] == 0 and on["stats"]["plan_binds"] == 0
+    assert "could not be made" in on["describe"] and "made up for the test" in on["describe"]
+    assert on["calls"][2:] == off["calls"][2:] and all(c > 0 for c in on["calls"])
+    for a, b in zip(on["grads"], off["grads"]):
+        assert _same(a, b)

@@ -53,6 +53,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Sequence
 
+from vmmrt import Error
+
 log = logging.getLogger("vmmrt.torch")
 
 RESIDENT = "resident"
@@ -242,8 +244,7 @@ class Entry:
             return False
         if self.life.offset is None or held or self.watcher.pages is None:
             return False
-        if b.bind(self.watcher.pages, self.life.offset):
-            self.watcher.binds += 1
+        if self.watcher.bind(self):
             b.begin_use()
             return True
         return False
@@ -278,6 +279,7 @@ class Watcher:
         self.why_not = "not made yet: the plan is made at the second step's first forward" if enabled else \
             "off (memory_plan=False)"
         self._warned = False
+        self._bind_warned = False
         off._abort_hooks.append(self._aborted)
 
     # ------------------------------------------------------------ slots
@@ -336,12 +338,37 @@ class Watcher:
         # The releases of the last step reach the workers once the stream
         # gets to them: wait for both, so that the slots are free to bind.
         self._drain(stream)
-        self.pages = self.off.runtime.pages(plan.pages_bytes)
+        try:
+            self.pages = self.off.runtime.pages(plan.pages_bytes)
+        except Error as e:
+            # (the device's memory taken, say): the slots go on being mapped
+            # and released around their uses, as without a plan
+            for en in self.entries:
+                en.backing.planned = None
+            self.entries = []
+            self.why_not = "its pages (%s) could not be made (%s): each slot is mapped and released around its " \
+                "use" % (size(plan.pages_bytes), e)
+            log.warning("vmmrt: memory plan: %s", self.why_not)
+            return
         self.off._close_hooks.append(self.pages.destroy)
         for e in self.entries:
-            if e.backing.bind(self.pages, e.life.offset):
-                self.binds += 1
+            self.bind(e)
         log.info("vmmrt: %s", plan.summary())
+
+    def bind(self, entry: Entry) -> bool:
+        """Put the entry's slot on the pages, if its own memory is gone; a
+        failure leaves it mapping memory of its own (logged once)."""
+        try:
+            if not entry.backing.bind(self.pages, entry.life.offset):
+                return False
+        except Error as e:
+            if not self._bind_warned:
+                self._bind_warned = True
+                log.warning("vmmrt: memory plan: %s could not be put on its pages (%s): it is mapped and released "
+                            "around its uses; logged once", entry.backing.name, e)
+            return False
+        self.binds += 1
+        return True
 
     def _drain(self, stream: Any) -> None:
         self._device_done(stream)
@@ -379,5 +406,7 @@ class Watcher:
     def describe(self) -> str:
         if self.plan is None:
             return "memory plan: %s" % self.why_not
+        if self.why_not:
+            return "memory plan: not applied: %s\n%s" % (self.why_not, self.plan.summary())
         return self.plan.summary() + "".join("\n  %s: off the pages now (memory of its own since a conflict)"
                                              % e.backing.name for e in self.entries if not e.backing.bound)
