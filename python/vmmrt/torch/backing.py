@@ -97,8 +97,10 @@ class Backing:
 
     @property
     def mapped(self):
-        """Mapped, or asked to be (the worker may still be at it)."""
-        return self._wanted or self._bound
+        """Mapped, or asked to be (the worker may still be at it), by the map
+        and release path; a slot on the memory plan's pages is :attr:`bound`
+        instead."""
+        return self._wanted
 
     @property
     def bound(self):

@@ -238,10 +238,10 @@ class Offload:
         cudaMemcpyAsync, which the driver checks when it is enqueued). On
         the host backend the CPU runs the use's ops itself: it waits for the
         map after asking for it the same way."""
-        if backing.planned is not None and backing.planned.begin_use(stream):
-            return      # on the memory plan's pages, its bytes free
         if backing.mapped:
             return
+        if backing.planned is not None and backing.planned.begin_use(stream):
+            return      # on the memory plan's pages, its bytes free
         if self.map_ahead == 0 or self.capturing or _compat.is_capturing() or (eager and not self.host):
             self.gpu_reached_previous(lay, backward)
             backing.ensure()
