@@ -221,6 +221,8 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     the plan, :meth:`Offload.abort`). Errors name the layer and the cause
     (:class:`vmmrt.Error`).
     """
+    if not isinstance(memory_plan, bool):
+        raise TypeError("memory_plan=%r: True or False" % (memory_plan,))
     _te.take_fp8(unknown)
     if unknown:
         _reject_unknown(unknown)
@@ -236,8 +238,6 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         raise ValueError("mode=%r: choose %s ('auto' with memory_budget=)%s" % (
             mode, ", ".join(repr(m) for m in modes),
             "".join(" (did you mean %r?)" % m for m in difflib.get_close_matches(str(mode), modes, n=1))))
-    if not isinstance(memory_plan, bool):
-        raise TypeError("memory_plan=%r: True or False" % (memory_plan,))
     if not isinstance(map_ahead, int) or isinstance(map_ahead, bool) or map_ahead < 0:
         raise ValueError("map_ahead=%r: a whole number of uses, 0 or more" % (map_ahead,))
     if grads not in GRADS:
