@@ -356,3 +356,51 @@ def test_pages_that_cannot_be_made_leave_the_slots_as_without_a_plan(monkeypatch
     assert all(c > 0 for c in on["calls"])
     for a, b in zip(on["grads"], off["grads"]):
         assert _same(a, b)
+
+
+def test_a_framework_driving_its_own_runners_plans_them_too():
+    """Offload.plan_memory() after allocation, as make_graphed_callables
+    calls it: the resident slots of runners a framework drives itself go on
+    the pages once a step has run."""
+    import copy
+    mods = zoo_layers(3)
+    ref = copy.deepcopy(mods)
+    off = vt.Offload(mode="none", device="cpu", min_bytes=0, options={"host_granularity": 4096})
+    lays = [off.layer("runner%d" % i, static=list(m.parameters())) for i, m in enumerate(mods)]
+    x0 = torch.randn(2, 8, 32, requires_grad=True)
+    for lay, m in zip(lays, mods):
+        with lay.discovering() as p:
+            p.outputs = m(x0)
+        p.outputs.sum().backward()
+    off.allocate(offload=0.0)
+    off.plan_memory()
+    calls = []
+    try:
+        for i in range(4):
+            for m in mods + ref:
+                m.zero_grad(set_to_none=True)
+            before = off.stats()["driver_calls"]
+            x = _inputs(i)[0].detach()
+            outs, ins, h = [], [], x
+            for lay, m in zip(lays, mods):
+                h = h.detach().requires_grad_()
+                ins.append(h)
+                with lay.offloading(None) as p:
+                    h = p.outputs = m(h)
+                outs.append(h)
+            g = torch.ones_like(h)
+            for k in reversed(range(len(mods))):
+                lays[k].backward_begin(None)
+                torch.autograd.backward(outs[k], g)
+                lays[k].backward_end(None)
+                g = ins[k].grad
+            del outs, ins, h
+            _settle(off)
+            calls.append(off.stats()["driver_calls"] - before)
+            run(ref, x.clone().requires_grad_()).backward(torch.ones(2, 8, 32))
+            assert _same([p.grad for m in mods for p in m.parameters()], [p.grad for m in ref for p in m.parameters()])
+        assert all(lay.resident is not None and lay.resident.bound for lay in lays)
+        assert calls[2:] == [0, 0], calls
+        assert "memory plan:" in off.describe()
+    finally:
+        off.close()
