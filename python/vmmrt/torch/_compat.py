@@ -86,3 +86,20 @@ def tensor_over(base, dtype, shape, stride, offset_bytes):
         typed = torch.storage.TypedStorage(wrap_storage=base.storage().untyped(), dtype=dtype)
         t.set_(typed, offset_bytes // item, tuple(shape), tuple(stride))
     return t
+
+
+def end_abandoned_capture(stream=None):
+    """After a capture the driver invalidated (a .item(), a host sync, an op
+    on the legacy stream), CUDAGraph.capture_end raises before it ends the
+    CUDA generator's capture, and the generator then refuses every later
+    random number outside a graph ("Offset increment outside graph capture
+    encountered unexpectedly"). An empty capture on ``stream`` (torch's
+    capture stream if None) begins and ends it again. Never raises: the
+    failure that abandoned the capture is what a caller reports."""
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            pass
+        del g
+    except Exception:
+        pass

@@ -38,7 +38,7 @@ import time
 import torch
 
 import vmmrt.torch as vt
-from vmmrt.torch import budget, memory
+from vmmrt.torch import _compat, budget, memory
 from vmmrt.torch.bench import front, llama, loops, modes, progress, shapes, sweep
 
 MiB = float(1 << 20)
@@ -312,6 +312,11 @@ class Front:
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
             grads = None
+            if self.cuda:
+                # torch's graphs of Megatron's checkpointed layers fail inside
+                # the capture (an op on the legacy stream, H200): without
+                # this every later point's random numbers fail too.
+                _compat.end_abandoned_capture()
         finally:
             if built is not None:
                 if getattr(built, "note", None):
