@@ -67,6 +67,9 @@ man3_pages = \
 	man/man3/vmmrt_options_destroy.3 \
 	man/man3/vmmrt_options_get.3 \
 	man/man3/vmmrt_options_set.3 \
+	man/man3/vmmrt_pages_create.3 \
+	man/man3/vmmrt_pages_destroy.3 \
+	man/man3/vmmrt_pages_size.3 \
 	man/man3/vmmrt_runtime_create.3 \
 	man/man3/vmmrt_runtime_destroy.3 \
 	man/man3/vmmrt_runtime_info_get.3 \
@@ -79,6 +82,7 @@ man3_pages = \
 	man/man3/vmmrt_slot_map.3 \
 	man/man3/vmmrt_slot_map_after.3 \
 	man/man3/vmmrt_slot_map_async.3 \
+	man/man3/vmmrt_slot_map_pages.3 \
 	man/man3/vmmrt_slot_release_after.3 \
 	man/man3/vmmrt_slot_size.3 \
 	man/man3/vmmrt_slot_unmap.3 \

@@ -75,6 +75,7 @@ unit_tests = \
 	tests/unit/test-slot \
 	tests/unit/test-slot-async \
 	tests/unit/test-slot-stream \
+	tests/unit/test-pages \
 	tests/unit/test-worker \
 	tests/unit/test-offload \
 	tests/unit/test-schedule \
@@ -89,6 +90,8 @@ tests_unit_test_slot_async_SOURCES = tests/unit/test-slot-async.c tests/common/t
 tests_unit_test_slot_async_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_slot_stream_SOURCES = tests/unit/test-slot-stream.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 tests_unit_test_slot_stream_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_unit_test_pages_SOURCES = tests/unit/test-pages.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
+tests_unit_test_pages_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_worker_SOURCES = tests/unit/test-worker.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 tests_unit_test_worker_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_offload_SOURCES = tests/unit/test-offload.c $(test_model)
@@ -159,7 +162,7 @@ gpu-check: $(gpu_tests)
 # that need the host emulation leave themselves out there). test-slot-async
 # is not among them yet: it has not run on a GPU (its memory deltas after
 # kernel launches and its timing are the host backend's).
-gpu_runtime_tests = tests/unit/test-slot tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-pages tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
 	tests/unit/test-streams
 gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
 	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)

@@ -17,6 +17,7 @@ tools_vmmrt_torture_SOURCES = \
 	tools/torture/illegal.c \
 	tools/torture/edges.c \
 	tools/torture/slots.c \
+	tools/torture/pages.c \
 	tools/torture/stacks.c \
 	tools/torture/torture.h \
 	tools/torture/scenario.h \

@@ -213,10 +213,12 @@ typedef enum vmmrt_slot_state {
 VMMRT_EXTERN vmmrt_status vmmrt_slot_create(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out);
 /* Create physical memory and map it at the slot's address; waits for the worker. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_map(vmmrt_slot *slot);
-/* Unmap and release the physical memory; the address stays reserved. */
+/* Unmap and release the physical memory; the address stays reserved. A slot
+ * bound to pages (vmmrt_slot_map_pages) is unmapped only: the memory stays the pages'. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_unmap(vmmrt_slot *slot);
-/* Release everything, reservation included. Requests still queued for the slot are
- * cancelled (their status becomes VMMRT_E_CANCELLED); the call waits for the worker. */
+/* Release everything, reservation included (a bound slot's memory stays the pages').
+ * Requests still queued for the slot are cancelled (their status becomes
+ * VMMRT_E_CANCELLED); the call waits for the worker. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_destroy(vmmrt_slot *slot);
 VMMRT_EXTERN vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *slot);
 VMMRT_EXTERN size_t vmmrt_slot_size(const vmmrt_slot *slot);
@@ -255,6 +257,31 @@ VMMRT_EXTERN vmmrt_status vmmrt_slot_map_after(vmmrt_slot *slot, vmmrt_event *ev
  * fails still ends the wait: the work after it runs without the memory, and the
  * failure is the slot's error (vmmrt_slot_error, the next call) (since 0.2.0). */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_wait_stream(vmmrt_slot *slot, vmmrt_stream stream);
+
+/*
+ * Physical pages mapped at several fixed addresses (since 0.2.0): memory
+ * that tensors whose lives do not overlap share, with no driver call per
+ * step. The caller guarantees that no two slots bound to the same bytes are
+ * in use at once; the library does not check it.
+ */
+typedef struct vmmrt_pages vmmrt_pages;
+/* Create physical memory of bytes (rounded up to the granularity) on a driver
+ * worker; waits for it. Nothing maps it yet. */
+VMMRT_EXTERN vmmrt_status vmmrt_pages_create(vmmrt_runtime *rt, size_t bytes, vmmrt_pages **out);
+/* The caller's handle dies at once; the memory goes back to the driver once no
+ * slot maps it any more (each bound slot keeps it until it is unmapped or
+ * destroyed). The runtime's destroy destroys the pages left. */
+VMMRT_EXTERN vmmrt_status vmmrt_pages_destroy(vmmrt_pages *pages);
+/* Its size, a multiple of the granularity (0 for NULL). */
+VMMRT_EXTERN size_t vmmrt_pages_size(const vmmrt_pages *pages);
+/* Map the slot's whole range onto pages' bytes [offset, offset + slot size) and
+ * set access; waits for the worker. The slot is then MAPPED and bound: several
+ * slots may map the same bytes. vmmrt_slot_unmap unbinds it (the pages' memory
+ * stays), after which it can map memory of its own again; vmmrt_slot_destroy
+ * unbinds it too. On a bound slot, vmmrt_slot_map_async and vmmrt_slot_map_after
+ * queue nothing (it is mapped), vmmrt_slot_wait_stream enqueues nothing, and
+ * vmmrt_slot_release_after is refused (VMMRT_E_INVALID_STATE). */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *slot, vmmrt_pages *pages, size_t offset);
 
 /* ------------------------------------------------- device helpers (any backend) */
 
@@ -439,7 +466,9 @@ typedef struct vmmrt_offload_stats {
 	uint64_t bound_bytes;            /* the device memory of activations the schedule is held to */
 	uint64_t aborts;                 /* vmmrt_offload_abort calls that abandoned the pipeline's state */
 	uint32_t retired_groups;         /* re-discovered groups' old memory, kept until released */
-	uint64_t slot_bytes;             /* device bytes mapped now on slots made with vmmrt_slot_create */
+	uint64_t slot_bytes;             /* device bytes mapped now on slots made with vmmrt_slot_create,
+					  * their own, and of vmmrt_pages from create to destroy (a slot
+					  * bound to pages adds nothing) */
 	uint64_t slot_peak_bytes;        /* the most at once since creation or the last reset */
 } vmmrt_offload_stats;
 VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offload_stats *out);

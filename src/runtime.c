@@ -15,6 +15,7 @@
 #include "error.h"
 #include "runtime.h"
 #include "offload.h"
+#include "pages.h"
 #include "slot.h"
 #include "trace.h"
 
@@ -123,6 +124,7 @@ vmmrt_status vmmrt_runtime_create(const vmmrt_options *opts, vmmrt_runtime **out
 	pthread_mutex_init(&rt->sync_lock, NULL);
 	pthread_mutex_init(&rt->slots_lock, NULL);
 	CDS_INIT_LIST_HEAD(&rt->slots);
+	CDS_INIT_LIST_HEAD(&rt->pages);
 	if (opts)
 		rt->opts = *opts;
 	else
@@ -229,7 +231,10 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 	char off_msg[256];
 	snprintf(off_msg, sizeof(off_msg), "%s", off_st == VMMRT_OK ? "" : vmmrt_last_error());
 	(void)destroy_leftover_slots(rt);
+	/* After the slots: none is bound to them any more. */
+	vmmrt__pages_destroy_leftover(rt);
 	vmmrt__workers_destroy(rt->workers, true);
+	vmmrt__pages_free_leftover(rt);
 	/* Slots are freed by call_rcu: let those callbacks run before we go. */
 	urcu_bp_barrier();
 	/* Counted after the drain: a destroy that timed out may have finished since. */

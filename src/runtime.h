@@ -62,10 +62,14 @@ struct vmmrt_runtime {
 	 */
 	pthread_mutex_t slots_lock;
 	struct cds_list_head slots;
+	/* Every live vmmrt_pages (pages.h), for destroy; under slots_lock too. */
+	struct cds_list_head pages;
 
 	/* Live object counts (uatomic): what destroy reports as leaked. */
 	uint64_t next_slot_id;
 	int64_t live_slots;
+	uint64_t next_pages_id;
+	int64_t live_pages;
 	int64_t live_handles;
 	int64_t live_reservations;
 

@@ -14,6 +14,10 @@
  * reuses its handles within its budget): the application's slots
  * (vmmrt_slot_create) neither take from it nor give to it, since an
  * application releases a slot so that the driver has the memory again.
+ *
+ * A bound slot (vmmrt_slot_map_pages) maps memory it does not own: a
+ * vmmrt_pages' handle, which other slots may map too. Whatever unmaps it
+ * (unmap, release, destroy) leaves the handle to the pages (put_back).
  */
 #include "config.h"
 
@@ -25,6 +29,7 @@
 
 #include "array.h"
 #include "error.h"
+#include "pages.h"
 #include "slot.h"
 #include "tsan.h"
 
@@ -49,26 +54,24 @@ typedef struct slot_pool {
 /* ------------------------------------------------------------ the slot */
 
 /* The application's slots' device memory (slot_bytes) and its peak, as the
- * statistics report them: only this worker maps and unmaps the slot. */
+ * statistics report them: only this worker maps and unmaps the slot. A bound
+ * slot's memory is its pages', counted once, by the pages. */
 static void account(vmmrt_slot *s, int64_t delta)
 {
-	vmmrt_runtime *rt = s->rt;
-	if (!s->app)
+	if (!s->app || s->bound)
 		return;
-	int64_t now = uatomic_add_return(&rt->slot_bytes, delta);
-	for (int64_t peak = uatomic_read(&rt->slot_peak_bytes); now > peak; peak = uatomic_read(&rt->slot_peak_bytes))
-		if (uatomic_cmpxchg(&rt->slot_peak_bytes, peak, now) == peak)
-			break;
+	vmmrt__app_bytes_add(s->rt, delta);
 }
 
-vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
+/* h's bytes from offset on at the slot's address (offset 0: its own memory). */
+static vmmrt_status attach_at(vmmrt_slot *s, vmmrt__bhandle h, size_t offset)
 {
 	vmmrt_runtime *rt = s->rt;
 
 	if (s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h);
+	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h, offset);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
 	st = vmmrt__drv_mem_set_access(rt, s->va, s->size);
@@ -89,6 +92,11 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 	s->handle = h;
 	account(s, (int64_t)s->size);
 	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
+{
+	return attach_at(s, h, 0);
 }
 
 vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
@@ -200,6 +208,17 @@ static vmmrt_status release_handle(slot_pool *p, const vmmrt_slot *s, vmmrt__bha
 		return st;
 	p->stash[p->nstash++] = h;
 	return VMMRT_OK;
+}
+
+/* h, just unmapped from s: the pages' if s was bound (s is unbound now),
+ * else the slot's own memory, to release_handle. */
+static vmmrt_status put_back(slot_pool *p, vmmrt_slot *s, vmmrt__bhandle h)
+{
+	if (s->bound) {
+		s->bound = false;
+		return VMMRT_OK;
+	}
+	return release_handle(p, s, h);
 }
 
 static void release_stash(slot_pool *p)
@@ -387,7 +406,21 @@ static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
 	vmmrt_status st = vmmrt__slot_detach(s, &h);
 	if (st != VMMRT_OK)
 		return st;
-	return release_handle(vmmrt__worker_local(wk), s, h);
+	return put_back(vmmrt__worker_local(wk), s, h);
+}
+
+/* vmmrt_slot_map_pages: the pages' memory, not a handle of the slot's own. */
+static vmmrt_status run_bind(vmmrt__request *req, vmmrt__worker *wk)
+{
+	vmmrt_slot *s = req->owner;
+	(void)wk;
+	if (s->mapped)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+	s->bound = true; /* first: attach leaves the bytes to the pages */
+	vmmrt_status st = attach_at(s, s->bind_handle, s->bind_offset);
+	if (st != VMMRT_OK)
+		s->bound = false;
+	return st;
 }
 
 /*
@@ -413,7 +446,7 @@ static vmmrt_status run_arelease(vmmrt__request *req, vmmrt__worker *wk)
 		uatomic_cmpxchg(&s->backing, asked | VMMRT__SLOT_UNBACKED, asked);
 		return st;
 	}
-	return release_handle(vmmrt__worker_local(wk), s, h);
+	return put_back(vmmrt__worker_local(wk), s, h);
 }
 
 /* The stream-ordered requests end here, however they end (run, failed,
@@ -455,7 +488,7 @@ static vmmrt_status run_destroy(vmmrt__request *req, vmmrt__worker *wk)
 	for (int attempt = 0;; attempt++) {
 		st = teardown(s, &h, &had);
 		if (had) {
-			vmmrt_status st2 = release_handle(vmmrt__worker_local(wk), s, h);
+			vmmrt_status st2 = put_back(vmmrt__worker_local(wk), s, h);
 			if (rel == VMMRT_OK)
 				rel = st2;
 		}
@@ -516,6 +549,7 @@ static void settle(vmmrt__request *req, vmmrt_status st)
 const vmmrt__request_ops vmmrt__slot_map_ops = SLOT_REQUEST("map", run_map, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_ensure_ops = SLOT_REQUEST("map", run_ensure, map_unchanged);
 const vmmrt__request_ops vmmrt__slot_release_ops = SLOT_REQUEST("release", run_release, release_unchanged);
+const vmmrt__request_ops vmmrt__slot_bind_ops = SLOT_REQUEST("bind", run_bind, map_unchanged);
 
 /* A stream-ordered release starts once the map asked before it ended
  * (slot.h): the flag holds the map_seq of the last map that ended, stored

@@ -17,6 +17,7 @@
 
 #include "api.h"
 #include "error.h"
+#include "pages.h"
 #include "slot.h"
 
 vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **out)
@@ -43,6 +44,7 @@ vmmrt_status vmmrt__slot_reserve(vmmrt_runtime *rt, size_t bytes, vmmrt_slot **o
 	s->worker = vmmrt__workers_route(rt->workers, s->id);
 	vmmrt__request_init(&s->map_req, &vmmrt__slot_map_ops, s);
 	vmmrt__request_init(&s->release_req, &vmmrt__slot_release_ops, s);
+	vmmrt__request_init(&s->bind_req, &vmmrt__slot_bind_ops, s);
 	vmmrt__request_init(&s->amap_req, &vmmrt__slot_amap_ops, s);
 	s->amap_req.done = vmmrt__slot_async_done;
 	s->backing = VMMRT__SLOT_UNBACKED;
@@ -532,6 +534,12 @@ vmmrt_status vmmrt_slot_release_after(vmmrt_slot *s, vmmrt_stream stream)
 	vmmrt_status st = async_entry(s);
 	if (st != VMMRT_OK)
 		return st;
+	/* Its memory is the pages', shared with other slots: a release would
+	 * have to give back what is not the slot's. Unbinding goes through
+	 * vmmrt_slot_unmap, synchronous as the bind was. */
+	if (s->bound)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is mapped onto pages (vmmrt_slot_map_pages): "
+				    "vmmrt_slot_unmap unbinds it", __func__, id);
 	if (!s->wanted)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is neither mapped nor has a map queued (never "
 				    "mapped, or released since its last map): nothing to release", __func__, id);
@@ -594,4 +602,50 @@ vmmrt_status vmmrt_slot_error(vmmrt_slot *s)
 	VMMRT__API_ENTER_ANYWHERE();
 	VMMRT__CHECK_ARG(s, "slot is NULL");
 	return pending_error(s);
+}
+
+/* --------------------------------------------------------- bound to pages */
+
+vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *s, vmmrt_pages *p, size_t offset)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(p, "pages is NULL");
+	unsigned long long id = (unsigned long long)s->id;
+	vmmrt_status st = app_slot(s, __func__);
+	if (st != VMMRT_OK)
+		return st;
+	if (p->rt != s->rt)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu and pages %llu belong to different runtimes",
+				    __func__, id, (unsigned long long)p->id);
+	if (offset % s->rt->granularity)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu: offset %zu is not a multiple of the "
+				    "granularity %zu", __func__, id, offset, s->rt->granularity);
+	if (offset > p->size || s->size > p->size - offset)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: slot %llu: its %zu bytes at offset %zu go past the end of "
+				    "pages %llu (%zu bytes)", __func__, id, s->size, offset, (unsigned long long)p->id,
+				    p->size);
+	if ((st = pending_error(s)) != VMMRT_OK)
+		return st;
+	switch (vmmrt_slot_get_state(s)) {
+	case VMMRT_SLOT_MAPPED:
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is already mapped (vmmrt_slot_unmap it first)",
+				    __func__, id);
+	case VMMRT_SLOT_PENDING:
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu has a map or release queued (vmmrt_slot_wait "
+				    "for its maps; a release waits for its stream)", __func__, id);
+	default:
+		break;
+	}
+	s->bind_handle = p->handle;
+	s->bind_offset = offset;
+	if ((st = push_pending(s, &s->bind_req, NULL, NULL)) != VMMRT_OK)
+		return st;
+	st = settle(s, vmmrt__request_wait(&s->bind_req, s->rt->timeout_ms));
+	if (st == VMMRT_OK) {
+		/* Mapped, as after vmmrt_slot_map: a map_async finds it so. */
+		(void)next_generation(s);
+		s->wanted = true;
+	}
+	return st;
 }

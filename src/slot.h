@@ -97,6 +97,11 @@ struct vmmrt_slot {
 
 	/* worker-owned */
 	bool mapped;
+	/* What is mapped is a vmmrt_pages' memory (vmmrt_slot_map_pages): an
+	 * unmap, a release or the destroy unmaps it and leaves the handle to
+	 * the pages. Read by the caller only when none of the slot's requests
+	 * that change it is in flight (they are all synchronous). */
+	bool bound;
 	vmmrt__bhandle handle;
 	/* set before its first request: remap's budget covers this slot's
 	 * memory (counted in rt->budgeted_handles while mapped) */
@@ -105,6 +110,11 @@ struct vmmrt_slot {
 	/* one preallocated request per kind: a slot never has two of a kind queued */
 	vmmrt__request map_req;
 	vmmrt__request release_req;
+	/* vmmrt_slot_map_pages: the pages' handle and the offset its request
+	 * maps, set by the caller before the push */
+	vmmrt__request bind_req;
+	vmmrt__bhandle bind_handle;
+	size_t bind_offset;
 
 	/* Made by vmmrt_slot_create (set before its first request): the
 	 * application's memory, counted in slot_bytes, and always given back to
@@ -160,6 +170,9 @@ extern const vmmrt__request_ops vmmrt__slot_map_ops;
 extern const vmmrt__request_ops vmmrt__slot_ensure_ops;
 extern const vmmrt__request_ops vmmrt__slot_release_ops;
 extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
+/* bind: map bind_handle at bind_offset (an error if mapped); the slot is
+ * then bound (`bound`): what unmaps it leaves the memory to its pages. */
+extern const vmmrt__request_ops vmmrt__slot_bind_ops;
 /*
  * The stream-ordered ones: amap (ensure, sets VMMRT__SLOT_UNBACKED again if it
  * fails, publishes map_seq to the flag however it ends) and arelease (on a

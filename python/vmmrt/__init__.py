@@ -23,7 +23,8 @@ from vmmrt import _capi
 from vmmrt._capi import GROUP_STATES, SLOT_STATES, STREAM_LEGACY, STREAM_PER_THREAD  # noqa: F401
 from vmmrt._loader import LibraryNotFound, library_path, load as _load
 
-__all__ = ["Error", "InvalidValue", "LibraryNotFound", "library_path", "Runtime", "Group", "Slot", "Event", "library",
+__all__ = ["Error", "InvalidValue", "LibraryNotFound", "library_path", "Runtime", "Group", "Slot", "Pages", "Event",
+           "library",
            "version", "version_string", "status_name", "options_table", "environment_options", "option_choices",
            "option_bounds", "fill_word", "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD",
            "GROUP_STATES", "SLOT_STATES"]
@@ -483,6 +484,12 @@ class Runtime:
         """A fixed-VA slot of nbytes (rounded up to the granularity), nothing mapped."""
         return Slot(self, nbytes)
 
+    def pages(self, nbytes: int) -> Pages:
+        """Physical memory of nbytes (rounded up to the granularity) that several slots
+        can map at once (:meth:`Slot.map_pages`): tensors whose lives do not overlap
+        share it with no driver call per step (vmmrt_pages_create(3))."""
+        return Pages(self, nbytes)
+
     # -- offload
     def group(self, name: str) -> Group:
         """A new offload group (create them in forward order, before :meth:`offload_allocate`)."""
@@ -583,6 +590,19 @@ class Slot:
         and is this slot's error (vmmrt_slot_wait_stream(3))."""
         check(self._rt._lib.vmmrt_slot_wait_stream(self._s, _stream(stream)), "vmmrt_slot_wait_stream")
 
+    def map_pages(self, pages: Pages, offset: int = 0) -> None:
+        """Map the slot's whole range onto ``pages``' bytes [offset, offset + size) and
+        wait (vmmrt_slot_map_pages(3)): other slots may map the same bytes, the caller
+        keeps their uses apart. :meth:`unmap` unbinds it (the pages keep their memory);
+        :meth:`release_after` is refused while it is bound."""
+        if not isinstance(pages, Pages):
+            raise TypeError("map_pages: %r is not a vmmrt.Pages" % (pages,))
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidValue(_capi.E_INVALID_ARGUMENT, "offset must be a non-negative int, not %r" % (offset,),
+                               "vmmrt_slot_map_pages")
+        st = self._rt._lib.vmmrt_slot_map_pages(self._s, pages._handle(), offset)
+        check(st, "vmmrt_slot_map_pages", value=st == _capi.E_INVALID_SIZE)   # the offset: a bad value
+
     def destroy(self):
         if self._s is not None:
             check(self._rt._lib.vmmrt_slot_destroy(self._s), "vmmrt_slot_destroy")
@@ -591,6 +611,41 @@ class Slot:
     @property
     def state(self):
         return _capi.SLOT_STATES[self._rt._lib.vmmrt_slot_get_state(self._s)]
+
+
+class Pages:
+    """Physical device memory that several slots map at once (vmmrt_pages).
+
+    :meth:`destroy` gives the handle back at once; the memory stays while a slot
+    is bound to it (until its unmap or destroy). The runtime's close destroys
+    the pages left.
+    """
+
+    def __init__(self, rt: Runtime, nbytes: int) -> None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise InvalidValue(_capi.E_INVALID_SIZE, "nbytes must be a positive int, not %r" % (nbytes,),
+                               "vmmrt_pages_create")
+        self._rt = rt
+        p = ctypes.c_void_p()
+        check(rt._lib.vmmrt_pages_create(rt._handle(), nbytes, ctypes.byref(p)), "vmmrt_pages_create")
+        self._p = p
+        self.size: int = rt._lib.vmmrt_pages_size(p)
+
+    def _handle(self) -> ctypes.c_void_p:
+        self._rt._handle()      # the runtime's close destroyed its pages
+        if self._p is None:
+            raise Error(_capi.E_INVALID_STATE, "the pages were destroyed", "vmmrt.Pages")
+        return self._p
+
+    @property
+    def destroyed(self) -> bool:
+        return self._p is None
+
+    def destroy(self) -> None:
+        """Destroy the pages (nothing if destroyed already, or by the runtime's close)."""
+        if self._p is not None and not self._rt.closed:
+            check(self._rt._lib.vmmrt_pages_destroy(self._p), "vmmrt_pages_destroy")
+        self._p = None
 
 
 class Event:

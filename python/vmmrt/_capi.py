@@ -110,6 +110,10 @@ _PROTOTYPES = {
     "vmmrt_slot_release_after": (status_t, [handle, vmmrt_stream]),
     "vmmrt_slot_map_after": (status_t, [handle, handle]),
     "vmmrt_slot_wait_stream": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_pages_create": (status_t, [handle, c_size_t, _P(handle)]),
+    "vmmrt_pages_destroy": (status_t, [handle]),
+    "vmmrt_pages_size": (c_size_t, [handle]),
+    "vmmrt_slot_map_pages": (status_t, [handle, handle, c_size_t]),
     "vmmrt_stream_create": (status_t, [handle, _P(vmmrt_stream)]),
     "vmmrt_stream_destroy": (status_t, [handle, vmmrt_stream]),
     "vmmrt_stream_synchronize": (status_t, [handle, vmmrt_stream]),
@@ -169,7 +173,9 @@ _PROTOTYPES = {
 _SINCE = {name: "0.2.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offload_abort",
                                      "vmmrt_group_rediscover", "vmmrt_offload_release_retired",
                                      "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after",
-                                     "vmmrt_slot_map_after", "vmmrt_slot_wait_stream")}
+                                     "vmmrt_slot_map_after", "vmmrt_slot_wait_stream",
+                                     "vmmrt_pages_create", "vmmrt_pages_destroy", "vmmrt_pages_size",
+                                     "vmmrt_slot_map_pages")}
 
 
 class _Missing:

@@ -51,7 +51,10 @@
 	  (, size, align, out)) \
 	X(va_free, OWN, "cuMemAddressFree", (, vmmrt_devptr va, size_t size), (, va, size)) \
 	T(mem_create, "cuMemCreate", (, size_t size, vmmrt__bhandle *out), (, size, out), size) \
-	T(mem_map, "cuMemMap", (, vmmrt_devptr va, size_t size, vmmrt__bhandle h), (, va, size, h), size) \
+	/* h's bytes [offset, offset + size) at [va, va + size); one handle may be \
+	 * mapped at several addresses at once (vmmrt_pages) */ \
+	T(mem_map, "cuMemMap", (, vmmrt_devptr va, size_t size, vmmrt__bhandle h, size_t offset), \
+	  (, va, size, h, offset), size) \
 	/* read/write access for the device (and, on the host backend, the CPU) */ \
 	T(mem_set_access, "cuMemSetAccess", (, vmmrt_devptr va, size_t size), (, va, size), size) \
 	T(mem_unmap, "cuMemUnmap", (, vmmrt_devptr va, size_t size), (, va, size), size) \

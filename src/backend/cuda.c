@@ -300,11 +300,11 @@ vmmrt_status vmmrt__cuda_mem_release(vmmrt__backend *b, vmmrt__bhandle h)
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt__cuda_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
+vmmrt_status vmmrt__cuda_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h, size_t offset)
 {
 	CHECK_SIZE(b, "cuMemMap", size);
-	CU_CALL(b, "cuMemMap", vmmrt__cu.MemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)h, 0),
-		"cuMemMap(0x%llx, %zu)", (unsigned long long)va, size);
+	CU_CALL(b, "cuMemMap", vmmrt__cu.MemMap((CUdeviceptr)va, size, offset, (CUmemGenericAllocationHandle)h, 0),
+		"cuMemMap(0x%llx, %zu, offset %zu)", (unsigned long long)va, size, offset);
 	return VMMRT_OK;
 }
 

@@ -381,7 +381,7 @@ static vmmrt_status check_range(vmmrt__backend *b, vmmrt_devptr va, size_t size,
 	return VMMRT_OK;
 }
 
-vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h)
+vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size, vmmrt__bhandle h, size_t offset)
 {
 	uint64_t t0 = vmmrt__now_ns();
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
@@ -404,9 +404,15 @@ vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size
 				 (unsigned long long)h);
 		goto fail;
 	}
-	if (size > mem->size) {
-		st = vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: %zu bytes exceed the handle's %zu", __func__, size,
-				 mem->size);
+	/* cuMemMap's rules for the offset: aligned, and the range inside the handle */
+	if (offset % b->granularity) {
+		st = vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: offset %zu is not a multiple of the granularity %zu",
+				 __func__, offset, b->granularity);
+		goto fail;
+	}
+	if (offset > mem->size || size > mem->size - offset) {
+		st = vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: %zu bytes at offset %zu exceed the handle's %zu", __func__,
+				 size, offset, mem->size);
 		goto fail;
 	}
 	if (!reservation_of(b, (uintptr_t)va, size)) {
@@ -422,7 +428,7 @@ vmmrt_status vmmrt__host_mem_map(vmmrt__backend *b, vmmrt_devptr va, size_t size
 		}
 	}
 	/* no access until set_access, as with cuMemMap */
-	p = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, mem->fd, 0);
+	p = mmap((void *)(uintptr_t)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, mem->fd, (off_t)offset);
 	if (p == MAP_FAILED) {
 		int err = errno;
 

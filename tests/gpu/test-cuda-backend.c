@@ -88,7 +88,7 @@ static vmmrt_status dbuf_create(vmmrt__backend *b, size_t size, struct dbuf *d)
 	st = ops->mem_create(b, size, &d->h);
 	if (st != VMMRT_OK)
 		goto free_va;
-	st = ops->mem_map(b, d->va, size, d->h);
+	st = ops->mem_map(b, d->va, size, d->h, 0);
 	if (st != VMMRT_OK)
 		goto release;
 	st = ops->mem_set_access(b, d->va, size);
@@ -239,7 +239,7 @@ static void test_vmm_roundtrip(void **state)
 	OK(ops->va_reserve(B, size, 0, &d.va));
 	assert_int_equal(d.va % G, 0);
 	OK(ops->mem_create(B, size, &d.h));
-	OK(ops->mem_map(B, d.va, size, d.h));
+	OK(ops->mem_map(B, d.va, size, d.h, 0));
 	OK(ops->mem_set_access(B, d.va, size));
 	d.size = size;
 
@@ -258,6 +258,50 @@ static void test_vmm_roundtrip(void **state)
 	OK(ops->mem_unmap(B, d.va, size));
 	OK(ops->mem_release(B, d.h));
 	OK(ops->va_free(B, d.va, size));
+	OK(ops->host_free(B, in));
+	OK(ops->host_free(B, out));
+}
+
+/* One handle at two addresses, the second at an offset (cuMemMap's offset,
+ * what vmmrt_slot_map_pages uses): each sees the other's writes; a
+ * misaligned offset and one past the end are refused. */
+static void test_map_at_offset(void **state)
+{
+	const size_t size = 2 * G;
+	vmmrt_devptr whole, part;
+	vmmrt__bhandle h;
+	unsigned char *in, *out;
+
+	OK(ops->host_alloc(B, size, (void **)&in));
+	OK(ops->host_alloc(B, size, (void **)&out));
+	OK(ops->va_reserve(B, size, 0, &whole));
+	OK(ops->va_reserve(B, G, 0, &part));
+	OK(ops->mem_create(B, size, &h));
+	OK(ops->mem_map(B, whole, size, h, 0));
+	OK(ops->mem_set_access(B, whole, size));
+	assert_int_not_equal(ops->mem_map(B, part, G, h, G / 2), VMMRT_OK);
+	assert_int_not_equal(ops->mem_map(B, part, G, h, size), VMMRT_OK);
+	OK(ops->mem_map(B, part, G, h, G));
+	OK(ops->mem_set_access(B, part, G));
+
+	fill_host(in, size, 4321);
+	OK(to_device(B, S, whole, in, size));
+	memset(out, 0, size);
+	OK(to_host(B, S, out, part, G));
+	assert_memory_equal(in + G, out, G);
+	fill_host(in, G, 99);
+	OK(to_device(B, S, part, in, G));
+	OK(to_host(B, S, out, whole + G, G));
+	assert_memory_equal(in, out, G);
+
+	/* released while both are mapped: the memory stays until the last unmap */
+	OK(ops->mem_release(B, h));
+	OK(to_host(B, S, out, part, G));
+	assert_memory_equal(in, out, G);
+	OK(ops->mem_unmap(B, whole, size));
+	OK(ops->mem_unmap(B, part, G));
+	OK(ops->va_free(B, whole, size));
+	OK(ops->va_free(B, part, G));
 	OK(ops->host_free(B, in));
 	OK(ops->host_free(B, out));
 }
@@ -303,7 +347,7 @@ static void test_graph_replay_after_remap(void **state)
 	OK(ops->mem_unmap(B, va, size));
 	OK(ops->mem_release(B, slot.h));
 	OK(ops->mem_create(B, size, &slot.h));
-	OK(ops->mem_map(B, va, size, slot.h));
+	OK(ops->mem_map(B, va, size, slot.h, 0));
 	OK(ops->mem_set_access(B, va, size));
 	OK(kernel(B, S, VMMRT_KERNEL_FILL, va, 0, 0, size, 222, 0));
 	OK(ops->graph_launch(B, g, S));
@@ -910,6 +954,7 @@ static const struct {
 	{cmocka_unit_test(test_open_and_arguments), 0},
 	{cmocka_unit_test(test_out_of_memory_message), 0},
 	{cmocka_unit_test(test_vmm_roundtrip), 0},
+	{cmocka_unit_test(test_map_at_offset), 0},
 	{cmocka_unit_test(test_graph_replay_after_remap), 1},
 	{cmocka_unit_test(test_mem_info_delta), 0},
 	{cmocka_unit_test(test_host_func_refused), 0},

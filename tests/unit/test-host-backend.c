@@ -113,7 +113,7 @@ struct slot {
 static void slot_map(vmmrt__backend *b, struct slot *s)
 {
 	OK(ops->mem_create(b, s->size, &s->h));
-	OK(ops->mem_map(b, s->va, s->size, s->h));
+	OK(ops->mem_map(b, s->va, s->size, s->h, 0));
 	OK(ops->mem_set_access(b, s->va, s->size));
 }
 
@@ -316,7 +316,7 @@ static void test_unmapped_slot_faults(void **state)
 
 	/* mapped but no access yet */
 	OK(ops->mem_create(b, SLOT, &s.h));
-	OK(ops->mem_map(b, s.va, SLOT, s.h));
+	OK(ops->mem_map(b, s.va, SLOT, s.h, 0));
 	{
 		int sig = child_signal(touch, p);
 		assert_true(sig == SIGSEGV || sig == SIGBUS);
@@ -410,13 +410,13 @@ static void test_vmm_named_errors(void **state)
 	FAILS(ops->mem_set_access(b, va, 4 * MiB), VMMRT_E_INVALID_STATE);
 	FAILS(ops->mem_unmap(b, va, 4 * MiB), VMMRT_E_INVALID_STATE);
 
-	OK(ops->mem_map(b, va, 4 * MiB, h));
-	FAILS(ops->mem_map(b, va, 4 * MiB, h2), VMMRT_E_INVALID_STATE);
-	FAILS(ops->mem_map(b, va + 2 * MiB, 4 * MiB, h2), VMMRT_E_INVALID_STATE);
+	OK(ops->mem_map(b, va, 4 * MiB, h, 0));
+	FAILS(ops->mem_map(b, va, 4 * MiB, h2, 0), VMMRT_E_INVALID_STATE);
+	FAILS(ops->mem_map(b, va + 2 * MiB, 4 * MiB, h2, 0), VMMRT_E_INVALID_STATE);
 	/* past the reservation's end, and nowhere near one */
-	FAILS(ops->mem_map(b, va + 6 * MiB, 4 * MiB, h2), VMMRT_E_INVALID_ARGUMENT);
-	FAILS(ops->mem_map(b, (vmmrt_devptr)0x100000000000ULL, 4 * MiB, h2), VMMRT_E_INVALID_ARGUMENT);
-	FAILS(ops->mem_map(b, va + 4 * MiB, 3 * MiB, h2), VMMRT_E_INVALID_SIZE);
+	FAILS(ops->mem_map(b, va + 6 * MiB, 4 * MiB, h2, 0), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->mem_map(b, (vmmrt_devptr)0x100000000000ULL, 4 * MiB, h2, 0), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->mem_map(b, va + 4 * MiB, 3 * MiB, h2, 0), VMMRT_E_INVALID_SIZE);
 	FAILS(ops->mem_set_access(b, va, 8 * MiB), VMMRT_E_INVALID_STATE); /* half mapped */
 	OK(ops->mem_set_access(b, va, 4 * MiB));
 
@@ -427,7 +427,7 @@ static void test_vmm_named_errors(void **state)
 
 	OK(ops->mem_release(b, h));
 	FAILS(ops->mem_release(b, h), VMMRT_E_INVALID_ARGUMENT);
-	FAILS(ops->mem_map(b, va, 4 * MiB, h), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->mem_map(b, va, 4 * MiB, h, 0), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->mem_release(b, 0), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->mem_release(b, 0xdeadbeef), VMMRT_E_INVALID_ARGUMENT);
 	FAILS(ops->mem_release(b, (vmmrt__bhandle)(uintptr_t)&on_stack), VMMRT_E_INVALID_ARGUMENT);
@@ -453,6 +453,35 @@ static void test_vmm_named_errors(void **state)
 	FAILS(ops->open(NULL, NULL), VMMRT_E_INVALID_ARGUMENT);
 }
 
+/* cuMemMap's offset: the handle's bytes from there on, aligned, inside the handle. */
+static void test_map_at_offset(void **state)
+{
+	vmmrt__backend *b = *state;
+	vmmrt_devptr whole, part;
+	vmmrt__bhandle h;
+
+	OK(ops->va_reserve(b, 8 * MiB, 0, &whole));
+	OK(ops->va_reserve(b, 4 * MiB, 0, &part));
+	OK(ops->mem_create(b, 8 * MiB, &h));
+	OK(ops->mem_map(b, whole, 8 * MiB, h, 0));
+	OK(ops->mem_set_access(b, whole, 8 * MiB));
+	FAILS(ops->mem_map(b, part, 4 * MiB, h, GRAN / 2), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->mem_map(b, part, 4 * MiB, h, 6 * MiB), VMMRT_E_INVALID_SIZE);
+	FAILS(ops->mem_map(b, part, 4 * MiB, h, 10 * MiB), VMMRT_E_INVALID_SIZE);
+	OK(ops->mem_map(b, part, 4 * MiB, h, 4 * MiB));
+	OK(ops->mem_set_access(b, part, 4 * MiB));
+	((volatile unsigned char *)(uintptr_t)whole)[4 * MiB + 77] = 0x3c;
+	((volatile unsigned char *)(uintptr_t)whole)[77] = 0x11;
+	assert_int_equal(((volatile unsigned char *)(uintptr_t)part)[77], 0x3c);
+	((volatile unsigned char *)(uintptr_t)part)[4 * MiB - 1] = 0x7e;
+	assert_int_equal(((volatile unsigned char *)(uintptr_t)whole)[8 * MiB - 1], 0x7e);
+	OK(ops->mem_unmap(b, part, 4 * MiB));
+	OK(ops->mem_unmap(b, whole, 8 * MiB));
+	OK(ops->mem_release(b, h));
+	OK(ops->va_free(b, whole, 8 * MiB));
+	OK(ops->va_free(b, part, 4 * MiB));
+}
+
 /* CUDA semantics: release while mapped is fine; the memory goes with the last unmap. */
 static void test_release_while_mapped(void **state)
 {
@@ -464,8 +493,8 @@ static void test_release_while_mapped(void **state)
 	OK(ops->va_reserve(b, 8 * MiB, 0, &va1));
 	OK(ops->va_reserve(b, 8 * MiB, 0, &va2));
 	OK(ops->mem_create(b, 8 * MiB, &h));
-	OK(ops->mem_map(b, va1, 8 * MiB, h));
-	OK(ops->mem_map(b, va2, 8 * MiB, h));
+	OK(ops->mem_map(b, va1, 8 * MiB, h, 0));
+	OK(ops->mem_map(b, va2, 8 * MiB, h, 0));
 	OK(ops->mem_set_access(b, va1, 8 * MiB));
 	OK(ops->mem_set_access(b, va2, 8 * MiB));
 	/* one physical allocation behind both addresses */
@@ -483,7 +512,7 @@ static void test_release_while_mapped(void **state)
 	OK(ops->mem_info(b, &free_b, &total));
 	assert_int_equal(free_b, CAP - 8 * MiB);
 	assert_int_equal(((volatile unsigned char *)(uintptr_t)va2)[12345], 0x5a);
-	FAILS(ops->mem_map(b, va1, 8 * MiB, h), VMMRT_E_INVALID_ARGUMENT);
+	FAILS(ops->mem_map(b, va1, 8 * MiB, h, 0), VMMRT_E_INVALID_ARGUMENT);
 	OK(ops->mem_unmap(b, va2, 8 * MiB));
 	OK(ops->mem_info(b, &free_b, &total));
 	assert_int_equal(free_b, CAP);
@@ -670,7 +699,7 @@ static void inside_fn(void *p)
 	in->role = vmmrt__thread_role_get();
 	INSIDE(in, ops->mem_create(in->b, GRAN, &h));
 	in->message_ok = strstr(vmmrt_last_error(), "VMMRT_E_NOT_PERMITTED") != NULL;
-	INSIDE(in, ops->mem_map(in->b, 0, GRAN, 0));
+	INSIDE(in, ops->mem_map(in->b, 0, GRAN, 0, 0));
 	INSIDE(in, ops->mem_info(in->b, &f, &t));
 	INSIDE(in, ops->stream_query(in->b, in->st, &qd));
 	INSIDE(in, ops->stream_synchronize(in->b, in->st));
@@ -1111,7 +1140,7 @@ static uint64_t time_set_access(bool latency, size_t bytes)
 	OK(ops->open(&cfg, &b));
 	OK(ops->va_reserve(b, bytes, 0, &va));
 	OK(ops->mem_create(b, bytes, &h));
-	OK(ops->mem_map(b, va, bytes, h));
+	OK(ops->mem_map(b, va, bytes, h, 0));
 	t0 = now_ns();
 	OK(ops->mem_set_access(b, va, bytes));
 	dt = now_ns() - t0;
@@ -1162,7 +1191,7 @@ static void test_latency_model(void **state)
 
 		OK(ops->va_reserve(b, GRAN, 0, &va));
 		OK(ops->mem_create(b, GRAN, &h));
-		OK(ops->mem_map(b, va, GRAN, h));
+		OK(ops->mem_map(b, va, GRAN, h, 0));
 		OK(ops->memcpy_dtoh_async(b, dst, (vmmrt_devptr)(uintptr_t)src, SLOT, st)); /* 84 ms */
 		sleep_ms(5);
 		t0 = now_ns();
@@ -1194,7 +1223,7 @@ static void *vmm_worker(void *p)
 		return NULL;
 	}
 	for (int i = 0; i < 100; i++) {
-		if (ops->mem_create(w->b, SLOT, &h) != VMMRT_OK || ops->mem_map(w->b, va, SLOT, h) != VMMRT_OK ||
+		if (ops->mem_create(w->b, SLOT, &h) != VMMRT_OK || ops->mem_map(w->b, va, SLOT, h, 0) != VMMRT_OK ||
 		    ops->mem_set_access(w->b, va, SLOT) != VMMRT_OK) {
 			w->failures++;
 			break;
@@ -1267,7 +1296,7 @@ static void test_close_releases_everything(void **state)
 	OK(ops->mem_create(b, GRAN, &loose));
 	OK(ops->mem_create(b, GRAN, &orphan));
 	OK(ops->va_reserve(b, GRAN, 0, &orphan_va));
-	OK(ops->mem_map(b, orphan_va, GRAN, orphan));
+	OK(ops->mem_map(b, orphan_va, GRAN, orphan, 0));
 	OK(ops->mem_release(b, orphan)); /* released while mapped */
 	flag = pinned(b, 4096);
 
@@ -1291,6 +1320,7 @@ int main(void)
 		cmocka_unit_test(test_stream_fault_kills),
 		cmocka_unit_test_setup_teardown(test_capacity_oom, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_vmm_named_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_map_at_offset, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_release_while_mapped, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stream_fifo, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_event_cross_stream, setup, teardown),

@@ -155,6 +155,7 @@ static void summary(void)
 	o_kv(&o, "recoveries", &T.recoveries);
 	o_kv(&o, "rediscoveries", &T.rediscoveries);
 	o_kv(&o, "slot_cycles", &T.slot_cycles);
+	o_kv(&o, "page_cycles", &T.page_cycles);
 	o_kv(&o, "activations_verified", &T.activations_verified);
 	o_kv(&o, "bytes_verified", &T.bytes_verified);
 	o_kv(&o, "excused", &T.excused);

@@ -469,6 +469,8 @@ static run_end run_iterations(scen *s)
 			illegal_slots(s);
 		if (chance(r, 0.05))
 			slot_backing(s);
+		if (pages_here(s, it))
+			slot_pages(s);
 		if (chance(r, 0.03) && !s->cuda)
 			illegal_handles(s);
 		if (s->errored)

@@ -191,4 +191,11 @@ void illegal_edges(scen *s, unsigned groups, bool allocated);
 /* Random cycles of stream-ordered backing on slots of the application's own. */
 void slot_backing(scen *s);
 
+/* pages.c */
+/* Whether the scenario binds two slots to one pages object after iteration
+ * it (from the seed: the scenario's stream is not drawn from). */
+bool pages_here(const scen *s, unsigned it);
+/* Random cycles through two slots bound to the same pages. */
+void slot_pages(scen *s);
+
 #endif

@@ -85,6 +85,7 @@ typedef struct totals {
 	_Atomic uint64_t schedules_interleaved, schedules_declared; /* scenarios of each */
 	_Atomic uint64_t aborts, recoveries, rediscoveries;  /* aborts: all; recoveries: after a failed hook */
 	_Atomic uint64_t slot_cycles;                  /* stream-ordered slot cycles verified (slots.c) */
+	_Atomic uint64_t page_cycles;                  /* cycles through slots sharing pages verified (pages.c) */
 } totals;
 
 extern totals T;
