@@ -163,6 +163,7 @@ class LayerOffload:
     def __init__(self, offload, name, static_storages):
         self.offload = offload
         self.name = name
+        self.keys = ((name, False), (name, True))   # its uses (forward, backward) in the Offload's order
         self.static = frozenset(static_storages)
         self.group = offload.runtime.group(name)
         self.plan = None            # the discovery Recorder: signature and regions
@@ -387,18 +388,20 @@ class LayerOffload:
                 "moved": sum(r.nbytes for r in self.moving())}
 
     # ------------------------------------------------------------- hooks
-    def forward_begin(self, stream=None, eager=False):
+    def forward_begin(self, stream=None, eager=False, current=None):
+        """``current``: the torch stream that ``stream`` is, when the caller
+        has it already (vmmrt.torch._call asks torch once per hook pair)."""
         self._check_usable()
         self.offload.flush()
         if self.resident is not None:
-            self.offload.map_for_use(self, False, self.resident, stream, eager)
+            self.offload.map_for_use(self, False, self.resident, stream, eager, current)
         self.group.forward_begin(stream)
-        self.offload.use_started(self, False)
+        self.offload.use_started(self, False, current)
 
     def forward_end(self, stream=None):
         self.group.forward_end(stream)
 
-    def backward_begin(self, stream=None):
+    def backward_begin(self, stream=None, current=None):
         self._check_usable()
         self.offload.flush()
         self.group.backward_begin(stream)
@@ -407,7 +410,7 @@ class LayerOffload:
             # waits here for the restore the stream waits for.
             self.offload.runtime.stream_synchronize(stream)
         self._restored = True
-        self.offload.use_started(self, True)
+        self.offload.use_started(self, True, current)
 
     def backward_end(self, stream=None):
         self._restored = False

@@ -96,13 +96,34 @@ def _tensor_signature(args, kwargs, static):
     those that never move (parameters, buffers, static inputs: the same op
     applied to another weight is another op)."""
     sig = []
-    for a in _compat.tree_leaves(args, kwargs):
-        if isinstance(a, torch.Tensor):
-            strided = a.layout == torch.strided
-            ptr = _compat.storage_of(a)[0] if strided and a.device.type != "meta" else None
-            sig.append((a.dtype, tuple(a.shape), tuple(a.stride()) if strided else None,
-                        ptr if ptr in static else None))
+    for a in _tensor_args(args, kwargs):
+        strided = a.layout == torch.strided
+        ptr = _compat.storage_of(a)[0] if strided and a.device.type != "meta" else None
+        sig.append((a.dtype, tuple(a.shape), tuple(a.stride()) if strided else None,
+                    ptr if ptr in static else None))
     return tuple(sig)
+
+
+def _tensor_args(args, kwargs):
+    """An op's tensor arguments in the order pytree flattens (args, kwargs):
+    an ATen op takes tensors, lists of them and plain values, so a walk of
+    the lists does (a pytree flatten costs dozens of Python calls per op,
+    and this runs at every op of an eager pass)."""
+    out = []
+    _collect(args, out)
+    if kwargs:
+        _collect(kwargs.values(), out)
+    return out
+
+
+def _collect(items, out):
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            _collect(a, out)
+        elif isinstance(a, dict):
+            _collect(a.values(), out)
 
 
 def _fresh(func, out):
@@ -122,6 +143,7 @@ def _fresh(func, out):
 
 
 _OUT = {}
+_NAME = {}      # op -> str(op), which formats a string each time
 
 
 def out_overload(func):
@@ -183,7 +205,9 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         kwargs = kwargs or {}
         if _is_quiet():
             return func(*args, **kwargs)
-        name = str(func)
+        name = _NAME.get(func)
+        if name is None:
+            name = _NAME[func] = str(func)
         n = self.count.get(name, 0)
         self.count[name] = n + 1
         key = (name, n)
