@@ -116,7 +116,7 @@ def _text(v):
     return str(int(v)) if isinstance(v, bool) else str(v)
 
 
-def environment_settings(given, package, options, where="vmmrt.torch"):
+def environment_settings(given, package, options, where="vmmrt.torch", stacklevel=3):
     """The VMMRT_* environment against what the runtime is asked for, before it
     opens. Every variable is parsed by the library (vmmrt.environment_options),
     so a malformed one is an error here as in the C tools, even for an option
@@ -127,7 +127,8 @@ def environment_settings(given, package, options, where="vmmrt.torch"):
     variable that says otherwise than an argument (or than the package,
     or than one of ``options``) is one warning naming both, and which one
     the runtime takes ("environment" option: fallback, the argument;
-    override, the variable)."""
+    override, the variable), attributed ``stacklevel`` frames up: the
+    caller of the public function that asked."""
     opts = runtime_options(options)
     env = vmmrt.environment_options(str(opts["environment"]))
     override = str(opts["environment"]) == "override"
@@ -144,7 +145,7 @@ def environment_settings(given, package, options, where="vmmrt.torch"):
         warnings.warn("%s: %s: %s" % (where, "; ".join(clashes), "the variable applies (options={'environment': "
                                       "'override'})" if override else "the argument applies (an argument beats the "
                                       "environment; options={'environment': 'override'} lets the variable win)"),
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=stacklevel)
     out = {}
     for k, v in given.items():
         if v is None:
