@@ -43,8 +43,9 @@ def _kernel_copy(region, ptr, device):
 class Pass:
     """The context of one pass: set ``outputs`` to what the forward returned."""
 
-    def __init__(self, layer, kind, stream=None, inputs=()):
+    def __init__(self, layer, kind, stream=None, inputs=(), current=None):
         self.layer, self.kind, self.stream = layer, kind, stream
+        self.current = current      # the torch stream that stream is, if the caller has it (forward_begin)
         self.inputs = inputs        # where a walk back from the outputs stops (_compiled.py)
         self.outputs = ()
         self.record = True
@@ -70,7 +71,7 @@ class Pass:
             self.rec.guard = lay._guard
             self.placed = [] if lay.compiled else lay.placements()
             if self.kind == "eager":
-                lay.forward_begin(self.stream, eager=True)
+                lay.forward_begin(self.stream, eager=True, current=self.current)
                 if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
                     # The layer's own ops write the slot: it must be free
                     # (its bank's D2H done) or mapped (remap) before they
@@ -199,8 +200,10 @@ class LayerOffload:
     def capturing(self, stream, inputs=()):
         return Pass(self, "capture", stream, inputs)
 
-    def offloading(self, stream, inputs=()):
-        return Pass(self, "eager", stream, inputs)
+    def offloading(self, stream, inputs=(), current=None):
+        """An eager pass; ``current``: the torch stream ``stream`` is, if the
+        caller has it (else asked when needed)."""
+        return Pass(self, "eager", stream, inputs, current)
 
     def capturing_backward(self):
         lay = self
