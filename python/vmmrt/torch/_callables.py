@@ -50,6 +50,7 @@ class Runner:
         self.sample_kwargs = dict(sample_kwargs)
         self.out_consts = {}
         self.n_out = 0              # the forward's output leaves (split_outputs)
+        self._out_plain = None      # "tensor" or "tuple" when the output is one of those (split_outputs)
         self.params = tuple(self.module.parameters()) if self.module is not None else ()
         # What the graphs and the offload's record of what stays hold on to:
         # each parameter's object and address (see check_params).
@@ -78,7 +79,7 @@ class Runner:
         self.acc_grad_inputs = None       # grads="accumulate": the sample's gradients added into in the graph
         self.acc_shared = False           # grads="accumulate": those share the static gradients' memory
         self.pinned_grads = None          # a gradient slot kept mapped under static buffers in it
-        self.pending = False              # its forward ran and its backward has not (graphed.py)
+        self.pending = False              # its forward ran and its backward has not (_call.py)
 
     @property
     def n_user(self):
@@ -145,9 +146,17 @@ class Runner:
         leaves, self.out_spec = _compat.tree_flatten(out)
         self.out_consts = {k: o for k, o in enumerate(leaves) if not isinstance(o, torch.Tensor)}
         self.n_out = len(leaves)
+        # The common outputs, joined at every call without pytree: a tensor,
+        # or a plain tuple of tensors.
+        self._out_plain = ("tensor" if isinstance(out, torch.Tensor) else
+                           "tuple" if type(out) is tuple and all(isinstance(o, torch.Tensor) for o in out) else None)
         return [o for o in leaves if isinstance(o, torch.Tensor)]
 
     def join_outputs(self, tensors):
+        if self._out_plain == "tensor":
+            return tensors[0]
+        if self._out_plain == "tuple":
+            return tuple(tensors)
         it = iter(tensors)
         leaves = [self.out_consts[k] if k in self.out_consts else next(it) for k in range(self.n_out)]
         return _compat.tree_unflatten(leaves, self.out_spec)
