@@ -13,6 +13,7 @@ import collections
 import contextlib
 import os
 import sys
+import types
 
 import pytest
 import torch
@@ -299,3 +300,28 @@ def test_python_calls_of_an_eager_step_stay_under_the_ceiling():
         assert n <= EAGER_CEILING, n
     finally:
         off.close()
+
+
+def test_a_call_asks_for_the_current_stream_of_the_runtimes_device(monkeypatch):
+    """torch.cuda.current_stream() without a device finds the current one
+    through torch.cuda.is_available, which reads the environment (torch 2:
+    PYTORCH_NVML_BASED_CUDA_CHECK) at every call: the per-call paths name
+    the runtime's device, decided at build (CUDA's, driven here without
+    one)."""
+    from vmmrt.torch import _call, eager
+
+    class Stream:
+        cuda_stream = 0x5eed
+    asked = []
+
+    def current_stream(device=None):
+        asked.append(device)
+        return Stream
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    off = types.SimpleNamespace(host=False, device=torch.device("cuda", 3))
+    assert _call.stream_source(off)() == (0x5eed, Stream)
+    assert eager.streams(off) == (0x5eed, Stream)
+    assert asked == [3, 3]
+    host = types.SimpleNamespace(host=True, device=torch.device("cpu"))
+    assert _call.stream_source(host)() == (None, None) and eager.streams(host) == (None, None)
+    assert asked == [3, 3]

@@ -37,13 +37,16 @@ from vmmrt.torch import _compat, _contracts, static_grads
 def stream_source(off):
     """The function a call asks for its stream: (the library's stream handle,
     the torch stream or None). Host backend (CPU tensors): the host's
-    default stream, and no torch stream; CUDA: the current stream, asked of
-    torch once."""
+    default stream, and no torch stream; CUDA: the current stream of the
+    runtime's device, asked of torch once. (The device is given: asked
+    without one, torch.cuda.current_stream finds the current device through
+    torch.cuda.is_available, which reads the environment, at every call.)"""
     if off.host:
         return _host_stream
+    index = off.device.index
 
     def cuda():
-        cur = torch.cuda.current_stream()
+        cur = torch.cuda.current_stream(index)
         return cur.cuda_stream, cur
     return cuda
 

@@ -31,7 +31,7 @@ def streams(off):
     asked once per forward or backward of a call."""
     if off.host:
         return None, None
-    cur = torch.cuda.current_stream()
+    cur = torch.cuda.current_stream(off.device.index)   # with the device: see _call.stream_source
     return cur.cuda_stream, cur
 
 

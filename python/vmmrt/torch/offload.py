@@ -223,7 +223,7 @@ class Offload:
         ev = self._started.get(key)
         if ev is None:
             ev = self._started[key] = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream() if current is None else current)
+        ev.record(torch.cuda.current_stream(self.device.index) if current is None else current)
 
     def map_for_use(self, lay: LayerOffload, backward: bool, backing: Backing, stream: vmmrt.Stream,
                     eager: bool = False, current: Any = None) -> None:
@@ -269,7 +269,7 @@ class Offload:
             if self._now_event is None:
                 self._now_event = torch.cuda.Event()
             ev = self._now_event
-            ev.record(torch.cuda.current_stream() if current is None else current)
+            ev.record(torch.cuda.current_stream(self.device.index) if current is None else current)
         return ev
 
     def gpu_reached_previous(self, lay: LayerOffload, backward: bool) -> None:
