@@ -284,13 +284,13 @@ class Offload:
         for what is queued before it (the optimizer step) to finish."""
         if self.host or self.map_ahead == 0:
             return
-        before = self._prev.get((lay.name, bool(backward)), ())
+        before = self._prev.get(lay.keys[bool(backward)], ())
         if len(before) >= self.map_ahead:
             ev = self._started.get(before[self.map_ahead - 1])
             if ev is not None:
                 ev.synchronize()
         else:
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream(self.device.index).synchronize()
 
     def flush(self) -> None:
         """Releases that fell due while a graph was being captured. (Run at
