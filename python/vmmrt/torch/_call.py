@@ -100,7 +100,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
             lay.forward_end(s)
             r.pending = True
             outs = tuple(o.detach() for o in static_out)
-            ctx.watch = _contracts.watch(r, watch_in, watch_out, inputs, outs) if watching else None
+            ctx.watch = _contracts.watch(watch_in, watch_out, inputs, outs) if watching else None
             return outs
 
         @staticmethod
