@@ -134,7 +134,8 @@ def _grad_mode(runner, stream):
         return None
     runner.layer.offload.map_for_use(runner.layer, True, g.backing, stream, eager=True)
     base = g.backing.tensor(stream)
-    return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static)
+    return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static,
+                      record=False)
 
 
 def wrap(runner, node=None):

@@ -81,7 +81,8 @@ class Pass:
                     lay.offload.runtime.stream_synchronize(self.stream)
             lay.group.begin_capture()
             if self.placed:
-                self.mode = place.Mode(dev, self.placed, lay.births, lay.static)
+                # births are discovery's to record: this pass only places
+                self.mode = place.Mode(dev, self.placed, lay.births, lay.static, record=False)
         lay.last_rec = self.rec
         if not lay.compiled:
             self._hooks = self.rec.hooks(self.mode)
