@@ -464,7 +464,7 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
         if collecting:
             gc.enable()
     if inner is not None:
-        _reset_capture_state(stream)
+        _compat.end_abandoned_capture(stream)
         inner = original_error(inner, [r.layer.last_rec]) or inner
         r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
         if isinstance(inner, Error):
@@ -476,21 +476,6 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
                     "captured, such as a host synchronization, .item(), or a shape that depends on data?): "
                     "%s: %s" % (what, type(inner).__name__, inner), "layer %r" % r.name) from inner
     return result
-
-
-def _reset_capture_state(stream):
-    """A capture the driver invalidated (a .item(), a host sync) makes
-    CUDAGraph.capture_end raise before it ends the CUDA generator's capture,
-    which then refuses every later random number outside a graph ("Offset
-    increment outside graph capture"). An empty capture on the same stream
-    begins and ends it again."""
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            pass
-        del g
-    except Exception:  # the original failure is what the caller reports
-        pass
 
 
 def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses):
