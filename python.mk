@@ -16,6 +16,7 @@ vmmrt_py_core = \
 vmmrt_py_torch = \
 	python/vmmrt/torch/__init__.py \
 	python/vmmrt/torch/_address.py \
+	python/vmmrt/torch/_call.py \
 	python/vmmrt/torch/backing.py \
 	python/vmmrt/torch/budget.py \
 	python/vmmrt/torch/_callables.py \
@@ -56,6 +57,7 @@ vmmrt_py_tests = \
 	python/tests/conftest.py \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_bench.py \
+	python/tests/test_call_path.py \
 	python/tests/test_driver_calls.py \
 	python/tests/test_memplan.py \
 	python/tests/test_memplan_gpu.py \
@@ -64,6 +66,7 @@ vmmrt_py_tests = \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \
 	python/tests/test_grads.py \
+	python/tests/test_abandoned_capture.py \
 	python/tests/test_lifetime.py \
 	python/tests/test_select.py \
 	python/tests/test_stream_maps.py \

@@ -5,6 +5,7 @@ JSON. The numbers it reports on a GPU are only as good as these."""
 import json
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -455,7 +456,7 @@ def test_alone_check_compares_within_the_tolerance():
         _pt("ckpt 2", "torch", 120.0, 800, option="ckpt", param=2),
         _pt("vmmrt none", "vmmrt", 90.0, 1000, option="none")]}]}
     args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1, attention="auto",
-                           dtype="bf16", device="cuda", smoke=False, check_tolerance=0.03)
+                           dtype="bf16", device="cuda", smoke=False, check_tolerance=0.03, check_repeats=0)
     asked = []
 
     def runner(argv):
@@ -465,6 +466,38 @@ def test_alone_check_compares_within_the_tolerance():
     out = alone.check(doc, args, runner)
     assert len(asked) == 2 and "--k" in asked[1] and asked[1][asked[1].index("--k") + 1] == "2"
     assert (out["agree"], out["disagree"]) == (1, 1) and "1 of 2" in out["line"]
+
+
+def test_alone_check_tells_the_options_own_spread_from_a_front_error():
+    """A point that differs is run alone again: the front's figures inside
+    the spread of those fresh processes (widened by the tolerance) are said
+    to be, and not counted as agreeing; outside it, they differ."""
+    from types import SimpleNamespace
+    from vmmrt.torch.bench import alone
+    assert alone.spread_covers({"step_ms": 115.0, "peak": 1000}, [{"step_ms": 100.0, "peak": 990},
+                                                                   {"step_ms": 120.0, "peak": 1010}])[0]
+    assert not alone.spread_covers({"step_ms": 130.0, "peak": 1000}, [{"step_ms": 100.0, "peak": 1000},
+                                                                       {"step_ms": 120.0, "peak": 1000}])[0]
+    ok, ts, ps = alone.spread_covers({"step_ms": 100.0, "peak": 1100}, [{"step_ms": 100.0, "peak": 1000},
+                                                                         {"step_ms": 101.0, "peak": 1050}])
+    assert not ok and abs(ts - 0.01) < 1e-9 and abs(ps - 0.05) < 1e-9
+    doc = {"fronts": [{"title": "t", "loop": "set_to_none", "shape": {"name": "launch"}, "points": [
+        _pt("eager", "torch", 100.0, 1000, option="eager", param=None),
+        _pt("ckpt 2", "torch", 120.0, 800, option="ckpt", param=2)]}]}
+    args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1, attention="auto",
+                           dtype="bf16", device="cuda", smoke=False, check_tolerance=0.03, check_repeats=2)
+    eager = iter([110.0, 95.0, 105.0])          # differs once; its own runs span the front's 100
+
+    def runner(argv):
+        if argv[argv.index("--option") + 1] == "eager":
+            return {"step_ms": next(eager), "peak": 1000 << 20}
+        return {"step_ms": 150.0, "peak": 800 << 20}   # always 25 % off: a front error
+    out = alone.check(doc, args, runner)
+    eager_row, ckpt_row = out["rows"]
+    assert not eager_row["agree"] and eager_row["within_spread"] and len(eager_row["alone_runs"]) == 3
+    assert not ckpt_row["agree"] and not ckpt_row["within_spread"]
+    assert (out["agree"], out["within_spread"], out["disagree"]) == (0, 1, 1)
+    assert "1 more lie within the spread of 3 fresh processes" in out["line"]
 
 
 def test_alone_measures_one_option_on_the_cpu():
@@ -562,9 +595,22 @@ def test_front_budget_below_the_builds_smallest_is_given_its_smallest(monkeypatc
     from vmmrt.torch.bench import frontrun
     asked = []
 
+    left = []
+
+    class _Graphs:
+        pass
+
     def fake(mods, samples, memory_budget=None, **kw):
         asked.append(memory_budget.limit)
+        # a build starts clean: no gradient of an earlier one, whose graphs
+        # are gone (a failed build's traceback holds them while it is handled)
+        assert not any(p.grad is not None for m in mods for p in m.parameters())
+        assert all(r() is None for r in left)
+        graphs = _Graphs()
+        for m in mods:
+            m(torch.randn(3, 8)).sum().backward()        # its warm-up's gradients
         if memory_budget.limit < 3639 << 20:
+            left.append(weakref.ref(graphs))
             raise vt.BudgetError("too small", budget=memory_budget.limit, smallest=3639 << 20)
         return mods
     monkeypatch.setattr(vt, "make_graphed_callables", fake)
@@ -577,6 +623,9 @@ def test_front_budget_below_the_builds_smallest_is_given_its_smallest(monkeypatc
     assert "3639 MiB" in built.note and "3635 MiB asked" in built.note
     # far below the smallest (more than 2 %): a planner fault, not rounding: it fails
     asked.clear()
+    left.clear()
+    for m in layers:
+        m.zero_grad(set_to_none=True)
     with pytest.raises(vt.BudgetError):
         frontrun.build(frontrun.Option("budget 3000 MiB", "vmmrt", "budget", 3000 << 20), layers,
                        lambda: torch.randn(3, 8, requires_grad=True), args, 0, False)

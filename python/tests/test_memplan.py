@@ -404,3 +404,33 @@ def test_a_framework_driving_its_own_runners_plans_them_too():
         assert "memory plan:" in off.describe()
     finally:
         off.close()
+
+
+@pytest.mark.parametrize("mode", ["none", "pingpong"])
+def test_the_graphed_call_path_on_the_plan_makes_no_driver_call(monkeypatch, mode):
+    """The graphs=True call path (vmmrt.torch._call: the hooks around each
+    replay, the gradients of grads="mapped" through Grads.before_backward),
+    driven on the host backend with graphs that capture nothing
+    (test_call_path.py's harness): once the plan is made, no step maps or
+    releases anything, and every slot is on the pages."""
+    import contextlib
+    import test_call_path as cp
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", cp._Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    g, off, _ = cp._graphed_on_host(mode, "mapped")
+    off.plan_memory()           # as make_graphed_callables does after the captures
+    try:
+        step = cp._stepper(g)
+        calls = []
+        for _ in range(4):
+            before = off.stats()["driver_calls"]
+            step()
+            _settle(off)
+            calls.append(off.stats()["driver_calls"] - before)
+        assert calls[2:] == [0, 0], calls
+        assert all(e.backing.bound for e in off.memplan.entries) and off.memplan.entries
+        assert any(it.kind == "grads" and it.shared for it in off.memplan.plan.items)
+        assert off.stats()["plan_conflicts"] == 0
+    finally:
+        off.close()

@@ -10,6 +10,8 @@ import ctypes
 
 import torch
 
+from vmmrt.torch import _compat
+
 # __cuda_array_interface__ typestrs by element size: the tensor is made with
 # an integer type of the same size (types every PyTorch has), then viewed as
 # the real dtype (bf16 and bool have no typestr of their own).
@@ -36,7 +38,7 @@ def owned_tensor_at(addr, nbytes, dtype, device):
     alive until the storage dies (every view of it gone): a weakref.finalize
     on the owner runs then, which is how memory behind a tensor learns that
     nobody points at it any more."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = _compat.itemsize(dtype)
     count = nbytes // itemsize
     device = torch.device(device)
     if device.type == "cuda":

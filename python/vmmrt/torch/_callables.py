@@ -50,11 +50,13 @@ class Runner:
         self.sample_kwargs = dict(sample_kwargs)
         self.out_consts = {}
         self.n_out = 0              # the forward's output leaves (split_outputs)
+        self._out_plain = None      # "tensor" or "tuple" when the output is one of those (split_outputs)
         self.params = tuple(self.module.parameters()) if self.module is not None else ()
         # What the graphs and the offload's record of what stays hold on to:
         # each parameter's object and address (see check_params).
         self.param_names = tuple(n for n, _ in self.module.named_parameters()) if self.module is not None else ()
         self.param_ptrs = tuple(q.data_ptr() for q in self.params)
+        self._param_slots = _param_slots(self.module) if self.module is not None else ()
         self.buffers = tuple(self.module.buffers()) if self.module is not None else ()
         self.layer = None
         self.out_spec = None
@@ -77,7 +79,7 @@ class Runner:
         self.acc_grad_inputs = None       # grads="accumulate": the sample's gradients added into in the graph
         self.acc_shared = False           # grads="accumulate": those share the static gradients' memory
         self.pinned_grads = None          # a gradient slot kept mapped under static buffers in it
-        self.pending = False              # its forward ran and its backward has not (graphed.py)
+        self.pending = False              # its forward ran and its backward has not (_call.py)
 
     @property
     def n_user(self):
@@ -94,6 +96,9 @@ class Runner:
         other leaves must be the sample's. ``is_first_microbatch`` (which
         TransformerEngine's graphed callables take for FP8 weight caching) is
         accepted and has no effect."""
+        if not kwargs and not self.kw_keys and not self.in_consts and \
+                all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
+            return list(args)        # flat tensors, as pytree would flatten them (the common call)
         where = "layer %r" % self.name
         kwargs = {k: v for k, v in kwargs.items() if k != "is_first_microbatch" or k in self.kw_keys}
         missing = [k for k in self.kw_keys if k not in kwargs]
@@ -141,9 +146,17 @@ class Runner:
         leaves, self.out_spec = _compat.tree_flatten(out)
         self.out_consts = {k: o for k, o in enumerate(leaves) if not isinstance(o, torch.Tensor)}
         self.n_out = len(leaves)
+        # The common outputs, joined at every call without pytree: a tensor,
+        # or a plain tuple of tensors.
+        self._out_plain = ("tensor" if isinstance(out, torch.Tensor) else
+                           "tuple" if type(out) is tuple and all(isinstance(o, torch.Tensor) for o in out) else None)
         return [o for o in leaves if isinstance(o, torch.Tensor)]
 
     def join_outputs(self, tensors):
+        if self._out_plain == "tensor":
+            return tensors[0]
+        if self._out_plain == "tuple":
+            return tuple(tensors)
         it = iter(tensors)
         leaves = [self.out_consts[k] if k in self.out_consts else next(it) for k in range(self.n_out)]
         return _compat.tree_unflatten(leaves, self.out_spec)
@@ -178,6 +191,8 @@ class Runner:
         gradients going nowhere: refused. DDP keeps the parameters in place."""
         if self.module is None:
             return
+        if _params_unchanged(self._param_slots, self.params, self.param_ptrs):
+            return
         now = tuple(self.module.parameters())
         why = None
         if len(now) != len(self.params):
@@ -206,6 +221,38 @@ class Runner:
         full = [self.in_consts[k] if k in self.in_consts else next(it) for k in range(self.n_leaves)]
         args, kw = _compat.tree_unflatten(full, self.in_spec)
         return (self.orig_forward or self.fn)(*args, **dict(zip(self.kw_keys, kw)))
+
+
+def _param_slots(module):
+    """Where each of a module's parameter dicts is, and how many entries it has:
+    (the dicts with their sizes, then per parameter (its dict, its name in it)),
+    in named_parameters' order, so that a call checks its parameters without
+    walking the module tree (Runner.check_params)."""
+    owners = {}
+    slots = []
+    for name, _ in module.named_parameters():
+        path, _, leaf = name.rpartition(".")
+        sub = module.get_submodule(path) if path else module
+        owners[id(sub._parameters)] = sub._parameters
+        slots.append((sub._parameters, leaf))
+    return tuple((d, len(d)) for d in owners.values()), tuple(slots)
+
+
+def _params_unchanged(slots, params, ptrs):
+    """True when every parameter is still the object graphed, in its module's
+    dict, at the address graphed, and no dict gained or lost one. A change is
+    then described by the full walk in check_params (a parameter added in a
+    submodule added since is seen by neither: the graphs never read it)."""
+    if not slots:
+        return False
+    sizes, where = slots
+    for d, n in sizes:
+        if len(d) != n:
+            return False
+    for (d, leaf), p, ptr in zip(where, params, ptrs):
+        if d.get(leaf) is not p or p.data_ptr() != ptr:
+            return False
+    return True
 
 
 def _same_constant(a, b):

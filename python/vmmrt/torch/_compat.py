@@ -13,9 +13,24 @@ HAS_SDPA = hasattr(torch.nn.functional, "scaled_dot_product_attention")
 
 
 def storage_of(t):
-    """(data_ptr, nbytes) of the storage behind t."""
-    s = t.untyped_storage() if HAS_UNTYPED_STORAGE else t.storage()
+    """(data_ptr, nbytes) of the storage behind t. (torch 1.13: the untyped
+    storage itself; Tensor.storage() wraps it in a TypedStorage first, a
+    dozen Python calls for each of the many tensors an eager pass asks
+    about.)"""
+    s = t.untyped_storage() if HAS_UNTYPED_STORAGE else t._storage()
     return s.data_ptr(), s.nbytes()
+
+
+_ITEMSIZE = {}
+
+
+def itemsize(dtype):
+    """Bytes per element of dtype, asked of torch once per dtype (it takes a
+    tensor to ask: one torch.empty, not one per tensor built over a slot)."""
+    n = _ITEMSIZE.get(dtype)
+    if n is None:
+        n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return n
 
 
 def storage_offset_bytes(t):
@@ -40,9 +55,19 @@ def cuda_available():
     return torch.cuda.is_available()
 
 
+_cuda = None
+
+
 def is_capturing():
-    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
-    if not torch.cuda.is_available():
+    """Whether the current CUDA stream is capturing a graph (False without
+    CUDA). Asked in the per-call hooks (a release, a flush): whether there is
+    CUDA at all is asked of torch once per process (torch.cuda.is_available
+    reads the environment and counts devices each time; the answer does not
+    change in a running process: torch caches the device count itself)."""
+    global _cuda
+    if _cuda is None:
+        _cuda = torch.cuda.is_available()
+    if not _cuda:
         return False
     return torch.cuda.is_current_stream_capturing()
 
@@ -60,22 +85,27 @@ def ddp_forward_active():
     wrapped module's forward (torch 1.13 to 2.11, for TorchDynamo). False where
     torch has no such attribute, and under DDP's "python reducer" (compiled
     autograd), which does not set it."""
+    global _ddp_active
+    if _ddp_active is None:
+        try:
+            from torch.nn.parallel import DistributedDataParallel
+            _ddp_active = getattr(DistributedDataParallel, "_get_active_ddp_module", None) or False
+        except ImportError:
+            _ddp_active = False
     try:
-        from torch.nn.parallel import DistributedDataParallel
-    except ImportError:
-        return False
-    get = getattr(DistributedDataParallel, "_get_active_ddp_module", None)
-    try:
-        return get is not None and get() is not None
+        return bool(_ddp_active) and _ddp_active() is not None
     except Exception:
         return False
+
+
+_ddp_active = None     # DDP's getter, looked up once (it is asked at every grads="accumulate" call)
 
 
 def tensor_over(base, dtype, shape, stride, offset_bytes):
     """A new tensor (its own TensorImpl, no view of base as far as autograd
     knows) over base's storage: dtype, shape, strides, and its first element
     offset_bytes from the storage's start. base's storage must hold it."""
-    item = torch.empty((), dtype=dtype).element_size()
+    item = itemsize(dtype)
     if offset_bytes % item:
         raise ValueError("offset %d is not a multiple of %s's size" % (offset_bytes, dtype))
     t = torch.empty((0,), dtype=dtype, device=base.device)
@@ -86,3 +116,20 @@ def tensor_over(base, dtype, shape, stride, offset_bytes):
         typed = torch.storage.TypedStorage(wrap_storage=base.storage().untyped(), dtype=dtype)
         t.set_(typed, offset_bytes // item, tuple(shape), tuple(stride))
     return t
+
+
+def end_abandoned_capture(stream=None):
+    """After a capture the driver invalidated (a .item(), a host sync, an op
+    on the legacy stream), CUDAGraph.capture_end raises before it ends the
+    CUDA generator's capture, and the generator then refuses every later
+    random number outside a graph ("Offset increment outside graph capture
+    encountered unexpectedly"). An empty capture on ``stream`` (torch's
+    capture stream if None) begins and ends it again. Never raises: the
+    failure that abandoned the capture is what a caller reports."""
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            pass
+        del g
+    except Exception:
+        pass

@@ -116,7 +116,7 @@ def _text(v):
     return str(int(v)) if isinstance(v, bool) else str(v)
 
 
-def environment_settings(given, package, options, where="vmmrt.torch"):
+def environment_settings(given, package, options, where="vmmrt.torch", stacklevel=3):
     """The VMMRT_* environment against what the runtime is asked for, before it
     opens. Every variable is parsed by the library (vmmrt.environment_options),
     so a malformed one is an error here as in the C tools, even for an option
@@ -127,7 +127,8 @@ def environment_settings(given, package, options, where="vmmrt.torch"):
     variable that says otherwise than an argument (or than the package,
     or than one of ``options``) is one warning naming both, and which one
     the runtime takes ("environment" option: fallback, the argument;
-    override, the variable)."""
+    override, the variable), attributed ``stacklevel`` frames up: the
+    caller of the public function that asked."""
     opts = runtime_options(options)
     env = vmmrt.environment_options(str(opts["environment"]))
     override = str(opts["environment"]) == "override"
@@ -144,7 +145,7 @@ def environment_settings(given, package, options, where="vmmrt.torch"):
         warnings.warn("%s: %s: %s" % (where, "; ".join(clashes), "the variable applies (options={'environment': "
                                       "'override'})" if override else "the argument applies (an argument beats the "
                                       "environment; options={'environment': 'override'} lets the variable win)"),
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=stacklevel)
     out = {}
     for k, v in given.items():
         if v is None:
@@ -276,20 +277,21 @@ class Watch:
 def watched(runner, rec):
     """Which arguments and outputs of a graphed runner the layer saves (from
     the capture pass's recorder): their in-place changes are the user's to
-    answer for, as autograd would refuse them eagerly."""
+    answer for, as autograd would refuse them eagerly. Returns (the
+    arguments, the outputs), each as (index, its name in a message), named
+    once here rather than at every call."""
     saved = rec.saved_storages if rec is not None else frozenset()
-    ins = [k for k, t in enumerate(runner.surface[:runner.n_user]) if t.numel()
-           and _compat.storage_of(t)[0] in saved]
-    outs = [k for k, t in enumerate(runner.static_outputs) if isinstance(t, torch.Tensor) and t.numel()
-            and _compat.storage_of(t)[0] in saved]
+    ins = [(k, "%s of the call" % describe_argument(runner, k)) for k, t in enumerate(runner.surface[:runner.n_user])
+           if t.numel() and _compat.storage_of(t)[0] in saved]
+    outs = [(k, "output %d of the layer, which its backward needs" % k) for k, t in enumerate(runner.static_outputs)
+            if isinstance(t, torch.Tensor) and t.numel() and _compat.storage_of(t)[0] in saved]
     return ins, outs
 
 
-def watch(runner, ins, outs, inputs, outputs):
-    items = [(weakref.ref(inputs[k]), inputs[k]._version, "%s of the call" % describe_argument(runner, k))
-             for k in ins]
-    items += [(weakref.ref(outputs[k]), outputs[k]._version, "output %d of the layer, which its backward needs" % k)
-              for k in outs]
+def watch(ins, outs, inputs, outputs):
+    """The Watch of one call (``ins``, ``outs``: :func:`watched`'s), or None."""
+    items = [(weakref.ref(inputs[k]), inputs[k]._version, what) for k, what in ins]
+    items += [(weakref.ref(outputs[k]), outputs[k]._version, what) for k, what in outs]
     return Watch(items) if items else None
 
 

@@ -23,9 +23,16 @@ from vmmrt.torch.saved import original_error
 def current_stream(off):
     """The stream the hooks go on: the current CUDA stream, or the host
     backend's default stream (NULL) for CPU tensors."""
+    return streams(off)[0]
+
+
+def streams(off):
+    """(the stream the hooks go on, the torch stream it is or None): torch is
+    asked once per forward or backward of a call."""
     if off.host:
-        return None
-    return torch.cuda.current_stream().cuda_stream
+        return None, None
+    cur = torch.cuda.current_stream(off.device.index)   # with the device: see _call.stream_source
+    return cur.cuda_stream, cur
 
 
 class _EagerLayer(torch.autograd.Function):
@@ -34,9 +41,9 @@ class _EagerLayer(torch.autograd.Function):
         n = runner.n_user
         detached = tuple(x.detach().requires_grad_(x.requires_grad) for x in inputs[:n])
         off = runner.layer.offload
-        stream = current_stream(off)
+        stream, cur = streams(off)
         with torch.enable_grad():
-            with runner.layer.offloading(stream, detached) as p:
+            with runner.layer.offloading(stream, detached, cur) as p:
                 out = runner.call(detached)
                 p.outputs = out
         leaves = runner.split_outputs(out)
@@ -66,8 +73,8 @@ class _EagerLayer(torch.autograd.Function):
         wrt_in = [k for k, x in enumerate(ctx.inner_in) if x.requires_grad]
         wrt_p = [k for k, p in enumerate(runner.params) if p.requires_grad]
         wrt = [ctx.inner_in[k] for k in wrt_in] + [runner.params[k] for k in wrt_p]
-        stream = current_stream(off)
-        lay.backward_begin(stream)
+        stream, cur = streams(off)
+        lay.backward_begin(stream, cur)
         if off.mode == "remap" and not off.host:
             # Eager, torch's own ops read the restored tensors, and some are
             # cudaMemcpyAsync (a clone), which the driver validates at enqueue:
@@ -127,7 +134,8 @@ def _grad_mode(runner, stream):
         return None
     runner.layer.offload.map_for_use(runner.layer, True, g.backing, stream, eager=True)
     base = g.backing.tensor(stream)
-    return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static)
+    return place.Mode(runner.layer.offload.device_type, g.placements(base), g.known, runner.layer.static,
+                      record=False)
 
 
 def wrap(runner, node=None):

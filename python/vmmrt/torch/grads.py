@@ -160,14 +160,15 @@ class Grads:
         return "foreign"
 
     # --------------------------------------------------------- per step
-    def before_backward(self, stream, where, lay=None):
+    def before_backward(self, stream, where, lay=None, current=None):
         """Choose the graph of this backward and get the memory ready (mapped
         once the GPU has begun the use before, the stream waiting for it: see
         Offload.map_for_use). Returns (accumulate, src, states): src
         is a tensor over the live memory that the gradients handed back are
-        made from."""
+        made from. ``current``: the torch stream ``stream`` is, if the caller
+        has it."""
         if lay is not None and self.backing.live == 0:
-            self.offload.map_for_use(lay, True, self.backing, stream)
+            self.offload.map_for_use(lay, True, self.backing, stream, current=current)
         states = [None if v is None else self.state(k, p) for k, (p, v) in enumerate(zip(self.params, self.views))]
         acc = "ours" in states
         src = None

@@ -21,12 +21,11 @@ import threading
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import (_callables, _compat, _compiled, _contracts, _te, budget, eager, pipeline, place, planner,
-                         recompute, static_grads)
+from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, pipeline, place,
+                         planner, recompute, static_grads)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
@@ -226,6 +225,45 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     _te.take_fp8(unknown)
     if unknown:
         _reject_unknown(unknown)
+    order, layers_per_chunk, layout, gens = _validate_args(
+        num_warmup_iters, allow_unused_input, pool, capture_error_mode, mode, lookahead, offload, graphs, grads, names,
+        options, margin, min_bytes, order, layers_per_chunk, map_ahead, retain_graph_in_backward,
+        pre_warmup_hook, post_warmup_hook, _order, _num_layers_per_chunk, _reuse_graph_input_output_buffers,
+        memory_budget, callables, generators)
+    just_one, runners, marks, uses, device = _prepare_runners(callables, sample_args, names, layout, sample_kwargs,
+                                                              gens, retain_graph_in_backward, graphs, offload, order)
+    gen_states = [g.get_state() for g in gens]
+    off, mode = _open_offload(runners, uses, device, mode, lookahead, options, min_bytes, map_ahead, graphs)
+    try:
+        stream = _warmup(runners, uses, off, num_warmup_iters, allow_unused_input, pre_warmup_hook,
+                         post_warmup_hook)
+        off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs)
+        if graphs:
+            captured = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
+            funcs = _calls(runners, off, captured)
+        else:
+            funcs = [recompute.wrap(r) if r.recompute else eager.wrap(r) for r in runners]
+        off.plan_memory(memory_plan)
+    except BaseException:
+        _close(off, runners)
+        raise
+    finally:
+        # Warm-up and capture draw random numbers: training starts from the
+        # generators' state before them, as TransformerEngine's does.
+        for g, st in zip(gens, gen_states):
+            g.set_state(st)
+    if layout is not None:
+        return _finish_pipeline(runners, funcs, off)
+    return _finish(runners, funcs, off, just_one)
+
+
+def _validate_args(num_warmup_iters, allow_unused_input, pool, capture_error_mode, mode, lookahead, offload, graphs,
+                   grads, names, options, margin, min_bytes, order, layers_per_chunk, map_ahead,
+                   retain_graph_in_backward, pre_warmup_hook, post_warmup_hook, _order, _num_layers_per_chunk,
+                   _reuse_graph_input_output_buffers, memory_budget, callables, generators):
+    """Every argument checked before anything is built: (order,
+    layers_per_chunk, the pipeline layout or None, the generators the graphs
+    register), TransformerEngine's names taken for ours."""
     _te.check_flags(retain_graph_in_backward, _reuse_graph_input_output_buffers, pre_warmup_hook, post_warmup_hook)
     order, layers_per_chunk = _te.pipeline_args(order, layers_per_chunk, _order, _num_layers_per_chunk)
     gens = _te.generators(generators)
@@ -265,10 +303,18 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                                                  ("offload='auto'", "offload=")))
     if memory_budget is not None:
         budget.check(memory_budget)
+    return order, layers_per_chunk, layout, gens
+
+
+def _prepare_runners(callables, sample_args, names, layout, sample_kwargs, gens, retain_graph, graphs, offload,
+                     order):
+    """(just_one, the runners, their mark_recompute() marks, their uses, the
+    device): one runner per callable (per (layer, microbatch) with order=),
+    checked as torch checks them; ``uses``: (backward, runner) in the order they run, every forward
+    then the backwards in reverse, or the pipeline's."""
     just_one, runners = _callables.prepare(callables, sample_args, names, layout, sample_kwargs)
     for r in runners:
-        r.generators, r.retain_graph = tuple(gens), retain_graph_in_backward
-    gen_states = [g.get_state() for g in gens]
+        r.generators, r.retain_graph = tuple(gens), retain_graph
     marks = recompute.marks(runners)
     if any(marks) and (order is not None or offload == "auto"):
         raise ValueError("mark_recompute() layers with %s: give memory_budget= (or a fraction) instead"
@@ -277,69 +323,71 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     if graphs and device.type != "cuda":
         raise ValueError("graphs=True needs CUDA tensors (sample arguments are on %s); use graphs=False for "
                          "eager offload" % device)
-    # (backward, runner) in the order they run: every forward, then the
-    # backwards in reverse, or the pipeline's order.
     if layout is None:
         uses = [(False, r) for r in runners] + [(True, r) for r in reversed(runners)]
     else:
         uses = [(b, runners[i]) for b, i in layout.uses()]
-    forwards = [r for b, r in uses if not b]
-    # The environment, checked once, against the caller's own arguments.
+    return just_one, runners, marks, uses, device
+
+
+def _open_offload(runners, uses, device, mode, lookahead, options, min_bytes, map_ahead, graphs):
+    """(the Offload, the mode asked): the runtime, with the environment checked
+    once against the caller's own arguments, and a layer (a group) per
+    runner, in forward order, and the order they run in."""
     s = _contracts.environment_settings({"mode": mode, "lookahead": lookahead}, runtime_options(device), options,
-                                        "vmmrt.torch.make_graphed_callables")
+                                        "vmmrt.torch.make_graphed_callables", stacklevel=4)
     mode, lookahead = s["mode"], s["lookahead"]
     off = Offload(mode="pingpong" if mode == "auto" else mode, lookahead=lookahead, device=device, options=options,
                   min_bytes=min_bytes, _settled=True)
     off.map_ahead = map_ahead
     try:
-        for r in forwards:                   # groups in forward order
-            static = r.params + r.buffers + (r.sample if graphs else ())
-            r.layer = off.layer(r.name, static=static)
-            r.layer.compiled = _compiled.is_compiled(r.fn)
+        for b, r in uses:
+            if not b:                        # groups in forward order
+                static = r.params + r.buffers + (r.sample if graphs else ())
+                r.layer = off.layer(r.name, static=static)
+                r.layer.compiled = _compiled.is_compiled(r.fn)
         off.set_order([(r.layer, b) for b, r in uses])
-        if pre_warmup_hook is not None:
-            pre_warmup_hook()
-        stream = _warmup(forwards, off, num_warmup_iters, allow_unused_input)
-        if post_warmup_hook is not None:
-            post_warmup_hook()
-        if grads == "mapped":
-            _make_grads(runners, off)
-        if layout is not None:
-            off.set_schedule([(r.layer, b) for b, r in uses])
-        plan = None
-        if memory_budget is not None or any(marks):
-            plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
-                                       budget.STRATEGIES if mode == "auto" else None)
-            if mode == "auto":          # the planner's strategy: another runtime, the same discovery
-                off = planner.adopt(off, plan, runners, uses)
-                if grads == "mapped":
-                    _make_grads(runners, off)
-            for r, c in zip(runners, plan.layers):
-                r.recompute = r.layer.recompute = c.action == "recompute"
-            off.allocate(plan=plan)
-            log.info("%s", plan.summary())
-        elif offload == "auto":
-            plan = _plan(runners, off, margin)
-            off.allocate(plan=plan)
-            log.info("%s", plan.summary())
-        else:
-            off.allocate(offload=float(offload))
-        if graphs:
-            funcs = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
-        else:
-            funcs = [recompute.wrap(r) if getattr(r, "recompute", False) else eager.wrap(r) for r in runners]
-        off.plan_memory(memory_plan)
     except BaseException:
         off.close()
         raise
-    finally:
-        # Warm-up and capture draw random numbers: training starts from the
-        # generators' state before them, as TransformerEngine's does.
-        for g, st in zip(gens, gen_states):
-            g.set_state(st)
+    return off, mode
+
+
+def _close(off, runners):
+    """A build that failed: its runtime goes (the planner's, if it made another)."""
+    off.close()
+    for r in runners:
+        if r.layer is not None:
+            r.layer.offload.close()
+
+
+def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs):
+    """After the warm-up: the gradients' slots, the pipeline's schedule, what
+    moves (a fraction, the bandwidth planner's "auto", or the budget
+    planner's plan, which may choose another mode: then another runtime,
+    returned), and the allocation with every fixed address learned."""
+    if grads == "mapped":
+        _make_grads(runners, off)
     if layout is not None:
-        return _finish_pipeline(runners, funcs, off)
-    return _finish(runners, funcs, off, just_one)
+        off.set_schedule([(r.layer, b) for b, r in uses])
+    if memory_budget is not None or any(marks):
+        plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
+                                   budget.STRATEGIES if mode == "auto" else None)
+        if mode == "auto":          # the planner's strategy: another runtime, the same discovery
+            off = planner.adopt(off, plan, runners, uses)
+            if grads == "mapped":
+                _make_grads(runners, off)
+        for r, c in zip(runners, plan.layers):
+            r.recompute = r.layer.recompute = c.action == "recompute"
+        off.allocate(plan=plan)
+        log.info("%s", plan.summary())
+    elif offload == "auto":
+        plan = _plan(runners, off, margin)
+        off.allocate(plan=plan)
+        log.info("%s", plan.summary())
+    else:
+        off.allocate(offload=float(offload))
+    return off
 
 
 def _make_grads(runners, off):
@@ -384,18 +432,26 @@ def _side_stream():
     return s
 
 
-def _warmup(runners, off, iters, allow_unused_input):
-    """Warm-up and discovery, on a side stream on CUDA: autograd nodes made on
-    the legacy default stream and kept alive made a later backward capture
-    depend on it (cudaErrorStreamCaptureImplicit)."""
+def _warmup(runners, uses, off, iters, allow_unused_input, pre_hook=None, post_hook=None):
+    """Warm-up and discovery of every runner in forward order, between the
+    caller's hooks; returns the stream the captures go on (None on the host
+    backend). On a side stream on CUDA: autograd nodes made on the legacy
+    default stream and kept alive made a later backward capture depend on it
+    (cudaErrorStreamCaptureImplicit)."""
+    forwards = [r for b, r in uses if not b]
+    if pre_hook is not None:
+        pre_hook()
     if off.device_type != "cuda":
-        _callables.warmup(runners, iters, allow_unused_input)
-        return None
-    torch.cuda.synchronize()
-    stream = _side_stream()
-    with torch.cuda.stream(stream):
-        _callables.warmup(runners, iters, allow_unused_input)
-    torch.cuda.synchronize()
+        _callables.warmup(forwards, iters, allow_unused_input)
+        stream = None
+    else:
+        torch.cuda.synchronize()
+        stream = _side_stream()
+        with torch.cuda.stream(stream):
+            _callables.warmup(forwards, iters, allow_unused_input)
+        torch.cuda.synchronize()
+    if post_hook is not None:
+        post_hook()
     return stream
 
 
@@ -433,7 +489,7 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
         if collecting:
             gc.enable()
     if inner is not None:
-        _reset_capture_state(stream)
+        _compat.end_abandoned_capture(stream)
         inner = original_error(inner, [r.layer.last_rec]) or inner
         r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
         if isinstance(inner, Error):
@@ -447,81 +503,83 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
     return result
 
 
-def _reset_capture_state(stream):
-    """A capture the driver invalidated (a .item(), a host sync) makes
-    CUDAGraph.capture_end raise before it ends the CUDA generator's capture,
-    which then refuses every later random number outside a graph ("Offset
-    increment outside graph capture"). An empty capture on the same stream
-    begins and ends it again."""
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            pass
-        del g
-    except Exception:  # the original failure is what the caller reports
-        pass
-
-
 def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses):
     """Capture every runner's forward and backward graph in the order they will
     run (``uses``: (backward, runner) pairs), all in one pool: a replay in that
     order finds the pool's memory as its capture left it. With grads="mapped"
     a runner has two backward graphs (write and accumulate, vmmrt.torch.grads),
-    captured one after the other; one of them runs at each backward."""
+    captured one after the other; one of them runs at each backward. Returns
+    (forward, backward, accumulate or None) graphs per runner, every slot
+    released that nothing holds once the captures are over."""
     mempool = torch.cuda.graph_pool_handle() if pool is None else pool
-    handle = stream.cuda_stream
-    fwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
-    bwd_graphs = [torch.cuda.CUDAGraph() for _ in runners]
-    acc_graphs = [None for _ in runners]
-    for r in runners:
-        r.grad_mode = grads if grads != "mapped" else ("mapped" if r.grads is not None and r.grads.mapped
-                                                       else "static")
-        if getattr(r, "recompute", False):
-            r.grad_mode = "mapped" if r.grad_mode == "mapped" else "static"
-            recompute.prepare_graphs(r, fwd_graphs[r.index], bwd_graphs[r.index], off)
-    if grads == "accumulate":
-        static_grads.prepare_accumulate(runners)
-    # Every slot a capture writes is mapped before the first capture, and
-    # nothing is released until the last: a driver call of a worker during
-    # a "global" capture would invalidate it.
-    for b in off.backings:
-        b.ensure()
+    handle = stream.cuda_stream if stream is not None else None
+    captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]
+    _before_capture(runners, off, grads, captured)
     off.capturing = True
     try:
         for backward, r in uses:
-            if getattr(r, "recompute", False):
-                acc_graphs[r.index] = _capture_recomputed(r, backward, bwd_graphs[r.index] if backward else
-                                                          fwd_graphs[r.index], mempool, stream, error_mode,
-                                                          allow_unused_input) or acc_graphs[r.index]
+            fwd, bwd, acc = captured[r.index]
+            if r.recompute:
+                acc = _capture_recomputed(r, backward, bwd if backward else fwd, mempool, stream, error_mode,
+                                          allow_unused_input) or acc
             elif backward and r.grad_mode == "mapped":
-                acc_graphs[r.index] = torch.cuda.CUDAGraph()
-                _capture_backward_mapped(r, bwd_graphs[r.index], acc_graphs[r.index], mempool, stream, error_mode,
-                                         allow_unused_input)
+                acc = torch.cuda.CUDAGraph()
+                _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input)
                 if r.grad_mode != "mapped":
-                    acc_graphs[r.index] = None
+                    acc = None
             elif backward:
-                _capture_backward(r, bwd_graphs[r.index], mempool, stream, error_mode, allow_unused_input,
-                                  r.grad_mode)
+                _capture_backward(r, bwd, mempool, stream, error_mode, allow_unused_input, r.grad_mode)
             else:
-                _capture_forward(r, fwd_graphs[r.index], mempool, stream, error_mode, handle)
+                _capture_forward(r, fwd, mempool, stream, error_mode, handle)
+            captured[r.index] = (fwd, bwd, acc)
     finally:
         off.capturing = False
+    _after_capture(runners, off)
+    return captured
+
+
+def _before_capture(runners, off, grads, captured):
+    """Each runner's gradient mode as its graphs will have it, a recomputed
+    one's generator states, grads="accumulate"'s .grad tensors; and every slot
+    a capture writes mapped before the first capture, nothing released until
+    the last: a driver call of a worker during a "global" capture would
+    invalidate it."""
     for r in runners:
-        # The autograd graph of the forward capture is not needed any more:
-        # what it saved (capture-time tensors over the slots) goes with it.
+        r.grad_mode = grads if grads != "mapped" else ("mapped" if r.grads is not None and r.grads.mapped
+                                                       else "static")
+        if r.recompute:
+            r.grad_mode = "mapped" if r.grad_mode == "mapped" else "static"
+            recompute.prepare_graphs(r, captured[r.index][0], captured[r.index][1], off)
+    if grads == "accumulate":
+        static_grads.prepare_accumulate(runners)
+    for b in off.backings:
+        b.ensure()
+
+
+def _after_capture(runners, off):
+    """The captures' leftovers go: the autograd graph of each forward capture
+    (what it saved: capture-time tensors over the slots), and the memory of
+    every slot that no tensor holds now (released on the current stream)."""
+    for r in runners:
         r.static_outputs = tuple(o.detach() for o in r.static_outputs)
     gc.collect()
-    s = torch.cuda.current_stream().cuda_stream
+    s, _ = _call.stream_source(off)()
     for b in off.backings:
         if b.live == 0:
             b.release(s)
     off.flush()
-    # (parameter, its static gradient buffer) of every runner: see static_grads.unalias.
-    aliases = [(p, r.static_grad_inputs[r.n_user + k], r.grads.backing if r.pinned_grads is not None else None)
-               for r in runners for k, p in enumerate(r.params)
-               if r.grad_mode == "static" and r.static_grad_inputs[r.n_user + k] is not None]
-    return [_graphed(r, f, b, a, r.grad_mode, aliases) for r, f, b, a in zip(runners, fwd_graphs, bwd_graphs,
-                                                                              acc_graphs)]
+
+
+def _calls(runners, off, captured):
+    """The callable of each runner over its graphs (vmmrt.torch._call), with
+    what every call needs decided now."""
+    # (parameter, its static gradient buffer, its slot) of every runner: see static_grads.unalias.
+    aliases = static_grads.Aliases(
+        (p, r.static_grad_inputs[r.n_user + k], r.grads.backing if r.pinned_grads is not None else None)
+        for r in runners for k, p in enumerate(r.params)
+        if r.grad_mode == "static" and r.static_grad_inputs[r.n_user + k] is not None)
+    streams = _call.stream_source(off)
+    return [_call.make(r, fwd, bwd, acc, aliases, streams) for r, (fwd, bwd, acc) in zip(runners, captured)]
 
 
 def _capture_forward(r, graph, mempool, stream, error_mode, handle):
@@ -652,111 +710,6 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
                        for a, b in zip(r.static_grad_inputs, r.acc_grad_inputs))
     if not r.acc_shared:
         log.info("vmmrt: layer %r: the accumulate graph's input gradients have buffers of their own", r.name)
-
-
-def _graphed(r, fwd_graph, bwd_graph, acc_graph, grads, aliases):
-    lay = r.layer
-    mapped = r.grads if grads == "mapped" else None
-    acc_gin = getattr(r, "acc_grad_inputs", None)
-    n_user = r.n_user
-    static_in = r.surface
-    static_out = r.static_outputs
-    static_gout = r.static_grad_outputs
-    static_gin = r.static_grad_inputs
-    params = r.params
-    off = lay.offload
-    r.pending = False
-    off._abort_hooks.append(lambda: setattr(r, "pending", False))
-    watch_in, watch_out = _contracts.watched(r, lay.last_rec)
-    again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
-             "each (layer, microbatch) runner runs once per iteration (forward, then its backward)")
-
-    class Graphed(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *inputs):
-            if r.pending:
-                raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
-                            + again, "layer %r" % r.name)
-            ctx.epoch = off.epoch
-            static_grads.unalias(aliases)
-            for i in range(n_user):
-                if static_in[i].data_ptr() != inputs[i].data_ptr():
-                    static_in[i].copy_(inputs[i])
-            s = torch.cuda.current_stream().cuda_stream
-            lay.forward_begin(s)
-            fwd_graph.replay()
-            lay.forward_end(s)
-            r.pending = True
-            outs = tuple(o.detach() for o in static_out)
-            ctx.watch = _contracts.watch(r, watch_in, watch_out, inputs, outs)
-            return outs
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, *gouts):
-            if ctx.epoch != off.epoch:
-                raise _contracts.abandoned_error(r)
-            if not r.pending:
-                raise Error(_capi.E_INVALID_STATE, "backward without a forward (or twice for one forward)",
-                            "layer %r" % r.name)
-            err = ctx.watch.check("layer %r" % r.name) if ctx.watch is not None else None
-            if err is not None:
-                _contracts.abandon(off, str(err))
-                raise err
-            _contracts.backward_done(r)
-            for g, grad in zip(static_gout, gouts):
-                if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
-                    g.copy_(grad)
-            s = torch.cuda.current_stream().cuda_stream
-            if mapped is not None:
-                acc, src, states = mapped.before_backward(s, "layer %r" % r.name, lay)
-                lay.backward_begin(s)
-                (acc_graph if acc else bwd_graph).replay()
-                lay.backward_end(s)
-                r.pending = False
-                gin = acc_gin if acc else static_gin
-                pg = mapped.after_backward(acc, src, states)
-                return tuple(b.detach() if b is not None else None for b in gin[:n_user]) + tuple(pg)
-            if grads == "accumulate":
-                for p, acc in zip(params, r.acc):
-                    if acc is None:
-                        continue
-                    if p.grad is None:
-                        acc.zero_()
-                        p.grad = acc
-                    elif p.grad.data_ptr() != acc.data_ptr():
-                        acc.copy_(p.grad)
-                        p.grad = acc
-            lay.backward_begin(s)
-            bwd_graph.replay()
-            lay.backward_end(s)
-            r.pending = False
-            return tuple(b.detach() if b is not None else None for b in static_gin)
-
-    def functionalized(*user_args, **user_kwargs):
-        leaves = r.flatten_call(user_args, user_kwargs)
-        r.check_args(leaves, torch.is_grad_enabled())
-        lay.offload.check_usable()
-        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tuple(leaves) + params):
-            # No backward will come: replaying would leave the group's schedule
-            # waiting for it, so the callable runs eagerly.
-            return r.call(leaves)
-        r.check_params()
-        if grads == "accumulate" and _compat.ddp_forward_active():
-            raise Error(_capi.E_NOT_SUPPORTED, "grads='accumulate' under DistributedDataParallel: the backward graph "
-                        "adds into .grad itself, so no parameter's AccumulateGrad hook runs and DDP's reducer would "
-                        "never all-reduce these gradients (every rank would silently keep its own); use "
-                        "grads='static' (the default: the gradients go through autograd, and DDP's hooks run), or "
-                        "all-reduce .grad yourself after the backward without DDP", "layer %r" % r.name)
-        _contracts.forward_starts(r)
-        try:
-            out = Graphed.apply(*(tuple(leaves) + params))
-        except BaseException:
-            _contracts.forward_failed(r)
-            raise
-        return r.join_outputs(out)
-
-    return functionalized
 
 
 def _finish(runners, funcs, off, just_one):

@@ -43,8 +43,9 @@ def _kernel_copy(region, ptr, device):
 class Pass:
     """The context of one pass: set ``outputs`` to what the forward returned."""
 
-    def __init__(self, layer, kind, stream=None, inputs=()):
+    def __init__(self, layer, kind, stream=None, inputs=(), current=None):
         self.layer, self.kind, self.stream = layer, kind, stream
+        self.current = current      # the torch stream that stream is, if the caller has it (forward_begin)
         self.inputs = inputs        # where a walk back from the outputs stops (_compiled.py)
         self.outputs = ()
         self.record = True
@@ -70,7 +71,7 @@ class Pass:
             self.rec.guard = lay._guard
             self.placed = [] if lay.compiled else lay.placements()
             if self.kind == "eager":
-                lay.forward_begin(self.stream, eager=True)
+                lay.forward_begin(self.stream, eager=True, current=self.current)
                 if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
                     # The layer's own ops write the slot: it must be free
                     # (its bank's D2H done) or mapped (remap) before they
@@ -80,7 +81,8 @@ class Pass:
                     lay.offload.runtime.stream_synchronize(self.stream)
             lay.group.begin_capture()
             if self.placed:
-                self.mode = place.Mode(dev, self.placed, lay.births, lay.static)
+                # births are discovery's to record: this pass only places
+                self.mode = place.Mode(dev, self.placed, lay.births, lay.static, record=False)
         lay.last_rec = self.rec
         if not lay.compiled:
             self._hooks = self.rec.hooks(self.mode)
@@ -163,6 +165,7 @@ class LayerOffload:
     def __init__(self, offload, name, static_storages):
         self.offload = offload
         self.name = name
+        self.keys = ((name, False), (name, True))   # its uses (forward, backward) in the Offload's order
         self.static = frozenset(static_storages)
         self.group = offload.runtime.group(name)
         self.plan = None            # the discovery Recorder: signature and regions
@@ -198,8 +201,10 @@ class LayerOffload:
     def capturing(self, stream, inputs=()):
         return Pass(self, "capture", stream, inputs)
 
-    def offloading(self, stream, inputs=()):
-        return Pass(self, "eager", stream, inputs)
+    def offloading(self, stream, inputs=(), current=None):
+        """An eager pass; ``current``: the torch stream ``stream`` is, if the
+        caller has it (else asked when needed)."""
+        return Pass(self, "eager", stream, inputs, current)
 
     def capturing_backward(self):
         lay = self
@@ -387,20 +392,22 @@ class LayerOffload:
                 "moved": sum(r.nbytes for r in self.moving())}
 
     # ------------------------------------------------------------- hooks
-    def forward_begin(self, stream=None, eager=False):
+    def forward_begin(self, stream=None, eager=False, current=None):
+        """``current``: the torch stream that ``stream`` is, when the caller
+        has it already (vmmrt.torch._call asks torch once per hook pair)."""
         self._check_usable()
         self.offload.flush()
         if self.offload.memplan is not None:
             self.offload.memplan.forward_begin(self, stream)
         if self.resident is not None:
-            self.offload.map_for_use(self, False, self.resident, stream, eager)
+            self.offload.map_for_use(self, False, self.resident, stream, eager, current)
         self.group.forward_begin(stream)
-        self.offload.use_started(self, False)
+        self.offload.use_started(self, False, current)
 
     def forward_end(self, stream=None):
         self.group.forward_end(stream)
 
-    def backward_begin(self, stream=None):
+    def backward_begin(self, stream=None, current=None):
         self._check_usable()
         self.offload.flush()
         self.group.backward_begin(stream)
@@ -409,7 +416,7 @@ class LayerOffload:
             # waits here for the restore the stream waits for.
             self.offload.runtime.stream_synchronize(stream)
         self._restored = True
-        self.offload.use_started(self, True)
+        self.offload.use_started(self, True, current)
 
     def backward_end(self, stream=None):
         self._restored = False

@@ -20,7 +20,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, _contracts, select
+from vmmrt.torch import _compat, _contracts, backing as _backing, select
 from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
 
@@ -214,18 +214,20 @@ class Offload:
         for k, key in enumerate(steps):
             self._prev[key] = tuple(steps[k - j] for j in range(1, k + 1))
 
-    def use_started(self, lay: LayerOffload, backward: bool) -> None:
-        """Mark, on the current stream, where this use's GPU work begins."""
+    def use_started(self, lay: LayerOffload, backward: bool, current: Any = None) -> None:
+        """Mark, on the current stream, where this use's GPU work begins
+        (``current``: that stream, when the caller has it already: the
+        per-call path asks torch for it once per hook pair)."""
         if self.host:
             return
-        key = (lay.name, bool(backward))
+        key = lay.keys[bool(backward)]
         ev = self._started.get(key)
         if ev is None:
             ev = self._started[key] = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream())
+        ev.record(torch.cuda.current_stream(self.device.index) if current is None else current)
 
     def map_for_use(self, lay: LayerOffload, backward: bool, backing: Backing, stream: vmmrt.Stream,
-                    eager: bool = False) -> None:
+                    eager: bool = False, current: Any = None) -> None:
         """Map ``backing`` for this use, ``map_ahead`` uses ahead of the GPU
         (see :meth:`gpu_reached_previous` for why not further). One use or
         more ahead and not capturing, nobody waits: the worker maps once
@@ -237,7 +239,8 @@ class Offload:
         capture), with map_ahead=0, and for eager ops on CUDA (a copy is a
         cudaMemcpyAsync, which the driver checks when it is enqueued). On
         the host backend the CPU runs the use's ops itself: it waits for the
-        map after asking for it the same way."""
+        map after asking for it the same way. ``current``: the torch stream
+        ``stream`` is, when the caller has it (else asked when needed)."""
         if backing.mapped:
             return
         if backing.planned is not None and backing.planned.begin_use(stream):
@@ -246,11 +249,11 @@ class Offload:
             self.gpu_reached_previous(lay, backward)
             backing.ensure()
             return
-        backing.map_on_stream(self._map_point(lay, backward, stream), stream)
+        backing.map_on_stream(self._map_point(lay, backward, stream, current), stream)
         if self.host:
             backing.slot.wait()
 
-    def _map_point(self, lay: LayerOffload, backward: bool, stream: vmmrt.Stream) -> Any:
+    def _map_point(self, lay: LayerOffload, backward: bool, stream: vmmrt.Stream, current: Any = None) -> Any:
         """The event a stream-ordered map for this use follows."""
         if self.host:
             # The CPU is the device and is here already: what the host
@@ -261,7 +264,7 @@ class Offload:
                 self._close_hooks.append(self._host_event.destroy)
             self._host_event.record(stream)
             return self._host_event
-        before = self._prev.get((lay.name, bool(backward)), ())
+        before = self._prev.get(lay.keys[bool(backward)], ())
         ev = self._started.get(before[self.map_ahead - 1]) if len(before) >= self.map_ahead else None
         if ev is None:
             # The first uses of an iteration: after what is queued before
@@ -269,7 +272,7 @@ class Offload:
             if self._now_event is None:
                 self._now_event = torch.cuda.Event()
             ev = self._now_event
-            ev.record(torch.cuda.current_stream())
+            ev.record(torch.cuda.current_stream(self.device.index) if current is None else current)
         return ev
 
     def gpu_reached_previous(self, lay: LayerOffload, backward: bool) -> None:
@@ -284,17 +287,19 @@ class Offload:
         for what is queued before it (the optimizer step) to finish."""
         if self.host or self.map_ahead == 0:
             return
-        before = self._prev.get((lay.name, bool(backward)), ())
+        before = self._prev.get(lay.keys[bool(backward)], ())
         if len(before) >= self.map_ahead:
             ev = self._started.get(before[self.map_ahead - 1])
             if ev is not None:
                 ev.synchronize()
         else:
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream(self.device.index).synchronize()
 
     def flush(self) -> None:
-        """Releases that fell due while a graph was being captured."""
-        flush_late()
+        """Releases that fell due while a graph was being captured. (Run at
+        every hook: nothing is asked of torch unless something fell due.)"""
+        if _backing._late:
+            flush_late()
         if self._due and not self.capturing:
             due, self._due = self._due, set()
             for b in due:

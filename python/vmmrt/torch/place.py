@@ -64,10 +64,6 @@ class quiet:
         _tls.quiet -= 1
 
 
-def _is_quiet():
-    return getattr(_tls, "quiet", 0) > 0
-
-
 class Birth:
     """The op and output that allocated a storage, and what that output was."""
 
@@ -96,13 +92,34 @@ def _tensor_signature(args, kwargs, static):
     those that never move (parameters, buffers, static inputs: the same op
     applied to another weight is another op)."""
     sig = []
-    for a in _compat.tree_leaves(args, kwargs):
-        if isinstance(a, torch.Tensor):
-            strided = a.layout == torch.strided
-            ptr = _compat.storage_of(a)[0] if strided and a.device.type != "meta" else None
-            sig.append((a.dtype, tuple(a.shape), tuple(a.stride()) if strided else None,
-                        ptr if ptr in static else None))
+    for a in _tensor_args(args, kwargs):
+        strided = a.layout == torch.strided
+        ptr = _compat.storage_of(a)[0] if strided and a.device.type != "meta" else None
+        sig.append((a.dtype, tuple(a.shape), tuple(a.stride()) if strided else None,
+                    ptr if ptr in static else None))
     return tuple(sig)
+
+
+def _tensor_args(args, kwargs):
+    """An op's tensor arguments in the order pytree flattens (args, kwargs):
+    an ATen op takes tensors, lists of them and plain values, so a walk of
+    the lists does (a pytree flatten costs dozens of Python calls per op,
+    and this runs at every op of an eager pass)."""
+    out = []
+    _collect(args, out)
+    if kwargs:
+        _collect(kwargs.values(), out)
+    return out
+
+
+def _collect(items, out):
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            _collect(a, out)
+        elif isinstance(a, dict):
+            _collect(a.values(), out)
 
 
 def _fresh(func, out):
@@ -122,6 +139,7 @@ def _fresh(func, out):
 
 
 _OUT = {}
+_NAME = {}      # op -> str(op), which formats a string each time
 
 
 def out_overload(func):
@@ -165,12 +183,17 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
     :class:`Birth`, the latest at each address; ``by_key``: (op key, output)
     -> :class:`Birth`) and places the outputs of ``targets`` (a list of
     :class:`Placed`). ``known``: a discovery pass's ``by_key``, for the
-    outputs of a placed op that are not placed themselves."""
+    outputs of a placed op that are not placed themselves. ``record``
+    False: a pass that only places (an eager call's forward or backward)
+    keeps no births, and looks at an op's arguments only when it places
+    its output: the rest of its ops are counted and run, at the least cost
+    per op."""
 
-    def __init__(self, device_type, targets=(), known=None, static=frozenset()):
+    def __init__(self, device_type, targets=(), known=None, static=frozenset(), record=True):
         super().__init__()
         self.device_type = device_type
         self.static = static
+        self.record = record
         self.births = {}
         self.by_key = {}
         self.count = {}
@@ -181,14 +204,16 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _is_quiet():
+        if getattr(_tls, "quiet", 0) > 0:       # inside a quiet (read inline: this runs at every op)
             return func(*args, **kwargs)
-        name = str(func)
+        name = _NAME.get(func)
+        if name is None:
+            name = _NAME[func] = str(func)
         n = self.count.get(name, 0)
         self.count[name] = n + 1
         key = (name, n)
         want = self.targets.get(key)
-        sig = _tensor_signature(args, kwargs, self.static)
+        sig = _tensor_signature(args, kwargs, self.static) if want is not None or self.record else None
         if want is not None:
             out = self._place(func, key, args, kwargs, want, sig)
         else:
@@ -196,6 +221,8 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         if isinstance(out, (bool, int, float, complex)) and len(func._schema.returns) == 1 and \
                 str(func._schema.returns[0].type) == "Tensor":
             out = _rewrap(func, args, kwargs, out)
+        if not self.record:
+            return out
         for k, t in _fresh(func, out):
             if t.device.type == self.device_type:
                 ptr = _compat.storage_of(t)[0]

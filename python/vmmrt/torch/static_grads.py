@@ -6,6 +6,23 @@ preallocated .grad per parameter)."""
 import torch
 
 
+class Aliases:
+    """(parameter, its static gradient buffer, the slot under it or None) of
+    every grads="static" runner, and whether a backward of one ran since the
+    last :func:`unalias` (``dirty``): only AccumulateGrad, after such a
+    backward, makes a .grad that is a buffer, so a forward with none since
+    has nothing to look at (the check walks every runner's parameters)."""
+
+    __slots__ = ("items", "dirty")
+
+    def __init__(self, items):
+        self.items = tuple(items)
+        self.dirty = bool(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
 def unalias(aliases):
     """AccumulateGrad keeps a static gradient buffer itself as .grad when .grad
     was None (a tensor it may steal). The next replay of ANY graph may write
@@ -23,6 +40,8 @@ def unalias(aliases):
             if b is not None:
                 b.ensure()
             p.grad = g.clone()
+    if isinstance(aliases, Aliases):
+        aliases.dirty = False
 
 
 def prepare_accumulate(runners):

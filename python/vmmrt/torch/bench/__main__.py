@@ -152,6 +152,9 @@ def _parser():
                         "(python3 -m vmmrt.torch.bench.alone), its figures against the front's")
     p.add_argument("--check-tolerance", type=float, default=0.03,
                    help="--check-alone: the largest relative difference that agrees (default 0.03)")
+    p.add_argument("--check-repeats", type=int, default=2,
+                   help="--check-alone: a point that differs is run alone this many times more, to tell a "
+                        "front's error from the option's own spread across fresh processes (default 2)")
     return p
 
 
@@ -211,6 +214,8 @@ def parse(argv):
         p.error("--check-alone goes with --front")
     if a.front and a.budget_sweep:
         p.error("--front and --budget-sweep are two runs: give one")
+    if a.check_repeats < 0:
+        p.error("--check-repeats must be 0 or more")
     if not 0 < a.check_tolerance < 1:
         p.error("--check-tolerance: a fraction between 0 and 1 (0.03 is 3 %)")
     if a.iterations < 1 or a.warmup < 0:

@@ -32,13 +32,14 @@ was made: parameters, gradients and optimizer states are in it. A point
 that fails is reported and the others still run; the JSON is written after
 every point, so a run stopped by a time limit keeps what it measured.
 """
+import gc
 import os
 import time
 
 import torch
 
 import vmmrt.torch as vt
-from vmmrt.torch import budget, memory
+from vmmrt.torch import _compat, budget, memory
 from vmmrt.torch.bench import front, llama, loops, modes, progress, shapes, sweep
 
 MiB = float(1 << 20)
@@ -140,6 +141,7 @@ def build(opt, layers, sample, args, reserve, cuda):
                                                   names=["layer%d" % i for i in range(n)], mode=mode,
                                                   lookahead=args.lookahead, margin=args.margin, graphs=cuda,
                                                   memory_budget=b))
+        smallest = None
         try:
             seq = make(b)
         except vt.BudgetError as e:
@@ -148,11 +150,20 @@ def build(opt, layers, sample, args, reserve, cuda):
             # from: the lowest budget then asks for less than its smallest.
             if opt.kind != "budget" or not e.smallest or e.smallest > opt.param * 1.02:
                 raise
+            smallest = e.smallest
+        if smallest is not None:
+            # Out of the except block, whose traceback holds the failed
+            # build's frames: what it left (its warm-up's gradients, its
+            # graphs) would sit in the retry's static memory (on the H200,
+            # persistent loop, 256 MiB: the retry then found its smallest
+            # plan that much above the one it was given, and failed).
             for m in layers:
                 m.__dict__.pop("forward", None)
-            seq = make(vt.Budget(e.smallest, reserve=reserve))
-            note = "given %.0f MiB, the build's smallest plan (%.0f MiB asked)" % (e.smallest / MiB,
-                                                                                    opt.param / MiB)
+                m.zero_grad(set_to_none=True)
+            gc.collect()
+            fresh(cuda)
+            seq = make(vt.Budget(smallest, reserve=reserve))
+            note = "given %.0f MiB, the build's smallest plan (%.0f MiB asked)" % (smallest / MiB, opt.param / MiB)
         off = vt.offload_of(seq[0])
     else:
         raise ValueError("unknown option %r" % opt.kind)
@@ -312,6 +323,11 @@ class Front:
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
             grads = None
+            if self.cuda:
+                # torch's graphs of Megatron's checkpointed layers fail inside
+                # the capture (an op on the legacy stream, H200): without
+                # this every later point's random numbers fail too.
+                _compat.end_abandoned_capture()
         finally:
             if built is not None:
                 if getattr(built, "note", None):

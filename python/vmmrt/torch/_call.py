@@ -1,0 +1,181 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The per-call path of a graphed callable: everything one call does.
+
+make_graphed_callables (graphed.py) decides everything once, when it builds
+the callables: the static tensors a call fills and reads, the graphs, how
+the parameters' gradients reach ``.grad``, the names for messages, and how a
+call learns its stream (:func:`stream_source`). A call then does only this:
+
+forward
+    refuse a forward whose previous backward has not come; copy the
+    arguments into the static inputs (those that are not already them);
+    ``forward_begin`` (the layer's resident memory mapped, its group's
+    hook, where its GPU work begins), replay the forward graph,
+    ``forward_end``; hand autograd the outputs (one detached tensor each:
+    autograd needs its own) and, where the layer saves an argument or an
+    output, their versions to compare at the backward;
+backward
+    the contracts (the iteration not abandoned, a forward to match, the
+    saved arguments unchanged); copy the output gradients into the static
+    ones; then, by gradient mode, ``before_backward`` (grads="mapped":
+    which graph, the slot mapped, grads.py) or the preallocated .grad
+    (grads="accumulate"), ``backward_begin``, replay, ``backward_end``,
+    and the gradients back to autograd.
+
+Nothing here asks torch or the environment what it asked at build (the
+device, whether CUDA is there, the parameters, the options in force); the
+current stream is asked once per call of the Function's forward or
+backward, as a user may call under another stream than at capture.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from vmmrt import Error, _capi
+from vmmrt.torch import _compat, _contracts, static_grads
+
+
+def stream_source(off):
+    """The function a call asks for its stream: (the library's stream handle,
+    the torch stream or None). Host backend (CPU tensors): the host's
+    default stream, and no torch stream; CUDA: the current stream of the
+    runtime's device, asked of torch once. (The device is given: asked
+    without one, torch.cuda.current_stream finds the current device through
+    torch.cuda.is_available, which reads the environment, at every call.)"""
+    if off.host:
+        return _host_stream
+    index = off.device.index
+
+    def cuda():
+        cur = torch.cuda.current_stream(index)
+        return cur.cuda_stream, cur
+    return cuda
+
+
+def _host_stream():
+    return None, None
+
+
+def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
+    """The callable of runner ``r`` (its graphs captured, its static tensors
+    set): ``fwd_graph``, ``bwd_graph`` and ``acc_graph`` (the accumulate
+    graph of grads="mapped", else None) are what is replayed (anything with
+    a ``replay()``); ``aliases``: the static_grads.Aliases of every runner;
+    ``streams``: :func:`stream_source`'s function."""
+    lay = r.layer
+    off = lay.offload
+    grads = r.grad_mode
+    mapped = r.grads if grads == "mapped" else None
+    acc_gin = r.acc_grad_inputs
+    n_user = r.n_user
+    static_in = r.surface
+    static_out = r.static_outputs
+    static_gout = r.static_grad_outputs
+    static_gin = r.static_grad_inputs
+    params = r.params
+    accs = tuple((p, a) for p, a in zip(params, r.acc) if a is not None) if grads == "accumulate" else ()
+    static = grads == "static"
+    where = "layer %r" % r.name
+    r.pending = False
+    off._abort_hooks.append(lambda: setattr(r, "pending", False))
+    watch_in, watch_out = _contracts.watched(r, lay.last_rec)
+    watching = bool(watch_in or watch_out)
+    again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
+             "each (layer, microbatch) runner runs once per iteration (forward, then its backward)")
+
+    class Graphed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            if r.pending:
+                raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
+                            + again, where)
+            ctx.epoch = off.epoch
+            if aliases.dirty:
+                static_grads.unalias(aliases)
+            for i in range(n_user):
+                if static_in[i].data_ptr() != inputs[i].data_ptr():
+                    static_in[i].copy_(inputs[i])
+            s, cur = streams()
+            lay.forward_begin(s, False, cur)
+            fwd_graph.replay()
+            lay.forward_end(s)
+            r.pending = True
+            outs = tuple(o.detach() for o in static_out)
+            ctx.watch = _contracts.watch(watch_in, watch_out, inputs, outs) if watching else None
+            return outs
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, *gouts):
+            if ctx.epoch != off.epoch:
+                raise _contracts.abandoned_error(r)
+            if not r.pending:
+                raise Error(_capi.E_INVALID_STATE, "backward without a forward (or twice for one forward)", where)
+            err = ctx.watch.check(where) if ctx.watch is not None else None
+            if err is not None:
+                _contracts.abandon(off, str(err))
+                raise err
+            _contracts.backward_done(r)
+            for g, grad in zip(static_gout, gouts):
+                if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
+                    g.copy_(grad)
+            s, cur = streams()
+            if mapped is not None:
+                acc, src, states = mapped.before_backward(s, where, lay, cur)
+                lay.backward_begin(s, cur)
+                (acc_graph if acc else bwd_graph).replay()
+                lay.backward_end(s)
+                r.pending = False
+                gin = acc_gin if acc else static_gin
+                pg = mapped.after_backward(acc, src, states)
+                return tuple(b.detach() if b is not None else None for b in gin[:n_user]) + tuple(pg)
+            for p, acc in accs:                 # grads="accumulate": .grad is the tensor the graph adds into
+                if p.grad is None:
+                    acc.zero_()
+                    p.grad = acc
+                elif p.grad.data_ptr() != acc.data_ptr():
+                    acc.copy_(p.grad)
+                    p.grad = acc
+            lay.backward_begin(s, cur)
+            bwd_graph.replay()
+            lay.backward_end(s)
+            r.pending = False
+            if static:
+                aliases.dirty = True            # AccumulateGrad may take a buffer as .grad: see unalias
+            return tuple(b.detach() if b is not None else None for b in static_gin)
+
+    def functionalized(*user_args, **user_kwargs):
+        leaves = r.flatten_call(user_args, user_kwargs)
+        r.check_args(leaves, torch.is_grad_enabled())
+        off.check_usable()
+        if not torch.is_grad_enabled() or not _any_requires_grad(leaves, params):
+            # No backward will come: replaying would leave the group's schedule
+            # waiting for it, so the callable runs eagerly.
+            return r.call(leaves)
+        r.check_params()
+        if grads == "accumulate" and _compat.ddp_forward_active():
+            raise Error(_capi.E_NOT_SUPPORTED, "grads='accumulate' under DistributedDataParallel: the backward graph "
+                        "adds into .grad itself, so no parameter's AccumulateGrad hook runs and DDP's reducer would "
+                        "never all-reduce these gradients (every rank would silently keep its own); use "
+                        "grads='static' (the default: the gradients go through autograd, and DDP's hooks run), or "
+                        "all-reduce .grad yourself after the backward without DDP", where)
+        _contracts.forward_starts(r)
+        try:
+            out = Graphed.apply(*leaves, *params)
+        except BaseException:
+            _contracts.forward_failed(r)
+            raise
+        return r.join_outputs(out)
+
+    return functionalized
+
+
+def _any_requires_grad(leaves, params):
+    """Whether a backward will come: asked at every call, as a user may freeze
+    parameters (requires_grad_(False)) between calls."""
+    for t in leaves:
+        if t.requires_grad:
+            return True
+    for p in params:
+        if p.requires_grad:
+            return True
+    return False
