@@ -17,6 +17,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/__init__.py \
 	python/vmmrt/torch/_address.py \
 	python/vmmrt/torch/_call.py \
+	python/vmmrt/torch/_launch.py \
 	python/vmmrt/torch/backing.py \
 	python/vmmrt/torch/budget.py \
 	python/vmmrt/torch/_callables.py \
