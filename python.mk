@@ -58,6 +58,7 @@ vmmrt_py_tests = \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_bench.py \
 	python/tests/test_call_path.py \
+	python/tests/test_raw_launch.py \
 	python/tests/test_driver_calls.py \
 	python/tests/test_compiled.py \
 	python/tests/test_binding.py \

@@ -337,8 +337,8 @@ def _raw_on_host(monkeypatch):
     from vmmrt.torch import _launch
     init = _launch.Launcher.__init__
 
-    def raw(self, graph, off, generators):
-        init(self, graph, off, generators)
+    def raw(self, graph, off, generators, recomputed=False):
+        init(self, graph, off, generators, recomputed)
         rt = off.runtime
         s = rt.stream_create()
         rt.graph_begin_capture(s)

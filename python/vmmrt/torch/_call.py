@@ -89,8 +89,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
     # use unless memory is mapped per use (a resident slot, mapped
     # gradients): those maps follow the events use_started records between
     # the begin hook and the graph, which the one call has no room for.
-    fl = Launcher(fwd_graph, off, r.generators)
-    bl = Launcher(bwd_graph, off, r.generators) if mapped is None else None
+    fl = Launcher(fwd_graph, off, r.generators, r.recompute)
+    bl = Launcher(bwd_graph, off, r.generators, r.recompute) if mapped is None else None
     group = lay.group
     replay_fn, gh = group.replayer()
     one_call = not off.backings

@@ -11,8 +11,9 @@ draw the same ones at every call. Torch gives no way to ask a captured graph
 whether it draws any, so the first call replays through torch and compares
 the generators' offsets before and after: a graph that moved none launches
 raw from then on. Torch's replay stays for the host backend (its graphs are
-not CUDA graphs), for torch without the handle, and for the generators a
-user registers (``generators=``: theirs to advance).
+not CUDA graphs), for torch without the handle, for the generators a user
+registers (``generators=``: theirs to advance) and for recomputed layers
+(vmmrt.torch.recompute registers cloned generator states with their graphs).
 """
 import torch
 
@@ -27,12 +28,14 @@ class Launcher:
     used, after a first replay through torch (:meth:`probe`)."""
     __slots__ = ("exec", "how", "graph", "gens")
 
-    def __init__(self, graph, off, generators):
+    def __init__(self, graph, off, generators, recomputed=False):
         self.graph, self.gens, self.exec = graph, (), 0
         if off.host:
             self.how = "torch replay (host backend)"
         elif generators:
             self.how = "torch replay (generators= registered with the graph)"
+        elif recomputed:
+            self.how = "torch replay (recomputed: its graphs advance generator states of their own)"
         elif not hasattr(graph, "raw_cuda_graph_exec"):
             self.how = "torch replay (this torch has no CUDAGraph.raw_cuda_graph_exec)"
         else:
