@@ -365,7 +365,7 @@ def test_a_raw_launch_is_one_library_call_per_use(host_graphs, monkeypatch, raw)
         _raw_on_host(monkeypatch)
     g, off, _ = _graphed_on_host("pingpong", "static", {})
     try:
-        assert off.backings == [], "this setup maps nothing per use"
+        assert not off.maps_per_use(), "this setup maps nothing per use"
         step = _stepper(g)
         step()
         step()
@@ -380,3 +380,53 @@ def test_a_raw_launch_is_one_library_call_per_use(host_graphs, monkeypatch, raw)
         assert "graphs run by: vmmrt_group_replay" in off.describe() or not raw
     finally:
         off.close()
+
+
+class _Gen:
+    """A CUDA generator's offset, as a replay moves it."""
+    def __init__(self):
+        self.offset = 0
+
+    def get_offset(self):
+        return self.offset
+
+
+class _ExecGraph:
+    """A CUDA graph with an executable handle; ``draws``: what a replay
+    advances the generator by."""
+    def __init__(self, gen, draws):
+        self.gen, self.draws, self.replays = gen, draws, 0
+
+    def raw_cuda_graph_exec(self):
+        return 0x1000
+
+    def replay(self):
+        self.replays += 1
+        self.gen.offset += self.draws
+
+
+def test_the_launch_of_a_graph_is_chosen_once_and_keeps_torchs_replay_where_it_must(monkeypatch):
+    """vmmrt.torch._launch on its own: a graph launches raw after a first
+    replay through torch that moved no generator; torch's replay stays for
+    a graph that draws random numbers, the host backend, generators=, a
+    recomputed layer, memory mapped per use, and a torch without
+    raw_cuda_graph_exec."""
+    from vmmrt.torch import _launch
+    gen = _Gen()
+    monkeypatch.setattr(torch.cuda, "default_generators", (gen,), raising=False)
+    off = types.SimpleNamespace(host=False, maps_per_use=lambda: False)
+    plain, dropout = _ExecGraph(gen, 0), _ExecGraph(gen, 4)
+    a, b = _launch.Launcher(plain, off, ()), _launch.Launcher(dropout, off, ())
+    assert a.exec < 0 and a.how == _launch.PROBING
+    a.probe()
+    b.probe()
+    assert (a.exec, a.how) == (0x1000, _launch.RAW) and plain.replays == 1
+    assert b.exec == 0 and "draws random numbers" in b.how and dropout.replays == 1
+    assert _launch.summary({1: a, 2: b}) == {_launch.RAW: 1, b.how: 1}
+    for launcher, why in ((_launch.Launcher(plain, types.SimpleNamespace(host=True), ()), "host backend"),
+                          (_launch.Launcher(plain, off, (gen,)), "generators="),
+                          (_launch.Launcher(plain, off, (), True), "recomputed"),
+                          (_launch.Launcher(plain, types.SimpleNamespace(host=False, maps_per_use=lambda: True), ()),
+                           "memory mapped per use"),
+                          (_launch.Launcher(_Graph(), off, ()), "no CUDAGraph.raw_cuda_graph_exec")):
+        assert launcher.exec == 0 and why in launcher.how, launcher.how

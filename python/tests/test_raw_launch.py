@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available() or not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
     pytest.skip("needs CUDA and torch.cuda.CUDAGraph.raw_cuda_graph_exec", allow_module_level=True)
 
-N, B, D = 3, 64, 256
+N, B, D = 3, 512, 1024
 
 
 def _layers(dropout=0.0):
@@ -36,6 +36,7 @@ def _run(monkeypatch, raw, dropout=0.0, steps=3):
     g = vt.make_graphed_callables(tuple(layers), samples, mode="pingpong", grads="static", lookahead=1)
     off = vt.offload_of(g[0])
     try:
+        assert not off.maps_per_use(), "these layers map nothing per use (host backend, graphs=False: no backing)"
         torch.manual_seed(1)
         x = torch.randn(B, D, device="cuda", requires_grad=True)
         gy = torch.randn(B, D, device="cuda")

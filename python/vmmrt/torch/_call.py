@@ -85,15 +85,12 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
     again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
              "each (layer, microbatch) runner runs once per iteration (forward, then its backward)")
     # The graphs' way (vmmrt.torch._launch): the forward's and, grads other
-    # than "mapped", the backward's. One call into the library does a whole
-    # use unless memory is mapped per use (a resident slot, mapped
-    # gradients): those maps follow the events use_started records between
-    # the begin hook and the graph, which the one call has no room for.
+    # than "mapped", the backward's; exec > 0: a use is one call into the
+    # library.
     fl = Launcher(fwd_graph, off, r.generators, r.recompute)
     bl = Launcher(bwd_graph, off, r.generators, r.recompute) if mapped is None else None
     group = lay.group
     replay_fn, gh = group.replayer()
-    one_call = not off.backings
     off.launchers[(r.name, False)] = fl
     if bl is not None:
         off.launchers[(r.name, True)] = bl
@@ -112,7 +109,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                     static_in[i].copy_(inputs[i])
             s, cur = streams()
             x = fl.exec
-            if x > 0 and one_call:
+            if x > 0:
                 if _backing._late or off._due:
                     off.flush()
                 st = replay_fn(gh, 0, x, s)
@@ -163,7 +160,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                     acc.copy_(p.grad)
                     p.grad = acc
             x = bl.exec
-            if x > 0 and one_call:
+            if x > 0:
                 off.check_usable()
                 if _backing._late or off._due:
                     off.flush()

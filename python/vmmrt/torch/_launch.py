@@ -23,7 +23,9 @@ PROBING = "torch replay (the first, to learn whether the graph draws random numb
 
 
 class Launcher:
-    """One graph's way: ``exec`` > 0: the handle the library launches;
+    """One graph's way: ``exec`` > 0: the handle the library launches, in
+    the one call of the use (the hooks, Offload.flush where releases fell
+    due, nothing else);
     0: torch's replay, for the reason in ``how``; < 0: the handle, not yet
     used, after a first replay through torch (:meth:`probe`)."""
     __slots__ = ("exec", "how", "graph", "gens")
@@ -36,6 +38,9 @@ class Launcher:
             self.how = "torch replay (generators= registered with the graph)"
         elif recomputed:
             self.how = "torch replay (recomputed: its graphs advance generator states of their own)"
+        elif off.maps_per_use():
+            self.how = ("torch replay (memory mapped per use: a map follows the events recorded between a "
+                        "use's begin hook and its graph)")
         elif not hasattr(graph, "raw_cuda_graph_exec"):
             self.how = "torch replay (this torch has no CUDAGraph.raw_cuda_graph_exec)"
         else:

@@ -226,6 +226,14 @@ class Offload:
             ev = self._started[key] = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(self.device.index) if current is None else current)
 
+    def maps_per_use(self) -> bool:
+        """Whether a use may map memory (:meth:`map_for_use`: a resident
+        slot, mapped gradients): its map then follows the event
+        :meth:`use_started` records between an earlier use's begin hook and
+        its graph, so those uses keep the hooks and the graph as separate
+        calls (vmmrt.torch._launch). Asked once per graph, at build."""
+        return bool(self.backings)
+
     def map_for_use(self, lay: LayerOffload, backward: bool, backing: Backing, stream: vmmrt.Stream,
                     eager: bool = False, current: Any = None) -> None:
         """Map ``backing`` for this use, ``map_ahead`` uses ahead of the GPU
