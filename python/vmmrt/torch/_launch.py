@@ -3,7 +3,7 @@
 
 The library can make a use's begin hook, the graph's launch and its end hook
 in one call (vmmrt_group_replay) when torch gives the graph's executable
-handle (CUDAGraph.raw_cuda_graph_exec, torch 2.6 and later): one crossing
+handle (CUDAGraph.raw_cuda_graph_exec: torch 2.11 has it, 1.13 not): one crossing
 instead of the hooks' Python and torch's replay. Torch's ``replay()`` also
 advances the philox offset of the generators registered with the graph; a
 raw launch does not, so a graph that draws random numbers (dropout) would
@@ -12,8 +12,10 @@ whether it draws any, so the first call replays through torch and compares
 the generators' offsets before and after: a graph that moved none launches
 raw from then on. Torch's replay stays for the host backend (its graphs are
 not CUDA graphs), for torch without the handle, for the generators a user
-registers (``generators=``: theirs to advance) and for recomputed layers
-(vmmrt.torch.recompute registers cloned generator states with their graphs).
+registers (``generators=``: theirs to advance), for recomputed layers
+(vmmrt.torch.recompute registers cloned generator states with their graphs)
+and where memory is mapped per use (Offload.maps_per_use). A Launcher holds
+its graph: torch destroys the executable graph with it.
 """
 import torch
 
