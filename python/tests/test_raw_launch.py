@@ -17,7 +17,8 @@ N, B, D = 3, 512, 1024
 
 def _layers(dropout=0.0):
     torch.manual_seed(0)
-    return [torch.nn.Sequential(torch.nn.Linear(D, 4 * D), torch.nn.GELU(), torch.nn.Dropout(dropout),
+    mid = (lambda: torch.nn.Dropout(dropout)) if dropout else torch.nn.Identity
+    return [torch.nn.Sequential(torch.nn.Linear(D, 4 * D), torch.nn.GELU(), mid(),
                                 torch.nn.Linear(4 * D, D)).cuda() for _ in range(N)]
 
 
