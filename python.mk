@@ -17,6 +17,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/__init__.py \
 	python/vmmrt/torch/_address.py \
 	python/vmmrt/torch/_call.py \
+	python/vmmrt/torch/_launch.py \
 	python/vmmrt/torch/backing.py \
 	python/vmmrt/torch/budget.py \
 	python/vmmrt/torch/_callables.py \
@@ -58,6 +59,7 @@ vmmrt_py_tests = \
 	python/tests/vmmrt_tap.py \
 	python/tests/test_bench.py \
 	python/tests/test_call_path.py \
+	python/tests/test_raw_launch.py \
 	python/tests/test_driver_calls.py \
 	python/tests/test_memplan.py \
 	python/tests/test_memplan_gpu.py \

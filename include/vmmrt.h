@@ -400,6 +400,16 @@ VMMRT_EXTERN vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compu
 VMMRT_EXTERN vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute);
 VMMRT_EXTERN vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute);
 VMMRT_EXTERN vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute);
+/*
+ * One use in one call: the begin hook (backward 0: vmmrt_forward_begin, 1:
+ * vmmrt_backward_begin), cuGraphLaunch(graph_exec, compute) unless
+ * graph_exec is 0, then the end hook, with the hooks' checks. graph_exec:
+ * a CUgraphExec / cudaGraphExec_t cast to uintptr_t (any maker's: torch's
+ * CUDAGraph.raw_cuda_graph_exec()); on the host backend only a vmmrt_graph
+ * of its own (else VMMRT_E_NOT_SUPPORTED, nothing done).
+ */
+VMMRT_EXTERN vmmrt_status vmmrt_group_replay(vmmrt_group *g, int backward, uintptr_t graph_exec,
+					     vmmrt_stream compute);
 
 /*
  * The order of one iteration, declared before vmmrt_offload_allocate

@@ -369,6 +369,35 @@ vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 	return end(g, compute, true, __func__);
 }
 
+/*
+ * A use's two hooks and its graph in one call, for a caller that pays for
+ * every call it makes (a Python autograd Function: a call per hook and one
+ * per replay were most of its time per layer). The handle is checked before
+ * the begin hook, so a wrong one leaves the iteration as it was; a launch
+ * that fails after the begin leaves part of the use enqueued, as any hook
+ * failing part-way does: the offload is then refused until an abort.
+ */
+vmmrt_status vmmrt_group_replay(vmmrt_group *g, int backward, uintptr_t graph_exec, vmmrt_stream compute)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(g, "group is NULL");
+	if (backward != 0 && backward != 1)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: backward is %d: 0 (the forward) or 1 (the backward)",
+				    __func__, backward);
+	vmmrt_runtime *rt = g->off->rt;
+	vmmrt_status st;
+	if (graph_exec != 0 && (st = vmmrt__drv_exec_check(rt, graph_exec)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: group '%s'", __func__, g->name);
+	if ((st = begin(g, compute, backward, __func__)) != VMMRT_OK)
+		return st;
+	if (graph_exec != 0 && (st = vmmrt__drv_exec_launch(rt, graph_exec, compute)) != VMMRT_OK) {
+		st = vmmrt__error_wrap(st, "%s: group '%s': launching its graph after its %s began", __func__, g->name,
+				       backward ? "backward" : "forward");
+		return g->ndesc ? mark_broken(g->off, st) : st;
+	}
+	return end(g, compute, backward, __func__);
+}
+
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();

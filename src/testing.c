@@ -31,3 +31,11 @@ void vmmrt__offload_test_plant(vmmrt_runtime *rt, int mask)
 	if (rt->offload)
 		rt->offload->planted = mask;
 }
+
+uintptr_t vmmrt__test_graph_exec(vmmrt_runtime *rt, vmmrt_graph *g)
+{
+	uintptr_t exec = 0;
+	if (rt->ops->graph_exec(rt->be, (vmmrt__bgraph *)g, &exec) != VMMRT_OK)
+		return 0;
+	return exec;
+}

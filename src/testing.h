@@ -19,4 +19,8 @@ void vmmrt__drv_set_fault_hook(vmmrt_runtime *rt, vmmrt__fault_fn fn, void *ctx)
 /* Drop a fence or plant a bug (VMMRT__DROP_* | VMMRT__PLANT_*) in the runtime's offload. */
 void vmmrt__offload_test_plant(vmmrt_runtime *rt, int mask);
 
+/* What vmmrt_group_replay takes for one of the runtime's own graphs: the
+ * CUgraphExec behind it on CUDA, the graph itself on the host backend. */
+uintptr_t vmmrt__test_graph_exec(vmmrt_runtime *rt, vmmrt_graph *g);
+
 #endif

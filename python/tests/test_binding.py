@@ -63,6 +63,38 @@ def test_group_life_cycle_and_named_errors():
         assert stats["groups"] == 1 and stats["mode"] == "pingpong"
 
 
+def test_group_replay_is_a_use_in_one_call():
+    """Group.replay (vmmrt_group_replay): the hooks and, on the host backend,
+    one of its own graphs between them; anything else is refused first."""
+    with vmmrt.Runtime({"backend": "host", "mode": "pingpong"}) as rt:
+        g = rt.group("layer0")
+        d = g.desc(4096)
+        g.discover(d)
+        rt.offload_allocate()
+        g.begin_capture()
+        g.save(d)
+        g.end_capture()
+        s = rt.stream_create()
+        rt.graph_begin_capture(s)
+        graph = rt.graph_end_capture(s)
+        with pytest.raises(TypeError):
+            g.replay(0, graph, s)
+        with pytest.raises(vmmrt.Error) as e:
+            g.replay(True, graph, s)                # no forward yet
+        assert e.value.name == "VMMRT_E_INVALID_STATE" and "vmmrt_group_replay" in str(e.value)
+        with pytest.raises(vmmrt.Error) as e:
+            g.replay(False, 12345, s)               # not a graph of the host backend's
+        assert e.value.name == "VMMRT_E_NOT_SUPPORTED"
+        g.replay(False, graph, s)
+        g.replay(True, graph, s)
+        g.replay(False, 0, s)                       # the hooks alone
+        g.replay(True, 0, s)
+        rt.stream_synchronize(s)
+        assert rt.offload_stats()["iterations"] == 2
+        rt.graph_destroy(graph)
+        rt.stream_destroy(s)
+
+
 def test_struct_sizes_are_set_by_the_binding():
     info = _capi.sized(_capi.OffloadStats)
     assert info.size == __import__("ctypes").sizeof(_capi.OffloadStats)

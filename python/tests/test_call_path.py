@@ -50,13 +50,14 @@ def host_graphs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
 
 
-def _graphed_on_host(mode, grads):
+def _graphed_on_host(mode, grads, options=None):
     """make_graphed_callables' steps with graphs=True, on the host backend
     (make_graphed_callables itself refuses CPU tensors with graphs)."""
+    options = OPTIONS if options is None else options
     layers = zoo_layers(N)
     _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), samples(N), None, None, None, [],
                                                                False, False, 1.0, None)
-    off, mode = graphed._open_offload(runners, uses, device, mode, 1, OPTIONS, 0, 1, True)
+    off, mode = graphed._open_offload(runners, uses, device, mode, 1, options, 0, 1, True)
     try:
         stream = graphed._warmup(runners, uses, off, 3, False)
         off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, None, marks, 0.9, True)
@@ -327,3 +328,105 @@ def test_a_call_asks_for_the_current_stream_of_the_runtimes_device(monkeypatch):
     host = types.SimpleNamespace(host=True, device=torch.device("cpu"))
     assert _call.stream_source(host)() == (None, None) and eager.streams(host) == (None, None)
     assert asked == [3, 3]
+
+
+def _raw_on_host(monkeypatch):
+    """Every graph given the executable handle of an empty graph of the host
+    backend's own, as torch gives a CUDA graph's (vmmrt.torch._launch keeps
+    torch's replay on the host backend: this is the CUDA path's wiring)."""
+    from vmmrt.torch import _launch
+    init = _launch.Launcher.__init__
+
+    def raw(self, graph, off, generators, recomputed=False):
+        init(self, graph, off, generators, recomputed)
+        rt = off.runtime
+        s = rt.stream_create()
+        rt.graph_begin_capture(s)
+        h = rt.graph_end_capture(s)
+        off._close_hooks.append(lambda: (rt.graph_destroy(h), rt.stream_destroy(s)))
+        self.exec, self.how = -h.value, _launch.PROBING
+    monkeypatch.setattr(_launch.Launcher, "__init__", raw)
+
+
+# Python calls per layer per step on the host backend, torch 1.13, Zoo
+# layers, pingpong, grads="static", nothing mapped per use: 76.75 with the
+# hooks and torch's replay, 46.75 with one vmmrt_group_replay per use.
+RAW_CEILING = 55
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_raw_launch_is_one_library_call_per_use(host_graphs, monkeypatch, raw):
+    """With an executable handle and nothing mapped per use, the first call
+    replays through torch (to see whether the graph draws random numbers),
+    the later ones make one vmmrt_group_replay per forward and per backward:
+    torch's replay is not called, and the library's hooks keep the schedule
+    (a use out of order, or a backward passed as a forward, is an error)."""
+    if raw:
+        _raw_on_host(monkeypatch)
+    g, off, _ = _graphed_on_host("pingpong", "static", {})
+    try:
+        assert not off.maps_per_use(), "this setup maps nothing per use"
+        step = _stepper(g)
+        step()
+        step()
+        hows = set(off.stats()["graph_launches"])
+        assert hows == ({"vmmrt_group_replay"} if raw else {"torch replay (host backend)"}), hows
+        before = _Graph.replays
+        n = _python_calls_per_layer_step(step)
+        assert (_Graph.replays == before) == raw
+        if raw:
+            assert n <= RAW_CEILING, n
+        print("python calls per layer per step:", n)
+        assert "graphs run by: vmmrt_group_replay" in off.describe() or not raw
+    finally:
+        off.close()
+
+
+class _Gen:
+    """A CUDA generator's offset, as a replay moves it."""
+    def __init__(self):
+        self.offset = 0
+
+    def get_offset(self):
+        return self.offset
+
+
+class _ExecGraph:
+    """A CUDA graph with an executable handle; ``draws``: what a replay
+    advances the generator by."""
+    def __init__(self, gen, draws):
+        self.gen, self.draws, self.replays = gen, draws, 0
+
+    def raw_cuda_graph_exec(self):
+        return 0x1000
+
+    def replay(self):
+        self.replays += 1
+        self.gen.offset += self.draws
+
+
+def test_the_launch_of_a_graph_is_chosen_once_and_keeps_torchs_replay_where_it_must(monkeypatch):
+    """vmmrt.torch._launch on its own: a graph launches raw after a first
+    replay through torch that moved no generator; torch's replay stays for
+    a graph that draws random numbers, the host backend, generators=, a
+    recomputed layer, memory mapped per use, and a torch without
+    raw_cuda_graph_exec."""
+    from vmmrt.torch import _launch
+    gen = _Gen()
+    monkeypatch.setattr(torch.cuda, "default_generators", (gen,), raising=False)
+    off = types.SimpleNamespace(host=False, maps_per_use=lambda: False)
+    plain, dropout = _ExecGraph(gen, 0), _ExecGraph(gen, 4)
+    a, b = _launch.Launcher(plain, off, ()), _launch.Launcher(dropout, off, ())
+    assert a.exec < 0 and a.how == _launch.PROBING
+    a.probe()
+    b.probe()
+    assert (a.exec, a.how) == (0x1000, _launch.RAW) and plain.replays == 1
+    assert b.exec == 0 and "draws random numbers" in b.how and dropout.replays == 1
+    assert _launch.summary({1: a, 2: b}) == {_launch.RAW: 1, b.how: 1}
+    for launcher, why in ((_launch.Launcher(plain, types.SimpleNamespace(host=True), ()), "host backend"),
+                          (_launch.Launcher(plain, off, (gen,)), "generators="),
+                          (_launch.Launcher(plain, off, (), True), "recomputed"),
+                          (_launch.Launcher(plain, types.SimpleNamespace(host=False, maps_per_use=lambda: True), ()),
+                           "memory mapped per use"),
+                          (_launch.Launcher(_Graph(), off, ()), "no CUDAGraph.raw_cuda_graph_exec")):
+        assert launcher.exec == 0 and why in launcher.how, launcher.how

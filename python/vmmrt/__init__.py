@@ -772,6 +772,34 @@ class Group:
     def backward_end(self, stream=None):
         self._hook(self._lib.vmmrt_backward_end, "vmmrt_backward_end", stream)
 
+    def replay(self, backward: bool, graph_exec: int = 0, stream=None) -> None:
+        """One use in one call (vmmrt_group_replay): the begin hook, the
+        executable graph ``graph_exec`` launched on ``stream`` (a
+        cudaGraphExec_t as an int, torch's CUDAGraph.raw_cuda_graph_exec();
+        on the host backend a graph of its own, from
+        :meth:`Runtime.graph_end_capture`; 0: none), the end hook."""
+        if not isinstance(backward, bool):
+            raise TypeError("backward: a bool, not %r" % (backward,))
+        if isinstance(graph_exec, ctypes.c_void_p):
+            graph_exec = graph_exec.value or 0
+        self.replay_failed(self._lib.vmmrt_group_replay(self._g, int(backward), int(graph_exec) or None,
+                                                         _stream(stream)))
+
+    def replayer(self):
+        """(the C function, this group's handle) for a caller that makes the
+        call itself, as vmmrt.torch's per-call path does: ``fn(handle,
+        backward, graph_exec, stream handle)`` returns a status, which
+        :meth:`replay_failed` raises."""
+        return self._lib.vmmrt_group_replay, self._g
+
+    def replay_failed(self, status: int) -> None:
+        if status == _capi.OK:
+            return
+        try:
+            check(status, self._where("vmmrt_group_replay"))
+        except Error as e:
+            raise _name_expected(e, self._rt) from None
+
 
 _EXPECTED = re.compile(r"(forward|backward) of group (\d+) was expected next")
 

@@ -157,6 +157,7 @@ _PROTOTYPES = {
     "vmmrt_forward_end": (status_t, [handle, vmmrt_stream]),
     "vmmrt_backward_begin": (status_t, [handle, vmmrt_stream]),
     "vmmrt_backward_end": (status_t, [handle, vmmrt_stream]),
+    "vmmrt_group_replay": (status_t, [handle, c_int, c_void_p, vmmrt_stream]),
     "vmmrt_offload_set_schedule": (status_t, [handle, _P(ScheduleStep), c_size_t]),
     "vmmrt_offload_abort": (status_t, [handle]),
     "vmmrt_group_rediscover": (status_t, [handle]),

@@ -108,6 +108,15 @@
 	X(stream_is_capturing, PLAIN, "cuStreamIsCapturing", (, vmmrt_stream s, bool *out), (, s, out)) \
 	X(graph_launch, PLAIN, "cuGraphLaunch", (, vmmrt__bgraph *g, vmmrt_stream s), (, g, s)) \
 	X(graph_destroy, PLAIN, "cuGraphExecDestroy", (, vmmrt__bgraph *g), (, g)) \
+	/* an executable graph given by its handle (vmmrt_group_replay): on CUDA a \
+	 * CUgraphExec made by anyone (torch's raw_cuda_graph_exec), on the host \
+	 * backend one of its own graphs. exec_check refuses, before any hook \
+	 * work, a handle the backend can tell is not one (CUDA: only 0); a \
+	 * fault on cuGraphLaunch may hit it, as a bad handle would. */ \
+	X(exec_check, PLAIN, "cuGraphLaunch", (, uintptr_t exec), (, exec)) \
+	X(exec_launch, PLAIN, "cuGraphLaunch", (, uintptr_t exec, vmmrt_stream s), (, exec, s)) \
+	/* the handle exec_launch takes for one of the backend's own graphs (tests) */ \
+	X(graph_exec, NONE, "cuGraphInstantiate", (, vmmrt__bgraph *g, uintptr_t *out), (, g, out)) \
 	\
 	/* the built-in kernels */ \
 	X(kernel_launch, PLAIN, "cuLaunchKernel", (, vmmrt_stream s, vmmrt__kernel_id k, const vmmrt__kernel_args *args), \

@@ -278,6 +278,31 @@ vmmrt_status vmmrt__cuda_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt
 	return VMMRT_OK;
 }
 
+/* The driver checks a CUgraphExec when it is launched: here, only that there is one. */
+vmmrt_status vmmrt__cuda_exec_check(vmmrt__backend *b, uintptr_t exec)
+{
+	(void)b;
+	VMMRT__CHECK_ARG(exec != 0, "NULL executable graph");
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt__cuda_exec_launch(vmmrt__backend *b, uintptr_t exec, vmmrt_stream s)
+{
+	ROLE_CHECK("cuGraphLaunch");
+	VMMRT__CHECK_ARG(exec != 0, "NULL executable graph");
+	CU_CALL(b, "cuGraphLaunch", vmmrt__cu.GraphLaunch((CUgraphExec)exec, CU_STREAM(s)), "cuGraphLaunch(%p, %p)",
+		(void *)exec, (void *)s);
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt__cuda_graph_exec(vmmrt__backend *b, vmmrt__bgraph *g, uintptr_t *out)
+{
+	(void)b;
+	VMMRT__CHECK_ARG(g != NULL && out != NULL, "NULL graph or output");
+	*out = (uintptr_t)g->exec;
+	return VMMRT_OK;
+}
+
 void vmmrt__cuda_graphs_free(vmmrt__backend *b)
 {
 	struct vmmrt__bgraph *g;

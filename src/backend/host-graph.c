@@ -232,6 +232,46 @@ vmmrt_status vmmrt__host_graph_launch(vmmrt__backend *b, vmmrt__bgraph *g, vmmrt
 	return vmmrt__host_submit(b, s, &op, __func__);
 }
 
+/*
+ * The host backend runs no CUDA graph: the only executable graphs it knows
+ * are its own (vmmrt_graph_end_capture's), which a test passes by handle.
+ */
+vmmrt_status vmmrt__host_exec_check(vmmrt__backend *b, uintptr_t exec)
+{
+	vmmrt_status status = vmmrt__host_enter(b, __func__);
+	bool found;
+
+	if (status != VMMRT_OK)
+		return status;
+	pthread_mutex_lock(&b->obj_lock);
+	found = exec != 0 && vmmrt__host_lookup(b, &vmmrt__host_graphs_kind, (void *)exec) != NULL;
+	pthread_mutex_unlock(&b->obj_lock);
+	if (!found)
+		return vmmrt__error(VMMRT_E_NOT_SUPPORTED,
+				    "%s: %p is not a graph of this backend (the host backend launches only the "
+				    "graphs vmmrt_graph_end_capture made, no CUDA graph)",
+				    __func__, (void *)exec);
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt__host_exec_launch(vmmrt__backend *b, uintptr_t exec, vmmrt_stream s)
+{
+	vmmrt_status status = vmmrt__host_exec_check(b, exec);
+
+	if (status != VMMRT_OK)
+		return status;
+	return vmmrt__host_graph_launch(b, (vmmrt__bgraph *)exec, s);
+}
+
+/* A host graph is its own executable graph. */
+vmmrt_status vmmrt__host_graph_exec(vmmrt__backend *b, vmmrt__bgraph *g, uintptr_t *out)
+{
+	(void)b;
+	VMMRT__CHECK_ARG(g != NULL && out != NULL, "NULL graph or output");
+	*out = (uintptr_t)g;
+	return VMMRT_OK;
+}
+
 vmmrt_status vmmrt__host_graph_destroy(vmmrt__backend *b, vmmrt__bgraph *g)
 {
 	return vmmrt__host_destroy(b, &vmmrt__host_graphs_kind, g, __func__);

@@ -240,6 +240,13 @@ static vmmrt_status run_use(model *m, unsigned iter, unsigned k, bool begin_only
 {
 	vmmrt_status st;
 	unsigned i = m->use_group[k];
+	if (m->cfg.one_call && !begin_only) {
+		bool b = m->use_bwd[k];
+		HOOK(m, vmmrt_group_replay(m->g[i], b, vmmrt__test_graph_exec(m->rt, b ? m->bwd[i] : m->fwd[i]), m->run));
+		if (!b)
+			return VMMRT_OK;
+		goto result;
+	}
 	if (!m->use_bwd[k]) {
 		HOOK(m, vmmrt_forward_begin(m->g[i], m->run));
 		TRY(vmmrt_graph_launch(m->rt, m->fwd[i], m->run));
@@ -252,6 +259,7 @@ static vmmrt_status run_use(model *m, unsigned iter, unsigned k, bool begin_only
 	if (begin_only)
 		return VMMRT_OK;
 	HOOK(m, vmmrt_backward_end(m->g[i], m->run));
+result:
 	/* async, so the launch thread never waits for the GPU */
 	TRY(vmmrt__drv_memcpy_dtoh_async(m->rt, &m->host_results[iter * m->ng + i],
 					vmmrt_slot_address(m->results) + 8 * i, 8, m->run));

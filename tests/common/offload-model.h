@@ -46,6 +46,7 @@ typedef struct model_cfg {
 	int plant;                  /* VMMRT__DROP_* | VMMRT__PLANT_* set before allocation */
 	unsigned timeout_ms;        /* 0: the default */
 	const char *const *options; /* NULL, or more runtime options: name, value, ..., NULL */
+	bool one_call;              /* each use one vmmrt_group_replay, not begin, launch, end */
 } model_cfg;
 
 typedef struct model model;

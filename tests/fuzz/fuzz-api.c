@@ -442,6 +442,11 @@ static void all_edges(fz *f)
 	C(vmmrt_forward_end(NULL, f->s));
 	C(vmmrt_backward_begin(NULL, f->s));
 	C(vmmrt_backward_end(NULL, f->s));
+	C(vmmrt_group_replay(NULL, 0, 0, f->s));
+	if (g) {
+		C(vmmrt_group_replay(g, 2, 0, f->s));           /* neither forward nor backward */
+		C(vmmrt_group_replay(g, 0, (uintptr_t)f, f->s)); /* not a graph of the host backend's */
+	}
 	C(vmmrt_offload_allocate(NULL));
 	C(vmmrt_offload_set_schedule(NULL, NULL, 0));
 	C(vmmrt_offload_set_schedule(rt, NULL, 1));

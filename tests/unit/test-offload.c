@@ -686,6 +686,48 @@ static void api_misuse(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* vmmrt_group_replay: each use's hooks and graph in one call keep every
+ * restored activation intact, as the three calls do. */
+static void one_call_per_use(void **state)
+{
+	model_cfg cfg = {.mode = "pingpong", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1, .one_call = true};
+	run_and_verify(&cfg, 4);
+	cfg.mode = "remap";
+	run_and_verify(&cfg, 4);
+}
+
+static void one_call_misuse(void **state)
+{
+	model_cfg cfg = {.mode = "pingpong", .layers = 2, .act_bytes = 2 * MiB, .lookahead = 1};
+	model *m;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	vmmrt_group *g = model_group(m, 0);
+	vmmrt_stream c;
+	vmmrt_graph *gr;
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_group_replay(NULL, 0, 0, c), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_group_replay(g, 2, 0, c), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_group_replay(g, 1, 0, c), VMMRT_E_INVALID_STATE); /* forwards first */
+	/* a capturing stream is refused as by the hooks */
+	assert_int_equal(vmmrt_graph_begin_capture(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_group_replay(g, 0, 0, c), VMMRT_E_CAPTURE);
+	assert_int_equal(vmmrt_graph_end_capture(rt, c, &gr), VMMRT_OK);
+	/* an executable graph the host backend did not make is refused before
+	 * any hook work: the forward then begins as if it was never asked */
+	if (test_on_host()) {
+		uintptr_t foreign = (uintptr_t)&cfg;
+		assert_int_equal(vmmrt_group_replay(g, 0, foreign, c), VMMRT_E_NOT_SUPPORTED);
+		assert_non_null(strstr(vmmrt_last_error(), "not a graph of this backend"));
+	}
+	assert_int_equal(vmmrt_group_replay(g, 0, vmmrt__test_graph_exec(rt, gr), c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_end(g, c), VMMRT_E_INVALID_STATE); /* the call ended it */
+	assert_int_equal(vmmrt_graph_destroy(rt, gr), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	model_destroy(m);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -710,6 +752,8 @@ int main(void)
 		cmocka_unit_test(naive_reload_reads_wrong_bytes),
 		host_only_test(reading_a_released_slot_faults), /* a GPU fault is no signal */
 		cmocka_unit_test(api_misuse),
+		cmocka_unit_test(one_call_per_use),
+		cmocka_unit_test(one_call_misuse),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }

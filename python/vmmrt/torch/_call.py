@@ -11,7 +11,9 @@ forward
     arguments into the static inputs (those that are not already them);
     ``forward_begin`` (the layer's resident memory mapped, its group's
     hook, where its GPU work begins), replay the forward graph,
-    ``forward_end``; hand autograd the outputs (one detached tensor each:
+    ``forward_end`` -- or, where nothing is mapped per use and the graph
+    launches raw (vmmrt.torch._launch), the three in one call into the
+    library (vmmrt_group_replay); hand autograd the outputs (one detached tensor each:
     autograd needs its own) and, where the layer saves an argument or an
     output, their versions to compare at the backward;
 backward
@@ -19,8 +21,8 @@ backward
     saved arguments unchanged); copy the output gradients into the static
     ones; then, by gradient mode, ``before_backward`` (grads="mapped":
     which graph, the slot mapped, grads.py) or the preallocated .grad
-    (grads="accumulate"), ``backward_begin``, replay, ``backward_end``,
-    and the gradients back to autograd.
+    (grads="accumulate"), ``backward_begin``, replay, ``backward_end``
+    (or the one call, as the forward), and the gradients back to autograd.
 
 Nothing here asks torch or the environment what it asked at build (the
 device, whether CUDA is there, the parameters, the options in force); the
@@ -31,7 +33,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, _contracts, static_grads
+from vmmrt.torch import _compat, _contracts, backing as _backing, static_grads
+from vmmrt.torch._launch import Launcher
 
 
 def stream_source(off):
@@ -81,6 +84,16 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
     watching = bool(watch_in or watch_out)
     again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
              "each (layer, microbatch) runner runs once per iteration (forward, then its backward)")
+    # The graphs' way (vmmrt.torch._launch): the forward's and, grads other
+    # than "mapped", the backward's; exec > 0: a use is one call into the
+    # library.
+    fl = Launcher(fwd_graph, off, r.generators, r.recompute)
+    bl = Launcher(bwd_graph, off, r.generators, r.recompute) if mapped is None else None
+    group = lay.group
+    replay_fn, gh = group.replayer()
+    off.launchers[(r.name, False)] = fl
+    if bl is not None:
+        off.launchers[(r.name, True)] = bl
 
     class Graphed(torch.autograd.Function):
         @staticmethod
@@ -95,9 +108,20 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                 if static_in[i].data_ptr() != inputs[i].data_ptr():
                     static_in[i].copy_(inputs[i])
             s, cur = streams()
-            lay.forward_begin(s, False, cur)
-            fwd_graph.replay()
-            lay.forward_end(s)
+            x = fl.exec
+            if x > 0:
+                if _backing._late or off._due:
+                    off.flush()
+                st = replay_fn(gh, 0, x, s)
+                if st:
+                    group.replay_failed(st)
+            else:
+                lay.forward_begin(s, False, cur)
+                if x < 0:
+                    fl.probe()
+                else:
+                    fwd_graph.replay()
+                lay.forward_end(s)
             r.pending = True
             outs = tuple(o.detach() for o in static_out)
             ctx.watch = _contracts.watch(watch_in, watch_out, inputs, outs) if watching else None
@@ -135,9 +159,21 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                 elif p.grad.data_ptr() != acc.data_ptr():
                     acc.copy_(p.grad)
                     p.grad = acc
-            lay.backward_begin(s, cur)
-            bwd_graph.replay()
-            lay.backward_end(s)
+            x = bl.exec
+            if x > 0:
+                off.check_usable()
+                if _backing._late or off._due:
+                    off.flush()
+                st = replay_fn(gh, 1, x, s)
+                if st:
+                    group.replay_failed(st)
+            else:
+                lay.backward_begin(s, cur)
+                if x < 0:
+                    bl.probe()
+                else:
+                    bwd_graph.replay()
+                lay.backward_end(s)
             r.pending = False
             if static:
                 aliases.dirty = True            # AccumulateGrad may take a buffer as .grad: see unalias

@@ -20,7 +20,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, _contracts, backing as _backing, select
+from vmmrt.torch import _compat, _contracts, _launch, backing as _backing, select
 from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
 
@@ -139,6 +139,7 @@ class Offload:
         self._host_event = None     # the host backend's: where a stream-ordered map follows (map_for_use)
         self._now_event = None      # CUDA: "what is queued now", for the first uses of an iteration
         self.backings = []          # every Backing: resident slots, gradients
+        self.launchers = {}         # (runner name, backward) -> its graph's _launch.Launcher
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
 
@@ -225,6 +226,14 @@ class Offload:
         if ev is None:
             ev = self._started[key] = torch.cuda.Event()
         ev.record(torch.cuda.current_stream(self.device.index) if current is None else current)
+
+    def maps_per_use(self) -> bool:
+        """Whether a use may map memory (:meth:`map_for_use`: a resident
+        slot, mapped gradients): its map then follows the event
+        :meth:`use_started` records between an earlier use's begin hook and
+        its graph, so those uses keep the hooks and the graph as separate
+        calls (vmmrt.torch._launch). Asked once per graph, at build."""
+        return bool(self.backings)
 
     def map_for_use(self, lay: LayerOffload, backward: bool, backing: Backing, stream: vmmrt.Stream,
                     eager: bool = False, current: Any = None) -> None:
@@ -523,6 +532,8 @@ class Offload:
             planned = sum(1 for lay in self.layers if lay.resident is not None and lay.resident.bound)
             text += (" (resident slots of %d layers: %s)" % (len(res), "on the memory plan's pages, below"
                      if planned else "mapped for the forward, released after the backward"))
+        if self.launchers:
+            text += "; graphs run by: " + ", ".join("%s (%d)" % kv for kv in _launch.summary(self.launchers).items())
         gr = {id(lay.grads): lay.grads for lay in self.layers if getattr(lay, "grads", None) is not None}
         if gr:
             mapped = [g for g in gr.values() if g.mapped]
@@ -539,6 +550,8 @@ class Offload:
         """The library's statistics (vmmrt_offload_stats_get), and how the saved
         bytes reached their slots at capture (:meth:`placement`, summed):
         placed_bytes, copied_bytes, copy_bytes, resident_bytes, pool_bytes;
+        graph_launches: how the graphed callables' graphs run, {how: graphs}
+        (vmmrt.torch._launch: "vmmrt_group_replay" or torch's replay and why);
         tensors_held: tensors over its slots alive now (gradients, resident
         activations), each of which defers the destroy of a :meth:`close`;
         driver_calls_by_kind: the driver's VMM calls made so far by name
@@ -555,6 +568,7 @@ class Offload:
         for k in ("placed", "copied", "copy", "resident", "pool"):
             st["%s_bytes" % k] = p[k]
         st["tensors_held"] = self.runtime.holds
+        st["graph_launches"] = _launch.summary(self.launchers)
         by_kind = {d["name"]: d["count"] for d in self.runtime.driver_stats()}
         st["driver_calls_by_kind"] = by_kind
         st["driver_calls"] = sum(by_kind.values())

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""How a graphed call runs a graph between its layer's hooks, decided per graph.
+
+The library can make a use's begin hook, the graph's launch and its end hook
+in one call (vmmrt_group_replay) when torch gives the graph's executable
+handle (CUDAGraph.raw_cuda_graph_exec: torch 2.11 has it, 1.13 not): one crossing
+instead of the hooks' Python and torch's replay. Torch's ``replay()`` also
+advances the philox offset of the generators registered with the graph; a
+raw launch does not, so a graph that draws random numbers (dropout) would
+draw the same ones at every call. Torch gives no way to ask a captured graph
+whether it draws any, so the first call replays through torch and compares
+the generators' offsets before and after: a graph that moved none launches
+raw from then on. Torch's replay stays for the host backend (its graphs are
+not CUDA graphs), for torch without the handle, for the generators a user
+registers (``generators=``: theirs to advance), for recomputed layers
+(vmmrt.torch.recompute registers cloned generator states with their graphs)
+and where memory is mapped per use (Offload.maps_per_use). A Launcher holds
+its graph: torch destroys the executable graph with it.
+"""
+import torch
+
+# Launcher.how, as describe() shows it.
+RAW = "vmmrt_group_replay"
+PROBING = "torch replay (the first, to learn whether the graph draws random numbers)"
+
+
+class Launcher:
+    """One graph's way: ``exec`` > 0: the handle the library launches, in
+    the one call of the use (the hooks, Offload.flush where releases fell
+    due, nothing else);
+    0: torch's replay, for the reason in ``how``; < 0: the handle, not yet
+    used, after a first replay through torch (:meth:`probe`)."""
+    __slots__ = ("exec", "how", "graph", "gens")
+
+    def __init__(self, graph, off, generators, recomputed=False):
+        self.graph, self.gens, self.exec = graph, (), 0
+        if off.host:
+            self.how = "torch replay (host backend)"
+        elif generators:
+            self.how = "torch replay (generators= registered with the graph)"
+        elif recomputed:
+            self.how = "torch replay (recomputed: its graphs advance generator states of their own)"
+        elif off.maps_per_use():
+            self.how = ("torch replay (memory mapped per use: a map follows the events recorded between a "
+                        "use's begin hook and its graph)")
+        elif not hasattr(graph, "raw_cuda_graph_exec"):
+            self.how = "torch replay (this torch has no CUDAGraph.raw_cuda_graph_exec)"
+        else:
+            try:
+                h = int(graph.raw_cuda_graph_exec())
+            except RuntimeError:            # not captured (nothing to replay): torch's replay says so
+                h = 0
+            if h == 0:
+                self.how = "torch replay (no executable graph)"
+            else:
+                self.exec, self.how = -h, PROBING
+                self.gens = tuple(torch.cuda.default_generators)
+
+    def probe(self):
+        """The first call's replay, through torch: the graph launches raw from
+        the next call on unless a generator's offset moved."""
+        before = [g.get_offset() for g in self.gens]
+        self.graph.replay()
+        if [g.get_offset() for g in self.gens] != before:
+            self.exec, self.how = 0, "torch replay (the graph draws random numbers)"
+        else:
+            self.exec, self.how = -self.exec, RAW
+
+
+def summary(launchers):
+    """{how: graphs} over an offload's launchers (describe(), stats())."""
+    out = {}
+    for l in launchers.values():
+        out[l.how] = out.get(l.how, 0) + 1
+    return out
