@@ -434,3 +434,84 @@ def test_the_graphed_call_path_on_the_plan_makes_no_driver_call(monkeypatch, mod
         assert off.stats()["plan_conflicts"] == 0
     finally:
         off.close()
+
+
+def _raw_when_free(monkeypatch):
+    """The CUDA path's launch decision on the host backend: where only the
+    host backend keeps torch's replay, a graph gets the executable handle of
+    an empty host graph of the library's own (as torch gives a CUDA graph's),
+    unless memory is mapped per use (vmmrt.torch._launch)."""
+    from vmmrt.torch import _launch
+    decide = _launch.Launcher._decide
+
+    def d(self):
+        decide(self)
+        if self.how != "torch replay (host backend)":
+            return
+        if self.off.maps_per_use():
+            self.how = _launch.MAPPED
+            return
+        rt = self.off.runtime
+        s = rt.stream_create()
+        rt.graph_begin_capture(s)
+        h = rt.graph_end_capture(s)
+        self.off._close_hooks.append(lambda: (rt.graph_destroy(h), rt.stream_destroy(s)))
+        self.exec, self.how = -h.value, _launch.PROBING
+    monkeypatch.setattr(_launch.Launcher, "_decide", d)
+
+
+@pytest.mark.parametrize("grads", ["static", "mapped"])
+def test_the_plan_lets_each_graph_launch_in_one_call(monkeypatch, grads):
+    """Memory mapped per use keeps torch's replay (the hooks and the graph
+    apart); once the plan has put every slot on its pages, the graphs
+    launch in one library call each (vmmrt_group_replay), no driver call,
+    no torch replay. A .grad kept across the next forward still keeps its
+    values: the layer's resident slot leaves the pages at the one-call
+    forward too, and the graphs go back to the hooks."""
+    import contextlib
+    import test_call_path as cp
+    from vmmrt.torch import _launch
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", cp._Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    _raw_when_free(monkeypatch)
+    g, off, _ = cp._graphed_on_host("none", grads)
+    off.plan_memory()
+    params = [p for m in g for p in m.parameters()]
+    x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+
+    def run():
+        y = x
+        for m in g:
+            y = m(y)
+        y.backward(gy)
+    try:
+        assert off.maps_per_use() and set(off.stats()["graph_launches"]) == {_launch.MAPPED}
+        step = cp._stepper(g)
+        for _ in range(4):
+            step()
+            _settle(off)
+        hows = off.stats()["graph_launches"]
+        assert set(hows) == {_launch.RAW} if grads == "static" else hows.get(_launch.RAW) == len(g), hows
+        before, replays = off.stats()["driver_calls"], cp._Graph.replays
+        step()
+        _settle(off)
+        assert off.stats()["driver_calls"] == before and off.stats()["plan_conflicts"] == 0
+        # each backward ended its resident slot's use (a pipeline's
+        # microbatches share those bytes: still in use would be a conflict)
+        assert not any(lay.resident.busy for lay in off.layers if lay.resident is not None)
+        if grads == "static":
+            assert cp._Graph.replays == replays     # not one torch replay: the library launched every graph
+            return
+        run()
+        kept = [p.grad for p in params]
+        values = [k.clone() for k in kept]
+        for p in params:
+            p.grad = None
+        run()                                       # its forwards find the kept gradients' bytes held
+        _settle(off)
+        assert off.stats()["plan_conflicts"] >= 1
+        assert all(torch.equal(k, v) for k, v in zip(kept, values))
+        assert _launch.MAPPED in off.stats()["graph_launches"]
+    finally:
+        off.close()

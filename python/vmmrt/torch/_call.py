@@ -112,6 +112,11 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
             if x > 0:
                 if _backing._late or off._due:
                     off.flush()
+                res = lay.resident
+                if res is not None:
+                    # on the plan's pages: whether its bytes are free (else
+                    # it gets memory of its own, and the graphs their hooks)
+                    off.map_for_use(lay, False, res, s, False, cur)
                 st = replay_fn(gh, 0, x, s)
                 if st:
                     group.replay_failed(st)
@@ -167,6 +172,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                 st = replay_fn(gh, 1, x, s)
                 if st:
                     group.replay_failed(st)
+                if lay.resident is not None:
+                    lay.resident.release(s)     # (bound: its use ends; the pages stay)
             else:
                 lay.backward_begin(s, cur)
                 if x < 0:

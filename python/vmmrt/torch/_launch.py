@@ -14,7 +14,8 @@ raw from then on. Torch's replay stays for the host backend (its graphs are
 not CUDA graphs), for torch without the handle, for the generators a user
 registers (``generators=``: theirs to advance), for recomputed layers
 (vmmrt.torch.recompute registers cloned generator states with their graphs)
-and where memory is mapped per use (Offload.maps_per_use). A Launcher holds
+and where memory is mapped per use (Offload.maps_per_use: until the memory
+plan binds every slot, and after a conflict). A Launcher holds
 its graph: torch destroys the executable graph with it.
 """
 import torch
@@ -24,30 +25,41 @@ RAW = "vmmrt_group_replay"
 PROBING = "torch replay (the first, to learn whether the graph draws random numbers)"
 
 
+MAPPED = ("torch replay (memory mapped per use: a map follows the events recorded between a use's begin hook "
+          "and its graph)")
+
+
 class Launcher:
     """One graph's way: ``exec`` > 0: the handle the library launches, in
     the one call of the use (the hooks, Offload.flush where releases fell
-    due, nothing else);
+    due, the memory plan's check of the resident slot, nothing else);
     0: torch's replay, for the reason in ``how``; < 0: the handle, not yet
-    used, after a first replay through torch (:meth:`probe`)."""
-    __slots__ = ("exec", "how", "graph", "gens")
+    used, after a first replay through torch (:meth:`probe`). Memory mapped
+    per use keeps torch's replay until the memory plan has put every slot
+    on its pages for good (:meth:`reconsider`), and again from a conflict
+    on (:meth:`map_again`)."""
+    __slots__ = ("exec", "how", "graph", "gens", "off", "generators", "recomputed")
 
     def __init__(self, graph, off, generators, recomputed=False):
-        self.graph, self.gens, self.exec = graph, (), 0
+        self.graph, self.off, self.generators, self.recomputed = graph, off, generators, recomputed
+        self._decide()
+
+    def _decide(self):
+        off = self.off
+        self.gens, self.exec = (), 0
         if off.host:
             self.how = "torch replay (host backend)"
-        elif generators:
+        elif self.generators:
             self.how = "torch replay (generators= registered with the graph)"
-        elif recomputed:
+        elif self.recomputed:
             self.how = "torch replay (recomputed: its graphs advance generator states of their own)"
         elif off.maps_per_use():
-            self.how = ("torch replay (memory mapped per use: a map follows the events recorded between a "
-                        "use's begin hook and its graph)")
-        elif not hasattr(graph, "raw_cuda_graph_exec"):
+            self.how = MAPPED
+        elif not hasattr(self.graph, "raw_cuda_graph_exec"):
             self.how = "torch replay (this torch has no CUDAGraph.raw_cuda_graph_exec)"
         else:
             try:
-                h = int(graph.raw_cuda_graph_exec())
+                h = int(self.graph.raw_cuda_graph_exec())
             except RuntimeError:            # not captured (nothing to replay): torch's replay says so
                 h = 0
             if h == 0:
@@ -55,6 +67,19 @@ class Launcher:
             else:
                 self.exec, self.how = -h, PROBING
                 self.gens = tuple(torch.cuda.default_generators)
+
+    def reconsider(self):
+        """The memory plan has put every slot on its pages: a graph that kept
+        torch's replay only for memory mapped per use decides again."""
+        if self.how == MAPPED:
+            self._decide()
+
+    def map_again(self):
+        """A slot left the plan's pages (a conflict): its maps follow the
+        events of the hooks' path again, so torch's replay until the slot is
+        back (:meth:`reconsider`)."""
+        if self.exec != 0:
+            self.exec, self.how = 0, MAPPED
 
     def probe(self):
         """The first call's replay, through torch: the graph launches raw from

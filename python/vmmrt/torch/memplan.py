@@ -246,6 +246,7 @@ class Entry:
             return False
         if self.watcher.bind(self):
             b.begin_use()
+            self.watcher._all_bound()
             return True
         return False
 
@@ -354,6 +355,13 @@ class Watcher:
         for e in self.entries:
             self.bind(e)
         log.info("vmmrt: %s", plan.summary())
+        self._all_bound()
+
+    def _all_bound(self) -> None:
+        """Every slot on the pages: no use maps memory, so a graph may launch
+        in one call (Offload.maps_per_use, vmmrt.torch._launch)."""
+        if not self.off.maps_per_use():
+            self.off.launch_ways_changed(True)
 
     def bind(self, entry: Entry) -> bool:
         """Put the entry's slot on the pages, if its own memory is gone; a
@@ -397,6 +405,7 @@ class Watcher:
                         "counts these); logged once", entry.backing.name, ", ".join(b.name for b in held))
         self._device_done(stream)     # what read or wrote the pages through the slot
         entry.backing.unbind()
+        self.off.launch_ways_changed(False)
 
     # ------------------------------------------------------------- info
     def stats(self) -> dict:

@@ -232,8 +232,21 @@ class Offload:
         slot, mapped gradients): its map then follows the event
         :meth:`use_started` records between an earlier use's begin hook and
         its graph, so those uses keep the hooks and the graph as separate
-        calls (vmmrt.torch._launch). Asked once per graph, at build."""
-        return bool(self.backings)
+        calls (vmmrt.torch._launch). Asked once per graph, at build, and
+        again when the memory plan has put every slot on its pages for
+        good (:meth:`launch_ways_changed`): a bound slot maps nothing, nor
+        does one mapped and held all along (the persistent loop's
+        gradients, which the plan leaves off its pages)."""
+        return any(not b.bound and not (b.mapped and b.live > 0) for b in self.backings)
+
+    def launch_ways_changed(self, bound: bool) -> None:
+        """The memory plan bound every slot (``bound``), or a slot left its
+        pages: each graph's way is decided again (vmmrt.torch._launch)."""
+        for launcher in self.launchers.values():
+            if bound:
+                launcher.reconsider()
+            else:
+                launcher.map_again()
 
     def map_for_use(self, lay: LayerOffload, backward: bool, backing: Backing, stream: vmmrt.Stream,
                     eager: bool = False, current: Any = None) -> None:
