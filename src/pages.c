@@ -8,6 +8,7 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <urcu/uatomic.h>
@@ -16,13 +17,39 @@
 #include "error.h"
 #include "pages.h"
 
+/* The live handles given back; the first failure is returned, the handles it
+ * could not release stay listed (counted in live_handles). */
+static vmmrt_status release_chunks(vmmrt_pages *p)
+{
+	vmmrt_status first = VMMRT_OK;
+	for (size_t i = 0; i < p->nchunks; i++) {
+		if (!p->handles[i])
+			continue;
+		vmmrt_status st = vmmrt__drv_mem_release(p->rt, p->handles[i]);
+		if (st == VMMRT_OK)
+			p->handles[i] = 0;
+		else if (first == VMMRT_OK)
+			first = st;
+	}
+	return first;
+}
+
 static vmmrt_status run_create(vmmrt__request *req, vmmrt__worker *wk)
 {
 	vmmrt_pages *p = req->owner;
 	(void)wk;
-	vmmrt_status st = vmmrt__drv_mem_create(p->rt, p->size, &p->handle);
-	if (st != VMMRT_OK)
-		return vmmrt__error_wrap(st, "pages %llu: create %zu bytes", (unsigned long long)p->id, p->size);
+	for (size_t i = 0; i < p->nchunks; i++) {
+		vmmrt_status st = vmmrt__drv_mem_create(p->rt, p->chunk, &p->handles[i]);
+		if (st != VMMRT_OK) {
+			char why[512];
+			snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+			p->handles[i] = 0;
+			(void)release_chunks(p); /* what this create made: none of it is the caller's */
+			vmmrt__error_adopt(why);
+			return vmmrt__error_wrap(st, "pages %llu: create %zu bytes (chunk %zu of %zu)", (unsigned long long)p->id,
+						 p->size, i + 1, p->nchunks);
+		}
+	}
 	p->created = true;
 	vmmrt__app_bytes_add(p->rt, (int64_t)p->size);
 	return VMMRT_OK;
@@ -36,7 +63,7 @@ static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
 	(void)wk;
 	if (!p->created)
 		return VMMRT_OK;
-	vmmrt_status st = vmmrt__drv_mem_release(p->rt, p->handle);
+	vmmrt_status st = release_chunks(p);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "pages %llu: release", (unsigned long long)p->id);
 	p->created = false;
@@ -73,6 +100,13 @@ vmmrt_status vmmrt_pages_create(vmmrt_runtime *rt, size_t bytes, vmmrt_pages **o
 		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %zu bytes", __func__, sizeof(*p));
 	p->rt = rt;
 	p->size = (bytes + g - 1) / g * g;
+	p->chunk = g;
+	p->nchunks = p->size / g;
+	p->handles = calloc(p->nchunks, sizeof(*p->handles));
+	if (!p->handles) {
+		free(p);
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %zu handles", __func__, (bytes + g - 1) / g);
+	}
 	p->id = uatomic_add_return(&rt->next_pages_id, 1);
 	p->worker = vmmrt__workers_route(rt->workers, p->id);
 	vmmrt__request_init(&p->create_req, &create_ops, p);
@@ -95,6 +129,7 @@ vmmrt_status vmmrt_pages_create(vmmrt_runtime *rt, size_t bytes, vmmrt_pages **o
 	}
 	if (st != VMMRT_OK) {
 		unlink_pages(p);
+		free(p->handles);
 		free(p);
 		return st;
 	}
@@ -119,6 +154,7 @@ static vmmrt_status destroy_pages(vmmrt_pages *p)
 	if (st != VMMRT_OK)
 		return st; /* still live: the caller may destroy it again */
 	unlink_pages(p);
+	free(p->handles);
 	free(p);
 	return VMMRT_OK;
 }
@@ -161,6 +197,7 @@ void vmmrt__pages_free_leftover(vmmrt_runtime *rt)
 	cds_list_for_each_entry_safe(p, next, &rt->pages, link) {
 		cds_list_del(&p->link);
 		uatomic_dec(&rt->live_pages);
+		free(p->handles);
 		free(p);
 	}
 }

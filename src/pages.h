@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
- * Physical pages (vmmrt_pages): one driver handle that several slots map at
+ * Physical pages (vmmrt_pages): driver handles that several slots map at
  * their fixed addresses at once (vmmrt_slot_map_pages), so that tensors whose
- * lives do not overlap share memory with no driver call per step. The handle
- * is created and released on a driver worker, as every cuMem* call is; the
- * caller's destroy releases it at once, and the driver keeps the memory until
- * the last slot mapping it is unmapped (cuMemRelease's rule, which the host
- * backend models).
+ * lives do not overlap share memory with no driver call per step. One handle
+ * per granule ("chunk"): cuMemMap maps a whole handle only (its offset must
+ * be 0: CUDA_ERROR_NOT_SUPPORTED otherwise, on the H200's driver), so a slot
+ * bound at an offset maps the chunks its bytes cover, one by one. The
+ * handles are created and released on a driver worker, as every cuMem* call
+ * is; the caller's destroy releases them at once, and the driver keeps the
+ * memory until the last slot mapping them is unmapped (cuMemRelease's rule,
+ * which the host backend models).
  *
  * pages.c: the object, its two requests, the runtime's teardown of those
  * left behind. slot.c binds slots to it; slot-work.c leaves a bound slot's
@@ -26,9 +29,11 @@ struct vmmrt_pages {
 	uint64_t id;
 	size_t size;             /* a multiple of the granularity */
 	unsigned worker;         /* its create and release run there, in order */
+	size_t chunk;            /* the bytes of each handle: the granularity */
+	size_t nchunks;          /* size / chunk */
 	/* worker-owned; read by the caller once its create's wait returned */
-	vmmrt__bhandle handle;
-	bool created;            /* handle is live (not released yet) */
+	vmmrt__bhandle *handles; /* nchunks of them, 0 where none is live */
+	bool created;            /* every handle is live (not released yet) */
 	vmmrt__request create_req;
 	vmmrt__request release_req;
 	/* the caller's: a create or destroy whose wait timed out left the object

@@ -99,12 +99,64 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 	return attach_at(s, h, 0);
 }
 
+/* The chunks of a bound slot from the first on, unmapped one by one, as they
+ * were mapped (an unmap may not cover more than one mapping on every driver). */
+static vmmrt_status unmap_chunks(vmmrt_slot *s, size_t from)
+{
+	vmmrt_status first = VMMRT_OK;
+	for (size_t off = from; off < s->size; off += s->bind_chunk) {
+		vmmrt_status st = vmmrt__drv_mem_unmap(s->rt, s->va + off, s->bind_chunk);
+		if (st != VMMRT_OK && first == VMMRT_OK)
+			first = st;
+	}
+	return first;
+}
+
+/* A bound slot's chunks, each a whole handle of the pages at its place in the
+ * slot (cuMemMap maps a handle from offset 0 only), each given access; on a
+ * failure the chunks mapped so far are unmapped again. */
+static vmmrt_status attach_pages(vmmrt_slot *s)
+{
+	vmmrt_runtime *rt = s->rt;
+	const vmmrt_pages *p = s->bind_pages;
+	size_t c = p->chunk, first = s->bind_offset / c, done = 0;
+	vmmrt_status st = VMMRT_OK;
+
+	if (s->mapped)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
+				   (unsigned long long)s->id, (unsigned long long)s->va);
+	for (; done < s->size; done += c) {
+		vmmrt__bhandle h = p->handles[first + done / c];
+		if ((st = vmmrt__drv_mem_map(rt, s->va + done, c, h, 0)) != VMMRT_OK)
+			break;
+		if ((st = vmmrt__drv_mem_set_access(rt, s->va + done, c)) != VMMRT_OK) {
+			done += c; /* mapped: rolled back with the others */
+			break;
+		}
+	}
+	if (st != VMMRT_OK) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
+		s->bind_chunk = c;
+		for (size_t off = 0; off < done; off += c)
+			(void)vmmrt__drv_mem_unmap(rt, s->va + off, c);
+		vmmrt__error_adopt(why);
+		return vmmrt__error_wrap(st, "slot %llu: map of pages %llu at offset %zu (chunk %zu of %zu; rolled back)",
+					 (unsigned long long)s->id, (unsigned long long)p->id, s->bind_offset,
+					 done / c + 1, s->size / c);
+	}
+	s->bind_chunk = c;
+	s->mapped = true;
+	s->handle = 0;
+	return VMMRT_OK;
+}
+
 vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
 {
 	if (!s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
+	vmmrt_status st = s->bound ? unmap_chunks(s, 0) : vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
 	s->mapped = false;
@@ -416,10 +468,9 @@ static vmmrt_status run_bind(vmmrt__request *req, vmmrt__worker *wk)
 	(void)wk;
 	if (s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
-	s->bound = true; /* first: attach leaves the bytes to the pages */
-	vmmrt_status st = attach_at(s, s->bind_handle, s->bind_offset);
-	if (st != VMMRT_OK)
-		s->bound = false;
+	vmmrt_status st = attach_pages(s);
+	if (st == VMMRT_OK)
+		s->bound = true; /* what unmaps it leaves the bytes to the pages */
 	return st;
 }
 

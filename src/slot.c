@@ -637,7 +637,7 @@ vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *s, vmmrt_pages *p, size_t offset)
 	default:
 		break;
 	}
-	s->bind_handle = p->handle;
+	s->bind_pages = p;
 	s->bind_offset = offset;
 	if ((st = push_pending(s, &s->bind_req, NULL, NULL)) != VMMRT_OK)
 		return st;

@@ -110,11 +110,14 @@ struct vmmrt_slot {
 	/* one preallocated request per kind: a slot never has two of a kind queued */
 	vmmrt__request map_req;
 	vmmrt__request release_req;
-	/* vmmrt_slot_map_pages: the pages' handle and the offset its request
-	 * maps, set by the caller before the push */
+	/* vmmrt_slot_map_pages: the pages and the offset its request maps, set
+	 * by the caller before the push; bind_chunk, the pages' chunk, stays
+	 * while bound (the pages may be destroyed first): a bound slot is
+	 * unmapped chunk by chunk, as it was mapped */
 	vmmrt__request bind_req;
-	vmmrt__bhandle bind_handle;
+	const struct vmmrt_pages *bind_pages;
 	size_t bind_offset;
+	size_t bind_chunk;
 
 	/* Made by vmmrt_slot_create (set before its first request): the
 	 * application's memory, counted in slot_bytes, and always given back to
@@ -170,7 +173,7 @@ extern const vmmrt__request_ops vmmrt__slot_map_ops;
 extern const vmmrt__request_ops vmmrt__slot_ensure_ops;
 extern const vmmrt__request_ops vmmrt__slot_release_ops;
 extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
-/* bind: map bind_handle at bind_offset (an error if mapped); the slot is
+/* bind: map bind_pages' chunks from bind_offset on (an error if mapped); the slot is
  * then bound (`bound`): what unmaps it leaves the memory to its pages. */
 extern const vmmrt__request_ops vmmrt__slot_bind_ops;
 /*

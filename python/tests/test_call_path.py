@@ -350,8 +350,9 @@ def _raw_on_host(monkeypatch):
 
 # Python calls per layer per step on the host backend, torch 1.13, Zoo
 # layers, pingpong, grads="static", nothing mapped per use: 76.75 with the
-# hooks and torch's replay, 46.75 with one vmmrt_group_replay per use.
-RAW_CEILING = 55
+# hooks and torch's replay, 46.75 with one vmmrt_group_replay per use; on
+# the H200's torch 2.11 (its own Python around autograd Functions) 60.75.
+RAW_CEILING = 65
 
 
 @pytest.mark.parametrize("raw", [False, True])

@@ -338,6 +338,35 @@ def test_a_step_abandoned_after_a_forward_leaves_nothing_held():
         off.close()
 
 
+def test_a_slot_the_driver_will_not_put_on_the_pages_leaves_no_pages_behind(monkeypatch):
+    """A driver that refuses to map the pages (the H200's refused a handle
+    mapped from an offset): no plan, and its pages given back at once, not
+    held beside every slot's own memory; the step goes on without it."""
+    import vmmrt
+    made = []
+    pages = vmmrt.Runtime.pages
+
+    def tracked(self, nbytes):
+        made.append(pages(self, nbytes))
+        return made[-1]
+
+    def refused(self, pages, offset=0):
+        raise vmmrt.Error(vmmrt._capi.E_NOT_SUPPORTED, "made up for the test", "vmmrt_slot_map_pages")
+    monkeypatch.setattr(vmmrt.Runtime, "pages", tracked)
+    monkeypatch.setattr(vmmrt.Slot, "map_pages", refused)
+    on = _train(True, 4)
+    off = _train(False, 4)
+    assert made and all(p.destroyed for p in made)
+    # given back when the plan gave up, not at close: the runtime's slot
+    # memory after the last step is what it is without a plan
+    assert on["stats"]["slot_bytes"] == off["stats"]["slot_bytes"], (on["stats"]["slot_bytes"], made[0].size)
+    assert on["stats"]["plan_bytes"] == 0 and on["stats"]["plan_binds"] == 0
+    assert "could not be put on its pages" in on["describe"] and "made up for the test" in on["describe"]
+    assert all(c > 0 for c in on["calls"])
+    for a, b in zip(on["grads"], off["grads"]):
+        assert _same(a, b)
+
+
 def test_pages_that_cannot_be_made_leave_the_slots_as_without_a_plan(monkeypatch):
     """No device memory for the pages (or any failure to make them): the
     step goes on, each slot mapped and released around its use, and

@@ -353,9 +353,30 @@ class Watcher:
             return
         self.off._close_hooks.append(self.pages.destroy)
         for e in self.entries:
-            self.bind(e)
+            try:
+                e.backing.bind(self.pages, e.life.offset) and self._bound_one()
+            except Error as err:
+                # (a driver that refuses the map): no plan rather than its
+                # pages held beside every slot's own memory
+                self._give_up("a slot could not be put on its pages (%s): each slot is mapped and released around "
+                              "its use" % err)
+                return
         log.info("vmmrt: %s", plan.summary())
         self._all_bound()
+
+    def _bound_one(self) -> None:
+        self.binds += 1
+
+    def _give_up(self, why: str) -> None:
+        for en in self.entries:
+            en.backing.unbind()
+            en.backing.planned = None
+        self.entries = []
+        self.pages.destroy()
+        self.off._close_hooks.remove(self.pages.destroy)
+        self.pages = None
+        self.why_not = why
+        log.warning("vmmrt: memory plan: %s", why)
 
     def _all_bound(self) -> None:
         """Every slot on the pages: no use maps memory, so a graph may launch
