@@ -262,46 +262,55 @@ static void test_vmm_roundtrip(void **state)
 	OK(ops->host_free(B, out));
 }
 
-/* One handle at two addresses, the second at an offset (cuMemMap's offset,
- * what vmmrt_slot_map_pages uses): each sees the other's writes; a
- * misaligned offset and one past the end are refused. */
+/* One handle at two addresses, each mapping all of it (what
+ * vmmrt_slot_map_pages does, chunk by chunk): each sees the other's writes,
+ * and the memory outlives its release until the last unmap. A part of a
+ * handle, from an offset, is refused by the driver (CUDA_ERROR_NOT_SUPPORTED
+ * on the H200's, 2026-12-02): why pages are one handle per granule. */
 static void test_map_at_offset(void **state)
 {
-	const size_t size = 2 * G;
-	vmmrt_devptr whole, part;
-	vmmrt__bhandle h;
+	vmmrt_devptr a, b, c;
+	vmmrt__bhandle h, big;
 	unsigned char *in, *out;
 
-	OK(ops->host_alloc(B, size, (void **)&in));
-	OK(ops->host_alloc(B, size, (void **)&out));
-	OK(ops->va_reserve(B, size, 0, &whole));
-	OK(ops->va_reserve(B, G, 0, &part));
-	OK(ops->mem_create(B, size, &h));
-	OK(ops->mem_map(B, whole, size, h, 0));
-	OK(ops->mem_set_access(B, whole, size));
-	assert_int_not_equal(ops->mem_map(B, part, G, h, G / 2), VMMRT_OK);
-	assert_int_not_equal(ops->mem_map(B, part, G, h, size), VMMRT_OK);
-	OK(ops->mem_map(B, part, G, h, G));
-	OK(ops->mem_set_access(B, part, G));
+	OK(ops->host_alloc(B, G, (void **)&in));
+	OK(ops->host_alloc(B, G, (void **)&out));
+	OK(ops->va_reserve(B, G, 0, &a));
+	OK(ops->va_reserve(B, G, 0, &b));
+	OK(ops->va_reserve(B, G, 0, &c));
+	OK(ops->mem_create(B, G, &h));
+	OK(ops->mem_map(B, a, G, h, 0));
+	OK(ops->mem_set_access(B, a, G));
+	OK(ops->mem_map(B, b, G, h, 0));
+	OK(ops->mem_set_access(B, b, G));
 
-	fill_host(in, size, 4321);
-	OK(to_device(B, S, whole, in, size));
-	memset(out, 0, size);
-	OK(to_host(B, S, out, part, G));
-	assert_memory_equal(in + G, out, G);
-	fill_host(in, G, 99);
-	OK(to_device(B, S, part, in, G));
-	OK(to_host(B, S, out, whole + G, G));
+	fill_host(in, G, 4321);
+	OK(to_device(B, S, a, in, G));
+	memset(out, 0, G);
+	OK(to_host(B, S, out, b, G));
 	assert_memory_equal(in, out, G);
+	fill_host(in, G, 99);
+	OK(to_device(B, S, b, in, G));
+	OK(to_host(B, S, out, a, G));
+	assert_memory_equal(in, out, G);
+
+	OK(ops->mem_create(B, 2 * G, &big));
+	vmmrt_status st = ops->mem_map(B, c, G, big, G);
+	if (st == VMMRT_OK) /* a driver that allows it: fine, the library does not need it */
+		OK(ops->mem_unmap(B, c, G));
+	else
+		assert_int_equal(st, VMMRT_E_NOT_SUPPORTED);
+	OK(ops->mem_release(B, big));
 
 	/* released while both are mapped: the memory stays until the last unmap */
 	OK(ops->mem_release(B, h));
-	OK(to_host(B, S, out, part, G));
+	OK(to_host(B, S, out, b, G));
 	assert_memory_equal(in, out, G);
-	OK(ops->mem_unmap(B, whole, size));
-	OK(ops->mem_unmap(B, part, G));
-	OK(ops->va_free(B, whole, size));
-	OK(ops->va_free(B, part, G));
+	OK(ops->mem_unmap(B, a, G));
+	OK(ops->mem_unmap(B, b, G));
+	OK(ops->va_free(B, a, G));
+	OK(ops->va_free(B, b, G));
+	OK(ops->va_free(B, c, G));
 	OK(ops->host_free(B, in));
 	OK(ops->host_free(B, out));
 }
