@@ -75,10 +75,12 @@ def _eager(mode, grads):
     return g, vt.offload_of(g[0])
 
 
-def _stepper(g):
+def _stepper(g, x=None, gy=None):
     """One training step over the layers (the parameters' .grad dropped after
-    it, as zero_grad(set_to_none=True), without walking the modules)."""
-    x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+    it, as zero_grad(set_to_none=True), without walking the modules); the
+    Zoo layers' input and output gradient unless given."""
+    if x is None:
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
     params = [p for m in g for p in m.parameters()]
 
     def step():
@@ -192,17 +194,7 @@ def test_a_cuda_graphed_call_rederives_nothing(monkeypatch, mode, grads):
     off = vt.offload_of(g[0])
     try:
         x = torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        gy = torch.randn_like(x)
-        params = [p for m in g for p in m.parameters()]
-
-        def step():
-            y = x
-            for m in g:
-                y = m(y)
-            y.backward(gy)
-            del y
-            for p in params:
-                p.grad = None
+        step = _stepper(g, x, torch.randn_like(x))
         step()
         step()
         torch.cuda.synchronize()

@@ -135,16 +135,6 @@ static void verify(pages_run *r)
 	}
 }
 
-static void destroy_slot(pages_run *r, vmmrt_slot *x)
-{
-	scen *s = r->s;
-	vmmrt_devptr va = vmmrt_slot_address(x);
-	if (OK(r, "vmmrt_slot_destroy", vmmrt_slot_destroy(x)))
-		t_range_del(va);
-	else if (s->nleft < 4)
-		s->leftover[s->nleft++] = x; /* still live: destroyed again at the end */
-}
-
 void slot_pages(scen *s)
 {
 	if (s->errored)
@@ -174,9 +164,9 @@ void slot_pages(scen *s)
 	if (drained) {
 		for (unsigned k = 0; k < 2; k++)
 			if (r.x[k])
-				destroy_slot(&r, r.x[k]);
+				s_slot_destroy(s, r.x[k]);
 		if (r.res)
-			destroy_slot(&r, r.res);
+			s_slot_destroy(s, r.res);
 		if (r.p)
 			(void)OK(&r, "vmmrt_pages_destroy", vmmrt_pages_destroy(r.p));
 		if (!s->errored && !fault_causes(&s->fc) && slot_bytes(s) != base)

@@ -190,6 +190,9 @@ void illegal_edges(scen *s, unsigned groups, bool allocated);
 /* slots.c */
 /* Random cycles of stream-ordered backing on slots of the application's own. */
 void slot_backing(scen *s);
+/* Destroy x and forget its range; one the library refuses stays for the end
+ * (slots.c, pages.c). */
+void s_slot_destroy(scen *s, vmmrt_slot *x);
 
 /* pages.c */
 /* Whether the scenario binds two slots to one pages object after iteration

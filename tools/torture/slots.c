@@ -275,11 +275,10 @@ static void verify(slots_run *r)
 	}
 }
 
-static void destroy(slots_run *r, vmmrt_slot *x)
+void s_slot_destroy(scen *s, vmmrt_slot *x)
 {
-	scen *s = r->s;
 	vmmrt_devptr va = vmmrt_slot_address(x);
-	if (OK(r, "vmmrt_slot_destroy", vmmrt_slot_destroy(x)))
+	if (s_ok(s, API(s, "vmmrt_slot_destroy", vmmrt_slot_destroy(x)), "vmmrt_slot_destroy"))
 		t_range_del(va);
 	else if (s->nleft < 4)
 		s->leftover[s->nleft++] = x; /* still live: destroyed again at the end */
@@ -316,9 +315,9 @@ void slot_backing(scen *s)
 	if (drained) {
 		for (unsigned k = 0; k < r.n; k++)
 			if (r.x[k])
-				destroy(&r, r.x[k]);
+				s_slot_destroy(s, r.x[k]);
 		if (r.res)
-			destroy(&r, r.res);
+			s_slot_destroy(s, r.res);
 		if (!s->errored && !fault_causes(&s->fc) && slot_bytes(s) != base)
 			t_fail(s->seed, "slot-bytes", "slot_bytes %" PRIu64 " after destroy, %" PRIu64 " before",
 			       slot_bytes(s), base);
