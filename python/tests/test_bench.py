@@ -700,3 +700,45 @@ def test_front_points_keep_their_gradient_words_in_the_json(tmp_path):
     assert back["grads_text"] == "bitwise"
     text, _ = front.report([back], "eager", "t")
     assert "bitwise" in text
+
+
+def test_front_runs_graphs_of_checkpointed_megatron_layers_alone(monkeypatch):
+    """torch's graphs of checkpointed Megatron layers (an option whose failed
+    capture leaves the process unfit for any later point) run alone in a
+    fresh process: their figures, or their error, come from there, and the
+    front goes on; other options and other layers run in the process."""
+    from types import SimpleNamespace
+    from vmmrt.torch.bench import frontrun, loops, shapes
+
+    class Tracked(torch.nn.Module):
+        rng_tracked = True
+    gc_opt = frontrun.Option("graphs+ckpt 1", "torch", "graph-ckpt", 1)
+    assert frontrun.isolated(gc_opt, [Tracked()])
+    assert not frontrun.isolated(gc_opt, [Tiny()])
+    assert not frontrun.isolated(frontrun.Option("graphs", "torch", "graph"), [Tracked()])
+    args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1, attention="auto",
+                           dtype="bf16", device="cuda", smoke=False)
+    asked = []
+
+    def ok(argv):
+        asked.append(argv)
+        return {"step_ms": 55.0, "peak": 12 << 30, "peak_abs": 13 << 30, "iterations": 3}
+
+    def fails(argv):
+        raise RuntimeError("exit status 1: operation would make the legacy stream depend on a capturing stream")
+    pt = {"label": gc_opt.label, "family": "torch", "option": "graph-ckpt", "param": 1}
+    got = frontrun.alone_point(pt, args, "megatron", "set_to_none", ok)
+    assert got["step_ms"] == 55.0 and got["peak"] == 12 << 30 and "fresh process" in got["note"]
+    assert asked[0][asked[0].index("--option") + 1] == "graph-ckpt" and "--k" in asked[0]
+    bad = frontrun.alone_point(pt, args, "megatron", "set_to_none", fails)
+    assert "legacy stream" in bad["error"] and bad["peak"] is None
+    # the front's own point: routed there, nothing built in the process
+    monkeypatch.setattr(frontrun, "alone_point", lambda pt, a, shape, loop: {"step_ms": 55.0, "peak": 1 << 30,
+                                                                             "build_s": float("nan")})
+    monkeypatch.setattr(frontrun, "build", lambda *a, **k: pytest.fail("built in the process"))
+    f = frontrun.Front(args, shapes.SHAPES["launch"].smoke("cpu"), loops.Loop("set_to_none"),
+                       torch.device("cpu"), torch.float32)
+    f.on_point = lambda doc: None
+    bar = SimpleNamespace(n=1, start=lambda label: None, end=lambda line: None)
+    f._point(gc_opt, [Tracked()], None, None, None, None, bar, False)
+    assert f.points == [dict(pt, step_ms=55.0, peak=1 << 30, build_s=f.points[0]["build_s"])]

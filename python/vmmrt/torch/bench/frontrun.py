@@ -202,6 +202,34 @@ def fresh(cuda):
     torch.cuda.empty_cache()
 
 
+def isolated(opt, layers):
+    """Whether the option runs in a fresh process of its own (bench/alone.py):
+    torch's graphs of checkpointed Megatron layers fail inside the backward's
+    capture (an operation on the legacy stream, H200, torch 2.11), and the
+    process is not clean after it even once the capture is ended again
+    (every later point's peak grew by GBs): one failure would make every
+    later point of the front wrong."""
+    return opt.kind == "graph-ckpt" and any(getattr(m, "rng_tracked", False) for m in layers)
+
+
+def alone_point(pt, args, shape, loop, runner=None):
+    """The figures of ``pt``'s option measured alone in a fresh process
+    (:func:`isolated`): its step time and peak over its own memory before
+    the model, or the error it ended with; its gradients are not compared
+    (said in the point)."""
+    from vmmrt.torch.bench import alone
+    runner = runner or alone._subprocess
+    try:
+        got = runner(alone._argv(args, shape, pt, loop))
+    except Exception as e:
+        return {"error": "alone in a fresh process: %s: %s" % (type(e).__name__, str(e)[-300:]),
+                "step_ms": float("nan"), "peak": None, "build_s": float("nan")}
+    return {"step_ms": got["step_ms"], "peak": got.get("peak"), "peak_abs": got.get("peak_abs"),
+            "iterations": got.get("iterations"), "build_s": float("nan"), "grads_text": "not compared (run alone)",
+            "note": "run alone in a fresh process (bench/alone.py): a failed capture of this option leaves a "
+                    "process no later point could be measured in"}
+
+
 def plan_fields(plan):
     """What a point records of its offload's plan: the budget planner's
     (memory_budget=) predicts a peak, offload="auto"'s plan does not."""
@@ -285,6 +313,12 @@ class Front:
         bar.start(o.label)
         built = None
         pt = {"label": o.label, "family": o.family, "option": o.kind, "param": o.param}
+        if not is_ref and isolated(o, layers):
+            pt.update(alone_point(pt, a, self.spec.name, self.loop.name))
+            self.points.append(pt)
+            bar.end(self._line(len(self.points), bar.n, pt))
+            self.on_point(self.doc)
+            return
         try:
             if layers and hasattr(layers[0], "reseed"):
                 layers[0].reseed()
