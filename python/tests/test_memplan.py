@@ -521,16 +521,19 @@ def test_the_plan_lets_each_graph_launch_in_one_call(monkeypatch, grads):
             step()
             _settle(off)
         hows = off.stats()["graph_launches"]
-        assert set(hows) == {_launch.RAW} if grads == "static" else hows.get(_launch.RAW) == len(g), hows
+        # every forward and backward graph; grads="mapped"'s accumulating
+        # backwards wait for their first use (the set_to_none loop has none)
+        assert hows.get(_launch.RAW) == 2 * len(g), hows
+        assert set(hows) == ({_launch.RAW} if grads == "static" else {_launch.RAW, _launch.PROBING}), hows
         before, replays = off.stats()["driver_calls"], cp._Graph.replays
         step()
         _settle(off)
+        assert cp._Graph.replays == replays     # not one torch replay: the library launched every graph
         assert off.stats()["driver_calls"] == before and off.stats()["plan_conflicts"] == 0
         # each backward ended its resident slot's use (a pipeline's
         # microbatches share those bytes: still in use would be a conflict)
         assert not any(lay.resident.busy for lay in off.layers if lay.resident is not None)
         if grads == "static":
-            assert cp._Graph.replays == replays     # not one torch replay: the library launched every graph
             return
         run()
         kept = [p.grad for p in params]
@@ -542,5 +545,48 @@ def test_the_plan_lets_each_graph_launch_in_one_call(monkeypatch, grads):
         assert off.stats()["plan_conflicts"] >= 1
         assert all(torch.equal(k, v) for k, v in zip(kept, values))
         assert _launch.MAPPED in off.stats()["graph_launches"]
+    finally:
+        off.close()
+
+
+def test_the_accumulating_backward_launches_in_one_call_too(monkeypatch):
+    """grads="mapped" in the persistent .grad loop: the backward that adds
+    into a .grad already at its address (the accumulate graph) is launched
+    in one library call once the plan is made, as the others; no torch
+    replay, no driver call per step."""
+    import contextlib
+    import test_call_path as cp
+    from vmmrt.torch import _launch
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", cp._Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    _raw_when_free(monkeypatch)
+    g, off, _ = cp._graphed_on_host("none", "mapped")
+    off.plan_memory()
+    params = [p for m in g for p in m.parameters()]
+    x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+
+    def step():                 # zero_grad(set_to_none=False): .grad stays, zeroed
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
+        y = x
+        for m in g:
+            y = m(y)
+        y.backward(gy)
+    try:
+        for _ in range(5):
+            step()
+            _settle(off)
+        # forwards and accumulating backwards; the writing backwards wait
+        # for a first use (.grad is never None again in this loop)
+        ways = {k: l.how for k, l in off.launchers.items()}
+        assert all(how == _launch.RAW for (_, kind), how in ways.items() if kind in (False, "accumulate")), ways
+        assert {how for (_, kind), how in ways.items() if kind is True} == {_launch.PROBING}, ways
+        before, replays = off.stats()["driver_calls"], cp._Graph.replays
+        step()
+        _settle(off)
+        assert cp._Graph.replays == replays and off.stats()["driver_calls"] == before
+        assert all(p.grad is not None for p in params)
     finally:
         off.close()

@@ -88,12 +88,16 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
     # than "mapped", the backward's; exec > 0: a use is one call into the
     # library.
     fl = Launcher(fwd_graph, off, r.generators, r.recompute)
-    bl = Launcher(bwd_graph, off, r.generators, r.recompute) if mapped is None else None
+    bl = Launcher(bwd_graph, off, r.generators, r.recompute)
+    # grads="mapped": the backward that adds into a .grad already at its address
+    al = Launcher(acc_graph, off, r.generators, r.recompute) if mapped is not None and acc_graph is not None \
+        else None
     group = lay.group
     replay_fn, gh = group.replayer()
     off.launchers[(r.name, False)] = fl
-    if bl is not None:
-        off.launchers[(r.name, True)] = bl
+    off.launchers[(r.name, True)] = bl
+    if al is not None:
+        off.launchers[(r.name, "accumulate")] = al
 
     class Graphed(torch.autograd.Function):
         @staticmethod
@@ -149,10 +153,27 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                     g.copy_(grad)
             s, cur = streams()
             if mapped is not None:
+                # the gradients' memory made ready (Grads.before_backward),
+                # then the backward as the others: one call where it can
                 acc, src, states = mapped.before_backward(s, where, lay, cur)
-                lay.backward_begin(s, cur)
-                (acc_graph if acc else bwd_graph).replay()
-                lay.backward_end(s)
+                ln = al if acc else bl
+                x = ln.exec if ln is not None else 0
+                if x > 0:
+                    off.check_usable()
+                    if _backing._late or off._due:
+                        off.flush()
+                    st = replay_fn(gh, 1, x, s)
+                    if st:
+                        group.replay_failed(st)
+                    if lay.resident is not None:
+                        lay.resident.release(s)
+                else:
+                    lay.backward_begin(s, cur)
+                    if x < 0:
+                        ln.probe()
+                    else:
+                        (acc_graph if acc else bwd_graph).replay()
+                    lay.backward_end(s)
                 r.pending = False
                 gin = acc_gin if acc else static_gin
                 pg = mapped.after_backward(acc, src, states)
