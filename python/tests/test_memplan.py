@@ -590,3 +590,25 @@ def test_the_accumulating_backward_launches_in_one_call_too(monkeypatch):
         assert all(p.grad is not None for p in params)
     finally:
         off.close()
+
+
+@pytest.mark.parametrize("asked,planned", [(None, False), (True, True), (False, False)])
+def test_memory_budget_plans_without_the_pages_unless_asked(asked, planned):
+    """The budget planner predicts the map-and-release path's peak: with
+    memory_budget= the memory plan is off unless memory_plan=True asks."""
+    from vmmrt.torch.budget import Budget
+    kw = {} if asked is None else {"memory_plan": asked}
+    g = vt.make_graphed_callables(tuple(zoo_layers(2)), samples(2), graphs=False, mode="pingpong", min_bytes=0,
+                                  options={"host_granularity": 4096}, memory_budget=Budget(layers=["keep", 0.5]), **kw)
+    off = vt.offload_of(g[0])
+    try:
+        assert off.memplan.enabled is planned
+    finally:
+        off.close()
+    g = vt.make_graphed_callables(tuple(zoo_layers(2)), samples(2), graphs=False, mode="pingpong", min_bytes=0,
+                                  options={"host_granularity": 4096}, **kw)
+    off = vt.offload_of(g[0])
+    try:
+        assert off.memplan.enabled is (asked is not False)     # without a budget: on unless turned off
+    finally:
+        off.close()

@@ -60,7 +60,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                            post_warmup_hook: Callable[[], None] | None = None, _order: Sequence[int] | None = None,
                            _num_layers_per_chunk: int | Sequence[int] | None = None,
                            _reuse_graph_input_output_buffers: bool = False, memory_budget: Any = None,
-                           memory_plan: bool = True, **unknown: Any) -> Callable | tuple[Callable, ...]:
+                           memory_plan: bool | None = None, **unknown: Any) -> Callable | tuple[Callable, ...]:
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -163,8 +163,9 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         plan fits: :class:`vmmrt.torch.budget.BudgetError`, with the
         smallest budget that would.
     memory_plan
-        True (the default): once the first step after the captures (after
-        the warm-up without graphs) has run, the memory that comes and goes
+        True (the default, except with ``memory_budget=``: below): once
+        the first step after the captures (after the warm-up without
+        graphs) has run, the memory that comes and goes
         with a layer (its resident activations, its gradients) is put on
         one set of physical pages, each slot at an offset where it shares
         bytes only with slots whose lives over the step never overlap its
@@ -183,7 +184,11 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         for the optimizer's temporaries or a loss head run outside the
         graphed layers.
         False: each slot is mapped before its use and released after it
-        (five driver calls per slot and step).
+        (five driver calls per slot and step). Left out with
+        ``memory_budget=``: False, as the budget planner predicts the peak
+        of that path (pages held through the optimizer step, beside its
+        temporaries, could take a step over the budget it planned to);
+        True asks for the plan all the same.
 
     TransformerEngine's arguments (its make_graphed_callables, as Megatron-LM
     calls it; all keyword only here):
@@ -220,7 +225,9 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     the plan, :meth:`Offload.abort`). Errors name the layer and the cause
     (:class:`vmmrt.Error`).
     """
-    if not isinstance(memory_plan, bool):
+    if memory_plan is None:
+        memory_plan = memory_budget is None
+    elif not isinstance(memory_plan, bool):
         raise TypeError("memory_plan=%r: True or False" % (memory_plan,))
     _te.take_fp8(unknown)
     if unknown:
