@@ -99,6 +99,28 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
     if al is not None:
         off.launchers[(r.name, "accumulate")] = al
 
+    def run_backward(ln, s, cur):
+        """The backward's graph ``ln.graph`` between the layer's backward hooks:
+        one library call when its launcher has the handle, else the hooks
+        and torch's replay (the first time, its probe)."""
+        x = ln.exec
+        if x > 0:
+            off.check_usable()
+            if _backing._late or off._due:
+                off.flush()
+            st = replay_fn(gh, 1, x, s)
+            if st:
+                group.replay_failed(st)
+            if lay.resident is not None:
+                lay.resident.release(s)     # (bound: its use ends; the pages stay)
+            return
+        lay.backward_begin(s, cur)
+        if x < 0:
+            ln.probe()
+        else:
+            ln.graph.replay()
+        lay.backward_end(s)
+
     class Graphed(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
@@ -156,24 +178,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                 # the gradients' memory made ready (Grads.before_backward),
                 # then the backward as the others: one call where it can
                 acc, src, states = mapped.before_backward(s, where, lay, cur)
-                ln = al if acc else bl
-                x = ln.exec if ln is not None else 0
-                if x > 0:
-                    off.check_usable()
-                    if _backing._late or off._due:
-                        off.flush()
-                    st = replay_fn(gh, 1, x, s)
-                    if st:
-                        group.replay_failed(st)
-                    if lay.resident is not None:
-                        lay.resident.release(s)
-                else:
-                    lay.backward_begin(s, cur)
-                    if x < 0:
-                        ln.probe()
-                    else:
-                        (acc_graph if acc else bwd_graph).replay()
-                    lay.backward_end(s)
+                run_backward(al if acc else bl, s, cur)
                 r.pending = False
                 gin = acc_gin if acc else static_gin
                 pg = mapped.after_backward(acc, src, states)
@@ -185,23 +190,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                 elif p.grad.data_ptr() != acc.data_ptr():
                     acc.copy_(p.grad)
                     p.grad = acc
-            x = bl.exec
-            if x > 0:
-                off.check_usable()
-                if _backing._late or off._due:
-                    off.flush()
-                st = replay_fn(gh, 1, x, s)
-                if st:
-                    group.replay_failed(st)
-                if lay.resident is not None:
-                    lay.resident.release(s)     # (bound: its use ends; the pages stay)
-            else:
-                lay.backward_begin(s, cur)
-                if x < 0:
-                    bl.probe()
-                else:
-                    bwd_graph.replay()
-                lay.backward_end(s)
+            run_backward(bl, s, cur)
             r.pending = False
             if static:
                 aliases.dirty = True            # AccumulateGrad may take a buffer as .grad: see unalias
