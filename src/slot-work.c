@@ -63,15 +63,15 @@ static void account(vmmrt_slot *s, int64_t delta)
 	vmmrt__app_bytes_add(s->rt, delta);
 }
 
-/* h's bytes from offset on at the slot's address (offset 0: its own memory). */
-static vmmrt_status attach_at(vmmrt_slot *s, vmmrt__bhandle h, size_t offset)
+/* h, the slot's own memory, at the slot's address. */
+static vmmrt_status attach_at(vmmrt_slot *s, vmmrt__bhandle h)
 {
 	vmmrt_runtime *rt = s->rt;
 
 	if (s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h, offset);
+	vmmrt_status st = vmmrt__drv_mem_map(rt, s->va, s->size, h, 0);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "slot %llu: map", (unsigned long long)s->id);
 	st = vmmrt__drv_mem_set_access(rt, s->va, s->size);
@@ -96,7 +96,7 @@ static vmmrt_status attach_at(vmmrt_slot *s, vmmrt__bhandle h, size_t offset)
 
 vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 {
-	return attach_at(s, h, 0);
+	return attach_at(s, h);
 }
 
 /* The chunks of a bound slot from the first on, unmapped one by one, as they

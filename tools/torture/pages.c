@@ -25,6 +25,7 @@
 #include "scenario.h"
 
 #define NCYCLES 12
+_Static_assert(NCYCLES <= S_MAX_CYCLES, "s_verify_cycles reads at most S_MAX_CYCLES");
 
 typedef struct pages_run {
 	scen *s;
@@ -115,26 +116,6 @@ static bool cycle(pages_run *r, unsigned c)
 	return true;
 }
 
-static void verify(pages_run *r)
-{
-	scen *s = r->s;
-	uint64_t got[NCYCLES];
-	if (!OK(r, "vmmrt_copy_to_host", vmmrt_copy_to_host(s->rt, got, vmmrt_slot_address(r->res), 8 * NCYCLES)))
-		return;
-	for (unsigned c = 0; c < NCYCLES; c++) {
-		if (!r->launched[c])
-			continue;
-		if (got[c] == r->want[c]) {
-			atomic_fetch_add_explicit(&T.page_cycles, 1, memory_order_relaxed);
-			continue;
-		}
-		atomic_fetch_add_explicit(&T.corrupted, 1, memory_order_relaxed);
-		t_fail(s->seed, "corrupted",
-		       "pages cycle %u: checksum %016" PRIx64 ", want %016" PRIx64 " (the reading slot does not "
-		       "see the bytes the writing slot, bound to the same pages, wrote)", c, got[c], r->want[c]);
-	}
-}
-
 void slot_pages(scen *s)
 {
 	if (s->errored)
@@ -160,7 +141,8 @@ void slot_pages(scen *s)
 	s_quiet(s, true);
 	bool drained = !r.st || OK(&r, "vmmrt_stream_synchronize", vmmrt_stream_synchronize(s->rt, r.st));
 	if (drained && r.res)
-		verify(&r);
+		s_verify_cycles(s, r.res, NCYCLES, r.want, r.launched, NULL, &T.page_cycles, "pages",
+				"the reading slot does not see the bytes the writing slot, bound to the same pages, wrote");
 	if (drained) {
 		for (unsigned k = 0; k < 2; k++)
 			if (r.x[k])

@@ -40,6 +40,7 @@
 
 #define NSLOTS 3
 #define NCYCLES 24
+_Static_assert(NCYCLES <= S_MAX_CYCLES, "s_verify_cycles reads at most S_MAX_CYCLES");
 
 typedef struct slots_run {
 	scen *s;
@@ -251,27 +252,29 @@ static void settle(slots_run *r)
 		}
 }
 
-static void verify(slots_run *r)
+void s_verify_cycles(scen *s, vmmrt_slot *res, unsigned n, const uint64_t *want, const bool *launched,
+		     const bool *forced, _Atomic uint64_t *verified, const char *what, const char *why)
 {
-	scen *s = r->s;
-	uint64_t got[NCYCLES];
-	if (!OK(r, "vmmrt_copy_to_host", vmmrt_copy_to_host(s->rt, got, vmmrt_slot_address(r->res), 8 * NCYCLES)))
+	uint64_t got[S_MAX_CYCLES];
+	if (n > S_MAX_CYCLES)
+		n = S_MAX_CYCLES;
+	if (!s_ok(s, API(s, "vmmrt_copy_to_host", vmmrt_copy_to_host(s->rt, got, vmmrt_slot_address(res), 8 * n)),
+		  "vmmrt_copy_to_host"))
 		return;
-	for (unsigned c = 0; c < NCYCLES; c++) {
-		if (!r->launched[c])
+	for (unsigned c = 0; c < n; c++) {
+		if (!launched[c])
 			continue;
-		if (r->forced[c]) {
+		if (forced && forced[c]) {
 			atomic_fetch_add_explicit(&T.excused, 1, memory_order_relaxed);
 			continue;
 		}
-		if (got[c] == r->want[c]) {
-			atomic_fetch_add_explicit(&T.slot_cycles, 1, memory_order_relaxed);
+		if (got[c] == want[c]) {
+			atomic_fetch_add_explicit(verified, 1, memory_order_relaxed);
 			continue;
 		}
 		atomic_fetch_add_explicit(&T.corrupted, 1, memory_order_relaxed);
-		t_fail(s->seed, "corrupted",
-		       "slot cycle %u: checksum %016" PRIx64 ", want %016" PRIx64 " (a release that a later map "
-		       "should have cancelled, or one that did not wait for its stream)", c, got[c], r->want[c]);
+		t_fail(s->seed, "corrupted", "%s cycle %u: checksum %016" PRIx64 ", want %016" PRIx64 " (%s)", what, c,
+		       got[c], want[c], why);
 	}
 }
 
@@ -301,7 +304,8 @@ void slot_backing(scen *s)
 		drained = false;
 	settle(&r);
 	if (drained && ready)
-		verify(&r);
+		s_verify_cycles(s, r.res, NCYCLES, r.want, r.launched, r.forced, &T.slot_cycles, "slot",
+				"a release that a later map should have cancelled, or one that did not wait for its stream");
 	if (ready && !s->errored && !fault_causes(&s->fc)) {
 		uint64_t mapped = 0, now = slot_bytes(s);
 		for (unsigned k = 0; k < r.n; k++)
