@@ -518,6 +518,9 @@ def test_without_a_gpu_the_bench_runs_the_smoke_shape(capsys):
         bench.parse(["--front", "--shape", "llama,nope"])
     with pytest.raises(SystemExit):
         bench.parse(["--check-alone"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--front", "--check-alone", "--check-repeats", "-1"])
+    assert bench.parse(["--front", "--check-alone", "--check-repeats", "0"]).check_repeats == 0
 
 
 def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
