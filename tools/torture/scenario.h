@@ -196,7 +196,8 @@ void s_slot_destroy(scen *s, vmmrt_slot *x);
 #define S_MAX_CYCLES 32
 /* The checksums n cycles (at most S_MAX_CYCLES) wrote into res (8 bytes each), each launched one
  * against want: counted in *verified, excused where forced (may be NULL), or
- * a corruption named "<what> cycle c ... (<why>)" (slots.c, pages.c). */
+ * a corruption named "<what> cycle c ... (<why>)"; none launched: res is not read
+ * (slots.c, pages.c). */
 void s_verify_cycles(scen *s, vmmrt_slot *res, unsigned n, const uint64_t *want, const bool *launched,
 		     const bool *forced, _Atomic uint64_t *verified, const char *what, const char *why);
 
