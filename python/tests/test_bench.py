@@ -532,7 +532,7 @@ def test_front_smoke_runs_every_shape_on_the_cpu(tmp_path, capsys):
     assert "issue" not in text and "{'" not in text             # the user's words, no raw dict
     doc = json.loads(out.read_text())
     fronts = {d["shape"]["name"]: d for d in doc["fronts"]}
-    assert set(fronts) == {"llama", "launch", "encoder", "hf", "megatron"}
+    assert set(fronts) == {"llama", "launch", "encoder", "hf", "megatron", "long"}
     for name in ("llama", "launch", "encoder"):
         d = fronts[name]
         labels = [p["label"] for p in d["points"]]

@@ -50,6 +50,7 @@ estimated time on the H200 with the defaults (one loop):
   encoder   6 nn.TransformerEncoderLayer, d 4096, ffn 16384, seq 4096 ~5 min
   hf        4 transformers LlamaDecoderLayer (Llama-3-8B), seq 4096   ~2.5 min
   megatron  4 megatron-core TransformerLayer (local spec), seq 2048  ~2.5 min
+  long      4 torch-ops Llama-3-8B layers, seq 32768 (long context)  ~5 min
 (--check-alone adds about 15 s per PyTorch point; fewer k values
 (--front-ks 3), budgets or --iterations shorten a run.)
 """

@@ -8,6 +8,8 @@ launch    16 torch-ops layers, hidden 1024, ffn 4096, seq 1024: launch-bound
 encoder   6 torch.nn.TransformerEncoderLayer, d 4096, ffn 16384, 32 heads, seq 4096
 hf        4 of transformers' LlamaDecoderLayer (Llama-3-8B), seq 4096
 megatron  4 of megatron-core's TransformerLayer (local spec, Llama-3-8B), seq 2048
+long      4 Llama-3-8B layers written with torch ops, seq 32768: long context,
+          where activations outweigh the parameters and optimizer states
 
 :func:`build` makes a shape's layers (the same weights for the same seed)
 and says the input's dimensions; :class:`Unavailable` when the layer's
@@ -57,7 +59,9 @@ SHAPES = {
                     kv_heads=32, seq=4096),
     "hf": Spec("hf", "hf", 4, "transformers LlamaDecoderLayer", seq=4096, **_L3),
     "megatron": Spec("megatron", "megatron", 4, "megatron-core TransformerLayer (local spec)", seq=2048, **_L3),
+    "long": Spec("long", "torch", 4, "torch-ops Llama-3-8B layer (long context)", seq=32768, **_L3),
 }
+
 class Unavailable(Exception):
     """The shape's layers cannot be built here (a package missing, no CUDA)."""
 
