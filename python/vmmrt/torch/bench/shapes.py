@@ -15,7 +15,6 @@ long      4 Llama-3-8B layers written with torch ops, seq 32768: long context,
 and says the input's dimensions; :class:`Unavailable` when the layer's
 package is not installed (or, for megatron-core, there is no CUDA).
 """
-import os
 
 import torch
 
@@ -129,10 +128,11 @@ def megatron_layers(n, shape, device, dtype=torch.bfloat16, seed=1234):
         from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError as e:
         raise Unavailable("megatron-core is not installed (%s)" % e)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29518")
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+        # A world of one needs no rendezvous: an in-process store, not a TCP
+        # port (a fixed port is taken by the front's own process when it runs
+        # a point alone in a child, which then fails with EADDRINUSE).
+        torch.distributed.init_process_group("nccl", store=torch.distributed.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     # the graph-safe RNG tracker, so that graphs may capture Megatron's generators
