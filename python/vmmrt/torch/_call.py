@@ -58,14 +58,35 @@ def _host_stream():
     return None, None
 
 
-def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
+def raw_stream_source(off):
+    """The function a call on the one-call path asks for its stream's handle
+    alone: torch._C._cuda_getCurrentRawStream(device) where torch has it (one
+    C call; torch.cuda.current_stream builds a Stream object at each call,
+    which the one-call path never uses), else :func:`stream_source`'s."""
+    if off.host:
+        return _host_raw_stream
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        full = stream_source(off)
+        return lambda: full()[0]
+    index = off.device.index
+    return lambda: raw(index)
+
+
+def _host_raw_stream():
+    return None
+
+
+def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     """The callable of runner ``r`` (its graphs captured, its static tensors
     set): ``fwd_graph``, ``bwd_graph`` and ``acc_graph`` (the accumulate
     graph of grads="mapped", else None) are what is replayed (anything with
     a ``replay()``); ``aliases``: the static_grads.Aliases of every runner;
-    ``streams``: :func:`stream_source`'s function."""
+    ``streams``: :func:`stream_source`'s function; ``raw_stream``:
+    :func:`raw_stream_source`'s (default: the handle of ``streams``')."""
     lay = r.layer
     off = lay.offload
+    raw_stream = raw_stream or (lambda: streams()[0])
     grads = r.grad_mode
     mapped = r.grads if grads == "mapped" else None
     acc_gin = r.acc_grad_inputs
@@ -114,6 +135,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
             if lay.resident is not None:
                 lay.resident.release(s)     # (bound: its use ends; the pages stay)
             return
+        if cur is None:
+            s, cur = streams()
         lay.backward_begin(s, cur)
         if x < 0:
             ln.probe()
@@ -133,20 +156,21 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
             for i in range(n_user):
                 if static_in[i].data_ptr() != inputs[i].data_ptr():
                     static_in[i].copy_(inputs[i])
-            s, cur = streams()
             x = fl.exec
             if x > 0:
+                s = raw_stream()
                 if _backing._late or off._due:
                     off.flush()
                 res = lay.resident
                 if res is not None:
                     # on the plan's pages: whether its bytes are free (else
                     # it gets memory of its own, and the graphs their hooks)
-                    off.map_for_use(lay, False, res, s, False, cur)
+                    off.map_for_use(lay, False, res, s, False, None)
                 st = replay_fn(gh, 0, x, s)
                 if st:
                     group.replay_failed(st)
             else:
+                s, cur = streams()
                 lay.forward_begin(s, False, cur)
                 if x < 0:
                     fl.probe()
@@ -173,12 +197,12 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
             for g, grad in zip(static_gout, gouts):
                 if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
                     g.copy_(grad)
-            s, cur = streams()
+            s = raw_stream()
             if mapped is not None:
                 # the gradients' memory made ready (Grads.before_backward),
                 # then the backward as the others: one call where it can
-                acc, src, states = mapped.before_backward(s, where, lay, cur)
-                run_backward(al if acc else bl, s, cur)
+                acc, src, states = mapped.before_backward(s, where, lay, None)
+                run_backward(al if acc else bl, s, None)
                 r.pending = False
                 gin = acc_gin if acc else static_gin
                 pg = mapped.after_backward(acc, src, states)
@@ -190,7 +214,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams):
                 elif p.grad.data_ptr() != acc.data_ptr():
                     acc.copy_(p.grad)
                     p.grad = acc
-            run_backward(bl, s, cur)
+            run_backward(bl, s, None)
             r.pending = False
             if static:
                 aliases.dirty = True            # AccumulateGrad may take a buffer as .grad: see unalias
