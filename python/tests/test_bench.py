@@ -194,6 +194,18 @@ def test_launch_time_is_per_layer_per_call(n, k):
     assert "driver_calls_per_step" not in res           # no offload, no driver
 
 
+def test_a_vmmrt_point_is_timed_after_its_memory_plan_is_bound():
+    """Whatever --warmup says, a point with an offload warms up for the two
+    steps that make and bind the memory plan; others as asked."""
+    from types import SimpleNamespace
+    off = object()
+    assert modes.warmup_steps(SimpleNamespace(warmup=0), off) == modes.PLAN_STEPS == 2
+    assert modes.warmup_steps(SimpleNamespace(warmup=1), off) == 2
+    assert modes.warmup_steps(SimpleNamespace(warmup=5), off) == 5
+    assert modes.warmup_steps(SimpleNamespace(warmup=0), None) == 0
+    assert modes.warmup_steps(SimpleNamespace(warmup=1), None) == 1
+
+
 def test_launch_time_of_a_backward_run_by_another_thread():
     """On CUDA autograd runs the layers' backwards on its device thread: the
     backward's time is the caller's plus that thread's from the hook on the

@@ -116,7 +116,8 @@ def _parser():
     p.add_argument("--attention", choices=("auto", "flash", "math"), default="auto",
                    help="math: sdpa's deterministic math backend (gradients compare bitwise)")
     p.add_argument("--iterations", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2, help="steps before the timed ones, after building")
+    p.add_argument("--warmup", type=int, default=2, help="steps before the timed ones, after building (a vmmrt "
+                   "point: at least 2, the steps that make and bind its memory plan)")
     p.add_argument("--sample-us", type=float, default=50.0,
                    help="the peak sampler's sleep between two readings, in microseconds")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,

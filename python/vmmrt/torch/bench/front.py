@@ -45,7 +45,7 @@ AHEAD, ONLY, DOMINATED, BETWEEN = "ahead", "ahead (only vmmrt fits)", "dominated
 DEFINITION = ("memory levels: each vmmrt point's measured peak; at a level, PyTorch's answer is its fastest option "
               "whose peak is within it. ahead: faster than that answer and, unless no PyTorch option fits, faster "
               "than a PyTorch option holding at least as much; dominated: a PyTorch option holds no more and takes "
-              "no longer; in between: faster only by holding more than PyTorch's answer; faster: by more than 1 %%, "
+              "no longer; in between: faster only by holding more than PyTorch's answer; faster: by more than 1 %, "
               "closer is a tie, and ties count for PyTorch")
 
 
