@@ -194,6 +194,41 @@ def test_launch_time_is_per_layer_per_call(n, k):
     assert "driver_calls_per_step" not in res           # no offload, no driver
 
 
+class _Queued(Tiny):
+    """Its forward costs 70 us of the launch thread while the device is busy
+    (the driver spinning for room in a full launch queue) and 7 us in a step
+    begun with the device idle (modes._sync just before the step)."""
+
+    def __init__(self, clock, state):
+        super().__init__()
+        self.clock, self.state = clock, state
+
+    def forward(self, x):
+        return _Ticks.apply(super().forward(x), self.clock, 7000 if self.state["idle"] else 70000, 11000)
+
+
+def test_launch_time_is_read_from_steps_begun_with_the_device_idle(monkeypatch):
+    from types import SimpleNamespace
+    clock, state = [0], {"idle": False}
+    monkeypatch.setattr(modes, "_sync", lambda: state.update(idle=True))
+    step = loops.Loop.step
+
+    def stepped(self, *a, **k):
+        try:
+            return step(self, *a, **k)
+        finally:
+            state["idle"] = False       # the next step starts busy unless synced just before
+    monkeypatch.setattr(loops.Loop, "step", stepped)
+    torch.manual_seed(0)
+    layers = [_Queued(clock, state) for _ in range(3)]
+    xs, gys = [torch.randn(3, 8, requires_grad=True)], [torch.randn(3, 8)]
+    built = modes.Built("eager", lambda x: modes._through(layers, x), opt=loops.optimizer(modes.parameters(layers)))
+    res, _ = modes.measure(built, layers, loops.Loop("set_to_none"), xs, gys,
+                           SimpleNamespace(warmup=1, iterations=5), modes.Weights(layers), clock=lambda: clock[0])
+    assert res["launch_fwd_us_per_layer"] == 7.0 and res["launch_us_per_layer_step"] == 18.0
+    assert res["launch_queued_us_per_layer_step"] == 81.0     # the timed steps (one begun idle: the median)
+
+
 def test_a_vmmrt_point_is_timed_after_its_memory_plan_is_bound():
     """Whatever --warmup says, a point with an offload warms up for the two
     steps that make and bind the memory plan; others as asked."""
