@@ -26,16 +26,17 @@ import torch
 MiB = float(1 << 20)
 
 
-def _pool_bytes(index):
-    """(graph-pool bytes, other caching-allocator bytes) reserved on a device, from
-    the segments (graph pools are the segments not in the default pool (0, 0))."""
-    try:
-        segs = torch.cuda.memory_snapshot()
-    except Exception:
-        return None, torch.cuda.memory_reserved(index)
-    pool = other = 0
+def pool_parts(segments, index):
+    """(graph-pool bytes, of them free, other caching-allocator bytes) of
+    device ``index`` in ``segments`` (torch.cuda.memory_snapshot()'s list):
+    graph pools are the segments not in the default pool (0, 0); a pool's
+    free bytes are its segments' blocks no tensor holds, which a graph pool
+    keeps reserved for the life of its graphs (what the captures allocated
+    and freed). Graph-pool figures are None when the segments do not say
+    their pool."""
+    pool = free = other = 0
     known = False
-    for s in segs:
+    for s in segments:
         if s.get("device", index) != index:
             continue
         pid = s.get("segment_pool_id")
@@ -43,9 +44,19 @@ def _pool_bytes(index):
         size = s.get("total_size", 0)
         if pid is not None and tuple(pid) != (0, 0):
             pool += size
+            free += size - s.get("allocated_size", size)
         else:
             other += size
-    return (pool if known else None), other
+    return (pool if known else None), (free if known else None), other
+
+
+def _pool_bytes(index):
+    """pool_parts of the device's caching allocator now."""
+    try:
+        segs = torch.cuda.memory_snapshot()
+    except Exception:
+        return None, None, torch.cuda.memory_reserved(index)
+    return pool_parts(segs, index)
 
 
 def _slot_bytes(offloads):
@@ -70,20 +81,22 @@ def snapshot(offloads=(), device=None):
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
         free, total = torch.cuda.mem_get_info()
-        pool, other = _pool_bytes(dev.index)
+        pool, pool_free, other = _pool_bytes(dev.index)
     acts = sum(o.device_bytes() for o in offloads)
     slots = _slot_bytes(offloads)
     used = total - free
     known = (pool or 0) + other + acts + (slots or 0)
-    return {"used": used, "total": total, "graph_pool": pool, "allocator": other, "vmmrt": acts, "slots": slots,
-            "other": used - known}
+    return {"used": used, "total": total, "graph_pool": pool, "graph_pool_free": pool_free, "allocator": other,
+            "vmmrt": acts, "slots": slots, "other": used - known}
 
 
 def describe(snap):
     pool = snap["graph_pool"]
     slots = snap.get("slots")
+    free = snap.get("graph_pool_free")
+    pool_text = "?" if pool is None else "%.0f" % (pool / MiB) + ("" if not free else " (%.0f free)" % (free / MiB))
     return ("used %.0f MiB = graph pool %s + caching allocator %.0f + libvmmrt %.0f%s + other %.0f"
-            % (snap["used"] / MiB, "?" if pool is None else "%.0f" % (pool / MiB), snap["allocator"] / MiB,
+            % (snap["used"] / MiB, pool_text, snap["allocator"] / MiB,
                snap["vmmrt"] / MiB, "" if slots is None else " + libvmmrt's other slots %.0f" % (slots / MiB),
                snap["other"] / MiB))
 

@@ -122,7 +122,7 @@ def progress(i, n, row, ref_ms):
 
 _COLUMNS = (("mode", "%-14s", 14), ("step ms", "%9s", 9), ("vs graph", "%8s", 8), ("opt ms", "%7s", 7),
             ("peak MiB", "%9s", 9), ("vs graph", "%8s", 8), ("smp kHz", "%7s", 7),
-            ("used MiB", "%9s", 9), ("vs graph", "%8s", 8), ("pool", "%7s", 7), ("alloc", "%7s", 7),
+            ("used MiB", "%9s", 9), ("vs graph", "%8s", 8), ("pool", "%7s", 7), ("free", "%6s", 6), ("alloc", "%7s", 7),
             ("vmmrt", "%7s", 7), ("slots", "%7s", 7), ("other", "%6s", 6), ("moved MiB", "%9s", 9),
             ("D2H GB/s", "%8s", 8), ("H2D GB/s", "%8s", 8), ("bound ms", "%9s", 9), ("/bound", "%7s", 7),
             ("fwd us/L", "%8s", 8), ("bwd us/L", "%8s", 8), ("drv/step", "%8s", 8))
@@ -130,7 +130,8 @@ _COLUMNS = (("mode", "%-14s", 14), ("step ms", "%9s", 9), ("vs graph", "%8s", 8)
 
 def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
     """One loop's table: a row per mode; "peak" is the sampled whole step,
-    "used" and its parts the reading between forward and backward; "fwd
+    "used" and its parts the reading between forward and backward ("free":
+    of the graph pools' bytes, the blocks no tensor holds); "fwd
     us/L" and "bwd us/L" the launch thread's CPU time per layer per forward
     and backward call, "drv/step" the driver's VMM calls per step. A column
     no row has a figure for (graph-only's ratios where it did not run, memory
@@ -144,7 +145,7 @@ def table(rows, title, d2h_gbps, h2d_gbps, ref_name=None):
         cells = (r["mode"], _f(r["step_ms"], "%.2f"), _f(vg.get("step"), "%.3f"), _f(r.get("opt_ms"), "%.2f"),
                  _f(_mib(peak(r)), "%.0f"), _f(vg.get("peak"), "%.3f"), _f(rate / 1e3 if rate else None, "%.1f"),
                  _f(_mib(m.get("used")), "%.0f"), _f(vg.get("used"), "%.3f"), _f(_mib(m.get("graph_pool")), "%.0f"),
-                 _f(_mib(m.get("allocator")), "%.0f"), _f(_mib(m.get("vmmrt")), "%.0f"),
+                 _f(_mib(m.get("graph_pool_free")), "%.0f"), _f(_mib(m.get("allocator")), "%.0f"), _f(_mib(m.get("vmmrt")), "%.0f"),
                  _f(_mib(m.get("slots")), "%.0f"), _f(_mib(m.get("other")), "%.0f"),
                  _f(_mib(r.get("d2h_bytes_per_step")), "%.0f"), _f(r.get("d2h_gbps"), "%.1f"),
                  _f(r.get("h2d_gbps"), "%.1f"), _f(bound, "%.2f"), _f(r["step_ms"] / bound if bound else None, "%.3f"),
