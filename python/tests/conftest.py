@@ -76,6 +76,28 @@ def step(layers, x, gy):
     return y
 
 
+def runner_step(lays, mods, x):
+    """One training step through the per-runner API, as a framework with its
+    own runners drives it: each forward in its group (LayerOffload.offloading),
+    each backward bracketed by the hooks, in reverse, with the gradient of
+    the output all ones. Returns the gradient of x."""
+    outs, ins = [], []
+    h = x
+    for lay, m in zip(lays, mods):
+        h = h.detach().requires_grad_()
+        ins.append(h)
+        with lay.offloading(None) as p:
+            h = p.outputs = m(h)
+        outs.append(h)
+    g = torch.ones_like(h)
+    for i in reversed(range(len(mods))):
+        lays[i].backward_begin(None)
+        torch.autograd.backward(outs[i], g)
+        lays[i].backward_end(None)
+        g = ins[i].grad
+    return g
+
+
 def grads(layers):
     return [p.grad.clone() if p.grad is not None else None for m in layers for p in m.parameters()]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vmmrt.torch as vt
-from conftest import run, samples, zoo_layers
+from conftest import run, runner_step, samples, zoo_layers
 from vmmrt.torch import memplan
 
 G = 4096
@@ -410,20 +410,7 @@ def test_a_framework_driving_its_own_runners_plans_them_too():
                 m.zero_grad(set_to_none=True)
             before = off.stats()["driver_calls"]
             x = _inputs(i)[0].detach()
-            outs, ins, h = [], [], x
-            for lay, m in zip(lays, mods):
-                h = h.detach().requires_grad_()
-                ins.append(h)
-                with lay.offloading(None) as p:
-                    h = p.outputs = m(h)
-                outs.append(h)
-            g = torch.ones_like(h)
-            for k in reversed(range(len(mods))):
-                lays[k].backward_begin(None)
-                torch.autograd.backward(outs[k], g)
-                lays[k].backward_end(None)
-                g = ins[k].grad
-            del outs, ins, h
+            runner_step(lays, mods, x)
             _settle(off)
             calls.append(off.stats()["driver_calls"] - before)
             run(ref, x.clone().requires_grad_()).backward(torch.ones(2, 8, 32))

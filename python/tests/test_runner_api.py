@@ -10,7 +10,7 @@ import torch
 import vmmrt
 import vmmrt.torch as vt
 
-from conftest import zoo_layers
+from conftest import runner_step, zoo_layers
 
 
 def test_a_framework_driving_its_own_runners():
@@ -28,26 +28,9 @@ def test_a_framework_driving_its_own_runners():
     for m in mods:
         m.zero_grad(set_to_none=True)
 
-    def train_step(x):
-        outs, ins = [], []
-        h = x
-        for lay, m in zip(lays, mods):                  # forward: each runner through its group
-            h = h.detach().requires_grad_()
-            ins.append(h)
-            with lay.offloading(None) as p:
-                h = p.outputs = m(h)
-            outs.append(h)
-        g = torch.ones_like(h)
-        for i in reversed(range(len(mods))):            # backward, bracketed by the hooks
-            lays[i].backward_begin(None)
-            torch.autograd.backward(outs[i], g)
-            lays[i].backward_end(None)
-            g = ins[i].grad
-        return g
-
     for _ in range(3):
         x = torch.randn(2, 8, 32)
-        gx = train_step(x)
+        gx = runner_step(lays, mods, x)   # forward through the groups, backward bracketed by the hooks
         xr = x.clone().requires_grad_()
         h = xr
         for m in ref:
