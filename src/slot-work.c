@@ -99,12 +99,12 @@ vmmrt_status vmmrt__slot_attach(vmmrt_slot *s, vmmrt__bhandle h)
 	return attach_at(s, h);
 }
 
-/* The chunks of a bound slot from the first on, unmapped one by one, as they
- * were mapped (an unmap may not cover more than one mapping on every driver). */
-static vmmrt_status unmap_chunks(vmmrt_slot *s, size_t from)
+/* A bound slot's chunks in [0, upto), unmapped one by one, as they were
+ * mapped (an unmap may not cover more than one mapping on every driver). */
+static vmmrt_status unmap_chunks(vmmrt_slot *s, size_t upto)
 {
 	vmmrt_status first = VMMRT_OK;
-	for (size_t off = from; off < s->size; off += s->bind_chunk) {
+	for (size_t off = 0; off < upto; off += s->bind_chunk) {
 		vmmrt_status st = vmmrt__drv_mem_unmap(s->rt, s->va + off, s->bind_chunk);
 		if (st != VMMRT_OK && first == VMMRT_OK)
 			first = st;
@@ -138,8 +138,7 @@ static vmmrt_status attach_pages(vmmrt_slot *s)
 		char why[512];
 		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 		s->bind_chunk = c;
-		for (size_t off = 0; off < done; off += c)
-			(void)vmmrt__drv_mem_unmap(rt, s->va + off, c);
+		(void)unmap_chunks(s, done);
 		vmmrt__error_adopt(why);
 		return vmmrt__error_wrap(st, "slot %llu: map of pages %llu at offset %zu (chunk %zu of %zu; rolled back)",
 					 (unsigned long long)s->id, (unsigned long long)p->id, s->bind_offset,
@@ -156,7 +155,7 @@ vmmrt_status vmmrt__slot_detach(vmmrt_slot *s, vmmrt__bhandle *h)
 	if (!s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is not mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	vmmrt_status st = s->bound ? unmap_chunks(s, 0) : vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
+	vmmrt_status st = s->bound ? unmap_chunks(s, s->size) : vmmrt__drv_mem_unmap(s->rt, s->va, s->size);
 	if (st != VMMRT_OK)
 		return vmmrt__error_wrap(st, "slot %llu: unmap", (unsigned long long)s->id);
 	s->mapped = false;
