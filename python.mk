@@ -32,6 +32,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/layer.py \
 	python/vmmrt/torch/memory.py \
 	python/vmmrt/torch/memplan.py \
+	python/vmmrt/torch/optmem.py \
 	python/vmmrt/torch/offload.py \
 	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/place.py \
@@ -62,6 +63,7 @@ vmmrt_py_tests = \
 	python/tests/test_raw_launch.py \
 	python/tests/test_driver_calls.py \
 	python/tests/test_memplan.py \
+	python/tests/test_optmem.py \
 	python/tests/test_memplan_gpu.py \
 	python/tests/test_compiled.py \
 	python/tests/test_binding.py \

@@ -60,7 +60,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                            post_warmup_hook: Callable[[], None] | None = None, _order: Sequence[int] | None = None,
                            _num_layers_per_chunk: int | Sequence[int] | None = None,
                            _reuse_graph_input_output_buffers: bool = False, memory_budget: Any = None,
-                           memory_plan: bool | None = None, **unknown: Any) -> Callable | tuple[Callable, ...]:
+                           memory_plan: bool | str | None = None, **unknown: Any) -> Callable | tuple[Callable, ...]:
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -178,11 +178,17 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         is detected where its bytes would be written over: the slot about
         to be used then gets memory of its own
         (``stats()["plan_conflicts"]``). ``describe()`` prints the plan. The
-        pages stay mapped between steps: without the plan the resident
-        memory is given back after each backward (and with set_to_none the
-        gradients' at zero_grad), and the caching allocator may reuse it
-        for the optimizer's temporaries or a loss head run outside the
-        graphed layers.
+        pages stay mapped between steps; the optimizer step's allocations
+        (foreach AdamW's temporaries, about the parameters' size) are made
+        in their bytes free then, as eager PyTorch makes them in the
+        memory the activations gave back (:mod:`vmmrt.torch.optmem`: a
+        global optimizer-step hook routes them to a MemPool over the
+        pages; a tensor the step leaves there is detected and keeps its
+        bytes, ``stats()["optimizer_survivors"]``). What runs outside the
+        graphed layers before their backward (a loss head) cannot use
+        them.
+        "slots": the plan, but the optimizer step's allocations left to
+        PyTorch's caching allocator (as before; for comparison).
         False: each slot is mapped before its use and released after it
         (five driver calls per slot and step). Left out with
         ``memory_budget=``: False, as the budget planner predicts the peak
@@ -227,8 +233,8 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     """
     if memory_plan is None:
         memory_plan = memory_budget is None
-    elif not isinstance(memory_plan, bool):
-        raise TypeError("memory_plan=%r: True or False" % (memory_plan,))
+    elif not isinstance(memory_plan, bool) and memory_plan != "slots":
+        raise TypeError("memory_plan=%r: True, False or \"slots\"" % (memory_plan,))
     _te.take_fp8(unknown)
     if unknown:
         _reject_unknown(unknown)

@@ -58,6 +58,8 @@ from vmmrt import Error
 log = logging.getLogger("vmmrt.torch")
 
 RESIDENT = "resident"
+NO_OPTIMIZER_STATS = {"optimizer_routed_steps": 0, "optimizer_survivors": 0, "optimizer_lent_bytes": 0,
+                      "optimizer_peak_bytes": 0, "optimizer_fallback_bytes": 0, "optimizer_hook_us": 0.0}
 GRADS = "grads"
 
 
@@ -235,7 +237,14 @@ class Entry:
         conflict: it leaves the pages), or it is off them and cannot come
         back yet."""
         b = self.backing
+        w = self.watcher
+        w.last_stream = stream
+        if w.after_optimizer:
+            w.optimizer_done(stream)
         held = [o for o in self.sharers if o.busy]
+        if w.optimizer is not None and w.optimizer.holds and \
+                w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
+            held.append(SURVIVORS)
         if b.bound:
             if not held:
                 b.begin_use()
@@ -249,6 +258,16 @@ class Entry:
             self.watcher._all_bound()
             return True
         return False
+
+
+class _Survivors:
+    """What holds bytes a slot shares when the optimizer step left tensors
+    in them (vmmrt.torch.optmem): named in the conflict's message."""
+    name = "a tensor the optimizer step left in the pages"
+    busy = True
+
+
+SURVIVORS = _Survivors()
 
 
 class Watcher:
@@ -281,6 +300,14 @@ class Watcher:
             "off (memory_plan=False)"
         self._warned = False
         self._bind_warned = False
+        # The optimizer step's temporaries on the pages' free bytes
+        # (vmmrt.torch.optmem): "slots" leaves them to PyTorch.
+        self.optimizer_enabled = enabled is True
+        self.optimizer = None     # optmem.OptimizerMemory, once the plan is applied
+        self.optimizer_api = None  # what it asks of PyTorch, made from the Offload (tests: a stand-in)
+        self.optimizer_why_not = None if self.optimizer_enabled else "memory_plan=\"slots\""
+        self.after_optimizer = False   # a routed optimizer step ran since the last use began
+        self.last_stream = None   # the stream of the latest planned use (the optimizer orders after it)
         off._abort_hooks.append(self._aborted)
 
     # ------------------------------------------------------------ slots
@@ -363,6 +390,30 @@ class Watcher:
                 return
         log.info("vmmrt: %s", plan.summary())
         self._all_bound()
+        self._route_optimizer()
+
+    def _route_optimizer(self) -> None:
+        if not self.optimizer_enabled:
+            return
+        from vmmrt.torch import optmem
+        why = optmem.hooks_missing()
+        if why is None and self.optimizer_api is None:
+            why = optmem.available(self.off)
+            if why is None:
+                self.optimizer_api = optmem.TorchPools
+        if why is not None:
+            self.optimizer_why_not = why
+            log.info("vmmrt: memory plan: the optimizer step's allocations stay in PyTorch's memory: %s", why)
+            return
+        self.optimizer = optmem.OptimizerMemory(self, self.optimizer_api(self.off))
+
+    def optimizer_done(self, stream: Any) -> None:
+        """The first planned use after a routed optimizer step: its routing is
+        over (a step that raised ends it here), and this use's stream waits
+        for the optimizer's if it is another."""
+        self.after_optimizer = False
+        if self.optimizer is not None:
+            self.optimizer.after_step(stream)
 
     def _bound_one(self) -> None:
         self.binds += 1
@@ -430,13 +481,17 @@ class Watcher:
 
     # ------------------------------------------------------------- info
     def stats(self) -> dict:
-        return {"plan_conflicts": self.conflicts, "plan_binds": self.binds,
-                "plan_bytes": self.pages.size if self.pages is not None else 0}
+        st = {"plan_conflicts": self.conflicts, "plan_binds": self.binds,
+              "plan_bytes": self.pages.size if self.pages is not None else 0}
+        st.update(self.optimizer.stats() if self.optimizer is not None else NO_OPTIMIZER_STATS)
+        return st
 
     def describe(self) -> str:
         if self.plan is None:
             return "memory plan: %s" % self.why_not
         if self.why_not:
             return "memory plan: not applied: %s\n%s" % (self.why_not, self.plan.summary())
-        return self.plan.summary() + "".join("\n  %s: off the pages now (memory of its own since a conflict)"
+        opt = ("\n" + self.optimizer.describe() if self.optimizer is not None else
+               "\noptimizer step: in PyTorch's memory (%s)" % self.optimizer_why_not if self.optimizer_why_not else "")
+        return self.plan.summary() + opt + "".join("\n  %s: off the pages now (memory of its own since a conflict)"
                                              % e.backing.name for e in self.entries if not e.backing.bound)

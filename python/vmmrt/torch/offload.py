@@ -414,8 +414,8 @@ class Offload:
         and with ``enabled`` False, each is mapped and released around its
         use."""
         from vmmrt.torch import memplan
-        if not isinstance(enabled, bool):
-            raise TypeError("memory_plan=%r: True or False" % (enabled,))
+        if not isinstance(enabled, bool) and enabled != "slots":
+            raise TypeError("memory_plan=%r: True, False or \"slots\"" % (enabled,))
         self.memplan = memplan.Watcher(self, enabled)
 
     def own(self, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -575,7 +575,13 @@ class Offload:
         plan (:mod:`vmmrt.torch.memplan`): plan_bytes (its pages),
         plan_binds (slots put on them), plan_conflicts (uses that found
         bytes they share still held by a tensor, and mapped memory of their
-        own instead)."""
+        own instead); the optimizer step's allocations in the pages' free
+        bytes (:mod:`vmmrt.torch.optmem`): optimizer_routed_steps,
+        optimizer_lent_bytes (free at the latest step), optimizer_peak_bytes
+        (the most the steps' segments took of them), optimizer_fallback_bytes
+        (segments that did not fit, from the driver), optimizer_survivors
+        (steps that left a tensor in them), optimizer_hook_us (the hooks'
+        time per routed step)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):

@@ -110,6 +110,9 @@ def _parser():
     p.add_argument("--no-memory-plan", dest="memory_plan", action="store_false",
                    help="memory_plan=False for vmmrt.torch.make_graphed_callables: resident and gradient slots "
                         "mapped and released around each use (default: the plan, vmmrt.torch.memplan)")
+    p.add_argument("--plan-slots-only", dest="memory_plan", action="store_const", const="slots",
+                   help="memory_plan=\"slots\": the plan, but the optimizer step's allocations in PyTorch's own "
+                        "memory, not in the pages' free bytes (vmmrt.torch.optmem; for comparison)")
     p.add_argument("--fraction", type=float, default=1.0, help="offload fraction of the vmmrt modes (planner: auto)")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--margin", type=float, default=0.9, help="the planner's safety factor")
@@ -317,7 +320,7 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
     ordered = [rows[m] for m in run_modes if m in rows]
     ok = [r for r in ordered if "error" not in r]
     report.ratios(ok)
-    print(report.table(ok, "%s, %s" % (title, loop.describe()), *bw, ref_name=ref_name), flush=True)
+    print(report.table(ok, "%s, %s" % (title, loop.describe(args.optimizer)), *bw, ref_name=ref_name), flush=True)
     for r in ordered:
         if "error" in r:
             print("  %s: FAILED: %s" % (r["mode"], r["error"]), flush=True)

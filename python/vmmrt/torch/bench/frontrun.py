@@ -353,7 +353,8 @@ class Front:
                       launch_fwd_us_per_layer=row.get("launch_fwd_us_per_layer"),
                       launch_bwd_us_per_layer=row.get("launch_bwd_us_per_layer"),
                       launch_us_per_layer_step=row.get("launch_us_per_layer_step"),
-                      driver_calls_per_step=row.get("driver_calls_per_step"))
+                      driver_calls_per_step=row.get("driver_calls_per_step"),
+                      optimizer_memory=row.get("optimizer_memory"))
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
             grads = None
@@ -384,6 +385,10 @@ class Front:
             parts.append("(x%.3f %s)" % (pt["step_ms"] / ref["step_ms"], ref["label"]))
         if pt.get("peak") is not None:
             parts.append("peak %.0f MiB over the memory before the model" % (pt["peak"] / MiB))
+        om = pt.get("optimizer_memory") or {}
+        if om.get("routed_steps"):
+            parts.append("optimizer in the pages (%.0f MiB lent, %.0f used, %.0f from the driver, hooks %.0f us)"
+                         % (om["lent_bytes"] / MiB, om["peak_bytes"] / MiB, om["fallback_bytes"] / MiB, om["hook_us"]))
         parts.append("grads %s" % pt.get("grads_text", "-"))
         return "  ".join(parts)
 

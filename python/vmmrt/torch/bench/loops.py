@@ -104,7 +104,7 @@ class Loop:
         if marks:
             marks[3]()
 
-    def describe(self, opt_kind="foreach"):
+    def describe(self, opt_kind):
         z = "opt.zero_grad(set_to_none=%s)" % (self.name == "set_to_none")
         return "%s loop: %s, %d microbatch%s, AdamW %s" % (self.name, z, self.microbatches,
                                                           "" if self.microbatches == 1 else "es", opt_kind)

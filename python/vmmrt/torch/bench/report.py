@@ -115,6 +115,11 @@ def progress(i, n, row, ref_ms):
         parts.append("launch %.1f us/layer/step" % row["launch_us_per_layer_step"])
     if row.get("driver_calls_per_step") is not None:
         parts.append("%.1f driver calls/step" % row["driver_calls_per_step"])
+    om = row.get("optimizer_memory") or {}
+    if om.get("routed_steps"):
+        parts.append("optimizer in the pages: %.0f MiB lent, %.0f used, %.0f from the driver, %.0f us hooks%s"
+                     % (om["lent_bytes"] / MiB, om["peak_bytes"] / MiB, om["fallback_bytes"] / MiB, om["hook_us"],
+                        ", %d steps left a tensor" % om["survivors"] if om.get("survivors") else ""))
     if row.get("grad_bitwise") is not None or row.get("grad_reference"):
         parts.append("grads %s" % _grads_text(row))
     return "  ".join(parts)

@@ -1,0 +1,256 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The optimizer step's allocations on the memory plan's free pages
+(vmmrt.torch.optmem): the arithmetic of what is free, a caching allocator
+snapshot's blocks in use, then the routing as the memory plan applies it
+on the host backend, with a stand-in for PyTorch's pool that writes over
+every byte it is lent during the step (the worst an optimizer's
+temporaries can do): the training is bitwise the one without the plan; a
+tensor the step leaves in the pages keeps its bytes; a step that raises
+ends its routing; "slots" leaves the optimizer alone."""
+import ctypes
+
+import pytest
+import torch
+
+import vmmrt.torch as vt
+from conftest import run, samples, zoo_layers
+from vmmrt.torch import optmem
+
+G = 4096
+
+
+# ------------------------------------------------------------ arithmetic
+def test_free_ranges_are_what_no_busy_range_touches():
+    assert optmem.free_ranges(100, []) == [(0, 100)]
+    assert optmem.free_ranges(100, [(10, 20), (50, 60)]) == [(0, 10), (20, 50), (60, 100)]
+    # unsorted, overlapping, touching, out of bounds
+    assert optmem.free_ranges(100, [(55, 70), (-5, 5), (50, 60), (60, 65), (90, 200)]) == [(5, 50), (70, 90)]
+    assert optmem.free_ranges(100, [(0, 100)]) == []
+    assert optmem.free_ranges(0, []) == []
+
+
+def test_free_ranges_shrink_to_the_alignment():
+    assert optmem.free_ranges(4096, [(100, 600)], 512) == [(1024, 4096)]
+    assert optmem.free_ranges(4096, [(100, 600), (1100, 1500)], 512) == [(1536, 4096)]
+    with pytest.raises(ValueError):
+        optmem.free_ranges(10, [], 0)
+
+
+def test_survivors_are_the_blocks_in_use():
+    segs = [{"address": 1000, "blocks": [{"size": 100, "state": "inactive"},
+                                         {"size": 50, "state": "active_allocated"},
+                                         {"size": 30, "state": "active_pending_free"},
+                                         {"size": 20, "state": "inactive"}]},
+            {"address": 5000, "blocks": [{"address": 5000, "size": 64, "state": "inactive"}]}]
+    assert optmem.survivors(segs) == [(1100, 1150), (1150, 1180)]
+    assert optmem.survivors([]) == []
+
+
+def test_overlaps():
+    assert optmem.overlaps([(10, 20)], 19, 30)
+    assert not optmem.overlaps([(10, 20)], 20, 30)
+    assert not optmem.overlaps([], 0, 1)
+
+
+# ------------------------------------------------- on the host backend
+class FakePools:
+    """PyTorch's side as optmem.TorchPools is, on the host backend: a pool is
+    a name; while the step is routed, every byte lent is written over (the
+    worst its temporaries could do); ``keep`` is what the next step leaves
+    in use (the survivors), by pool."""
+
+    made = []
+
+    def __init__(self, off):
+        self.off = off
+        self.lent = []
+        self.pools = 0
+        self.routing = None
+        self.keep = []              # the next routed step leaves these in use ([lo, hi) in the view)
+        self.alive = {}             # pool -> blocks in use
+        self.lends = 0
+        self.pattern = 0x5A
+        FakePools.made.append(self)
+
+    def lend(self, ranges):
+        self.lent = list(ranges)
+        self.lends += bool(ranges)     # (close lends nothing)
+
+    def new_pool(self):
+        self.pools += 1
+        return "pool%d" % self.pools
+
+    def begin_routing(self, pool):
+        assert self.routing is None, "routing begun twice"
+        self.routing = pool
+        for addr, n in self.lent:
+            ctypes.memset(addr, 0xEE, n)
+        if self.keep:
+            self.alive[pool] = list(self.keep)
+            for lo, hi in self.keep:
+                ctypes.memset(lo, self.pattern, hi - lo)
+            self.keep = []
+
+    def end_routing(self, pool):
+        assert self.routing == pool
+        self.routing = None
+
+    def blocks_in_use(self, pool):
+        return list(self.alive.get(pool, ()))
+
+    def arena_stats(self):
+        return {"peak_used_bytes": sum(n for _, n in self.lent), "fallback_bytes": 0}
+
+    def order_after(self, stream):
+        return None
+
+    def order_before(self, opt_stream, stream):
+        pass
+
+
+N = 4
+
+
+def _build(plan=True, **kw):
+    g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode="none", lookahead=1,
+                                  min_bytes=0, options={"host_granularity": G}, memory_plan=plan, **kw)
+    off = vt.offload_of(g[0])
+    if off.memplan is not None:
+        off.memplan.optimizer_api = FakePools
+    return g, off
+
+
+def _inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 8, 32, generator=gen, requires_grad=True), torch.randn(2, 8, 32, generator=gen)
+
+
+def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None):
+    """SGD steps; returns each step's gradients (read after the optimizer's
+    step, which may have written over them), the parameters at the end,
+    the stats and the routing's stand-in. ``at_step``: a function called
+    with (step, offload, pools) before that step's forward."""
+    torch.manual_seed(0)
+    g, off = _build(plan)
+    params = [p for m in g for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    out = {"grads": []}
+    try:
+        for i in range(steps):
+            opt.zero_grad(set_to_none=set_to_none)
+            pools = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
+            if at_step is not None:
+                at_step(i, off, pools)
+            x, gy = _inputs(i)
+            y = run(g, x)
+            (y * gy).sum().backward()
+            del y
+            if fail_at == i:
+                h = opt.register_step_pre_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("a failing step")))
+                with pytest.raises(RuntimeError, match="a failing step"):
+                    opt.step()
+                h.remove()
+            else:
+                opt.step()
+            out["grads"].append([p.grad.clone() for p in params])
+        out["params"] = [p.detach().clone() for p in params]
+        out["stats"] = off.stats()
+        out["describe"] = off.describe()
+        out["pools"] = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
+    finally:
+        off.close()
+    return out
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_routed_steps_train_bitwise_as_without_the_plan(set_to_none):
+    on = _train(True, 6, set_to_none)
+    ref = _train(False, 6, set_to_none)
+    st = on["stats"]
+    # the plan is made at the second step's first forward: its optimizer
+    # steps and those after are routed
+    assert st["optimizer_routed_steps"] == 5
+    assert st["optimizer_survivors"] == 0 and st["plan_conflicts"] == 0
+    assert st["optimizer_lent_bytes"] > 0
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    assert _same(on["params"], ref["params"])
+    assert "optimizer step: its allocations in the pages' free bytes" in on["describe"]
+    # a pool per lend; the free bytes change at most once (a slot whose own
+    # memory was not released yet when the plan was made is bound at its
+    # next use), then every step finds the same
+    assert on["pools"].pools == on["pools"].lends <= 2
+
+
+def test_what_is_lent_is_the_pages_but_the_gradients_at_the_step():
+    """set_to_none: the gradients' slots are in the pages and in use at the
+    step: never lent; the persistent loop's have their own memory: the
+    whole pages are lent."""
+    seen = {}
+
+    def look(i, off, pools):
+        if pools is not None and pools.lent:
+            w = off.memplan
+            base = w.optimizer.view.address
+            seen["lent"] = [(a - base, a - base + n) for a, n in pools.lent]
+            seen["size"] = w.pages.size
+            seen["grads"] = [(e.life.offset, e.life.offset + e.life.nbytes) for e in w.entries
+                             if e.life.kind == "grads"]
+    _train(True, 4, True, at_step=look)
+    assert seen["grads"]
+    for lo, hi in seen["grads"]:
+        assert not optmem.overlaps(seen["lent"], lo, hi)
+    assert sum(hi - lo for lo, hi in seen["lent"]) > 0
+    seen.clear()
+    _train(True, 4, False, at_step=look)
+    assert seen["grads"] == [] and seen["lent"] == [(0, seen["size"])]
+
+
+def test_a_tensor_the_step_leaves_keeps_its_bytes_until_it_dies():
+    state = {}
+
+    def leave(i, off, pools):
+        if i == 2:
+            # the step of this iteration leaves a tensor over the first lent bytes
+            addr, n = pools.lent[0]
+            pools.keep = [(addr, addr + G)]
+            state["at"] = addr
+        if i == 4:
+            # before step 4's forward: what step 2 left is intact
+            state["intact"] = ctypes.string_at(state["at"], G) == bytes([pools.pattern]) * G
+            state["conflicts"] = off.stats()["plan_conflicts"]
+            pools.alive.clear()     # and now it dies
+    on = _train(True, 7, True, at_step=leave)
+    ref = _train(False, 7, True)
+    st = on["stats"]
+    assert state["intact"], "the forward wrote over a tensor the optimizer step left"
+    assert state["conflicts"] > 0
+    assert st["optimizer_survivors"] == 1
+    # a new pool from then on; the training is still the reference's
+    assert on["pools"].pools >= 2
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    # once it died the bytes came back: the last steps lend what the first did
+    assert on["pools"].lent == on["pools"].lent and not on["pools"].alive
+
+
+def test_a_step_that_raises_ends_its_routing_at_the_next_use():
+    on = _train(True, 5, True, fail_at=2)
+    pools = on["pools"]
+    assert pools.routing is None
+    assert on["stats"]["optimizer_routed_steps"] == 4
+
+
+def test_slots_leaves_the_optimizer_to_pytorch():
+    on = _train("slots", 4, True)
+    assert on["pools"] is None
+    assert on["stats"]["optimizer_routed_steps"] == 0 and on["stats"]["plan_bytes"] > 0
+
+
+def test_memory_plan_values():
+    with pytest.raises(TypeError, match='True, False or "slots"'):
+        vt.make_graphed_callables(tuple(zoo_layers(1)), samples(1), graphs=False, memory_plan="all")

@@ -1,0 +1,446 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The optimizer step's temporaries on the memory plan's free pages.
+
+The memory plan (:mod:`vmmrt.torch.memplan`) keeps its pages mapped for the
+whole step. Between the last backward of a step and the next step's first
+forward, only some of their bytes are in use: with ``set_to_none`` the
+gradients' slots, in the persistent loop none (its gradients have memory
+of their own). The optimizer steps there. A foreach AdamW makes temporaries
+about the parameters' size (3.3 GiB on 8 Llama-3-8B layers); eager PyTorch
+puts them in the memory the activations have just given back, but the
+caching allocator cannot take the pages' free bytes, so it gets new memory
+from the driver for them, and the step's peak grows by as much.
+
+So the optimizer step allocates from those bytes. The pages are mapped
+once more, whole, at an address of their own (the *view*: one more
+mapping of the same physical memory, no more of it); libvmmrt's arena
+(vmmrt_arena_lend(3)) is lent the view's ranges whose bytes nothing holds
+at the step; and a global optimizer-step pre-hook routes the calling
+thread's allocations into a ``torch.cuda.MemPool`` whose allocator is that
+arena, until the post-hook. The caching allocator caches what the arena
+gave it in that pool, so the next steps make no call at all beyond the
+routing.
+
+What must hold, and how it is kept:
+
+- The bytes lent are free for the whole step: the pre-hook lends only what
+  no slot holds then (its use begun and not ended, or a tensor over it
+  alive: :attr:`vmmrt.torch.backing.Backing.busy`). When that set changes
+  (a saved tensor kept past its backward, a gradient kept across the next
+  forward), the pool is retired (never allocated from again) and a new one
+  is lent the new set: the old pool's cached segments may lie on bytes in
+  use now.
+- Nothing made in the pool outlives the step: the post-hook asks the
+  caching allocator for the pool's blocks in use (a tensor the optimizer
+  keeps, such as state made at a later step than the first). Such a
+  *survivor* holds its bytes: a slot sharing them is used as when a slot
+  it shares with is held (memplan's conflict: memory of its own for that
+  use, counted in ``plan_conflicts``), the pool is retired, and the bytes
+  come back once the survivors are gone (checked at each step).
+  ``Offload.stats()["optimizer_survivors"]`` counts the steps that left one.
+- Order on the device: the step runs after the backward's work on the
+  current stream; when the optimizer's stream is another, it waits for
+  the layers' stream first, and the next forward waits for the optimizer's.
+
+When the arena cannot fit a segment the caching allocator asks for, it
+gets memory from the driver instead (counted as ``optimizer_fallback_bytes``):
+the step never fails for want of pages.
+
+Why this route, and not the two others (vmmrt(7) has the measurements):
+
+- A capturable optimizer step graphed in the graphs' pool needs the user's
+  optimizer to be capturable (``capturable=True``, its state on the device,
+  its learning rate a tensor) and changes what the user runs; this route
+  takes the optimizer as it is.
+- The pages given back for the optimizer and created again before the next
+  forward cost driver calls at every step (a create, map and set-access
+  per granule), and the caching allocator keeps what it got for the
+  temporaries in its cache, so the memory is held twice by the next step.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable, Sequence
+
+log = logging.getLogger("vmmrt.torch")
+
+# every routing Offload (its OptimizerMemory), for the global hooks
+_live = weakref.WeakSet()
+_hooks = None
+_hooks_lock = threading.Lock()
+_tls = threading.local()
+
+
+# ------------------------------------------------------------ arithmetic
+def free_ranges(size: int, busy: Iterable[tuple[int, int]], align: int = 1) -> list[tuple[int, int]]:
+    """The intervals of [0, size) that no busy interval [lo, hi) touches,
+    each shrunk to ``align`` (start rounded up, end down); empty ones
+    dropped. Pure arithmetic (the pre-hook's, tested on its own)."""
+    if size < 0 or align < 1:
+        raise ValueError("size %d, align %d" % (size, align))
+    out = []
+    at = 0
+    for lo, hi in sorted((max(0, lo), min(size, hi)) for lo, hi in busy if hi > lo):
+        if lo > at:
+            out.append((at, lo))
+        at = max(at, hi)
+    if at < size:
+        out.append((at, size))
+    aligned = []
+    for lo, hi in out:
+        lo = -(-lo // align) * align
+        hi = hi // align * align
+        if hi > lo:
+            aligned.append((lo, hi))
+    return aligned
+
+
+def overlaps(ranges: Sequence[tuple[int, int]], lo: int, hi: int) -> bool:
+    """Whether [lo, hi) shares a byte with one of ``ranges``."""
+    return any(a < hi and lo < b for a, b in ranges)
+
+
+def survivors(segments: Sequence[dict]) -> list[tuple[int, int]]:
+    """The blocks in use, as [address, address + size), of a caching
+    allocator snapshot's segments (torch.cuda.memory_snapshot's shape:
+    each segment's ``blocks`` with ``address`` (or the segment's address
+    plus the sizes before it), ``size`` and ``state``)."""
+    out = []
+    for seg in segments:
+        at = seg.get("address", 0)
+        for b in seg.get("blocks", ()):
+            addr = b.get("address", at)
+            if b.get("state") == "active_allocated" or b.get("state") == "active_pending_free":
+                out.append((addr, addr + b["size"]))
+            at = addr + b["size"]
+    return out
+
+
+# ------------------------------------------------------------ the routing
+class OptimizerMemory:
+    """The optimizer step's routing for one Offload's memory plan
+    (memplan.Watcher.optimizer). ``torch_api``: what it asks of PyTorch
+    (:class:`TorchPools`; tests give a stand-in)."""
+
+    def __init__(self, watcher: Any, torch_api: Any = None) -> None:
+        self.watcher = watcher
+        self.off = watcher.off
+        self.api = torch_api
+        self.view = None            # the pages mapped whole at an address of their own (a vmmrt Slot)
+        self.pool = None            # the pool the arena serves now
+        self.lent = None            # the page ranges lent to it ([lo, hi) offsets)
+        self.retired = []           # pools never allocated from again that still had blocks in use
+        self.holds = []             # page ranges under survivors: [lo, hi)
+        self.routed = 0             # steps whose allocations went to the pages
+        self.survivor_steps = 0     # steps that left a block in use in the pool
+        self.retirements = 0
+        self.hook_s = 0.0           # the hooks' own time (the pool's blocks asked after each step)
+        self.why_not = None         # why it does not route (once known for good)
+        self._active = False
+        self._stream = None         # the optimizer's stream while routing, then for the next forward
+        _register(self)
+
+    # ------------------------------------------------------------ state
+    def ready(self) -> bool:
+        w = self.watcher
+        return self.why_not is None and w.pages is not None and bool(w.entries) and not self.off.runtime.closed
+
+    def busy_ranges(self) -> list[tuple[int, int]]:
+        """Page ranges in use now: a bound slot's (use begun or tensor over
+        it), and the survivors'."""
+        g = self.off.granularity
+        out = [(e.life.offset, e.life.offset + _round_up(e.life.nbytes, g))
+               for e in self.watcher.entries if e.backing.busy]
+        return out + list(self.holds)
+
+    def held(self, lo: int, hi: int) -> bool:
+        """Whether survivors hold a byte of the page range [lo, hi)
+        (memplan.Entry.begin_use: a slot sharing them is used as when one
+        it shares with is held)."""
+        return bool(self.holds) and overlaps(self.holds, lo, hi)
+
+    # ------------------------------------------------------------ hooks
+    def begin(self) -> bool:
+        """The optimizer step begins (the global pre-hook): route the calling
+        thread's allocations to the pages' free bytes, if any; returns
+        whether it does."""
+        if not self.ready() or self._active:
+            return False
+        t0 = time.perf_counter()
+        try:
+            return self._begin()
+        finally:
+            self.hook_s += time.perf_counter() - t0
+
+    def _begin(self) -> bool:
+        self._check_holds()
+        free = free_ranges(self.watcher.pages.size, self.busy_ranges(), 512)
+        if not free:
+            return False
+        try:
+            if self.view is None:
+                self._make_view()
+            if free != self.lent:
+                self._relend(free)
+            self._stream = self.api.order_after(self.watcher.last_stream)
+            self.api.begin_routing(self.pool)
+        except Exception as e:  # noqa: B902 - no routing rather than a failed step
+            self.why_not = "the optimizer's allocations could not be routed to the pages (%s)" % e
+            log.warning("vmmrt: memory plan: %s: they take memory of their own", self.why_not)
+            return False
+        self._active = True
+        self.watcher.after_optimizer = True
+        self.routed += 1
+        return True
+
+    def end(self) -> None:
+        """The optimizer step ended (the global post-hook)."""
+        if not self._active:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._end()
+        finally:
+            self.hook_s += time.perf_counter() - t0
+
+    def _end(self) -> None:
+        self._active = False
+        self.api.end_routing(self.pool)
+        alive = self.api.blocks_in_use(self.pool)
+        if alive:
+            self.survivor_steps += 1
+            self._hold(alive, self.pool)
+            self.retired.append(self.pool)
+            self.pool, self.lent = None, None
+            if self.survivor_steps == 1:
+                log.warning("vmmrt: memory plan: the optimizer step left %d tensor(s) (%s) in the pages' free "
+                            "bytes (state made after the first step?): those bytes stay theirs while they live, "
+                            "and the slots sharing them get memory of their own at their uses "
+                            "(Offload.stats()['optimizer_survivors']); logged once", len(alive),
+                            _size(sum(hi - lo for lo, hi in alive)))
+
+    def after_step(self, stream: Any) -> None:
+        """The first planned use after a routed step (memplan.Entry.begin_use):
+        a step that raised never reached the post-hook, so its routing ends
+        here; the use's stream waits for the optimizer's if it is another."""
+        if self._active:
+            if getattr(_tls, "active", None) is self:
+                _tls.active = None
+            self.end()
+        if self._stream is not None:
+            self.api.order_before(self._stream, stream)
+            self._stream = None
+
+    # ------------------------------------------------------------ inside
+    def _make_view(self) -> None:
+        pages = self.watcher.pages
+        view = self.off.runtime.slot(pages.size)
+        try:
+            view.map_pages(pages, 0)
+        except Exception:
+            view.destroy()
+            raise
+        self.view = view
+        self.off._close_hooks.insert(0, self.close)
+
+    def _relend(self, free: list[tuple[int, int]]) -> None:
+        if self.pool is not None:
+            self.retired.append(self.pool)
+            self.retirements += 1
+        self.pool = None
+        base = self.view.address
+        self.api.lend([(base + lo, hi - lo) for lo, hi in free])
+        self.pool = self.api.new_pool()
+        self.lent = free
+
+    def _hold(self, alive: Sequence[tuple[int, int]], pool: Any) -> None:
+        base = self.view.address
+        for lo, hi in alive:
+            self.holds.append((lo - base, hi - base))
+        self._holders = getattr(self, "_holders", [])
+        self._holders.append(pool)
+
+    def _check_holds(self) -> None:
+        """Survivors gone give their bytes back; retired pools with nothing in
+        use are dropped."""
+        if not self.retired:
+            return
+        base = self.view.address if self.view is not None else 0
+        keep, holds = [], []
+        for p in self.retired:
+            alive = self.api.blocks_in_use(p)
+            if alive:
+                keep.append(p)
+                holds += [(lo - base, hi - base) for lo, hi in alive]
+        self.retired = keep
+        self.holds = holds
+
+    def close(self) -> None:
+        """Before the pages go (Offload.close): no more routing; the view stays
+        mapped while a survivor may be in it (the runtime waits for it)."""
+        _live.discard(self)
+        self.why_not = self.why_not or "closed"
+        if self.view is None:
+            return
+        self._check_holds()
+        pools = ([self.pool] if self.pool is not None else []) + self.retired
+        if any(self.api.blocks_in_use(p) for p in pools):
+            # a tensor made in the step is still over the view: the
+            # runtime (and the view, and the pages) last as long as it may
+            self._let_go = self.off.runtime.hold()
+            log.warning("vmmrt: memory plan: closed while a tensor the optimizer step made in the pages is alive: "
+                        "their memory stays until the process ends")
+            return
+        self.api.lend([])
+        self.view.destroy()
+        self.view = None
+
+    def stats(self) -> dict:
+        st = self.api.arena_stats() if self.view is not None else {}
+        return {"optimizer_routed_steps": self.routed, "optimizer_survivors": self.survivor_steps,
+                "optimizer_lent_bytes": sum(hi - lo for lo, hi in self.lent or ()),
+                "optimizer_peak_bytes": st.get("peak_used_bytes", 0),
+                "optimizer_fallback_bytes": st.get("fallback_bytes", 0),
+                "optimizer_hook_us": 1e6 * self.hook_s / self.routed if self.routed else 0.0}
+
+    def describe(self) -> str:
+        if self.why_not is not None and self.why_not != "closed":
+            return "optimizer step: in PyTorch's memory (%s)" % self.why_not
+        if self.lent is None and not self.routed:
+            return "optimizer step: its allocations go to the pages' free bytes from its next step"
+        st = self.stats()
+        return ("optimizer step: its allocations in the pages' free bytes (%s lent, %s at most used, %s from the "
+                "driver when they did not fit; %d steps routed, %d left a tensor behind)"
+                % (_size(st["optimizer_lent_bytes"]), _size(st["optimizer_peak_bytes"]),
+                   _size(st["optimizer_fallback_bytes"]), self.routed, self.survivor_steps))
+
+
+def _round_up(n: int, g: int) -> int:
+    return -(-n // g) * g
+
+
+def _size(n: int) -> str:
+    from vmmrt.torch.memplan import size
+    return size(n) or "0"
+
+
+# ------------------------------------------------------------ PyTorch's side
+class TorchPools:
+    """What :class:`OptimizerMemory` asks of PyTorch and libvmmrt on CUDA:
+    a MemPool over libvmmrt's arena, the routing of the thread's
+    allocations into it, its blocks in use, and stream order."""
+
+    def __init__(self, off: Any) -> None:
+        import torch
+        import vmmrt
+        self.torch = torch
+        self.vmmrt = vmmrt
+        self.off = off
+        self.device = torch.device(off.device).index or 0
+        self.allocator = torch.cuda.memory.CUDAPluggableAllocator(vmmrt.arena_library_path(), "vmmrt_arena_malloc",
+                                                                  "vmmrt_arena_free")
+
+    def lend(self, ranges: Sequence[tuple[int, int]]) -> None:
+        self.off.runtime.arena_lend(list(ranges), self.device)
+
+    def new_pool(self) -> Any:
+        return self.torch.cuda.MemPool(self.allocator.allocator())
+
+    def begin_routing(self, pool: Any) -> None:
+        self.torch._C._cuda_beginAllocateCurrentThreadToPool(self.device, pool.id)
+
+    def end_routing(self, pool: Any) -> None:
+        self.torch._C._cuda_endAllocateToPool(self.device, pool.id)
+        self.torch._C._cuda_releasePool(self.device, pool.id)
+
+    def blocks_in_use(self, pool: Any) -> list[tuple[int, int]]:
+        return survivors(self.torch.cuda.memory_snapshot(pool.id, include_traces=False))
+
+    def arena_stats(self) -> dict:
+        return self.vmmrt.arena_stats(self.device)
+
+    def order_after(self, layers_stream: Any) -> Any:
+        """The optimizer's stream, made to wait for the layers' if it is another."""
+        cur = self.torch.cuda.current_stream(self.device)
+        if layers_stream is not None and layers_stream != cur.cuda_stream:
+            cur.wait_stream(self.torch.cuda.ExternalStream(layers_stream, device=self.device))
+            return cur
+        return None
+
+    def order_before(self, opt_stream: Any, layers_stream: Any) -> None:
+        if layers_stream is not None and layers_stream != opt_stream.cuda_stream:
+            self.torch.cuda.ExternalStream(layers_stream, device=self.device).wait_stream(opt_stream)
+
+
+def available(off: Any) -> str | None:
+    """None when the optimizer step can be routed to the pages here, or why not."""
+    if off.device_type != "cuda":
+        return "not on CUDA"
+    import torch
+    import vmmrt
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator") or \
+            not hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool"):
+        return "this PyTorch has no MemPool with a pluggable allocator"
+    why = hooks_missing()
+    if why is not None:
+        return why
+    if torch.cuda.get_allocator_backend() != "native":
+        return "PyTorch's allocator is %s, not its caching allocator" % torch.cuda.get_allocator_backend()
+    if not hasattr(vmmrt, "arena_library_path"):
+        return "this libvmmrt has no arena"
+    return None
+
+
+# ------------------------------------------------------------ global hooks
+def hooks_missing() -> str | None:
+    """None when this PyTorch calls hooks around every optimizer's step
+    (torch 2.0 on), or why not."""
+    try:
+        import torch.optim.optimizer as opt
+    except ImportError:  # pragma: no cover - torch < 1.0
+        return "this PyTorch has no torch.optim.optimizer"
+    if not hasattr(opt, "register_optimizer_step_pre_hook"):
+        return "this PyTorch has no global optimizer step hooks (torch 2.0 on)"
+    return None
+
+
+def _register(om: OptimizerMemory) -> None:
+    global _hooks
+    _live.add(om)
+    with _hooks_lock:
+        if _hooks is None:
+            import torch.optim.optimizer as opt
+            _hooks = (opt.register_optimizer_step_pre_hook(_pre_hook), opt.register_optimizer_step_post_hook(_post_hook))
+
+
+def step_begins() -> OptimizerMemory | None:
+    """The optimizer step begins: the routing Offload with the most free
+    bytes takes this thread's allocations (one pool at a time per thread)."""
+    if getattr(_tls, "active", None) is not None:
+        return None       # a step inside a step (an optimizer that steps another): the outer one routes
+    best = None
+    for om in list(_live):
+        if om.ready() and (best is None or om.watcher.pages.size > best.watcher.pages.size):
+            best = om
+    if best is not None and best.begin():
+        _tls.active = best
+        return best
+    return None
+
+
+def step_ends() -> None:
+    om = getattr(_tls, "active", None)
+    if om is not None:
+        _tls.active = None
+        om.end()
+
+
+def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    step_begins()
+
+
+def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    step_ends()
