@@ -65,6 +65,7 @@ vmmrt_py_tests = \
 	python/tests/test_memplan.py \
 	python/tests/test_optmem.py \
 	python/tests/test_memplan_gpu.py \
+	python/tests/test_optmem_gpu.py \
 	python/tests/test_compiled.py \
 	python/tests/test_binding.py \
 	python/tests/test_saved.py \

@@ -39,14 +39,12 @@ own for that use (unbound from the pages, then mapped as without a plan;
 counted as ``plan_conflicts`` in Offload.stats(), logged once) and goes
 back to the pages at a later use that finds its bytes free.
 
-Caveat: the pages stay mapped between steps too. Without the plan the
-resident memory released after each backward goes back to the driver, and
-PyTorch's caching allocator may get it for the optimizer's temporaries
-(foreach AdamW's, about the parameters' size); and with set_to_none the
-gradients' memory is given back at zero_grad, free for what runs outside
-the graphed layers before their backward (a loss head's logits). The
-step's peak inside the backward is the same; what the caching allocator can
-borrow between steps is not.
+The pages stay mapped between steps too, and the optimizer steps in their
+bytes free then (:mod:`vmmrt.torch.optmem`): foreach AdamW's temporaries,
+about the parameters' size, which eager PyTorch puts in the memory the
+activations gave back. What runs outside the graphed layers before their
+backward (a loss head's logits) cannot use them: without the plan the
+gradients' memory given back at zero_grad(set_to_none=True) could serve it.
 """
 from __future__ import annotations
 

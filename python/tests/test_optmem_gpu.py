@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The optimizer step's allocations on the memory plan's free pages
+(vmmrt.torch.optmem) with PyTorch's caching allocator and libvmmrt's arena
+(skipped without a CUDA device): AdamW foreach and fused train bitwise as
+with memory_plan="slots" (the optimizer in PyTorch's own memory), the
+steps after the plan is made are routed, nothing is left behind; a state
+tensor an optimizer makes late stays intact while the layers run over the
+bytes around it. Run on the H200:
+
+    /usr/bin/python3 -m pytest -q python/tests/test_optmem_gpu.py
+"""
+import copy
+import gc
+
+import pytest
+import torch
+
+import vmmrt
+import vmmrt.torch as vt
+from vmmrt.torch import optmem
+from vmmrt.torch.bench import llama
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = dict(hidden=256, ffn=512, heads=4, kv_heads=2, seq=1024, batch=2)
+N = 4
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+class LateState(torch.optim.SGD):
+    """SGD that makes a state tensor at its fourth step (in the step, so in
+    the routed pool) and adds it to the first parameter from then on."""
+
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self.n = 0
+        self.late = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.n += 1
+        if self.n == 4:
+            p = self.param_groups[0]["params"][0]
+            self.late = torch.full_like(p, 1e-3)
+        out = super().step(closure)
+        if self.late is not None:
+            self.param_groups[0]["params"][0].add_(self.late)
+        return out
+
+
+def _train(layers, plan, make_opt, steps=6, set_to_none=True):
+    s = llama.Shape(**SHAPE)
+    g = vt.make_graphed_callables(tuple(layers), tuple((_sample(s, 100 + i),) for i in range(N)), mode="none",
+                                  memory_plan=plan)
+    off = vt.offload_of(g[0])
+    opt = make_opt([p for m in layers for p in m.parameters()])
+    out = {}
+    try:
+        for i in range(steps):
+            opt.zero_grad(set_to_none=set_to_none)
+            x = _sample(s, i)
+            gy = torch.randn(x.shape, device="cuda", dtype=x.dtype, generator=torch.Generator("cuda").manual_seed(i))
+            y = x
+            for m in g:
+                y = m(y)
+            y.backward(gy)
+            del y
+            opt.step()
+        torch.cuda.synchronize()
+        out["params"] = [p.detach().clone() for m in layers for p in m.parameters()]
+        out["stats"] = off.stats()
+        out["describe"] = off.describe()
+        out["late"] = opt.late.clone() if getattr(opt, "late", None) is not None else None
+        out["late_intact"] = bool((opt.late == 1e-3).all()) if getattr(opt, "late", None) is not None else None
+    finally:
+        del opt
+        for m in layers:
+            m.__dict__.pop("forward", None)
+            m.zero_grad(set_to_none=True)
+        off.close()
+        gc.collect()
+        torch.cuda.synchronize()
+    return out
+
+
+def _sample(s, seed):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    return torch.randn(s.batch, s.seq, s.hidden, device="cuda", dtype=torch.bfloat16, generator=gen,
+                       requires_grad=True)
+
+
+def _both(make_opt, set_to_none=True):
+    base = llama.torch_layers(N, llama.Shape(**SHAPE), "cuda", torch.bfloat16, "math")
+    ref = copy.deepcopy(base)
+    with llama.attention_backend("math"):
+        on = _train(base, True, make_opt, set_to_none=set_to_none)
+        off = _train(ref, "slots", make_opt, set_to_none=set_to_none)
+    return on, off
+
+
+def test_this_pytorch_can_route():
+    assert optmem.available(vt.offload_of(vt.make_graphed_callables(
+        torch.nn.Linear(8, 8).cuda(), (torch.randn(2, 8, device="cuda", requires_grad=True),), mode="none"))) \
+        is None
+
+
+@pytest.mark.parametrize("kind", ["foreach", "fused"])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_adamw_trains_bitwise_with_its_temporaries_in_the_pages(kind, set_to_none):
+    on, off = _both(lambda ps: torch.optim.AdamW(ps, lr=1e-3, **{kind: True}), set_to_none)
+    st = on["stats"]
+    assert st["optimizer_routed_steps"] >= 3, on["describe"]
+    assert st["optimizer_survivors"] == 0 and st["plan_conflicts"] == 0
+    assert st["optimizer_lent_bytes"] > 0
+    if kind == "foreach":
+        # its temporaries took bytes of the pages
+        assert st["optimizer_peak_bytes"] > 0
+    assert off["stats"]["optimizer_routed_steps"] == 0
+    for a, b in zip(on["params"], off["params"]):
+        assert torch.equal(a, b)
+    stats = vmmrt.arena_stats(torch.cuda.current_device())
+    assert stats["bad_frees"] == 0
+
+
+def test_a_state_made_late_keeps_its_bytes():
+    on, off = _both(lambda ps: LateState(ps, lr=1e-2))
+    st = on["stats"]
+    assert st["optimizer_survivors"] >= 1
+    assert on["late_intact"], "the layers wrote over a tensor the optimizer step made"
+    for a, b in zip(on["params"], off["params"]):
+        assert torch.equal(a, b)
