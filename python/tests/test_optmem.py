@@ -156,6 +156,7 @@ def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None):
         out["params"] = [p.detach().clone() for p in params]
         out["stats"] = off.stats()
         out["describe"] = off.describe()
+        out["plan_bytes"] = off.memplan.plan.total_bytes if off.memplan and off.memplan.plan else None
         out["pools"] = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
     finally:
         off.close()
@@ -176,6 +177,8 @@ def test_routed_steps_train_bitwise_as_without_the_plan(set_to_none):
     assert st["optimizer_routed_steps"] == 5
     assert st["optimizer_survivors"] == 0 and st["plan_conflicts"] == 0
     assert st["optimizer_lent_bytes"] > 0
+    # the view maps the pages once more: no more memory
+    assert st["slot_bytes"] == on["plan_bytes"]
     for a, b in zip(on["grads"], ref["grads"]):
         assert _same(a, b)
     assert _same(on["params"], ref["params"])
