@@ -26,17 +26,32 @@
 #define MiB ((size_t)1 << 20)
 #define DEV 0
 
+/* What a failed test left outstanding (the arena is the process's): each
+ * test counts from there, so that one failure does not fail the rest. */
+static vmmrt_arena_stats left;
+
 static vmmrt_arena_stats stats(void)
 {
 	vmmrt_arena_stats s = {.size = sizeof(s)};
 	assert_int_equal(vmmrt_arena_stats_get(DEV, &s), VMMRT_OK);
+	s.segments -= left.segments;
+	s.old_segments -= left.old_segments;
+	s.fallback_segments -= left.fallback_segments;
+	s.fallback_bytes -= left.fallback_bytes;
 	return s;
+}
+
+static void arena_reset(void)
+{
+	assert_int_equal(vmmrt_arena_reset(DEV), VMMRT_OK);
+	left = (vmmrt_arena_stats){.size = sizeof(left)};
+	assert_int_equal(vmmrt_arena_stats_get(DEV, &left), VMMRT_OK);
 }
 
 /* A runtime, with the arena as no earlier test left it. */
 static vmmrt_runtime *setup(void)
 {
-	assert_int_equal(vmmrt_arena_reset(DEV), VMMRT_OK);
+	arena_reset();
 	return test_slot_runtime();
 }
 
@@ -68,7 +83,7 @@ static void afree(uintptr_t p)
 static void teardown(vmmrt_runtime *rt)
 {
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
-	assert_int_equal(vmmrt_arena_reset(DEV), VMMRT_OK);
+	arena_reset();
 }
 
 static void first_fit_across_ranges_aligned(void **state)
@@ -151,6 +166,20 @@ static void holes_coalesce(void **state)
 	assert_int_equal(all, base);
 	assert_int_equal(stats().fallback_total, 0);
 	afree(all);
+	/* two ranges that touch stay two: a segment never spans what the
+	 * caller lent as separate ranges */
+	vmmrt_devptr addrs[2] = {base, base + 4 * KiB};
+	size_t sizes[2] = {4 * KiB, 4 * KiB};
+	assert_int_equal(vmmrt_arena_lend(rt, DEV, addrs, sizes, 2, NULL), VMMRT_OK);
+	uintptr_t two = amalloc(8 * KiB);
+	assert_true(two < base || two >= base + 8 * KiB);
+	uintptr_t p = amalloc(4 * KiB), q = amalloc(4 * KiB);
+	afree(p);
+	afree(q);
+	uintptr_t again = amalloc(8 * KiB); /* freed pieces do not merge across either */
+	assert_true(again < base || again >= base + 8 * KiB);
+	afree(two);
+	afree(again);
 	teardown(rt);
 }
 
@@ -299,7 +328,7 @@ static void bad_sizes_are_errors(void **state)
 static void no_runtime_no_fallback(void **state)
 {
 	(void)state;
-	assert_int_equal(vmmrt_arena_reset(DEV), VMMRT_OK);
+	arena_reset();
 	assert_null(vmmrt_arena_malloc(4096, DEV, NULL));
 	assert_non_null(strstr(vmmrt_last_error(), "no runtime"));
 	assert_int_equal(stats().errors, 1);
@@ -347,6 +376,7 @@ struct shared {
 	pthread_mutex_t lock;
 	unsigned char owner[UNITS]; /* 0: free, else thread id + 1 */
 	unsigned overlaps, nulls, unknown;
+	pthread_barrier_t start; /* all four begin together, so their calls interleave */
 };
 
 struct worker_arg {
@@ -376,7 +406,8 @@ static void *hammer(void *arg)
 	uintptr_t live[8] = {0};
 	size_t sizes[8] = {0};
 	unsigned seed = 0x1234u + w->id;
-	for (int i = 0; i < 3000; i++) {
+	pthread_barrier_wait(&w->sh->start);
+	for (int i = 0; i < 100000; i++) {
 		unsigned k = (unsigned)rand_r(&seed) % 8;
 		if (live[k]) {
 			mark(w->sh, live[k], sizes[k], w->id, false);
@@ -411,6 +442,7 @@ static void four_threads_never_overlap(void **state)
 	assert_non_null(sh);
 	sh->base = (uintptr_t)vmmrt_slot_address(x);
 	pthread_mutex_init(&sh->lock, NULL);
+	pthread_barrier_init(&sh->start, NULL, 4);
 	/* 256 KiB for 4 x 8 segments of up to 32 KiB: it fills, and some fall back */
 	lend1(rt, sh->base, UNITS * 512);
 	pthread_t t[4];
@@ -436,6 +468,7 @@ static void four_threads_never_overlap(void **state)
 	assert_int_equal(all, sh->base);
 	afree(all);
 	pthread_mutex_destroy(&sh->lock);
+	pthread_barrier_destroy(&sh->start);
 	free(sh);
 	teardown(rt);
 }
@@ -478,7 +511,7 @@ static void fallback_outlives_its_runtime(void **state)
 	assert_int_equal(st.segments + st.fallback_segments, 0);
 	assert_int_equal(st.bad_frees, 0);
 	assert_int_equal(st.errors, 1);
-	assert_int_equal(vmmrt_arena_reset(DEV), VMMRT_OK);
+	arena_reset();
 }
 
 /* A runtime that lent and is gone, then a new one lends: only the new one's
