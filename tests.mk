@@ -165,7 +165,7 @@ gpu-check: $(gpu_tests)
 # that need the host emulation leave themselves out there). test-slot-async
 # is not among them yet: it has not run on a GPU (its memory deltas after
 # kernel launches and its timing are the host backend's).
-gpu_runtime_tests = tests/unit/test-slot tests/unit/test-pages tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-pages tests/unit/test-arena tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
 	tests/unit/test-streams
 gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
 	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)
