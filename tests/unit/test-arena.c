@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "driver.h"
 #include "test-common.h"
 
 #define KiB ((size_t)1024)
@@ -308,6 +309,54 @@ static void refusals_change_nothing(void **state)
 	teardown(rt);
 }
 
+struct hf_ctx {
+	vmmrt_runtime *rt;
+	vmmrt_devptr addr;
+	vmmrt_status lend_st, reset_st, stats_st;
+	uintptr_t fits, falls_back;
+};
+
+static void inside_host_function(void *arg)
+{
+	struct hf_ctx *c = arg;
+	size_t n = 4 * KiB;
+	vmmrt_arena_stats s = {.size = sizeof(s)};
+	c->lend_st = vmmrt_arena_lend(c->rt, DEV, &c->addr, &n, 1, NULL);
+	c->reset_st = vmmrt_arena_reset(DEV);
+	c->stats_st = vmmrt_arena_stats_get(DEV, &s);
+	c->fits = amalloc(512);              /* the lent bytes: no driver call */
+	c->falls_back = amalloc(64 * KiB);   /* cuMemAlloc: not from here */
+	afree(c->fits);
+}
+
+/* A host function may not lend or reset (the library's rule for any call
+ * that may reach the driver), nor fall back; the lent bytes it may use. */
+static void host_functions_are_refused(void **state)
+{
+	(void)state;
+	vmmrt_runtime *rt = setup();
+	vmmrt_slot *x = mapped_slot(rt, 2 * MiB);
+	uintptr_t base = (uintptr_t)vmmrt_slot_address(x);
+	uint64_t g = lend1(rt, base, 4 * KiB);
+	vmmrt_stream st;
+	assert_int_equal(vmmrt_stream_create(rt, &st), VMMRT_OK);
+	struct hf_ctx c = {.rt = rt, .addr = base + 64 * KiB};
+	assert_int_equal(vmmrt__drv_launch_host_func(rt, st, inside_host_function, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, st), VMMRT_OK);
+	assert_int_equal(c.lend_st, VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(c.reset_st, VMMRT_E_NOT_PERMITTED);
+	assert_int_equal(c.stats_st, VMMRT_OK);
+	assert_int_equal(c.fits, base);
+	assert_int_equal(c.falls_back, 0);
+	vmmrt_arena_stats s = stats();
+	assert_int_equal(s.generation, g);
+	assert_int_equal(s.lent_bytes, 4 * KiB);
+	assert_int_equal(s.errors, 1);
+	assert_int_equal(s.segments + s.fallback_segments, 0);
+	assert_int_equal(vmmrt_stream_destroy(rt, st), VMMRT_OK);
+	teardown(rt);
+}
+
 static void bad_sizes_are_errors(void **state)
 {
 	(void)state;
@@ -573,6 +622,7 @@ int main(void)
 		cmocka_unit_test(relend_keeps_old_segments_out),
 		cmocka_unit_test(refusals_change_nothing),
 		cmocka_unit_test(bad_sizes_are_errors),
+		cmocka_unit_test(host_functions_are_refused),
 		cmocka_unit_test(no_runtime_no_fallback),
 		cmocka_unit_test(unknown_frees_are_counted),
 		cmocka_unit_test(four_threads_never_overlap),
