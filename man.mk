@@ -13,6 +13,11 @@
 man7_pages = man/man7/vmmrt.7
 
 man3_pages = \
+	man/man3/vmmrt_arena_free.3 \
+	man/man3/vmmrt_arena_lend.3 \
+	man/man3/vmmrt_arena_malloc.3 \
+	man/man3/vmmrt_arena_reset.3 \
+	man/man3/vmmrt_arena_stats_get.3 \
 	man/man3/vmmrt_backward_begin.3 \
 	man/man3/vmmrt_backward_end.3 \
 	man/man3/vmmrt_checksum_host.3 \

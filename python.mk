@@ -76,6 +76,7 @@ vmmrt_py_tests = \
 	python/tests/test_select.py \
 	python/tests/test_stream_maps.py \
 	python/tests/test_pages.py \
+	python/tests/test_arena.py \
 	python/tests/test_budget.py \
 	python/tests/test_eager.py \
 	python/tests/test_errors.py \

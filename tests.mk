@@ -4,7 +4,7 @@
 # targets that run a part of them on a GPU machine (gpu-check, gpu-suite).
 #
 #  tests/unit        one concept each: options, the host backend, slots
-#                    (and their stream-ordered backing), workers, offload, schedules (1F1B, abort, re-discovery),
+#                    (and their stream-ordered backing), the arena, workers, offload, schedules (1F1B, abort, re-discovery),
 #                    streams
 #  tests/regression  bugs found and fixed (remap order, the torture's), the
 #                    fuzzer's regression inputs, the planted bugs
@@ -76,6 +76,7 @@ unit_tests = \
 	tests/unit/test-slot-async \
 	tests/unit/test-slot-stream \
 	tests/unit/test-pages \
+	tests/unit/test-arena \
 	tests/unit/test-worker \
 	tests/unit/test-offload \
 	tests/unit/test-schedule \
@@ -92,6 +93,8 @@ tests_unit_test_slot_stream_SOURCES = tests/unit/test-slot-stream.c tests/common
 tests_unit_test_slot_stream_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_pages_SOURCES = tests/unit/test-pages.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 tests_unit_test_pages_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_unit_test_arena_SOURCES = tests/unit/test-arena.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
+tests_unit_test_arena_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_worker_SOURCES = tests/unit/test-worker.c tests/common/test-common.h tests/common/check-ok.h tests/common/test-layers.h
 tests_unit_test_worker_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_offload_SOURCES = tests/unit/test-offload.c $(test_model)
@@ -162,7 +165,7 @@ gpu-check: $(gpu_tests)
 # that need the host emulation leave themselves out there). test-slot-async
 # is not among them yet: it has not run on a GPU (its memory deltas after
 # kernel launches and its timing are the host backend's).
-gpu_runtime_tests = tests/unit/test-slot tests/unit/test-pages tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
+gpu_runtime_tests = tests/unit/test-slot tests/unit/test-pages tests/unit/test-arena tests/unit/test-worker tests/unit/test-offload tests/unit/test-schedule \
 	tests/unit/test-streams
 gpu-suite: $(gpu_tests) $(gpu_runtime_tests)
 	@VMMRT_BACKEND=cuda $(SHELL) $(srcdir)/tests/gpu/gpu-check.sh $(gpu_tests) $(gpu_runtime_tests)

@@ -19,7 +19,7 @@
  *  - the library never exits or aborts the process.
  *  - a call that succeeds leaves vmmrt_last_error() empty.
  *  - structs the library fills (vmmrt_runtime_info, vmmrt_driver_stats,
- *    vmmrt_offload_stats, vmmrt_option_info) start with a size the caller
+ *    vmmrt_offload_stats, vmmrt_option_info, vmmrt_arena_stats) start with a size the caller
  *    sets to sizeof(the struct) before the call, so they can grow without
  *    breaking programs built against an older header: the library fills what
  *    fits in that size and zeroes what it does not know. A size smaller than
@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* ssize_t: the arena's calls are PyTorch's allocator signatures */
 
 #ifdef __cplusplus
 extern "C" {
@@ -485,6 +486,42 @@ VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_get(vmmrt_runtime *rt, vmmrt_offlo
 /* Restart the counters, and the peak from the memory mapped now (after warm-up, say). */
 VMMRT_EXTERN vmmrt_status vmmrt_offload_stats_reset(vmmrt_runtime *rt);
 
+/* -------------------------------------------------------------------- arena */
+
+/*
+ * An allocator over device address ranges the caller lends (the memory plan's
+ * bytes that are free at the optimizer step), for PyTorch's
+ * torch.cuda.memory.CUDAPluggableAllocator(<libvmmrt.so>, "vmmrt_arena_malloc",
+ * "vmmrt_arena_free") in a torch.cuda.MemPool. One arena per CUDA device
+ * ordinal (0..63). Each lend replaces the ranges and starts a generation;
+ * segments of an earlier one stay valid until freed and their bytes never
+ * return to the ranges (nor are they served again). What does not fit falls
+ * back to plain device memory (cuMemAlloc). vmmrt_arena_lend(3).
+ */
+VMMRT_EXTERN vmmrt_status vmmrt_arena_lend(vmmrt_runtime *rt, int device, const vmmrt_devptr *addrs,
+					   const size_t *sizes, size_t n, uint64_t *generation);
+/* PyTorch's pluggable allocator's signatures (stream: a cudaStream_t, unused). */
+VMMRT_EXTERN void *vmmrt_arena_malloc(ssize_t size, int device, void *stream);
+VMMRT_EXTERN void vmmrt_arena_free(void *ptr, ssize_t size, int device, void *stream);
+/* Drop the ranges and the runtime, restart the counters (tests, teardown). */
+VMMRT_EXTERN vmmrt_status vmmrt_arena_reset(int device);
+
+typedef struct vmmrt_arena_stats {
+	size_t size;                /* set by the caller: sizeof(vmmrt_arena_stats) */
+	uint64_t generation;        /* lends so far (0: never lent) */
+	uint64_t lent_bytes;        /* the current lend's ranges, in all */
+	uint64_t used_bytes;        /* the current generation's segments outstanding */
+	uint64_t peak_used_bytes;   /* the most used_bytes since the last lend or reset */
+	uint64_t segments;          /* outstanding segments served from lent ranges (all generations) */
+	uint64_t old_segments;      /* those of them from an earlier generation */
+	uint64_t fallback_segments; /* outstanding segments of plain device memory */
+	uint64_t fallback_bytes;    /* their bytes */
+	uint64_t fallback_total;    /* plain segments ever allocated (since the last reset) */
+	uint64_t allocs, frees;     /* successful calls (since the last reset) */
+	uint64_t bad_frees;         /* frees of a pointer the arena never gave out */
+	uint64_t errors;            /* mallocs that returned NULL */
+} vmmrt_arena_stats;
+VMMRT_EXTERN vmmrt_status vmmrt_arena_stats_get(int device, vmmrt_arena_stats *out);
 
 #ifdef __cplusplus
 }

@@ -55,6 +55,7 @@ static inline vmmrt_status vmmrt__sized_out(void *out, const void *full, size_t 
 #define VMMRT__DRIVER_STATS_SIZE_V1 VMMRT__END_OF(vmmrt_driver_stats, max_us)
 #define VMMRT__OFFLOAD_STATS_SIZE_V1 VMMRT__END_OF(vmmrt_offload_stats, schedule_recorded)
 #define VMMRT__OPTION_INFO_SIZE_V1 VMMRT__END_OF(vmmrt_option_info, doc)
+#define VMMRT__ARENA_STATS_SIZE_V1 VMMRT__END_OF(vmmrt_arena_stats, errors)
 
 #define VMMRT__SIZED_OUT(out, full, min_size, type) \
 	vmmrt__sized_out((out), &(full), sizeof(full), (min_size), type, __func__)

@@ -243,6 +243,31 @@ void vmmrt__drv_close(vmmrt_runtime *rt)
 	rt->be = NULL;
 }
 
+void vmmrt__drv_detach(vmmrt_runtime *rt, vmmrt__drv_detached *out)
+{
+	if (rt->sync_stream)
+		(void)rt->ops->stream_destroy(rt->be, rt->sync_stream);
+	rt->sync_stream = NULL;
+	out->ops = rt->ops;
+	out->be = rt->be;
+	rt->be = NULL;
+}
+
+vmmrt_status vmmrt__drv_detached_mem_free(vmmrt__drv_detached *d, vmmrt_devptr p)
+{
+	vmmrt_status st = vmmrt__drv_check_caller(op_calls[OP_mem_free]);
+	if (st != VMMRT_OK)
+		return st;
+	return d->ops->mem_free(d->be, p);
+}
+
+void vmmrt__drv_detached_close(vmmrt__drv_detached *d)
+{
+	if (d->be)
+		d->ops->close(d->be);
+	d->be = NULL;
+}
+
 static int cmp_float(const void *a, const void *b)
 {
 	float x = *(const float *)a, y = *(const float *)b;

@@ -51,6 +51,22 @@ vmmrt_status vmmrt__drv_open(vmmrt_runtime *rt, const vmmrt__backend_ops *ops);
 vmmrt_status vmmrt__drv_setup(vmmrt_runtime *rt);
 void vmmrt__drv_close(vmmrt_runtime *rt);
 
+/*
+ * A backend taken from a runtime being destroyed by whoever still holds
+ * memory it allocated (the arena's fallback segments, src/arena.c): the
+ * runtime's close leaves it open, and the holder frees through it and closes
+ * it after its last free. Only these two calls remain: no runtime, so no
+ * fault hook; the host-function rule still holds.
+ */
+typedef struct vmmrt__drv_detached {
+	const vmmrt__backend_ops *ops;
+	vmmrt__backend *be;
+} vmmrt__drv_detached;
+/* The runtime's own stream goes; rt keeps no backend (vmmrt__drv_close closes nothing). */
+void vmmrt__drv_detach(vmmrt_runtime *rt, vmmrt__drv_detached *out);
+vmmrt_status vmmrt__drv_detached_mem_free(vmmrt__drv_detached *d, vmmrt_devptr p);
+void vmmrt__drv_detached_close(vmmrt__drv_detached *d);
+
 /* Every operation of backend-ops.h with a wrapper: vmmrt__drv_<op>(rt, its parameters). */
 #define VMMRT__DRV_PROTO(op, door, call, params, args) VMMRT__DRV_PROTO_##door(op, params)
 #define VMMRT__DRV_PROTO_T(op, call, params, args, bytes) VMMRT__DRV_PROTO_PLAIN(op, params)

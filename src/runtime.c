@@ -12,6 +12,7 @@
 #include <urcu/urcu-bp.h>
 
 #include "api.h"
+#include "arena.h"
 #include "error.h"
 #include "runtime.h"
 #include "offload.h"
@@ -249,6 +250,9 @@ vmmrt_status vmmrt_runtime_destroy(vmmrt_runtime *rt)
 				 (long long)stuck, (long long)handles, (long long)vas);
 	else if (off_st != VMMRT_OK)
 		st = vmmrt__error(off_st, "runtime destroy: %s", off_msg);
+	/* Before the backend closes: the arena may keep it for the plain
+	 * segments still outstanding (src/arena.c). */
+	vmmrt__arena_runtime_gone(rt);
 	free_runtime(rt);
 	return st;
 }

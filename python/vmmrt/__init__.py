@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import weakref
+from collections.abc import Sequence
 from typing import Any, Callable, Iterable, Union
 
 from vmmrt import _capi
@@ -27,7 +28,7 @@ __all__ = ["Error", "InvalidValue", "LibraryNotFound", "library_path", "Runtime"
            "library",
            "version", "version_string", "status_name", "options_table", "environment_options", "option_choices",
            "option_bounds", "fill_word", "checksum_host", "layer_checksum_host", "STREAM_LEGACY", "STREAM_PER_THREAD",
-           "GROUP_STATES", "SLOT_STATES"]
+           "GROUP_STATES", "SLOT_STATES", "arena_stats", "arena_reset", "arena_library_path"]
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -490,6 +491,36 @@ class Runtime:
         share it with no driver call per step (vmmrt_pages_create(3))."""
         return Pages(self, nbytes)
 
+    def arena_lend(self, ranges: Sequence[tuple[int, int]], device: int | None = None) -> int:
+        """Lend device ranges, (address, nbytes) pairs that do not overlap, to the
+        arena of ``device`` (default: this runtime's device), replacing the ranges
+        of any earlier lend (an empty sequence lends none: every allocation falls
+        back to plain device memory through this runtime). Returns the new
+        generation. The arena serves PyTorch's
+        ``torch.cuda.memory.CUDAPluggableAllocator(vmmrt.arena_library_path(),
+        "vmmrt_arena_malloc", "vmmrt_arena_free")`` (vmmrt_arena_lend(3))."""
+        where = "vmmrt_arena_lend"
+        if device is None:
+            device = self.info()["device_ordinal"]
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise InvalidValue(_capi.E_INVALID_ARGUMENT, "device must be an int, not %r" % (device,), where)
+        if isinstance(ranges, (str, bytes)) or not isinstance(ranges, Sequence):
+            raise InvalidValue(_capi.E_INVALID_ARGUMENT,
+                               "ranges must be a sequence of (address, nbytes) pairs, not %r" % (ranges,), where)
+        n = len(ranges)
+        addrs = (_capi.vmmrt_devptr * max(1, n))()
+        sizes = (ctypes.c_size_t * max(1, n))()
+        for k, r in enumerate(ranges):
+            if (not isinstance(r, (tuple, list)) or len(r) != 2
+                    or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in r)):
+                raise InvalidValue(_capi.E_INVALID_ARGUMENT,
+                                   "range %d: %r is not an (address, nbytes) pair of non-negative ints" % (k, r),
+                                   where)
+            addrs[k], sizes[k] = r
+        gen = ctypes.c_uint64()
+        check(self._lib.vmmrt_arena_lend(self._handle(), device, addrs, sizes, n, ctypes.byref(gen)), where)
+        return gen.value
+
     # -- offload
     def group(self, name: str) -> Group:
         """A new offload group (create them in forward order, before :meth:`offload_allocate`)."""
@@ -543,6 +574,33 @@ class Runtime:
 
     def offload_stats_reset(self) -> None:
         check(self._lib.vmmrt_offload_stats_reset(self._handle()), "vmmrt_offload_stats_reset")
+
+
+def _arena_device(device, where):
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise InvalidValue(_capi.E_INVALID_ARGUMENT, "device must be an int, not %r" % (device,), where)
+    return device
+
+
+def arena_stats(device: int = 0) -> dict[str, int]:
+    """The arena of a CUDA device ordinal: vmmrt_arena_stats as a dict (vmmrt_arena_lend(3))."""
+    s = _capi.sized(_capi.ArenaStats)
+    check(library().vmmrt_arena_stats_get(_arena_device(device, "vmmrt_arena_stats_get"), ctypes.byref(s)),
+          "vmmrt_arena_stats_get")
+    return {name: getattr(s, name) for name, _ in _capi.ArenaStats._fields_ if name != "size"}
+
+
+def arena_reset(device: int = 0) -> None:
+    """Drop the arena's ranges and runtime and restart its counters; segments
+    still outstanding stay valid until freed (vmmrt_arena_reset)."""
+    check(library().vmmrt_arena_reset(_arena_device(device, "vmmrt_arena_reset")), "vmmrt_arena_reset")
+
+
+def arena_library_path() -> str:
+    """The absolute path of the loaded libvmmrt shared object: what
+    torch.cuda.memory.CUDAPluggableAllocator loads to find vmmrt_arena_malloc
+    and vmmrt_arena_free (the same file, so the same arenas)."""
+    return os.path.abspath(library_path().path)
 
 
 class Slot:

@@ -5,7 +5,7 @@ Kept in the header's order, so a change there is easy to mirror here.
 """
 import ctypes
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int64,
-                    c_size_t, c_uint, c_uint32, c_uint64, c_ulonglong, c_void_p)
+                    c_size_t, c_ssize_t, c_uint, c_uint32, c_uint64, c_ulonglong, c_void_p)
 
 # vmmrt_status, numbered as the header numbers it (the ABI); the names and
 # texts are the library's (vmmrt_status_name, vmmrt_strerror).
@@ -67,6 +67,15 @@ class OffloadStats(Structure):
 class ScheduleStep(Structure):
     """vmmrt_schedule_step: one use of an iteration, a group's forward (0) or backward (1)."""
     _fields_ = [("group", handle), ("backward", c_uint32)]
+
+
+class ArenaStats(Structure):
+    """vmmrt_arena_stats (vmmrt_arena_lend(3))."""
+    _fields_ = [("size", c_size_t), ("generation", c_uint64), ("lent_bytes", c_uint64),
+                ("used_bytes", c_uint64), ("peak_used_bytes", c_uint64), ("segments", c_uint64),
+                ("old_segments", c_uint64), ("fallback_segments", c_uint64), ("fallback_bytes", c_uint64),
+                ("fallback_total", c_uint64), ("allocs", c_uint64), ("frees", c_uint64),
+                ("bad_frees", c_uint64), ("errors", c_uint64)]
 
 
 def sized(struct_type):
@@ -165,6 +174,12 @@ _PROTOTYPES = {
     "vmmrt_offload_sync": (status_t, [handle]),
     "vmmrt_offload_stats_get": (status_t, [handle, _P(OffloadStats)]),
     "vmmrt_offload_stats_reset": (status_t, [handle]),
+    "vmmrt_arena_lend": (status_t, [handle, c_int, _P(vmmrt_devptr), _P(c_size_t), c_size_t, _P(c_uint64)]),
+    # PyTorch's pluggable allocator's signatures: (ssize_t size, int device, cudaStream_t stream)
+    "vmmrt_arena_malloc": (c_void_p, [c_ssize_t, c_int, c_void_p]),
+    "vmmrt_arena_free": (None, [c_void_p, c_ssize_t, c_int, c_void_p]),
+    "vmmrt_arena_reset": (status_t, [c_int]),
+    "vmmrt_arena_stats_get": (status_t, [c_int, _P(ArenaStats)]),
 }
 
 
@@ -176,7 +191,8 @@ _SINCE = {name: "0.2.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offloa
                                      "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after",
                                      "vmmrt_slot_map_after", "vmmrt_slot_wait_stream",
                                      "vmmrt_pages_create", "vmmrt_pages_destroy", "vmmrt_pages_size",
-                                     "vmmrt_slot_map_pages")}
+                                     "vmmrt_slot_map_pages", "vmmrt_arena_lend", "vmmrt_arena_malloc",
+                                     "vmmrt_arena_free", "vmmrt_arena_reset", "vmmrt_arena_stats_get")}
 
 
 class _Missing:

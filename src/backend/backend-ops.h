@@ -60,6 +60,11 @@
 	T(mem_unmap, "cuMemUnmap", (, vmmrt_devptr va, size_t size), (, va, size), size) \
 	T(mem_release, "cuMemRelease", (, vmmrt__bhandle h), (, h), 0) \
 	X(mem_info, PLAIN, "cuMemGetInfo", (, size_t *free_bytes, size_t *total_bytes), (, free_bytes, total_bytes)) \
+	/* plain device memory, outside any reservation: the arena's fallback \
+	 * (src/arena.c), so that an allocator it serves never sees an out-of-memory \
+	 * the arena caused */ \
+	X(mem_alloc, PLAIN, "cuMemAlloc", (, size_t size, vmmrt_devptr *out), (, size, out)) \
+	X(mem_free, PLAIN, "cuMemFree", (, vmmrt_devptr p), (, p)) \
 	\
 	/* streams and events */ \
 	X(stream_create, PLAIN, "cuStreamCreate", (, vmmrt_stream *out), (, out)) \

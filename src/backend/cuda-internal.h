@@ -63,6 +63,8 @@
 	X(MemUnmap, 10020) \
 	X(MemSetAccess, 10020) \
 	X(MemGetInfo, 3020) \
+	X(MemAlloc, 3020) \
+	X(MemFree, 3020) \
 	X(StreamCreate, 2000) \
 	X(StreamDestroy, 4000) \
 	X(StreamSynchronize, 2000) \

@@ -338,6 +338,33 @@ vmmrt_status vmmrt__cuda_mem_info(vmmrt__backend *b, size_t *free_bytes, size_t 
 	return VMMRT_OK;
 }
 
+vmmrt_status vmmrt__cuda_mem_alloc(vmmrt__backend *b, size_t size, vmmrt_devptr *out)
+{
+	CUdeviceptr d = 0;
+	CUresult r;
+	int pushed;
+
+	ROLE_CHECK("cuMemAlloc");
+	VMMRT__CHECK_ARG(out != NULL, "NULL output");
+	if (size == 0)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "cuMemAlloc: size 0");
+	OP_ENTER(b, "cuMemAlloc", pushed);
+	r = vmmrt__cu.MemAlloc(&d, size);
+	vmmrt__cuda_ctx_leave(pushed);
+	if (r != CUDA_SUCCESS)
+		return vmmrt__cuda_error(r, "cuMemAlloc(%zu)", size);
+	*out = (vmmrt_devptr)d;
+	return VMMRT_OK;
+}
+
+vmmrt_status vmmrt__cuda_mem_free(vmmrt__backend *b, vmmrt_devptr p)
+{
+	ROLE_CHECK("cuMemFree");
+	VMMRT__CHECK_ARG(p != 0, "NULL pointer");
+	CU_CALL(b, "cuMemFree", vmmrt__cu.MemFree((CUdeviceptr)p), "cuMemFree(0x%llx)", (unsigned long long)p);
+	return VMMRT_OK;
+}
+
 vmmrt_status vmmrt__cuda_host_alloc(vmmrt__backend *b, size_t size, void **out)
 {
 	void *p = NULL;

@@ -47,6 +47,7 @@ struct vmmrt__backend {
 	struct cds_list_head events;
 	struct cds_list_head graphs;
 	struct cds_list_head host_allocs;
+	struct cds_list_head plain_allocs; /* mem_alloc's device memory (counted in created_bytes) */
 
 	/*
 	 * Everything a stream thread may block on (event records, 32-bit values,

@@ -62,6 +62,27 @@ static const vmmrt__host_kind pinned = {
 	.release = alloc_release,
 };
 
+/* Plain device memory (cuMemAlloc's): host memory the emulated device's
+ * copies and kernels reach like any mapped slot, counted against the
+ * emulated capacity so that it runs out as a GPU does. */
+static void plain_release(vmmrt__backend *b, struct cds_list_head *node)
+{
+	struct host_alloc *a = caa_container_of(node, struct host_alloc, node);
+
+	pthread_mutex_lock(&b->vmm_lock);
+	b->created_bytes -= a->size;
+	pthread_mutex_unlock(&b->vmm_lock);
+	munmap(a->p, a->size);
+	free(a);
+}
+
+static const vmmrt__host_kind plain = {
+	.unknown = "%s: %p is not a device allocation",
+	.list = offsetof(vmmrt__backend, plain_allocs),
+	.match = alloc_is,
+	.release = plain_release,
+};
+
 /* ------------------------------------------------------------ open and close */
 
 static void host_close(vmmrt__backend *b);
@@ -107,6 +128,7 @@ static vmmrt_status host_open(const vmmrt__backend_config *cfg, vmmrt__backend *
 	CDS_INIT_LIST_HEAD(&b->events);
 	CDS_INIT_LIST_HEAD(&b->graphs);
 	CDS_INIT_LIST_HEAD(&b->host_allocs);
+	CDS_INIT_LIST_HEAD(&b->plain_allocs);
 	pthread_mutex_init(&b->vmm_lock, NULL);
 	pthread_mutex_init(&b->obj_lock, NULL);
 	pthread_mutex_init(&b->sync_lock, NULL);
@@ -145,6 +167,7 @@ static void host_close(vmmrt__backend *b)
 
 	vmmrt__host_vmm_close(b);
 	vmmrt__host_unregister_all(b, &pinned);
+	vmmrt__host_unregister_all(b, &plain);
 	pthread_cond_destroy(&b->sync_cond);
 	pthread_mutex_destroy(&b->sync_lock);
 	pthread_mutex_destroy(&b->obj_lock);
@@ -256,6 +279,73 @@ vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: %p is not inside a pinned allocation", __func__, p);
 	*out = (vmmrt_devptr)(uintptr_t)p;
 	return VMMRT_OK;
+}
+
+/* ------------------------------------------------------ plain device memory */
+
+vmmrt_status vmmrt__host_mem_alloc(vmmrt__backend *b, size_t size, vmmrt_devptr *out)
+{
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	struct host_alloc *a;
+	void *p;
+
+	if (st != VMMRT_OK)
+		return st;
+	VMMRT__CHECK_ARG(out, "NULL output");
+	if (size == 0 || size > SIZE_MAX - page)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu", __func__, size);
+	size = (size + page - 1) / page * page;
+	a = malloc(sizeof(*a));
+	if (!a)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: allocation record", __func__);
+	pthread_mutex_lock(&b->vmm_lock);
+	if (size > b->cfg.host_capacity - b->created_bytes) {
+		size_t left = b->cfg.host_capacity - b->created_bytes;
+
+		pthread_mutex_unlock(&b->vmm_lock);
+		free(a);
+		return vmmrt__error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes requested, %zu of %zu free", __func__, size,
+				   left, b->cfg.host_capacity);
+	}
+	b->created_bytes += size;
+	if (b->created_bytes > b->created_peak)
+		b->created_peak = b->created_bytes;
+	pthread_mutex_unlock(&b->vmm_lock);
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		int err = errno;
+
+		pthread_mutex_lock(&b->vmm_lock);
+		b->created_bytes -= size;
+		pthread_mutex_unlock(&b->vmm_lock);
+		free(a);
+		return vmmrt__error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes: %s", __func__, size, strerror(err));
+	}
+	a->p = p;
+	a->size = size;
+	vmmrt__host_register(b, &plain, &a->node);
+	*out = (vmmrt_devptr)(uintptr_t)p;
+	return VMMRT_OK;
+}
+
+/* As cuMemFree, which waits for the device's work first (no stream may still
+ * read or write the memory when it goes). */
+vmmrt_status vmmrt__host_mem_free(vmmrt__backend *b, vmmrt_devptr p)
+{
+	vmmrt_status st = vmmrt__host_enter(b, __func__);
+	void *key = (void *)(uintptr_t)p;
+
+	if (st != VMMRT_OK)
+		return st;
+	pthread_mutex_lock(&b->obj_lock);
+	bool known = vmmrt__host_lookup(b, &plain, key) != NULL;
+	pthread_mutex_unlock(&b->obj_lock);
+	if (!known)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, plain.unknown, __func__, key);
+	if ((st = vmmrt__host_streams_synchronize(b, __func__)) != VMMRT_OK)
+		return st;
+	return vmmrt__host_destroy(b, &plain, key, __func__);
 }
 
 /* ----------------------------------------------------------------- ops table */
