@@ -47,9 +47,10 @@ def test_sampler_restarts_and_refuses_a_second_start():
 
 
 def test_graph_pool_parts_say_what_its_captures_left_free():
-    """A graph pool keeps the blocks its captures freed (the H200's launch-
-    bound vmmrt step: 998 MiB free beside 64 in use): the snapshot counts
-    them apart, on made-up segments."""
+    """A graph pool keeps the blocks its captures freed: the snapshot counts
+    them apart, on made-up segments; the segments of the optimizer's pool
+    over the memory plan's pages (vmmrt.torch.optmem) are the pages' bytes,
+    not the pool's."""
     M = 1 << 20
     segs = [{"device": 0, "segment_pool_id": (0, 0), "total_size": 100 * M, "allocated_size": 10 * M},
             {"device": 0, "segment_pool_id": (0, 1), "total_size": 64 * M, "allocated_size": 4 * M},
@@ -57,6 +58,9 @@ def test_graph_pool_parts_say_what_its_captures_left_free():
             {"device": 1, "segment_pool_id": (0, 1), "total_size": 999 * M, "allocated_size": 0}]
     assert memory.pool_parts(segs, 0) == (84 * M, 60 * M, 100 * M)
     assert memory.pool_parts([{"device": 0, "total_size": M}], 0) == (None, None, M)    # pools not said
+    view = [{"device": 0, "segment_pool_id": (0, 3), "total_size": 40 * M, "allocated_size": 0, "address": 5000 * M}]
+    assert memory.pool_parts(segs + view, 0) == (124 * M, 100 * M, 100 * M)
+    assert memory.pool_parts(segs + view, 0, [(4000 * M, 6000 * M)]) == (84 * M, 60 * M, 100 * M)
     snap = {"used": 300 * M, "graph_pool": 84 * M, "graph_pool_free": 60 * M, "allocator": 100 * M, "vmmrt": 0,
             "slots": None, "other": 116 * M}
     assert "graph pool 84 (60 free) + caching allocator 100" in memory.describe(snap)

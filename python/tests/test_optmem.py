@@ -70,6 +70,7 @@ class FakePools:
         self.alive = {}             # pool -> blocks in use
         self.lends = 0
         self.pattern = 0x5A
+        self.released = 0
         FakePools.made.append(self)
 
     def lend(self, ranges):
@@ -97,6 +98,9 @@ class FakePools:
 
     def blocks_in_use(self, pool):
         return list(self.alive.get(pool, ()))
+
+    def release_cache(self):
+        self.released += 1
 
     def arena_stats(self):
         return {"peak_used_bytes": sum(n for _, n in self.lent), "fallback_bytes": 0}
@@ -187,6 +191,9 @@ def test_routed_steps_train_bitwise_as_without_the_plan(set_to_none):
     # memory was not released yet when the plan was made is bound at its
     # next use), then every step finds the same
     assert on["pools"].pools == on["pools"].lends <= 2
+    # PyTorch's cache of the steps before the routing given back, once, and
+    # the pools' segments at close
+    assert on["pools"].released == 2
 
 
 def test_what_is_lent_is_the_pages_but_the_gradients_at_the_step():

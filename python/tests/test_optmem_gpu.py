@@ -85,6 +85,8 @@ def _train(layers, plan, make_opt, steps=6, set_to_none=True):
         off.close()
         gc.collect()
         torch.cuda.synchronize()
+    # the pools' segments went back to the arena with the Offload
+    out["arena_segments"] = vmmrt.arena_stats(torch.cuda.current_device())["segments"]
     return out
 
 
@@ -125,12 +127,14 @@ def test_adamw_trains_bitwise_with_its_temporaries_in_the_pages(kind, set_to_non
         assert torch.equal(a, b)
     stats = vmmrt.arena_stats(torch.cuda.current_device())
     assert stats["bad_frees"] == 0
+    assert on["arena_segments"] == 0
 
 
 def test_a_state_made_late_keeps_its_bytes():
-    on, off = _both(lambda ps: LateState(ps, lr=1e-2))
+    on, off = _both(lambda ps: LateState(ps, lr=1e-6))
     st = on["stats"]
     assert st["optimizer_survivors"] >= 1
     assert on["late_intact"], "the layers wrote over a tensor the optimizer step made"
+    assert on["arena_segments"] == 0
     for a, b in zip(on["params"], off["params"]):
         assert torch.equal(a, b)

@@ -26,18 +26,23 @@ import torch
 MiB = float(1 << 20)
 
 
-def pool_parts(segments, index):
+def pool_parts(segments, index, views=()):
     """(graph-pool bytes, of them free, other caching-allocator bytes) of
     device ``index`` in ``segments`` (torch.cuda.memory_snapshot()'s list):
     graph pools are the segments not in the default pool (0, 0); a pool's
     free bytes are its segments' blocks no tensor holds, which a graph pool
     keeps reserved for the life of its graphs (what the captures allocated
     and freed). Graph-pool figures are None when the segments do not say
-    their pool."""
+    their pool. Segments inside ``views`` ([lo, hi) address ranges: the
+    memory plan's pages mapped again for the optimizer step,
+    vmmrt.torch.optmem) are the pages' bytes, counted there: left out."""
     pool = free = other = 0
     known = False
     for s in segments:
         if s.get("device", index) != index:
+            continue
+        a = s.get("address")
+        if a is not None and any(lo <= a < hi for lo, hi in views):
             continue
         pid = s.get("segment_pool_id")
         known = known or pid is not None
@@ -50,13 +55,22 @@ def pool_parts(segments, index):
     return (pool if known else None), (free if known else None), other
 
 
-def _pool_bytes(index):
+def _pool_bytes(index, views=()):
     """pool_parts of the device's caching allocator now."""
     try:
         segs = torch.cuda.memory_snapshot()
     except Exception:
         return None, None, torch.cuda.memory_reserved(index)
-    return pool_parts(segs, index)
+    return pool_parts(segs, index, views)
+
+
+def _views(offloads):
+    out = []
+    for o in offloads:
+        om = getattr(getattr(o, "memplan", None), "optimizer", None)
+        if om is not None and om.view is not None:
+            out.append((om.view.address, om.view.address + om.view.size))
+    return out
 
 
 def _slot_bytes(offloads):
@@ -81,7 +95,7 @@ def snapshot(offloads=(), device=None):
     dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     with torch.cuda.device(dev):
         free, total = torch.cuda.mem_get_info()
-        pool, pool_free, other = _pool_bytes(dev.index)
+        pool, pool_free, other = _pool_bytes(dev.index, _views(offloads))
     acts = sum(o.device_bytes() for o in offloads)
     slots = _slot_bytes(offloads)
     used = total - free

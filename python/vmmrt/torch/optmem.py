@@ -138,6 +138,8 @@ class OptimizerMemory:
         self.survivor_steps = 0     # steps that left a block in use in the pool
         self.retirements = 0
         self.hook_s = 0.0           # the hooks' own time (the pool's blocks asked after each step)
+        self.view_s = 0.0           # of it, mapping the view (once: a map per granule)
+        self.released = False       # the cache of the steps before the routing given back (once)
         self.why_not = None         # why it does not route (once known for good)
         self._active = False
         self._stream = None         # the optimizer's stream while routing, then for the next forward
@@ -182,7 +184,9 @@ class OptimizerMemory:
             return False
         try:
             if self.view is None:
+                t0 = time.perf_counter()
                 self._make_view()
+                self.view_s = time.perf_counter() - t0
             if free != self.lent:
                 self._relend(free)
             self._stream = self.api.order_after(self.watcher.last_stream)
@@ -210,6 +214,13 @@ class OptimizerMemory:
         self._active = False
         self.api.end_routing(self.pool)
         alive = self.api.blocks_in_use(self.pool)
+        if not alive and not self.released:
+            # The steps before the plan made their temporaries in PyTorch's
+            # cache, which keeps them reserved, unused from now on: given
+            # back once (torch.cuda.empty_cache), or the routing would hold
+            # the temporaries twice.
+            self.released = True
+            self.api.release_cache()
         if alive:
             self.survivor_steps += 1
             self._hold(alive, self.pool)
@@ -295,6 +306,13 @@ class OptimizerMemory:
                         "their memory stays until the process ends")
             return
         self.api.lend([])
+        # the pools' cached segments lie in the view: dropped with it (a pool
+        # is never allocated from once its Offload is closed)
+        self.pool, self.retired = None, []
+        # a pool no one holds gives its cached segments back at the next
+        # emptying of PyTorch's cache: now, before the view goes, so that
+        # none outlives the addresses it lies at
+        self.api.release_cache()
         self.view.destroy()
         self.view = None
 
@@ -304,7 +322,8 @@ class OptimizerMemory:
                 "optimizer_lent_bytes": sum(hi - lo for lo, hi in self.lent or ()),
                 "optimizer_peak_bytes": st.get("peak_used_bytes", 0),
                 "optimizer_fallback_bytes": st.get("fallback_bytes", 0),
-                "optimizer_hook_us": 1e6 * self.hook_s / self.routed if self.routed else 0.0}
+                "optimizer_hook_us": 1e6 * (self.hook_s - self.view_s) / self.routed if self.routed else 0.0,
+                "optimizer_view_ms": 1e3 * self.view_s}
 
     def describe(self) -> str:
         if self.why_not is not None and self.why_not != "closed":
@@ -361,6 +380,9 @@ class TorchPools:
 
     def arena_stats(self) -> dict:
         return self.vmmrt.arena_stats(self.device)
+
+    def release_cache(self) -> None:
+        self.torch.cuda.empty_cache()
 
     def order_after(self, layers_stream: Any) -> Any:
         """The optimizer's stream, made to wait for the layers' if it is another."""
