@@ -78,7 +78,10 @@ def _train(layers, plan, make_opt, steps=6, set_to_none=True):
         out["late"] = opt.late.clone() if getattr(opt, "late", None) is not None else None
         out["late_intact"] = bool((opt.late == 1e-3).all()) if getattr(opt, "late", None) is not None else None
     finally:
+        # the optimizer (and a state it made in the pages) goes before the
+        # Offload: a close with such a tensor alive keeps the pages for it
         del opt
+        gc.collect()
         for m in layers:
             m.__dict__.pop("forward", None)
             m.zero_grad(set_to_none=True)
