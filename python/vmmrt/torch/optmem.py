@@ -223,7 +223,7 @@ class OptimizerMemory:
             self.api.release_cache()
         if alive:
             self.survivor_steps += 1
-            self._hold(alive, self.pool)
+            self._hold(alive)
             self.retired.append(self.pool)
             self.pool, self.lent = None, None
             if self.survivor_steps == 1:
@@ -267,12 +267,10 @@ class OptimizerMemory:
         self.pool = self.api.new_pool()
         self.lent = free
 
-    def _hold(self, alive: Sequence[tuple[int, int]], pool: Any) -> None:
+    def _hold(self, alive: Sequence[tuple[int, int]]) -> None:
         base = self.view.address
         for lo, hi in alive:
             self.holds.append((lo - base, hi - base))
-        self._holders = getattr(self, "_holders", [])
-        self._holders.append(pool)
 
     def _check_holds(self) -> None:
         """Survivors gone give their bytes back; retired pools with nothing in
