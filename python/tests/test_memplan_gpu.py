@@ -7,12 +7,12 @@ across the next forward intact. Run on the H200:
     /usr/bin/python3 -m pytest -q python/tests/test_memplan_gpu.py
 """
 import copy
-import gc
 
 import pytest
 import torch
 
 import vmmrt.torch as vt
+from conftest import close_graphed
 from vmmrt.torch.bench import llama
 
 pytestmark = pytest.mark.gpu
@@ -59,12 +59,7 @@ def _train(layers, plan, mode, kw, set_to_none, steps=5, keep_at=None):
         out["planned"] = off.memplan.plan is not None
         out["predicted"] = off.memplan.plan.total_bytes if out["planned"] else None
     finally:
-        for m in layers:
-            m.__dict__.pop("forward", None)
-            m.zero_grad(set_to_none=True)
-        off.close()
-        gc.collect()
-        torch.cuda.synchronize()
+        close_graphed(layers, off)
     return out
 
 

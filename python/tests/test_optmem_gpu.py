@@ -17,6 +17,7 @@ import torch
 
 import vmmrt
 import vmmrt.torch as vt
+from conftest import close_graphed
 from vmmrt.torch import optmem
 from vmmrt.torch.bench import llama
 
@@ -82,12 +83,7 @@ def _train(layers, plan, make_opt, steps=6, set_to_none=True):
         # Offload: a close with such a tensor alive keeps the pages for it
         del opt
         gc.collect()
-        for m in layers:
-            m.__dict__.pop("forward", None)
-            m.zero_grad(set_to_none=True)
-        off.close()
-        gc.collect()
-        torch.cuda.synchronize()
+        close_graphed(layers, off)
     # the pools' segments went back to the arena with the Offload
     out["arena_segments"] = vmmrt.arena_stats(torch.cuda.current_device())["segments"]
     return out

@@ -206,33 +206,85 @@ vmmrt_status vmmrt__host_granularity(vmmrt__backend *b, size_t *out)
 
 /* --------------------------------------------------------- pinned host memory */
 
+/*
+ * Page-rounded anonymous memory registered as kind's: pinned host memory,
+ * and plain device memory, which is counted against the emulated capacity
+ * (what cuMemAlloc takes from the device) and fails as out of device memory.
+ */
+static vmmrt_status host_region(vmmrt__backend *b, const vmmrt__host_kind *kind, size_t size, bool device,
+				const char *fn, void **out)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	vmmrt_status oom = device ? VMMRT_E_OUT_OF_MEMORY : VMMRT_E_HOST_OUT_OF_MEMORY;
+	struct host_alloc *a;
+	void *p;
+
+	if (size == 0 || size > SIZE_MAX - page)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu", fn, size);
+	size = (size + page - 1) / page * page;
+	a = malloc(sizeof(*a));
+	if (!a)
+		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: allocation record", fn);
+	if (device) {
+		pthread_mutex_lock(&b->vmm_lock);
+		if (size > b->cfg.host_capacity - b->created_bytes) {
+			size_t left = b->cfg.host_capacity - b->created_bytes;
+
+			pthread_mutex_unlock(&b->vmm_lock);
+			free(a);
+			return vmmrt__error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes requested, %zu of %zu free", fn, size,
+					   left, b->cfg.host_capacity);
+		}
+		b->created_bytes += size;
+		if (b->created_bytes > b->created_peak)
+			b->created_peak = b->created_bytes;
+		pthread_mutex_unlock(&b->vmm_lock);
+	}
+	/* mmap: page-aligned, and a large buffer goes back to the system at free */
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		int err = errno;
+
+		if (device) {
+			pthread_mutex_lock(&b->vmm_lock);
+			b->created_bytes -= size;
+			pthread_mutex_unlock(&b->vmm_lock);
+		}
+		free(a);
+		return vmmrt__error(oom, "%s: %zu bytes: %s", fn, size, strerror(err));
+	}
+	a->p = p;
+	a->size = size;
+	vmmrt__host_register(b, kind, &a->node);
+	*out = p;
+	return VMMRT_OK;
+}
+
+/* As the CUDA frees, which wait for the device's work first: no stream may
+ * still read or write the memory when it goes. A pointer that is not one
+ * of kind's allocations is refused at once, unsynchronized. */
+static vmmrt_status host_region_free(vmmrt__backend *b, const vmmrt__host_kind *kind, void *p, const char *fn)
+{
+	vmmrt_status st;
+
+	pthread_mutex_lock(&b->obj_lock);
+	bool known = vmmrt__host_lookup(b, kind, p) != NULL;
+	pthread_mutex_unlock(&b->obj_lock);
+	if (!known)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, kind->unknown, fn, p);
+	if ((st = vmmrt__host_streams_synchronize(b, fn)) != VMMRT_OK)
+		return st;
+	return vmmrt__host_destroy(b, kind, p, fn);
+}
+
 vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	struct host_alloc *a;
-	void *p;
 
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT__CHECK_ARG(out, "NULL output");
-	if (size == 0 || size > SIZE_MAX - page)
-		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu", __func__, size);
-	size = (size + page - 1) / page * page;
-	a = malloc(sizeof(*a));
-	if (!a)
-		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: allocation record", __func__);
-	/* mmap: page-aligned, and a large staging buffer goes back to the system at free */
-	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
-		free(a);
-		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: %zu bytes: %s", __func__, size, strerror(errno));
-	}
-	a->p = p;
-	a->size = size;
-	vmmrt__host_register(b, &pinned, &a->node);
-	*out = p;
-	return VMMRT_OK;
+	return host_region(b, &pinned, size, false, __func__, out);
 }
 
 /*
@@ -244,17 +296,10 @@ vmmrt_status vmmrt__host_host_alloc(vmmrt__backend *b, size_t size, void **out)
 vmmrt_status vmmrt__host_host_free(vmmrt__backend *b, void *p)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
+
 	if (st != VMMRT_OK)
 		return st;
-	/* A pointer that is not an allocation is refused at once, unsynchronized. */
-	pthread_mutex_lock(&b->obj_lock);
-	bool known = vmmrt__host_lookup(b, &pinned, p) != NULL;
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!known)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, pinned.unknown, __func__, p);
-	if ((st = vmmrt__host_streams_synchronize(b, __func__)) != VMMRT_OK)
-		return st;
-	return vmmrt__host_destroy(b, &pinned, p, __func__);
+	return host_region_free(b, &pinned, p, __func__);
 }
 
 vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *out)
@@ -286,66 +331,24 @@ vmmrt_status vmmrt__host_host_devptr(vmmrt__backend *b, void *p, vmmrt_devptr *o
 vmmrt_status vmmrt__host_mem_alloc(vmmrt__backend *b, size_t size, vmmrt_devptr *out)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	struct host_alloc *a;
 	void *p;
 
 	if (st != VMMRT_OK)
 		return st;
 	VMMRT__CHECK_ARG(out, "NULL output");
-	if (size == 0 || size > SIZE_MAX - page)
-		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: size %zu", __func__, size);
-	size = (size + page - 1) / page * page;
-	a = malloc(sizeof(*a));
-	if (!a)
-		return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: allocation record", __func__);
-	pthread_mutex_lock(&b->vmm_lock);
-	if (size > b->cfg.host_capacity - b->created_bytes) {
-		size_t left = b->cfg.host_capacity - b->created_bytes;
-
-		pthread_mutex_unlock(&b->vmm_lock);
-		free(a);
-		return vmmrt__error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes requested, %zu of %zu free", __func__, size,
-				   left, b->cfg.host_capacity);
-	}
-	b->created_bytes += size;
-	if (b->created_bytes > b->created_peak)
-		b->created_peak = b->created_bytes;
-	pthread_mutex_unlock(&b->vmm_lock);
-	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
-		int err = errno;
-
-		pthread_mutex_lock(&b->vmm_lock);
-		b->created_bytes -= size;
-		pthread_mutex_unlock(&b->vmm_lock);
-		free(a);
-		return vmmrt__error(VMMRT_E_OUT_OF_MEMORY, "%s: %zu bytes: %s", __func__, size, strerror(err));
-	}
-	a->p = p;
-	a->size = size;
-	vmmrt__host_register(b, &plain, &a->node);
+	if ((st = host_region(b, &plain, size, true, __func__, &p)) != VMMRT_OK)
+		return st;
 	*out = (vmmrt_devptr)(uintptr_t)p;
 	return VMMRT_OK;
 }
 
-/* As cuMemFree, which waits for the device's work first (no stream may still
- * read or write the memory when it goes). */
 vmmrt_status vmmrt__host_mem_free(vmmrt__backend *b, vmmrt_devptr p)
 {
 	vmmrt_status st = vmmrt__host_enter(b, __func__);
-	void *key = (void *)(uintptr_t)p;
 
 	if (st != VMMRT_OK)
 		return st;
-	pthread_mutex_lock(&b->obj_lock);
-	bool known = vmmrt__host_lookup(b, &plain, key) != NULL;
-	pthread_mutex_unlock(&b->obj_lock);
-	if (!known)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, plain.unknown, __func__, key);
-	if ((st = vmmrt__host_streams_synchronize(b, __func__)) != VMMRT_OK)
-		return st;
-	return vmmrt__host_destroy(b, &plain, key, __func__);
+	return host_region_free(b, &plain, (void *)(uintptr_t)p, __func__);
 }
 
 /* ----------------------------------------------------------------- ops table */
