@@ -18,6 +18,10 @@ from vmmrt.torch import optmem
 
 G = 4096
 
+# torch 2.0 on calls hooks around every optimizer's step; before it (the
+# Debian torch of make check) the plan leaves the optimizer alone
+routes = pytest.mark.skipif(optmem.hooks_missing() is not None, reason=str(optmem.hooks_missing()))
+
 
 # ------------------------------------------------------------ arithmetic
 def test_free_ranges_are_what_no_busy_range_touches():
@@ -171,6 +175,7 @@ def _same(a, b):
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@routes
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_routed_steps_train_bitwise_as_without_the_plan(set_to_none):
     on = _train(True, 6, set_to_none)
@@ -196,6 +201,7 @@ def test_routed_steps_train_bitwise_as_without_the_plan(set_to_none):
     assert on["pools"].released == 2
 
 
+@routes
 def test_what_is_lent_is_the_pages_but_the_gradients_at_the_step():
     """set_to_none: the gradients' slots are in the pages and in use at the
     step: never lent; the persistent loop's have their own memory: the
@@ -220,6 +226,7 @@ def test_what_is_lent_is_the_pages_but_the_gradients_at_the_step():
     assert seen["grads"] == [] and seen["lent"] == [(0, seen["size"])]
 
 
+@routes
 def test_a_tensor_the_step_leaves_keeps_its_bytes_until_it_dies():
     state = {}
 
@@ -248,6 +255,7 @@ def test_a_tensor_the_step_leaves_keeps_its_bytes_until_it_dies():
     assert on["pools"].lent == on["pools"].lent and not on["pools"].alive
 
 
+@routes
 def test_a_step_that_raises_ends_its_routing_at_the_next_use():
     on = _train(True, 5, True, fail_at=2)
     pools = on["pools"]
