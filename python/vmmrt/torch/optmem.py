@@ -341,7 +341,7 @@ def _round_up(n: int, g: int) -> int:
 
 def _size(n: int) -> str:
     from vmmrt.torch.memplan import size
-    return size(n) or "0"
+    return size(n)
 
 
 # ------------------------------------------------------------ PyTorch's side
