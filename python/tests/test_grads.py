@@ -189,3 +189,58 @@ def test_accumulate_with_ours_a_foreign_and_no_grad_in_one_callable():
         assert torch.equal(o, d if b is None else b + d), k
         assert o.data_ptr() == gr.backing.address + gr.views[k][0]
     assert torch.equal(bucket, torch.full_like(bucket, 0.25))    # read, not written
+
+
+def test_output_gradients_lie_in_the_slot_after_the_parameters_gradients():
+    # With graphs, the backward graph reads the gradients of its outputs from
+    # static tensors: laid out in the gradients' slot (memory only while the
+    # gradients have it), after every parameter's gradient, each aligned, in
+    # the order the warm-up gave them; without graphs (outputs=False), none.
+    from types import SimpleNamespace
+    from vmmrt.torch import grads as G
+    from vmmrt.torch.saved import REGION_ALIGN
+    g, _, _ = build(n=1, mode="none")
+    off = vt.offload_of(g[0])
+    m = zoo_layers(1, seed=3)[0]
+    params = tuple(m.parameters())
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    y = m(x)
+    outs = (y, y[:, :3].transpose(0, 1))     # a second output, not contiguous
+    gos = tuple(torch.empty_like(o) for o in outs)
+    wrt = (x,) + params
+    mode = place.Mode("cpu")
+    with mode:
+        res = torch.autograd.grad(outs, wrt, gos)
+    runner = SimpleNamespace(params=params, grads_seen=[])
+    G.record_backward(runner, mode, wrt, res, gos)
+    plain = G.Grads(off, "plain", params, runner.grads_seen)
+    both = G.Grads(off, "both", params, runner.grads_seen, outputs=True)
+    try:
+        assert plain.gouts == [] and plain.gout(None, 0) is None
+        assert len(both.gouts) == 2
+        params_end = max(o + b.storage_nbytes for b, o in both.regions)
+        lo = params_end
+        for (off_b, dt, shape, stride), go in zip(both.gouts, gos):
+            assert off_b >= lo and off_b % REGION_ALIGN == 0
+            assert (dt, shape, stride) == (go.dtype, tuple(go.shape), tuple(go.stride()))
+            lo = off_b + G.storage_nbytes(dt, shape, stride)
+        assert both.backing.nbytes == lo
+        assert plain.backing.nbytes == params_end
+        t = both.backing.tensor(None, counted=False)
+        v = both.gout(t, 1)
+        assert v.shape == gos[1].shape and v.stride() == gos[1].stride()
+        assert v.data_ptr() == both.backing.address + both.gouts[1][0]
+        del t, v
+    finally:
+        for gr in (plain, both):
+            off.backings.remove(gr.backing)
+            gr.backing.destroy()
+        off.close()
+
+
+def test_storage_nbytes_spans_the_layout():
+    from vmmrt.torch.grads import storage_nbytes
+    assert storage_nbytes(torch.float32, (2, 3), (3, 1)) == 24
+    assert storage_nbytes(torch.bfloat16, (3, 2), (1, 3)) == 12       # a transpose spans the same
+    assert storage_nbytes(torch.float32, (4,), (2,)) == 28            # strided: to the last element
+    assert storage_nbytes(torch.float32, (0, 5), (5, 1)) == 0

@@ -101,3 +101,37 @@ def test_a_grad_kept_across_the_next_forward_is_intact():
     assert on["stats"]["plan_conflicts"] >= 1
     for it, (a, b) in enumerate(zip(on["grads"], off["grads"])):
         assert all(torch.equal(u, v) for u, v in zip(a, b)), "gradients, step %d" % it
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_output_gradients_in_the_gradients_slot_train_as_eager(set_to_none):
+    # The backward graphs read their output gradients from the gradients'
+    # slot (memory only while the gradients have it, on the plan's pages):
+    # the training is eager's, bitwise (math attention), in both loops.
+    s = llama.Shape(**SHAPE)
+    base = llama.torch_layers(N, s, "cuda", torch.bfloat16, "math")
+    ref = copy.deepcopy(base)
+    with llama.attention_backend("math"):
+        g = vt.make_graphed_callables(tuple(base), tuple((_sample(s, 100 + i),) for i in range(N)), mode="none")
+        off = vt.offload_of(g[0])
+        try:
+            assert all(lay.grads.gouts_used for lay in off.layers), off.describe()
+            for i in range(4):
+                for ms in (base, ref):
+                    for m in ms:
+                        m.zero_grad(set_to_none=set_to_none)
+                got = []
+                for seq in (g, ref):
+                    x = _sample(s, i)
+                    gy = torch.randn(x.shape, device="cuda", dtype=x.dtype,
+                                     generator=torch.Generator("cuda").manual_seed(i))
+                    y = x
+                    for m in seq:
+                        y = m(y)
+                    y.backward(gy)
+                    got.append([x.grad] + [p.grad for m in (base if seq is g else ref) for p in m.parameters()])
+                torch.cuda.synchronize()
+                assert all(torch.equal(a, b) for a, b in zip(*got)), "step %d" % i
+            assert off.stats()["plan_conflicts"] == 0
+        finally:
+            close_graphed(base, off)

@@ -19,7 +19,8 @@ forward
 backward
     the contracts (the iteration not abandoned, a forward to match, the
     saved arguments unchanged); copy the output gradients into the static
-    ones; then, by gradient mode, ``before_backward`` (grads="mapped":
+    ones (grads="mapped": once the slot they lie in is mapped); then, by
+    gradient mode, ``before_backward`` (grads="mapped":
     which graph, the slot mapped, grads.py) or the preallocated .grad
     (grads="accumulate"), ``backward_begin``, replay, ``backward_end``
     (or the one call, as the forward), and the gradients back to autograd.
@@ -35,6 +36,7 @@ from torch.autograd.function import once_differentiable
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, backing as _backing, static_grads
 from vmmrt.torch._launch import Launcher
+from vmmrt.torch.grads import copy_into
 
 
 def stream_source(off):
@@ -95,6 +97,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     static_out = r.static_outputs
     static_gout = r.static_grad_outputs
     static_gin = r.static_grad_inputs
+    gouts_in_slot = mapped is not None and r.gouts_in_slot
     params = r.params
     accs = tuple((p, a) for p, a in zip(params, r.acc) if a is not None) if grads == "accumulate" else ()
     static = grads == "static"
@@ -194,14 +197,16 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 _contracts.abandon(off, str(err))
                 raise err
             _contracts.backward_done(r)
-            for g, grad in zip(static_gout, gouts):
-                if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
-                    g.copy_(grad)
+            if not gouts_in_slot:
+                copy_into(static_gout, gouts)
             s = raw_stream()
             if mapped is not None:
                 # the gradients' memory made ready (Grads.before_backward),
-                # then the backward as the others: one call where it can
+                # the output gradients into it where they lie there, then
+                # the backward as the others: one call where it can
                 acc, src, states = mapped.before_backward(s, where, lay, None)
+                if gouts_in_slot:
+                    mapped.fill_outputs(static_gout, gouts)
                 run_backward(al if acc else bl, s, None)
                 r.pending = False
                 gin = acc_gin if acc else static_gin

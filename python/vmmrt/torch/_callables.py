@@ -73,6 +73,7 @@ class Runner:
         # What the graphs replay over (graphed.py; recompute.py for a recomputed runner):
         self.static_outputs = None        # the forward graph's outputs
         self.static_grad_outputs = None   # where the backward graph reads the outputs' gradients
+        self.gouts_in_slot = False        # grads="mapped": those lie in the gradients' slot (filled once it is mapped)
         self.static_grad_inputs = None    # the backward graph's gradients of surface (None where none)
         self.grad_mode = None             # how parameter gradients reach .grad: "mapped", "static", "accumulate"
         self.acc = None                   # grads="accumulate": the .grad tensors the backward graph adds into
@@ -390,15 +391,15 @@ def warmup(runners, iters, allow_unused_input):
                     mode = place.Mode(r.layer.offload.device_type, static=static) if record else None
                     if mode is not None:
                         mode.__enter__()
+                    gos = tuple(torch.empty_like(o) for o in need)
                     try:
-                        res = torch.autograd.grad(need, wrt, tuple(torch.empty_like(o) for o in need),
-                                                  only_inputs=True, allow_unused=allow_unused_input)
+                        res = torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input)
                     finally:
                         if mode is not None:
                             mode.__exit__(None, None, None)
                     if mode is not None:
-                        grads.record_backward(r, mode, wrt, res)
-                    del res
+                        grads.record_backward(r, mode, wrt, res, gos)
+                    del res, gos
             if not record:
                 r.layer.fwd_ms.append(tf.elapsed())
                 r.layer.bwd_ms.append(tb.elapsed())

@@ -50,13 +50,15 @@ log = logging.getLogger("vmmrt.torch")
 class Seen:
     """What one warm-up backward produced for a callable's parameters: per
     parameter, its gradient's birth and where the gradient sits in that
-    storage, or why it cannot be placed."""
+    storage, or why it cannot be placed; and the layout (dtype, shape,
+    stride) of each output gradient it was given (``gouts``)."""
 
-    def __init__(self, params, grads, mode):
+    def __init__(self, params, grads, mode, gouts=()):
         self.entries = []
         for p, g in zip(params, grads):
             self.entries.append(self._entry(p, g, mode))
         self.by_key = dict(mode.by_key)
+        self.gouts = tuple(gouts)
 
     @staticmethod
     def _entry(p, g, mode):
@@ -79,29 +81,35 @@ class Seen:
                 return False
             if a is not None and (not a[0].same(b[0]) or a[1] != b[1]):
                 return False
-        return True
+        return self.gouts == other.gouts
 
 
 class Grads:
     """The gradients of one callable's parameters at fixed addresses."""
 
-    def __init__(self, offload, name, params, seen):
+    def __init__(self, offload, name, params, seen, outputs=False):
         self.offload = offload
         self.name = name
         self.params = params
         self.why = None              # why it is "static", if it is
         self.views = []              # per parameter: (offset of the gradient in the slot, dtype, shape, stride) or None
         self.regions = []            # (birth, offset of its storage in the slot)
+        # outputs=True: the backward graph's output gradients (its static
+        # inputs, which the call fills) lie in the slot too, after the
+        # parameters' gradients: (offset, dtype, shape, stride) per output
+        # that needs a gradient, in the order the warm-up gave them.
+        self.gouts = []
+        self.gouts_used = False      # a backward graph reads them there (graphed.py)
         self.known = {}
         self.backing = None
         self._warned = False
-        self._layout(seen)
+        self._layout(seen, outputs)
 
     @property
     def mapped(self):
         return self.backing is not None
 
-    def _layout(self, seen):
+    def _layout(self, seen, outputs):
         if not seen:
             self.why = "no warm-up backward recorded its gradients"
             return
@@ -130,6 +138,15 @@ class Grads:
         if not total:
             self.why = "no parameter needs a gradient"
             return
+        if outputs:
+            # Read by the backward graph only while it runs, so they need
+            # memory only then, as the gradients' slot has it: in the
+            # caching allocator they were held for the life of the graphs
+            # (one layer output's size per layer, beside the activations).
+            for dt, shape, stride in last.gouts:
+                total += (-total) % REGION_ALIGN
+                self.gouts.append((total, dt, shape, stride))
+                total += storage_nbytes(dt, shape, stride)
         self.views = views
         self.known = last.by_key
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
@@ -140,6 +157,14 @@ class Grads:
         """Parameter k's gradient over src's storage (a base over the slot, or a
         gradient already there): a fresh tensor, as an op's output."""
         off, dt, shape, stride = self.views[k]
+        return _compat.tensor_over(src, dt, shape, stride, off)
+
+    def gout(self, src, j):
+        """The j-th output gradient's tensor over src's storage (None when
+        they are not in the slot)."""
+        if j >= len(self.gouts):
+            return None
+        off, dt, shape, stride = self.gouts[j]
         return _compat.tensor_over(src, dt, shape, stride, off)
 
     def placements(self, base):
@@ -199,6 +224,16 @@ class Grads:
             src = self.backing.tensor(stream)
         return acc, src, states
 
+    def fill_outputs(self, statics, gouts):
+        """The output gradients autograd gives into their place in the slot
+        (``statics``, over it), after :meth:`before_backward`: the stream has
+        the memory by then; a copy_ (cudaMemcpyAsync, whose addresses the
+        driver checks when it is enqueued) needs the host to know it mapped
+        too, which a slot on the plan's pages always is."""
+        if not self.backing.bound and not self.offload.host:
+            self.backing.ensure()
+        copy_into(statics, gouts)
+
     def after_backward(self, acc, src, states):
         """The gradients to hand to autograd, one per parameter (None where it
         needs none). Where .grad is ours, or was copied in, it is set to None
@@ -237,8 +272,17 @@ class Grads:
     def describe(self):
         if self.backing is None:
             return "static gradient buffers (%s)" % self.why
-        return "mapped: %.1f MiB at 0x%x, %d regions" % (self.backing.nbytes / 2.0 ** 20, self.backing.address,
-                                                          len(self.regions))
+        return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
+            self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions),
+            ", and the backward graph's %d output gradient(s)" % len(self.gouts) if self.gouts_used else "")
+
+
+def copy_into(statics, gouts):
+    """The output gradients autograd gives into the backward graph's static
+    ones (those that are not already them)."""
+    for g, grad in zip(statics, gouts):
+        if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
+            g.copy_(grad)
 
 
 class quiet_hooks:
@@ -270,10 +314,19 @@ class quiet_hooks:
         self.saved = []
 
 
-def record_backward(runner, mode, wrt, res):
+def record_backward(runner, mode, wrt, res, gouts=()):
     """After a warm-up backward under a place.Mode: what it made for the
     callable's parameters (``wrt`` the tensors differentiated, ``res`` their
-    gradients)."""
+    gradients), and the output gradients it was given (``gouts``)."""
     by_id = {id(t): g for t, g in zip(wrt, res)}
     grads = [by_id.get(id(p)) for p in runner.params]
-    runner.grads_seen.append(Seen(runner.params, grads, mode))
+    runner.grads_seen.append(Seen(runner.params, grads, mode,
+                                  [(g.dtype, tuple(g.shape), tuple(g.stride())) for g in gouts]))
+
+
+def storage_nbytes(dtype, shape, stride):
+    """The bytes a tensor of this layout spans from its first element."""
+    if any(n == 0 for n in shape):
+        return 0
+    span = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+    return span * _compat.itemsize(dtype)

@@ -13,6 +13,7 @@ addresses) runs outside capture on a side stream, as PyTorch's warm-up does.
 """
 from __future__ import annotations
 
+import collections
 import difflib
 import gc
 import inspect
@@ -380,7 +381,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     planner's plan, which may choose another mode: then another runtime,
     returned), and the allocation with every fixed address learned."""
     if grads == "mapped":
-        _make_grads(runners, off)
+        _make_grads(runners, off, graphs)
     if layout is not None:
         off.set_schedule([(r.layer, b) for b, r in uses])
     if memory_budget is not None or any(marks):
@@ -389,7 +390,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         if mode == "auto":          # the planner's strategy: another runtime, the same discovery
             off = planner.adopt(off, plan, runners, uses)
             if grads == "mapped":
-                _make_grads(runners, off)
+                _make_grads(runners, off, graphs)
         for r, c in zip(runners, plan.layers):
             r.recompute = r.layer.recompute = c.action == "recompute"
         off.allocate(plan=plan)
@@ -403,14 +404,18 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     return off
 
 
-def _make_grads(runners, off):
-    """One Grads per callable (its pipeline runners share the parameters)."""
+def _make_grads(runners, off, graphs):
+    """One Grads per callable (its pipeline runners share the parameters);
+    with graphs, the backward graph's output gradients in its slot too."""
     by_callable = {}
+    count = collections.Counter(r.callable_index for r in runners)
     for r in runners:
         g = by_callable.get(r.callable_index)
         if g is None:
             name = r.name.split("/mb")[0] if r.microbatch is not None else r.name
-            g = Grads(off, name, r.params, r.grads_seen)
+            # the output gradients in the slot: one runner's (a pipeline's
+            # runners of one callable each keep theirs where they are)
+            g = Grads(off, name, r.params, r.grads_seen, outputs=graphs and count[r.callable_index] == 1)
             if not g.mapped:
                 log.info("vmmrt: layer %r keeps static gradient buffers: %s", name, g.why)
             by_callable[r.callable_index] = g
@@ -645,6 +650,24 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
     r.static_grad_inputs = tuple(static)
 
 
+def _grad_outputs(r, g, base):
+    """The backward graph's output gradients, and whether they are in the
+    gradients' slot (over base): there where the warm-up gave them the
+    layouts they have now, else tensors of their own."""
+    need = [o for o in r.static_outputs if o.requires_grad]
+    fits = bool(g.gouts) and len(g.gouts) == len(need) and all(
+        (o.dtype, tuple(o.shape)) == (dt, shape) for o, (_, dt, shape, _) in zip(need, g.gouts))
+    out, j = [], 0
+    for o in r.static_outputs:
+        if not o.requires_grad:
+            out.append(None)
+            continue
+        out.append(g.gout(base, j) if fits else torch.empty_like(o))
+        j += 1
+    g.gouts_used = g.gouts_used or fits
+    return tuple(out), fits
+
+
 def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, allow_unused_input):
     """grads="mapped": the write graph (the ops that make each parameter's
     gradient write it at its fixed address) and the accumulate graph
@@ -654,17 +677,18 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     (the write graph's outputs become its static buffers, over a slot that
     then stays mapped)."""
     g = r.grads
-    r.static_grad_outputs = tuple(torch.empty_like(o) if o.requires_grad else None for o in r.static_outputs)
     need = tuple(o for o in r.static_outputs if o.requires_grad)
-    gos = tuple(o for o in r.static_grad_outputs if o is not None)
     inputs = [x for x in r.sample if x.requires_grad]
     wrt = tuple(i for i in r.surface if i.requires_grad)
     dev = r.layer.offload.device_type
     if not need:
+        r.static_grad_outputs = tuple(None for _ in r.static_outputs)
         r.static_grad_inputs = tuple(None for _ in r.surface)
         r.grad_mode = "static"
         return
     base = g.backing.tensor(None, counted=False)
+    r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, base)
+    gos = tuple(o for o in r.static_grad_outputs if o is not None)
     placed = g.placements(base)
     mode = place.Mode(dev, placed, g.known, r.layer.static)
 
