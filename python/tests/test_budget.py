@@ -329,7 +329,7 @@ def test_recomputed_graph_bodies_write_and_accumulate_in_the_slot(monkeypatch):
             r.layer = off.layer(r.name, static=r.params + r.buffers + r.sample)
         off.set_order([(r.layer, False) for r in runners] + [(r.layer, True) for r in reversed(runners)])
         _callables.warmup(runners, 3, False)
-        graphed._make_grads(runners, off)
+        graphed._make_grads(runners, off, True)
         for r in runners:
             r.recompute = r.layer.recompute = True
             r.recompute_rng = NoRng()

@@ -98,6 +98,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     static_gout = r.static_grad_outputs
     static_gin = r.static_grad_inputs
     gouts_in_slot = mapped is not None and r.gouts_in_slot
+    gin_where = r.gin_where if mapped is not None else None
     params = r.params
     accs = tuple((p, a) for p, a in zip(params, r.acc) if a is not None) if grads == "accumulate" else ()
     static = grads == "static"
@@ -154,6 +155,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 raise Error(_capi.E_INVALID_STATE, "forward called again before the backward of the previous call: "
                             + again, where)
             ctx.epoch = off.epoch
+            if off.gin_hold is not None:
+                off.gin_hold = None             # (Grads.input_grads)
             if aliases.dirty:
                 static_grads.unalias(aliases)
             for i in range(n_user):
@@ -210,6 +213,11 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 run_backward(al if acc else bl, s, None)
                 r.pending = False
                 gin = acc_gin if acc else static_gin
+                if gin_where is not None:
+                    # the arguments' gradients in the slot: over src, as the parameters'
+                    gs, pg = mapped.after_backward(acc, src, states, gin_where)
+                    return tuple(a if a is not None else None if b is None else b.detach()
+                                 for a, b in zip(gs, gin[:n_user])) + tuple(pg)
                 pg = mapped.after_backward(acc, src, states)
                 return tuple(b.detach() if b is not None else None for b in gin[:n_user]) + tuple(pg)
             for p, acc in accs:                 # grads="accumulate": .grad is the tensor the graph adds into

@@ -50,13 +50,17 @@ log = logging.getLogger("vmmrt.torch")
 class Seen:
     """What one warm-up backward produced for a callable's parameters: per
     parameter, its gradient's birth and where the gradient sits in that
-    storage, or why it cannot be placed; and the layout (dtype, shape,
-    stride) of each output gradient it was given (``gouts``)."""
+    storage, or why it cannot be placed; the same for the gradient of each
+    argument (``inputs``); and the layout (dtype, shape, stride) of each
+    output gradient it was given (``gouts``)."""
 
-    def __init__(self, params, grads, mode, gouts=()):
+    def __init__(self, params, grads, mode, gouts=(), inputs=(), input_grads=()):
         self.entries = []
         for p, g in zip(params, grads):
             self.entries.append(self._entry(p, g, mode))
+        self.inputs = [self._entry(x, g, mode) for x, g in zip(inputs, input_grads)]
+        self.input_layouts = [None if g is None else (g.dtype, tuple(g.shape), tuple(g.stride()))
+                              for g in input_grads]
         self.by_key = dict(mode.by_key)
         self.gouts = tuple(gouts)
 
@@ -74,9 +78,9 @@ class Seen:
         return ((b, _compat.storage_offset_bytes(g)), None)
 
     def same(self, other):
-        if other is None or len(other.entries) != len(self.entries):
+        if other is None or len(other.entries) != len(self.entries) or len(other.inputs) != len(self.inputs):
             return False
-        for (a, wa), (b, wb) in zip(self.entries, other.entries):
+        for (a, wa), (b, wb) in zip(self.entries + self.inputs, other.entries + other.inputs):
             if (a is None) != (b is None) or wa != wb:
                 return False
             if a is not None and (not a[0].same(b[0]) or a[1] != b[1]):
@@ -100,6 +104,13 @@ class Grads:
         # that needs a gradient, in the order the warm-up gave them.
         self.gouts = []
         self.gouts_used = False      # a backward graph reads them there (graphed.py)
+        # and the gradients of its arguments, which the backward graph makes
+        # (its static outputs): born in the slot, handed to autograd as the
+        # parameters' gradients are: (offset, dtype, shape, stride) per
+        # argument, None for one that needs none or cannot be placed
+        self.gins = []
+        self.gin_regions = []        # (argument index, birth, offset of its storage in the slot)
+        self.gin_hold = None         # the latest backward's argument gradients (see input_grads)
         self.known = {}
         self.backing = None
         self._warned = False
@@ -139,10 +150,22 @@ class Grads:
             self.why = "no parameter needs a gradient"
             return
         if outputs:
-            # Read by the backward graph only while it runs, so they need
-            # memory only then, as the gradients' slot has it: in the
-            # caching allocator they were held for the life of the graphs
-            # (one layer output's size per layer, beside the activations).
+            # Read (the output gradients) or written (the arguments') by the
+            # backward graph, and handed on to the layer before: memory only
+            # from this backward on, as the gradients' slot has it; in the
+            # graph pool or the caching allocator they were held for the
+            # life of the graphs (one layer output's size each, per layer,
+            # beside the activations).
+            for k, ((e, why), layout) in enumerate(zip(last.inputs, last.input_layouts)):
+                if e is None or (e[0].key, e[0].out) in offsets:
+                    self.gins.append(None)   # (none, or in a parameter's gradient's storage: left where it is)
+                    continue
+                b, off = e
+                total += (-total) % REGION_ALIGN
+                offsets[(b.key, b.out)] = total
+                self.gin_regions.append((k, b, total))
+                self.gins.append((total + off,) + layout)
+                total += b.storage_nbytes
             for dt, shape, stride in last.gouts:
                 total += (-total) % REGION_ALIGN
                 self.gouts.append((total, dt, shape, stride))
@@ -168,9 +191,24 @@ class Grads:
         return _compat.tensor_over(src, dt, shape, stride, off)
 
     def placements(self, base):
-        """Where the backward's ops put the gradients (place.Placed), over base."""
+        """Where the backward's ops put the parameters' gradients, then the
+        arguments' (place.Placed), over base."""
         return [place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
-                for b, off in self.regions]
+                for b, off in self.regions + [(b, off) for _, b, off in self.gin_regions]]
+
+    def gin_placement(self, base, k):
+        """Where the backward's op puts argument k's gradient (place.Placed), over base."""
+        b, off = next((b, off) for j, b, off in self.gin_regions if j == k)
+        return place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
+
+    def gin_at(self, k, t):
+        """Whether argument k's gradient ``t`` (a capture's) is at its place in the slot."""
+        spec = self.gins[k] if k < len(self.gins) else None
+        if spec is None or t is None:
+            return False
+        off, dt, shape, stride = spec
+        return t.data_ptr() == self.backing.address + off and t.dtype == dt and tuple(t.shape) == shape and \
+            tuple(t.stride()) == stride
 
     def state(self, k, p):
         """"none" (no .grad), "ours" (.grad is the gradient at its fixed
@@ -234,10 +272,20 @@ class Grads:
             self.backing.ensure()
         copy_into(statics, gouts)
 
-    def after_backward(self, acc, src, states):
+    def after_backward(self, acc, src, states, inputs=None):
         """The gradients to hand to autograd, one per parameter (None where it
         needs none). Where .grad is ours, or was copied in, it is set to None
         first, so that AccumulateGrad takes the sum back as it is.
+
+        ``inputs``: per argument, where its gradient lies in the slot
+        ((offset, dtype, shape, stride) or None); those gradients, made the
+        same way, are returned first ((arguments' list, parameters' list)),
+        and held until the next backward of this offload or its next
+        forward (Offload.hold_gins): AccumulateGrad of a leaf argument (an
+        input tensor that requires grad) would otherwise take the tensor
+        itself as its .grad, which then held the slot past the step (the
+        memory plan's pages under it taken by the next forward's slots);
+        held, it copies it, as it does any gradient referenced elsewhere.
 
         They are made as views (Tensor.as_strided) of one tensor per dtype
         over src's storage, one call each: a tensor of its own per gradient
@@ -259,7 +307,20 @@ class Grads:
             out.append(base.as_strided(shape, stride, off // base.element_size()))
             if acc or st == "ours":
                 p.grad = None
-        return out
+        if inputs is None:
+            return out
+        gins = []
+        for spec in inputs:
+            if spec is None:
+                gins.append(None)
+                continue
+            off, dt, shape, stride = spec
+            base = bases.get(dt)
+            if base is None:
+                base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
+            gins.append(base.as_strided(shape, stride, off // base.element_size()))
+        self.offload.hold_gins(gins)
+        return gins, out
 
     def own_grads(self):
         """Before the runtime goes: every .grad over the slot becomes a copy."""
@@ -320,8 +381,10 @@ def record_backward(runner, mode, wrt, res, gouts=()):
     gradients), and the output gradients it was given (``gouts``)."""
     by_id = {id(t): g for t, g in zip(wrt, res)}
     grads = [by_id.get(id(p)) for p in runner.params]
+    sample = getattr(runner, "sample", ())
     runner.grads_seen.append(Seen(runner.params, grads, mode,
-                                  [(g.dtype, tuple(g.shape), tuple(g.stride())) for g in gouts]))
+                                  [(g.dtype, tuple(g.shape), tuple(g.stride())) for g in gouts],
+                                  sample, [by_id.get(id(x)) for x in sample]))
 
 
 def storage_nbytes(dtype, shape, stride):

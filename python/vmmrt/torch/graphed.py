@@ -699,7 +699,8 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
                                            retain_graph=True)
     res = _capture(r, "backward", graph, mempool, stream, error_mode, write)
     by_id = {id(t): v for t, v in zip(wrt, res)}
-    missed = [p.birth.describe() + ": " + (p.why or "not placed") for p in placed if p.how is None]
+    n_params = len(g.regions)
+    missed = [p.birth.describe() + ": " + (p.why or "not placed") for p in placed[:n_params] if p.how is None]
     if missed:
         log.warning("vmmrt: layer %r: gradients not at their addresses at capture (%s): static buffers",
                     r.name, "; ".join(missed))
@@ -709,11 +710,20 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.surface)
         return
     # The inputs' gradients: the accumulate graph writes them where the write
-    # graph's are (same ops: the same births), so both share the static tensors.
+    # graph's are (same ops: the same births), so both share the static tensors:
+    # in the slot where the write graph put them there, else in the pool.
+    r.gin_where = tuple(g.gins[k] if g.gin_at(k, by_id.get(id(x))) else None for k, x in enumerate(r.sample))
+    if not any(r.gin_where):
+        r.gin_where = None
     targets = []
-    for x in inputs:
-        gx = by_id.get(id(x))
-        b = mode.births.get(_compat.storage_of(gx)[0]) if gx is not None else None
+    for k, x in enumerate(r.sample):
+        gx = by_id.get(id(x)) if x.requires_grad else None
+        if gx is None:
+            continue
+        if r.gin_where is not None and r.gin_where[k] is not None:
+            targets.append(g.gin_placement(base, k))
+            continue
+        b = mode.births.get(_compat.storage_of(gx)[0])
         if b is not None:
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
     acc_mode = place.Mode(dev, targets, mode.by_key, r.layer.static)

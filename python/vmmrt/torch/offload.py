@@ -142,8 +142,14 @@ class Offload:
         self.launchers = {}         # (runner name, backward) -> its graph's _launch.Launcher
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
+        self.gin_hold = None        # the latest backward's argument gradients in a slot (Grads.input_grads)
 
     # ------------------------------------------------------------- state
+    def hold_gins(self, tensors: list) -> None:
+        """Hold the argument gradients a backward hands autograd until the next
+        backward or forward (Grads.input_grads), the previous ones let go."""
+        self.gin_hold = tensors
+
     def fail(self, why: str) -> None:
         if self.failed is None:
             self.failed = why
@@ -640,6 +646,7 @@ class Offload:
         # The abort hooks close over the runners (their graphs, static
         # tensors, a pool): dropping them lets those go with the callables.
         self._abort_hooks.clear()
+        self.gin_hold = None
         if not self.runtime.closed:
             for fn in self._close_hooks:
                 fn()

@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""grads="mapped" with graphs: the backward graph's output gradients (its
+static inputs) and the gradients it makes for the layer's arguments (its
+static outputs) lie in the gradients' slot, which has memory only from the
+backward on (on the memory plan's pages, shared with the activations of the
+layers after), not in the caching allocator and the graph pool for the life
+of the graphs. Run on the host backend over graphs that capture nothing
+(test_call_path's harness): where the bytes are and who holds them is
+checked here; the values on the H200 (test_memplan_gpu.py)."""
+import pytest
+import torch
+
+from test_call_path import _graphed_on_host, host_graphs  # noqa: F401 - a fixture
+from vmmrt.torch import graphed, place
+
+pytestmark = pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+
+
+def _inside(t, backing):
+    return backing.address <= t.data_ptr() < backing.address + backing.nbytes
+
+
+def _slots(off):
+    return [lay.grads.backing for lay in off.layers if lay.grads is not None and lay.grads.backing is not None]
+
+
+def _step(g, x, gy):
+    y = x
+    for m in g:
+        y = m(y)
+    y.backward(gy)
+
+
+def test_the_backwards_static_tensors_lie_in_the_gradients_slot(host_graphs):  # noqa: F811
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        for r in runners:
+            assert r.grad_mode == "mapped"
+            b = r.grads.backing
+            assert r.gouts_in_slot and r.grads.gouts_used
+            assert all(_inside(t, b) for t in r.static_grad_outputs if t is not None)
+            assert r.gin_where is not None and r.gin_where[0] is not None
+            assert _inside(r.static_grad_inputs[0], b) and _inside(r.acc_grad_inputs[0], b)
+            # nothing of theirs overlaps a parameter's gradient
+            ends = [off_ + torch.empty((), dtype=dt).element_size() * (1 + sum((n - 1) * s for n, s in zip(sh, st)))
+                    for off_, dt, sh, st in (v for v in r.grads.views if v is not None)]
+            assert r.gin_where[0][0] >= max(ends) and r.grads.gouts[0][0] >= max(ends)
+        assert "output gradient" in off.layers[0].grads.describe()
+    finally:
+        graphed._close(off, runners)
+
+
+def test_a_leaf_arguments_grad_is_its_own_and_nothing_holds_the_slot_past_the_step(host_graphs):  # noqa: F811
+    # The first layer's argument is a leaf that requires grad (a benchmark's
+    # input): AccumulateGrad must copy its gradient out of the slot, or
+    # x.grad would hold the slot (and the plan's pages under it) for good.
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        params = [p for m in g for p in m.parameters()]
+        for _ in range(3):
+            _step(g, x, gy)
+            assert x.grad is not None and not any(_inside(x.grad, b) for b in _slots(off))
+            assert off.gin_hold is not None          # the last backward's, until the next forward
+            for p in params:
+                p.grad = None
+            g[0](x)                                    # a forward lets it go...
+            assert off.gin_hold is None
+            # ...and then nothing holds a gradient slot: its memory can go
+            assert all(b.live == 0 for b in _slots(off)), [b.live for b in _slots(off)]
+            off.abort()                                # (the forward alone: its iteration abandoned)
+    finally:
+        graphed._close(off, runners)
