@@ -349,6 +349,10 @@ def test_recomputed_graph_bodies_write_and_accumulate_in_the_slot(monkeypatch):
                 assert torch.equal(r.grads.view(base, k), 2 * p.grad), (r.name, k)
             assert torch.equal(r.static_grad_inputs[0], x.grad) and torch.equal(r.acc_grad_inputs[0], x.grad)
             assert all(g is None for g in r.static_grad_inputs[1:])
+            # the argument's gradient is not in the slot: a recomputed layer's
+            # call hands it out as a static buffer, which must outlive the slot
+            b = r.grads.backing
+            assert not b.address <= r.static_grad_inputs[0].data_ptr() < b.address + b.nbytes
     finally:
         off.close()
 

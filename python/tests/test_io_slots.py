@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from test_call_path import _graphed_on_host, host_graphs  # noqa: F401 - a fixture
-from vmmrt.torch import graphed, place
+from test_optmem import FakePools, routes
+from vmmrt.torch import graphed, optmem, place
 
 pytestmark = pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
 
@@ -70,4 +71,60 @@ def test_a_leaf_arguments_grad_is_its_own_and_nothing_holds_the_slot_past_the_st
             assert all(b.live == 0 for b in _slots(off)), [b.live for b in _slots(off)]
             off.abort()                                # (the forward alone: its iteration abandoned)
     finally:
+        graphed._close(off, runners)
+
+
+@routes
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_optimizer_step_may_use_their_bytes_unless_a_gradient_handed_out_is_kept(host_graphs, keep):  # noqa: F811
+    # At the optimizer step the gradients' slots are busy (the parameters'
+    # .grad): their first bytes are not lent (vmmrt.torch.optmem), but the
+    # output and argument gradients after them are dead by then and are,
+    # unless the user kept an argument's gradient (a hook that stores it).
+    g, off, runners = _graphed_on_host("none", "mapped")
+    seen = []
+    kept = []
+    try:
+        off.plan_memory(True)                 # (as make_graphed_callables does)
+        off.memplan.optimizer_api = FakePools
+        params = [p for m in g for p in m.parameters()]
+        opt = torch.optim.SGD(params, lr=0.0)
+
+        def look(*a):
+            w = off.memplan
+            if w.optimizer is None or not w.optimizer.api.lent:
+                return
+            base = w.optimizer.view.address
+            lent = [(a_ - base, a_ - base + n) for a_, n in w.optimizer.api.lent]
+            at = {id(e.backing): e.life.offset for e in w.entries}
+            row = []
+            for lay in off.layers:           # per layer: (its tail lent, its parameters' part lent)
+                gr = lay.grads
+                o = at[id(gr.backing)]
+                params_end = max(o_ + b.storage_nbytes for b, o_ in gr.regions)
+                row.append((optmem.overlaps(lent, o + gr.backing.nbytes - 1, o + gr.backing.nbytes),
+                            optmem.overlaps(lent, o, o + params_end)))
+            seen.append(row)
+        h = opt.register_step_post_hook(look)
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        for i in range(4):
+            opt.zero_grad(set_to_none=True)
+            y = g[0](x)
+            if keep and i == 3:                              # (the plan made: at its second step)
+                y.register_hook(lambda t: kept.append(t))    # layer 1's argument gradient
+            for m in g[1:]:
+                y = m(y)
+            y.backward(gy)
+            del y
+            opt.step()
+        h.remove()
+        last = seen[-1]
+        assert last and all(not params_lent for _, params_lent in last)
+        if keep:
+            # layer 1's slot keeps its tail while the kept gradient lives
+            assert [tail for tail, _ in last] == [i != 1 for i in range(len(last))], last
+        else:
+            assert all(tail for tail, _ in last), last
+    finally:
+        kept.clear()
         graphed._close(off, runners)

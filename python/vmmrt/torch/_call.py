@@ -156,7 +156,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                             + again, where)
             ctx.epoch = off.epoch
             if off.gin_hold is not None:
-                off.gin_hold = None             # (Grads.input_grads)
+                off.gin_hold = None             # (Grads.after_backward)
             if aliases.dirty:
                 static_grads.unalias(aliases)
             for i in range(n_user):

@@ -107,6 +107,12 @@ class Backing:
         """On the memory plan's pages (:meth:`bind`)."""
         return self._bound
 
+    def held_bytes(self):
+        """How many of the slot's first bytes a busy slot holds (all of them;
+        the gradients' slot says less once only the parameters' gradients
+        are alive in it: grads.Grads)."""
+        return self.nbytes
+
     @property
     def busy(self):
         """Bound, and its bytes wanted: its use has begun and not been

@@ -37,6 +37,7 @@ backward allocates, a layout AccumulateGrad would not take as is) keeps
 torch's static buffers ("static"), and says why (:meth:`Grads.describe`).
 """
 import logging
+import weakref
 
 
 from vmmrt import Error, _capi
@@ -110,7 +111,7 @@ class Grads:
         # argument, None for one that needs none or cannot be placed
         self.gins = []
         self.gin_regions = []        # (argument index, birth, offset of its storage in the slot)
-        self.gin_hold = None         # the latest backward's argument gradients (see input_grads)
+        self._gins_out = ()          # weak references to the argument gradients handed out last
         self.known = {}
         self.backing = None
         self._warned = False
@@ -149,6 +150,7 @@ class Grads:
         if not total:
             self.why = "no parameter needs a gradient"
             return
+        params_end = total
         if outputs:
             # Read (the output gradients) or written (the arguments') by the
             # backward graph, and handed on to the layer before: memory only
@@ -173,7 +175,17 @@ class Grads:
         self.views = views
         self.known = last.by_key
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
+        if total > params_end:
+            self.backing.held_bytes = lambda: self._held_bytes(params_end)
         self.offload.backings.append(self.backing)
+
+    def _held_bytes(self, params_end):
+        """How many of the slot's first bytes are held while it is busy after
+        its backward (the optimizer step: vmmrt.torch.optmem): the parameters'
+        gradients; the output and argument gradients after them only while a
+        tensor handed out over an argument's gradient is alive (kept by the
+        user: the hold of :meth:`after_backward` is let go before the step)."""
+        return self.backing.nbytes if any(r() is not None for r in self._gins_out) else params_end
 
     # ---------------------------------------------------------- tensors
     def view(self, src, k):
@@ -190,11 +202,13 @@ class Grads:
         off, dt, shape, stride = self.gouts[j]
         return _compat.tensor_over(src, dt, shape, stride, off)
 
-    def placements(self, base):
-        """Where the backward's ops put the parameters' gradients, then the
-        arguments' (place.Placed), over base."""
+    def placements(self, base, inputs=False):
+        """Where the backward's ops put the parameters' gradients (place.Placed),
+        over base; ``inputs``: the arguments' after them (a backward graph
+        whose call hands them out from the slot: graphed.py's, not a
+        recomputing one's)."""
         return [place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
-                for b, off in self.regions + [(b, off) for _, b, off in self.gin_regions]]
+                for b, off in self.regions + ([(b, off) for _, b, off in self.gin_regions] if inputs else [])]
 
     def gin_placement(self, base, k):
         """Where the backward's op puts argument k's gradient (place.Placed), over base."""
@@ -320,6 +334,7 @@ class Grads:
                 base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
             gins.append(base.as_strided(shape, stride, off // base.element_size()))
         self.offload.hold_gins(gins)
+        self._gins_out = [weakref.ref(t) for t in gins if t is not None]
         return gins, out
 
     def own_grads(self):

@@ -689,7 +689,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     base = g.backing.tensor(None, counted=False)
     r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, base)
     gos = tuple(o for o in r.static_grad_outputs if o is not None)
-    placed = g.placements(base)
+    placed = g.placements(base, inputs=True)
     mode = place.Mode(dev, placed, g.known, r.layer.static)
 
     def write():

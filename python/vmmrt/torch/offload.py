@@ -142,12 +142,12 @@ class Offload:
         self.launchers = {}         # (runner name, backward) -> its graph's _launch.Launcher
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
-        self.gin_hold = None        # the latest backward's argument gradients in a slot (Grads.input_grads)
+        self.gin_hold = None        # the latest backward's argument gradients in a slot (Grads.after_backward)
 
     # ------------------------------------------------------------- state
     def hold_gins(self, tensors: list) -> None:
         """Hold the argument gradients a backward hands autograd until the next
-        backward or forward (Grads.input_grads), the previous ones let go."""
+        backward or forward (Grads.after_backward), the previous ones let go."""
         self.gin_hold = tensors
 
     def fail(self, why: str) -> None:

@@ -153,8 +153,7 @@ class OptimizerMemory:
     def busy_ranges(self) -> list[tuple[int, int]]:
         """Page ranges in use now: a bound slot's (use begun or tensor over
         it), and the survivors'."""
-        g = self.off.granularity
-        out = [(e.life.offset, e.life.offset + _round_up(e.life.nbytes, g))
+        out = [(e.life.offset, e.life.offset + _round_up(e.backing.held_bytes(), 512))
                for e in self.watcher.entries if e.backing.busy]
         return out + list(self.holds)
 
@@ -178,6 +177,9 @@ class OptimizerMemory:
             self.hook_s += time.perf_counter() - t0
 
     def _begin(self) -> bool:
+        # the backward's argument gradients (Grads.after_backward) are
+        # AccumulateGrad's by now: let go, so that their bytes can be lent
+        self.off.gin_hold = None
         self._check_holds()
         free = free_ranges(self.watcher.pages.size, self.busy_ranges(), 512)
         if not free:
