@@ -128,3 +128,20 @@ def test_the_optimizer_step_may_use_their_bytes_unless_a_gradient_handed_out_is_
     finally:
         kept.clear()
         graphed._close(off, runners)
+
+
+def test_a_recomputed_layers_slot_holds_only_its_parameters_gradients(host_graphs):  # noqa: F811
+    # A recomputed layer's backward graph runs its forward again and keeps
+    # its statics (vmmrt.torch.recompute): made again once the budget
+    # planner chose it (graphed._allocate), its slot has no room for them,
+    # and the slots made before are gone.
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        n = len(off.backings)
+        assert all(r.grads.io_bytes > 0 for r in runners)
+        runners[1].recompute = True
+        graphed._make_grads(runners, off, True)
+        assert [r.grads.io_bytes > 0 for r in runners] == [True, False, True, True]
+        assert len(off.backings) == n and all(r.grads.backing in off.backings for r in runners)
+    finally:
+        graphed._close(off, runners)

@@ -108,10 +108,10 @@ class Backing:
         return self._bound
 
     def held_bytes(self):
-        """How many of the slot's first bytes a busy slot holds (all of them;
-        the gradients' slot says less once only the parameters' gradients
-        are alive in it: grads.Grads)."""
-        return self.nbytes
+        """How many of the slot's first bytes a busy slot holds: None, all of
+        its granules; the gradients' slot says fewer once only the
+        parameters' gradients are alive in it (grads.Grads)."""
+        return None
 
     @property
     def busy(self):

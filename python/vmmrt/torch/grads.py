@@ -112,6 +112,7 @@ class Grads:
         self.gins = []
         self.gin_regions = []        # (argument index, birth, offset of its storage in the slot)
         self._gins_out = ()          # weak references to the argument gradients handed out last
+        self._params_end = 0         # where the parameters' gradients end in the slot
         self.known = {}
         self.backing = None
         self._warned = False
@@ -175,9 +176,22 @@ class Grads:
         self.views = views
         self.known = last.by_key
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
+        self._params_end = params_end
         if total > params_end:
             self.backing.held_bytes = lambda: self._held_bytes(params_end)
         self.offload.backings.append(self.backing)
+
+    @property
+    def io_bytes(self):
+        """The slot's bytes for the backward's output and argument gradients."""
+        return self.backing.nbytes - self._params_end if self.backing is not None else 0
+
+    def drop(self):
+        """Before anything used it (graphed.py makes them again): the slot goes."""
+        if self.backing in self.offload.backings:
+            self.offload.backings.remove(self.backing)
+        self.backing.destroy()
+        self.backing = None
 
     def _held_bytes(self, params_end):
         """How many of the slot's first bytes are held while it is busy after

@@ -393,6 +393,8 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
                 _make_grads(runners, off, graphs)
         for r, c in zip(runners, plan.layers):
             r.recompute = r.layer.recompute = c.action == "recompute"
+        if grads == "mapped" and any(r.recompute and r.grads is not None and r.grads.io_bytes for r in runners):
+            _make_grads(runners, off, graphs)   # a recomputed layer's backward keeps its statics: none in its slot
         off.allocate(plan=plan)
         log.info("%s", plan.summary())
     elif offload == "auto":
@@ -405,17 +407,23 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
 
 
 def _make_grads(runners, off, graphs):
-    """One Grads per callable (its pipeline runners share the parameters);
-    with graphs, the backward graph's output gradients in its slot too."""
+    """One Grads per callable (its pipeline runners share the parameters),
+    in place of those made before; with graphs, the backward graph's output
+    and argument gradients in its slot too."""
     by_callable = {}
     count = collections.Counter(r.callable_index for r in runners)
+    for r in runners:
+        if r.grads is not None and r.grads.offload is off and r.grads.backing is not None:
+            r.grads.drop()
     for r in runners:
         g = by_callable.get(r.callable_index)
         if g is None:
             name = r.name.split("/mb")[0] if r.microbatch is not None else r.name
-            # the output gradients in the slot: one runner's (a pipeline's
-            # runners of one callable each keep theirs where they are)
-            g = Grads(off, name, r.params, r.grads_seen, outputs=graphs and count[r.callable_index] == 1)
+            # the backward's statics in the slot: one runner's (a pipeline's
+            # runners of one callable each keep theirs where they are), whose
+            # backward graph is its own (a recomputed one's has its statics)
+            g = Grads(off, name, r.params, r.grads_seen,
+                      outputs=graphs and count[r.callable_index] == 1 and not r.recompute)
             if not g.mapped:
                 log.info("vmmrt: layer %r keeps static gradient buffers: %s", name, g.why)
             by_callable[r.callable_index] = g

@@ -152,9 +152,15 @@ class OptimizerMemory:
 
     def busy_ranges(self) -> list[tuple[int, int]]:
         """Page ranges in use now: a bound slot's (use begun or tensor over
-        it), and the survivors'."""
-        out = [(e.life.offset, e.life.offset + _round_up(e.backing.held_bytes(), 512))
-               for e in self.watcher.entries if e.backing.busy]
+        it: all its granules, or the bytes it says it holds), and the
+        survivors'."""
+        g = self.off.granularity
+        out = []
+        for e in self.watcher.entries:
+            if e.backing.busy:
+                held = e.backing.held_bytes()
+                out.append((e.life.offset, e.life.offset + (_round_up(e.life.nbytes, g) if held is None
+                                                            else _round_up(held, 512))))
         return out + list(self.holds)
 
     def held(self, lo: int, hi: int) -> bool:

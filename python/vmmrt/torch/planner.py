@@ -185,7 +185,8 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
     allocated yet that do not come and go (static buffers: a callable whose
     gradients are not mapped), under graphs the static tensors each capture
     adds (outputs as large as the inputs, their gradients' buffers, the
-    inputs' gradients) and ``reserve`` (what the step adds later: an
+    inputs' gradients: those two in a mapped gradients' slot are counted
+    with its layer) and ``reserve`` (what the step adds later: an
     optimizer's states and temporaries)."""
     params, static, seen = [], [], set()
     for r in runners:
@@ -204,7 +205,10 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
         dev = off.device
         base = (total - free) - (torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
     grads = sum(_nbytes(p) for p in static if p.requires_grad and p.grad is None)
-    return base + grads + (2 * samples + grad_in if graphs else 0) + reserve
+    # the output and argument gradients a mapped slot holds are its layer's
+    # (from its backward on: layer_costs), not the graphs' for good
+    io = sum({id(r.grads): r.grads.io_bytes for r in runners if _mapped(r)}.values())
+    return base + grads + (max(0, 2 * samples + grad_in - io) if graphs else 0) + reserve
 
 
 def layer_costs(off, marked=None, runners=()):
