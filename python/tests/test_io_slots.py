@@ -145,3 +145,19 @@ def test_a_recomputed_layers_slot_holds_only_its_parameters_gradients(host_graph
         assert len(off.backings) == n and all(r.grads.backing in off.backings for r in runners)
     finally:
         graphed._close(off, runners)
+
+
+def test_the_budget_planner_counts_a_slots_parameters_gradients_only(host_graphs):  # noqa: F811
+    # The planner counts the backward's statics with the graphs' static
+    # bytes (planner.static_bytes), whether or not they lie in the slot (a
+    # layer it recomputes has none there): its layer's gradients are the
+    # parameters' alone, not counted twice.
+    from vmmrt.torch import planner
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        rows = planner.layer_costs(off, None, runners)
+        for row, r in zip(rows, runners):
+            assert r.grads.io_bytes > 0
+            assert row.grads == r.grads.backing.nbytes - r.grads.io_bytes
+    finally:
+        graphed._close(off, runners)

@@ -185,8 +185,9 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
     allocated yet that do not come and go (static buffers: a callable whose
     gradients are not mapped), under graphs the static tensors each capture
     adds (outputs as large as the inputs, their gradients' buffers, the
-    inputs' gradients: those two in a mapped gradients' slot are counted
-    with its layer) and ``reserve`` (what the step adds later: an
+    inputs' gradients: counted here even where the two last lie in a mapped
+    gradients' slot, whose bytes for them layer_costs leaves out, as a
+    recomputed layer's slot has none) and ``reserve`` (what the step adds later: an
     optimizer's states and temporaries)."""
     params, static, seen = [], [], set()
     for r in runners:
@@ -205,10 +206,7 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
         dev = off.device
         base = (total - free) - (torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
     grads = sum(_nbytes(p) for p in static if p.requires_grad and p.grad is None)
-    # the output and argument gradients a mapped slot holds are its layer's
-    # (from its backward on: layer_costs), not the graphs' for good
-    io = sum({id(r.grads): r.grads.io_bytes for r in runners if _mapped(r)}.values())
-    return base + grads + (max(0, 2 * samples + grad_in - io) if graphs else 0) + reserve
+    return base + grads + (2 * samples + grad_in if graphs else 0) + reserve
 
 
 def layer_costs(off, marked=None, runners=()):
@@ -228,7 +226,7 @@ def layer_costs(off, marked=None, runners=()):
         cand = off.candidates(lay)
         fixed = sum(r.nbytes for r in lay.regions if r.reason not in (None, "output", "recompute", "budget"))
         r = by_layer.get(id(lay))
-        gbytes = lay.grads.backing.nbytes if r is not None and _mapped(r) else 0
+        gbytes = lay.grads.backing.nbytes - lay.grads.io_bytes if r is not None and _mapped(r) else 0
         # the backward's results are counted elsewhere: the parameters' gradients
         # (mapped or static), the inputs' and the outputs' gradient buffers
         results = 0 if r is None else (sum(_nbytes(p) for p in r.params if p.requires_grad)
