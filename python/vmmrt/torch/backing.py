@@ -87,6 +87,7 @@ class Backing:
         self.releases = 0
         self._pinned = False      # static buffers live in it (pin): never released
         self.planned = None       # memplan.Entry, once the memory plan counts this slot in
+        self.held = None          # its owner's count of the first bytes it holds when busy (held_bytes)
         self._bound = False       # on the plan's pages: map and release are no-ops
         self._in_use = False      # bound, and its use begun and not released since
 
@@ -109,9 +110,9 @@ class Backing:
 
     def held_bytes(self):
         """How many of the slot's first bytes a busy slot holds: None, all of
-        its granules; the gradients' slot says fewer once only the
-        parameters' gradients are alive in it (grads.Grads)."""
-        return None
+        its granules; its owner may say fewer (``held``: the gradients' slot
+        once only the parameters' gradients are alive in it, grads.Grads)."""
+        return self.held() if self.held is not None else None
 
     @property
     def busy(self):

@@ -178,7 +178,7 @@ class Grads:
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
         self._params_end = params_end
         if total > params_end:
-            self.backing.held_bytes = lambda: self._held_bytes(params_end)
+            self.backing.held = self._held_bytes
         self.offload.backings.append(self.backing)
 
     @property
@@ -193,13 +193,13 @@ class Grads:
         self.backing.destroy()
         self.backing = None
 
-    def _held_bytes(self, params_end):
+    def _held_bytes(self):
         """How many of the slot's first bytes are held while it is busy after
         its backward (the optimizer step: vmmrt.torch.optmem): the parameters'
         gradients; the output and argument gradients after them only while a
         tensor handed out over an argument's gradient is alive (kept by the
         user: the hold of :meth:`after_backward` is let go before the step)."""
-        return self.backing.nbytes if any(r() is not None for r in self._gins_out) else params_end
+        return self.backing.nbytes if any(r() is not None for r in self._gins_out) else self._params_end
 
     # ---------------------------------------------------------- tensors
     def view(self, src, k):
@@ -328,25 +328,12 @@ class Grads:
             if st is None:
                 out.append(None)
                 continue
-            off, dt, shape, stride = self.views[k]
-            base = bases.get(dt)
-            if base is None:
-                base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
-            out.append(base.as_strided(shape, stride, off // base.element_size()))
+            out.append(_over(src, bases, self.views[k]))
             if acc or st == "ours":
                 p.grad = None
         if inputs is None:
             return out
-        gins = []
-        for spec in inputs:
-            if spec is None:
-                gins.append(None)
-                continue
-            off, dt, shape, stride = spec
-            base = bases.get(dt)
-            if base is None:
-                base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
-            gins.append(base.as_strided(shape, stride, off // base.element_size()))
+        gins = [None if spec is None else _over(src, bases, spec) for spec in inputs]
         self.offload.hold_gins(gins)
         self._gins_out = [weakref.ref(t) for t in gins if t is not None]
         return gins, out
@@ -365,6 +352,16 @@ class Grads:
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
             self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions),
             ", and the backward graph's %d output gradient(s)" % len(self.gouts) if self.gouts_used else "")
+
+
+def _over(src, bases, spec):
+    """A view of src's storage at spec ((offset, dtype, shape, stride)),
+    through one base tensor per dtype (``bases``, filled as needed)."""
+    off, dt, shape, stride = spec
+    base = bases.get(dt)
+    if base is None:
+        base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
+    return base.as_strided(shape, stride, off // base.element_size())
 
 
 def copy_into(statics, gouts):
