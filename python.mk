@@ -33,6 +33,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/memory.py \
 	python/vmmrt/torch/memplan.py \
 	python/vmmrt/torch/optmem.py \
+	python/vmmrt/torch/outputs.py \
 	python/vmmrt/torch/offload.py \
 	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/place.py \
@@ -63,6 +64,8 @@ vmmrt_py_tests = \
 	python/tests/test_raw_launch.py \
 	python/tests/test_driver_calls.py \
 	python/tests/test_memplan.py \
+	python/tests/test_io_slots.py \
+	python/tests/test_outputs_slots.py \
 	python/tests/test_optmem.py \
 	python/tests/test_memplan_gpu.py \
 	python/tests/test_optmem_gpu.py \

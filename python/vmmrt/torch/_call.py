@@ -119,6 +119,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
         else None
     group = lay.group
     replay_fn, gh = group.replayer()
+    outs_b = lay.outputs.backing if lay.outputs is not None else None
     off.launchers[(r.name, False)] = fl
     off.launchers[(r.name, True)] = bl
     if al is not None:
@@ -172,9 +173,13 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                     # on the plan's pages: whether its bytes are free (else
                     # it gets memory of its own, and the graphs their hooks)
                     off.map_for_use(lay, False, res, s, False, None)
+                if outs_b is not None:
+                    off.map_for_use(lay, False, outs_b, s, False, None)
                 st = replay_fn(gh, 0, x, s)
                 if st:
                     group.replay_failed(st)
+                if outs_b is not None:
+                    outs_b.release(s)       # (its use ends; the tensors handed out say more: vmmrt.torch.outputs)
             else:
                 s, cur = streams()
                 lay.forward_begin(s, False, cur)

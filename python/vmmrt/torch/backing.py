@@ -90,6 +90,8 @@ class Backing:
         self.held = None          # its owner's count of the first bytes it holds when busy (held_bytes)
         self._bound = False       # on the plan's pages: map and release are no-ops
         self._in_use = False      # bound, and its use begun and not released since
+        self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
+        self.alive = None         # its owner's test of whether a tensor it handed out over the slot is held
 
     # ------------------------------------------------------------ state
     @property
@@ -117,8 +119,9 @@ class Backing:
     @property
     def busy(self):
         """Bound, and its bytes wanted: its use has begun and not been
-        released, or a tensor made over it is alive."""
-        return self._bound and (self._in_use or self._live > 0)
+        released, or a tensor made over it is alive (its owner's
+        ``alive``, where it hands out tensors of its own making)."""
+        return self._bound and (self._in_use or self._live > 0 or (self.alive is not None and self.alive()))
 
     # ------------------------------------------------------ memory plan
     def bind(self, pages, offset):
@@ -206,7 +209,7 @@ class Backing:
         if self._bound:
             self._in_use = False     # the plan's pages stay
             return
-        if not self._wanted or self._pinned:
+        if not self._wanted or self._pinned or self.kept:
             return
         if self.offload.capturing or _compat.is_capturing():
             self._due = stream
@@ -217,6 +220,19 @@ class Backing:
         self._on_stream = False
         self._due = None
         self.releases += 1
+
+    def let_go(self, stream):
+        """A kept slot's own memory given back (once ``stream`` gets here), so
+        that the plan can bind it: only while nothing over it is held."""
+        with self._lock:
+            if self._bound or not self._wanted or (self.alive is not None and self.alive()):
+                return False
+            kept, self.kept = self.kept, False
+            try:
+                self._release(stream)
+            finally:
+                self.kept = kept
+            return not self._wanted
 
     def flush(self):
         """A release that fell due during a capture, now."""

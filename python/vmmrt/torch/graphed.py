@@ -403,6 +403,9 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         log.info("%s", plan.summary())
     else:
         off.allocate(offload=float(offload))
+    if graphs and layout is None:
+        for r in runners:
+            r.layer.plan_outputs()
     return off
 
 
@@ -589,6 +592,9 @@ def _after_capture(runners, off):
     for r in runners:
         r.static_outputs = tuple(o.detach() for o in r.static_outputs)
     gc.collect()
+    for r in runners:
+        if r.layer.outputs is not None:
+            r.layer.outputs.settle()
     s, _ = _call.stream_source(off)()
     for b in off.backings:
         if b.live == 0:
@@ -616,6 +622,10 @@ def _capture_forward(r, graph, mempool, stream, error_mode, handle):
         return out
     out = _capture(r, "forward", graph, mempool, stream, error_mode, fwd)
     r.static_outputs = tuple(r.split_outputs(out))
+    if r.layer.outputs is not None and not r.layer.outputs.adopt(r.static_outputs):
+        log.info("vmmrt: layer %r: no output of its forward was born in its outputs' slot: they stay in the graph "
+                 "pool", r.name)
+        r.layer.drop_outputs(handle)
 
 
 def _capture_recomputed(r, backward, graph, mempool, stream, error_mode, allow_unused_input):

@@ -26,6 +26,7 @@ import torch
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _address, _compat, _compiled, _contracts, place
+from vmmrt.torch import outputs as _outputs
 from vmmrt.torch.backing import Backing
 from vmmrt.torch.saved import REGION_ALIGN, Recorder
 
@@ -70,6 +71,8 @@ class Pass:
             self.rec = Recorder(lay.name, dev, lay.static, plan=lay.plan)
             self.rec.guard = lay._guard
             self.placed = [] if lay.compiled else lay.placements()
+            if self.kind == "capture" and lay.outputs is not None:
+                self.placed += lay.outputs.placements(self.stream)
             if self.kind == "eager":
                 lay.forward_begin(self.stream, eager=True, current=self.current)
                 if self.placed and (lay.offload.host or lay.offload.mode == "remap"):
@@ -122,7 +125,7 @@ class Pass:
                 raise
             user = False
             if self.kind == "discover":
-                lay._discovered(rec, self.mode)
+                lay._discovered(rec, self.mode, _compat.tree_leaves(self.outputs))
                 return False
             eager_cuda = self.kind == "eager" and not lay.offload.host
             lay._placed(self.placed, moves, _compat.tree_leaves(self.outputs), rec)
@@ -179,6 +182,8 @@ class LayerOffload:
         self.last_rec = None        # the recorder of the latest pass (its hooks' errors)
         self.births = {}            # discovery's births by (op key, output): see place.Mode
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
+        self.out_births = []        # discovery's births of the forward's outputs (vmmrt.torch.outputs)
+        self.outputs = None         # outputs.Outputs: the forward graph's outputs in a slot (plan_outputs)
         self.grads = None           # grads.Grads of the callable (grads="mapped")
         self.recompute = False      # the budget planner recomputes it: it saves nothing (vmmrt.torch.recompute)
         self.compiled = False       # torch.compile'd: its saved tensors are reached after the forward (_compiled.py)
@@ -218,7 +223,9 @@ class LayerOffload:
 
         return _Ctx()
 
-    def _discovered(self, rec, mode=None):
+    def _discovered(self, rec, mode=None, outputs=()):
+        if mode is not None and _outputs.AVAILABLE:
+            self.out_births = _outputs.births(outputs, mode.births, self.static, set(rec.region_ptrs().values()))
         if self.plan is not None and mode is None:
             # a pass that did not record (timing only): what the recording
             # passes saw stands, if it saved the same tensors
@@ -289,6 +296,27 @@ class LayerOffload:
                 r.resident = None
             return
         self.resident = Backing(self.offload, "%s/resident" % self.name, total)
+
+    def plan_outputs(self):
+        """The forward graph's outputs in a slot of their own (graphed.py: with
+        graphs, a layer neither recomputed nor a pipeline's), if discovery
+        found where each is born and they are half a granule or more."""
+        if not self.out_births or self.recompute or self.outputs is not None:
+            return
+        total = _outputs.layout(self.out_births)[1]
+        if total < self.offload.granularity // 2:
+            return
+        self.outputs = _outputs.Outputs(self.offload, self.name, self.out_births)
+        self.offload.backings.append(self.outputs.backing)
+
+    def drop_outputs(self, stream):
+        """No output landed in the outputs' slot at the capture: the slot goes
+        (its memory once ``stream`` gets here)."""
+        o, self.outputs = self.outputs, None
+        o.drop()
+        o.backing.release(stream)
+        if o.backing in self.offload.backings:
+            self.offload.backings.remove(o.backing)
 
     def placements(self):
         """The place.Placed of this layer's regions that can be born in their
@@ -399,17 +427,24 @@ class LayerOffload:
         self.offload.flush()
         if self.offload.memplan is not None:
             self.offload.memplan.forward_begin(self, stream)
+            self.offload.memplan.use_begins(self, False)
         if self.resident is not None:
             self.offload.map_for_use(self, False, self.resident, stream, eager, current)
+        if self.outputs is not None:
+            self.offload.map_for_use(self, False, self.outputs.backing, stream, eager, current)
         self.group.forward_begin(stream)
         self.offload.use_started(self, False, current)
 
     def forward_end(self, stream=None):
         self.group.forward_end(stream)
+        if self.outputs is not None:
+            self.outputs.backing.release(stream)    # (on the pages: its use ends; the tensors handed out say more)
 
     def backward_begin(self, stream=None, current=None):
         self._check_usable()
         self.offload.flush()
+        if self.offload.memplan is not None:
+            self.offload.memplan.use_begins(self, True)
         self.group.backward_begin(stream)
         if self.offload.host:
             # Host backend: the CPU reads the restored bytes itself, so it

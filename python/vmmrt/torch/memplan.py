@@ -60,6 +60,7 @@ NO_OPTIMIZER_STATS = {"optimizer_routed_steps": 0, "optimizer_survivors": 0, "op
                       "optimizer_peak_bytes": 0, "optimizer_fallback_bytes": 0, "optimizer_hook_us": 0.0,
                       "optimizer_view_ms": 0.0}
 GRADS = "grads"
+OUTPUTS = "outputs"
 
 
 class Life:
@@ -92,10 +93,15 @@ def _round_up(n: int, g: int) -> int:
 
 
 def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
-          grads: Iterable[tuple[str, Sequence[str], int, bool]]) -> list[Life]:
+          grads: Iterable[tuple[str, Sequence[str], int, bool]],
+          outputs: dict[str, tuple[int, int | None]] | None = None) -> list[Life]:
     """Every slot's life. ``order``: the step's uses, (layer name, backward);
     ``residents``: layer name -> bytes of its resident slot; ``grads``:
-    (name, the layers whose backwards write them, bytes, persistent)."""
+    (name, the layers whose backwards write them, bytes, persistent);
+    ``outputs``: layer name -> (bytes of its forward's outputs, the last
+    position a tensor over them was seen held: None, at no use after
+    their forward; the order's length, across the step's end; below the
+    forward's position, from the step before: the whole step)."""
     pos = {}
     for k, use in enumerate(order):
         if use in pos:
@@ -118,6 +124,20 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
         else:
             out.append(Life((name, GRADS), GRADS, nbytes, min(bwd), end,
                             why="from its first backward to zero_grad(set_to_none=True)"))
+    for name, (nbytes, seen) in (outputs or {}).items():
+        f = pos.get((name, False))
+        if f is None:
+            raise ValueError("layer %r: its forward is not in the order" % name)
+        if seen is None or seen == f:
+            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, f, f, why="its forward's outputs, not held after it"))
+        elif seen < f:
+            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, 0, end,
+                            why="its forward's outputs, held into the next step"))
+        else:
+            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, f, min(seen, end),
+                            why="its forward's outputs, held until %s" % (
+                                "the step's end" if seen >= end else "%s's %s" % (
+                                    order[seen][0], "backward" if order[seen][1] else "forward"))))
     return out
 
 
@@ -307,6 +327,8 @@ class Watcher:
         self.optimizer_why_not = None if self.optimizer_enabled else "memory_plan=\"slots\""
         self.after_optimizer = False   # a routed optimizer step ran since the last use began
         self.last_stream = None   # the stream of the latest planned use (the optimizer orders after it)
+        self.seen = {}            # layer name -> the last use of the step before the plan its outputs were held at
+        self._pos = None
         off._abort_hooks.append(self._aborted)
 
     # ------------------------------------------------------------ slots
@@ -322,6 +344,27 @@ class Watcher:
                 continue
             grads.setdefault(id(g), (g.name, [], g.backing))[1].append(l.name)
         return residents, list(grads.values())
+
+    def _outputs(self):
+        """Layer name -> the Backing of its forward's outputs (vmmrt.torch.outputs)."""
+        return {l.name: l.outputs.backing for l in self.off.layers if getattr(l, "outputs", None) is not None}
+
+    def use_begins(self, lay: Any, backward: bool) -> None:
+        """A use's begin hook, in the step before the plan: which forwards'
+        outputs are held here (their lives, :func:`lives`)."""
+        if self.plan is not None or self.starts != 1 or not self.enabled:
+            return
+        outs = self._outputs()
+        if not outs:
+            return
+        if self._pos is None:
+            self._pos = {use: k for k, use in enumerate(self.order)}
+        p = self._pos.get((lay.name, bool(backward)))
+        if p is None:
+            return
+        for name, b in outs.items():
+            if b.alive is not None and b.alive() and self.seen.get(name, -1) < p:
+                self.seen[name] = p
 
     # ------------------------------------------------------------ hooks
     def forward_begin(self, lay: Any, stream: Any) -> None:
@@ -347,13 +390,19 @@ class Watcher:
 
     # ------------------------------------------------------------- make
     def make(self, residents: dict, grads: list, stream: Any) -> None:
+        outs = self._outputs()
+        end = len(self.order)
+        # held now, at the next step's first forward: across the step's end
+        seen = {n: end if b.alive() else self.seen.get(n) for n, b in outs.items()}
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
-                      [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads])
+                      [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
+                      {n: (b.slot.size, seen[n]) for n, b in outs.items()})
         plan = Plan(self.order, items, self.off.granularity)
         self.plan = plan
         self.why_not = None
         backing = {(n, RESIDENT): b for n, b in residents.items()}
         backing.update({(name, GRADS): b for name, _, b in grads})
+        backing.update({(n, OUTPUTS): b for n, b in outs.items()})
         self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None]
         by_key = {e.life.key: e.backing for e in self.entries}
         for e in self.entries:
@@ -364,6 +413,11 @@ class Watcher:
             return
         # The releases of the last step reach the workers once the stream
         # gets to them: wait for both, so that the slots are free to bind.
+        # (The outputs' slots keep their memory off the pages: given back
+        # now where nothing over them is held.)
+        for e in self.entries:
+            if e.life.kind == OUTPUTS:
+                e.backing.let_go(stream)
         self._drain(stream)
         try:
             self.pages = self.off.runtime.pages(plan.pages_bytes)

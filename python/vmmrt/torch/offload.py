@@ -242,8 +242,9 @@ class Offload:
         again when the memory plan has put every slot on its pages for
         good (:meth:`launch_ways_changed`): a bound slot maps nothing, nor
         does one mapped and held all along (the persistent loop's
-        gradients, which the plan leaves off its pages)."""
-        return any(not b.bound and not (b.mapped and b.live > 0) for b in self.backings)
+        gradients, which the plan leaves off its pages; a forward's outputs
+        off the pages, kept mapped, vmmrt.torch.outputs)."""
+        return any(not b.bound and not (b.mapped and (b.live > 0 or b.kept)) for b in self.backings)
 
     def launch_ways_changed(self, bound: bool) -> None:
         """The memory plan bound every slot (``bound``), or a slot left its

@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""A forward graph's outputs in a slot of the layer's own (vmmrt.torch.outputs),
+whose life the memory plan learns from the step before it: in a chain, from
+the layer's forward to the next layer's, so outputs of layers two apart share
+bytes, where a graph pool would hold every layer's for good. A tensor over
+them kept past that life is caught at the use that would write over it.
+
+On the host backend over graphs that capture nothing (test_call_path's
+harness): where the bytes lie and what the plan makes of them; the values
+on the H200 (test_memplan_gpu.py)."""
+import pytest
+import torch
+
+from test_call_path import N, _graphed_on_host, host_graphs  # noqa: F401 - a fixture
+from vmmrt.torch import graphed, memplan, outputs
+
+pytestmark = pytest.mark.skipif(not outputs.AVAILABLE, reason="torch without a storage use count (torch < 2)")
+
+
+def _run(g, x, gy, keep=None):
+    """One step; ``keep``: a list that keeps layer 0's output through the step."""
+    y = x
+    for k, m in enumerate(g):
+        y = m(y)
+        if keep is not None and k == 0:
+            keep.append(y)
+    y.backward(gy)
+    del y
+    for m in g:
+        for p in m.parameters():
+            p.grad = None
+
+
+def _inputs():
+    return torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+
+
+def test_the_forwards_outputs_lie_in_their_slot_and_nothing_else_holds_them(host_graphs):  # noqa: F811
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        for r in runners:
+            o = r.layer.outputs
+            assert o is not None and o.landed == 1
+            b = o.backing
+            assert all(b.address <= t.data_ptr() < b.address + b.nbytes for t in r.static_outputs)
+            assert b in off.backings and b.kept and b.mapped
+            assert not o.alive()            # the graphs' own static outputs are the library's
+        x, gy = _inputs()
+        y = g[0](x)
+        assert runners[0].layer.outputs.alive() and not runners[1].layer.outputs.alive()
+        v = y[0].detach()                   # a view of it, not the tensor handed out
+        del y
+        assert runners[0].layer.outputs.alive()
+        del v
+        assert not runners[0].layer.outputs.alive()
+        off.abort()
+    finally:
+        graphed._close(off, runners)
+
+
+def test_the_plan_learns_the_chain_and_shares_the_outputs_of_layers_two_apart(host_graphs):  # noqa: F811
+    g, off, runners = _graphed_on_host("none", "mapped")
+    off.plan_memory(True)
+    try:
+        x, gy = _inputs()
+        for _ in range(4):
+            _run(g, x, gy)
+        plan = off.memplan.plan
+        assert plan is not None
+        by = plan.by_key()
+        f = {r.name: plan.order.index((r.name, False)) for r in runners}
+        for i, r in enumerate(runners[:-1]):
+            life = by[(r.name, memplan.OUTPUTS)]
+            # held by the caller until the next layer's forward has taken it
+            assert (life.start, life.end) == (f[r.name], f[runners[i + 1].name])
+        last = by[(runners[-1].name, memplan.OUTPUTS)]
+        assert (last.start, last.end) == (f[runners[-1].name], plan.order.index((runners[0].name, True)))
+        assert (runners[2].name, memplan.OUTPUTS) in plan.shares[(runners[0].name, memplan.OUTPUTS)]
+        assert all(r.layer.outputs.backing.bound for r in runners)
+        st = off.stats()
+        assert st["plan_conflicts"] == 0
+        assert off.maps_per_use() is False
+    finally:
+        graphed._close(off, runners)
+
+
+def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_graphs):  # noqa: F811
+    g, off, runners = _graphed_on_host("none", "mapped")
+    off.plan_memory(True)
+    try:
+        x, gy = _inputs()
+        for _ in range(3):
+            _run(g, x, gy)
+        assert off.memplan.plan is not None and off.stats()["plan_conflicts"] == 0
+        first = runners[0].layer.outputs.backing
+        sharers = [e for e in off.memplan.entries if first in e.sharers]
+        assert sharers
+        kept = []
+        _run(g, x, gy, keep=kept)           # layer 0's output held through the whole step
+        assert off.stats()["plan_conflicts"] >= 1
+        # what began its use over those bytes while it was held left the pages
+        assert any(not e.backing.bound for e in sharers)
+        del kept[:]
+    finally:
+        graphed._close(off, runners)
+
+
+def test_an_output_held_while_the_plan_is_learned_gets_the_longer_life(host_graphs):  # noqa: F811
+    g, off, runners = _graphed_on_host("none", "mapped")
+    off.plan_memory(True)
+    try:
+        x, gy = _inputs()
+        kept = []
+        _run(g, x, gy, keep=kept)           # the step the plan learns from (the first after the build)
+        del kept[:]
+        _run(g, x, gy, keep=kept)           # (the plan is made at its first forward)
+        life = off.memplan.plan.by_key()[(runners[0].name, memplan.OUTPUTS)]
+        # held until the step's last use (its own backward: the step's end here)
+        assert (life.start, life.end) == (0, off.memplan.plan.order.index((runners[0].name, True)))
+        del kept[:]
+        _run(g, x, gy, keep=kept)
+        assert off.stats()["plan_conflicts"] == 0
+    finally:
+        graphed._close(off, runners)
+
+
+def test_lives_of_outputs():
+    order = [("a", False), ("b", False), ("c", False), ("c", True), ("b", True), ("a", True)]
+    items = memplan.lives(order, {}, [], {"a": (100, 1), "b": (100, None), "c": (100, 6)})
+    by = {it.key[0]: it for it in items}
+    assert (by["a"].start, by["a"].end) == (0, 1)        # taken by b's forward
+    assert (by["b"].start, by["b"].end) == (1, 1)        # held by nothing after its forward
+    assert (by["c"].start, by["c"].end) == (2, 6)        # across the step's end
+    items = memplan.lives(order, {}, [], {"c": (100, 0)})  # held at the first use: from the step before
+    assert (items[0].start, items[0].end) == (0, 6)
+    plan = memplan.Plan(order, memplan.lives(order, {}, [], {"a": (4096, 1), "b": (4096, 2), "c": (4096, 3)}), 4096)
+    # a and c never overlap: two granules hold the three
+    assert plan.pages_bytes == 2 * 4096
+
+
+def test_no_outputs_slot_for_recomputed_or_eager_layers():
+    class L:
+        out_births = []
+        recompute = False
+        outputs = None
+    from vmmrt.torch.layer import LayerOffload
+    lay = L()
+    LayerOffload.plan_outputs(lay)          # nothing discovered: nothing made
+    assert lay.outputs is None
