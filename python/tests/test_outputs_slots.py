@@ -147,3 +147,27 @@ def test_no_outputs_slot_for_recomputed_or_eager_layers():
     lay = L()
     LayerOffload.plan_outputs(lay)          # nothing discovered: nothing made
     assert lay.outputs is None
+
+
+def test_teardown_lets_the_runtime_go_once_no_output_handed_out_is_held(host_graphs):  # noqa: F811
+    # The outputs' base is the library's own; a finalizer holding what holds
+    # it would never run, and every build would keep its runtime (its pages)
+    # for the life of the process. An output a user keeps defers the
+    # destroy until it is dropped, never frees under it.
+    import gc
+    g, off, runners = _graphed_on_host("none", "mapped")
+    off.plan_memory(True)
+    x, gy = _inputs()
+    for _ in range(3):
+        _run(g, x, gy)
+    kept = g[0](x).detach()
+    off.abort()
+    rt = off.runtime
+    graphed._close(off, runners)
+    del g, off, runners
+    gc.collect()
+    assert rt.holds == 1 and rt.destroy_deferred
+    kept.add_(1.0)                          # its memory is still there
+    del kept
+    gc.collect()
+    assert rt.holds == 0

@@ -66,6 +66,20 @@ def flush_late():
         let_go()
 
 
+def _let_go(let_go):
+    """A runtime's hold let go (Runtime.hold): after a close(), the last one
+    destroys the runtime, which is not for a capture: then at the next flush."""
+    try:
+        capturing = _compat.is_capturing()
+    except Exception:  # pragma: no cover - no answer: as if capturing, the next flush lets it go
+        capturing = True
+    if capturing:
+        with _late_lock:
+            _late.append(let_go)
+    else:
+        let_go()
+
+
 class Backing:
     """One slot of ``nbytes`` whose memory comes and goes. ``stream_of()``
     gives the stream a release is ordered on (the current stream, or the
@@ -261,8 +275,13 @@ class Backing:
                 with self._lock:
                     self._live += 1
             # Not at exit: a release then would free the memory under a tensor
-            # something may still read while the interpreter goes.
-            weakref.finalize(owner, self._dropped, stream, counted, let_go).atexit = False
+            # something may still read while the interpreter goes. Uncounted,
+            # the finalizer holds the runtime's hold alone: the caller may keep
+            # the tensor in what refers to this Backing (an Outputs' base),
+            # and a finalizer (a global) holding that would never run.
+            fin = weakref.finalize(owner, self._dropped, stream, counted, let_go) if counted else \
+                weakref.finalize(owner, _let_go, let_go)
+            fin.atexit = False
         return t
 
     def _dropped(self, stream, counted, let_go):
@@ -277,16 +296,7 @@ class Backing:
         except Exception as e:  # pragma: no cover - reported, the memory stays mapped
             log.error("vmmrt: %s: release failed: %s", self.name, e)
         finally:
-            # after a close(), the last one destroys the runtime: not in a capture
-            try:
-                capturing = _compat.is_capturing()
-            except Exception:  # pragma: no cover - no answer: as if capturing, the next flush lets it go
-                capturing = True
-            if capturing:
-                with _late_lock:
-                    _late.append(let_go)
-            else:
-                let_go()
+            _let_go(let_go)
 
     def destroy(self):
         self.slot.destroy()

@@ -29,6 +29,7 @@ storage use count (torch 1.13), as liveness is read from it.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -74,6 +75,13 @@ def layout(items: Sequence[Any]) -> tuple[list[int], int]:
     return offs, total
 
 
+def _weak_alive(ref: Any) -> Any:
+    def alive() -> bool:
+        o = ref()
+        return o is not None and o.alive()
+    return alive
+
+
 class Outputs:
     """One layer's forward outputs in a slot: ``backing`` (kept: mapped for
     good while off the plan's pages; ``alive`` tells the plan whether a
@@ -84,7 +92,9 @@ class Outputs:
         self.offsets, total = layout(self.items)
         self.backing = Backing(offload, "%s/outputs" % name, total)
         self.backing.kept = True
-        self.backing.alive = self.alive
+        # Weakly: the Backing is held by the finalizer of the storage this
+        # holds (Backing.tensor), which would then never run.
+        self.backing.alive = _weak_alive(weakref.ref(self))
         self.nbytes = total
         self._base = None
         self._cdata = None
