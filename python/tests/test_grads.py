@@ -244,22 +244,3 @@ def test_storage_nbytes_spans_the_layout():
     assert storage_nbytes(torch.bfloat16, (3, 2), (1, 3)) == 12       # a transpose spans the same
     assert storage_nbytes(torch.float32, (4,), (2,)) == 28            # strided: to the last element
     assert storage_nbytes(torch.float32, (0, 5), (5, 1)) == 0
-
-
-def test_output_gradients_into_an_unbound_slot_go_by_kernel_without_waiting_for_the_map():
-    # Off the plan's pages the gradients' slot is mapped stream-ordered: a
-    # copy_ (cudaMemcpyAsync, checked at enqueue) would need the launch
-    # thread to wait for the worker's map; a kernel does not.
-    import types
-    from vmmrt.torch.grads import Grads, kernel_copy_into
-    waits = []
-    fake = types.SimpleNamespace(backing=types.SimpleNamespace(bound=False, ensure=lambda: waits.append(1)),
-                                 offload=types.SimpleNamespace(host=False))
-    static = torch.zeros(3, 4, dtype=torch.bfloat16)
-    g = torch.tensor([[float("nan"), -0.0, 1.5, 2.0]] * 3, dtype=torch.bfloat16)
-    Grads.fill_outputs(fake, [static, None], [g, None])
-    assert not waits and torch.equal(static.view(torch.int16), g.view(torch.int16))   # the same bits
-    strided = torch.zeros(4, 3)
-    Grads.fill_outputs(fake, [strided], [torch.ones(3, 4).t()])
-    assert waits == [1] and torch.equal(strided, torch.ones(4, 3))                    # mapped first, then copy_
-    assert kernel_copy_into([static], [static]) is True                               # itself: nothing to do

@@ -39,7 +39,6 @@ torch's static buffers ("static"), and says why (:meth:`Grads.describe`).
 import logging
 import weakref
 
-import torch
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, place
@@ -294,17 +293,12 @@ class Grads:
     def fill_outputs(self, statics, gouts):
         """The output gradients autograd gives into their place in the slot
         (``statics``, over it), after :meth:`before_backward`: the stream has
-        the memory by then. A copy_ is a cudaMemcpyAsync, whose addresses the
-        driver checks when it is enqueued: over a slot the workers map
-        stream-ordered (off the plan's pages: memory_plan=False, the steps
-        before the plan, after a conflict), the bytes go by an elementwise
-        kernel instead, which the driver does not check, so that the launch
-        thread does not wait for the map (:func:`kernel_copy_into`)."""
-        if self.backing.bound or self.offload.host:
-            copy_into(statics, gouts)
-        elif not kernel_copy_into(statics, gouts):
+        the memory by then; a copy_ (cudaMemcpyAsync, whose addresses the
+        driver checks when it is enqueued) needs the host to know it mapped
+        too, which a slot on the plan's pages always is."""
+        if not self.backing.bound and not self.offload.host:
             self.backing.ensure()
-            copy_into(statics, gouts)
+        copy_into(statics, gouts)
 
     def after_backward(self, acc, src, states, inputs=None):
         """The gradients to hand to autograd, one per parameter (None where it
@@ -376,21 +370,6 @@ def copy_into(statics, gouts):
     for g, grad in zip(statics, gouts):
         if g is not None and grad is not None and g.data_ptr() != grad.data_ptr():
             g.copy_(grad)
-
-
-def kernel_copy_into(statics, gouts):
-    """copy_into's bytes through an elementwise kernel (a bitwise or with 0 of
-    their bytes: the same bits, NaNs and signed zeros too) where every pair
-    is contiguous, of one dtype and shape; False (nothing copied) if one is
-    not."""
-    pairs = [(g, grad) for g, grad in zip(statics, gouts)
-             if g is not None and grad is not None and g.data_ptr() != grad.data_ptr()]
-    if not all(g.dtype == grad.dtype and g.shape == grad.shape and g.is_contiguous() and grad.is_contiguous()
-               for g, grad in pairs):
-        return False
-    for g, grad in pairs:
-        torch.bitwise_or(grad.reshape(-1).view(torch.uint8), 0, out=g.reshape(-1).view(torch.uint8))
-    return True
 
 
 class quiet_hooks:
