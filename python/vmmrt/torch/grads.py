@@ -295,7 +295,11 @@ class Grads:
         (``statics``, over it), after :meth:`before_backward`: the stream has
         the memory by then; a copy_ (cudaMemcpyAsync, whose addresses the
         driver checks when it is enqueued) needs the host to know it mapped
-        too, which a slot on the plan's pages always is."""
+        too, which a slot on the plan's pages always is. (The wait is not
+        the copy's alone: filling by a kernel instead, which the driver does
+        not check, left every later copy over the slot, AccumulateGrad's or
+        a .grad's clone, to find it unmapped at enqueue: "invalid argument"
+        on the H200, budget plans and the first steps of a plan.)"""
         if not self.backing.bound and not self.offload.host:
             self.backing.ensure()
         copy_into(statics, gouts)
