@@ -819,3 +819,15 @@ def test_front_runs_graphs_of_checkpointed_megatron_layers_alone(monkeypatch):
     bar = SimpleNamespace(n=1, start=lambda label: None, end=lambda line: None)
     f._point(gc_opt, [Tracked()], None, None, None, None, bar, False)
     assert f.points == [dict(pt, step_ms=55.0, peak=1 << 30, build_s=f.points[0]["build_s"])]
+
+
+def test_front_only_runs_the_options_named(tmp_path, capsys):
+    out = tmp_path / "front.json"
+    argv = ["--front", "--smoke", "--device", "cpu", "--shape", "launch", "--front-ks", "2", "--front-budgets", "1",
+            "--iterations", "1", "--warmup", "0", "--front-only", "eager,vmmrt eager-pingpong", "--json", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert [p["label"] for p in doc["fronts"][0]["points"]] == ["eager", "vmmrt eager-pingpong"]   # no budgets
+    from vmmrt.torch.bench import frontrun
+    with pytest.raises(ValueError, match="no option 'graphs'"):
+        frontrun.only(frontrun.options(4, False, [1], ["torch", "vmmrt"]), "eager,graphs")

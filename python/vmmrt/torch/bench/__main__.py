@@ -152,6 +152,9 @@ def _parser():
                    help="--front: mode= of the memory_budget= points (auto: the planner chooses; default)")
     p.add_argument("--front-families", default="torch,vmmrt",
                    help="--front: whose options, comma-separated: torch, vmmrt (default both)")
+    p.add_argument("--front-only", default=None, metavar="LABELS",
+                   help="--front: only the options of these labels, comma-separated, as the table names them "
+                        "(\"eager,graphs,vmmrt none\"; the budget points are left out too)")
     p.add_argument("--check-alone", action="store_true",
                    help="--front: then each PyTorch point again alone in a fresh process "
                         "(python3 -m vmmrt.torch.bench.alone), its figures against the front's")

@@ -98,6 +98,20 @@ def options(n, cuda, ks, families):
     return out
 
 
+def only(opts, labels):
+    """The options whose label is one of ``labels`` (comma-separated;
+    None: all of them); a label that names none is an error."""
+    if not labels:
+        return opts
+    want = [l.strip() for l in labels.split(",") if l.strip()]
+    known = {o.label for o in opts}
+    unknown = [l for l in want if l not in known]
+    if unknown:
+        raise ValueError("--front-only: no option %s here (the options: %s)"
+                         % (", ".join(repr(l) for l in unknown), ", ".join(o.label for o in opts)))
+    return [o for o in opts if o.label in want]
+
+
 def _through(seq, x):
     for m in seq:
         x = m(x)
@@ -285,13 +299,13 @@ class Front:
             return torch.randn(*dims, device=self.dev, dtype=self.dtype, requires_grad=True)
 
         ks = k_values(n, a.front_ks)
-        opts = options(n, self.cuda, ks, a.front_families)
+        opts = only(options(n, self.cuda, ks, a.front_families), getattr(a, "front_only", None))
         ref_kind = self.loop.reference if self.cuda else "eager"
         if not any(o.kind == ref_kind for o in opts):
             ref_kind = "eager" if any(o.kind == "eager" for o in opts) else None
         # the reference first: every other point is compared with it as it comes
         opts.sort(key=lambda o: o.kind != ref_kind)
-        budgets = a.front_budgets if "vmmrt" in a.front_families else 0
+        budgets = a.front_budgets if "vmmrt" in a.front_families and not getattr(a, "front_only", None) else 0
         pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
         # AdamW's two states per parameter, and foreach's temporary (1x the parameters) at its step
         self.reserve = (3 if a.optimizer == "foreach" else 2) * pb
