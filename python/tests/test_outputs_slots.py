@@ -8,10 +8,12 @@ them kept past that life is caught at the use that would write over it.
 On the host backend over graphs that capture nothing (test_call_path's
 harness): where the bytes lie and what the plan makes of them; the values
 on the H200 (test_memplan_gpu.py)."""
+import contextlib
+
 import pytest
 import torch
 
-from test_call_path import N, _graphed_on_host, host_graphs  # noqa: F401 - a fixture
+from test_call_path import _graphed_on_host, host_graphs  # noqa: F401 - a fixture
 from vmmrt.torch import graphed, memplan, outputs
 
 pytestmark = pytest.mark.skipif(not outputs.AVAILABLE, reason="torch without a storage use count (torch < 2)")
@@ -33,6 +35,21 @@ def _run(g, x, gy, keep=None):
 
 def _inputs():
     return torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+
+
+@contextlib.contextmanager
+def _planned(steps):
+    """Graphed layers with the memory plan on, ``steps`` steps run: (the
+    callables, their Offload, the runners, an input and its gradient)."""
+    g, off, runners = _graphed_on_host("none", "mapped")
+    off.plan_memory(True)
+    try:
+        x, gy = _inputs()
+        for _ in range(steps):
+            _run(g, x, gy)
+        yield g, off, runners, x, gy
+    finally:
+        graphed._close(off, runners)
 
 
 def test_the_forwards_outputs_lie_in_their_slot_and_nothing_else_holds_them(host_graphs):  # noqa: F811
@@ -59,12 +76,7 @@ def test_the_forwards_outputs_lie_in_their_slot_and_nothing_else_holds_them(host
 
 
 def test_the_plan_learns_the_chain_and_shares_the_outputs_of_layers_two_apart(host_graphs):  # noqa: F811
-    g, off, runners = _graphed_on_host("none", "mapped")
-    off.plan_memory(True)
-    try:
-        x, gy = _inputs()
-        for _ in range(4):
-            _run(g, x, gy)
+    with _planned(4) as (g, off, runners, x, gy):
         plan = off.memplan.plan
         assert plan is not None
         by = plan.by_key()
@@ -80,17 +92,10 @@ def test_the_plan_learns_the_chain_and_shares_the_outputs_of_layers_two_apart(ho
         st = off.stats()
         assert st["plan_conflicts"] == 0
         assert off.maps_per_use() is False
-    finally:
-        graphed._close(off, runners)
 
 
 def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_graphs):  # noqa: F811
-    g, off, runners = _graphed_on_host("none", "mapped")
-    off.plan_memory(True)
-    try:
-        x, gy = _inputs()
-        for _ in range(3):
-            _run(g, x, gy)
+    with _planned(3) as (g, off, runners, x, gy):
         assert off.memplan.plan is not None and off.stats()["plan_conflicts"] == 0
         first = runners[0].layer.outputs.backing
         sharers = [e for e in off.memplan.entries if first in e.sharers]
@@ -101,15 +106,10 @@ def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_
         # what began its use over those bytes while it was held left the pages
         assert any(not e.backing.bound for e in sharers)
         del kept[:]
-    finally:
-        graphed._close(off, runners)
 
 
 def test_an_output_held_while_the_plan_is_learned_gets_the_longer_life(host_graphs):  # noqa: F811
-    g, off, runners = _graphed_on_host("none", "mapped")
-    off.plan_memory(True)
-    try:
-        x, gy = _inputs()
+    with _planned(0) as (g, off, runners, x, gy):
         kept = []
         _run(g, x, gy, keep=kept)           # the step the plan learns from (the first after the build)
         del kept[:]
@@ -120,8 +120,6 @@ def test_an_output_held_while_the_plan_is_learned_gets_the_longer_life(host_grap
         del kept[:]
         _run(g, x, gy, keep=kept)
         assert off.stats()["plan_conflicts"] == 0
-    finally:
-        graphed._close(off, runners)
 
 
 def test_lives_of_outputs():
