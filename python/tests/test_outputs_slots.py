@@ -105,6 +105,11 @@ def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_
         assert off.stats()["plan_conflicts"] >= 1
         # what began its use over those bytes while it was held left the pages
         assert any(not e.backing.bound for e in sharers)
+        # an outputs' slot off them is mapped before its forward returns (the
+        # caller's copies of its outputs are checked when enqueued), not by
+        # the stream later
+        assert all(r.layer.outputs.backing.bound or not r.layer.outputs.backing._on_stream for r in runners)
+        assert any(not r.layer.outputs.backing.bound for r in runners)
         del kept[:]
 
 

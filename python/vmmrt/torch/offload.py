@@ -274,6 +274,14 @@ class Offload:
             return
         if backing.planned is not None and backing.planned.begin_use(stream):
             return      # on the memory plan's pages, its bytes free
+        if backing.kept:
+            # A forward's outputs (vmmrt.torch.outputs) off the pages after a
+            # conflict: their tensors go to the caller, whose copies of them
+            # (the next layer's into its static input) the driver checks when
+            # they are enqueued, so the host knows the map made first.
+            self.gpu_reached_previous(lay, backward)
+            backing.ensure()
+            return
         if self.map_ahead == 0 or self.capturing or _compat.is_capturing() or (eager and not self.host):
             self.gpu_reached_previous(lay, backward)
             backing.ensure()
