@@ -7,7 +7,10 @@
 # planted one; each stops at its first failure.
 #   forward-fence   a forward overwrites a bank while its D2H still reads it: corrupted
 #   backward-fence  a restore overwrites a bank a backward still reads: corrupted
-#   early-release   memory goes before the D2H read it: a fault (or corrupted)
+#   early-release   memory goes before the D2H read it: a fault (or corrupted), or
+#                   the runtime's own check refuses the release it finds done
+#                   already ("release after use", a named error; about 1 run
+#                   in 30 on the host backend, whichever the threads reach first)
 
 torture=${TORTURE:-./tools/vmmrt-torture}
 secs=${TORTURE_PLANTED:-25}
@@ -41,5 +44,5 @@ plant() { # plant BUG STRATEGY PATTERN
 
 plant forward-fence pingpong '^FAIL corrupted'
 plant backward-fence pingpong '^FAIL corrupted'
-plant early-release remap '^FAIL \(corrupted\|crash\|lost\)'
+plant early-release remap '^FAIL \(corrupted\|crash\|lost\|unexpected-error: .*release after use\)'
 exit 0
