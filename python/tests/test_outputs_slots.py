@@ -174,3 +174,21 @@ def test_teardown_lets_the_runtime_go_once_no_output_handed_out_is_held(host_gra
     del kept
     gc.collect()
     assert rt.holds == 0
+
+
+def test_a_reference_of_the_build_that_goes_later_does_not_hide_an_output_handed_out(host_graphs):  # noqa: F811
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        o = runners[0].layer.outputs
+        extra = runners[0].static_outputs[0].detach()     # as if the build had kept one more
+        o.settle()
+        del extra                                        # ...and let it go since
+        assert not o.alive()
+        x, _ = _inputs()
+        y = g[0](x)
+        assert o.alive()                                 # the one handed out is seen
+        del y
+        assert not o.alive()
+        off.abort()
+    finally:
+        graphed._close(off, runners)

@@ -126,8 +126,17 @@ class Outputs:
         self._baseline = _USE_COUNT(self._cdata)
 
     def alive(self) -> bool:
-        """Whether a tensor over the outputs, other than the library's own, is held."""
-        return self._cdata is not None and _USE_COUNT(self._cdata) > self._baseline
+        """Whether a tensor over the outputs, other than the library's own, is held.
+        A count below the library's own means something of the build that
+        held them has gone since (the capture's leftovers): that lower count
+        is the library's own from then on, so no tensor handed out hides in
+        the difference."""
+        if self._cdata is None:
+            return False
+        n = _USE_COUNT(self._cdata)
+        if n < self._baseline:
+            self._baseline = n
+        return n > self._baseline
 
     def drop(self) -> None:
         """Its memory given back (nothing lies over it): the slot goes with the runtime."""
