@@ -831,3 +831,6 @@ def test_front_only_runs_the_options_named(tmp_path, capsys):
     from vmmrt.torch.bench import frontrun
     with pytest.raises(ValueError, match="no option 'graphs'"):
         frontrun.only(frontrun.options(4, False, [1], ["torch", "vmmrt"]), "eager,graphs")
+    with pytest.raises(SystemExit):
+        bench.parse(["--front-only", "eager"])          # without --front: refused, not ignored
+    assert "--front-only goes with --front" in capsys.readouterr().err

@@ -219,11 +219,11 @@ class Backing:
         with self._lock:
             self._pinned = True
 
-    def _release(self, stream):
+    def _release(self, stream, kept_too=False):
         if self._bound:
             self._in_use = False     # the plan's pages stay
             return
-        if not self._wanted or self._pinned or self.kept:
+        if not self._wanted or self._pinned or (self.kept and not kept_too):
             return
         if self.offload.capturing or _compat.is_capturing():
             self._due = stream
@@ -241,11 +241,7 @@ class Backing:
         with self._lock:
             if self._bound or not self._wanted or (self.alive is not None and self.alive()):
                 return False
-            kept, self.kept = self.kept, False
-            try:
-                self._release(stream)
-            finally:
-                self.kept = kept
+            self._release(stream, kept_too=True)
             return not self._wanted
 
     def flush(self):

@@ -166,16 +166,10 @@ SEGMENT = 20 << 20
 
 def free_runs(items: list[Life], offs: dict[Any, int], size: int, t: int, granularity: int) -> list[int]:
     """The runs of bytes of the pages that no item alive at ``t`` holds."""
-    busy = sorted((offs[it.key], offs[it.key] + _round_up(it.nbytes, granularity))
-                  for it in items if it.start <= t <= it.end)
-    runs, at = [], 0
-    for lo, hi in busy:
-        if lo > at:
-            runs.append(lo - at)
-        at = max(at, hi)
-    if size > at:
-        runs.append(size - at)
-    return runs
+    from vmmrt.torch.optmem import free_ranges
+    busy = [(offs[it.key], offs[it.key] + _round_up(it.nbytes, granularity))
+            for it in items if it.start <= t <= it.end]
+    return [hi - lo for lo, hi in free_ranges(size, busy)]
 
 
 def place(items: list[Life], granularity: int, end: int | None = None, need: int = 0) -> int:

@@ -95,7 +95,6 @@ class Outputs:
         # Weakly: the Backing is held by the finalizer of the storage this
         # holds (Backing.tensor), which would then never run.
         self.backing.alive = _weak_alive(weakref.ref(self))
-        self.nbytes = total
         self._base = None
         self._cdata = None
         self._baseline = None
@@ -143,6 +142,3 @@ class Outputs:
         self._base = None
         self.backing.kept = False
         self.backing.alive = None
-
-    def describe(self) -> str:
-        return "%d output(s), %d B, in slot %s" % (self.landed, self.nbytes, self.backing.name)

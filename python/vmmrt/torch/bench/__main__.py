@@ -220,6 +220,8 @@ def parse(argv):
         p.error("--front-ks must be at least 1 and --front-budgets at least 0")
     if a.check_alone and not a.front:
         p.error("--check-alone goes with --front")
+    if a.front_only is not None and not a.front:
+        p.error("--front-only goes with --front")
     if a.front and a.budget_sweep:
         p.error("--front and --budget-sweep are two runs: give one")
     if a.check_repeats < 0:
