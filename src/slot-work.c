@@ -177,7 +177,7 @@ static vmmrt_status teardown(vmmrt_slot *s, vmmrt__bhandle *handle_out, bool *ha
 			return st;
 		*had_handle = true;
 	}
-	return vmmrt__drv_va_free(s->rt, s->va, s->size);
+	return vmmrt__drv_va_free(s->rt, s->va, s->reserved);
 }
 
 static void free_slot_rcu(struct rcu_head *head)

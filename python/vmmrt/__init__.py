@@ -661,6 +661,18 @@ class Slot:
         st = self._rt._lib.vmmrt_slot_map_pages(self._s, pages._handle(), offset)
         check(st, "vmmrt_slot_map_pages", value=st == _capi.E_INVALID_SIZE)   # the offset: a bad value
 
+    def truncate(self, nbytes: int) -> None:
+        """Map only the first ``nbytes`` (rounded up to the granularity) from now on:
+        for a slot never mapped nor asked to be; the address and the whole
+        reservation stay (vmmrt_slot_truncate(3))."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InvalidValue(_capi.E_INVALID_SIZE, "nbytes must be a non-negative int, not %r" % (nbytes,),
+                               "vmmrt_slot_truncate")
+        lib = self._rt._lib
+        st = lib.vmmrt_slot_truncate(self._s, nbytes)
+        check(st, "vmmrt_slot_truncate", value=st == _capi.E_INVALID_SIZE)
+        self.size = lib.vmmrt_slot_size(self._s)
+
     def destroy(self):
         if self._s is not None:
             check(self._rt._lib.vmmrt_slot_destroy(self._s), "vmmrt_slot_destroy")

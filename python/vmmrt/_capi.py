@@ -112,6 +112,7 @@ _PROTOTYPES = {
     "vmmrt_slot_destroy": (status_t, [handle]),
     "vmmrt_slot_address": (vmmrt_devptr, [handle]),
     "vmmrt_slot_size": (c_size_t, [handle]),
+    "vmmrt_slot_truncate": (status_t, [handle, c_size_t]),
     "vmmrt_slot_get_state": (c_int, [handle]),
     "vmmrt_slot_error": (status_t, [handle]),
     "vmmrt_slot_map_async": (status_t, [handle]),

@@ -76,6 +76,42 @@ static void state_machine_keeps_the_address(void **state)
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
 }
 
+/* A slot reserved large maps only what truncate left (an allocator lent the
+ * whole range before anyone knew how much would be used); the destroy frees
+ * the whole reservation (the host backend refuses a free of another size);
+ * once any map was asked for, truncate is refused. */
+static void truncate_before_the_first_map(void **state)
+{
+	vmmrt_runtime *rt = make_rt("64M", "1");
+	vmmrt_slot *s, *t;
+	assert_int_equal(vmmrt_slot_create(rt, 48 * MiB, &s), VMMRT_OK);
+	vmmrt_devptr va = vmmrt_slot_address(s);
+	assert_int_equal(vmmrt_slot_truncate(NULL, MiB), VMMRT_E_INVALID_ARGUMENT);
+	assert_int_equal(vmmrt_slot_truncate(s, 0), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_slot_truncate(s, 48 * MiB + 1), VMMRT_E_INVALID_SIZE);
+	assert_int_equal(vmmrt_slot_truncate(s, 3 * MiB), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_size(s), 4 * MiB);
+	assert_int_equal(vmmrt_slot_truncate(s, 6 * MiB), VMMRT_E_INVALID_SIZE); /* past the size it has now */
+	assert_int_equal(vmmrt_slot_map(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_address(s), va);
+	assert_int_equal(used(rt), 4 * MiB);
+	assert_int_equal(vmmrt_slot_truncate(s, 2 * MiB), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_slot_unmap(s), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_truncate(s, 2 * MiB), VMMRT_E_INVALID_STATE); /* mapped once: never again */
+	assert_int_equal(vmmrt_slot_size(s), 4 * MiB);
+	/* a stream-ordered map counts as one asked for */
+	assert_int_equal(vmmrt_slot_create(rt, 8 * MiB, &t), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_map_async(t), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_truncate(t, 2 * MiB), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_slot_wait(t), VMMRT_OK);
+	assert_int_equal(used(rt), 8 * MiB);
+	assert_int_equal(vmmrt_slot_destroy(t), VMMRT_OK);
+	assert_int_equal(vmmrt_slot_destroy(s), VMMRT_OK);
+	assert_int_equal(uatomic_read(&rt->live_slots), 0);
+	assert_int_equal(uatomic_read(&rt->live_reservations), 0);
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+}
+
 static void bytes_survive_offload_and_remap(void **state)
 {
 	vmmrt_runtime *rt = make_rt("64M", "1");
@@ -299,6 +335,7 @@ int main(void)
 	struct CMUnitTest tests[] = {
 		cmocka_unit_test(bad_input),
 		cmocka_unit_test(state_machine_keeps_the_address),
+		cmocka_unit_test(truncate_before_the_first_map),
 		cmocka_unit_test(bytes_survive_offload_and_remap),
 		host_only_test(out_of_memory_is_named_and_clean), /* needs a small capacity */
 		cmocka_unit_test(partial_map_is_rolled_back),
