@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from test_call_path import host_graphs  # noqa: F401 - a fixture
 from vmmrt.torch import place
 
 pytestmark = pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
@@ -94,6 +95,38 @@ off.close()
 print("at once", off.runtime._life.rt is None, not off.runtime.destroy_deferred, flush=True)
 """))
     assert "at once True True" in out, out
+
+
+def test_graphed_close_lets_the_runtime_go_once_what_was_handed_out_is_gone(host_graphs):
+    """With graphs (the host backend's stand-in for them), close() while the
+    callables live: the library's own static tensors over its slots (the
+    backward's buffers, the outputs' base) hold nothing after it; a .grad
+    kept holds the runtime until it goes (the H200 kept the runtime for the
+    callables' life: test_cuda_grad_kept_past_close)."""
+    import gc
+
+    from test_call_path import _graphed_on_host, _stepper
+    g, off, runners = _graphed_on_host("none", "mapped")
+    _stepper(g)
+    x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+    out = x
+    for f in g:
+        out = f(out)
+    out.backward(gy)
+    p = next(p for r in runners for p in r.params if p.grad is not None)
+    grad, ref = p.grad, p.grad.clone()
+    off.close()
+    life = off.runtime._life
+    assert off.runtime.destroy_deferred and life.rt is not None
+    assert torch.equal(grad, ref)
+    del grad
+    for r in runners:
+        for q in r.params:
+            q.grad = None
+    del out, x
+    gc.collect()
+    assert life.rt is None and life.holds == 0, "%d holds left with the callables alive" % life.holds
+    assert g is not None
 
 
 @pytest.mark.gpu

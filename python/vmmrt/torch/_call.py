@@ -79,6 +79,18 @@ def _host_raw_stream():
     return None
 
 
+def _forget(r, lists):
+    """At close(): the library's own references to the runner's static
+    tensors let go (those over a slot hold its runtime: Backing.tensor)."""
+    for seq in lists:
+        if seq is not None:
+            seq.clear()
+    r.static_outputs = r.static_grad_outputs = r.static_grad_inputs = r.acc_grad_inputs = None
+    r.pinned_grads = None
+    if r.layer is not None and r.layer.outputs is not None:
+        r.layer.outputs.forget()
+
+
 def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     """The callable of runner ``r`` (its graphs captured, its static tensors
     set): ``fwd_graph``, ``bwd_graph`` and ``acc_graph`` (the accumulate
@@ -91,12 +103,15 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     raw_stream = raw_stream or (lambda: streams()[0])
     grads = r.grad_mode
     mapped = r.grads if grads == "mapped" else None
-    acc_gin = r.acc_grad_inputs
+    # Lists, emptied at close() (_forget): then only the tensors handed out
+    # keep the memory under them, and the runtime, alive (a call after close()
+    # is refused before it reads any of them).
+    acc_gin = list(r.acc_grad_inputs) if r.acc_grad_inputs is not None else None
     n_user = r.n_user
     static_in = r.surface
-    static_out = r.static_outputs
-    static_gout = r.static_grad_outputs
-    static_gin = r.static_grad_inputs
+    static_out = list(r.static_outputs)
+    static_gout = list(r.static_grad_outputs)
+    static_gin = list(r.static_grad_inputs)
     gouts_in_slot = mapped is not None and r.gouts_in_slot
     gin_where = r.gin_where if mapped is not None else None
     params = r.params
@@ -105,6 +120,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     where = "layer %r" % r.name
     r.pending = False
     off._abort_hooks.append(lambda: setattr(r, "pending", False))
+    off._close_hooks.append(lambda: _forget(r, (static_out, static_gout, static_gin, acc_gin)))
     watch_in, watch_out = _contracts.watched(r, lay.last_rec)
     watching = bool(watch_in or watch_out)
     again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else

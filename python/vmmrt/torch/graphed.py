@@ -610,6 +610,8 @@ def _calls(runners, off, captured):
         (p, r.static_grad_inputs[r.n_user + k], r.grads.backing if r.pinned_grads is not None else None)
         for r in runners for k, p in enumerate(r.params)
         if r.grad_mode == "static" and r.static_grad_inputs[r.n_user + k] is not None)
+    # its static buffers let go at close(), as the callables' own (_call._forget)
+    off._close_hooks.append(lambda: setattr(aliases, "items", ()))
     streams, raw = _call.stream_source(off), _call.raw_stream_source(off)
     return [_call.make(r, fwd, bwd, acc, aliases, streams, raw) for r, (fwd, bwd, acc) in zip(runners, captured)]
 

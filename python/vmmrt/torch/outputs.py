@@ -137,6 +137,12 @@ class Outputs:
             self._baseline = n
         return n > self._baseline
 
+    def forget(self) -> None:
+        """At close(): the library's base lets go (a tensor handed out keeps
+        the memory, and the runtime, alive: Backing.tensor)."""
+        self._base = None
+        self._cdata = None
+
     def drop(self) -> None:
         """Its memory given back (nothing lies over it): the slot goes with the runtime."""
         self._base = None
