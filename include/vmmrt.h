@@ -221,8 +221,8 @@ VMMRT_EXTERN vmmrt_status vmmrt_slot_unmap(vmmrt_slot *slot);
  * Requests still queued for the slot are cancelled (their status becomes
  * VMMRT_E_CANCELLED); the call waits for the worker. */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_destroy(vmmrt_slot *slot);
-/* A slot never mapped maps only its first bytes (rounded up to the granularity) from
- * now on; its address and whole reservation stay (vmmrt_slot_truncate(3)). */
+/* A slot with nothing mapped maps only its first bytes (rounded up to the granularity)
+ * from now on; its address and whole reservation stay (vmmrt_slot_truncate(3)). */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_truncate(vmmrt_slot *slot, size_t bytes);
 VMMRT_EXTERN vmmrt_devptr vmmrt_slot_address(const vmmrt_slot *slot);
 VMMRT_EXTERN size_t vmmrt_slot_size(const vmmrt_slot *slot);

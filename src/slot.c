@@ -62,7 +62,6 @@ static vmmrt_status push(vmmrt_slot *s, vmmrt__request *req, vmmrt__req_done_fn 
 {
 	req->done = done;
 	req->done_arg = arg;
-	uatomic_set(&s->touched, 1);
 	return vmmrt__worker_push(s->rt->workers, s->worker, req);
 }
 
@@ -334,7 +333,6 @@ static vmmrt_status wait_in_flight(vmmrt_slot *s, vmmrt__request *req, const cha
 static vmmrt_status push_async(vmmrt_slot *s, vmmrt__request *req)
 {
 	uatomic_inc(&s->queued);
-	uatomic_set(&s->touched, 1);
 	vmmrt_status st = vmmrt__worker_push(s->rt->workers, s->worker, req);
 	if (st != VMMRT_OK)
 		(void)uatomic_add_return(&s->queued, -1);
@@ -609,9 +607,10 @@ vmmrt_status vmmrt_slot_error(vmmrt_slot *s)
 /*
  * A slot reserved larger than it turns out to need (an allocator lent its
  * whole range before anyone knew how much of it would be used) maps only
- * its first bytes from now on. Before any request only: the worker reads
- * size when it maps, unmaps and counts, and nothing mapped may outlive the
- * size it was mapped with. The reservation stays whole until the destroy.
+ * its first bytes from now on. Only with nothing mapped and no request in
+ * flight (RESERVED): the worker reads size when it maps, unmaps and counts,
+ * and nothing mapped may outlive the size it was mapped with. The
+ * reservation stays whole until the destroy.
  */
 vmmrt_status vmmrt_slot_truncate(vmmrt_slot *s, size_t bytes)
 {
@@ -619,11 +618,13 @@ vmmrt_status vmmrt_slot_truncate(vmmrt_slot *s, size_t bytes)
 	VMMRT__CHECK_ARG(s, "slot is NULL");
 	unsigned long long id = (unsigned long long)s->id;
 	vmmrt_status st = app_slot(s, __func__);
+	if (st == VMMRT_OK)
+		st = pending_error(s);
 	if (st != VMMRT_OK)
 		return st;
-	if (uatomic_read(&s->touched))
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu has been mapped or asked to be: only a slot "
-				    "never mapped can be truncated", __func__, id);
+	if (vmmrt_slot_get_state(s) != VMMRT_SLOT_RESERVED)
+		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is mapped or has a request in flight: only a "
+				    "slot with nothing mapped can be truncated", __func__, id);
 	if (bytes == 0 || bytes > s->size)
 		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: slot %llu: %zu bytes (from 1 to its %zu)", __func__, id,
 				    bytes, s->size);

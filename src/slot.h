@@ -90,7 +90,6 @@ struct vmmrt_slot {
 	vmmrt_devptr va;
 	size_t size;           /* the mapped size, a multiple of the granularity */
 	size_t reserved;       /* the reservation, freed whole (vmmrt_slot_truncate lowers size alone) */
-	int32_t touched;       /* a request was ever pushed (uatomic): truncate refuses from then on */
 	unsigned worker;       /* every request for this slot goes to this worker */
 
 	int32_t state;         /* vmmrt_slot_state, uatomic */

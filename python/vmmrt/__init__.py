@@ -663,8 +663,8 @@ class Slot:
 
     def truncate(self, nbytes: int) -> None:
         """Map only the first ``nbytes`` (rounded up to the granularity) from now on:
-        for a slot never mapped nor asked to be; the address and the whole
-        reservation stay (vmmrt_slot_truncate(3))."""
+        for a slot with nothing mapped and no request in flight; the address
+        and the whole reservation stay (vmmrt_slot_truncate(3))."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise InvalidValue(_capi.E_INVALID_SIZE, "nbytes must be a non-negative int, not %r" % (nbytes,),
                                "vmmrt_slot_truncate")
