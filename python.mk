@@ -28,6 +28,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/_te.py \
 	python/vmmrt/torch/eager.py \
 	python/vmmrt/torch/grads.py \
+	python/vmmrt/torch/graphpool.py \
 	python/vmmrt/torch/graphed.py \
 	python/vmmrt/torch/layer.py \
 	python/vmmrt/torch/memory.py \

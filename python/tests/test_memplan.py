@@ -622,3 +622,25 @@ def test_the_layout_leaves_the_optimizer_whole_segments_where_slots_are_small():
     assert sum(r - r % memplan.SEGMENT for r in runs) >= L * 29 * M
     # with no temporaries to place, the smallest
     assert memplan.Plan(order, items(), 2 * M, optimizer_need=0).pages_bytes == small.pages_bytes
+
+
+def test_the_graphs_pool_lives_the_step_but_its_end_and_serves_the_optimizer_there():
+    # The graphs' pool on a slot (vmmrt.torch.graphpool): every replay uses it,
+    # so its life is the step's first use to its last; at the step's end its
+    # bytes are free, and the optimizer's temporaries fit there instead of
+    # more pages.
+    M = 1 << 20
+    order = [("a", False), ("b", False), ("b", True), ("a", True)]
+    res = {"a": 40 * M, "b": 40 * M}
+    grads = [("a", ["a"], 20 * M, False), ("b", ["b"], 20 * M, False)]
+    items = memplan.lives(order, res, grads, pool=60 * M)
+    pool = next(it for it in items if it.kind == memplan.POOL)
+    assert (pool.start, pool.end, pool.nbytes) == (0, 3, 60 * M)
+    need = 40 * M                   # the gradients' size: foreach AdamW's temporaries
+    with_pool = memplan.Plan(order, items, 2 * M, optimizer_need=need)
+    offs = {it.key: it.offset for it in with_pool.items}
+    runs = memplan.free_runs(with_pool.items, offs, with_pool.pages_bytes, len(order), 2 * M)
+    assert sum(r - r % memplan.SEGMENT for r in runs) >= need
+    # no more pages than the busiest use needs: the temporaries cost nothing
+    assert with_pool.pages_bytes == with_pool.unplanned_peak
+    assert "graphs pool" in with_pool.summary()

@@ -119,10 +119,35 @@ class FakePools:
 N = 4
 
 
-def _build(plan=True, **kw):
+class FakeGraphPool:
+    """The graphs' pool on a slot (graphpool.GraphPool) as the plan sees it,
+    on the host backend: a kept slot that the "replays" write over (at each
+    step's first forward: :func:`_train`); ``held``: a tensor handed out
+    from it is alive."""
+
+    def __init__(self, off, nbytes=8 * G):
+        from vmmrt.torch.backing import Backing
+        self.backing = Backing(off, "graph pool", nbytes)
+        self.backing.kept = True
+        self.backing.ensure()
+        self.backing.alive = lambda: self.held
+        self.used = self.backing.nbytes
+        self.held = False
+        off.backings.append(self.backing)
+
+    def stats(self):
+        return {"graph_pool_bytes": self.used, "graph_pool_bound": self.used, "graph_pool_fallback_bytes": 0}
+
+    def describe(self):
+        return "graphs' pool: a stand-in"
+
+
+def _build(plan=True, graph_pool=False, **kw):
     g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode="none", lookahead=1,
                                   min_bytes=0, options={"host_granularity": G}, memory_plan=plan, **kw)
     off = vt.offload_of(g[0])
+    if graph_pool:
+        off.graph_pool = FakeGraphPool(off)
     if off.memplan is not None:
         off.memplan.optimizer_api = FakePools
     return g, off
@@ -133,13 +158,13 @@ def _inputs(seed):
     return torch.randn(2, 8, 32, generator=gen, requires_grad=True), torch.randn(2, 8, 32, generator=gen)
 
 
-def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None):
+def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool=False):
     """SGD steps; returns each step's gradients (read after the optimizer's
     step, which may have written over them), the parameters at the end,
     the stats and the routing's stand-in. ``at_step``: a function called
     with (step, offload, pools) before that step's forward."""
     torch.manual_seed(0)
-    g, off = _build(plan)
+    g, off = _build(plan, graph_pool)
     params = [p for m in g for p in m.parameters()]
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     out = {"grads": []}
@@ -149,6 +174,9 @@ def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None):
             pools = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
             if at_step is not None:
                 at_step(i, off, pools)
+            if graph_pool:
+                b = off.graph_pool.backing
+                ctypes.memset(b.address, 0x11, b.nbytes)     # the replays' intermediates
             x, gy = _inputs(i)
             y = run(g, x)
             (y * gy).sum().backward()
@@ -261,6 +289,50 @@ def test_a_step_that_raises_ends_its_routing_at_the_next_use():
     pools = on["pools"]
     assert pools.routing is None
     assert on["stats"]["optimizer_routed_steps"] == 4
+
+
+@routes
+def test_the_graphs_pool_is_lent_only_at_the_step_and_leaves_the_pages_for_what_the_step_left():
+    """The graphs' pool on the pages (vmmrt.torch.graphpool): in use between
+    the steps' first forward and their optimizer step, lent at the step
+    unless a tensor handed out from it is held; a tensor the step leaves in
+    its bytes sends it to memory of its own before the next replay."""
+    seen = {"lent": {}, "busy": {}}
+
+    def step(i, off, pools):
+        gp, w = off.graph_pool, off.memplan
+        e = w.pool_entry()
+        if e is None:
+            return
+        lo, hi = e.life.offset, e.life.offset + e.life.nbytes
+        if gp.backing.bound:
+            seen["busy"][i] = gp.backing.busy
+        if pools is not None and pools.lent:
+            base = w.optimizer.view.address
+            seen["lent"][i] = optmem.overlaps([(a - base, a - base + n) for a, n in pools.lent], lo, hi)
+        gp.held = i == 2                    # step 2's optimizer step finds a tensor from the pool held
+        if i == 4:
+            # step 4's leaves a tensor in the pool's bytes (in the view)
+            at = w.optimizer.view.address + lo
+            pools.keep = [(at, at + G)]
+            seen["at"] = at
+        if i == 5:
+            seen["conflicts"] = off.stats()["plan_conflicts"]
+            seen["bound"] = gp.backing.bound
+        if i == 6:
+            seen["intact"] = ctypes.string_at(seen["at"], G) == bytes([pools.pattern]) * G
+    on = _train(True, 7, True, at_step=step, graph_pool=True)
+    ref = _train(False, 7, True)
+    assert "graphs' pool" in on["describe"]
+    # the plan from step 1 on: the pool in use whenever a step begins
+    assert seen["busy"] and all(seen["busy"].values()), seen["busy"]
+    # lent at steps 1, 3 (what step i+1 finds lent is step i's), not at step 2 (held)
+    assert seen["lent"][2] and not seen["lent"][3] and seen["lent"][4], seen["lent"]
+    assert seen["conflicts"] >= 1 and not seen["bound"], seen
+    assert seen["intact"], "a replay wrote over the tensor the optimizer step left in the pool's bytes"
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    assert _same(on["params"], ref["params"])
 
 
 def test_slots_leaves_the_optimizer_to_pytorch():

@@ -235,6 +235,22 @@ class Backing:
         self._due = None
         self.releases += 1
 
+    def shrink(self, nbytes):
+        """A kept slot reserved larger than its use turned out (the graphs'
+        pool: vmmrt.torch.graphpool), before anything ran over it: its memory
+        given back, the slot cut to ``nbytes`` (vmmrt_slot_truncate), mapped
+        again at that size. Driver calls; the host waits."""
+        with self._lock:
+            if self._bound or self._live or self._on_stream:
+                raise RuntimeError("%s: shrink of a slot in use" % self.name)
+            if self._wanted:
+                self.slot.wait()
+                self.slot.unmap()
+                self._wanted = False
+            self.slot.truncate(nbytes)
+            self.nbytes = self.slot.size
+        self.ensure()
+
     def let_go(self, stream):
         """A kept slot's own memory given back (once ``stream`` gets here), so
         that the plan can bind it: only while nothing over it is held."""

@@ -25,8 +25,8 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, pipeline, place,
-                         planner, recompute, static_grads)
+from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool, pipeline,
+                         place, planner, recompute, static_grads)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
@@ -540,7 +540,8 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     captured one after the other; one of them runs at each backward. Returns
     (forward, backward, accumulate or None) graphs per runner, every slot
     released that nothing holds once the captures are over."""
-    mempool = torch.cuda.graph_pool_handle() if pool is None else pool
+    gp = graphpool.open_for(off, runners, pool)
+    mempool = gp.id if gp is not None else torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream if stream is not None else None
     captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]
     _before_capture(runners, off, grads, captured)
@@ -563,6 +564,8 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
             captured[r.index] = (fwd, bwd, acc)
     finally:
         off.capturing = False
+    if gp is not None:
+        gp.cut()
     _after_capture(runners, off)
     return captured
 
@@ -595,6 +598,9 @@ def _after_capture(runners, off):
     for r in runners:
         if r.layer.outputs is not None:
             r.layer.outputs.settle()
+    if off.graph_pool is not None:
+        off.graph_pool.settle([t for r in runners for seq in (r.static_outputs, r.static_grad_inputs,
+                                                               r.acc_grad_inputs) for t in seq or ()])
     s, _ = _call.stream_source(off)()
     for b in off.backings:
         if b.live == 0:

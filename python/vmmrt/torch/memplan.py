@@ -61,6 +61,8 @@ NO_OPTIMIZER_STATS = {"optimizer_routed_steps": 0, "optimizer_survivors": 0, "op
                       "optimizer_view_ms": 0.0}
 GRADS = "grads"
 OUTPUTS = "outputs"
+POOL = "pool"
+POOL_KEY = ("graphs", POOL)
 
 
 class Life:
@@ -94,14 +96,17 @@ def _round_up(n: int, g: int) -> int:
 
 def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
           grads: Iterable[tuple[str, Sequence[str], int, bool]],
-          outputs: dict[str, tuple[int, int | None]] | None = None) -> list[Life]:
+          outputs: dict[str, tuple[int, int | None]] | None = None, pool: int = 0) -> list[Life]:
     """Every slot's life. ``order``: the step's uses, (layer name, backward);
     ``residents``: layer name -> bytes of its resident slot; ``grads``:
     (name, the layers whose backwards write them, bytes, persistent);
     ``outputs``: layer name -> (bytes of its forward's outputs, the last
     position a tensor over them was seen held: None, at no use after
     their forward; the order's length, across the step's end; below the
-    forward's position, from the step before: the whole step)."""
+    forward's position, from the step before: the whole step); ``pool``:
+    bytes of the graphs' pool on a slot (vmmrt.torch.graphpool), in use
+    from the step's first use to its last: free at the step's end, for the
+    optimizer step."""
     pos = {}
     for k, use in enumerate(order):
         if use in pos:
@@ -138,6 +143,9 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
                             why="its forward's outputs, held until %s" % (
                                 "the step's end" if seen >= end else "%s's %s" % (
                                     order[seen][0], "backward" if order[seen][1] else "forward"))))
+    if pool:
+        out.append(Life(POOL_KEY, POOL, pool, 0, end - 1,
+                        why="every replay's intermediates; free at the optimizer step"))
     return out
 
 
@@ -374,6 +382,38 @@ class Watcher:
             grads.setdefault(id(g), (g.name, [], g.backing))[1].append(l.name)
         return residents, list(grads.values())
 
+    def _pool(self):
+        """The Backing of the graphs' pool on a slot (vmmrt.torch.graphpool), if its captures used it."""
+        gp = getattr(self.off, "graph_pool", None)
+        return gp.backing if gp is not None and gp.used else None
+
+    def pool_entry(self) -> Entry | None:
+        return next((e for e in self.entries if e.life.kind == POOL), None)
+
+    def optimizer_begins(self) -> None:
+        """The optimizer step's pre-hook (optmem): no graph replays from now
+        until its post-hook, so the graphs' pool's use ends and its bytes can
+        be lent."""
+        pe = self.pool_entry()
+        if pe is not None and pe.backing.bound:
+            pe.backing.end_use()
+
+    def optimizer_ends(self, stream: Any) -> None:
+        """The optimizer step's post-hook: the graphs' pool is in use again,
+        on the pages if nothing the step left is in its bytes; else it maps
+        memory of its own now, before any replay (a conflict, as a slot's
+        whose bytes are held at its use)."""
+        pe = self.pool_entry()
+        if pe is None or not pe.backing.bound:
+            return
+        o = self.optimizer
+        g = self.off.granularity
+        if o is not None and o.holds and o.held(pe.life.offset, pe.life.offset + _round_up(pe.life.nbytes, g)):
+            self.conflict(pe, [SURVIVORS], stream)
+            pe.backing.ensure()
+            return
+        pe.backing.begin_use()
+
     def _outputs(self):
         """Layer name -> the Backing of its forward's outputs (vmmrt.torch.outputs)."""
         return {l.name: l.outputs.backing for l in self.off.layers if getattr(l, "outputs", None) is not None}
@@ -423,9 +463,11 @@ class Watcher:
         end = len(self.order)
         # held now, at the next step's first forward: across the step's end
         seen = {n: end if b.alive() else self.seen.get(n) for n, b in outs.items()}
+        gp = self._pool()
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
-                      {n: (b.slot.size, seen[n]) for n, b in outs.items()})
+                      {n: (b.slot.size, seen[n]) for n, b in outs.items()},
+                      gp.slot.size if gp is not None else 0)
         # foreach AdamW's temporaries: about the parameters' size, which the
         # gradients' slots are (fused needs less; the layout then costs at
         # most the difference)
@@ -436,6 +478,8 @@ class Watcher:
         backing = {(n, RESIDENT): b for n, b in residents.items()}
         backing.update({(name, GRADS): b for name, _, b in grads})
         backing.update({(n, OUTPUTS): b for n, b in outs.items()})
+        if gp is not None:
+            backing[POOL_KEY] = gp
         self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None]
         by_key = {e.life.key: e.backing for e in self.entries}
         for e in self.entries:
@@ -449,7 +493,7 @@ class Watcher:
         # (The outputs' slots keep their memory off the pages: given back
         # now where nothing over them is held.)
         for e in self.entries:
-            if e.life.kind == OUTPUTS:
+            if e.life.kind in (OUTPUTS, POOL):
                 e.backing.let_go(stream)
         self._drain(stream)
         try:
@@ -475,6 +519,9 @@ class Watcher:
                               "its use" % err)
                 return
         log.info("vmmrt: %s", plan.summary())
+        pe = self.pool_entry()
+        if pe is not None and pe.backing.bound:
+            pe.backing.begin_use()      # in a step: its replays from now on
         self._all_bound()
         self._route_optimizer()
 

@@ -139,6 +139,7 @@ class Offload:
         self._host_event = None     # the host backend's: where a stream-ordered map follows (map_for_use)
         self._now_event = None      # CUDA: "what is queued now", for the first uses of an iteration
         self.backings = []          # every Backing: resident slots, gradients
+        self.graph_pool = None      # graphpool.GraphPool: the graphs' pool on a slot, when they are captured into it
         self.launchers = {}         # (runner name, backward) -> its graph's _launch.Launcher
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
@@ -570,6 +571,8 @@ class Offload:
             for g in gr.values():
                 if not g.mapped:
                     text += "\n  %s: %s" % (g.name, g.describe())
+        if self.graph_pool is not None:
+            text += "\n" + self.graph_pool.describe()
         if self.memplan is not None:
             text += "\n" + self.memplan.describe()
         return text
@@ -596,7 +599,10 @@ class Offload:
         (the most the steps' segments took of them), optimizer_fallback_bytes
         (segments that did not fit, from the driver), optimizer_survivors
         (steps that left a tensor in them), optimizer_hook_us (the hooks'
-        time per routed step)."""
+        time per routed step); the graphs' pool on a slot
+        (:mod:`vmmrt.torch.graphpool`): graph_pool_bytes (what it uses),
+        graph_pool_bound (the range reserved for it), graph_pool_fallback_bytes
+        (its segments beyond the range, plain device memory)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -608,6 +614,8 @@ class Offload:
         st["driver_calls"] = sum(by_kind.values())
         st.update(self.memplan.stats() if self.memplan is not None else
                   {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
+        st.update(self.graph_pool.stats() if self.graph_pool is not None else
+                  {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0})
         return st
 
     def sync(self) -> None:

@@ -132,6 +132,7 @@ class OptimizerMemory:
         self.view = None            # the pages mapped whole at an address of their own (a vmmrt Slot)
         self.pool = None            # the pool the arena serves now
         self.lent = None            # the page ranges lent to it ([lo, hi) offsets)
+        self.gen = None             # the arena's generation of that lend
         self.retired = []           # pools never allocated from again that still had blocks in use
         self.holds = []             # page ranges under survivors: [lo, hi)
         self.routed = 0             # steps whose allocations went to the pages
@@ -187,21 +188,25 @@ class OptimizerMemory:
         # AccumulateGrad's by now: let go, so that their bytes can be lent
         self.off.gin_hold = None
         self._check_holds()
+        # no graph replays until the post-hook: the graphs' pool's bytes are free too
+        self.watcher.optimizer_begins()
         free = free_ranges(self.watcher.pages.size, self.busy_ranges(), 512)
         if not free:
+            self.watcher.optimizer_ends(self.watcher.last_stream)
             return False
         try:
             if self.view is None:
                 t0 = time.perf_counter()
                 self._make_view()
                 self.view_s = time.perf_counter() - t0
-            if free != self.lent:
+            if free != self.lent or not self._still_lent():
                 self._relend(free)
             self._stream = self.api.order_after(self.watcher.last_stream)
             self.api.begin_routing(self.pool)
         except Exception as e:  # noqa: B902 - no routing rather than a failed step
             self.why_not = "the optimizer's allocations could not be routed to the pages (%s)" % e
             log.warning("vmmrt: memory plan: %s: they take memory of their own", self.why_not)
+            self.watcher.optimizer_ends(self.watcher.last_stream)
             return False
         self._active = True
         self.watcher.after_optimizer = True
@@ -222,6 +227,12 @@ class OptimizerMemory:
         self._active = False
         self.api.end_routing(self.pool)
         alive = self.api.blocks_in_use(self.pool)
+        try:
+            self._after_routing(alive)
+        finally:
+            self.watcher.optimizer_ends(self.watcher.last_stream)
+
+    def _after_routing(self, alive: Sequence[tuple[int, int]]) -> None:
         if not alive and not self.released:
             # The steps before the plan made their temporaries in PyTorch's
             # cache, which keeps them reserved, unused from now on: given
@@ -271,9 +282,17 @@ class OptimizerMemory:
             self.retirements += 1
         self.pool = None
         base = self.view.address
-        self.api.lend([(base + lo, hi - lo) for lo, hi in free])
+        self.gen = self.api.lend([(base + lo, hi - lo) for lo, hi in free])
         self.pool = self.api.new_pool()
         self.lent = free
+
+    def _still_lent(self) -> bool:
+        """Whether the arena still serves this routing's ranges: a lend of
+        another's (another build's routing, or a capture into a pool over a
+        slot: vmmrt.torch.graphpool) replaced them, and a segment asked for
+        now would come from its ranges."""
+        gen = getattr(self.api, "generation", None)
+        return gen is None or self.gen is None or gen() == self.gen
 
     def _hold(self, alive: Sequence[tuple[int, int]]) -> None:
         base = self.view.address
@@ -368,8 +387,11 @@ class TorchPools:
         self.allocator = torch.cuda.memory.CUDAPluggableAllocator(vmmrt.arena_library_path(), "vmmrt_arena_malloc",
                                                                   "vmmrt_arena_free")
 
-    def lend(self, ranges: Sequence[tuple[int, int]]) -> None:
-        self.off.runtime.arena_lend(list(ranges), self.device)
+    def lend(self, ranges: Sequence[tuple[int, int]]) -> int:
+        return self.off.runtime.arena_lend(list(ranges), self.device)
+
+    def generation(self) -> int:
+        return self.vmmrt.arena_stats(self.device)["generation"]
 
     def new_pool(self) -> Any:
         return self.torch.cuda.MemPool(self.allocator.allocator())
