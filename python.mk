@@ -75,6 +75,7 @@ vmmrt_py_tests = \
 	python/tests/test_saved.py \
 	python/tests/test_place.py \
 	python/tests/test_grads.py \
+	python/tests/test_graphpool.py \
 	python/tests/test_abandoned_capture.py \
 	python/tests/test_lifetime.py \
 	python/tests/test_select.py \

@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The graphs' pool on a slot (vmmrt.torch.graphpool), what the CPU can
+check of it: the range's size, when it is used, and whether a tensor handed
+out from it is held (the storage's use count above the library's own). The
+captures into it, its cut and its lending run on the H200
+(test_memplan_gpu, test_optmem_gpu); the plan's side on the host backend
+with a stand-in (test_optmem, test_memplan)."""
+import types
+
+import pytest
+import torch
+
+from vmmrt.torch import graphpool
+
+needs_count = pytest.mark.skipif(graphpool._USE_COUNT is None, reason="torch without a storage use count")
+
+
+def test_the_range_is_four_largest_layers_twice_the_inputs_and_slack_in_granules():
+    M = 1 << 20
+    g = 2 * M
+    assert graphpool.bound([10 * M, 30 * M], [M, M], g) == 120 * M + 4 * M + graphpool.SLACK
+    assert graphpool.bound([], [], g) == graphpool.SLACK
+    assert graphpool.bound([1], [0], g) % g == 0
+
+
+def test_why_not_is_named():
+    off = types.SimpleNamespace(device_type="cpu")
+    assert graphpool.available(off, None) == "not on CUDA"
+    assert "pool of its own" in graphpool.available(off, (0, 1))
+
+
+def _pool(base, used):
+    gp = graphpool.GraphPool.__new__(graphpool.GraphPool)
+    gp.backing = types.SimpleNamespace(address=base, nbytes=used)
+    gp.used = used
+    gp._storages, gp._baseline = [], []
+    return gp
+
+
+@needs_count
+def test_a_tensor_handed_out_from_the_pool_is_seen_held_and_let_go():
+    buf = torch.zeros(1 << 12, dtype=torch.uint8)
+    other = torch.zeros(64)
+    inside = buf[:1024]                    # a static output the graphs keep, in the pool
+    gp = _pool(buf.data_ptr(), buf.numel())
+    gp.settle([inside, other, None])
+    assert len(gp._storages) == 1          # the tensor outside the range is not the pool's
+    assert not gp.alive()
+    kept = inside.detach()                 # what a call hands out, kept by the user
+    assert gp.alive()
+    del kept
+    assert not gp.alive()
+    # a reference of the build gone after settle lowers the library's own count
+    del inside
+    assert not gp.alive()
+    view = buf[:8]
+    assert gp.alive()
+    del view
+    gp.forget()
+    assert not gp.alive()
