@@ -42,7 +42,8 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/recompute.py \
 	python/vmmrt/torch/saved.py \
 	python/vmmrt/torch/select.py \
-	python/vmmrt/torch/static_grads.py
+	python/vmmrt/torch/static_grads.py \
+	python/vmmrt/torch/static_inputs.py
 vmmrt_py_bench = \
 	python/vmmrt/torch/bench/__init__.py \
 	python/vmmrt/torch/bench/__main__.py \
@@ -66,6 +67,7 @@ vmmrt_py_tests = \
 	python/tests/test_driver_calls.py \
 	python/tests/test_memplan.py \
 	python/tests/test_io_slots.py \
+	python/tests/test_static_inputs.py \
 	python/tests/test_outputs_slots.py \
 	python/tests/test_optmem.py \
 	python/tests/test_memplan_gpu.py \

@@ -26,7 +26,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool, pipeline,
-                         place, planner, recompute, static_grads)
+                         place, planner, recompute, static_grads, static_inputs)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
@@ -251,7 +251,8 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     try:
         stream = _warmup(runners, uses, off, num_warmup_iters, allow_unused_input, pre_warmup_hook,
                          post_warmup_hook)
-        off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs)
+        off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs,
+                        memory_plan is not False)
         if graphs:
             captured = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
             funcs = _calls(runners, off, captured)
@@ -375,11 +376,26 @@ def _close(off, runners):
             r.layer.offload.close()
 
 
-def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs):
+def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs, inputs=False):
     """After the warm-up: the gradients' slots, the pipeline's schedule, what
     moves (a fraction, the bandwidth planner's "auto", or the budget
     planner's plan, which may choose another mode: then another runtime,
-    returned), and the allocation with every fixed address learned."""
+    returned), and the allocation with every fixed address learned.
+    ``inputs``: the graphs' static inputs in the resident slots
+    (vmmrt.torch.static_inputs), with a memory plan to put them on its
+    pages: without one the slot is mapped per step, and a call's copy into
+    it (a cudaMemcpyAsync, which the driver checks when it is enqueued)
+    would wait for the map on the launch thread."""
+    def allocate(off, **how):
+        inputs_here = inputs and graphs and layout is None
+        if inputs_here:
+            for r in runners:
+                r.layer.input_bytes = static_inputs.sizes(r.sample)
+        off.allocate(**how)
+        if inputs_here:
+            for r in runners:
+                static_inputs.place(r)
+
     if grads == "mapped":
         _make_grads(runners, off, graphs)
     if layout is not None:
@@ -395,14 +411,14 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
             r.recompute = r.layer.recompute = c.action == "recompute"
         if grads == "mapped" and any(r.recompute and r.grads is not None and r.grads.io_bytes for r in runners):
             _make_grads(runners, off, graphs)   # a recomputed layer's backward keeps its statics: none in its slot
-        off.allocate(plan=plan)
+        allocate(off, plan=plan)
         log.info("%s", plan.summary())
     elif offload == "auto":
         plan = _plan(runners, off, margin)
-        off.allocate(plan=plan)
+        allocate(off, plan=plan)
         log.info("%s", plan.summary())
     else:
-        off.allocate(offload=float(offload))
+        allocate(off, offload=float(offload))
     if graphs and layout is None:
         for r in runners:
             r.layer.plan_outputs()

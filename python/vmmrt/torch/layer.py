@@ -182,6 +182,8 @@ class LayerOffload:
         self.last_rec = None        # the recorder of the latest pass (its hooks' errors)
         self.births = {}            # discovery's births by (op key, output): see place.Mode
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
+        self.input_bytes = ()       # per graph input, its bytes in the resident slot or None (static_inputs)
+        self.input_at = None        # their offsets in it (None: not there), once planned
         self.out_births = []        # discovery's births of the forward's outputs (vmmrt.torch.outputs)
         self.outputs = None         # outputs.Outputs: the forward graph's outputs in a slot (plan_outputs)
         self.grads = None           # grads.Grads of the callable (grads="mapped")
@@ -281,7 +283,9 @@ class LayerOffload:
         the layer's own, mapped before its forward and released after its
         backward, as eager frees them: the memory is there for the gradients of
         the layers whose backward comes next, where a graph pool would keep it
-        for good. Outputs, marked and small regions stay where they are."""
+        for good. Outputs, marked and small regions stay where they are. The
+        graphs' static inputs of ``input_bytes`` go after the regions
+        (vmmrt.torch.static_inputs)."""
         cand = [r for r in self.regions if not r.selected and r.birth is not None
                 and r.reason in ("budget", "none") and r.nbytes >= self.offload.min_bytes]
         total = 0
@@ -289,12 +293,23 @@ class LayerOffload:
             total += (-total) % REGION_ALIGN
             r.resident = total
             total += r.nbytes
+        # The graphs' static inputs after them (vmmrt.torch.static_inputs):
+        # they live as the saved regions do, from the forward to the backward.
+        at = []
+        for n in self.input_bytes:
+            if n is None:
+                at.append(None)
+                continue
+            total += (-total) % REGION_ALIGN
+            at.append(total)
+            total += n
         # A slot is mapped in whole granules (2 MiB on the H200), with a map
         # and a release per step: less than half a granule stays in the pool.
         if not total or total < self.offload.granularity // 2:
             for r in cand:
                 r.resident = None
             return
+        self.input_at = tuple(at) if any(a is not None for a in at) else None
         self.resident = Backing(self.offload, "%s/resident" % self.name, total)
 
     def plan_outputs(self):
@@ -429,7 +444,9 @@ class LayerOffload:
             self.offload.memplan.forward_begin(self, stream)
             self.offload.memplan.use_begins(self, False)
         if self.resident is not None:
-            self.offload.map_for_use(self, False, self.resident, stream, eager, current)
+            # with static inputs in it, mapped before the call copies them in
+            # (see graphed._allocate)
+            self.offload.map_for_use(self, False, self.resident, stream, eager or self.input_at is not None, current)
         if self.outputs is not None:
             self.offload.map_for_use(self, False, self.outputs.backing, stream, eager, current)
         self.group.forward_begin(stream)

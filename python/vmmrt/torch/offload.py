@@ -21,6 +21,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, _launch, backing as _backing, select
+from vmmrt.torch import static_inputs as _static_inputs
 from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
 
@@ -559,8 +560,11 @@ class Offload:
         res = [lay.resident.nbytes for lay in self.layers if lay.resident is not None]
         if res:
             planned = sum(1 for lay in self.layers if lay.resident is not None and lay.resident.bound)
-            text += (" (resident slots of %d layers: %s)" % (len(res), "on the memory plan's pages, below"
-                     if planned else "mapped for the forward, released after the backward"))
+            ins = sum(_static_inputs.in_slot(lay) for lay in self.layers)
+            text += (" (resident slots of %d layers%s: %s)" % (
+                len(res), "" if not ins else ", with %.1f MiB of the graphs' static inputs" % (ins / mib),
+                "on the memory plan's pages, below" if planned else "mapped for the forward, released after the "
+                "backward"))
         if self.launchers:
             text += "; graphs run by: " + ", ".join("%s (%d)" % kv for kv in _launch.summary(self.launchers).items())
         gr = {id(lay.grads): lay.grads for lay in self.layers if getattr(lay, "grads", None) is not None}

@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The graphs' static inputs in the layer's resident slot
+(vmmrt.torch.static_inputs): held from the layer's forward to its backward,
+as eager holds a layer's input, not for the graphs' life; the caller's
+sample tensors not held at all once built. Run on the host backend over
+graphs that capture nothing (test_call_path's harness): where the bytes
+are, who holds the samples, and that a call copies its argument in once
+the slot is mapped (on the host backend a copy into the slot before its
+map writes over PROT_NONE memory)."""
+import gc
+import weakref
+
+import pytest
+import torch
+
+from conftest import samples, zoo_layers
+from test_call_path import N, OPTIONS, host_graphs  # noqa: F401 - a fixture
+from vmmrt.torch import graphed, place, static_inputs
+
+
+def _build(sample, mode="none"):
+    layers = zoo_layers(N)
+    _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), sample, None, None, None, [],
+                                                               False, False, 1.0, None)
+    off, mode = graphed._open_offload(runners, uses, device, mode, 1, OPTIONS, 0, 1, True)
+    try:
+        stream = graphed._warmup(runners, uses, off, 3, False)
+        off = graphed._allocate(runners, uses, off, None, "static", mode, 1.0, None, marks, 0.9, True, inputs=True)
+        captured = graphed._capture_all(runners, off, stream, None, "global", False, "static", uses)
+        funcs = graphed._calls(runners, off, captured)
+    except BaseException:
+        graphed._close(off, runners)
+        raise
+    return graphed._finish(runners, funcs, off, False), off, runners
+
+
+def _inside(t, backing):
+    return backing.address <= t.data_ptr() < backing.address + backing.nbytes
+
+
+@pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+def test_the_static_inputs_lie_in_the_resident_slot_and_the_samples_are_let_go(host_graphs):  # noqa: F811
+    sample = samples(N)
+    refs = [weakref.ref(s[0]) for s in sample]
+    g, off, runners = _build(sample)
+    try:
+        del sample
+        gc.collect()
+        assert [r() for r in refs] == [None] * N, "the build holds the caller's sample tensors"
+        for r in runners:
+            lay = r.layer
+            assert lay.resident is not None and lay.input_at is not None
+            x = r.sample[0]
+            assert _inside(x, lay.resident) and x.requires_grad and x.shape == (2, 8, 32)
+            # past every saved region in the slot, and a static storage of the layer's
+            assert lay.input_at[0] >= max((rg.resident + rg.nbytes for rg in lay.kept_resident()), default=0)
+            assert x.data_ptr() in lay.static
+            assert not any(a is not x and isinstance(a, torch.Tensor) for a in r.sample_args)
+        assert "static inputs" in off.describe()
+        for _ in range(3):
+            x = torch.randn(2, 8, 32, requires_grad=True)
+            y = g[0](x)
+            # the call copied its argument in (after the slot's map: the host
+            # backend's unmapped memory is PROT_NONE), where the graph reads it
+            assert torch.equal(runners[0].sample[0].detach(), x.detach())
+            for m in g[1:]:
+                y = m(y)
+            y.sum().backward()
+            for m in g:
+                m.zero_grad(set_to_none=True)
+    finally:
+        graphed._close(off, runners)
+
+
+def test_only_dense_samples_of_their_own_storage_move():
+    a = torch.randn(4, 8)
+    base = torch.randn(16, 8)
+    b, c = base[:8], base[8:]
+    t = torch.randn(8, 4).t()
+    assert static_inputs.sizes((a, b, c, t, torch.empty(0))) == (128, None, None, None, None)
