@@ -136,7 +136,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     group = lay.group
     replay_fn, gh = group.replayer()
     outs_b = lay.outputs.backing if lay.outputs is not None else None
-    res_sync = lay.input_at is not None     # the static inputs in the resident slot: mapped before fill()
+    res_sync = lay.input_at is not None     # the static inputs in the resident slot: mapped before a call copies into them
     off.launchers[(r.name, False)] = fl
     off.launchers[(r.name, True)] = bl
     if al is not None:
@@ -166,13 +166,6 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
             ln.graph.replay()
         lay.backward_end(s)
 
-    def fill(inputs):
-        """The arguments into the static inputs, once their memory is mapped
-        (those in the resident slot: vmmrt.torch.static_inputs)."""
-        for i in range(n_user):
-            if static_in[i].data_ptr() != inputs[i].data_ptr():
-                static_in[i].copy_(inputs[i])
-
     class Graphed(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
@@ -196,16 +189,21 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                     off.map_for_use(lay, False, res, s, res_sync, None)
                 if outs_b is not None:
                     off.map_for_use(lay, False, outs_b, s, False, None)
-                fill(inputs)
+            else:
+                s, cur = streams()
+                lay.forward_begin(s, False, cur)
+            # the arguments in, once the static inputs' memory is mapped
+            # (those in the resident slot: vmmrt.torch.static_inputs)
+            for i in range(n_user):
+                if static_in[i].data_ptr() != inputs[i].data_ptr():
+                    static_in[i].copy_(inputs[i])
+            if x > 0:
                 st = replay_fn(gh, 0, x, s)
                 if st:
                     group.replay_failed(st)
                 if outs_b is not None:
                     outs_b.release(s)       # (its use ends; the tensors handed out say more: vmmrt.torch.outputs)
             else:
-                s, cur = streams()
-                lay.forward_begin(s, False, cur)
-                fill(inputs)
                 if x < 0:
                     fl.probe()
                 else:
