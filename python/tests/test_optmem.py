@@ -12,6 +12,7 @@ import ctypes
 import pytest
 import torch
 
+import vmmrt
 import vmmrt.torch as vt
 from conftest import run, samples, zoo_layers
 from vmmrt.torch import optmem
@@ -99,9 +100,22 @@ class FakePools:
     def end_routing(self, pool):
         assert self.routing == pool
         self.routing = None
+        self.last = pool
 
     def blocks_in_use(self, pool):
         return list(self.alive.get(pool, ()))
+
+    stuck = False                   # relocate finds no tensor over the blocks
+    moved = ()                      # the bytes of the blocks relocate moved out, as they were then
+
+    def relocate(self, roots, ranges):
+        if self.stuck:
+            return 0
+        blocks = self.alive.get(self.last, [])
+        out = [b for b in blocks if optmem.overlaps(ranges, *b)]
+        self.moved = list(self.moved) + [ctypes.string_at(lo, hi - lo) for lo, hi in out]
+        self.alive[self.last] = [b for b in blocks if b not in out]
+        return len(out)
 
     def release_cache(self):
         self.released += 1
@@ -142,8 +156,8 @@ class FakeGraphPool:
         return "graphs' pool: a stand-in"
 
 
-def _build(plan=True, graph_pool=False, **kw):
-    g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode="none", lookahead=1,
+def _build(plan=True, graph_pool=False, mode="none", **kw):
+    g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode=mode, lookahead=1,
                                   min_bytes=0, options={"host_granularity": G}, memory_plan=plan, **kw)
     off = vt.offload_of(g[0])
     if graph_pool:
@@ -158,13 +172,13 @@ def _inputs(seed):
     return torch.randn(2, 8, 32, generator=gen, requires_grad=True), torch.randn(2, 8, 32, generator=gen)
 
 
-def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool=False):
+def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool=False, mode="none"):
     """SGD steps; returns each step's gradients (read after the optimizer's
     step, which may have written over them), the parameters at the end,
     the stats and the routing's stand-in. ``at_step``: a function called
     with (step, offload, pools) before that step's forward."""
     torch.manual_seed(0)
-    g, off = _build(plan, graph_pool)
+    g, off = _build(plan, graph_pool, mode)
     params = [p for m in g for p in m.parameters()]
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     out = {"grads": []}
@@ -344,3 +358,131 @@ def test_slots_leaves_the_optimizer_to_pytorch():
 def test_memory_plan_values():
     with pytest.raises(TypeError, match='True, False or "slots"'):
         vt.make_graphed_callables(tuple(zoo_layers(1)), samples(1), graphs=False, memory_plan="all")
+
+
+# ------------------------------------------------------------ ping-pong's banks
+def _banks(off):
+    return sorted({(lay.group.address, lay.group.nbytes) for lay in off.layers if lay.moving()})
+
+
+@routes
+def test_pingpong_banks_are_lent_at_the_step_and_train_bitwise_as_without_the_plan():
+    # the stand-in writes over every byte lent, the banks' too. (In the
+    # persistent loop of these eager layers the plan has nothing on its
+    # pages, so there is no routing at all; with graphs the static inputs
+    # and the graphs' pool are there.)
+    set_to_none = True
+    seen = {}
+
+    def look(i, off, pools):
+        if pools is not None and pools.lent:
+            seen["lent"] = list(pools.lent)
+            seen["banks"] = _banks(off)
+    on = _train(True, 6, set_to_none, at_step=look, mode="pingpong")
+    ref = _train(False, 6, set_to_none, mode="pingpong")
+    assert seen["banks"] and all(b in seen["lent"] for b in seen["banks"]), seen
+    assert on["stats"]["optimizer_bank_bytes"] == sum(n for _, n in seen["banks"]) > 0
+    assert on["stats"]["optimizer_relocated"] == 0
+    assert "ping-pong's banks" in on["describe"]
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    assert _same(on["params"], ref["params"])
+
+
+def _mid_iteration(plan):
+    """At step 3 the optimizer steps between the forward and the backward
+    (what the layers saved is in the banks then)."""
+    torch.manual_seed(0)
+    g, off = _build(plan, False, "pingpong")
+    params = [p for m in g for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=0.05)
+    grads, lent = [], []
+    try:
+        for i in range(5):
+            opt.zero_grad(set_to_none=True)
+            x, gy = _inputs(i)
+            y = run(g, x)
+            if i == 3:
+                opt.step()
+                pools = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
+                lent.append(list(pools.lent) if pools is not None else None)
+            (y * gy).sum().backward()
+            grads.append([p.grad.clone() for p in params])
+            if i != 3:
+                opt.step()
+    finally:
+        off.close()
+    return grads, lent, _banks(off)
+
+
+@routes
+def test_an_optimizer_step_inside_an_iteration_is_not_lent_the_banks():
+    on, lent, banks = _mid_iteration(True)
+    ref, _, _ = _mid_iteration(False)
+    assert lent[0] is not None and not any(b in lent[0] for b in banks), (lent, banks)
+    for a, b in zip(on, ref):
+        assert _same(a, b)
+
+
+@routes
+def test_a_tensor_the_step_leaves_in_a_bank_is_moved_out_before_a_forward_writes_there():
+    state = {}
+
+    def leave(i, off, pools):
+        if i == 3:
+            addr = _banks(off)[0][0]
+            pools.keep = [(addr, addr + G)]
+    on = _train(True, 6, True, at_step=leave, mode="pingpong")
+    ref = _train(False, 6, True, mode="pingpong")
+    pools = on["pools"]
+    assert on["stats"]["optimizer_relocated"] == 1
+    assert pools.moved == [bytes([pools.pattern]) * G], "what the step left was not moved out as it was"
+    assert "1 storages moved out of a bank" in on["describe"]
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    del state
+
+
+@routes
+def test_a_tensor_left_in_a_bank_that_cannot_be_moved_fails_the_step_and_the_offload():
+    torch.manual_seed(0)
+    g, off = _build(True, False, "pingpong")
+    params = [p for m in g for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=0.05)
+    try:
+        for i in range(5):
+            opt.zero_grad(set_to_none=True)
+            pools = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
+            x, gy = _inputs(i)
+            (run(g, x) * gy).sum().backward()
+            if pools is not None and pools.lent:
+                addr = _banks(off)[0][0]
+                pools.keep, pools.stuck = [(addr, addr + G)], True
+                with pytest.raises(vmmrt.Error) as e:
+                    opt.step()
+                assert e.value.name == "VMMRT_E_INVALID_STATE" and "ping-pong bank" in str(e.value)
+                with pytest.raises(vmmrt.Error, match="earlier failure"):
+                    run(g, x)
+                return
+            opt.step()
+        pytest.fail("no step was routed")
+    finally:
+        off.close()
+
+
+def test_relocate_moves_a_storage_and_every_tensor_over_it():
+    a = torch.arange(64, dtype=torch.float32)
+    b = a[8:16]                                     # a view: the same storage
+    c = torch.ones(4)
+    state = {"p": {"exp_avg": a, "view": b}, "other": c}
+    lo = a.untyped_storage().data_ptr()
+    ranges = [(lo, lo + a.untyped_storage().nbytes())]
+    assert optmem.relocate([state], ranges, scan_all=False) == 1
+    assert a.untyped_storage().data_ptr() != lo and b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+    assert torch.equal(a, torch.arange(64, dtype=torch.float32)) and torch.equal(b, a[8:16])
+    assert c.untyped_storage().data_ptr() not in [r[0] for r in ranges]
+    # one not in the roots: found among the tensors the garbage collector tracks
+    d = torch.full((16,), 3.0)
+    lo = d.untyped_storage().data_ptr()
+    assert optmem.relocate([state], [(lo, lo + 64)]) == 1
+    assert d.untyped_storage().data_ptr() != lo and torch.equal(d, torch.full((16,), 3.0))

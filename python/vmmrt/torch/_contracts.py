@@ -317,6 +317,13 @@ def _iteration(off):
     return it
 
 
+def in_flight(off):
+    """Whether a forward of ``off``'s layers awaits its backward (an iteration
+    under way: what they saved is in their slots or banks)."""
+    it = getattr(off, "_iteration", None)
+    return it is not None and bool(it.pending)
+
+
 def abandon(off, why):
     """Abandon the iteration under way (Offload.abort), remembering why for the
     refusal of a backward through it. Quiet if the offload cannot abort (then

@@ -58,7 +58,7 @@ log = logging.getLogger("vmmrt.torch")
 RESIDENT = "resident"
 NO_OPTIMIZER_STATS = {"optimizer_routed_steps": 0, "optimizer_survivors": 0, "optimizer_lent_bytes": 0,
                       "optimizer_peak_bytes": 0, "optimizer_fallback_bytes": 0, "optimizer_hook_us": 0.0,
-                      "optimizer_view_ms": 0.0}
+                      "optimizer_view_ms": 0.0, "optimizer_bank_bytes": 0, "optimizer_relocated": 0}
 GRADS = "grads"
 OUTPUTS = "outputs"
 POOL = "pool"

@@ -603,7 +603,9 @@ class Offload:
         (the most the steps' segments took of them), optimizer_fallback_bytes
         (segments that did not fit, from the driver), optimizer_survivors
         (steps that left a tensor in them), optimizer_hook_us (the hooks'
-        time per routed step); the graphs' pool on a slot
+        time per routed step), optimizer_bank_bytes (of the bytes lent,
+        ping-pong's banks'), optimizer_relocated (storages a step left in a
+        bank, moved out); the graphs' pool on a slot
         (:mod:`vmmrt.torch.graphpool`): graph_pool_bytes (what it uses),
         graph_pool_bound (the range reserved for it), graph_pool_fallback_bytes
         (its segments beyond the range, plain device memory)."""

@@ -42,6 +42,21 @@ What must hold, and how it is kept:
   current stream; when the optimizer's stream is another, it waits for
   the layers' stream first, and the next forward waits for the optimizer's.
 
+Ping-pong's banks (mode "pingpong": two whole layers' saved bytes, or
+more) hold nothing between a step's last backward and its next forward
+either: what a forward wrote there was copied to the host, and each
+restore was read by its backward. They are lent beside the pages' free
+bytes when no layer's forward awaits its backward (an optimizer step run
+in the middle of an iteration gets the pages only); the next forward that
+writes a bank runs after the step in stream order. A tensor the step
+leaves in a bank would be written over by that forward, and a bank cannot
+take memory of its own as a planned slot can: its storage is moved out
+(copied to memory of PyTorch's, and every tensor over it found in the
+optimizer's state, or else among every tensor the garbage collector
+tracks, set to the copy). One that cannot be found makes the step raise
+a named error and the offload unusable, before any forward writes over
+it (``optimizer_relocated`` counts the storages moved).
+
 When the arena cannot fit a segment the caching allocator asks for, it
 gets memory from the driver instead (counted as ``optimizer_fallback_bytes``):
 the step never fails for want of pages.
@@ -103,6 +118,52 @@ def overlaps(ranges: Sequence[tuple[int, int]], lo: int, hi: int) -> bool:
     return any(a < hi and lo < b for a, b in ranges)
 
 
+def relocate(roots: Iterable[Any], ranges: Sequence[tuple[int, int]], scan_all: bool = True) -> int:
+    """Move out of ``ranges`` ([lo, hi) addresses) every storage whose first
+    byte lies there: copied to new memory of PyTorch's (on the current
+    stream), and every tensor over it set to the copy. The tensors are
+    looked for in ``roots`` (containers: dicts, lists and tuples, three
+    levels down), then, for a range none of them covers and with
+    ``scan_all``, among every tensor the garbage collector tracks. Returns
+    how many storages moved."""
+    import torch
+
+    found = {}                  # storage address -> {id: tensor}
+
+    def visit(o: Any, depth: int) -> None:
+        if isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            p = st.data_ptr()
+            if st.nbytes() and overlaps(ranges, p, p + 1):
+                found.setdefault(p, {})[id(o)] = o
+        elif depth < 3 and isinstance(o, dict):
+            for v in o.values():
+                visit(v, depth + 1)
+        elif depth < 3 and isinstance(o, (list, tuple)):
+            for v in o:
+                visit(v, depth + 1)
+
+    for r in roots:
+        visit(r, 0)
+    if scan_all and any(not any(lo <= p < hi for p in found) for lo, hi in ranges):
+        import gc
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # (isinstance on torch's deprecated module attributes)
+            for o in gc.get_objects():
+                if isinstance(o, torch.Tensor):
+                    visit(o, 0)
+    with torch.no_grad():
+        for ts in found.values():
+            ts = list(ts.values())
+            old = ts[0].untyped_storage()
+            new = torch.empty(old.nbytes(), dtype=torch.uint8, device=ts[0].device).untyped_storage()
+            new.copy_(old)
+            for t in ts:
+                t.set_(new, t.storage_offset(), t.size(), t.stride())
+    return len(found)
+
+
 def survivors(segments: Sequence[dict]) -> list[tuple[int, int]]:
     """The blocks in use, as [address, address + size), of a caching
     allocator snapshot's segments (torch.cuda.memory_snapshot's shape:
@@ -132,6 +193,10 @@ class OptimizerMemory:
         self.view = None            # the pages mapped whole at an address of their own (a vmmrt Slot)
         self.pool = None            # the pool the arena serves now
         self.lent = None            # the page ranges lent to it ([lo, hi) offsets)
+        self.banks = []             # the ping-pong banks lent with them ((address, bytes))
+        self.banks_why_not = None   # why the banks are never lent again
+        self._bank_list = None      # every bank, once known
+        self.relocated = 0          # storages the steps left in a bank, moved out
         self.gen = None             # the arena's generation of that lend
         self.retired = []           # pools never allocated from again that still had blocks in use
         self.holds = []             # page ranges under survivors: [lo, hi)
@@ -164,6 +229,27 @@ class OptimizerMemory:
                                                             else _round_up(held, 512))))
         return out + list(self.holds)
 
+    def bank_ranges(self) -> list[tuple[int, int]]:
+        """Ping-pong's banks, (address, bytes) each, if they can be lent now:
+        no layer's forward awaits its backward."""
+        off = self.off
+        if off.mode != "pingpong" or self.banks_why_not is not None:
+            return []
+        from vmmrt.torch import _contracts
+        if _contracts.in_flight(off):
+            return []
+        if self._bank_list is None:
+            by = {}
+            for lay in off.layers:
+                if lay.moving():
+                    a = lay.group.address
+                    by[a] = max(by.get(a, 0), lay.group.nbytes)
+            self._bank_list = sorted(by.items())
+        return self._bank_list
+
+    def _in_banks(self, lo: int, hi: int) -> bool:
+        return any(a < hi and lo < a + n for a, n in self.banks)
+
     def held(self, lo: int, hi: int) -> bool:
         """Whether survivors hold a byte of the page range [lo, hi)
         (memplan.Entry.begin_use: a slot sharing them is used as when one
@@ -191,7 +277,8 @@ class OptimizerMemory:
         # no graph replays until the post-hook: the graphs' pool's bytes are free too
         self.watcher.optimizer_begins()
         free = free_ranges(self.watcher.pages.size, self.busy_ranges(), 512)
-        if not free:
+        banks = self.bank_ranges()
+        if not free and not banks:
             self.watcher.optimizer_ends(self.watcher.last_stream)
             return False
         try:
@@ -199,8 +286,8 @@ class OptimizerMemory:
                 t0 = time.perf_counter()
                 self._make_view()
                 self.view_s = time.perf_counter() - t0
-            if free != self.lent or not self._still_lent():
-                self._relend(free)
+            if free != self.lent or banks != self.banks or not self._still_lent():
+                self._relend(free, banks)
             self._stream = self.api.order_after(self.watcher.last_stream)
             self.api.begin_routing(self.pool)
         except Exception as e:  # noqa: B902 - no routing rather than a failed step
@@ -213,24 +300,49 @@ class OptimizerMemory:
         self.routed += 1
         return True
 
-    def end(self) -> None:
-        """The optimizer step ended (the global post-hook)."""
+    def end(self, optimizer: Any = None) -> None:
+        """The optimizer step ended (the global post-hook; ``optimizer``: the
+        one that stepped, whose state is looked in first for a tensor the
+        step left in a bank)."""
         if not self._active:
             return
         t0 = time.perf_counter()
         try:
-            self._end()
+            self._end(optimizer)
         finally:
             self.hook_s += time.perf_counter() - t0
 
-    def _end(self) -> None:
+    def _end(self, optimizer: Any) -> None:
         self._active = False
         self.api.end_routing(self.pool)
         alive = self.api.blocks_in_use(self.pool)
         try:
+            alive = self._out_of_banks(alive, optimizer)
             self._after_routing(alive)
         finally:
             self.watcher.optimizer_ends(self.watcher.last_stream)
+
+    def _out_of_banks(self, alive: Sequence[tuple[int, int]], optimizer: Any) -> Sequence[tuple[int, int]]:
+        """The blocks the step left in a bank moved out (the next forward
+        writes there); one that cannot be makes the offload unusable."""
+        inb = [(lo, hi) for lo, hi in alive if self._in_banks(lo, hi)] if self.banks else []
+        if not inb:
+            return alive
+        roots = [] if optimizer is None else [list(getattr(optimizer, "state", {}).values()),
+                                              getattr(optimizer, "param_groups", [])]
+        self.relocated += self.api.relocate(roots, inb)
+        alive = self.api.blocks_in_use(self.pool)
+        stuck = [(lo, hi) for lo, hi in alive if self._in_banks(lo, hi)]
+        if stuck:
+            from vmmrt import Error, _capi
+            self.banks_why_not = "a tensor an optimizer step left there could not be moved out"
+            why = ("the optimizer step left %d tensor(s) (%s) in a ping-pong bank's bytes that no tensor found in "
+                   "the optimizer's state or by the garbage collector is over (held from C++ or by a view "
+                   "elsewhere): the next forward would write over them" % (
+                       len(stuck), _size(sum(hi - lo for lo, hi in stuck))))
+            self.off.fail(why)
+            raise Error(_capi.E_INVALID_STATE, why)
+        return alive
 
     def _after_routing(self, alive: Sequence[tuple[int, int]]) -> None:
         if not alive and not self.released:
@@ -276,15 +388,16 @@ class OptimizerMemory:
         self.view = view
         self.off._close_hooks.insert(0, self.close)
 
-    def _relend(self, free: list[tuple[int, int]]) -> None:
+    def _relend(self, free: list[tuple[int, int]], banks: Sequence[tuple[int, int]] = ()) -> None:
         if self.pool is not None:
             self.retired.append(self.pool)
             self.retirements += 1
         self.pool = None
         base = self.view.address
-        self.gen = self.api.lend([(base + lo, hi - lo) for lo, hi in free])
+        self.gen = self.api.lend([(base + lo, hi - lo) for lo, hi in free] + list(banks))
         self.pool = self.api.new_pool()
         self.lent = free
+        self.banks = list(banks)
 
     def _still_lent(self) -> bool:
         """Whether the arena still serves this routing's ranges: a lend of
@@ -294,23 +407,26 @@ class OptimizerMemory:
         gen = getattr(self.api, "generation", None)
         return gen is None or self.gen is None or gen() == self.gen
 
+    def _in_view(self, alive: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Of blocks at addresses, those in the view, as page offsets (a
+        block from the driver or in a bank is not the pages')."""
+        base, size = self.view.address, self.watcher.pages.size
+        return [(lo - base, hi - base) for lo, hi in alive if base <= lo < base + size]
+
     def _hold(self, alive: Sequence[tuple[int, int]]) -> None:
-        base = self.view.address
-        for lo, hi in alive:
-            self.holds.append((lo - base, hi - base))
+        self.holds += self._in_view(alive)
 
     def _check_holds(self) -> None:
         """Survivors gone give their bytes back; retired pools with nothing in
         use are dropped."""
         if not self.retired:
             return
-        base = self.view.address if self.view is not None else 0
         keep, holds = [], []
         for p in self.retired:
             alive = self.api.blocks_in_use(p)
             if alive:
                 keep.append(p)
-                holds += [(lo - base, hi - base) for lo, hi in alive]
+                holds += self._in_view(alive) if self.view is not None else []
         self.retired = keep
         self.holds = holds
 
@@ -344,7 +460,9 @@ class OptimizerMemory:
     def stats(self) -> dict:
         st = self.api.arena_stats() if self.view is not None else {}
         return {"optimizer_routed_steps": self.routed, "optimizer_survivors": self.survivor_steps,
-                "optimizer_lent_bytes": sum(hi - lo for lo, hi in self.lent or ()),
+                "optimizer_lent_bytes": sum(hi - lo for lo, hi in self.lent or ()) + sum(n for _, n in self.banks),
+                "optimizer_bank_bytes": sum(n for _, n in self.banks),
+                "optimizer_relocated": self.relocated,
                 "optimizer_peak_bytes": st.get("peak_used_bytes", 0),
                 "optimizer_fallback_bytes": st.get("fallback_bytes", 0),
                 "optimizer_hook_us": 1e6 * (self.hook_s - self.view_s) / self.routed if self.routed else 0.0,
@@ -356,10 +474,12 @@ class OptimizerMemory:
         if self.lent is None and not self.routed:
             return "optimizer step: its allocations go to the pages' free bytes from its next step"
         st = self.stats()
-        return ("optimizer step: its allocations in the pages' free bytes (%s lent, %s at most used, %s from the "
-                "driver when they did not fit; %d steps routed, %d left a tensor behind)"
-                % (_size(st["optimizer_lent_bytes"]), _size(st["optimizer_peak_bytes"]),
-                   _size(st["optimizer_fallback_bytes"]), self.routed, self.survivor_steps))
+        return ("optimizer step: its allocations in the pages' free bytes%s (%s lent, %s at most used, %s from the "
+                "driver when they did not fit; %d steps routed, %d left a tensor behind%s)"
+                % (" and ping-pong's banks" if self.banks else "",
+                   _size(st["optimizer_lent_bytes"]), _size(st["optimizer_peak_bytes"]),
+                   _size(st["optimizer_fallback_bytes"]), self.routed, self.survivor_steps,
+                   "" if not self.relocated else ", %d storages moved out of a bank" % self.relocated))
 
 
 def _round_up(n: int, g: int) -> int:
@@ -405,6 +525,9 @@ class TorchPools:
 
     def blocks_in_use(self, pool: Any) -> list[tuple[int, int]]:
         return survivors(self.torch.cuda.memory_snapshot(pool.id, include_traces=False))
+
+    def relocate(self, roots: Iterable[Any], ranges: Sequence[tuple[int, int]]) -> int:
+        return relocate(roots, ranges)
 
     def arena_stats(self) -> dict:
         return self.vmmrt.arena_stats(self.device)
@@ -481,11 +604,11 @@ def step_begins() -> OptimizerMemory | None:
     return None
 
 
-def step_ends() -> None:
+def step_ends(optimizer: Any = None) -> None:
     om = getattr(_tls, "active", None)
     if om is not None:
         _tls.active = None
-        om.end()
+        om.end(optimizer)
 
 
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -493,4 +616,4 @@ def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    step_ends()
+    step_ends(optimizer)
