@@ -118,22 +118,28 @@ def overlaps(ranges: Sequence[tuple[int, int]], lo: int, hi: int) -> bool:
     return any(a < hi and lo < b for a, b in ranges)
 
 
-def relocate(roots: Iterable[Any], ranges: Sequence[tuple[int, int]], scan_all: bool = True) -> int:
+def relocate(roots: Iterable[Any], ranges: Sequence[tuple[int, int]], scan_all: bool = True,
+             device: Any = None) -> int:
     """Move out of ``ranges`` ([lo, hi) addresses) every storage whose first
     byte lies there: copied to new memory of PyTorch's (on the current
     stream), and every tensor over it set to the copy. The tensors are
     looked for in ``roots`` (containers: dicts, lists and tuples, three
     levels down), then, for a range none of them covers and with
-    ``scan_all``, among every tensor the garbage collector tracks. Returns
-    how many storages moved."""
+    ``scan_all``, among every tensor the garbage collector tracks (on
+    ``device``, when given). Returns how many storages moved."""
     import torch
 
     found = {}                  # storage address -> {id: tensor}
 
     def visit(o: Any, depth: int) -> None:
         if isinstance(o, torch.Tensor):
-            st = o.untyped_storage()
-            p = st.data_ptr()
+            if device is not None and o.device != device:
+                return
+            try:
+                st = o.untyped_storage()
+                p = st.data_ptr()
+            except (RuntimeError, NotImplementedError):
+                return      # no memory of its own (a FakeTensor of torch.compile's, a functional one)
             if st.nbytes() and overlaps(ranges, p, p + 1):
                 found.setdefault(p, {})[id(o)] = o
         elif depth < 3 and isinstance(o, dict):
@@ -527,7 +533,7 @@ class TorchPools:
         return survivors(self.torch.cuda.memory_snapshot(pool.id, include_traces=False))
 
     def relocate(self, roots: Iterable[Any], ranges: Sequence[tuple[int, int]]) -> int:
-        return relocate(roots, ranges)
+        return relocate(roots, ranges, device=self.torch.device("cuda", self.device))
 
     def arena_stats(self) -> dict:
         return self.vmmrt.arena_stats(self.device)
