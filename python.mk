@@ -16,6 +16,7 @@ vmmrt_py_core = \
 vmmrt_py_torch = \
 	python/vmmrt/torch/__init__.py \
 	python/vmmrt/torch/_address.py \
+	python/vmmrt/torch/_arena.py \
 	python/vmmrt/torch/_call.py \
 	python/vmmrt/torch/_launch.py \
 	python/vmmrt/torch/backing.py \

@@ -58,3 +58,24 @@ def test_a_tensor_handed_out_from_the_pool_is_seen_held_and_let_go():
     del view
     gp.forget()
     assert not gp.alive()
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_cuda_customAllocator"), reason="torch without a pluggable allocator")
+def test_the_arenas_allocator_is_one_for_the_process_and_outlives_every_reference():
+    # a MemPool (and every graph captured into it) keeps a raw pointer to
+    # its allocator: freed before the last of them, a segment given back at
+    # teardown calls through a dangling pointer
+    import gc
+    import weakref
+
+    from vmmrt.torch import _arena
+    a = _arena.allocator()
+    assert _arena.allocator() is a
+    w = weakref.ref(a)
+    saved, _arena._allocator = _arena._allocator, None
+    del a, saved
+    gc.collect()
+    try:
+        assert w() is not None, "the arena's allocator was freed with the last reference the library had"
+    finally:
+        _arena._allocator = w()

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 import torch
 
+from vmmrt.torch import _arena
 from vmmrt.torch.backing import Backing
 
 log = logging.getLogger("vmmrt.torch")
@@ -82,7 +83,6 @@ class GraphPool:
     whether a tensor handed out from it is held."""
 
     def __init__(self, off: Any, nbytes: int) -> None:
-        import vmmrt
         self.off = off
         self.device = off.device.index if off.device.index is not None else torch.cuda.current_device()
         self.backing = Backing(off, "graph pool", nbytes)
@@ -95,8 +95,7 @@ class GraphPool:
         try:
             self.backing.ensure()
             off.runtime.arena_lend([(self.backing.address, self.backing.nbytes)], self.device)
-            self.allocator = torch.cuda.memory.CUDAPluggableAllocator(
-                vmmrt.arena_library_path(), "vmmrt_arena_malloc", "vmmrt_arena_free")
+            self.allocator = _arena.allocator()
             self.mempool = torch.cuda.MemPool(self.allocator.allocator())
         except BaseException:
             self.backing.kept = False

@@ -510,8 +510,8 @@ class TorchPools:
         self.vmmrt = vmmrt
         self.off = off
         self.device = torch.device(off.device).index or 0
-        self.allocator = torch.cuda.memory.CUDAPluggableAllocator(vmmrt.arena_library_path(), "vmmrt_arena_malloc",
-                                                                  "vmmrt_arena_free")
+        from vmmrt.torch import _arena
+        self.allocator = _arena.allocator()
 
     def lend(self, ranges: Sequence[tuple[int, int]]) -> int:
         return self.off.runtime.arena_lend(list(ranges), self.device)
