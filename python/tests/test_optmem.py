@@ -470,6 +470,7 @@ def test_a_tensor_left_in_a_bank_that_cannot_be_moved_fails_the_step_and_the_off
         off.close()
 
 
+@routes
 def test_relocate_moves_a_storage_and_every_tensor_over_it():
     a = torch.arange(64, dtype=torch.float32)
     b = a[8:16]                                     # a view: the same storage
