@@ -80,11 +80,13 @@ def _train(layers, plan, make_opt, steps=6, set_to_none=True):
         out["late_intact"] = bool((opt.late == 1e-3).all()) if getattr(opt, "late", None) is not None else None
     finally:
         # the optimizer (and a state it made in the pages) goes before the
-        # Offload: a close with such a tensor alive keeps the pages for it
-        del opt
+        # Offload: a close with such a tensor alive keeps the pages for it;
+        # the graphs too, which keep the segments of their pool (on the
+        # arena: vmmrt.torch.graphpool) while they live
+        del opt, g
         gc.collect()
         close_graphed(layers, off)
-    # the pools' segments went back to the arena with the Offload
+    # the pools' segments went back to the arena with the Offload and the graphs
     out["arena_segments"] = vmmrt.arena_stats(torch.cuda.current_device())["segments"]
     return out
 

@@ -57,6 +57,10 @@ def test_the_static_inputs_lie_in_the_resident_slot_and_the_samples_are_let_go(h
             assert x.data_ptr() in lay.static
             assert not any(a is not x and isinstance(a, torch.Tensor) for a in r.sample_args)
         assert "static inputs" in off.describe()
+        # the ops given a moved input matched discovery's (its signature
+        # token kept): what they save was born in the slot, not in the pool
+        p = off.placement()
+        assert p["pool"] == 0 and p["resident"] > 0, p["why"]
         for _ in range(3):
             x = torch.randn(2, 8, 32, requires_grad=True)
             y = g[0](x)

@@ -254,7 +254,8 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs,
                         memory_plan is not False)
         if graphs:
-            captured = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses)
+            captured = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses,
+                                    memory_plan is not False)
             funcs = _calls(runners, off, captured)
         else:
             funcs = [recompute.wrap(r) if r.recompute else eager.wrap(r) for r in runners]
@@ -548,15 +549,18 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
     return result
 
 
-def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses):
+def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses, graph_pool=True):
     """Capture every runner's forward and backward graph in the order they will
     run (``uses``: (backward, runner) pairs), all in one pool: a replay in that
     order finds the pool's memory as its capture left it. With grads="mapped"
     a runner has two backward graphs (write and accumulate, vmmrt.torch.grads),
     captured one after the other; one of them runs at each backward. Returns
     (forward, backward, accumulate or None) graphs per runner, every slot
-    released that nothing holds once the captures are over."""
-    gp = graphpool.open_for(off, runners, pool)
+    released that nothing holds once the captures are over. ``graph_pool``:
+    the pool on a slot of the library's (vmmrt.torch.graphpool), for a
+    memory plan to lend at the optimizer step; without a plan it would only
+    hold what torch's pool holds."""
+    gp = graphpool.open_for(off, runners, pool) if graph_pool else None
     mempool = gp.id if gp is not None else torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream if stream is not None else None
     captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]

@@ -153,8 +153,11 @@ class GraphPool:
 
     def forget(self) -> None:
         """At close(): the library's references go (a tensor handed out keeps
-        the memory, and the runtime, alive: Backing.tensor)."""
+        the memory, and the runtime, alive: Backing.tensor), the pool's too:
+        its segments go back to the arena once the graphs captured into it
+        are gone as well."""
         self._storages, self._baseline = [], []
+        self.mempool = None
 
     def stats(self) -> dict:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,

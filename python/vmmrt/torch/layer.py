@@ -169,7 +169,10 @@ class LayerOffload:
         self.offload = offload
         self.name = name
         self.keys = ((name, False), (name, True))   # its uses (forward, backward) in the Offload's order
-        self.static = frozenset(static_storages)
+        # storage address -> the token an op's signature names it by
+        # (place._tensor_signature): its address at discovery, kept when a
+        # static input moves into the resident slot (static_inputs.place)
+        self.static = {p: p for p in static_storages}
         self.group = offload.runtime.group(name)
         self.plan = None            # the discovery Recorder: signature and regions
         self.passes = 0
@@ -296,7 +299,7 @@ class LayerOffload:
         # The graphs' static inputs after them (vmmrt.torch.static_inputs):
         # they live as the saved regions do, from the forward to the backward.
         at = []
-        for n in self.input_bytes:
+        for n in (self.input_bytes if total else ()):
             if n is None:
                 at.append(None)
                 continue

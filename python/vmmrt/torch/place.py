@@ -90,13 +90,15 @@ def _tensor_signature(args, kwargs, static):
     """What an op was given: each tensor's dtype, shape and strides (an
     elementwise op lays its output out as its inputs), and the address of
     those that never move (parameters, buffers, static inputs: the same op
-    applied to another weight is another op)."""
+    applied to another weight is another op), by the token ``static`` (a
+    dict by storage address) gives each: a static input moved into its
+    layer's slot after discovery keeps the one it had."""
     sig = []
     for a in _tensor_args(args, kwargs):
         strided = a.layout == torch.strided
         ptr = _compat.storage_of(a)[0] if strided and a.device.type != "meta" else None
         sig.append((a.dtype, tuple(a.shape), tuple(a.stride()) if strided else None,
-                    ptr if ptr in static else None))
+                    static.get(ptr) if ptr is not None else None))
     return tuple(sig)
 
 
@@ -189,10 +191,10 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
     its output: the rest of its ops are counted and run, at the least cost
     per op."""
 
-    def __init__(self, device_type, targets=(), known=None, static=frozenset(), record=True):
+    def __init__(self, device_type, targets=(), known=None, static=None, record=True):
         super().__init__()
         self.device_type = device_type
-        self.static = static
+        self.static = {} if static is None else static
         self.record = record
         self.births = {}
         self.by_key = {}

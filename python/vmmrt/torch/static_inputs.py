@@ -15,7 +15,10 @@ backward, on the memory plan's pages with the resident regions' life. A call
 copies its argument in once the slot is mapped (vmmrt.torch._call). The
 caller's sample tensors are not held once the callables are built.
 
-Not for a pipeline's runners (the slot's life is one forward to one
+Only for a layer with a resident slot of saved regions (mode "none", or
+what a plan keeps; ping-pong's layers have none, and a slot of their
+inputs alone would be mapped per use until the memory plan is made). Not
+for a pipeline's runners (the slot's life is one forward to one
 backward), a sample that is not a contiguous strided tensor, samples that
 share storage (an in-place op on one shows in the other inside the graph),
 nor without graphs (there are no static inputs then).
@@ -50,12 +53,13 @@ def place(r: Any) -> None:
     runner ``r``'s sample tensors that its layer planned in the slot
     (``input_at``) replaced by tensors over it, with the sample's values and
     requires_grad, everywhere the runner keeps them (its sample, its sample
-    arguments and keywords), and the layer's static storages told."""
+    arguments and keywords), and the layer's static storages told (each
+    moved one under the token discovery's signatures name it by)."""
     lay = r.layer
     if lay.input_at is None or lay.resident is None:
         return
     base = lay.resident.address
-    new, old_ptrs, new_ptrs = {}, set(), set()
+    new, moved = {}, []
     for t, at in zip(r.sample, lay.input_at):
         if at is None:
             continue
@@ -68,8 +72,7 @@ def place(r: Any) -> None:
             s.copy_(t)
         s.requires_grad_(t.requires_grad)
         new[id(t)] = s
-        old_ptrs.add(_compat.storage_of(t)[0])
-        new_ptrs.add(base + at)
+        moved.append((_compat.storage_of(t)[0], base + at))
     if not new:
         return
     r.sample = tuple(new.get(id(t), t) for t in r.sample)
@@ -77,8 +80,10 @@ def place(r: Any) -> None:
     args, kw = _compat.tree_unflatten([new.get(id(a), a) for a in leaves], spec)
     r.sample_args = tuple(args)
     r.sample_kwargs = dict(zip(r.kw_keys, kw))
-    lay.static = frozenset((lay.static - old_ptrs) | new_ptrs)
-
+    static = dict(lay.static)
+    for old, new_ptr in moved:
+        static[new_ptr] = static.pop(old, old)
+    lay.static = static
 
 
 def in_slot(lay: Any) -> int:
