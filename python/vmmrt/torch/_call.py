@@ -79,9 +79,13 @@ def _host_raw_stream():
     return None
 
 
-def _forget(r, lists):
+def _forget(r, lists, launchers):
     """At close(): the library's own references to the runner's static
-    tensors let go (those over a slot hold its runtime: Backing.tensor)."""
+    tensors let go (those over a slot hold its runtime: Backing.tensor), and
+    to its graphs (their pool's segments go back: graphpool)."""
+    for ln in launchers:
+        if ln is not None:
+            ln.forget()
     for seq in lists:
         if seq is not None:
             seq.clear()
@@ -120,7 +124,6 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     where = "layer %r" % r.name
     r.pending = False
     off._abort_hooks.append(lambda: setattr(r, "pending", False))
-    off._close_hooks.append(lambda: _forget(r, (static_out, static_gout, static_gin, acc_gin)))
     watch_in, watch_out = _contracts.watched(r, lay.last_rec)
     watching = bool(watch_in or watch_out)
     again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
@@ -141,6 +144,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     off.launchers[(r.name, True)] = bl
     if al is not None:
         off.launchers[(r.name, "accumulate")] = al
+    off._close_hooks.append(lambda: _forget(r, (static_out, static_gout, static_gin, acc_gin), (fl, bl, al)))
 
     def run_backward(ln, s, cur):
         """The backward's graph ``ln.graph`` between the layer's backward hooks:
@@ -207,7 +211,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 if x < 0:
                     fl.probe()
                 else:
-                    fwd_graph.replay()
+                    fl.graph.replay()
                 lay.forward_end(s)
             r.pending = True
             outs = tuple(o.detach() for o in static_out)

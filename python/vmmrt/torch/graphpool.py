@@ -152,12 +152,17 @@ class GraphPool:
         return held
 
     def forget(self) -> None:
-        """At close(): the library's references go (a tensor handed out keeps
-        the memory, and the runtime, alive: Backing.tensor), the pool's too:
-        its segments go back to the arena once the graphs captured into it
-        are gone as well."""
+        """At close(), after every runner let its graphs go: the library's
+        references go (a tensor handed out keeps the memory, and the
+        runtime, alive: Backing.tensor), the pool's too. A private pool no
+        graph and no MemPool holds gives its segments back at the next
+        emptying of PyTorch's cache: now, before the range goes, so that
+        none outlives the addresses it lies at (a graph the user still
+        holds through a torch object keeps its pool, and torch frees those
+        segments later)."""
         self._storages, self._baseline = [], []
         self.mempool = None
+        torch.cuda.empty_cache()
 
     def stats(self) -> dict:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,
@@ -182,8 +187,7 @@ def open_for(off: Any, runners: Sequence[Any], pool: Any) -> GraphPool | None:
         except Exception as e:  # noqa: B902 - torch's pool rather than no graphs
             why = "its range could not be made (%s)" % e
         else:
-            off.graph_pool = gp
-            off._close_hooks.append(gp.forget)
+            off.graph_pool = gp     # forgotten at close() once the graphs are (graphed._calls)
             return gp
     log.info("vmmrt: the graphs' pool is PyTorch's: %s", why)
     return None
