@@ -639,13 +639,7 @@ def _calls(runners, off, captured):
     # its static buffers let go at close(), as the callables' own (_call._forget)
     off._close_hooks.append(lambda: setattr(aliases, "items", ()))
     streams, raw = _call.stream_source(off), _call.raw_stream_source(off)
-    calls = [_call.make(r, fwd, bwd, acc, aliases, streams, raw) for r, (fwd, bwd, acc) in zip(runners, captured)]
-    if off.graph_pool is not None:
-        # after the runners let their graphs go at close(), before the
-        # memory plan's pages do: the pool's segments return to the arena
-        # while their range is still there
-        off._close_hooks.append(off.graph_pool.forget)
-    return calls
+    return [_call.make(r, fwd, bwd, acc, aliases, streams, raw) for r, (fwd, bwd, acc) in zip(runners, captured)]
 
 
 def _capture_forward(r, graph, mempool, stream, error_mode, handle):
