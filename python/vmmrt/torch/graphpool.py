@@ -163,6 +163,14 @@ class GraphPool:
         if mp is not None:
             let_go(mp)
 
+    def __del__(self) -> None:
+        # collected without forget (an Offload never closed): its MemPool
+        # still goes through let_go, never to the collector's order
+        mp = getattr(self, "mempool", None)
+        if mp is not None:
+            self.mempool = None
+            _parked.append(mp)
+
     def stats(self) -> dict:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,
                 "graph_pool_fallback_bytes": self.fallback}

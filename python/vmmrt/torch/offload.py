@@ -674,8 +674,8 @@ class Offload:
             for fn in self._close_hooks:
                 fn()
             self._close_hooks.clear()
-            if self.graph_pool is not None:
-                # after the runners let their graphs go (a failed build's
-                # too): its MemPool, once no graph holds it (graphpool.let_go)
-                self.graph_pool.forget()
             self.runtime.close()
+        if self.graph_pool is not None:
+            # after the runners let their graphs go (a failed build's
+            # too): its MemPool, once no graph holds it (graphpool.let_go)
+            self.graph_pool.forget()
