@@ -155,9 +155,6 @@ class FakeGraphPool:
     def describe(self):
         return "graphs' pool: a stand-in"
 
-    def forget(self):
-        self.held = False
-
 
 def _build(plan=True, graph_pool=False, mode="none", **kw):
     g = vt.make_graphed_callables(tuple(zoo_layers(N)), samples(N), graphs=False, mode=mode, lookahead=1,

@@ -86,8 +86,11 @@ def _train(layers, plan, make_opt, steps=6, set_to_none=True):
         del opt, g
         gc.collect()
         close_graphed(layers, off)
-    # the pools' segments went back to the arena with the Offload and the
-    # graphs, once PyTorch's cache is emptied (vmmrt.torch.graphpool)
+    # the pools' segments go back to the arena with the Offload and the
+    # graphs (which its launchers hold), once PyTorch's cache is emptied
+    # (vmmrt.torch.graphpool)
+    del off
+    gc.collect()
     torch.cuda.empty_cache()
     out["arena_segments"] = vmmrt.arena_stats(torch.cuda.current_device())["segments"]
     return out

@@ -79,13 +79,9 @@ def _host_raw_stream():
     return None
 
 
-def _forget(r, lists, launchers):
+def _forget(r, lists):
     """At close(): the library's own references to the runner's static
-    tensors let go (those over a slot hold its runtime: Backing.tensor), and
-    to its graphs (their pool's segments go back: graphpool)."""
-    for ln in launchers:
-        if ln is not None:
-            ln.forget()
+    tensors let go (those over a slot hold its runtime: Backing.tensor)."""
     for seq in lists:
         if seq is not None:
             seq.clear()
@@ -124,6 +120,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     where = "layer %r" % r.name
     r.pending = False
     off._abort_hooks.append(lambda: setattr(r, "pending", False))
+    off._close_hooks.append(lambda: _forget(r, (static_out, static_gout, static_gin, acc_gin)))
     watch_in, watch_out = _contracts.watched(r, lay.last_rec)
     watching = bool(watch_in or watch_out)
     again = ("one microbatch at a time (forward, then its backward)" if r.microbatch is None else
@@ -144,7 +141,6 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     off.launchers[(r.name, True)] = bl
     if al is not None:
         off.launchers[(r.name, "accumulate")] = al
-    off._close_hooks.append(lambda: _forget(r, (static_out, static_gout, static_gin, acc_gin), (fl, bl, al)))
 
     def run_backward(ln, s, cur):
         """The backward's graph ``ln.graph`` between the layer's backward hooks:
@@ -211,7 +207,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 if x < 0:
                     fl.probe()
                 else:
-                    fl.graph.replay()
+                    fwd_graph.replay()
                 lay.forward_end(s)
             r.pending = True
             outs = tuple(o.detach() for o in static_out)

@@ -81,12 +81,6 @@ class Launcher:
         if self.exec != 0:
             self.exec, self.how = 0, MAPPED
 
-    def forget(self):
-        """At close(): the graph goes with the library's reference (a call
-        after close() is refused before it gets here), so the segments of
-        the pool it was captured into can go back (graphpool.GraphPool.forget)."""
-        self.graph, self.exec, self.gens = None, 0, ()
-
     def probe(self):
         """The first call's replay, through torch: the graph launches raw from
         the next call on unless a generator's offset moved."""

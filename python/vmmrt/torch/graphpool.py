@@ -39,7 +39,6 @@ and a storage use count, and without a pool of the caller's: ``pool=``
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 from typing import Any, Sequence
 
@@ -153,23 +152,12 @@ class GraphPool:
         return held
 
     def forget(self) -> None:
-        """At close(), after every runner let its graphs go: the library's
-        references go (a tensor handed out keeps the memory, and the
-        runtime, alive: Backing.tensor), and the MemPool once no graph
-        holds its pool (:func:`let_go`): its destruction empties the pool,
-        whose segments return to the arena."""
+        """At close(): the library's references go (a tensor handed out keeps
+        the memory, and the runtime, alive: Backing.tensor), the pool's too:
+        its segments go back to the arena once the graphs captured into it
+        are gone as well."""
         self._storages, self._baseline = [], []
-        mp, self.mempool = self.mempool, None
-        if mp is not None:
-            let_go(mp)
-
-    def __del__(self) -> None:
-        # collected without forget (an Offload never closed): its MemPool
-        # still goes through let_go, never to the collector's order
-        mp = getattr(self, "mempool", None)
-        if mp is not None:
-            self.mempool = None
-            _parked.append(mp)
+        self.mempool = None
 
     def stats(self) -> dict:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,
@@ -182,37 +170,9 @@ class GraphPool:
             "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20))
 
 
-# MemPools a graph captured into may still hold. PyTorch asserts, in the
-# MemPool's destructor, that nothing else holds its pool: a MemPool dying
-# before a graph captured into it aborts the process (the H200's test_gpu:
-# a capture that failed left its graph in the exception's traceback, and the
-# collector took the MemPool first). So a MemPool is let go only once its
-# use count says it is the pool's last holder, and kept here until then; the
-# list itself is never freed, so interpreter exit destroys none of them in
-# the wrong order either.
-_parked: list = []
-ctypes.pythonapi.Py_IncRef(ctypes.py_object(_parked))
-
-
-def let_go(mempool: Any) -> None:
-    """``mempool`` is the library's no more: destroyed now if no graph holds
-    its pool, else at a later call once none does."""
-    _parked.append(mempool)
-    sweep()
-
-
-def sweep() -> int:
-    """Destroy the parked MemPools no graph holds any more (a torch without
-    MemPool.use_count keeps them all); returns how many stay."""
-    keep = [mp for mp in _parked if not hasattr(mp, "use_count") or mp.use_count() > 1]
-    _parked[:] = keep
-    return len(keep)
-
-
 def open_for(off: Any, runners: Sequence[Any], pool: Any) -> GraphPool | None:
     """The pool the captures go into, or None (torch's own pool then, and why
     logged): sized by :func:`bound` from what discovery saw."""
-    sweep()
     why = available(off, pool)
     if why is None:
         saved = [r.layer.saved_bytes()["distinct"] for r in runners]
@@ -222,7 +182,8 @@ def open_for(off: Any, runners: Sequence[Any], pool: Any) -> GraphPool | None:
         except Exception as e:  # noqa: B902 - torch's pool rather than no graphs
             why = "its range could not be made (%s)" % e
         else:
-            off.graph_pool = gp     # forgotten at close(), after every close hook (Offload.close)
+            off.graph_pool = gp
+            off._close_hooks.append(gp.forget)
             return gp
     log.info("vmmrt: the graphs' pool is PyTorch's: %s", why)
     return None

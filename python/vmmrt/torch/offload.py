@@ -675,7 +675,3 @@ class Offload:
                 fn()
             self._close_hooks.clear()
             self.runtime.close()
-        if self.graph_pool is not None:
-            # after the runners let their graphs go (a failed build's
-            # too): its MemPool, once no graph holds it (graphpool.let_go)
-            self.graph_pool.forget()
