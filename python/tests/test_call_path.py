@@ -50,17 +50,18 @@ def host_graphs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
 
 
-def _graphed_on_host(mode, grads, options=None):
+def _graphed_on_host(mode, grads, options=None, sample=None, inputs=False):
     """make_graphed_callables' steps with graphs=True, on the host backend
-    (make_graphed_callables itself refuses CPU tensors with graphs)."""
+    (make_graphed_callables itself refuses CPU tensors with graphs);
+    ``inputs``: the static inputs in the resident slots."""
     options = OPTIONS if options is None else options
     layers = zoo_layers(N)
-    _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), samples(N), None, None, None, [],
-                                                               False, False, 1.0, None)
+    _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), sample or samples(N), None, None, None,
+                                                               [], False, False, 1.0, None)
     off, mode = graphed._open_offload(runners, uses, device, mode, 1, options, 0, 1, True)
     try:
         stream = graphed._warmup(runners, uses, off, 3, False)
-        off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, None, marks, 0.9, True)
+        off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, None, marks, 0.9, True, inputs=inputs)
         captured = graphed._capture_all(runners, off, stream, None, "global", False, grads, uses)
         funcs = graphed._calls(runners, off, captured)
     except BaseException:

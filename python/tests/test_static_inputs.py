@@ -13,25 +13,13 @@ import weakref
 import pytest
 import torch
 
-from conftest import samples, zoo_layers
-from test_call_path import N, OPTIONS, host_graphs  # noqa: F401 - a fixture
+from conftest import samples
+from test_call_path import N, _graphed_on_host, host_graphs  # noqa: F401 - a fixture
 from vmmrt.torch import graphed, place, static_inputs
 
 
 def _build(sample, mode="none"):
-    layers = zoo_layers(N)
-    _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), sample, None, None, None, [],
-                                                               False, False, 1.0, None)
-    off, mode = graphed._open_offload(runners, uses, device, mode, 1, OPTIONS, 0, 1, True)
-    try:
-        stream = graphed._warmup(runners, uses, off, 3, False)
-        off = graphed._allocate(runners, uses, off, None, "static", mode, 1.0, None, marks, 0.9, True, inputs=True)
-        captured = graphed._capture_all(runners, off, stream, None, "global", False, "static", uses)
-        funcs = graphed._calls(runners, off, captured)
-    except BaseException:
-        graphed._close(off, runners)
-        raise
-    return graphed._finish(runners, funcs, off, False), off, runners
+    return _graphed_on_host(mode, "static", sample=sample, inputs=True)
 
 
 def _inside(t, backing):
