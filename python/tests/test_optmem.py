@@ -487,3 +487,61 @@ def test_relocate_moves_a_storage_and_every_tensor_over_it():
     lo = d.untyped_storage().data_ptr()
     assert optmem.relocate([state], [(lo, lo + 64)]) == 1
     assert d.untyped_storage().data_ptr() != lo and torch.equal(d, torch.full((16,), 3.0))
+
+
+# ------------------------------------------------- the step's temporaries
+def _meta_adamw(sizes, **kw):
+    # parameters on the meta device: sized as on a GPU, no memory (a CPU
+    # parameter's temporaries are host memory: not counted)
+    params = [torch.nn.Parameter(torch.empty(n, dtype=torch.bfloat16, device="meta")) for n in sizes]
+    return torch.optim.AdamW(params, **kw), params
+
+
+def test_step_need_follows_the_optimizers_implementation():
+    opt, _ = _meta_adamw([1000, 3000, 500])
+    # foreach (the default off the CPU): about the parameters' size
+    assert optmem.step_need(opt, fallback=7) == 2 * 4500
+    opt.param_groups[0]["foreach"] = False
+    assert optmem.step_need(opt, fallback=7) == 2 * 3000       # one parameter at a time
+    opt.param_groups[0]["fused"] = True
+    assert optmem.step_need(opt, fallback=7) == 0              # in place, one kernel
+    # groups step one after the other: the largest group's
+    a = torch.nn.Parameter(torch.empty(100, device="meta"))
+    b = torch.nn.Parameter(torch.empty(900, device="meta"))
+    two = torch.optim.AdamW([{"params": [a]}, {"params": [b]}])
+    assert optmem.step_need(two, fallback=7) == 4 * 900
+    # parameters in host memory take no device memory for temporaries
+    cpu = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1000))])
+    assert optmem.step_need(cpu, fallback=7) == 0
+    # not torch.optim's: not known, the fallback
+    class Mine:
+        param_groups = two.param_groups
+    assert optmem.step_need(Mine(), fallback=7) == 7
+
+
+@routes
+def test_the_plan_learns_which_optimizer_steps():
+    g, off = _build(True)
+    try:
+        w = off.memplan
+        assert w.stepped is not None and len(w.stepped) == 0
+        params = [p for m in g for p in m.parameters()]
+        opt = torch.optim.SGD(params, lr=0.05)
+        fused, _ = _meta_adamw([64], fused=True)
+        for i in range(3):
+            x, gy = _inputs(i)
+            (run(g, x) * gy).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 0:
+                assert set(w.stepped) == {opt}
+                # (meta parameters cannot step: told as the global hook tells)
+                w.optimizer_seen(fused)
+                assert set(w.stepped) == {opt, fused}
+        # the plan is made: no longer told (nothing to learn), and the
+        # optimizers it was made for are kept only weakly
+        assert w.plan is not None and w not in set(optmem._observers)
+        # on the host backend the parameters are host memory: no need
+        assert w.optimizer_need(10 ** 6) == 0
+    finally:
+        off.close()

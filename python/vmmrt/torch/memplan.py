@@ -49,6 +49,7 @@ gradients' memory given back at zero_grad(set_to_none=True) could serve it.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Iterable, Sequence
 
 from vmmrt import Error
@@ -235,6 +236,7 @@ class Plan:
         self.order = list(order)
         self.items = items
         self.granularity = granularity
+        self.optimizer_need = optimizer_need
         self.pages_bytes = place(items, granularity, len(self.order), optimizer_need)
         self.own_bytes = sum(_round_up(it.nbytes, granularity) for it in items if not it.shared)
         self.shares = sharers(items, granularity)
@@ -257,6 +259,9 @@ class Plan:
                  % (size(self.total_bytes), size(self.pages_bytes), sum(1 for it in self.items if it.shared),
                     "" if not self.own_bytes else ", %s of persistent gradients in their own memory"
                     % size(self.own_bytes), size(self.unplanned_peak))]
+        if self.optimizer_need:
+            lines.append("  the optimizer step's temporaries: %s, in the pages' free runs at the step's end where "
+                         "they fit in whole segments" % size(self.optimizer_need))
         for it in sorted(self.items, key=lambda it: (it.offset is None, it.offset or 0, it.start)):
             where = "own memory" if it.offset is None else "offset %s" % size(it.offset)
             with_ = self.shares.get(it.key) or []
@@ -367,6 +372,34 @@ class Watcher:
         self.seen = {}            # layer name -> the last use of the step before the plan its outputs were held at
         self._pos = None
         off._abort_hooks.append(self._aborted)
+        # the optimizers that step before the plan (their temporaries need
+        # free bytes at the step's end: optmem.step_need); None: not told
+        self.stepped = None
+        if self.optimizer_enabled:
+            from vmmrt.torch import optmem
+            if optmem.observe(self):
+                self.stepped = weakref.WeakSet()
+
+    def optimizer_seen(self, optimizer: Any) -> None:
+        """An optimizer steps (optmem's global pre-hook), before the plan."""
+        if self.stepped is not None and self.plan is None:
+            try:
+                self.stepped.add(optimizer)
+            except TypeError:      # not weakly referenceable: its need is not known
+                self.stepped = None
+
+    def optimizer_need(self, grads_bytes: int) -> int:
+        """The bytes the optimizer step's temporaries take at the step's
+        end: what the optimizers that stepped before the plan need
+        (optmem.step_need; the largest, as they step one after another),
+        or, not told, ``grads_bytes`` (foreach AdamW's: about the
+        parameters' size, which the gradients' slots are)."""
+        if not self.optimizer_enabled or self.off.host:
+            return 0
+        if not self.stepped:
+            return grads_bytes
+        from vmmrt.torch import optmem
+        return max(optmem.step_need(o, grads_bytes) for o in list(self.stepped))
 
     # ------------------------------------------------------------ slots
     def _slots(self):
@@ -468,12 +501,11 @@ class Watcher:
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
                       {n: (b.slot.size, seen[n]) for n, b in outs.items()},
                       gp.slot.size if gp is not None else 0)
-        # foreach AdamW's temporaries: about the parameters' size, which the
-        # gradients' slots are (fused needs less; the layout then costs at
-        # most the difference)
-        need = sum(b.slot.size for _, _, b in grads) if self.optimizer_enabled and not self.off.host else 0
+        need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
         self.plan = plan
+        from vmmrt.torch import optmem
+        optmem.unobserve(self)
         self.why_not = None
         backing = {(n, RESIDENT): b for n, b in residents.items()}
         backing.update({(name, GRADS): b for name, _, b in grads})

@@ -87,6 +87,8 @@ _live = weakref.WeakSet()
 _hooks = None
 _hooks_lock = threading.Lock()
 _tls = threading.local()
+# the memory plans still to be made, told which optimizers step (observe)
+_observers = weakref.WeakSet()
 
 
 # ------------------------------------------------------------ arithmetic
@@ -111,6 +113,37 @@ def free_ranges(size: int, busy: Iterable[tuple[int, int]], align: int = 1) -> l
         if hi > lo:
             aligned.append((lo, hi))
     return aligned
+
+
+def _group_bytes(group: dict, largest: bool = False) -> int:
+    sizes = [p.numel() * p.element_size() for p in group.get("params", ())
+             if getattr(p, "device", None) is not None and p.device.type != "cpu"]
+    if not sizes:
+        return 0
+    return max(sizes) if largest else sum(sizes)
+
+
+def step_need(optimizer: Any, fallback: int) -> int:
+    """The device bytes an optimizer's step allocates for temporaries, from
+    its settings (the memory plan keeps that much of its free bytes in
+    whole segments at the step: memplan.place). A torch.optim optimizer
+    with ``fused=True`` updates in place in one kernel per group: none.
+    With ``foreach=False`` it steps one parameter at a time: the largest
+    parameter's size. Otherwise (foreach, the default on CUDA) each group's
+    lists of temporaries are about its parameters' size (AdamW's
+    ``_foreach_sqrt`` of the second moments). The groups step one after
+    the other, each freeing its temporaries: the largest group's need. An
+    optimizer that is not torch.optim's, or has no param_groups, gets
+    ``fallback``: its step is not known here."""
+    import torch
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(optimizer, torch.optim.Optimizer) or not groups:
+        return fallback
+    need = 0
+    for g in groups:
+        if not g.get("fused"):
+            need = max(need, _group_bytes(g, largest=g.get("foreach") is False))
+    return need
 
 
 def overlaps(ranges: Sequence[tuple[int, int]], lo: int, hi: int) -> bool:
@@ -586,13 +619,33 @@ def hooks_missing() -> str | None:
     return None
 
 
-def _register(om: OptimizerMemory) -> None:
+def _ensure_hooks() -> None:
     global _hooks
-    _live.add(om)
     with _hooks_lock:
         if _hooks is None:
             import torch.optim.optimizer as opt
             _hooks = (opt.register_optimizer_step_pre_hook(_pre_hook), opt.register_optimizer_step_post_hook(_post_hook))
+
+
+def _register(om: OptimizerMemory) -> None:
+    _live.add(om)
+    _ensure_hooks()
+
+
+def observe(watcher: Any) -> bool:
+    """Tell ``watcher.optimizer_seen(optimizer)`` of every optimizer step
+    from now on, until :func:`unobserve` (the memory plan learns which
+    optimizers step before it is made: :func:`step_need`); returns whether
+    this PyTorch calls the hooks that tell it."""
+    if hooks_missing() is not None:
+        return False
+    _observers.add(watcher)
+    _ensure_hooks()
+    return True
+
+
+def unobserve(watcher: Any) -> None:
+    _observers.discard(watcher)
 
 
 def step_begins() -> OptimizerMemory | None:
@@ -618,6 +671,8 @@ def step_ends(optimizer: Any = None) -> None:
 
 
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+    for w in list(_observers):
+        w.optimizer_seen(optimizer)
     step_begins()
 
 
