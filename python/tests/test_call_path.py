@@ -50,10 +50,11 @@ def host_graphs(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
 
 
-def _graphed_on_host(mode, grads, options=None, sample=None, inputs=False):
+def _graphed_on_host(mode, grads, options=None, sample=None, inputs=False, plan=False):
     """make_graphed_callables' steps with graphs=True, on the host backend
     (make_graphed_callables itself refuses CPU tensors with graphs);
-    ``inputs``: the static inputs in the resident slots."""
+    ``inputs``: the static inputs in the resident slots; ``plan``: the
+    memory plan on (made at the second step's first forward)."""
     options = OPTIONS if options is None else options
     layers = zoo_layers(N)
     _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), sample or samples(N), None, None, None,
@@ -64,6 +65,8 @@ def _graphed_on_host(mode, grads, options=None, sample=None, inputs=False):
         off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, None, marks, 0.9, True, inputs=inputs)
         captured = graphed._capture_all(runners, off, stream, None, "global", False, grads, uses)
         funcs = graphed._calls(runners, off, captured)
+        if plan:
+            off.plan_memory(True)
     except BaseException:
         graphed._close(off, runners)
         raise
@@ -115,7 +118,7 @@ class _Counter:
     WALK = [(torch.nn.Module, n) for n in ("parameters", "named_parameters", "buffers", "named_buffers", "modules",
                                            "named_modules", "children")]
     BUILD = [(torch, n) for n in ("empty", "zeros", "ones", "empty_strided", "empty_like", "zeros_like",
-                                  "tensor")]
+                                  "tensor")] + [(torch.utils.dlpack, "from_dlpack")]
 
     def __init__(self, monkeypatch):
         self.calls = collections.Counter()
@@ -158,14 +161,19 @@ def _gradient_bases(runners):
     return sum(len({v[1] for v in r.grads.views if v is not None}) for r in runners if r.grad_mode == "mapped")
 
 
-@pytest.mark.parametrize("mode,grads", [("pingpong", "mapped"), ("none", "mapped"), ("pingpong", "static"),
-                                        ("remap", "static")])
-def test_a_graphed_call_rederives_nothing(host_graphs, monkeypatch, mode, grads):
-    g, off, runners = _graphed_on_host(mode, grads)
+@pytest.mark.parametrize("mode,grads,plan", [("pingpong", "mapped", False), ("none", "mapped", False),
+                                             ("pingpong", "static", False), ("remap", "static", False),
+                                             ("none", "mapped", True), ("pingpong", "mapped", True)])
+def test_a_graphed_call_rederives_nothing(host_graphs, monkeypatch, mode, grads, plan):
+    g, off, runners = _graphed_on_host(mode, grads, plan=plan)
     try:
         step = _stepper(g)
         step()
         step()
+        step()
+        if plan:
+            assert off.memplan.plan is not None and all(r.grads.backing.bound for r in runners), \
+                off.memplan.describe()
         count = _Counter(monkeypatch)
         before = _Graph.replays
         with count.counting():
@@ -173,10 +181,14 @@ def test_a_graphed_call_rederives_nothing(host_graphs, monkeypatch, mode, grads)
                 step()
         assert _Graph.replays - before == 2 * N * STEPS          # the graphs did run
         assert count.of("env") == {} and count.of("device") == {} and count.of("walk") == {}, dict(count.calls)
-        # Only what the outputs autograd takes need: a base over the slot's
-        # storage per dtype (torch.empty, then set_), the gradients its views.
-        assert count.of("build") == ({"build:empty": _gradient_bases(runners) * STEPS}
-                                     if grads == "mapped" else {}), dict(count.calls)
+        # Only what the outputs autograd takes need: a tensor over the slot
+        # (a dlpack capsule, its death releasing the slot) and a base over
+        # its storage per dtype (torch.empty, then set_), the gradients
+        # their views. On the plan's pages, where the slot's memory stays,
+        # those are made once: the gradients are views of them.
+        built = {} if grads != "mapped" or plan else \
+            {"build:empty": _gradient_bases(runners) * STEPS, "build:from_dlpack": N * STEPS}
+        assert count.of("build") == built, dict(count.calls)
     finally:
         off.close()
 
@@ -231,6 +243,39 @@ def _placed_targets(off):
     return n + sum(len(gr.regions) for gr in grads.values())
 
 
+def test_a_gradient_kept_past_its_plan_is_seen_over_the_cached_bases(host_graphs):
+    """On the plan's pages a backward's gradients are views of bases made
+    once (grads.py): no storage dies with them, so the slot's liveness is
+    the storage's use count. A .grad kept across the next forward must
+    still be seen: the slot sharing its bytes gets memory of its own (a
+    conflict) instead of the forward writing over the gradient."""
+    g, off, runners = _graphed_on_host("none", "mapped", plan=True)
+    try:
+        step = _stepper(g)
+        for _ in range(3):
+            step()
+        assert off.memplan.plan is not None and all(r.grads.backing.bound for r in runners)
+        assert off.stats()["plan_conflicts"] == 0
+        planned = list({id(r.grads): r.grads for r in runners}.values())
+        # .grad dropped: the slots free (the first layer's holds its
+        # argument's gradient until the next forward: Offload.hold_gins)
+        assert not any(gr.backing.busy for gr in planned[1:])
+        params = [p for m in g for p in m.parameters()]
+        y = torch.randn(2, 8, 32, requires_grad=True)
+        for m in g:
+            y = m(y)
+        y.backward(torch.randn(2, 8, 32))
+        kept = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        assert all(gr.backing.busy for gr in planned)          # held by ``kept`` alone
+        step()
+        assert off.stats()["plan_conflicts"] >= 1
+        del kept
+    finally:
+        off.close()
+
+
 @pytest.mark.parametrize("mode,grads", [("pingpong", "mapped"), ("none", "mapped"), ("remap", "static")])
 def test_an_eager_call_rederives_nothing(monkeypatch, mode, grads):
     g, off = _eager(mode, grads)
@@ -246,7 +291,10 @@ def test_an_eager_call_rederives_nothing(monkeypatch, mode, grads):
         assert count.of("env") == {} and count.of("device") == {} and count.of("walk") == {}, dict(count.calls)
         built = count.of("build")
         assert built.get("build:empty", 0) == expected * STEPS, dict(count.calls)
-        assert set(built) <= {"build:empty", "build:empty_strided"}, dict(count.calls)
+        # (the eager path's tensor over the gradient slot, per backward: the
+        # placements its ops write into)
+        assert set(built) <= {"build:empty", "build:empty_strided", "build:from_dlpack"}, dict(count.calls)
+        assert built.get("build:from_dlpack", 0) <= N * STEPS, dict(count.calls)
     finally:
         off.close()
 

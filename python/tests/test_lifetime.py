@@ -97,17 +97,21 @@ print("at once", off.runtime._life.rt is None, not off.runtime.destroy_deferred,
     assert "at once True True" in out, out
 
 
-def test_graphed_close_lets_the_runtime_go_once_what_was_handed_out_is_gone(host_graphs):
+@pytest.mark.parametrize("plan", [False, True])
+def test_graphed_close_lets_the_runtime_go_once_what_was_handed_out_is_gone(host_graphs, plan):
     """With graphs (the host backend's stand-in for them), close() while the
     callables live: the library's own static tensors over its slots (the
-    backward's buffers, the outputs' base) hold nothing after it; a .grad
+    backward's buffers, the outputs' base, the gradient slots' bases on the
+    plan's pages: ``plan``) hold nothing after it; a .grad
     kept holds the runtime until it goes (the H200 kept the runtime for the
     callables' life: test_cuda_grad_kept_past_close)."""
     import gc
 
     from test_call_path import _graphed_on_host, _stepper
-    g, off, runners = _graphed_on_host("none", "mapped")
-    _stepper(g)
+    g, off, runners = _graphed_on_host("none", "mapped", plan=plan)
+    for _ in range(3 if plan else 1):
+        _stepper(g)()
+    assert not plan or all(r.grads._bases is not None for r in runners)
     x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
     out = x
     for f in g:

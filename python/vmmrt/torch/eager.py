@@ -130,7 +130,7 @@ def _grad_mode(runner, stream):
     usual and AccumulateGrad adds them in place, as the accumulate graph does.
     Eager never writes over a gradient someone may still hold."""
     g = runner.grads
-    if g is None or not g.mapped or g.backing.live:
+    if g is None or not g.mapped or g.held():
         return None
     runner.layer.offload.map_for_use(runner.layer, True, g.backing, stream, eager=True)
     base = g.backing.tensor(stream)

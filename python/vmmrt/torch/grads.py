@@ -39,6 +39,7 @@ torch's static buffers ("static"), and says why (:meth:`Grads.describe`).
 import logging
 import weakref
 
+import torch
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, place
@@ -46,6 +47,8 @@ from vmmrt.torch.backing import Backing
 from vmmrt.torch.saved import REGION_ALIGN
 
 log = logging.getLogger("vmmrt.torch")
+
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class Seen:
@@ -116,6 +119,12 @@ class Grads:
         self.known = {}
         self.backing = None
         self._warned = False
+        # On the memory plan's pages: a tensor over the whole slot and one
+        # per dtype, made once (:meth:`_source`); the storage's use count
+        # above what they hold tells a gradient handed out is alive.
+        self._bases = None
+        self._cdata = None
+        self._baseline = 0
         self._layout(seen, outputs)
 
     @property
@@ -179,12 +188,60 @@ class Grads:
         self._params_end = params_end
         if total > params_end:
             self.backing.held = self._held_bytes
+        self.backing.alive = _weak_alive(weakref.ref(self))
         self.offload.backings.append(self.backing)
 
     @property
     def io_bytes(self):
         """The slot's bytes for the backward's output and argument gradients."""
         return self.backing.nbytes - self._params_end if self.backing is not None else 0
+
+    # ----------------------------------------------------- the slot's source
+    def held(self):
+        """Whether a tensor over the slot's memory is alive (the library's
+        own cached bases aside)."""
+        return self.backing.live > 0 or self.alive()
+
+    def alive(self):
+        """Whether a gradient handed out over the cached bases (on the plan's
+        pages) is alive: the storage's use count above theirs."""
+        return self._cdata is not None and _USE_COUNT(self._cdata) > self._baseline
+
+    def _source(self, stream):
+        """(src, bases): a tensor over the slot's memory that this backward's
+        gradients are made from, and the dict of its per-dtype bases
+        (:func:`_over`) to fill or use. Off the plan's pages, a tensor of its
+        own at each backward (Backing.tensor: its death releases the slot).
+        On them the memory is there for good and a release maps nothing: one
+        base per dtype, made once, and liveness from the storage's use count
+        (vmmrt.torch.outputs' way). The dlpack capsule and finalizer of a
+        tensor per backward were the largest per-call cost of the launch-
+        bound layers' backward left after the per-parameter views (H200,
+        cProfile, .gpu/prof.py)."""
+        b = self.backing
+        if not b.bound or _USE_COUNT is None:
+            if self._bases is not None and not self.alive():
+                self.forget()         # off the pages (a conflict): each backward's own tensor again
+            return b.tensor(stream), {}
+        if self._bases is None:
+            base = b.tensor(stream, counted=False)
+            bases = {base.dtype: base}
+            for spec in self.views + self.gins:
+                if spec is not None:
+                    _over(base, bases, spec)
+            st = base.untyped_storage()
+            cdata = st._cdata
+            del st
+            self._bases = bases
+            self._cdata = cdata
+            self._baseline = _USE_COUNT(cdata)
+        return self._bases[torch.uint8], self._bases
+
+    def forget(self):
+        """At close(), or off the pages: the cached bases let go (a gradient
+        handed out keeps the memory, and the runtime, alive: Backing.tensor)."""
+        self._bases = None
+        self._cdata = None
 
     def drop(self):
         """Before anything used it (graphed.py makes them again): the slot goes."""
@@ -258,7 +315,7 @@ class Grads:
         is a tensor over the live memory that the gradients handed back are
         made from. ``current``: the torch stream ``stream`` is, if the caller
         has it."""
-        if lay is not None and self.backing.live == 0:
+        if lay is not None and not self.held():
             self.offload.map_for_use(lay, True, self.backing, stream, current=current)
         states = [None if v is None else self.state(k, p) for k, (p, v) in enumerate(zip(self.params, self.views))]
         acc = "ours" in states
@@ -271,23 +328,23 @@ class Grads:
                                 "the sum, not this backward's gradient; use register_post_accumulate_grad_hook, "
                                 "or grads='static'" % k, where)
             if any(st in ("none", "foreign") for st in states):
-                src = self.backing.tensor(stream)
+                src, bases = self._source(stream)
                 if "foreign" in states and not self.offload.host:
                     self.backing.ensure()  # copy_ is a cudaMemcpyAsync, checked when enqueued: mapped by then
                 for k, (p, st) in enumerate(zip(self.params, states)):
                     if st == "none":
-                        self.view(src, k).zero_()
+                        _over(src, bases, self.views[k]).zero_()
                     elif st == "foreign":
-                        self.view(src, k).copy_(p.grad)
+                        _over(src, bases, self.views[k]).copy_(p.grad)
             else:
                 src = next(p.grad for p, st in zip(self.params, states) if st == "ours")
         else:
-            if self.backing.live and not self._warned:
+            if self.held() and not self._warned:
                 self._warned = True
                 log.warning("vmmrt: %s: a gradient tensor of an earlier backward is still referenced (not as .grad); "
                             "this backward writes its gradients over it, as the static buffers of torch's graphs "
                             "are written over", where)
-            src = self.backing.tensor(stream)
+            src, _ = self._source(stream)
         return acc, src, states
 
     def fill_outputs(self, statics, gouts):
@@ -327,7 +384,8 @@ class Grads:
         AccumulateGrad takes a view as it takes DDP's bucket views; the
         storage, whose death releases the slot, is src's either way."""
         out = []
-        bases = {}
+        cached = self._bases is not None and src is self._bases.get(torch.uint8)
+        bases = self._bases if cached else {}
         for k, (p, st) in enumerate(zip(self.params, states)):
             if st is None:
                 out.append(None)
@@ -336,19 +394,29 @@ class Grads:
             if acc or st == "ours":
                 p.grad = None
         if inputs is None:
+            self._handed(cached)
             return out
         gins = [None if spec is None else _over(src, bases, spec) for spec in inputs]
         self.offload.hold_gins(gins)
         self._gins_out = [weakref.ref(t) for t in gins if t is not None]
+        self._handed(cached)
         return gins, out
 
+    def _handed(self, cached):
+        # Over the cached bases no storage's death releases the slot: its
+        # use ends now, and what is handed out holds it (alive) from here.
+        if cached:
+            self.backing.end_use()
+
     def own_grads(self):
-        """Before the runtime goes: every .grad over the slot becomes a copy."""
+        """Before the runtime goes (close()): every .grad over the slot becomes
+        a copy, and the cached bases let go."""
         if self.backing is None:
             return
         for k, p in enumerate(self.params):
             if self.views and self.views[k] is not None and p.grad is not None and self.state(k, p) == "ours":
                 p.grad = p.grad.clone()
+        self.forget()
 
     def describe(self):
         if self.backing is None:
@@ -356,6 +424,14 @@ class Grads:
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
             self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions),
             ", and the backward graph's %d output gradient(s)" % len(self.gouts) if self.gouts_used else "")
+
+
+def _weak_alive(ref):
+    # Weakly: a Grads the Backing's test held would outlive its layer.
+    def alive():
+        g = ref()
+        return g is not None and g.alive()
+    return alive
 
 
 def _over(src, bases, spec):
