@@ -483,6 +483,7 @@ def test_1f1b_driver_level_memory_against_none(mode):
         stats = off.stats()
         print(md, memory.describe(used[md]), "| banks %d, bound %.0f MiB" % (stats["banks"],
                                                                            stats["bound_bytes"] / 2**20))
+        print(off.describe())
         off.close()
         del g, off, st
         cleanup(base)
