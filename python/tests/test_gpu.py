@@ -56,7 +56,7 @@ def cleanup(*layer_lists):
             m.zero_grad(set_to_none=True)
     gc.collect()
     torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    vt.empty_cache()
 
 
 @pytest.mark.parametrize("mode", ["pingpong", "remap", "none"])

@@ -79,3 +79,49 @@ def test_the_arenas_allocator_is_one_for_the_process_and_outlives_every_referenc
         assert w() is not None, "the arena's allocator was freed with the last reference the library had"
     finally:
         _arena._allocator = w()
+
+
+# ------------------------------------- a lending runtime outlives its segments
+def test_a_runtime_that_lent_ranges_lives_until_pytorch_gives_their_segments_back(monkeypatch):
+    """A runtime destroyed while PyTorch still holds a segment the arena served
+    from its ranges frees addresses the caching allocator knows: the driver
+    gave them to its next cudaMalloc on the H200, and a later free aborted
+    the process ("invalid device pointer"). Held until PyTorch has none
+    there (vmmrt.torch._arena), at close() and at collection alike."""
+    import gc
+
+    import vmmrt
+    from vmmrt.torch import _arena
+    M = 1 << 20
+    vmmrt.arena_reset(0)
+    try:
+        lives = []
+        for how in ("close", "collect"):
+            rt = vmmrt.Runtime({"backend": "host"})
+            s = rt.slot(2 * M)
+            s.map()
+            ranges = [(s.address, s.size)]
+            rt.arena_lend(ranges, 0)
+            _arena.lent(rt, ranges)
+            cached = [(s.address + 4096, M)]           # a segment of PyTorch's in the range
+            monkeypatch.setattr(_arena, "segments", lambda: list(cached))
+            life = rt._life
+            assert _arena.sweep() >= 1 and life.rt is not None and _arena.held(life)   # not ended
+            if how == "close":
+                rt.close()
+            else:
+                del s, rt
+                gc.collect()                             # the finalizer, then a full collection's sweep
+            assert life.ended and life.rt is not None    # the destroy waits for the segment
+            _arena.sweep()
+            assert life.rt is not None and _arena.held(life)
+            cached[:] = [(ranges[0][0] + ranges[0][1], M)]     # given back; another just past the range
+            if how == "close":
+                _arena.sweep()
+            else:
+                gc.collect()
+            assert life.rt is None and not _arena.held(life), how
+            lives.append(life)
+        assert len(lives) == 2
+    finally:
+        vmmrt.arena_reset(0)

@@ -55,6 +55,21 @@ def make_offloaded_callables(callables: Callable | tuple[Callable, ...], sample_
     return make_graphed_callables(callables, sample_args, graphs=False, **kwargs)
 
 
+def empty_cache() -> int:
+    """torch.cuda.empty_cache(), then every runtime closed (or collected) while
+    PyTorch still held segments libvmmrt's arena served from its ranges (the
+    graphs' pool, the optimizer step's pools) and held for them since, whose
+    segments have now all been given back, is destroyed. Returns how many
+    runtimes are still held for their ranges (a tensor handed out from such
+    a pool still alive, say). A process measuring memory between builds
+    calls this where it would call torch.cuda.empty_cache()."""
+    import torch
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    from vmmrt.torch import _arena
+    return _arena.sweep()
+
+
 __all__ = ["Error", "make_graphed_callables", "make_offloaded_callables", "offload_of", "mark_not_offload",
            "no_offload", "Offload", "LayerOffload", "order_1f1b", "Budget", "BudgetError", "InvalidBudget",
-           "mark_recompute"]
+           "mark_recompute", "empty_cache"]

@@ -94,7 +94,9 @@ class GraphPool:
         self._baseline = []
         try:
             self.backing.ensure()
-            off.runtime.arena_lend([(self.backing.address, self.backing.nbytes)], self.device)
+            ranges = [(self.backing.address, self.backing.nbytes)]
+            off.runtime.arena_lend(ranges, self.device)
+            _arena.lent(off.runtime, ranges)
             self.allocator = _arena.allocator()
             self.mempool = torch.cuda.MemPool(self.allocator.allocator())
         except BaseException:

@@ -20,7 +20,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, _contracts, _launch, backing as _backing, select
+from vmmrt.torch import _arena, _compat, _contracts, _launch, backing as _backing, select
 from vmmrt.torch import static_inputs as _static_inputs
 from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
@@ -109,6 +109,7 @@ class Offload:
         opts = {"mode": mode, "lookahead": lookahead}
         opts.update(runtime_options(device))
         opts.update(_contracts.runtime_options(options))
+        _arena.sweep()      # runtimes closed before, held for their lent ranges (vmmrt.torch._arena)
         self.runtime = vmmrt.Runtime(opts)
         self.options = dict(options or {})     # as asked (planner.adopt makes another runtime with them)
         try:
@@ -675,3 +676,4 @@ class Offload:
                 fn()
             self._close_hooks.clear()
             self.runtime.close()
+            _arena.sweep()

@@ -547,7 +547,10 @@ class TorchPools:
         self.allocator = _arena.allocator()
 
     def lend(self, ranges: Sequence[tuple[int, int]]) -> int:
-        return self.off.runtime.arena_lend(list(ranges), self.device)
+        from vmmrt.torch import _arena
+        gen = self.off.runtime.arena_lend(list(ranges), self.device)
+        _arena.lent(self.off.runtime, ranges)
+        return gen
 
     def generation(self) -> int:
         return self.vmmrt.arena_stats(self.device)["generation"]

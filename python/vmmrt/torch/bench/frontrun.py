@@ -213,7 +213,7 @@ def fresh(cuda):
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         clear()
-    torch.cuda.empty_cache()
+    vt.empty_cache()          # (and the runtimes closed before, once PyTorch gave their arena segments back)
 
 
 def isolated(opt, layers):

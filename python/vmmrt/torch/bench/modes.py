@@ -158,7 +158,7 @@ def teardown(built, layers, weights=None):
     # offload referred to the runners): the next mode's memory is its own.
     gc.collect()
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        vt.empty_cache()      # (and the runtime closed above, once PyTorch gave its arena segments back)
     if weights is not None:
         weights.restore()
 
