@@ -485,7 +485,9 @@ def test_1f1b_driver_level_memory_against_none(mode):
                                                                            stats["bound_bytes"] / 2**20))
         print(off.describe())
         off.close()
-        del g, off, st
+        # (the microbatches' input gradients come from the graphs' pool: held,
+        # they would keep the runtime until they go, in the next mode's count)
+        del g, off, st, xs, gys
         cleanup(base)
     # none's activations are in its resident slots ("slots"), the offload's
     # in its banks or remap slots ("vmmrt")

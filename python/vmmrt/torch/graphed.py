@@ -25,8 +25,8 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool, pipeline,
-                         place, planner, recompute, static_grads, static_inputs)
+from vmmrt.torch import (_arena, _call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool,
+                         pipeline, place, planner, recompute, static_grads, static_inputs)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
@@ -260,6 +260,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         else:
             funcs = [recompute.wrap(r) if r.recompute else eager.wrap(r) for r in runners]
         off.plan_memory(memory_plan)
+        _release_warmup(off)
     except BaseException:
         _close(off, runners)
         raise
@@ -320,6 +321,20 @@ def _validate_args(num_warmup_iters, allow_unused_input, pool, capture_error_mod
     if memory_budget is not None:
         budget.check(memory_budget)
     return order, layers_per_chunk, layout, gens
+
+
+def _release_warmup(off):
+    """The warm-up's and the captures' transients (a layer's activations and
+    gradients, eagerly, several times) stay cached in PyTorch's allocator
+    after the build, and nothing of a step takes them again: the slots, the
+    plan's pages and the graphs' pool hold the step's memory. Given back to
+    the driver now (on the H200, 8 Llama-3-8B layers: 954 MiB cached and
+    unused, where eager would have reused them: the whole difference
+    between mode none's peak and eager's)."""
+    if off.device_type == "cuda":
+        torch.cuda.synchronize(off.device)
+        torch.cuda.empty_cache()
+        _arena.sweep()        # (what it gave back may free a closed runtime: vmmrt.torch._arena)
 
 
 def _prepare_runners(callables, sample_args, names, layout, sample_kwargs, gens, retain_graph, graphs, offload,
