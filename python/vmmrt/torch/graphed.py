@@ -329,8 +329,8 @@ def _release_warmup(off):
     after the build, and nothing of a step takes them again: the slots, the
     plan's pages and the graphs' pool hold the step's memory. Given back to
     the driver now (on the H200, 8 Llama-3-8B layers: 954 MiB cached and
-    unused, where eager would have reused them: the whole difference
-    between mode none's peak and eager's)."""
+    unused after the build, in a process that does not empty the cache
+    itself; the bench does, and its peaks did not change)."""
     if off.device_type == "cuda":
         torch.cuda.synchronize(off.device)
         torch.cuda.empty_cache()
