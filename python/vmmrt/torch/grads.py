@@ -217,7 +217,7 @@ class Grads:
         (vmmrt.torch.outputs' way). The dlpack capsule and finalizer of a
         tensor per backward were the largest per-call cost of the launch-
         bound layers' backward left after the per-parameter views (H200,
-        cProfile, .gpu/prof.py)."""
+        cProfile of the calling thread)."""
         b = self.backing
         if not b.bound or _USE_COUNT is None:
             if self._bases is not None and not self.alive():
