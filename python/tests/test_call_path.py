@@ -21,7 +21,7 @@ import torch
 import vmmrt.torch as vt
 from conftest import samples, zoo_layers
 from vmmrt.torch import graphed
-from vmmrt.torch import grads as vmmrt_grads
+from vmmrt.torch import backing as vmmrt_backing
 
 VMMRT = os.path.dirname(os.path.dirname(os.path.abspath(vt.__file__)))  # the package's directory
 
@@ -187,7 +187,7 @@ def test_a_graphed_call_rederives_nothing(host_graphs, monkeypatch, mode, grads,
         # its storage per dtype (torch.empty, then set_), the gradients
         # their views. On the plan's pages, where the slot's memory stays,
         # those are made once: the gradients are views of them.
-        cached = plan and vmmrt_grads._USE_COUNT is not None    # (torch 1.13 has no storage use count)
+        cached = plan and vmmrt_backing.USE_COUNT is not None    # (torch 1.13 has no storage use count)
         built = {} if grads != "mapped" or cached else \
             {"build:empty": _gradient_bases(runners) * STEPS, "build:from_dlpack": N * STEPS}
         assert count.of("build") == built, dict(count.calls)

@@ -101,8 +101,7 @@ def test_a_runtime_that_lent_ranges_lives_until_pytorch_gives_their_segments_bac
             s = rt.slot(2 * M)
             s.map()
             ranges = [(s.address, s.size)]
-            rt.arena_lend(ranges, 0)
-            _arena.lent(rt, ranges)
+            _arena.lend(rt, ranges, 0)
             cached = [(s.address + 4096, M)]           # a segment of PyTorch's in the range
             monkeypatch.setattr(_arena, "segments", lambda: list(cached))
             life = rt._life

@@ -111,8 +111,8 @@ def test_graphed_close_lets_the_runtime_go_once_what_was_handed_out_is_gone(host
     g, off, runners = _graphed_on_host("none", "mapped", plan=plan)
     for _ in range(3 if plan else 1):
         _stepper(g)()
-    from vmmrt.torch import grads as vmmrt_grads
-    assert not plan or vmmrt_grads._USE_COUNT is None or all(r.grads._bases is not None for r in runners)
+    from vmmrt.torch import backing as vmmrt_backing
+    assert not plan or vmmrt_backing.USE_COUNT is None or all(r.grads._bases is not None for r in runners)
     x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
     out = x
     for f in g:

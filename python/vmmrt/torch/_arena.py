@@ -83,9 +83,19 @@ def _torch_segments() -> list:
 segments = _torch_segments      # (tests: a stand-in)
 
 
+def lend(runtime: Any, ranges: Any, device: int) -> int:
+    """runtime.arena_lend(ranges, device) (vmmrt_arena_lend(3)), and the
+    runtime held until it has ended and PyTorch holds none of the segments
+    served from ``ranges`` ((address, nbytes) pairs); returns the new
+    generation."""
+    gen = runtime.arena_lend(ranges, device)
+    lent(runtime, ranges)
+    return gen
+
+
 def lent(runtime: Any, ranges: Any) -> None:
-    """``runtime`` lent ``ranges`` ((address, nbytes) pairs) to the arena: it
-    is held until it has ended and PyTorch holds none of their segments."""
+    """``runtime`` lent ``ranges`` to the arena: held until it has ended and
+    PyTorch holds none of their segments."""
     life = runtime._life
     with _lenders_lock:
         ln = _lenders.get(id(life))

@@ -66,6 +66,43 @@ def flush_late():
         let_go()
 
 
+USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)    # (torch 1.13 has none)
+
+
+class Held:
+    """Whether a tensor over ``base``'s storage other than the library's own
+    is alive: the storage's use count above the library's, counted when it
+    holds all it keeps over the storage (its bases over a slot on the plan's
+    pages: vmmrt.torch.outputs, vmmrt.torch.grads). A count found below it
+    means something the library held has gone since (a build's leftovers):
+    that count is its own from then on, so no tensor handed out hides in
+    the difference."""
+
+    __slots__ = ("_cdata", "_baseline")
+
+    def __init__(self, base):
+        st = base.untyped_storage()
+        self._cdata = st._cdata
+        del st
+        self._baseline = USE_COUNT(self._cdata)
+
+    def __call__(self):
+        n = USE_COUNT(self._cdata)
+        if n < self._baseline:
+            self._baseline = n
+        return n > self._baseline
+
+
+def weak_alive(ref):
+    """A Backing's ``alive`` test over its owner's ``alive()``, through a weak
+    reference: the Backing is held by the finalizer of a storage its owner
+    holds (Backing.tensor), which would then never run."""
+    def alive():
+        o = ref()
+        return o is not None and o.alive()
+    return alive
+
+
 def _let_go(let_go):
     """A runtime's hold let go (Runtime.hold): after a close(), the last one
     destroys the runtime, which is not for a capture: then at the next flush."""

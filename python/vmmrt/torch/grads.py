@@ -43,12 +43,10 @@ import torch
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, place
-from vmmrt.torch.backing import Backing
+from vmmrt.torch.backing import USE_COUNT, Backing, Held, weak_alive
 from vmmrt.torch.saved import REGION_ALIGN
 
 log = logging.getLogger("vmmrt.torch")
-
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class Seen:
@@ -123,8 +121,7 @@ class Grads:
         # per dtype, made once (:meth:`_source`); the storage's use count
         # above what they hold tells a gradient handed out is alive.
         self._bases = None
-        self._cdata = None
-        self._baseline = 0
+        self._held = None            # backing.Held, with the bases
         self._layout(seen, outputs)
 
     @property
@@ -188,7 +185,7 @@ class Grads:
         self._params_end = params_end
         if total > params_end:
             self.backing.held = self._held_bytes
-        self.backing.alive = _weak_alive(weakref.ref(self))
+        self.backing.alive = weak_alive(weakref.ref(self))
         self.offload.backings.append(self.backing)
 
     @property
@@ -205,7 +202,7 @@ class Grads:
     def alive(self):
         """Whether a gradient handed out over the cached bases (on the plan's
         pages) is alive: the storage's use count above theirs."""
-        return self._cdata is not None and _USE_COUNT(self._cdata) > self._baseline
+        return self._held is not None and self._held()
 
     def _source(self, stream):
         """(src, bases): a tensor over the slot's memory that this backward's
@@ -219,7 +216,7 @@ class Grads:
         bound layers' backward left after the per-parameter views (H200,
         cProfile of the calling thread)."""
         b = self.backing
-        if not b.bound or _USE_COUNT is None:
+        if not b.bound or USE_COUNT is None:
             if self._bases is not None and not self.alive():
                 self.forget()         # off the pages (a conflict): each backward's own tensor again
             return b.tensor(stream), {}
@@ -229,19 +226,15 @@ class Grads:
             for spec in self.views + self.gins:
                 if spec is not None:
                     _over(base, bases, spec)
-            st = base.untyped_storage()
-            cdata = st._cdata
-            del st
             self._bases = bases
-            self._cdata = cdata
-            self._baseline = _USE_COUNT(cdata)
+            self._held = Held(base)
         return self._bases[torch.uint8], self._bases
 
     def forget(self):
         """At close(), or off the pages: the cached bases let go (a gradient
         handed out keeps the memory, and the runtime, alive: Backing.tensor)."""
         self._bases = None
-        self._cdata = None
+        self._held = None
 
     def drop(self):
         """Before anything used it (graphed.py makes them again): the slot goes."""
@@ -424,14 +417,6 @@ class Grads:
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
             self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions),
             ", and the backward graph's %d output gradient(s)" % len(self.gouts) if self.gouts_used else "")
-
-
-def _weak_alive(ref):
-    # Weakly: a Grads the Backing's test held would outlive its layer.
-    def alive():
-        g = ref()
-        return g is not None and g.alive()
-    return alive
 
 
 def _over(src, bases, spec):

@@ -45,11 +45,10 @@ from typing import Any, Sequence
 import torch
 
 from vmmrt.torch import _arena
-from vmmrt.torch.backing import Backing
+from vmmrt.torch.backing import USE_COUNT as _USE_COUNT, Backing
 
 log = logging.getLogger("vmmrt.torch")
 
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 # The range beyond the layers' own sizes: the caching allocator's segments
 # (20 MiB for requests of 1 to 10 MiB) and rounding.
 SLACK = 64 << 20
@@ -94,9 +93,7 @@ class GraphPool:
         self._baseline = []
         try:
             self.backing.ensure()
-            ranges = [(self.backing.address, self.backing.nbytes)]
-            off.runtime.arena_lend(ranges, self.device)
-            _arena.lent(off.runtime, ranges)
+            _arena.lend(off.runtime, [(self.backing.address, self.backing.nbytes)], self.device)
             self.allocator = _arena.allocator()
             self.mempool = torch.cuda.MemPool(self.allocator.allocator())
         except BaseException:

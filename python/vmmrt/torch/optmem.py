@@ -548,9 +548,7 @@ class TorchPools:
 
     def lend(self, ranges: Sequence[tuple[int, int]]) -> int:
         from vmmrt.torch import _arena
-        gen = self.off.runtime.arena_lend(list(ranges), self.device)
-        _arena.lent(self.off.runtime, ranges)
-        return gen
+        return _arena.lend(self.off.runtime, list(ranges), self.device)
 
     def generation(self) -> int:
         return self.vmmrt.arena_stats(self.device)["generation"]

@@ -35,12 +35,11 @@ from typing import Any, Sequence
 import torch
 
 from vmmrt.torch import _compat, place
-from vmmrt.torch.backing import Backing
+from vmmrt.torch.backing import USE_COUNT, Backing, Held, weak_alive
 
 log = logging.getLogger("vmmrt.torch")
 
-_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
-AVAILABLE = _USE_COUNT is not None and place.AVAILABLE
+AVAILABLE = USE_COUNT is not None and place.AVAILABLE
 ALIGN = 512
 
 
@@ -75,13 +74,6 @@ def layout(items: Sequence[Any]) -> tuple[list[int], int]:
     return offs, total
 
 
-def _weak_alive(ref: Any) -> Any:
-    def alive() -> bool:
-        o = ref()
-        return o is not None and o.alive()
-    return alive
-
-
 class Outputs:
     """One layer's forward outputs in a slot: ``backing`` (kept: mapped for
     good while off the plan's pages; ``alive`` tells the plan whether a
@@ -92,12 +84,9 @@ class Outputs:
         self.offsets, total = layout(self.items)
         self.backing = Backing(offload, "%s/outputs" % name, total)
         self.backing.kept = True
-        # Weakly: the Backing is held by the finalizer of the storage this
-        # holds (Backing.tensor), which would then never run.
-        self.backing.alive = _weak_alive(weakref.ref(self))
+        self.backing.alive = weak_alive(weakref.ref(self))
         self._base = None
-        self._cdata = None
-        self._baseline = None
+        self._held = None           # backing.Held, once settled
         self.landed = 0             # outputs of the capture over the slot (adopt)
 
     def placements(self, stream: Any) -> list:
@@ -118,30 +107,18 @@ class Outputs:
     def settle(self) -> None:
         """Once the build holds what it keeps (the graphs' static outputs, the
         base): that count is the library's own; above it, a tensor handed
-        out is alive."""
-        st = self._base.untyped_storage()
-        self._cdata = st._cdata
-        del st
-        self._baseline = _USE_COUNT(self._cdata)
+        out is alive (backing.Held)."""
+        self._held = Held(self._base)
 
     def alive(self) -> bool:
-        """Whether a tensor over the outputs, other than the library's own, is held.
-        A count below the library's own means something of the build that
-        held them has gone since (the capture's leftovers): that lower count
-        is the library's own from then on, so no tensor handed out hides in
-        the difference."""
-        if self._cdata is None:
-            return False
-        n = _USE_COUNT(self._cdata)
-        if n < self._baseline:
-            self._baseline = n
-        return n > self._baseline
+        """Whether a tensor over the outputs, other than the library's own, is held."""
+        return self._held is not None and self._held()
 
     def forget(self) -> None:
         """At close(): the library's base lets go (a tensor handed out keeps
         the memory, and the runtime, alive: Backing.tensor)."""
         self._base = None
-        self._cdata = None
+        self._held = None
 
     def drop(self) -> None:
         """Its memory given back (nothing lies over it): the slot goes with the runtime."""
