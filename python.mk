@@ -80,6 +80,7 @@ vmmrt_py_tests = \
 	python/tests/test_grads.py \
 	python/tests/test_graphpool.py \
 	python/tests/test_abandoned_capture.py \
+	python/tests/test_abandoned_pool.py \
 	python/tests/test_lifetime.py \
 	python/tests/test_select.py \
 	python/tests/test_stream_maps.py \

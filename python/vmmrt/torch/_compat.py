@@ -118,6 +118,37 @@ def tensor_over(base, dtype, shape, stride, offset_bytes):
     return t
 
 
+def end_abandoned_pool(pool, device=None):
+    """After a capture into ``pool`` (a pool id) whose end failed (the driver
+    invalidated it: CUDAGraph.capture_end raises at cudaStreamEndCapture),
+    the caching allocator still routes the capture's allocations to the
+    pool: capture_begin began that routing and took a reference on the pool,
+    and only a capture_end that succeeds ends it. Every later emptying of
+    PyTorch's cache in the process then aborts it (captures_underway.empty(),
+    an internal assertion of the caching allocator), wherever it is called
+    from: torch.cuda.empty_cache(), an out-of-memory retry, libvmmrt's own
+    release of the optimizer's pools. The routing is ended here and the
+    reference capture_begin took given back (the graph, whose capture never
+    ended, never gives it back); returns whether a routing was under way
+    (none: capture_begin failed before it, or capture_end got past it).
+    Never raises."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    release = getattr(torch._C, "_cuda_releasePool", None)
+    if pool is None or end is None:
+        return False
+    try:
+        dev = torch.cuda.current_device() if device is None else device
+        end(dev, pool)
+    except Exception:  # noqa: B902 - "not currently recording to mempool_id": nothing to end
+        return False
+    if release is not None:
+        try:
+            release(dev, pool)
+        except Exception:  # noqa: B902 - the routing is ended, which is what keeps the process alive
+            pass
+    return True
+
+
 def end_abandoned_capture(stream=None):
     """After a capture the driver invalidated (a .item(), a host sync, an op
     on the legacy stream), CUDAGraph.capture_end raises before it ends the

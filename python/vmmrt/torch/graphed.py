@@ -550,6 +550,8 @@ def _capture(r, what, graph, pool, stream, error_mode, body):
         if collecting:
             gc.enable()
     if inner is not None:
+        # (a capture_end that returned ended the routing itself: then nothing is done)
+        _compat.end_abandoned_pool(pool)
         _compat.end_abandoned_capture(stream)
         inner = original_error(inner, [r.layer.last_rec]) or inner
         r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
