@@ -82,8 +82,11 @@ def _train(layers, plan, make_opt, steps=6, set_to_none=True):
         # the optimizer (and a state it made in the pages) goes before the
         # Offload: a close with such a tensor alive keeps the pages for it;
         # the graphs too, which keep the segments of their pool (on the
-        # arena: vmmrt.torch.graphpool) while they live
+        # arena: vmmrt.torch.graphpool) while they live; and the last
+        # sample, whose .grad the first layer's backward graph wrote in that
+        # pool (it rightly keeps the pool's segment, and the runtime)
         del opt, g
+        x = gy = None
         gc.collect()
         close_graphed(layers, off)
     # the pools' segments go back to the arena with the Offload and the
