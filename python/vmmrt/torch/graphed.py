@@ -26,7 +26,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import (_arena, _call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool,
-                         pipeline, place, planner, recompute, static_grads, static_inputs)
+                         pipeline, place, planner, recompute, replay_times, static_grads, static_inputs)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
@@ -251,6 +251,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     try:
         stream = _warmup(runners, uses, off, num_warmup_iters, allow_unused_input, pre_warmup_hook,
                          post_warmup_hook)
+        _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, memory_budget)
         off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs,
                         memory_plan is not False)
         if graphs:
@@ -514,6 +515,17 @@ def _warmup(runners, uses, off, iters, allow_unused_input, pre_hook=None, post_h
     if post_hook is not None:
         post_hook()
     return stream
+
+
+def _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, memory_budget):
+    """Where a planner will choose (offload="auto", memory_budget=) over
+    graphs: the layers' times from replays of graphs captured for timing,
+    not from the eager warm-up (vmmrt.torch.replay_times)."""
+    if not graphs or (offload != "auto" and memory_budget is None):
+        return
+    time_one = replay_times.timer(off, stream, allow_unused_input)
+    if time_one is not None:
+        replay_times.measure([r for b, r in uses if not b], time_one)
 
 
 def _plan(runners, off, margin):

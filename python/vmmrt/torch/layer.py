@@ -178,6 +178,8 @@ class LayerOffload:
         self.passes = 0
         self.fwd_ms = []
         self.bwd_ms = []
+        self.times_from = "warm-up"  # or "graphs": replays timed for the planners (vmmrt.torch.replay_times)
+        self.warmup_ms = None       # (fwd, bwd) of the warm-up, where graphs' times replaced them
         self.fwd_work = []          # the warm-up's working sets, bytes (vmmrt.torch.planner.working)
         self.bwd_work = []
         self._restored = False      # between backward_begin and backward_end

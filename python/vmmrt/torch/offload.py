@@ -578,6 +578,15 @@ class Offload:
                     text += "\n  %s: %s" % (g.name, g.describe())
         if self.graph_pool is not None:
             text += "\n" + self.graph_pool.describe()
+        timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
+        if timed:
+            text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
+            for lay in timed:
+                w = lay.warmup_ms
+                text += ("\n  %s: %s" % (lay.name, lay.times_from) if lay.times_from != "graphs" else
+                         "\n  %s: graphs' replays, forward %.3f ms, backward %.3f ms (warm-up %s)"
+                         % (lay.name, min(lay.fwd_ms), min(lay.bwd_ms),
+                            "?" if not w or w[0] is None else "%.3f / %.3f ms" % (w[0], w[1] or 0.0)))
         if self.memplan is not None:
             text += "\n" + self.memplan.describe()
         return text

@@ -210,8 +210,9 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
 
 
 def layer_costs(off, marked=None, runners=()):
-    """The budget planner's view of each layer of ``off`` (forward order): the
-    fastest warm-up forward and backward, the regions that may move, the saved
+    """The budget planner's view of each layer of ``off`` (forward order): its
+    fastest forward and backward (its graphs' replays where they were timed,
+    vmmrt.torch.replay_times; else the warm-up's), the regions that may move, the saved
     bytes that stay unless it is recomputed, the working sets of its passes and,
     from ``runners`` (the layers' own, in the same order), the bytes of its
     mapped gradients; ``marked``: per layer, True when the user marked it for
@@ -316,6 +317,7 @@ def adopt(off, plan, runners, uses):
             lay.static = old.static
             lay.plan, lay.births, lay.passes = old.plan, old.births, old.passes
             lay.fwd_ms, lay.bwd_ms, lay.recompute = old.fwd_ms, old.bwd_ms, old.recompute
+            lay.times_from, lay.warmup_ms = old.times_from, old.warmup_ms
             lay.compiled = old.compiled
             lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
             r.layer = lay

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The planners' layer times from graph replays, not from the eager warm-up
+(vmmrt.torch.replay_times): the arithmetic and the build's use of it on the
+host backend, with made-up replay times; on CUDA, a build with
+offload="auto" times real graphs and leaves the layers' buffers as the
+warm-up left them."""
+import types
+
+import pytest
+import torch
+
+import vmmrt.torch as vt
+from conftest import samples, zoo_layers
+from vmmrt.torch import graphed, replay_times
+
+N = 4
+OPTIONS = {"host_granularity": 4096}
+
+
+def _runner(name, index, fwd, bwd):
+    lay = types.SimpleNamespace(name=name, fwd_ms=list(fwd), bwd_ms=list(bwd), times_from="warm-up",
+                                warmup_ms=None)
+    return types.SimpleNamespace(layer=lay, callable_index=index)
+
+
+def test_graph_times_replace_the_warm_ups_and_one_callable_is_timed_once():
+    rs = [_runner("a", 0, [5.0, 4.0], [9.0, 8.0]), _runner("b", 1, [6.0], [7.0]),
+          _runner("a/mb1", 0, [5.5], [8.5])]       # a pipeline's second microbatch of callable 0
+    timed = []
+
+    def time_one(r):
+        timed.append(r.layer.name)
+        return {"a": (0.8, 1.6), "b": (0.9, 1.7)}[r.layer.name]
+    assert replay_times.measure(rs, time_one) == {}
+    assert timed == ["a", "b"]
+    assert [(r.layer.fwd_ms, r.layer.bwd_ms) for r in rs] == [([0.8], [1.6]), ([0.9], [1.7]), ([0.8], [1.6])]
+    assert rs[0].layer.warmup_ms == (4.0, 8.0) and rs[2].layer.warmup_ms == (5.5, 8.5)
+    assert all(r.layer.times_from == "graphs" for r in rs)
+
+
+def test_a_layer_whose_graphs_cannot_be_timed_keeps_its_warm_up_times():
+    rs = [_runner("a", 0, [5.0], [9.0]), _runner("b", 1, [6.0], [7.0])]
+
+    def time_one(r):
+        if r.layer.name == "a":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return (0.5, 1.0)
+    failed = replay_times.measure(rs, time_one)
+    assert list(failed) == ["a"] and "not permitted" in failed["a"]
+    assert (rs[0].layer.fwd_ms, rs[0].layer.bwd_ms) == ([5.0], [9.0])
+    assert rs[0].layer.times_from.startswith("warm-up (its graphs could not be timed")
+    assert (rs[1].layer.fwd_ms, rs[1].layer.times_from) == ([0.5], "graphs")
+
+
+def _build_to_plan(monkeypatch, offload, memory_budget=None, made_up=(0.0, 0.0)):
+    """make_graphed_callables' steps up to the allocation (graphs=True) on
+    the host backend, the graphs' times made up; returns the Offload and the
+    runners whose timing was asked for."""
+    asked = []
+
+    def timer(off, stream, allow_unused_input):
+        return lambda r: asked.append(r.name) or made_up
+    monkeypatch.setattr(replay_times, "timer", timer)
+    _, runners, marks, uses, device = graphed._prepare_runners(tuple(zoo_layers(N)), samples(N), None, None, None,
+                                                               [], False, False, 1.0, None)
+    off, mode = graphed._open_offload(runners, uses, device, "pingpong", 1, OPTIONS, 0, 1, True)
+    try:
+        stream = graphed._warmup(runners, uses, off, 3, False)
+        graphed._time_for_planning(uses, off, stream, False, True, offload, memory_budget)
+        off = graphed._allocate(runners, uses, off, None, "static", mode, offload, memory_budget, marks, 0.9, False)
+    except BaseException:
+        graphed._close(off, runners)
+        raise
+    return off, runners, asked
+
+
+def test_offload_auto_plans_from_the_graphs_times(monkeypatch):
+    off, runners, asked = _build_to_plan(monkeypatch, "auto")
+    try:
+        assert asked == [r.name for r in runners]
+        # the bandwidth planner read the made-up times, not the warm-up's
+        assert [(p.fwd_ms, p.bwd_ms) for p in off.plan.layers] == [(0.0, 0.0)] * N
+        # no compute hides no copy: nothing moves (behind the warm-up's
+        # times, milliseconds on the host, the memcpy hides every region)
+        assert off.plan.fraction == 0.0, off.plan.summary()
+        text = off.describe()
+        assert "the planner's layer times" in text and "graphs' replays, forward 0.000 ms" in text, text
+        assert all(lay.warmup_ms is not None and lay.warmup_ms[0] > 0.0 for lay in off.layers)
+    finally:
+        graphed._close(off, runners)
+
+
+def test_a_fixed_offload_times_nothing(monkeypatch):
+    warm, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(50.0, 50.0))
+    try:
+        # the same layers with times behind which the copies hide: they move
+        assert warm.plan.fraction > 0.5, warm.plan.summary()
+    finally:
+        graphed._close(warm, runners)
+    off, runners, asked = _build_to_plan(monkeypatch, 1.0)
+    try:
+        assert asked == []
+        assert all(lay.times_from == "warm-up" for lay in off.layers)
+        assert "the planner's layer times" not in off.describe()
+    finally:
+        graphed._close(off, runners)
+
+
+def test_the_host_backend_has_no_graphs_to_time():
+    off = vt.Offload(mode="none", options=OPTIONS)
+    try:
+        assert replay_times.timer(off, None, False) is None
+    finally:
+        off.close()
+
+
+@pytest.mark.gpu
+def test_offload_auto_times_graphs_and_leaves_the_buffers_as_the_warm_up_did():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+    def model():
+        torch.manual_seed(3)
+        return [torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256), torch.nn.GELU()).cuda()
+                for _ in range(3)]
+
+    def sample():
+        return tuple((torch.randn(64, 256, device="cuda", requires_grad=True),) for _ in range(3))
+    built = {}
+    for offload in ("auto", 0.0):
+        layers = model()
+        torch.manual_seed(5)
+        g = vt.make_graphed_callables(tuple(layers), sample(), mode="pingpong", offload=offload)
+        off = vt.offload_of(g[0])
+        built[offload] = ([lay.times_from for lay in off.layers],
+                          [b.detach().clone() for m in layers for b in m.buffers()])
+        off.close()
+    assert built["auto"][0] == ["graphs"] * 3, built["auto"][0]
+    assert built[0.0][0] == ["warm-up"] * 3
+    # a replay updates BatchNorm's running statistics: the timing puts them back
+    for a, b in zip(built["auto"][1], built[0.0][1]):
+        assert torch.equal(a, b)
