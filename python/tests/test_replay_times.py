@@ -30,8 +30,9 @@ def test_graph_times_replace_the_warm_ups_and_one_callable_is_timed_once():
 
     def time_one(r):
         timed.append(r.layer.name)
-        return {"a": (0.8, 1.6), "b": (0.9, 1.7)}[r.layer.name]
-    assert replay_times.measure(rs, time_one) == {}
+        return {"a": (0.8, 1.6, 40.0, None), "b": (0.9, 1.7, 45.0, 30.0)}[r.layer.name]
+    # the copies' bandwidth: the least any layer's compute left them, each way
+    assert replay_times.measure(rs, time_one) == ({}, (40.0, 30.0))
     assert timed == ["a", "b"]
     assert [(r.layer.fwd_ms, r.layer.bwd_ms) for r in rs] == [([0.8], [1.6]), ([0.9], [1.7]), ([0.8], [1.6])]
     assert rs[0].layer.warmup_ms == (4.0, 8.0) and rs[2].layer.warmup_ms == (5.5, 8.5)
@@ -44,15 +45,16 @@ def test_a_layer_whose_graphs_cannot_be_timed_keeps_its_warm_up_times():
     def time_one(r):
         if r.layer.name == "a":
             raise RuntimeError("operation not permitted when stream is capturing")
-        return (0.5, 1.0)
-    failed = replay_times.measure(rs, time_one)
+        return (0.5, 1.0, None, None)
+    failed, gbps = replay_times.measure(rs, time_one)
+    assert gbps == (None, None)
     assert list(failed) == ["a"] and "not permitted" in failed["a"]
     assert (rs[0].layer.fwd_ms, rs[0].layer.bwd_ms) == ([5.0], [9.0])
     assert rs[0].layer.times_from.startswith("warm-up (its graphs could not be timed")
     assert (rs[1].layer.fwd_ms, rs[1].layer.times_from) == ([0.5], "graphs")
 
 
-def _build_to_plan(monkeypatch, offload, memory_budget=None, made_up=(0.0, 0.0)):
+def _build_to_plan(monkeypatch, offload, memory_budget=None, made_up=(0.0, 0.0, None, None)):
     """make_graphed_callables' steps up to the allocation (graphs=True) on
     the host backend, the graphs' times made up; returns the Offload and the
     runners whose timing was asked for."""
@@ -91,7 +93,7 @@ def test_offload_auto_plans_from_the_graphs_times(monkeypatch):
 
 
 def test_a_fixed_offload_times_nothing(monkeypatch):
-    warm, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(50.0, 50.0))
+    warm, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(50.0, 50.0, None, None))
     try:
         # the same layers with times behind which the copies hide: they move
         assert warm.plan.fraction > 0.5, warm.plan.summary()
@@ -104,6 +106,25 @@ def test_a_fixed_offload_times_nothing(monkeypatch):
         assert "the planner's layer times" not in off.describe()
     finally:
         graphed._close(off, runners)
+
+
+def test_copies_slowed_by_the_layers_compute_hide_less(monkeypatch):
+    """The same layer times; the copies' bandwidth under the graphs a
+    thousandth of the idle one: the plan moves less, and describe() says
+    what it planned with."""
+    fast, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(2.0, 2.0, None, None))
+    try:
+        moved_fast = fast.plan.fraction
+        idle = fast.plan.d2h_gbps
+    finally:
+        graphed._close(fast, runners)
+    slow, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(2.0, 2.0, idle / 1000, idle / 1000))
+    try:
+        assert slow.plan.d2h_gbps == pytest.approx(idle / 1000) and slow.plan.h2d_gbps == pytest.approx(idle / 1000)
+        assert slow.plan.fraction < moved_fast, (slow.plan.summary(), moved_fast)
+        assert "copies under the layers' graphs at D2H" in slow.describe()
+    finally:
+        graphed._close(slow, runners)
 
 
 def test_the_host_backend_has_no_graphs_to_time():
@@ -133,10 +154,13 @@ def test_offload_auto_times_graphs_and_leaves_the_buffers_as_the_warm_up_did():
         g = vt.make_graphed_callables(tuple(layers), sample(), mode="pingpong", offload=offload)
         off = vt.offload_of(g[0])
         built[offload] = ([lay.times_from for lay in off.layers],
-                          [b.detach().clone() for m in layers for b in m.buffers()])
+                          [b.detach().clone() for m in layers for b in m.buffers()], off.copy_gbps)
         off.close()
     assert built["auto"][0] == ["graphs"] * 3, built["auto"][0]
     assert built[0.0][0] == ["warm-up"] * 3
+    # the copies timed under the layers' graphs, each way
+    assert built["auto"][2] is not None and all(g > 0 for g in built["auto"][2]), built["auto"][2]
+    assert built[0.0][2] is None
     # a replay updates BatchNorm's running statistics: the timing puts them back
     for a, b in zip(built["auto"][1], built[0.0][1]):
         assert torch.equal(a, b)

@@ -525,11 +525,12 @@ def _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, m
         return
     time_one = replay_times.timer(off, stream, allow_unused_input)
     if time_one is not None:
-        replay_times.measure([r for b, r in uses if not b], time_one)
+        _, gbps = replay_times.measure([r for b, r in uses if not b], time_one)
+        off.copy_gbps = gbps if gbps != (None, None) else None
 
 
 def _plan(runners, off, margin):
-    d2h, h2d = planner.measure_bandwidth(off.device, runtime=off.runtime)
+    d2h, h2d = planner.copy_bandwidth(off)
     rows = []
     for r in runners:
         sizes = [g.nbytes for g in off.candidates(r.layer)]

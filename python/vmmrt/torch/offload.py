@@ -126,6 +126,7 @@ class Offload:
         self.layers = []
         self.allocated = False
         self.plan = None
+        self.copy_gbps = None       # (D2H, H2D) GB/s under the layers' graphs, for the planners (replay_times)
         self.failed = None
         self._ranges = []
         self.min_bytes = min_bytes
@@ -368,8 +369,9 @@ class Offload:
         ``offload``: a fraction of each layer's distinct saved bytes (1.0: all),
         or ignored when ``plan`` (a :class:`vmmrt.torch.planner.Plan`) is given.
         ``memory_budget`` (as make_graphed_callables takes it): the budget
-        planner's plan over the layers' warm-up times
-        (:func:`vmmrt.torch.planner.budget_plan`); a layer it recomputes has
+        planner's plan over the layers' times (their graphs' replays where
+        make_graphed_callables timed them, else the warm-up's:
+        :func:`vmmrt.torch.planner.budget_plan`); a layer it recomputes has
         ``recompute`` set, and its runner runs it so (vmmrt.torch.recompute).
         """
         if memory_budget is not None:
@@ -581,6 +583,9 @@ class Offload:
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
         if timed:
             text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
+            if self.copy_gbps:
+                text += " copies under the layers' graphs at D2H %s, H2D %s GB/s" % tuple(
+                    "?" if g is None else "%.1f" % g for g in self.copy_gbps)
             for lay in timed:
                 w = lay.warmup_ms
                 text += ("\n  %s: %s" % (lay.name, lay.times_from) if lay.times_from != "graphs" else

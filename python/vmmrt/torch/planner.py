@@ -141,6 +141,17 @@ def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
             rt.close()
 
 
+def copy_bandwidth(off):
+    """(D2H, H2D) GB/s the planners plan ``off``'s copies with: libvmmrt's
+    own copies measured idle (:func:`measure_bandwidth`), each no more than
+    what the layers' compute left them where that was measured
+    (``Offload.copy_gbps``, vmmrt.torch.replay_times): the copies share the
+    device's memory bandwidth with the layers they hide behind."""
+    d2h, h2d = measure_bandwidth(off.device, runtime=off.runtime)
+    under = getattr(off, "copy_gbps", None) or (None, None)
+    return (d2h if under[0] is None else min(d2h, under[0]), h2d if under[1] is None else min(h2d, under[1]))
+
+
 # ------------------------------------------------------------ memory budget
 def _nbytes(t):
     return t.numel() * t.element_size()
@@ -256,7 +267,7 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
     total = off.runtime.mem_info()[1]
     limit = None if b is None or b.limit is None else budget.parse(b.limit, total)
     costs = layer_costs(off, marked, runners)
-    gbps = measure_bandwidth(off.device, runtime=off.runtime)
+    gbps = copy_bandwidth(off)
     static = static_bytes(off, runners, graphs, b.reserve if b is not None else 0)
     mode = off.mode
     # ping-pong without a declared schedule has two banks and restores one layer ahead
@@ -312,6 +323,7 @@ def adopt(off, plan, runners, uses):
                   _settled=True)     # the planner's choice, against the environment already
     try:
         new.map_ahead = map_ahead
+        new.copy_gbps = off.copy_gbps
         for r, old in zip(runners, olds):
             lay = new.layer(old.name)
             lay.static = old.static

@@ -17,7 +17,15 @@ and the module's buffers and the CUDA generator's state are put back as
 they were (a replay updates running statistics and draws random numbers).
 A callable that cannot be captured this way keeps its warm-up times; the
 log and ``LayerOffload.times_from`` say which.
+
+The copies' bandwidth is measured the same way: a layer's D2H runs while
+the next layer's forward does, its H2D while a backward does, and they
+share the device's memory bandwidth. So with each layer's graphs a pinned
+copy is timed alone and then while the graph replays; the planners take
+the least bandwidth any layer's compute left the copies
+(``Offload.copy_gbps``), so that a copy the plan expects to hide does.
 """
+import math
 import logging
 
 import torch
@@ -27,15 +35,19 @@ from vmmrt.torch import _compat
 log = logging.getLogger("vmmrt.torch")
 
 REPEATS = 3
+COPY_BYTES = 64 << 20
 
 
 def measure(runners, time_one):
     """Each runner's layer (``runners`` in forward order) given the times of
-    ``time_one(runner) -> (fwd_ms, bwd_ms)`` in place of its warm-up's (kept
-    as ``LayerOffload.warmup_ms``); runners of one callable (a pipeline's
-    microbatches) are timed once. A runner whose timing raises keeps its
-    warm-up times. Returns {layer name: why} for those."""
+    ``time_one(runner) -> (fwd_ms, bwd_ms, d2h_gbps, h2d_gbps)`` in place of
+    its warm-up's (kept as ``LayerOffload.warmup_ms``); runners of one
+    callable (a pipeline's microbatches) are timed once. A runner whose
+    timing raises keeps its warm-up times. Returns ({layer name: why} for
+    those, (D2H, H2D) GB/s: the least of each the layers measured under
+    their graphs, None where none did)."""
     done, failed = {}, {}
+    d2h = h2d = None
     for r in runners:
         lay = r.layer
         got = done.get(r.callable_index)
@@ -49,10 +61,14 @@ def measure(runners, time_one):
                 log.warning("vmmrt: layer %r: the planner uses its warm-up times, not its graphs': %s", lay.name, why)
                 continue
             done[r.callable_index] = got
+            if got[2] is not None:
+                d2h = got[2] if d2h is None else min(d2h, got[2])
+            if got[3] is not None:
+                h2d = got[3] if h2d is None else min(h2d, got[3])
         lay.warmup_ms = (min(lay.fwd_ms) if lay.fwd_ms else None, min(lay.bwd_ms) if lay.bwd_ms else None)
         lay.fwd_ms, lay.bwd_ms = [float(got[0])], [float(got[1])]
         lay.times_from = "graphs"
-    return failed
+    return failed, (d2h, h2d)
 
 
 def timer(off, stream, allow_unused_input):
@@ -65,10 +81,12 @@ def timer(off, stream, allow_unused_input):
 
 
 def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
-    """(forward ms, backward ms) of runner ``r``: its forward and its
-    gradients captured on ``stream`` into a pool of their own, replayed
-    ``repeats`` times after one untimed pair, the least of each; the
-    module's buffers and the CUDA generator's state as they were before."""
+    """(forward ms, backward ms, D2H GB/s, H2D GB/s) of runner ``r``: its
+    forward and its gradients captured on ``stream`` into a pool of their
+    own, replayed ``repeats`` times after one untimed pair, the least of
+    each; then a pinned copy each way while the forward (D2H) or the
+    backward (H2D) replays (:func:`copy_under`); the module's buffers and
+    the CUDA generator's state as they were before."""
     bufs = [b.detach().clone() for b in r.buffers]
     rng = torch.cuda.get_rng_state()
     pool = torch.cuda.graph_pool_handle()
@@ -100,7 +118,9 @@ def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
                 if k:
                     fwd.append(e[0].elapsed_time(e[1]))
                     bwd.append(e[1].elapsed_time(e[2]))
-        return min(fwd), min(bwd)
+            d2h = copy_under(gf.replay, min(fwd), stream, True)
+            h2d = copy_under(gb.replay, min(bwd), stream, False) if gb is not None else None
+        return min(fwd), min(bwd), d2h, h2d
     finally:
         outputs = need = wrt = gos = None
         gf = gb = None
@@ -112,6 +132,44 @@ def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
         # the pool's segments, held by nothing now, back to the driver before
         # the next layer's (each capture has a pool of its own)
         torch.cuda.empty_cache()
+
+
+def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES):
+    """GB/s of a pinned copy of ``nbytes`` (device to host if ``d2h``) on a
+    stream of its own while ``replay()`` runs on ``stream`` as many times as
+    cover it: the copy alone first, to know how many. None when the copy
+    cannot be made (no pinned memory): the idle bandwidth stands."""
+    try:
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=stream.device)
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError:
+        return None
+    cs = torch.cuda.Stream(device=stream.device)
+
+    def timed(before=None):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before is not None:
+            before()
+        with torch.cuda.stream(cs):
+            e0.record(cs)
+            if d2h:
+                host.copy_(dev, non_blocking=True)
+            else:
+                dev.copy_(host, non_blocking=True)
+            e1.record(cs)
+        torch.cuda.synchronize(stream.device)
+        return e0.elapsed_time(e1)
+
+    alone = timed()
+    # compute that outlasts the copy: the copy alone's time, twice over
+    n = min(1000, max(2, math.ceil(2 * alone / max(replay_ms, 1e-3))))
+
+    def compute():
+        with torch.cuda.stream(stream):
+            for _ in range(n):
+                replay()
+    under = timed(compute)
+    return nbytes / (max(under, 1e-6) * 1e-3) / 1e9
 
 
 def _capture(graph, pool, stream, body):
