@@ -25,8 +25,9 @@ copy is timed alone and then while the graph replays; the planners take
 the least bandwidth any layer's compute left the copies
 (``Offload.copy_gbps``), so that a copy the plan expects to hide does.
 """
-import math
+import gc
 import logging
+import math
 
 import torch
 
@@ -174,8 +175,12 @@ def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES):
 
 def _capture(graph, pool, stream, body):
     """body() captured into ``graph`` ("thread_local": the library's driver
-    workers may map while it runs); a capture the driver invalidated leaves
-    nothing under way (_compat.end_abandoned_pool)."""
+    workers may map while it runs; no garbage collection inside, whose
+    finalizers may call the driver on this thread, as vmmrt.torch.graphed's
+    captures); a capture the driver invalidated leaves nothing under way
+    (_compat.end_abandoned_pool)."""
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             return body()
@@ -183,3 +188,6 @@ def _capture(graph, pool, stream, body):
         _compat.end_abandoned_pool(pool)
         _compat.end_abandoned_capture(stream)
         raise
+    finally:
+        if collecting:
+            gc.enable()
