@@ -164,3 +164,79 @@ def test_offload_auto_times_graphs_and_leaves_the_buffers_as_the_warm_up_did():
     # a replay updates BatchNorm's running statistics: the timing puts them back
     for a, b in zip(built["auto"][1], built[0.0][1]):
         assert torch.equal(a, b)
+
+
+class _Clock:
+    """The device's clock as the stand-ins see it: a replay advances it."""
+    now = 0.0
+
+
+class _Event:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = _Clock.now
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+class _TimedGraph:
+    """A graph whose capture runs its body eagerly; each replay takes
+    ``costs`` ms in turn, and one (the
+    backward's) also writes over the module's buffers, as a replay of
+    BatchNorm's forward updates its running statistics."""
+    made = []
+
+    def __init__(self):
+        self.costs = None
+        self.buffers = ()
+        _TimedGraph.made.append(self)
+
+    def register_generator_state(self, g):
+        pass
+
+    def replay(self):
+        _Clock.now += self.costs.pop(0) if len(self.costs) > 1 else self.costs[0]
+        for b in self.buffers:
+            b.add_(1)
+
+
+def test_graph_timing_takes_the_least_replay_and_puts_buffers_and_rng_back(monkeypatch):
+    import contextlib
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(8))
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    _, (r,) = graphed._callables.prepare(m, (x,), None)
+    before = [b.clone() for b in m.buffers()]
+    rng = []
+    _TimedGraph.made = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _TimedGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 9))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: "the state before")
+    monkeypatch.setattr(torch.cuda, "set_rng_state", rng.append)
+    monkeypatch.setattr(replay_times, "copy_under", lambda replay, ms, stream, d2h: 20.0 if d2h else 30.0)
+    made = _TimedGraph.__init__
+
+    def init(self):
+        made(self)
+        # forward: 1 ms untimed, then 3, 2, 4; backward: 0.5 untimed, then 5,
+        # 6, 7 (the untimed pair made fastest here: were it counted, it would
+        # be the least)
+        self.costs = [1.0, 3.0, 2.0, 4.0] if len(_TimedGraph.made) == 1 else [0.5, 5.0, 6.0, 7.0]
+        self.buffers = tuple(m.buffers()) if len(_TimedGraph.made) == 2 else ()
+    monkeypatch.setattr(_TimedGraph, "__init__", init)
+    got = replay_times.time_graphs(r, types.SimpleNamespace(device="cpu"), False)
+    assert got == (2.0, 5.0, 20.0, 30.0)
+    # the capture (eager here) and the replays changed the statistics: put back
+    for a, b in zip(m.buffers(), before):
+        assert torch.equal(a, b)
+    assert rng == ["the state before"]
