@@ -118,6 +118,9 @@ class FakePools:
         return len(out)
 
     def release_cache(self):
+        # PyTorch's emptying of its cache asserts that no allocation is
+        # routed to a pool (captures_underway.empty()): the process aborts
+        assert self.routing is None, "the cache emptied while the step's allocations are routed: an abort"
         self.released += 1
 
     def arena_stats(self):
@@ -302,6 +305,32 @@ def test_a_step_that_raises_ends_its_routing_at_the_next_use():
     on = _train(True, 5, True, fail_at=2)
     pools = on["pools"]
     assert pools.routing is None
+    assert on["stats"]["optimizer_routed_steps"] == 4
+
+
+@routes
+def test_a_step_that_raises_just_before_close_ends_its_routing_first():
+    # no forward comes after the failed step: close() itself ends the
+    # routing, before it lends nothing and empties PyTorch's cache
+    on = _train(True, 4, True, fail_at=3)
+    pools = on["pools"]
+    assert pools.routing is None and pools.lent == []
+    assert on["stats"]["optimizer_routed_steps"] == 3
+
+
+@routes
+def test_vmmrt_empty_cache_ends_a_failed_steps_routing_first():
+    seen = {}
+
+    def step(i, off, pools):
+        if i == 4:
+            # step 3 raised; no forward since: emptying the cache now would
+            # abort under PyTorch, so vmmrt.torch.empty_cache() ends the routing
+            seen["routing"] = pools.routing
+            vt.empty_cache()
+            seen["after"] = pools.routing
+    on = _train(True, 5, True, fail_at=3, at_step=step)
+    assert seen == {"routing": "pool1", "after": None}, seen
     assert on["stats"]["optimizer_routed_steps"] == 4
 
 

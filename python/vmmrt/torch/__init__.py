@@ -62,11 +62,18 @@ def empty_cache() -> int:
     segments have now all been given back, is destroyed. Returns how many
     runtimes are still held for their ranges (a tensor handed out from such
     a pool still alive, say). A process measuring memory between builds
-    calls this where it would call torch.cuda.empty_cache()."""
+    calls this where it would call torch.cuda.empty_cache(). An optimizer
+    step that raised leaves this thread's allocations routed to the memory
+    plan's pages until the next layer's use (vmmrt.torch.optmem); this ends
+    that first (torch.cuda.empty_cache() under it would abort the process)."""
     import torch
+    from vmmrt.torch import _arena, optmem
+    # an optimizer step that raised left this thread's allocations routed
+    # to the pages (its post-hook never ran): emptying the cache under it
+    # would abort the process
+    optmem.end_routing()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
-    from vmmrt.torch import _arena
     return _arena.sweep()
 
 

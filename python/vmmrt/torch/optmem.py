@@ -472,6 +472,14 @@ class OptimizerMemory:
     def close(self) -> None:
         """Before the pages go (Offload.close): no more routing; the view stays
         mapped while a survivor may be in it (the runtime waits for it)."""
+        if self._active:
+            # a step that raised, and no use since to end its routing (after_step):
+            # ended first, or emptying PyTorch's cache below (or anywhere
+            # later) would abort the process, and this thread's next step
+            # would take this closed routing for one under way
+            if getattr(_tls, "active", None) is self:
+                _tls.active = None
+            self.end()
         _live.discard(self)
         self.why_not = self.why_not or "closed"
         if self.view is None:
@@ -669,6 +677,20 @@ def step_ends(optimizer: Any = None) -> None:
     if om is not None:
         _tls.active = None
         om.end(optimizer)
+
+
+def end_routing() -> bool:
+    """This thread's routing, if a step that raised left one (its post-hook
+    never ran), ended now; returns whether there was one. Emptying
+    PyTorch's cache while it is under way aborts the process
+    (captures_underway.empty()): vmmrt.torch.empty_cache() calls this
+    first."""
+    om = getattr(_tls, "active", None)
+    if om is None:
+        return False
+    _tls.active = None
+    om.end()
+    return True
 
 
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
