@@ -53,6 +53,7 @@ vmmrt_py_bench = \
 	python/vmmrt/torch/bench/encoder.py \
 	python/vmmrt/torch/bench/front.py \
 	python/vmmrt/torch/bench/frontrun.py \
+	python/vmmrt/torch/bench/launch_ab.py \
 	python/vmmrt/torch/bench/llama.py \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
@@ -83,6 +84,7 @@ vmmrt_py_tests = \
 	python/tests/test_abandoned_capture.py \
 	python/tests/test_abandoned_pool.py \
 	python/tests/test_replay_times.py \
+	python/tests/test_launch_ab.py \
 	python/tests/test_lifetime.py \
 	python/tests/test_select.py \
 	python/tests/test_stream_maps.py \

@@ -49,6 +49,9 @@
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
 #                  then each again alone in a fresh process, within 3 % ~4 min
 #   check-llama    the same on the llama shape                       ~5 min
+#   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
+#                  callables and vmmrt none alternated, the launch
+#                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
 #   The fronts, one group per command, each with GPU_RUN_NO_PYTEST=1:
 #     bash .gpu/on-device.sh 'GPU_RUN_NO_PYTEST=1 bash python/tests/gpu_run.sh front-launch front-llama'
 #   (~6 min; front-smoke first where the time allows), then front-encoder;
@@ -161,8 +164,11 @@ for part in "${parts[@]}"; do
 	front-fused) front front-fused 240 --shape launch --optimizer fused ;;
 	front-persistent) front front-persistent 240 --shape launch --loop persistent ;;
 	check-launch) front check-launch 420 --shape launch --front-families torch --front-ks 3 --check-alone ;;
+	launch-ab) step launch-ab 240 "$py" -m vmmrt.torch.bench --launch-ab 40 --shape launch,llama \
+		--json "$out/launch-ab.json" || true
+		[ -f "$out/launch-ab.log" ] && grep -E "over torch graphs|least" "$out/launch-ab.log" | tee -a "$summary" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent check-launch check-llama, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent check-launch check-llama launch-ab, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"

@@ -155,6 +155,10 @@ def _parser():
     p.add_argument("--front-only", default=None, metavar="LABELS",
                    help="--front: only the options of these labels, comma-separated, as the table names them "
                         "(\"eager,graphs,vmmrt none\"; the budget points are left out too)")
+    p.add_argument("--launch-ab", type=int, default=0, metavar="PAIRS",
+                   help="instead of the tables: torch's graphed callables and vmmrt none over --shape's layers, "
+                        "their steps alternated PAIRS times (ABBA), each begun with the device idle; the launch "
+                        "thread's excess per layer per step, pair by pair (CUDA only; see bench/launch_ab.py)")
     p.add_argument("--check-alone", action="store_true",
                    help="--front: then each PyTorch point again alone in a fresh process "
                         "(python3 -m vmmrt.torch.bench.alone), its figures against the front's")
@@ -207,7 +211,7 @@ def parse(argv):
         if x not in LAYERS:
             p.error("unknown layer %r; layers are %s, or all" % (x, ", ".join(LAYERS)))
     if a.loop is None:
-        a.loop = "set_to_none" if a.front else "both"
+        a.loop = "set_to_none" if a.front or a.launch_ab else "both"
     a.loops = list(loops.LOOPS) if a.loop == "both" else [a.loop]
     a.shapes = list(shapes.SHAPES) if a.shape == "all" else [x.strip() for x in a.shape.split(",") if x.strip()]
     for x in a.shapes:
@@ -224,6 +228,12 @@ def parse(argv):
         p.error("--front-only goes with --front")
     if a.front and a.budget_sweep:
         p.error("--front and --budget-sweep are two runs: give one")
+    if a.launch_ab < 0:
+        p.error("--launch-ab: a number of pairs, at least 1")
+    if a.launch_ab and (a.front or a.budget_sweep):
+        p.error("--launch-ab is a run of its own: give it without --front or --budget-sweep")
+    if a.launch_ab and not a.device.startswith("cuda"):
+        p.error("--launch-ab compares graphed callables: it needs CUDA")
     if a.check_repeats < 0:
         p.error("--check-repeats must be 0 or more")
     if not 0 < a.check_tolerance < 1:
@@ -368,6 +378,22 @@ def _budget_sweep(args, argv, doc, shape, dev, dtype, t0):
     return 0
 
 
+def _launch_ab(args, argv, doc, dev, dtype, t0):
+    from vmmrt.torch.bench import launch_ab
+    doc["launch_ab"] = []
+    for name in args.shapes:
+        spec = shapes.SHAPES[name]
+        if args.smoke:
+            spec = spec.smoke(args.device)
+        print("\n== launch A/B: %s" % spec.describe(), flush=True)
+        doc["launch_ab"].append(launch_ab.run(args, spec, dev, dtype))
+    doc["wall_s"] = time.perf_counter() - t0
+    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
+    if args.json:
+        report.dump(args.json, doc)
+    return 0
+
+
 def _front(args, argv, doc, dev, dtype, t0):
     from vmmrt.torch.bench import alone, front, frontrun
     doc["fronts"] = []
@@ -439,6 +465,8 @@ def main(argv=None):
         return _budget_sweep(args, argv, doc, shape, dev, dtype, t0)
     if args.front:
         return _front(args, argv, doc, dev, dtype, t0)
+    if args.launch_ab:
+        return _launch_ab(args, argv, doc, dev, dtype, t0)
     sets = []
     if "torch" in args.layer:
         sets.append(("torch", "torch-ops Llama layer",
