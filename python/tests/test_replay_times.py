@@ -240,3 +240,19 @@ def test_graph_timing_takes_the_least_replay_and_puts_buffers_and_rng_back(monke
     for a, b in zip(m.buffers(), before):
         assert torch.equal(a, b)
     assert rng == ["the state before"]
+
+
+def test_the_front_records_where_its_planners_times_came_from():
+    from vmmrt.torch.bench import frontrun
+
+    def lay(name, src, warm=None):
+        return types.SimpleNamespace(name=name, times_from=src, fwd_ms=[0.5], bwd_ms=[1.0], warmup_ms=warm)
+    off = types.SimpleNamespace(layers=[lay("a", "warm-up"), lay("b", "warm-up")], copy_gbps=None)
+    assert frontrun.timing_fields(off) == {} and frontrun.timing_fields(None) == {}
+    off = types.SimpleNamespace(layers=[lay("a", "graphs", (2.0, 4.0)), lay("b", "warm-up (its graphs could not "
+                                                                               "be timed: X)")],
+                                copy_gbps=(40.0, 35.0))
+    got = frontrun.timing_fields(off)
+    assert got["copy_gbps_under_compute"] == (40.0, 35.0)
+    assert [(r["layer"], r["from"][:7], r["fwd_ms"], r["warmup_ms"]) for r in got["planner_times"]] == \
+        [("a", "graphs", 0.5, (2.0, 4.0)), ("b", "warm-up", 0.5, None)]

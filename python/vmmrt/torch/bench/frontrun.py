@@ -255,6 +255,20 @@ def plan_fields(plan):
     return out
 
 
+def timing_fields(off):
+    """What a point records of the times its planner read (vmmrt.torch.
+    replay_times): per layer, where they came from (its graphs' replays or
+    the warm-up), both figures, and the copies' bandwidth under the
+    layers' compute; nothing where every layer kept its warm-up's."""
+    if off is None or all(lay.times_from == "warm-up" for lay in off.layers):
+        return {}
+    return {"planner_times": [{"layer": lay.name, "from": lay.times_from,
+                               "fwd_ms": min(lay.fwd_ms) if lay.fwd_ms else None,
+                               "bwd_ms": min(lay.bwd_ms) if lay.bwd_ms else None,
+                               "warmup_ms": lay.warmup_ms} for lay in off.layers],
+            "copy_gbps_under_compute": off.copy_gbps}
+
+
 def _grads(cmp, spread, math_attention):
     """(right or None, words) of modes.compare's result against the reference."""
     same, ulps, _ = cmp
@@ -356,7 +370,7 @@ class Front:
             if o.kind == "recompute" and built.offload is not None and built.offload.plan is not None:
                 self.plan_of_recompute = (built.offload.plan, self._peak(row)[1])
             if built.offload is not None:
-                pt.update(plan_fields(built.offload.plan))
+                pt.update(plan_fields(built.offload.plan), **timing_fields(built.offload))
             peak, peak_abs = self._peak(row)
             pt.update(step_ms=row["step_ms"], step_ms_min=row["step_ms_min"], step_ms_max=row["step_ms_max"],
                       iterations=row["iterations"], fwd_bwd_ms=row["fwd_bwd_ms"], opt_ms=row["opt_ms"],
