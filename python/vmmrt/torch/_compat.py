@@ -5,6 +5,8 @@ CI has Debian's torch 1.13 (CPU only: no untyped_storage(), no
 scaled_dot_product_attention, an older pytree); the GPU machine has 2.11.
 Every difference is feature-detected here, never decided by version number.
 """
+import gc
+
 import torch
 import torch.utils._pytree as _pytree
 
@@ -116,6 +118,38 @@ def tensor_over(base, dtype, shape, stride, offset_bytes):
         typed = torch.storage.TypedStorage(wrap_storage=base.storage().untyped(), dtype=dtype)
         t.set_(typed, offset_bytes // item, tuple(shape), tuple(stride))
     return t
+
+
+def capture(graph, pool, stream, error_mode, body):
+    """body() captured into ``graph`` on ``stream`` into ``pool``; returns what
+    it returned. No garbage collection inside: a finalizer it runs (an old
+    CUDA graph, another runtime) makes driver calls that invalidate the
+    capture from within it (torch.cuda.graph collects just before). A
+    failure raises the first error (body's own; else capture_end's, which
+    says only that the capture was invalidated) once what the failed capture
+    left under way is ended (:func:`end_abandoned_pool`,
+    :func:`end_abandoned_capture`)."""
+    inner, result = None, None
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
+            try:
+                result = body()
+            except BaseException as e:  # noqa: B902 - re-raised below, after the capture ends
+                inner = e
+    except BaseException as e:  # noqa: B902 - capture_end's, when body's own is not there
+        if inner is None:
+            inner = e
+    finally:
+        if collecting:
+            gc.enable()
+    if inner is not None:
+        # (a capture_end that returned ended the routing itself: then nothing is done)
+        end_abandoned_pool(pool)
+        end_abandoned_capture(stream)
+        raise inner
+    return result
 
 
 def end_abandoned_pool(pool, device=None):

@@ -25,7 +25,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import (_arena, _call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool,
+from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool,
                          pipeline, place, planner, recompute, replay_times, static_grads, static_inputs)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
@@ -333,9 +333,9 @@ def _release_warmup(off):
     unused after the build, in a process that does not empty the cache
     itself; the bench does, and its peaks did not change)."""
     if off.device_type == "cuda":
+        from vmmrt.torch import empty_cache
         torch.cuda.synchronize(off.device)
-        torch.cuda.empty_cache()
-        _arena.sweep()        # (what it gave back may free a closed runtime: vmmrt.torch._arena)
+        empty_cache()         # (and what it gave back may free a closed runtime: vmmrt.torch._arena)
 
 
 def _prepare_runners(callables, sample_args, names, layout, sample_kwargs, gens, retain_graph, graphs, offload,
@@ -541,42 +541,22 @@ def _plan(runners, off, margin):
 def _capture(r, what, graph, pool, stream, error_mode, body):
     """Capture body() into graph; any failure becomes an Error naming the layer,
     what was captured and the cause (the first one: a failed capture's end
-    reports only that the capture was invalidated)."""
-    inner, result = None, None
-    # No garbage collection while capturing: a finalizer it runs (an old
-    # CUDA graph, another runtime) makes driver calls that invalidate a
-    # "global" capture from within it. torch.cuda.graph collects just before.
-    collecting = gc.isenabled()
-    gc.disable()
+    reports only that the capture was invalidated; _compat.capture)."""
     try:
         for g in r.generators:
             graph.register_generator_state(g)
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
-            try:
-                result = body()
-            except BaseException as e:  # noqa: B902 - re-raised below, after the capture ends
-                inner = e
-    except BaseException as e:
-        if inner is None:
-            inner = e
-    finally:
-        if collecting:
-            gc.enable()
-    if inner is not None:
-        # (a capture_end that returned ended the routing itself: then nothing is done)
-        _compat.end_abandoned_pool(pool)
-        _compat.end_abandoned_capture(stream)
-        inner = original_error(inner, [r.layer.last_rec]) or inner
-        r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
-        if isinstance(inner, Error):
-            raise inner
-        if _te.rng_failure(inner):
-            raise Error(_capi.E_CAPTURE, "%s capture failed in %s: %s: %s" % (what, _te.RNG_HINT, type(inner).__name__,
-                                                                               inner), "layer %r" % r.name) from inner
-        raise Error(_capi.E_CAPTURE, "%s capture failed (is there an operation inside the layer that cannot be "
-                    "captured, such as a host synchronization, .item(), or a shape that depends on data?): "
-                    "%s: %s" % (what, type(inner).__name__, inner), "layer %r" % r.name) from inner
-    return result
+        return _compat.capture(graph, pool, stream, error_mode, body)
+    except BaseException as e:  # noqa: B902 - made an Error naming the layer
+        inner = original_error(e, [r.layer.last_rec]) or e
+    r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
+    if isinstance(inner, Error):
+        raise inner
+    if _te.rng_failure(inner):
+        raise Error(_capi.E_CAPTURE, "%s capture failed in %s: %s: %s" % (what, _te.RNG_HINT, type(inner).__name__,
+                                                                           inner), "layer %r" % r.name) from inner
+    raise Error(_capi.E_CAPTURE, "%s capture failed (is there an operation inside the layer that cannot be "
+                "captured, such as a host synchronization, .item(), or a shape that depends on data?): "
+                "%s: %s" % (what, type(inner).__name__, inner), "layer %r" % r.name) from inner
 
 
 def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses, graph_pool=True):

@@ -25,7 +25,6 @@ copy is timed alone and then while the graph replays; the planners take
 the least bandwidth any layer's compute left the copies
 (``Offload.copy_gbps``), so that a copy the plan expects to hide does.
 """
-import gc
 import logging
 import math
 
@@ -175,19 +174,6 @@ def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES):
 
 def _capture(graph, pool, stream, body):
     """body() captured into ``graph`` ("thread_local": the library's driver
-    workers may map while it runs; no garbage collection inside, whose
-    finalizers may call the driver on this thread, as vmmrt.torch.graphed's
-    captures); a capture the driver invalidated leaves nothing under way
-    (_compat.end_abandoned_pool)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-            return body()
-    except BaseException:
-        _compat.end_abandoned_pool(pool)
-        _compat.end_abandoned_capture(stream)
-        raise
-    finally:
-        if collecting:
-            gc.enable()
+    workers may map while it runs; _compat.capture ends what a failed
+    capture leaves under way)."""
+    return _compat.capture(graph, pool, stream, "thread_local", body)
