@@ -403,14 +403,22 @@ class OptimizerMemory:
                             "(Offload.stats()['optimizer_survivors']); logged once", len(alive),
                             _size(sum(hi - lo for lo, hi in alive)))
 
+    def end_left(self) -> bool:
+        """The routing a step that raised left under way (its post-hook never
+        ran) ended now, and this thread no longer takes it for its step in
+        progress; returns whether there was one."""
+        if not self._active:
+            return False
+        if getattr(_tls, "active", None) is self:
+            _tls.active = None
+        self.end()
+        return True
+
     def after_step(self, stream: Any) -> None:
         """The first planned use after a routed step (memplan.Entry.begin_use):
         a step that raised never reached the post-hook, so its routing ends
         here; the use's stream waits for the optimizer's if it is another."""
-        if self._active:
-            if getattr(_tls, "active", None) is self:
-                _tls.active = None
-            self.end()
+        self.end_left()
         if self._stream is not None:
             self.api.order_before(self._stream, stream)
             self._stream = None
@@ -472,14 +480,10 @@ class OptimizerMemory:
     def close(self) -> None:
         """Before the pages go (Offload.close): no more routing; the view stays
         mapped while a survivor may be in it (the runtime waits for it)."""
-        if self._active:
-            # a step that raised, and no use since to end its routing (after_step):
-            # ended first, or emptying PyTorch's cache below (or anywhere
-            # later) would abort the process, and this thread's next step
-            # would take this closed routing for one under way
-            if getattr(_tls, "active", None) is self:
-                _tls.active = None
-            self.end()
+        # a step that raised, and no use since to end its routing (after_step):
+        # ended first, or emptying PyTorch's cache below (or anywhere later)
+        # would abort the process
+        self.end_left()
         _live.discard(self)
         self.why_not = self.why_not or "closed"
         if self.view is None:
@@ -686,11 +690,7 @@ def end_routing() -> bool:
     (captures_underway.empty()): vmmrt.torch.empty_cache() calls this
     first."""
     om = getattr(_tls, "active", None)
-    if om is None:
-        return False
-    _tls.active = None
-    om.end()
-    return True
+    return om is not None and om.end_left()
 
 
 def _pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
