@@ -92,12 +92,13 @@ def run(args, spec, dev, dtype):
     twins = copy.deepcopy(layers)
     n = len(layers)
     g = torch.Generator(device="cpu").manual_seed(7)
-    xs = [torch.randn(*dims, generator=g).to(dev, dtype).requires_grad_()]
-    gys = [torch.randn(*dims, generator=g).to(dev, dtype)]
+    mb = args.microbatches
+    xs = [torch.randn(*dims, generator=g).to(dev, dtype).requires_grad_() for _ in range(mb)]
+    gys = [torch.randn(*dims, generator=g).to(dev, dtype) for _ in range(mb)]
 
     def sample():
         return torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True)
-    loop = loops.Loop(args.loops[0] if getattr(args, "loops", None) else "set_to_none")
+    loop = loops.Loop(args.loops[0], mb)
     built = {}
     try:
         built[LABELS[0]] = modes.build("graph", twins, sample, args)
@@ -112,8 +113,9 @@ def run(args, spec, dev, dtype):
             if label in built:
                 modes.teardown(built[label], ls)
     summary = summarize(samples, LABELS[0])
-    print("launch thread, %s, %s loop, %d pairs interleaved (ABBA), each step begun with the device idle:"
-          % (spec.name, loop.name, args.launch_ab), flush=True)
+    print("launch thread, %s, %s loop, %d microbatch(es), %d pairs interleaved (ABBA), each step begun with the "
+          "device idle:" % (spec.name, loop.name, mb, args.launch_ab), flush=True)
     for line in lines(summary, LABELS[0]):
         print(line, flush=True)
-    return {"shape": spec.name, "loop": loop.name, "pairs": args.launch_ab, "samples": samples, "summary": summary}
+    return {"shape": spec.name, "loop": loop.name, "microbatches": mb, "pairs": args.launch_ab, "samples": samples,
+            "summary": summary}
