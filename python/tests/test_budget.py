@@ -505,6 +505,58 @@ def test_mode_auto_builds_in_the_strategy_the_planner_chose(monkeypatch):
         _build(mine, mode="auto")
 
 
+def test_remap_is_charged_what_its_map_was_timed_at(monkeypatch):
+    """The budget planner charges remap the map's measured cost, timed once
+    per Offload (a stream-ordered map of the largest group), not an assumed
+    one: at 50 ms a map, remap loses to ping-pong and says what it would
+    cost; where remap is not among the strategies nothing is timed."""
+    from vmmrt.torch import planner
+    calls = []
+
+    def timed(off, nbytes, repeats=planner.REMAP_REPEATS):
+        calls.append(nbytes)
+        return 50.0
+    monkeypatch.setattr(planner, "measure_remap", timed)
+    monkeypatch.setattr(budget, "STRATEGIES", (("pingpong", 1), ("remap", 2)))
+    _, mine = _pair(5, seed=2)
+    kw = dict(mode="auto", min_bytes=1024, options={"host_granularity": 4096})
+    with pytest.raises(BudgetError) as e:
+        _build(mine, **kw, memory_budget=Budget(1, recompute=False))
+    assert len(calls) == 1 and calls[0] > 0
+    fs = _build(mine, **kw, memory_budget=Budget(e.value.smallest, recompute=False))
+    off = vt.offload_of(fs[0])
+    try:
+        p = off.plan
+        assert len(calls) == 2 and p.remap_ms == 50.0 and off.remap_ms == (50.0, calls[1])
+        assert p.mode == "pingpong" and p.counts()["offload"] >= 1, p.summary()
+        # remap's smallest plan pays 50 ms a layer it offloads
+        kw = dict(strategies=[("remap", 2)], static_bytes=p.static_bytes, d2h_gbps=p.d2h_gbps, h2d_gbps=p.h2d_gbps,
+                  margin=p.margin, granularity=p.granularity, remap_ms=p.remap_ms, recompute=False,
+                  map_ahead=p.map_ahead)
+        with pytest.raises(BudgetError) as r:
+            budget.search(p.costs, 1, **kw)
+        q = budget.search(p.costs, r.value.smallest, **kw)
+        assert q.copy_ms >= 50.0 * q.counts()["offload"] > 0
+        assert "remap's cost per offloaded layer, as the budget planner charged it: 50.000 ms" in off.describe()
+    finally:
+        off.close()
+    fs = _build(_pair(5, seed=2)[1], mode="pingpong", min_bytes=1024, memory_budget=Budget(layers=["keep"] * 5))
+    vt.offload_of(fs[0]).close()
+    assert len(calls) == 2          # a hand plan in ping-pong: no remap to predict
+
+
+def test_remap_map_is_timed_on_the_runtime_and_leaves_nothing_mapped():
+    from vmmrt.torch import planner
+    from vmmrt.torch.offload import Offload
+    off = Offload(mode="remap", device="cpu", options={"host_granularity": 4096})
+    try:
+        ms = planner.measure_remap(off, 3 << 20)
+        assert 0 < ms < 1e4
+        assert off.stats()["slot_bytes"] == 0
+    finally:
+        off.close()
+
+
 def test_a_hand_plan_over_its_limit_is_refused():
     _, mine = _pair(2)
     with pytest.raises(BudgetError, match="hand plan's predicted peak"):

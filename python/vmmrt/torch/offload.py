@@ -127,6 +127,7 @@ class Offload:
         self.allocated = False
         self.plan = None
         self.copy_gbps = None       # (D2H, H2D) GB/s under the layers' graphs, for the planners (replay_times)
+        self.remap_ms = None        # (ms, bytes): remap's map timed for the budget planner (planner.remap_cost)
         self.failed = None
         self._ranges = []
         self.min_bytes = min_bytes
@@ -592,6 +593,9 @@ class Offload:
                          "\n  %s: graphs' replays, forward %.3f ms, backward %.3f ms (warm-up %s)"
                          % (lay.name, min(lay.fwd_ms), min(lay.bwd_ms),
                             "?" if not w or w[0] is None else "%.3f / %.3f ms" % (w[0], w[1] or 0.0)))
+        if self.remap_ms is not None:
+            text += ("\nremap's cost per offloaded layer, as the budget planner charged it: %.3f ms (a stream-ordered "
+                     "map of %.1f MiB, timed)" % (self.remap_ms[0], self.remap_ms[1] / mib))
         if self.memplan is not None:
             text += "\n" + self.memplan.describe()
         return text

@@ -15,11 +15,15 @@ instead of the pool) and would grow both ping-pong banks to the tail's size:
 the tail moves nothing. :func:`plan` is arithmetic
 only; :func:`measure_bandwidth` and the layer timings feed it.
 """
+import logging
+
 import torch
 
 import vmmrt
 from vmmrt import _capi
 from vmmrt.torch import select
+
+log = logging.getLogger("vmmrt.torch")
 
 
 class LayerPlan:
@@ -139,6 +143,82 @@ def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
             slot.destroy()
         if own:
             rt.close()
+
+
+# remap's probe is the largest group a layer could move, at most this much:
+# a map's cost grows with its size, and the probe's memory is taken for it
+REMAP_PROBE_MAX = 1 << 30
+REMAP_REPEATS = 5
+
+
+def measure_remap(off, nbytes, repeats=REMAP_REPEATS):
+    """Milliseconds a stream waits for one map of ``nbytes`` in remap's way:
+    a slot of ``off``'s runtime released in stream order, then mapped again
+    by a driver worker once an event on the stream has completed (a host
+    function wakes it: vmmrt_slot_map_after(3)) while the stream waits for it
+    on the device (vmmrt_slot_wait_stream(3)); from that event to the
+    stream going on, timed with the library's events. One untimed cycle,
+    then the median of ``repeats``: a map's latency has a tail (the worker's
+    wake-up), and the plan charges it at every offloaded layer."""
+    rt = off.runtime
+    g = max(1, off.granularity)
+    nbytes = -(-max(1, min(int(nbytes), REMAP_PROBE_MAX)) // g) * g
+    slot = stream = None
+    events = []
+    try:
+        slot = rt.slot(nbytes)
+        slot.map()
+        stream = rt.stream_create()
+        times = []
+        for k in range(repeats + 1):
+            t0, t1 = rt.event(True), rt.event(True)
+            events += [t0, t1]
+            slot.release_after(stream)
+            t0.record(stream)
+            slot.map_after(t0)
+            slot.wait_stream(stream)
+            t1.record(stream)
+            t1.synchronize()
+            if k:
+                times.append(t0.elapsed_ms(t1))
+        slot.wait()
+        times.sort()
+        return times[len(times) // 2]
+    finally:
+        for e in events:
+            e.destroy()
+        if stream is not None:
+            rt.stream_synchronize(stream)
+            rt.stream_destroy(stream)
+        if slot is not None:
+            slot.destroy()
+
+
+def remap_cost(off, costs):
+    """remap's cost per offloaded layer for the planner: measured once per
+    Offload (:func:`measure_remap`, a map of the largest group a layer could
+    move) and kept as ``off.remap_ms`` ((ms, bytes)); the assumed
+    budget.REMAP_MS where the measure fails (said in the log)."""
+    from vmmrt.torch import budget
+    have = getattr(off, "remap_ms", None)
+    if have is not None:
+        return have[0]
+    nbytes = max([sum(c.sizes) for c in costs] or [0])
+    try:
+        ms = measure_remap(off, nbytes)
+    except vmmrt.Error as e:
+        log.warning("vmmrt: remap's map could not be timed (%s); the planner assumes %.2f ms", e, budget.REMAP_MS)
+        return budget.REMAP_MS
+    off.remap_ms = (ms, min(nbytes, REMAP_PROBE_MAX))
+    return ms
+
+
+def _uses_remap(mode, strategies):
+    """Whether a budget plan will predict remap: chosen among, or the
+    runtime's mode (whose alternatives are predicted too)."""
+    if strategies is not None:
+        return any(m == "remap" for m, _ in strategies)
+    return mode != "none"
 
 
 def copy_bandwidth(off):
@@ -274,6 +354,11 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
     la = off.lookahead if mode == "remap" else 1
     common = dict(static_bytes=static, d2h_gbps=gbps[0], h2d_gbps=gbps[1], margin=margin,
                   granularity=off.granularity, map_ahead=0 if off.host else off.map_ahead)
+    # remap's map is timed only where a prediction will charge it: a plan
+    # in remap, or a search whose strategies (or alternatives) include it
+    searched = b is not None and b.layers is None and limit is not None
+    if mode == "remap" or (searched and _uses_remap(mode, strategies)):
+        common["remap_ms"] = remap_cost(off, costs)
     if b is not None and b.layers is not None:
         p = budget.evaluate(costs, b.layers, mode if mode != "none" else "pingpong", la, budget=limit,
                             **common)
@@ -323,7 +408,7 @@ def adopt(off, plan, runners, uses):
                   _settled=True)     # the planner's choice, against the environment already
     try:
         new.map_ahead = map_ahead
-        new.copy_gbps = off.copy_gbps
+        new.copy_gbps, new.remap_ms = off.copy_gbps, off.remap_ms
         for r, old in zip(runners, olds):
             lay = new.layer(old.name)
             lay.static = old.static
