@@ -834,3 +834,16 @@ def test_front_only_runs_the_options_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse(["--front-only", "eager"])          # without --front: refused, not ignored
     assert "--front-only goes with --front" in capsys.readouterr().err
+
+
+def test_teardown_drops_the_samples_gradients():
+    """The last step's input gradient (the first layer's, in the graphs' pool
+    or a gradient slot) would hold that memory under the next build's
+    static memory: teardown lets it go with the build."""
+    x = torch.randn(2, 3, requires_grad=True)
+    x.sum().backward()
+
+    class Built:
+        offload = run = opt = None
+    modes.teardown(Built(), [torch.nn.Linear(3, 3)], inputs=[x])
+    assert x.grad is None

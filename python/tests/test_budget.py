@@ -99,6 +99,32 @@ def test_timeline_holds_residents_to_their_backward_and_gradients_from_theirs():
     assert budget.evaluate(big, ["recompute"] * 3).timeline_bytes == 3000
 
 
+def test_the_optimizer_steps_temporaries_take_the_pages_free_at_the_step():
+    # the costs above: at b2 the timeline holds 660, the largest working set is 50; every gradient is 70
+    costs = [LayerCost("a", 1, 1, [100], grads=10, fwd_work=5), LayerCost("b", 1, 1, [200], grads=20, bwd_work=50),
+             LayerCost("c", 1, 1, [300], grads=40)]
+    # without the memory plan's pages the step's temporaries come beside everything
+    p = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=400)
+    assert p.peak_bytes == 7 + 400 + 50 + 660 and p.step_peak_bytes is None
+    # on them only the gradients are live at the step: 70 + 400 fit in the 710 the layers use
+    q = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=400, pages=True)
+    assert q.step_peak_bytes == 470 and q.peak_bytes == 7 + 50 + 660
+    assert "on the memory plan's pages beside the gradients (0 MiB at the step)" in q.summary()
+    # a step larger than the free bytes adds what does not fit
+    r = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=1000, pages=True)
+    assert r.peak_bytes == 7 + 70 + 1000
+    # so a budget that holds the layers with the step in their pages keeps everything there; without
+    # the pages nothing fits it (the temporaries alone leave 310 bytes for the layers)
+    fit = budget.search(costs, 7 + 710, static_bytes=7, step_bytes=400, pages=True)
+    assert fit.counts()["keep"] == 3 and fit.peak_bytes == 717
+    with pytest.raises(BudgetError):
+        budget.search(costs, 7 + 710, static_bytes=7, step_bytes=400)
+    with pytest.raises(InvalidBudget):
+        budget.evaluate(costs, ["keep"] * 3, step_bytes=-1)
+    with pytest.raises(InvalidBudget, match="step=-5"):
+        Budget(10, step=-5)
+
+
 def test_a_layers_working_set_is_the_larger_of_its_forward_and_backward():
     # the pool holds what one pass allocates at a time, not both passes' sum
     for fwd, bwd in ((30, 70), (70, 30)):

@@ -581,8 +581,8 @@ def test_the_accumulating_backward_launches_in_one_call_too(monkeypatch):
 
 @pytest.mark.parametrize("asked,planned", [(None, False), (True, True), (False, False)])
 def test_memory_budget_plans_without_the_pages_unless_asked(asked, planned):
-    """The budget planner predicts the map-and-release path's peak: with
-    memory_budget= the memory plan is off unless memory_plan=True asks."""
+    """With memory_budget= the memory plan is off unless memory_plan=True
+    asks (the budget planner then predicts the pages: test_budget)."""
     from vmmrt.torch.budget import Budget
     kw = {} if asked is None else {"memory_plan": asked}
     g = vt.make_graphed_callables(tuple(zoo_layers(2)), samples(2), graphs=False, mode="pingpong", min_bytes=0,
@@ -590,6 +590,8 @@ def test_memory_budget_plans_without_the_pages_unless_asked(asked, planned):
     off = vt.offload_of(g[0])
     try:
         assert off.memplan.enabled is planned
+        # the host backend routes no optimizer step to the pages: predicted beside them
+        assert off.plan.pages is False
     finally:
         off.close()
     g = vt.make_graphed_callables(tuple(zoo_layers(2)), samples(2), graphs=False, mode="pingpong", min_bytes=0,

@@ -39,10 +39,15 @@ largest working set + the most the timeline holds at once:
   optimizer's step, ``map_ahead`` uses ahead as Offload maps them; static
   gradient buffers are in ``static_bytes``.
 
-What a step holds outside the layers (an optimizer's states and its
-temporaries: foreach AdamW's sqrt of a second moment is 1x the parameters)
-is the caller's ``Budget(reserve=)``: the caching allocator keeps it
-reserved beside everything above.
+What a step holds outside the layers is the caller's: an optimizer's
+states (``Budget(reserve=)``, beside everything above) and the temporaries
+its step allocates and frees (``Budget(step=)``: foreach AdamW's sqrt of a
+second moment is 1x the parameters). With the memory plan's pages
+(``pages``: vmmrt.torch.memplan, the optimizer step routed into them by
+vmmrt.torch.optmem), only the gradients are live in them at the step and
+the temporaries take the rest: the layers' part of the peak is then the
+larger of the above and gradients + temporaries; without them the
+temporaries add to it.
 
 The search, per strategy and per bound on the largest group that moves
 (which fixes the banks), is the greedy of a multiple-choice knapsack: each
@@ -133,19 +138,25 @@ class Budget:
     """A memory_budget with more said than a number: ``limit`` (what
     :func:`parse` takes, or None with ``layers``), ``reserve`` (bytes that
     the step will hold beyond what is on the device when the plan is made,
-    e.g. optimizer states created at the first step), ``layers`` (a hand plan:
+    e.g. optimizer states created at the first step), ``step`` (bytes the
+    optimizer step allocates and frees within itself: foreach AdamW's
+    temporaries, about the parameters' size; on the memory plan's pages they
+    take the bytes the activations left free then, else they add to
+    ``reserve``), ``layers`` (a hand plan:
     one choice per layer, "keep", "recompute", "offload" (every region) or a
     fraction of the layer's bytes to offload; predicted, not searched) and
     ``recompute`` (False: the planner never recomputes)."""
 
-    def __init__(self, limit=None, reserve=0, layers=None, recompute=True):
+    def __init__(self, limit=None, reserve=0, layers=None, recompute=True, step=0):
         if limit is None and layers is None:
             raise InvalidBudget("Budget() needs a limit, a hand plan (layers=) or both")
-        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
-            raise InvalidBudget("Budget(reserve=%r): bytes, 0 or more" % (reserve,))
+        for name, v in (("reserve", reserve), ("step", step)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidBudget("Budget(%s=%r): bytes, 0 or more" % (name, v))
         if layers is not None:
             layers = [check_choice(c, i) for i, c in enumerate(layers)]
         self.limit, self.reserve, self.layers, self.recompute = limit, reserve, layers, bool(recompute)
+        self.step = step
 
 
 def check_choice(c, i):
@@ -221,8 +232,9 @@ class BudgetPlan:
     the indices of the regions that move (what Offload.allocate(plan=) reads)."""
 
     def __init__(self, layers, mode, lookahead, static_bytes, d2h_gbps, h2d_gbps, margin, granularity,
-                 remap_ms, budget=None, map_ahead=1):
+                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False):
         self.layers, self.mode, self.lookahead, self.map_ahead = layers, mode, lookahead, map_ahead
+        self.step_bytes, self.pages = step_bytes, pages
         self.static_bytes, self.d2h_gbps, self.h2d_gbps = static_bytes, d2h_gbps, h2d_gbps
         self.margin, self.granularity, self.remap_ms, self.budget = margin, granularity, remap_ms, budget
         self.alternatives = []      # (mode, lookahead, predicted_ms, peak_bytes) of the other strategies
@@ -255,7 +267,18 @@ class BudgetPlan:
         # at most reserved: the largest working set is held all along.
         self.inflight_bytes = max([c.work for c in ls] or [0])
         self.timeline_bytes = timeline(ls, self.map_ahead)
-        self.peak_bytes = self.static_bytes + self.bank_bytes + self.inflight_bytes + self.timeline_bytes
+        during = self.inflight_bytes + self.timeline_bytes
+        if self.pages:
+            # On the memory plan's pages (pool, resident and gradient slots),
+            # only the gradients are live at the optimizer step: its
+            # temporaries take the bytes free then (vmmrt.torch.optmem), and
+            # add only what does not fit.
+            self.step_peak_bytes = sum(c.grads for c in ls) + self.step_bytes
+            held = max(during, self.step_peak_bytes)
+        else:
+            self.step_peak_bytes = None
+            held = during + self.step_bytes
+        self.peak_bytes = self.static_bytes + self.bank_bytes + held
 
     @property
     def fits(self):
@@ -282,6 +305,10 @@ class BudgetPlan:
                    sum(c.grads for c in self.layers) / mib,
                    "" if self.budget is None else " within the budget of %.0f MiB" % (self.budget / mib)))
         lines = [head]
+        if self.step_bytes:
+            lines.append("  the optimizer step's temporaries: %.0f MiB, %s" % (
+                self.step_bytes / mib, "on the memory plan's pages beside the gradients (%.0f MiB at the step)"
+                % (self.step_peak_bytes / mib) if self.pages else "beside everything else"))
         for c in self.layers:
             what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions)" % (c.moved / mib, len(c.chosen)),
                     "recompute": "recomputes its forward in backward (+%.2f ms)" % c.fwd_ms}[c.action]
@@ -298,6 +325,7 @@ class BudgetPlan:
                 "static_bytes": self.static_bytes, "bank_bytes": self.bank_bytes,
                 "inflight_bytes": self.inflight_bytes, "timeline_bytes": self.timeline_bytes,
                 "map_ahead": self.map_ahead, "peak_bytes": self.peak_bytes,
+                "step_bytes": self.step_bytes, "pages": self.pages, "step_peak_bytes": self.step_peak_bytes,
                 "graph_ms": self.graph_ms, "recompute_ms": self.recompute_ms, "copy_ms": self.copy_ms,
                 "predicted_ms": self.predicted_ms, "counts": self.counts(),
                 "alternatives": [list(a) for a in self.alternatives],
@@ -325,25 +353,27 @@ def timeline(ls, ahead=1):
 
 
 class _Env:
-    def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead=1):
+    def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead=1,
+                 step_bytes=0, pages=False):
         self.costs, self.static, self.d2h, self.h2d = costs, static_bytes, d2h_gbps, h2d_gbps
         self.margin, self.gran, self.remap_ms, self.map_ahead = margin, granularity, remap_ms, map_ahead
+        self.step_bytes, self.pages = step_bytes, pages
 
     def make(self, choices, mode, la, budget=None):
         ls = [LayerChoice(c, a, ch) for c, (a, ch) in zip(self.costs, choices)]
         p = BudgetPlan(ls, mode, la, self.static, self.d2h, self.h2d, self.margin, self.gran, self.remap_ms,
-                       budget, self.map_ahead)
+                       budget, self.map_ahead, self.step_bytes, self.pages)
         p.costs = self.costs        # what it was planned from (the benchmark predicts hand plans with it)
         return p
 
 
-def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin):
+def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes=0):
     if not 0 < margin <= 1:
         raise InvalidBudget("planner margin %r is not in (0, 1]" % (margin,))
     if not d2h_gbps > 0 or not h2d_gbps > 0:
         raise InvalidBudget("the planner needs positive bandwidths, got D2H %r, H2D %r" % (d2h_gbps, h2d_gbps))
-    if static_bytes < 0:
-        raise InvalidBudget("static_bytes=%r is negative" % (static_bytes,))
+    if static_bytes < 0 or step_bytes < 0:
+        raise InvalidBudget("static_bytes=%r or step_bytes=%r is negative" % (static_bytes, step_bytes))
     for c in costs:
         if c.fwd_ms < 0 or c.bwd_ms < 0 or any(s < 0 for s in c.sizes) or min(c.fixed, c.grads, c.fwd_work,
                                                                                  c.bwd_work) < 0:
@@ -351,16 +381,16 @@ def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin):
 
 
 def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None,
-             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None, map_ahead=1):
+             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None, map_ahead=1, step_bytes=0, pages=False):
     """The prediction of a hand plan: ``choices`` one per layer as
     :class:`Budget`'s ``layers`` take them. A fraction offloads the largest
     regions first that fit in it (the same selection as offload=fraction);
     the tail (last layer) moves nothing, as libvmmrt never copies it."""
     h2d_gbps = h2d_gbps or d2h_gbps
-    _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin)
+    _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes)
     if len(choices) != len(costs):
         raise InvalidBudget("a hand plan of %d choices for %d layers" % (len(choices), len(costs)))
-    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead)
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages)
     out = []
     for i, (c, ch) in enumerate(zip(costs, choices)):
         ch = check_choice(ch, i)
@@ -490,13 +520,14 @@ def _search(env, mode, la, cap, budget):
 
 
 def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.9, granularity=1,
-           strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24, map_ahead=1):
+           strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24, map_ahead=1, step_bytes=0,
+           pages=False):
     """The fastest plan whose predicted peak is within ``budget`` bytes, over
     ``strategies`` ((mode, look-ahead) pairs); :class:`BudgetError` with the
     smallest budget that would fit when none does. ``recompute=False``: no
     layer is recomputed unless it is marked."""
     h2d_gbps = h2d_gbps or d2h_gbps
-    _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin)
+    _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes)
     if not strategies:
         raise InvalidBudget("no strategy to plan with")
     for mode, la in strategies:
@@ -505,7 +536,7 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
                                 "1 or more" % (mode, la))
     if not recompute:
         costs = [c if c.recompute is True else c.but(recompute=False) for c in costs]
-    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead)
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages)
     movable = sorted({s for i, c in enumerate(costs[:-1]) for s in _level_bytes(c)})
     if len(movable) > caps:     # quantiles of the candidate group sizes, the largest kept
         movable = sorted({movable[int(k * (len(movable) - 1) / (caps - 1))] for k in range(caps)})

@@ -192,10 +192,11 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         PyTorch's caching allocator (as before; for comparison).
         False: each slot is mapped before its use and released after it
         (five driver calls per slot and step). Left out with
-        ``memory_budget=``: False, as the budget planner predicts the peak
-        of that path (pages held through the optimizer step, beside its
-        temporaries, could take a step over the budget it planned to);
-        True asks for the plan all the same.
+        ``memory_budget=``: False (on the H200 the budget builds that
+        followed a build on the pages planned from a static memory grown by
+        what that build's graphs' pool still held). True asks for it: the
+        budget planner then predicts the optimizer step's temporaries
+        (``Budget(step=)``) in the bytes free on the pages at the step.
 
     TransformerEngine's arguments (its make_graphed_callables, as Megatron-LM
     calls it; all keyword only here):
@@ -253,7 +254,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                          post_warmup_hook)
         _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, memory_budget)
         off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs,
-                        memory_plan is not False)
+                        memory_plan is not False, memory_plan is True)
         if graphs:
             captured = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses,
                                     memory_plan is not False)
@@ -393,7 +394,8 @@ def _close(off, runners):
             r.layer.offload.close()
 
 
-def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs, inputs=False):
+def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs, inputs=False,
+              pages=False):
     """After the warm-up: the gradients' slots, the pipeline's schedule, what
     moves (a fraction, the bandwidth planner's "auto", or the budget
     planner's plan, which may choose another mode: then another runtime,
@@ -402,7 +404,8 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     (vmmrt.torch.static_inputs), with a memory plan to put them on its
     pages: without one the slot is mapped per step, and a call's copy into
     it (a cudaMemcpyAsync, which the driver checks when it is enqueued)
-    would wait for the map on the launch thread."""
+    would wait for the map on the launch thread. ``pages``: memory_plan=True
+    (the budget planner predicts the optimizer step on the pages)."""
     def allocate(off, **how):
         inputs_here = inputs and graphs and layout is None
         if inputs_here:
@@ -419,7 +422,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         off.set_schedule([(r.layer, b) for b, r in uses])
     if memory_budget is not None or any(marks):
         plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
-                                   budget.STRATEGIES if mode == "auto" else None)
+                                   budget.STRATEGIES if mode == "auto" else None, pages=pages)
         if mode == "auto":          # the planner's strategy: another runtime, the same discovery
             off = planner.adopt(off, plan, runners, uses)
             if grads == "mapped":

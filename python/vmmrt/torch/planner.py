@@ -225,6 +225,16 @@ def _uses_remap(mode, strategies):
     return mode != "none"
 
 
+def routed(off, graphs):
+    """Whether the optimizer step's allocations can go to the memory plan's
+    free pages here (vmmrt.torch.optmem: graphs on CUDA, a PyTorch that
+    routes)."""
+    if not graphs:
+        return False
+    from vmmrt.torch import optmem
+    return optmem.available(off) is None
+
+
 def copy_bandwidth(off):
     """(D2H, H2D) GB/s the planners plan ``off``'s copies with: libvmmrt's
     own copies measured idle (:func:`measure_bandwidth`), each no more than
@@ -336,14 +346,19 @@ def layer_costs(off, marked=None, runners=()):
     return rows
 
 
-def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None):
+def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None,
+                pages=False):
     """The plan for ``memory_budget`` (bytes, "80%", "60GiB" or a
     :class:`vmmrt.torch.budget.Budget`) over the layers of ``off`` (after
     their warm-up): searched under a limit, predicted for a hand plan, or,
     with only layers marked for recomputation, those recomputed and the
     others offloaded by the fraction ``offload``. ``strategies``: the (mode,
     look-ahead) pairs to choose among (default: the runtime's; :func:`adopt`
-    then moves the layers to the chosen one). Raises BudgetError when no plan
+    then moves the layers to the chosen one). ``pages``: the memory plan
+    will put the slots on its pages with the optimizer step routed into
+    them (``memory_plan=True``): the step's temporaries (``Budget(step=)``)
+    are then predicted in the bytes free at the step where optmem can
+    route them here. Raises BudgetError when no plan
     fits, InvalidBudget for a budget that is not one."""
     from vmmrt.torch import budget
     b = memory_budget if isinstance(memory_budget, budget.Budget) else (
@@ -357,7 +372,8 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
     # ping-pong without a declared schedule has two banks and restores one layer ahead
     la = off.lookahead if mode == "remap" else 1
     common = dict(static_bytes=static, d2h_gbps=gbps[0], h2d_gbps=gbps[1], margin=margin,
-                  granularity=off.granularity, map_ahead=0 if off.host else off.map_ahead)
+                  granularity=off.granularity, map_ahead=0 if off.host else off.map_ahead,
+                  step_bytes=b.step if b is not None else 0, pages=bool(pages) and routed(off, graphs))
     # remap's map is timed only where a prediction will charge it: a plan
     # in remap, or a search whose strategies (or alternatives) include it
     searched = b is not None and b.layers is None and limit is not None

@@ -318,7 +318,7 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
             grads = None
             if built is not None:
                 try:
-                    modes.teardown(built, layers, weights)
+                    modes.teardown(built, layers, weights, xs)
                 except Exception:
                     pass
             continue
@@ -326,7 +326,7 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
         bar.end(report.progress(i, len(order), row, rows.get("graph", {}).get("step_ms")))
         if row.get("plan_text"):
             print(row["plan_text"], flush=True)
-        modes.teardown(built, layers, weights)
+        modes.teardown(built, layers, weights, xs)
     bar.close()
     gr = rows.get("graph")
     if gr and "error" not in gr:

@@ -118,7 +118,7 @@ def _through(seq, x):
     return x
 
 
-def build(opt, layers, sample, args, reserve, cuda):
+def build(opt, layers, sample, args, reserve, cuda, step=0):
     """modes.Built for ``opt`` over ``layers``."""
     n = len(layers)
     if opt.kind in modes.MODES:
@@ -146,8 +146,8 @@ def build(opt, layers, sample, args, reserve, cuda):
             seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
             note = "preserve_rng_state=False (with the default, torch raised: %s)" % str(e).splitlines()[0][:160]
     elif opt.kind in ("recompute", "budget"):
-        b = vt.Budget(layers=["recompute"] * n, reserve=reserve) if opt.kind == "recompute" else \
-            vt.Budget(opt.param, reserve=reserve)
+        b = vt.Budget(layers=["recompute"] * n, reserve=reserve, step=step) if opt.kind == "recompute" else \
+            vt.Budget(opt.param, reserve=reserve, step=step)
         mode = "pingpong" if opt.kind == "recompute" else args.front_budget_mode
 
         def make(b):
@@ -176,7 +176,7 @@ def build(opt, layers, sample, args, reserve, cuda):
                 m.zero_grad(set_to_none=True)
             gc.collect()
             fresh(cuda)
-            seq = make(vt.Budget(smallest, reserve=reserve))
+            seq = make(vt.Budget(smallest, reserve=reserve, step=step))
             note = "given %.0f MiB, the build's smallest plan (%.0f MiB asked)" % (smallest / MiB, opt.param / MiB)
         off = vt.offload_of(seq[0])
     else:
@@ -321,9 +321,12 @@ class Front:
         opts.sort(key=lambda o: o.kind != ref_kind)
         budgets = a.front_budgets if "vmmrt" in a.front_families and not getattr(a, "front_only", None) else 0
         pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
-        # AdamW's two states per parameter, and foreach's temporary (1x the parameters) at its step
-        self.reserve = (3 if a.optimizer == "foreach" else 2) * pb
-        self.doc.update(ks=ks, reference=None, base_bytes=self.base, reserve_bytes=self.reserve)
+        # AdamW's two states per parameter, kept; foreach's temporary (1x the
+        # parameters) made and freed within its step (Budget(step=))
+        self.reserve = 2 * pb
+        self.step = pb if a.optimizer == "foreach" else 0
+        self.doc.update(ks=ks, reference=None, base_bytes=self.base, reserve_bytes=self.reserve,
+                        step_bytes=self.step)
         self.ref, self.spread, self.plan_of_recompute, self.seen = None, None, None, {}
         bar = progress.Progress(len(opts) + budgets, "%s, %s" % (spec.name, self.loop.name))
         with llama.attention_backend(a.attention):
@@ -350,7 +353,7 @@ class Front:
         try:
             if layers and hasattr(layers[0], "reseed"):
                 layers[0].reseed()
-            built = build(o, layers, sample, a, self.reserve, self.cuda)
+            built = build(o, layers, sample, a, self.reserve, self.cuda, self.step)
             row, grads = modes.measure(built, layers, self.loop, xs, gys, a, weights)
             if is_ref:
                 self.ref = modes.host_copies(grads)
@@ -396,7 +399,7 @@ class Front:
                 if getattr(built, "note", None):
                     pt["note"] = built.note
                 try:
-                    modes.teardown(built, layers, weights)
+                    modes.teardown(built, layers, weights, xs)
                 except Exception as e:
                     pt.setdefault("error", "teardown: %s: %s" % (type(e).__name__, e))
             fresh(self.cuda)

@@ -111,7 +111,7 @@ def run(args, spec, dev, dtype):
     finally:
         for label, ls in zip(LABELS, (twins, layers)):
             if label in built:
-                modes.teardown(built[label], ls)
+                modes.teardown(built[label], ls, inputs=xs)
     summary = summarize(samples, LABELS[0])
     print("launch thread, %s, %s loop, %d microbatch(es), %d pairs interleaved (ABBA), each step begun with the "
           "device idle:" % (spec.name, loop.name, mb, args.launch_ab), flush=True)

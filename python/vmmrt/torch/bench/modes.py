@@ -141,7 +141,14 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def teardown(built, layers, weights=None):
+def teardown(built, layers, weights=None, inputs=()):
+    """One mode's build gone before the next is made. ``inputs``: the
+    samples the steps ran on, whose ``.grad`` from the last step is the first
+    layer's input gradient: in the graphs' pool or a gradient slot, it would
+    keep that memory (and, on libvmmrt's arena, the runtime and its slot)
+    under the next build's static memory."""
+    for x in inputs:
+        x.grad = None
     for m in layers:
         m.__dict__.pop("forward", None)
         m.__dict__.pop("vmmrt_offload", None)

@@ -67,7 +67,8 @@ def _sig(plan):
 
 def _inputs(plan):
     return dict(static_bytes=plan.static_bytes, d2h_gbps=plan.d2h_gbps, h2d_gbps=plan.h2d_gbps, margin=plan.margin,
-                granularity=plan.granularity, remap_ms=plan.remap_ms, map_ahead=plan.map_ahead)
+                granularity=plan.granularity, remap_ms=plan.remap_ms, map_ahead=plan.map_ahead,
+                step_bytes=plan.step_bytes, pages=plan.pages)
 
 
 class Sweep:
@@ -75,10 +76,12 @@ class Sweep:
         self.args, self.layers, self.xs, self.gys, self.sample, self.weights = args, layers, xs, gys, sample, weights
         self.loop = loops.Loop("set_to_none", 1)
         self.cuda = xs[0].is_cuda
-        # AdamW's two states per parameter, and foreach AdamW's temporary (the
-        # square root of the second moments, 1x the parameters) at its step:
-        # the caching allocator keeps it reserved beside the layers' memory
-        self.reserve = 3 * sum(p.numel() * p.element_size() for p in modes.parameters(layers))
+        # AdamW's two states per parameter, kept; foreach AdamW's temporary
+        # (the square root of the second moments, 1x the parameters) made
+        # and freed within its step (Budget(step=))
+        pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
+        self.reserve = 2 * pb
+        self.step = pb if getattr(args, "optimizer", "foreach") == "foreach" else 0
         self.ref = None
         self.bitwise = getattr(args, "attention", "math") == "math"
         self.measured = {}          # signature -> row
@@ -109,7 +112,7 @@ class Sweep:
                 cmp = modes.compare(grads, self.ref)
             del grads
         finally:
-            modes.teardown(built, self.layers, self.weights)
+            modes.teardown(built, self.layers, self.weights, self.xs)
         peak = row["peak"]["peak"] if row.get("peak") else None
         # the planner predicts the layers' part of a step; the rest (zeroing,
         # the optimizer) is what this run measured of it
@@ -151,10 +154,10 @@ def run_sweep(args, title, make_layers, shape, dtype):
 
     sw = Sweep(args, layers, xs, gys, sample, weights)
     doc = {"title": title, "mode": args.sweep_mode, "lookahead": args.lookahead,
-           "reserve_what": "AdamW's states and foreach temporary, 3x the parameters",
+           "reserve_what": "AdamW's states, 2x the parameters (its foreach temporary, 1x, as Budget(step=))",
            "grads_check": "bitwise" if sw.bitwise else "norm ratio within %g" % NORM_TOL}
     with llama.attention_backend(args.attention):
-        keep, kplan = sw.run("keep all", vt.Budget(layers=["keep"] * n, reserve=sw.reserve))
+        keep, kplan = sw.run("keep all", vt.Budget(layers=["keep"] * n, reserve=sw.reserve, step=sw.step))
         print("[sweep] keep all: predicted %.2f ms %.0f MiB, measured %.2f ms %s" % (
             keep["predicted_ms"], keep["predicted_peak"] / MiB, keep["step_ms"], _peak(keep["peak"])), flush=True)
         costs, inputs = kplan.costs, _inputs(kplan)
@@ -180,7 +183,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
                 row, grads = modes.measure(built, layers, sw.loop, xs, gys, args, weights)
                 del grads
             finally:
-                modes.teardown(built, layers, weights)
+                modes.teardown(built, layers, weights, xs)
             graph = {"step_ms": row["step_ms"], "peak": row["peak"]["peak"] if row.get("peak") else None}
             print("[sweep] graph-only: %.2f ms %s" % (graph["step_ms"], _peak(graph["peak"])), flush=True)
         try:
@@ -204,7 +207,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
             sig, mine = _sig(pl), None
             for _ in range(3):
                 try:
-                    mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve), sig)
+                    mine = sw.measure("planner @ %.0f MiB" % (b / MiB), vt.Budget(b, reserve=sw.reserve, step=sw.step), sig)
                     break
                 except budget.BudgetError as e:
                     # The build measures its own static memory: should it
@@ -224,7 +227,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
             fit = sorted((p.predicted_ms, lab, ch, p) for lab, ch, p in hands if p.peak_bytes <= b)
             tried = []
             for _, lab, ch, p in fit[:max(0, args.sweep_hand)]:
-                tried.append(sw.measure(lab, vt.Budget(layers=ch, reserve=sw.reserve), _sig(p)))
+                tried.append(sw.measure(lab, vt.Budget(layers=ch, reserve=sw.reserve, step=sw.step), _sig(p)))
             points.append({"budget": b, "planner": mine, "hand": tried})
     doc["points"] = points
     doc["reserve_bytes"] = sw.reserve
@@ -232,7 +235,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
     full = dict((lab, (ch, p)) for lab, ch, p in hands).get("offload 1")
     if full is not None:
         with llama.attention_backend(args.attention):
-            sw.measure("offload 1", vt.Budget(layers=full[0], reserve=sw.reserve), _sig(full[1]))
+            sw.measure("offload 1", vt.Budget(layers=full[0], reserve=sw.reserve, step=sw.step), _sig(full[1]))
     doc["measured"] = list(sw.measured.values())
     doc["pareto"] = pareto(list(sw.measured.values()))
     doc["targets"] = targets(doc)
