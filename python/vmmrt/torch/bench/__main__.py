@@ -453,7 +453,9 @@ def main(argv=None):
     if args.no_gpu_smoke:
         print("vmmrt.torch.bench: no CUDA device here: running the tiny --smoke shape on the CPU (eager modes, "
               "libvmmrt's host backend); give --device cpu for the full shape", flush=True)
-    what = "front of %s" % ", ".join(args.shapes) if args.front else "%d layers, hidden %d, ffn %d, %d heads " \
+    # (a front and the launch A/B run the shapes they name, not the table's layers)
+    what = "front of %s" % ", ".join(args.shapes) if args.front else \
+        "launch A/B of %s" % ", ".join(args.shapes) if args.launch_ab else "%d layers, hidden %d, ffn %d, %d heads " \
         "(%d kv), seq %d, batch %d" % (args.layers, shape.hidden, shape.ffn, shape.heads, shape.kv_heads, shape.seq,
                                       shape.batch)
     print("vmmrt.torch.bench: %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
