@@ -180,6 +180,12 @@ class Grads:
                 self.gouts.append((total, dt, shape, stride))
                 total += storage_nbytes(dt, shape, stride)
         self.views = views
+        # what a backward reads per parameter, decided here once: its
+        # gradient's place as as_strided takes it (dtype, shape, stride, the
+        # offset in elements of that dtype), and the states when no .grad
+        # exists (the set_to_none loop's every backward)
+        self._strided = [None if v is None else (v[1], v[2], v[3], v[0] // _compat.itemsize(v[1])) for v in views]
+        self._none_states = [None if v is None else "none" for v in views]
         self.known = last.by_key
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
         self._params_end = params_end
@@ -310,7 +316,13 @@ class Grads:
         has it."""
         if lay is not None and not self.held():
             self.offload.map_for_use(lay, True, self.backing, stream, current=current)
-        states = [None if v is None else self.state(k, p) for k, (p, v) in enumerate(zip(self.params, self.views))]
+        for p in self.params:
+            if p.grad is not None:
+                states = [None if v is None else self.state(k, p) for k, (p, v) in
+                          enumerate(zip(self.params, self.views))]
+                break
+        else:
+            states = self._none_states
         acc = "ours" in states
         src = None
         if acc:
@@ -379,11 +391,15 @@ class Grads:
         out = []
         cached = self._bases is not None and src is self._bases.get(torch.uint8)
         bases = self._bases if cached else {}
-        for k, (p, st) in enumerate(zip(self.params, states)):
+        for p, st, spec in zip(self.params, states, self._strided):
             if st is None:
                 out.append(None)
                 continue
-            out.append(_over(src, bases, self.views[k]))
+            dt, shape, stride, elems = spec
+            base = bases.get(dt)
+            if base is None:
+                base = _base(src, bases, dt)
+            out.append(base.as_strided(shape, stride, elems))
             if acc or st == "ours":
                 p.grad = None
         if inputs is None:
@@ -425,8 +441,15 @@ def _over(src, bases, spec):
     off, dt, shape, stride = spec
     base = bases.get(dt)
     if base is None:
-        base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
+        base = _base(src, bases, dt)
     return base.as_strided(shape, stride, off // base.element_size())
+
+
+def _base(src, bases, dt):
+    """src's storage as a tensor of dtype ``dt`` (src itself where it is
+    one), kept in ``bases``: the views of :func:`_over` are made from it."""
+    base = bases[dt] = src if src.dtype == dt else _compat.tensor_over(src, dt, (0,), (1,), 0)
+    return base
 
 
 def copy_into(statics, gouts):
