@@ -166,6 +166,27 @@ def test_offload_auto_times_graphs_and_leaves_the_buffers_as_the_warm_up_did():
         assert torch.equal(a, b)
 
 
+@pytest.mark.gpu
+def test_remap_map_is_timed_on_the_device():
+    """planner.measure_remap on CUDA: each cycle makes memory (a release
+    still queued when the map is asked would be cancelled, and the time
+    read would be the stream's alone), and the time read is the stream
+    waiting for a driver worker's map, tens of microseconds at least."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from vmmrt.torch import planner
+    off = vt.Offload(mode="remap")
+    try:
+        before = off.stats()["driver_calls_by_kind"]["cuMemCreate"]
+        ms = planner.measure_remap(off, 64 << 20)
+        st = off.stats()
+        assert st["driver_calls_by_kind"]["cuMemCreate"] - before >= planner.REMAP_REPEATS + 2
+        assert 0.01 < ms < 1000, ms
+        assert st["slot_bytes"] == 0
+    finally:
+        off.close()
+
+
 class _Clock:
     """The device's clock as the stand-ins see it: a replay advances it."""
     now = 0.0
