@@ -132,17 +132,23 @@ def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
             res.append(nbytes / (max(best, 1e-6) * 1e-3) / 1e9)
         return res[0], res[1]
     finally:
-        for e in events:
-            e.destroy()
-        if stream is not None:
-            rt.stream_synchronize(stream)
-            rt.stream_destroy(stream)
-        if host is not None:
-            rt.host_free(host)
-        if slot is not None:
-            slot.destroy()
+        _let_go(rt, events, stream, slot, host)
         if own:
             rt.close()
+
+
+def _let_go(rt, events, stream, slot, host=None):
+    """What a probe of ``rt`` made (timing events, a stream, a slot, pinned
+    host memory), given back once the stream has run."""
+    for e in events:
+        e.destroy()
+    if stream is not None:
+        rt.stream_synchronize(stream)
+        rt.stream_destroy(stream)
+    if host is not None:
+        rt.host_free(host)
+    if slot is not None:
+        slot.destroy()
 
 
 # remap's probe is the largest group a layer could move, at most this much:
@@ -189,13 +195,7 @@ def measure_remap(off, nbytes, repeats=REMAP_REPEATS):
         times.sort()
         return times[len(times) // 2]
     finally:
-        for e in events:
-            e.destroy()
-        if stream is not None:
-            rt.stream_synchronize(stream)
-            rt.stream_destroy(stream)
-        if slot is not None:
-            slot.destroy()
+        _let_go(rt, events, stream, slot)
 
 
 def remap_cost(off, costs):
