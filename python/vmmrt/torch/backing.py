@@ -245,6 +245,13 @@ class Backing:
     def release(self, stream):
         """Give the memory back once ``stream`` gets here (a no-op if it is not
         mapped). During a capture, it waits for :meth:`flush`."""
+        if self._bound:
+            # on the plan's pages (every use of a planned step): the use ends,
+            # the pages stay. No lock: this only clears the use flag, as
+            # bind(), unbind() and end_use() do under it; only begin_use,
+            # earlier in this use, sets it.
+            self._in_use = False
+            return
         with self._lock:
             self._release(stream)
 

@@ -302,10 +302,14 @@ class Entry:
         w.last_stream = stream
         if w.after_optimizer:
             w.optimizer_done(stream)
-        held = [o for o in self.sharers if o.busy]
+        held = ()
+        for o in self.sharers:      # (the list only when one is held: a comprehension is a call)
+            if o.busy:
+                held = [x for x in self.sharers if x.busy]
+                break
         if w.optimizer is not None and w.optimizer.holds and \
                 w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
-            held.append(SURVIVORS)
+            held = list(held) + [SURVIVORS]
         if b.bound:
             if not held:
                 b.begin_use()
