@@ -585,6 +585,10 @@ def test_remap_map_is_timed_on_the_runtime_and_leaves_nothing_mapped():
         # the timed ones): a release still queued when the map is asked for
         # is cancelled, and the "map" then timed nothing
         assert st["driver_calls_by_kind"]["cuMemCreate"] - before == planner.REMAP_REPEATS + 2
+        for bad in (dict(nbytes=-1), dict(nbytes=1.5), dict(nbytes=True), dict(nbytes=1, repeats=0),
+                    dict(nbytes=1, repeats=2.0)):
+            with pytest.raises(ValueError, match="measure_remap"):
+                planner.measure_remap(off, **bad)
     finally:
         off.close()
 

@@ -63,7 +63,8 @@ def _graphed_on_host(mode, grads, options=None, sample=None, inputs=False, plan=
     off, mode = graphed._open_offload(runners, uses, device, mode, 1, options, 0, 1, True)
     try:
         stream = graphed._warmup(runners, uses, off, 3, False)
-        off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, None, marks, 0.9, True, inputs=inputs)
+        off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, None, marks, 0.9, True,
+                                memory_plan=inputs)
         captured = graphed._capture_all(runners, off, stream, None, "global", False, grads, uses)
         funcs = graphed._calls(runners, off, captured)
         if plan:

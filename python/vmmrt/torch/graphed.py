@@ -254,7 +254,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                          post_warmup_hook)
         _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, memory_budget)
         off = _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs,
-                        memory_plan is not False, memory_plan is True)
+                        memory_plan)
         if graphs:
             captured = _capture_all(runners, off, stream, pool, capture_error_mode, allow_unused_input, grads, uses,
                                     memory_plan is not False)
@@ -394,20 +394,21 @@ def _close(off, runners):
             r.layer.offload.close()
 
 
-def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs, inputs=False,
-              pages=False):
+def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, marks, margin, graphs,
+              memory_plan=False):
     """After the warm-up: the gradients' slots, the pipeline's schedule, what
     moves (a fraction, the bandwidth planner's "auto", or the budget
     planner's plan, which may choose another mode: then another runtime,
     returned), and the allocation with every fixed address learned.
-    ``inputs``: the graphs' static inputs in the resident slots
-    (vmmrt.torch.static_inputs), with a memory plan to put them on its
-    pages: without one the slot is mapped per step, and a call's copy into
-    it (a cudaMemcpyAsync, which the driver checks when it is enqueued)
-    would wait for the map on the launch thread. ``pages``: memory_plan=True
-    (the budget planner predicts the optimizer step on the pages)."""
+    ``memory_plan`` (make_graphed_callables'): with a plan (True or
+    "slots"), the graphs' static inputs go in the resident slots
+    (vmmrt.torch.static_inputs), on its pages: without one the slot is
+    mapped per step, and a call's copy into it (a cudaMemcpyAsync, which
+    the driver checks when it is enqueued) would wait for the map on the
+    launch thread; with True the budget planner predicts the optimizer
+    step on the pages."""
     def allocate(off, **how):
-        inputs_here = inputs and graphs and layout is None
+        inputs_here = memory_plan is not False and graphs and layout is None
         if inputs_here:
             for r in runners:
                 r.layer.input_bytes = static_inputs.sizes(r.sample)
@@ -422,7 +423,8 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         off.set_schedule([(r.layer, b) for b, r in uses])
     if memory_budget is not None or any(marks):
         plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
-                                   budget.STRATEGIES if mode == "auto" else None, pages=pages)
+                                   budget.STRATEGIES if mode == "auto" else None,
+                                   pages=memory_plan is True)
         if mode == "auto":          # the planner's strategy: another runtime, the same discovery
             off = planner.adopt(off, plan, runners, uses)
             if grads == "mapped":

@@ -169,9 +169,13 @@ def measure_remap(off, nbytes, repeats=REMAP_REPEATS):
     untimed cycle, then the median of ``repeats``: a map's latency has a
     tail (the worker's wake-up), and the plan charges it at every offloaded
     layer."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError("measure_remap: nbytes must be an int, 0 or more (0: one granule), not %r" % (nbytes,))
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError("measure_remap: repeats must be an int, 1 or more, not %r" % (repeats,))
     rt = off.runtime
     g = max(1, off.granularity)
-    nbytes = -(-max(1, min(int(nbytes), REMAP_PROBE_MAX)) // g) * g
+    nbytes = -(-max(1, min(nbytes, REMAP_PROBE_MAX)) // g) * g
     slot = stream = None
     events = []
     try:
@@ -204,9 +208,8 @@ def remap_cost(off, costs):
     move) and kept as ``off.remap_ms`` ((ms, bytes)); the assumed
     budget.REMAP_MS where the measure fails (said in the log)."""
     from vmmrt.torch import budget
-    have = getattr(off, "remap_ms", None)
-    if have is not None:
-        return have[0]
+    if off.remap_ms is not None:
+        return off.remap_ms[0]
     nbytes = max([sum(c.sizes) for c in costs] or [0])
     try:
         ms = measure_remap(off, nbytes)

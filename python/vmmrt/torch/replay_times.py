@@ -131,7 +131,8 @@ def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
         torch.cuda.set_rng_state(rng)
         # the pool's segments, held by nothing now, back to the driver before
         # the next layer's (each capture has a pool of its own)
-        torch.cuda.empty_cache()
+        from vmmrt.torch import empty_cache
+        empty_cache()
 
 
 def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES):
