@@ -31,7 +31,7 @@ def test_why_not_is_named():
 
 def _pool(base, used):
     gp = graphpool.GraphPool.__new__(graphpool.GraphPool)
-    gp.backing = types.SimpleNamespace(address=base, nbytes=used)
+    gp.backing = types.SimpleNamespace(address=base, nbytes=used, in_use=False)
     gp.used = used
     gp._storages, gp._baseline = [], []
     return gp
@@ -58,6 +58,29 @@ def test_a_tensor_handed_out_from_the_pool_is_seen_held_and_let_go():
     del view
     gp.forget()
     assert not gp.alive()
+
+
+@needs_count
+def test_the_bytes_held_are_those_of_the_storages_held_and_all_while_in_use():
+    """At the optimizer step the pool lends what no tensor handed out holds
+    (a recomputed first layer's input gradient, kept as the input's .grad,
+    lies in the pool): the ranges of the held storages, not the whole pool;
+    all of it while a replay's use lasts."""
+    buf = torch.zeros(1 << 14, dtype=torch.uint8)
+    a, b = buf[1024:3072], buf[8192:9216]   # two static tensors in the pool, storages of their own
+    a, b = a.clone(), b.clone()             # (on the host: stand-ins at addresses of their own)
+    base = min(a.data_ptr(), b.data_ptr())
+    gp = _pool(base, max(a.data_ptr() + 2048, b.data_ptr() + 1024) - base)
+    gp.settle([a, b])
+    assert gp.held_ranges() == []
+    kept = b.detach()                       # handed out, held by the caller
+    at = b.data_ptr() - base
+    assert gp.held_ranges() == [(at, at + 1024)]
+    gp.backing.in_use = True
+    assert gp.held_ranges() is None
+    gp.backing.in_use = False
+    del kept
+    assert gp.held_ranges() == []
 
 
 @pytest.mark.skipif(not hasattr(torch._C, "_cuda_customAllocator"), reason="torch without a pluggable allocator")

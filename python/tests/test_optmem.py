@@ -148,8 +148,11 @@ class FakeGraphPool:
         self.backing.kept = True
         self.backing.ensure()
         self.backing.alive = lambda: self.held
+        # the ranges a held tensor covers (GraphPool.held_ranges); None: all of it
+        self.backing.held = lambda: None if self.backing.in_use else self.ranges
         self.used = self.backing.nbytes
         self.held = False
+        self.ranges = None
         off.backings.append(self.backing)
 
     def stats(self):
@@ -175,11 +178,13 @@ def _inputs(seed):
     return torch.randn(2, 8, 32, generator=gen, requires_grad=True), torch.randn(2, 8, 32, generator=gen)
 
 
-def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool=False, mode="none"):
+def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool=False, mode="none",
+           before_step=None):
     """SGD steps; returns each step's gradients (read after the optimizer's
     step, which may have written over them), the parameters at the end,
     the stats and the routing's stand-in. ``at_step``: a function called
-    with (step, offload, pools) before that step's forward."""
+    with (step, offload, pools) before that step's forward; ``before_step``
+    with (step, offload) before its optimizer step."""
     torch.manual_seed(0)
     g, off = _build(plan, graph_pool, mode)
     params = [p for m in g for p in m.parameters()]
@@ -198,6 +203,8 @@ def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool
             y = run(g, x)
             (y * gy).sum().backward()
             del y
+            if before_step is not None:
+                before_step(i, off)
             if fail_at == i:
                 h = opt.register_step_pre_hook(lambda *a: (_ for _ in ()).throw(RuntimeError("a failing step")))
                 with pytest.raises(RuntimeError, match="a failing step"):
@@ -376,6 +383,44 @@ def test_the_graphs_pool_is_lent_only_at_the_step_and_leaves_the_pages_for_what_
     for a, b in zip(on["grads"], ref["grads"]):
         assert _same(a, b)
     assert _same(on["params"], ref["params"])
+
+
+@routes
+def test_the_graphs_pool_lends_all_but_the_bytes_a_held_tensor_covers():
+    """A tensor handed out from the graphs' pool held through the optimizer
+    step (a recomputed first layer's input gradient kept as the input's
+    .grad) keeps its own bytes, not the whole pool: the rest is lent, and
+    the step's temporaries (the stand-in writes over every byte lent) leave
+    the held bytes as they were."""
+    seen = {}
+
+    def step(i, off, pools):
+        gp, w = off.graph_pool, off.memplan
+        e = w.pool_entry()
+        if e is None or pools is None:
+            return
+        lo = e.life.offset
+        if i == 2:
+            gp.held, gp.ranges = True, [(G, 2 * G)]
+            seen["at"] = gp.backing.address + G
+        if i == 3:
+            # step 2's optimizer step ran with the tensor held
+            base = w.optimizer.view.address
+            lent = [(a - base, a - base + n) for a, n in pools.lent]
+            seen["pool lent"] = optmem.overlaps(lent, lo, lo + gp.used)
+            seen["held lent"] = optmem.overlaps(lent, lo + G, lo + 2 * G)
+            seen["intact"] = ctypes.string_at(seen["at"], G) == seen["before"]
+            gp.held, gp.ranges = False, None
+
+    def before_step(i, off):
+        if i == 2 and "at" in seen:
+            seen["before"] = ctypes.string_at(seen["at"], G)
+    on = _train(True, 5, True, at_step=step, graph_pool=True, before_step=before_step)
+    ref = _train(False, 5, True)
+    assert seen["pool lent"] and not seen["held lent"], seen
+    assert seen["intact"], "the step's temporaries wrote over a held tensor's bytes in the graphs' pool"
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
 
 
 def test_slots_leaves_the_optimizer_to_pytorch():

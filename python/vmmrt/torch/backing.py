@@ -138,7 +138,7 @@ class Backing:
         self.releases = 0
         self._pinned = False      # static buffers live in it (pin): never released
         self.planned = None       # memplan.Entry, once the memory plan counts this slot in
-        self.held = None          # its owner's count of the first bytes it holds when busy (held_bytes)
+        self.held = None          # its owner's ranges of the bytes it holds when busy (held_ranges)
         self._bound = False       # on the plan's pages: map and release are no-ops
         self._in_use = False      # bound, and its use begun and not released since
         self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
@@ -161,11 +161,19 @@ class Backing:
         """On the memory plan's pages (:meth:`bind`)."""
         return self._bound
 
-    def held_bytes(self):
-        """How many of the slot's first bytes a busy slot holds: None, all of
+    def held_ranges(self):
+        """The bytes a busy slot holds, as [lo, hi) offsets in it: None, all of
         its granules; its owner may say fewer (``held``: the gradients' slot
-        once only the parameters' gradients are alive in it, grads.Grads)."""
+        once only the parameters' gradients are alive in it, grads.Grads;
+        the graphs' pool, the storages handed out from it that are held,
+        graphpool.GraphPool)."""
         return self.held() if self.held is not None else None
+
+    @property
+    def in_use(self):
+        """Its use begun and not released, or a tensor made by :meth:`tensor`
+        over it alive: all of its bytes wanted, whatever its owner says."""
+        return self._in_use or self._live > 0
 
     @property
     def busy(self):

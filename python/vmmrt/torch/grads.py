@@ -190,7 +190,7 @@ class Grads:
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
         self._params_end = params_end
         if total > params_end:
-            self.backing.held = self._held_bytes
+            self.backing.held = self._held_ranges
         self.backing.alive = weak_alive(weakref.ref(self))
         self.offload.backings.append(self.backing)
 
@@ -249,13 +249,13 @@ class Grads:
         self.backing.destroy()
         self.backing = None
 
-    def _held_bytes(self):
-        """How many of the slot's first bytes are held while it is busy after
+    def _held_ranges(self):
+        """The slot's first bytes that are held while it is busy after
         its backward (the optimizer step: vmmrt.torch.optmem): the parameters'
         gradients; the output and argument gradients after them only while a
         tensor handed out over an argument's gradient is alive (kept by the
         user: the hold of :meth:`after_backward` is let go before the step)."""
-        return self.backing.nbytes if any(r() is not None for r in self._gins_out) else self._params_end
+        return [(0, self.backing.nbytes if any(r() is not None for r in self._gins_out) else self._params_end)]
 
     # ---------------------------------------------------------- tensors
     def view(self, src, k):

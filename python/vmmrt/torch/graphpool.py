@@ -101,6 +101,7 @@ class GraphPool:
             self.backing.slot.destroy()
             raise
         self.backing.alive = self.alive
+        self.backing.held = self.held_ranges
         off.backings.append(self.backing)
 
     @property
@@ -149,6 +150,22 @@ class GraphPool:
                 self._baseline[k] = n
             held = held or n > self._baseline[k]
         return held
+
+    def held_ranges(self) -> list | None:
+        """The pool's bytes held while its use is over (the optimizer step:
+        vmmrt.torch.optmem lends the rest), as [lo, hi) offsets in it: each
+        storage handed out that is held. A recomputed first layer's input
+        gradient, say, lies in the pool, and the caller's input keeps it as
+        its ``.grad`` through the step: its bytes are held, not the pool's
+        other gigabytes. None (all of it) while its use lasts."""
+        if self.backing.in_use:
+            return None
+        lo = self.backing.address
+        out = []
+        for k, st in enumerate(self._storages):
+            if _USE_COUNT(st._cdata) > self._baseline[k]:
+                out.append((st.data_ptr() - lo, st.data_ptr() - lo + st.nbytes()))
+        return out
 
     def forget(self) -> None:
         """At close(): the library's references go (a tensor handed out keeps

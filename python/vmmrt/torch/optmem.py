@@ -263,9 +263,12 @@ class OptimizerMemory:
         out = []
         for e in self.watcher.entries:
             if e.backing.busy:
-                held = e.backing.held_bytes()
-                out.append((e.life.offset, e.life.offset + (_round_up(e.life.nbytes, g) if held is None
-                                                            else _round_up(held, 512))))
+                held = e.backing.held_ranges()
+                at = e.life.offset
+                if held is None:
+                    out.append((at, at + _round_up(e.life.nbytes, g)))
+                else:
+                    out.extend((at + lo // 512 * 512, at + _round_up(hi, 512)) for lo, hi in held)
         return out + list(self.holds)
 
     def bank_ranges(self) -> list[tuple[int, int]]:

@@ -110,9 +110,13 @@ def _parser():
     p.add_argument("--no-memory-plan", dest="memory_plan", action="store_false",
                    help="memory_plan=False for vmmrt.torch.make_graphed_callables: resident and gradient slots "
                         "mapped and released around each use (default: the plan, vmmrt.torch.memplan)")
+    p.add_argument("--memory-plan", dest="memory_plan", action="store_const", const=True,
+                   help="memory_plan=True for every vmmrt build, the budget points' too (whose library default "
+                        "is no plan: see make_graphed_callables(3))")
     p.add_argument("--plan-slots-only", dest="memory_plan", action="store_const", const="slots",
                    help="memory_plan=\"slots\": the plan, but the optimizer step's allocations in PyTorch's own "
                         "memory, not in the pages' free bytes (vmmrt.torch.optmem; for comparison)")
+    p.set_defaults(memory_plan=None)
     p.add_argument("--fraction", type=float, default=1.0, help="offload fraction of the vmmrt modes (planner: auto)")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--margin", type=float, default=0.9, help="the planner's safety factor")

@@ -149,12 +149,14 @@ def build(opt, layers, sample, args, reserve, cuda, step=0):
         b = vt.Budget(layers=["recompute"] * n, reserve=reserve, step=step) if opt.kind == "recompute" else \
             vt.Budget(opt.param, reserve=reserve, step=step)
         mode = "pingpong" if opt.kind == "recompute" else args.front_budget_mode
+        # the library's default under a budget (no plan) unless the run names one
+        plan = {} if getattr(args, "memory_plan", None) is None else {"memory_plan": args.memory_plan}
 
         def make(b):
             return list(vt.make_graphed_callables(tuple(layers), tuple((sample(),) for _ in layers),
                                                   names=["layer%d" % i for i in range(n)], mode=mode,
                                                   lookahead=args.lookahead, margin=args.margin, graphs=cuda,
-                                                  memory_budget=b))
+                                                  memory_budget=b, **plan))
         smallest = None
         try:
             seq = make(b)

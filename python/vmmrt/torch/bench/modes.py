@@ -55,7 +55,7 @@ def _vmmrt_kwargs(name, args):
         kw["grads"] = args.grads
     if getattr(args, "map_ahead", None):
         kw["map_ahead"] = args.map_ahead
-    if getattr(args, "memory_plan", True) in (False, "slots"):
+    if getattr(args, "memory_plan", None) is not None:
         kw["memory_plan"] = args.memory_plan
     return kw
 
