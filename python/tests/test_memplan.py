@@ -579,10 +579,11 @@ def test_the_accumulating_backward_launches_in_one_call_too(monkeypatch):
         off.close()
 
 
-@pytest.mark.parametrize("asked,planned", [(None, False), (True, True), (False, False)])
-def test_memory_budget_plans_without_the_pages_unless_asked(asked, planned):
-    """With memory_budget= the memory plan is off unless memory_plan=True
-    asks (the budget planner then predicts the pages: test_budget)."""
+@pytest.mark.parametrize("asked,planned", [(None, True), (True, True), (False, False)])
+def test_memory_budget_plans_on_the_pages_unless_turned_off(asked, planned):
+    """With memory_budget= the memory plan is on unless memory_plan=False
+    turns it off, as without one (the budget planner predicts the pages:
+    test_budget)."""
     from vmmrt.torch.budget import Budget
     kw = {} if asked is None else {"memory_plan": asked}
     g = vt.make_graphed_callables(tuple(zoo_layers(2)), samples(2), graphs=False, mode="pingpong", min_bytes=0,

@@ -164,7 +164,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         plan fits: :class:`vmmrt.torch.budget.BudgetError`, with the
         smallest budget that would.
     memory_plan
-        True (the default, except with ``memory_budget=``: below): once
+        True (the default): once
         the first step after the captures (after the warm-up without
         graphs) has run, the memory that comes and goes
         with a layer (its resident activations, its gradients) is put on
@@ -191,12 +191,10 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         "slots": the plan, but the optimizer step's allocations left to
         PyTorch's caching allocator (as before; for comparison).
         False: each slot is mapped before its use and released after it
-        (five driver calls per slot and step). Left out with
-        ``memory_budget=``: False (on the H200 the budget builds that
-        followed a build on the pages planned from a static memory grown by
-        what that build's graphs' pool still held). True asks for it: the
-        budget planner then predicts the optimizer step's temporaries
-        (``Budget(step=)``) in the bytes free on the pages at the step.
+        (five driver calls per slot and step). With ``memory_budget=`` the
+        budget planner predicts the plan's pages: the optimizer step's
+        temporaries (``Budget(step=)``) in the bytes free on them at the
+        step, where it can be routed there (else beside everything else).
 
     TransformerEngine's arguments (its make_graphed_callables, as Megatron-LM
     calls it; all keyword only here):
@@ -234,7 +232,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
     (:class:`vmmrt.Error`).
     """
     if memory_plan is None:
-        memory_plan = memory_budget is None
+        memory_plan = True
     elif not isinstance(memory_plan, bool) and memory_plan != "slots":
         raise TypeError("memory_plan=%r: True, False or \"slots\"" % (memory_plan,))
     _te.take_fp8(unknown)

@@ -111,8 +111,8 @@ def _parser():
                    help="memory_plan=False for vmmrt.torch.make_graphed_callables: resident and gradient slots "
                         "mapped and released around each use (default: the plan, vmmrt.torch.memplan)")
     p.add_argument("--memory-plan", dest="memory_plan", action="store_const", const=True,
-                   help="memory_plan=True for every vmmrt build, the budget points' too (whose library default "
-                        "is no plan: see make_graphed_callables(3))")
+                   help="memory_plan=True passed to every vmmrt build, the budget points' too (the library's "
+                        "default)")
     p.add_argument("--plan-slots-only", dest="memory_plan", action="store_const", const="slots",
                    help="memory_plan=\"slots\": the plan, but the optimizer step's allocations in PyTorch's own "
                         "memory, not in the pages' free bytes (vmmrt.torch.optmem; for comparison)")
