@@ -70,3 +70,58 @@ def test_only_dense_samples_of_their_own_storage_move():
     b, c = base[:8], base[8:]
     t = torch.randn(8, 4).t()
     assert static_inputs.sizes((a, b, c, t, torch.empty(0))) == (128, None, None, None, None)
+
+
+@pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+def test_a_recomputed_layers_inputs_are_its_slot_alone_from_its_forward_to_its_backward(host_graphs,  # noqa: F811
+                                                                                        monkeypatch):
+    """A recomputed layer saves nothing, but its backward graph runs the
+    forward again from its static inputs: they lie in a resident slot of
+    their own, mapped from its forward to its backward, not held by the
+    graphs between steps (where the optimizer step's temporaries go)."""
+    import contextlib
+    from vmmrt.torch import recompute
+    from vmmrt.torch.budget import Budget
+
+    class NoRng:        # the host backend has no CUDA generators to clone
+        gens, fwd, bwd, available = [], None, None, False
+
+        def __init__(self, *a):
+            pass
+
+        def using(self, states):
+            return contextlib.nullcontext()
+
+    monkeypatch.setattr(recompute, "_GraphRng", NoRng)
+    monkeypatch.setattr(recompute, "draws_random", lambda r: False)
+    from test_call_path import OPTIONS, zoo_layers
+    layers = zoo_layers(N)
+    _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), samples(N), None, None, None,
+                                                               [], False, False, 1.0, None)
+    off, mode = graphed._open_offload(runners, uses, device, "none", 1, OPTIONS, 0, 1, True)
+    try:
+        stream = graphed._warmup(runners, uses, off, 3, False)
+        plan = Budget(layers=["recompute", "keep"] * (N // 2))
+        off = graphed._allocate(runners, uses, off, None, "static", mode, 1.0, plan, marks, 0.9, True,
+                                memory_plan=True)
+        captured = graphed._capture_all(runners, off, stream, None, "global", False, "static", uses)
+        g = graphed._finish(runners, graphed._calls(runners, off, captured), off, False)
+        held = {}
+        for r in runners[::2]:
+            lay = r.layer
+            assert r.recompute and lay.resident is not None, "a recomputed layer's inputs have no slot"
+            assert not lay.kept_resident() and lay.input_at == (0,)
+            assert _inside(r.sample[0], lay.resident)
+        for _ in range(2):
+            x = torch.randn(2, 8, 32, requires_grad=True)
+            y = x
+            for m in g:
+                y = m(y)
+                held[len(held)] = runners[0].layer.resident.mapped
+            y.sum().backward()
+            del y
+            assert not runners[0].layer.resident.mapped, "the recomputed layer's inputs outlive its backward"
+        # mapped from its forward on, through the other layers' forwards
+        assert all(held.values()), held
+    finally:
+        graphed._close(off, runners)

@@ -290,7 +290,10 @@ class LayerOffload:
         the layers whose backward comes next, where a graph pool would keep it
         for good. Outputs, marked and small regions stay where they are. The
         graphs' static inputs of ``input_bytes`` go after the regions
-        (vmmrt.torch.static_inputs)."""
+        (vmmrt.torch.static_inputs); a recomputed layer's slot holds them
+        alone: they are its checkpoint, what its backward runs the forward
+        again from, held from its forward to its backward as eager
+        checkpointing holds a layer's input, not for the graphs' life."""
         cand = [r for r in self.regions if not r.selected and r.birth is not None
                 and r.reason in ("budget", "none") and r.nbytes >= self.offload.min_bytes]
         total = 0
@@ -301,7 +304,7 @@ class LayerOffload:
         # The graphs' static inputs after them (vmmrt.torch.static_inputs):
         # they live as the saved regions do, from the forward to the backward.
         at = []
-        for n in (self.input_bytes if total else ()):
+        for n in (self.input_bytes if total or self.recompute else ()):
             if n is None:
                 at.append(None)
                 continue

@@ -4,8 +4,10 @@
 A layer the budget planner (or the user, :func:`mark_recompute`) has
 recompute saves nothing in its forward: it runs under ``torch.no_grad()``,
 so autograd keeps no activation, and its inputs are what it needs again
-(under graphs, its static inputs, which hold the call's input until the
-layer's next forward). Its backward runs the forward again with gradients
+(under graphs, its static inputs: with the memory plan, a resident slot of
+its own holds them from its forward to its backward, vmmrt.torch.static_inputs;
+without, they hold the call's input for the graphs' life). Its backward runs
+the forward again with gradients
 enabled, then ``autograd.grad`` over it: the same ops as
 ``torch.utils.checkpoint``, so the same gradients, bitwise.
 

@@ -17,7 +17,11 @@ caller's sample tensors are not held once the callables are built.
 
 Only for a layer with a resident slot of saved regions (mode "none", or
 what a plan keeps; ping-pong's layers have none, and a slot of their
-inputs alone would be mapped per use until the memory plan is made). Not
+inputs alone would be mapped per use until the memory plan is made), and
+for a recomputed layer (vmmrt.torch.recompute), whose slot holds its inputs
+alone: its checkpoint, which its backward graph runs the forward again
+from (held for the graphs' life, 8 layers of 32 MiB on Llama-3-8B at seq
+4096 would sit beside the optimizer step's temporaries). Not
 for a pipeline's runners (the slot's life is one forward to one
 backward), a sample that is not a contiguous strided tensor, samples that
 share storage (an in-place op on one shows in the other inside the graph),
