@@ -125,6 +125,30 @@ def test_the_optimizer_steps_temporaries_take_the_pages_free_at_the_step():
         Budget(10, step=-5)
 
 
+def test_static_inputs_live_in_a_resident_slot_or_all_along():
+    # the costs above, each layer with 8 bytes of static inputs (vmmrt.torch.static_inputs)
+    costs = [LayerCost("a", 1, 1, [100], grads=10, inputs=8), LayerCost("b", 1, 1, [200], grads=20, bwd_work=50,
+                                                                          inputs=8),
+             LayerCost("c", 1, 1, [300], grads=40, inputs=8)]
+    # kept: in its resident slot, from its forward to its backward (at b2: 600 + 24 + 60 gradients)
+    p = budget.evaluate(costs, ["keep"] * 3, static_bytes=7)
+    assert p.timeline_bytes == 684 and p.inputs_bytes == 0 and p.peak_bytes == 7 + 50 + 684
+    # recomputed: the checkpoint alone in the slot; at the step only the gradients (70) are live, and the
+    # step's temporaries take the rest of the pages: the inputs are not there
+    q = budget.evaluate(costs, ["recompute"] * 3, static_bytes=7, step_bytes=1000, pages=True)
+    assert q.inputs_bytes == 0 and q.peak_bytes == 7 + 70 + 1000
+    # everything a saves moved (ping-pong: no resident slot): its inputs are held all along, beside the
+    # banks; a layer with something kept has a slot, and its inputs in it
+    r = budget.evaluate([costs[0].but(sizes=[60, 40])] + costs[1:], ["offload", "keep", "keep"], static_bytes=7)
+    assert r.layers[0].resident == 0 and r.inputs_bytes == 8
+    part = budget.evaluate([costs[0].but(sizes=[60, 40])] + costs[1:], [0.6, "keep", "keep"], static_bytes=7)
+    assert part.layers[0].moved == 60 and part.layers[0].resident == 48 and part.inputs_bytes == 0
+    assert r.peak_bytes == 7 + 8 + r.bank_bytes + r.inflight_bytes + r.timeline_bytes
+    assert "static 7 + static inputs 0" not in r.summary() and "+ static inputs" in r.summary()
+    with pytest.raises(InvalidBudget):
+        budget.evaluate([costs[0].but(inputs=-1)], ["keep"])
+
+
 def test_a_layers_working_set_is_the_larger_of_its_forward_and_backward():
     # the pool holds what one pass allocates at a time, not both passes' sum
     for fwd, bwd in ((30, 70), (70, 30)):

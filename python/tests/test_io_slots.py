@@ -161,3 +161,21 @@ def test_the_budget_planner_counts_a_slots_parameters_gradients_only(host_graphs
             assert row.grads == r.grads.backing.nbytes - r.grads.io_bytes
     finally:
         graphed._close(off, runners)
+
+
+def test_the_budget_planner_counts_the_static_inputs_with_their_layers(host_graphs):  # noqa: F811
+    # With the static inputs in the resident slots (the memory plan), the
+    # caller's sample tensors they replace are not static memory (the build
+    # lets them go); each layer's are its LayerCost.inputs, which its plan
+    # places in its slot or, where it has none, all along (test_budget).
+    from vmmrt.torch import planner
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        rows = planner.layer_costs(off, None, runners, inputs=True)
+        sizes = [sum(t.numel() * t.element_size() for t in r.sample) for r in runners]
+        assert [row.inputs for row in rows] == sizes and all(sizes)
+        assert [row.inputs for row in planner.layer_costs(off, None, runners)] == [0] * len(runners)
+        assert planner.static_bytes(off, runners, True, 0, inputs=True) == \
+            planner.static_bytes(off, runners, True, 0) - sum(sizes)
+    finally:
+        graphed._close(off, runners)

@@ -182,18 +182,26 @@ class LayerCost:
     buffers are in static_bytes instead); ``fwd_work`` and ``bwd_work`` what
     its forward and backward allocate beyond what they keep (intermediates,
     the gradients of activations: the warm-up's allocator peak over what
-    stays), which a graph pool or the caching allocator keeps reserved."""
-    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "fixed", "recompute", "grads", "fwd_work", "bwd_work")
+    stays), which a graph pool or the caching allocator keeps reserved;
+    ``inputs`` the bytes of its graphs' static inputs that go in its resident
+    slot where it has one (vmmrt.torch.static_inputs, with the memory plan):
+    from its forward to its backward when it is kept, partly offloaded or
+    recomputed (its checkpoint), for the graphs' life when a plan moves all
+    it saves (no slot: they stay where they are)."""
+    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "fixed", "recompute", "grads", "fwd_work", "bwd_work",
+                 "inputs")
 
-    def __init__(self, name, fwd_ms, bwd_ms, sizes, fixed=0, recompute=None, grads=0, fwd_work=0, bwd_work=0):
+    def __init__(self, name, fwd_ms, bwd_ms, sizes, fixed=0, recompute=None, grads=0, fwd_work=0, bwd_work=0,
+                 inputs=0):
         self.name, self.fwd_ms, self.bwd_ms = name, float(fwd_ms), float(bwd_ms or 0.0)
         self.sizes, self.fixed, self.recompute = [int(s) for s in sizes], int(fixed), recompute
         self.grads, self.fwd_work, self.bwd_work = int(grads), int(fwd_work), int(bwd_work)
+        self.inputs = int(inputs)
 
     def but(self, **kw):
         """A copy with some fields changed."""
         c = LayerCost(self.name, self.fwd_ms, self.bwd_ms, self.sizes, self.fixed, self.recompute, self.grads,
-                      self.fwd_work, self.bwd_work)
+                      self.fwd_work, self.bwd_work, self.inputs)
         for k, v in kw.items():
             setattr(c, k, v)
         return c
@@ -205,13 +213,18 @@ class LayerCost:
 
 class LayerChoice:
     __slots__ = ("name", "action", "chosen", "moved", "resident", "total", "fwd_ms", "bwd_ms", "exposed_ms",
-                 "grads", "work")
+                 "grads", "work", "held_inputs")
 
     def __init__(self, cost, action, chosen=()):
         self.name, self.action, self.chosen = cost.name, action, sorted(chosen)
         self.moved = sum(cost.sizes[i] for i in self.chosen)
         self.total = cost.total
         self.resident = 0 if action == "recompute" else self.total - self.moved
+        # its static inputs: in its resident slot where it has one (a
+        # recomputed layer's holds them alone), else held all along
+        in_slot = cost.inputs if action == "recompute" or self.resident else 0
+        self.resident += in_slot
+        self.held_inputs = cost.inputs - in_slot
         self.fwd_ms, self.bwd_ms = cost.fwd_ms, cost.bwd_ms
         self.exposed_ms = 0.0
         self.grads = cost.grads
@@ -278,7 +291,9 @@ class BudgetPlan:
         else:
             self.step_peak_bytes = None
             held = during + self.step_bytes
-        self.peak_bytes = self.static_bytes + self.bank_bytes + held
+        # the static inputs of the layers without a resident slot, all along
+        self.inputs_bytes = sum(c.held_inputs for c in ls)
+        self.peak_bytes = self.static_bytes + self.inputs_bytes + self.bank_bytes + held
 
     @property
     def fits(self):
@@ -295,12 +310,14 @@ class BudgetPlan:
         k = self.counts()
         head = ("memory plan (%s, look-ahead %d): %d kept, %d offloaded, %d recomputed; predicted step %.2f ms "
                 "(layers %.2f + recompute %.2f + copies not hidden %.2f) = %.3fx the layers' time; predicted peak "
-                "%.0f MiB (static %.0f + banks %.0f + working set %.0f + activations and gradients at their "
+                "%.0f MiB (static %.0f%s + banks %.0f + working set %.0f + activations and gradients at their "
                 "most %.0f, of which kept %.0f and gradients %.0f)%s"
                 % (self.mode, self.lookahead, k["keep"], k["offload"], k["recompute"], self.predicted_ms,
                    self.graph_ms, self.recompute_ms, self.copy_ms,
                    self.predicted_ms / self.graph_ms if self.graph_ms else 1.0, self.peak_bytes / mib,
-                   self.static_bytes / mib, self.bank_bytes / mib, self.inflight_bytes / mib,
+                   self.static_bytes / mib,
+                   " + static inputs %.0f" % (self.inputs_bytes / mib) if self.inputs_bytes else "",
+                   self.bank_bytes / mib, self.inflight_bytes / mib,
                    self.timeline_bytes / mib, sum(c.resident for c in self.layers) / mib,
                    sum(c.grads for c in self.layers) / mib,
                    "" if self.budget is None else " within the budget of %.0f MiB" % (self.budget / mib)))
@@ -322,7 +339,7 @@ class BudgetPlan:
 
     def as_dict(self):
         return {"mode": self.mode, "lookahead": self.lookahead, "budget_bytes": self.budget,
-                "static_bytes": self.static_bytes, "bank_bytes": self.bank_bytes,
+                "static_bytes": self.static_bytes, "inputs_bytes": self.inputs_bytes, "bank_bytes": self.bank_bytes,
                 "inflight_bytes": self.inflight_bytes, "timeline_bytes": self.timeline_bytes,
                 "map_ahead": self.map_ahead, "peak_bytes": self.peak_bytes,
                 "step_bytes": self.step_bytes, "pages": self.pages, "step_peak_bytes": self.step_peak_bytes,
@@ -376,7 +393,7 @@ def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes=0)
         raise InvalidBudget("static_bytes=%r or step_bytes=%r is negative" % (static_bytes, step_bytes))
     for c in costs:
         if c.fwd_ms < 0 or c.bwd_ms < 0 or any(s < 0 for s in c.sizes) or min(c.fixed, c.grads, c.fwd_work,
-                                                                                 c.bwd_work) < 0:
+                                                                                 c.bwd_work, c.inputs) < 0:
             raise InvalidBudget("layer %r: negative time or size" % c.name)
 
 

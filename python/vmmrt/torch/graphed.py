@@ -405,8 +405,9 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     the driver checks when it is enqueued) would wait for the map on the
     launch thread; with True the budget planner predicts the optimizer
     step on the pages."""
+    inputs_here = memory_plan is not False and graphs and layout is None
+
     def allocate(off, **how):
-        inputs_here = memory_plan is not False and graphs and layout is None
         if inputs_here:
             for r in runners:
                 r.layer.input_bytes = static_inputs.sizes(r.sample)
@@ -422,7 +423,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     if memory_budget is not None or any(marks):
         plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
                                    budget.STRATEGIES if mode == "auto" else None,
-                                   pages=memory_plan is True)
+                                   pages=memory_plan is True, inputs=inputs_here)
         if mode == "auto":          # the planner's strategy: another runtime, the same discovery
             off = planner.adopt(off, plan, runners, uses)
             if grads == "mapped":
