@@ -151,7 +151,7 @@ def _parser():
     p.add_argument("--front-ks", type=int, default=5, help="--front: how many values of k (checkpointed layers), "
                    "spread over 1..layers (default 5)")
     p.add_argument("--front-budgets", type=int, default=4,
-                   help="--front: memory_budget= points from graphs' peak down to the smallest plan (default 4)")
+                   help="--front: memory_budget= points from graphs' peak (or keeping all's predicted peak, the lower) down to the smallest plan (default 4)")
     p.add_argument("--front-budget-mode", choices=("auto", "pingpong", "remap"), default="auto",
                    help="--front: mode= of the memory_budget= points (auto: the planner chooses; default)")
     p.add_argument("--front-families", default="torch,vmmrt",

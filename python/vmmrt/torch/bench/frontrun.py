@@ -17,7 +17,7 @@ save_on_cpu       eager under torch.autograd.graph.save_on_cpu(pin_memory=True)
 vmmrt.torch's (family "vmmrt"): none (slots resident), auto
 (offload="auto"), full offload in pingpong and in remap, every layer
 recomputed (a hand plan), and memory_budget= at budgets from graphs' peak
-down to the smallest plan the planner finds (their plans found before
+(or keeping all's predicted peak, the lower) down to the smallest plan the planner finds (their plans found before
 building: a budget whose plan is one already measured is not run again).
 On the CPU (host backend) the eager options only: no graphs, vmmrt with
 graphs=False.
@@ -426,8 +426,8 @@ class Front:
         return "  ".join(parts)
 
     def _budget_options(self, n, count):
-        """memory_budget= options from graphs' peak (else keeping all's
-        predicted peak) down to the smallest plan, from the costs the
+        """memory_budget= options from graphs' peak or keeping all's
+        predicted peak, the lower, down to the smallest plan, from the costs the
         recompute-all build measured; a plan met before is not run again."""
         if self.plan_of_recompute is None:
             print("[front] no budgets: the recompute-all point did not run (its build measures what the planner "
@@ -449,11 +449,13 @@ class Front:
             smallest = 1
         except budget.BudgetError as e:
             smallest = e.smallest
+        # From graphs' peak, or keeping everything's predicted peak where it is
+        # lower (every budget above it plans to keep everything: on Llama with
+        # the memory plan 2 of 4 budgets were that plan again), down.
+        top = budget.evaluate(costs, ["keep"] * n, "pingpong", 1, **inputs).peak_bytes
         graph = next((p for p in self.points if p["option"] == "graph" and p.get("peak_abs")), None)
         if graph is not None:
-            top = graph["peak_abs"]
-        else:       # (the CPU: no peak measured) keeping everything's predicted peak
-            top = budget.evaluate(costs, ["keep"] * n, "pingpong", 1, **inputs).peak_bytes
+            top = min(top, graph["peak_abs"])
         top = max(top, smallest)
         budgets = [int(top - (top - smallest) * i / (count - 1)) for i in range(count)] if count > 1 else [top]
         self.doc.update(budgets=budgets, smallest_plan_bytes=smallest, calibration_bytes=extra,
