@@ -121,6 +121,7 @@ class Grads:
         # per dtype, made once (:meth:`_source`); the storage's use count
         # above what they hold tells a gradient handed out is alive.
         self._bases = None
+        self._cached = None          # each parameter's gradient as a view over them (after_backward)
         self._held = None            # backing.Held, with the bases
         self._layout(seen, outputs)
 
@@ -232,14 +233,20 @@ class Grads:
             for spec in self.views + self.gins:
                 if spec is not None:
                     _over(base, bases, spec)
+            # Each parameter's gradient as a view made once: a backward hands
+            # out its detach() (a tensor of its own over the same storage,
+            # which AccumulateGrad takes as .grad), half an as_strided's cost.
+            self._cached = [None if s is None else bases[s[0]].as_strided(s[1], s[2], s[3])
+                            for s in self._strided]
             self._bases = bases
-            self._held = Held(base)
+            self._held = Held(base)     # (counted with the views above: the library's own)
         return self._bases[torch.uint8], self._bases
 
     def forget(self):
         """At close(), or off the pages: the cached bases let go (a gradient
         handed out keeps the memory, and the runtime, alive: Backing.tensor)."""
         self._bases = None
+        self._cached = None
         self._held = None
 
     def drop(self):
@@ -391,17 +398,23 @@ class Grads:
         out = []
         cached = self._bases is not None and src is self._bases.get(torch.uint8)
         bases = self._bases if cached else {}
-        for p, st, spec in zip(self.params, states, self._strided):
-            if st is None:
-                out.append(None)
-                continue
-            dt, shape, stride, elems = spec
-            base = bases.get(dt)
-            if base is None:
-                base = _base(src, bases, dt)
-            out.append(base.as_strided(shape, stride, elems))
-            if acc or st == "ours":
-                p.grad = None
+        if cached:
+            for p, st, v in zip(self.params, states, self._cached):
+                out.append(None if st is None else v.detach())
+                if acc and st is not None:
+                    p.grad = None
+        else:
+            for p, st, spec in zip(self.params, states, self._strided):
+                if st is None:
+                    out.append(None)
+                    continue
+                dt, shape, stride, elems = spec
+                base = bases.get(dt)
+                if base is None:
+                    base = _base(src, bases, dt)
+                out.append(base.as_strided(shape, stride, elems))
+                if acc or st == "ours":
+                    p.grad = None
         if inputs is None:
             self._handed(cached)
             return out
