@@ -39,6 +39,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/offload.py \
 	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/place.py \
+	python/vmmrt/torch/plancheck.py \
 	python/vmmrt/torch/planner.py \
 	python/vmmrt/torch/recompute.py \
 	python/vmmrt/torch/replay_times.py \

@@ -623,6 +623,54 @@ def test_a_hand_plan_over_its_limit_is_refused():
         _build(mine, memory_budget=Budget(1, layers=["keep", "keep"]))
 
 
+def test_check_plan_reads_the_callers_steps_against_the_plans_peak():
+    """vt.check_plan: the caller's whole steps run while the used memory is
+    sampled (here a reading of the test's: the steps raise it, the reading
+    after the last one is always taken, so the peak does not depend on
+    when the sampler's thread runs), and the plan's predicted peak beside
+    it, kept on the Offload and printed by describe()."""
+    _, mine = _pair(2)
+    fs = _build(mine, memory_budget=Budget(layers=["keep", "recompute"]))
+    off = vt.offload_of(fs[0])
+    try:
+        used = [off.plan.peak_bytes // 2]
+        x = torch.randn(2, 16, 32, requires_grad=True)
+        ran = []
+
+        def step():
+            y = x
+            for f in fs:
+                y = f(y)
+            y.sum().backward()
+            ran.append(1)
+            used[0] += off.plan.peak_bytes // 4          # two steps: 1.0x the prediction at the end
+        c = vt.check_plan(fs[1], step, steps=2, read=lambda: used[0])
+        assert len(ran) == 2 and off.plan_check is c
+        assert c.predicted == off.plan.peak_bytes and c.measured == used[0] and c.samples >= 2
+        assert abs(c.ratio - off.plan.peak_bytes / used[0]) < 1e-12
+        assert "plan check over 2 step(s)" in off.describe() and "predicted" in c.describe()
+        assert json.dumps(c.as_dict())
+        # no device and no reading: the steps run, nothing is measured
+        c = vt.check_plan(off, step, steps=1)
+        assert len(ran) == 3 and c.measured is None and c.ratio is None and "nothing sampled" in c.describe()
+        with pytest.raises(ValueError, match="steps=0"):
+            vt.check_plan(off, step, steps=0)
+        with pytest.raises(TypeError, match="training step"):
+            vt.check_plan(off, None)
+        with pytest.raises(ValueError, match="did not come from"):
+            vt.check_plan(lambda t: t, step)
+    finally:
+        off.close()
+    # a plan that predicts no peak (a fraction): the measurement alone
+    fs = _build(_pair(2)[1], offload=0.5, mode="pingpong")
+    off = vt.offload_of(fs[0])
+    try:
+        c = vt.check_plan(off, lambda: None, steps=1, read=lambda: 123)
+        assert c.predicted is None and c.measured == 123 and "predicts no peak" in c.describe()
+    finally:
+        off.close()
+
+
 def test_a_share_of_the_device_is_planned_against_its_total():
     _, mine = _pair(2)
     fs = _build(mine, memory_budget="50%")

@@ -43,6 +43,7 @@ from vmmrt import Error  # noqa: F401
 from vmmrt.torch.graphed import make_graphed_callables, offload_of  # noqa: F401
 from vmmrt.torch.layer import LayerOffload  # noqa: F401
 from vmmrt.torch.offload import Offload  # noqa: F401
+from vmmrt.torch.plancheck import check_plan  # noqa: F401
 from vmmrt.torch.pipeline import order_1f1b  # noqa: F401
 from vmmrt.torch.budget import Budget, BudgetError, InvalidBudget  # noqa: F401
 from vmmrt.torch.recompute import mark_recompute  # noqa: F401
@@ -79,4 +80,4 @@ def empty_cache() -> int:
 
 __all__ = ["Error", "make_graphed_callables", "make_offloaded_callables", "offload_of", "mark_not_offload",
            "no_offload", "Offload", "LayerOffload", "order_1f1b", "Budget", "BudgetError", "InvalidBudget",
-           "mark_recompute", "empty_cache"]
+           "mark_recompute", "empty_cache", "check_plan"]

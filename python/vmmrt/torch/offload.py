@@ -148,6 +148,7 @@ class Offload:
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
         self.gin_hold = None        # the latest backward's argument gradients in a slot (Grads.after_backward)
+        self.plan_check = None      # plancheck.PlanCheck: the plan's peak against the caller's steps (check_plan)
 
     # ------------------------------------------------------------- state
     def hold_gins(self, tensors: list) -> None:
@@ -598,6 +599,8 @@ class Offload:
                      "map of %.1f MiB, timed)" % (self.remap_ms[0], self.remap_ms[1] / mib))
         if self.memplan is not None:
             text += "\n" + self.memplan.describe()
+        if self.plan_check is not None:
+            text += "\n" + self.plan_check.describe()
         return text
 
     def stats(self) -> dict[str, Any]:
