@@ -406,11 +406,12 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     launch thread; with True the budget planner predicts the optimizer
     step on the pages."""
     inputs_here = memory_plan is not False and graphs and layout is None
+    if inputs_here:
+        # (before the budget planner, which counts them with their layers)
+        for r in runners:
+            r.layer.input_bytes = static_inputs.sizes(r.sample)
 
     def allocate(off, **how):
-        if inputs_here:
-            for r in runners:
-                r.layer.input_bytes = static_inputs.sizes(r.sample)
         off.allocate(**how)
         if inputs_here:
             for r in runners:
@@ -423,7 +424,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
     if memory_budget is not None or any(marks):
         plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
                                    budget.STRATEGIES if mode == "auto" else None,
-                                   pages=memory_plan is True, inputs=inputs_here)
+                                   pages=memory_plan is True)
         if mode == "auto":          # the planner's strategy: another runtime, the same discovery
             off = planner.adopt(off, plan, runners, uses)
             if grads == "mapped":

@@ -285,7 +285,7 @@ def _mapped(r):
     return g is not None and g.mapped
 
 
-def static_bytes(off, runners=(), graphs=True, reserve=0, inputs=False):
+def static_bytes(off, runners=(), graphs=True, reserve=0):
     """What is on the device whatever the plan, as the budget planner counts
     it: on CUDA the driver's used memory now less what PyTorch's caching
     allocator holds unused (the warm-up's freed activations), on the host
@@ -296,11 +296,12 @@ def static_bytes(off, runners=(), graphs=True, reserve=0, inputs=False):
     inputs' gradients: counted here even where the two last lie in a mapped
     gradients' slot, whose bytes for them layer_costs leaves out, as a
     recomputed layer's slot has none) and ``reserve`` (what the step adds later: an
-    optimizer's states and temporaries). ``inputs``: the graphs' static inputs
-    go in the layers' resident slots (vmmrt.torch.static_inputs): the
-    caller's sample tensors that they take the place of are not counted (the
-    library lets them go; a caller who keeps them holds memory of its own),
-    and :func:`layer_costs` gives each layer's (``LayerCost.inputs``)."""
+    optimizer's states and temporaries). The graphs' static inputs that go in
+    the layers' resident slots (``LayerOffload.input_bytes``,
+    vmmrt.torch.static_inputs) are not: the caller's sample tensors they take
+    the place of are let go by the library (a caller who keeps them holds
+    memory of its own), and :func:`layer_costs` counts them with their layer
+    (``LayerCost.inputs``)."""
     params, static, seen = [], [], set()
     for r in runners:
         for p in r.params:
@@ -318,25 +319,23 @@ def static_bytes(off, runners=(), graphs=True, reserve=0, inputs=False):
         dev = off.device
         base = (total - free) - (torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
     grads = sum(_nbytes(p) for p in static if p.requires_grad and p.grad is None)
-    moved = sum(_inputs(r) for r in runners) if inputs else 0
+    moved = sum(_inputs(r.layer) for r in runners)
     return base - moved + grads + (2 * samples + grad_in if graphs else 0) + reserve
 
 
-def _inputs(r):
-    """The bytes of runner ``r``'s sample tensors that would go in its resident slot."""
-    from vmmrt.torch import static_inputs
-    return sum(n for n in static_inputs.sizes(r.sample) if n is not None)
+def _inputs(lay):
+    """The bytes of ``lay``'s graphs' static inputs that go in its resident slot."""
+    return sum(n for n in lay.input_bytes if n is not None)
 
 
-def layer_costs(off, marked=None, runners=(), inputs=False):
+def layer_costs(off, marked=None, runners=()):
     """The budget planner's view of each layer of ``off`` (forward order): its
     fastest forward and backward (its graphs' replays where they were timed,
     vmmrt.torch.replay_times; else the warm-up's), the regions that may move, the saved
     bytes that stay unless it is recomputed, the working sets of its passes and,
     from ``runners`` (the layers' own, in the same order), the bytes of its
     mapped gradients; ``marked``: per layer, True when the user marked it for
-    recomputation (vmmrt.torch.mark_recompute); ``inputs``: its static inputs
-    go in its resident slot (:func:`static_bytes`)."""
+    recomputation (vmmrt.torch.mark_recompute)."""
     from vmmrt.torch import budget
     by_layer = {id(r.layer): r for r in runners}
     rows = []
@@ -357,12 +356,12 @@ def layer_costs(off, marked=None, runners=(), inputs=False):
         rows.append(budget.LayerCost(lay.name, min(lay.fwd_ms), min(lay.bwd_ms) if lay.bwd_ms else 0.0,
                                      [r.nbytes for r in cand], fixed,
                                      True if marked is not None and marked[i] else None,
-                                     gbytes, fwd_work, bwd_work, _inputs(r) if inputs and r is not None else 0))
+                                     gbytes, fwd_work, bwd_work, _inputs(lay)))
     return rows
 
 
 def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None,
-                pages=False, inputs=False):
+                pages=False):
     """The plan for ``memory_budget`` (bytes, "80%", "60GiB" or a
     :class:`vmmrt.torch.budget.Budget`) over the layers of ``off`` (after
     their warm-up): searched under a limit, predicted for a hand plan, or,
@@ -373,17 +372,16 @@ def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload
     will put the slots on its pages with the optimizer step routed into
     them (``memory_plan=True``): the step's temporaries (``Budget(step=)``)
     are then predicted in the bytes free at the step where optmem can
-    route them here. ``inputs``: the graphs' static inputs will go in the
-    layers' resident slots (:func:`static_bytes`). Raises BudgetError when no plan
+    route them here. Raises BudgetError when no plan
     fits, InvalidBudget for a budget that is not one."""
     from vmmrt.torch import budget
     b = memory_budget if isinstance(memory_budget, budget.Budget) else (
         None if memory_budget is None else budget.Budget(memory_budget))
     total = off.runtime.mem_info()[1]
     limit = None if b is None or b.limit is None else budget.parse(b.limit, total)
-    costs = layer_costs(off, marked, runners, inputs)
+    costs = layer_costs(off, marked, runners)
     gbps = copy_bandwidth(off)
-    static = static_bytes(off, runners, graphs, b.reserve if b is not None else 0, inputs)
+    static = static_bytes(off, runners, graphs, b.reserve if b is not None else 0)
     mode = off.mode
     # ping-pong without a declared schedule has two banks and restores one layer ahead
     la = off.lookahead if mode == "remap" else 1
@@ -453,6 +451,7 @@ def adopt(off, plan, runners, uses):
             lay.times_from, lay.warmup_ms = old.times_from, old.warmup_ms
             lay.compiled = old.compiled
             lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
+            lay.input_bytes = old.input_bytes
             r.layer = lay
         new.set_order([(r.layer, b) for b, r in uses])
         if (new.mode, new.lookahead) != (plan.mode, plan.lookahead):
