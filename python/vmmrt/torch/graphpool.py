@@ -143,13 +143,19 @@ class GraphPool:
         """Whether a tensor handed out from the pool is held by someone else
         than the library. A count found below the library's own is its own
         from then on (a reference of the build that went after settle)."""
-        held = False
+        return bool(self._held())
+
+    def _held(self) -> list:
+        """The storages handed out that someone holds (the library's own count
+        lowered where it went below it)."""
+        out = []
         for k, st in enumerate(self._storages):
             n = _USE_COUNT(st._cdata)
             if n < self._baseline[k]:
                 self._baseline[k] = n
-            held = held or n > self._baseline[k]
-        return held
+            elif n > self._baseline[k]:
+                out.append(st)
+        return out
 
     def held_ranges(self) -> list | None:
         """The pool's bytes held while its use is over (the optimizer step:
@@ -161,11 +167,7 @@ class GraphPool:
         if self.backing.in_use:
             return None
         lo = self.backing.address
-        out = []
-        for k, st in enumerate(self._storages):
-            if _USE_COUNT(st._cdata) > self._baseline[k]:
-                out.append((st.data_ptr() - lo, st.data_ptr() - lo + st.nbytes()))
-        return out
+        return [(st.data_ptr() - lo, st.data_ptr() - lo + st.nbytes()) for st in self._held()]
 
     def forget(self) -> None:
         """At close(): the library's references go (a tensor handed out keeps
