@@ -657,6 +657,12 @@ def test_check_plan_reads_the_callers_steps_against_the_plans_peak():
             vt.check_plan(off, step, steps=0)
         with pytest.raises(TypeError, match="training step"):
             vt.check_plan(off, None)
+        with pytest.raises(TypeError, match="read="):
+            vt.check_plan(off, step, read=5)
+        for bad in (0, -1e-3, "1", True, float("nan")):
+            with pytest.raises(ValueError, match="interval_s="):
+                vt.check_plan(off, step, interval_s=bad)
+        assert len(ran) == 3                # refused before any step ran
         with pytest.raises(ValueError, match="did not come from"):
             vt.check_plan(lambda t: t, step)
     finally:

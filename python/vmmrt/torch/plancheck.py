@@ -87,6 +87,10 @@ def check_plan(target: Any, step: Callable[[], Any], steps: int = 3, read: Calla
         raise TypeError("check_plan(step=%r): a function that runs one training step" % (step,))
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError("check_plan(steps=%r): one step or more" % (steps,))
+    if read is not None and not callable(read):
+        raise TypeError("check_plan(read=%r): a function returning the bytes in use, or None" % (read,))
+    if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s > 0:
+        raise ValueError("check_plan(interval_s=%r): seconds between readings, above 0" % (interval_s,))
     off.check_usable()
     cuda = off.device_type == "cuda" and torch.cuda.is_available()
     if read is None and cuda:
