@@ -72,6 +72,8 @@ vmmrt_py_tests = \
 	python/tests/test_memplan.py \
 	python/tests/test_io_slots.py \
 	python/tests/test_static_inputs.py \
+	python/tests/test_recompute_graphs.py \
+	python/tests/test_recompute_gpu.py \
 	python/tests/test_outputs_slots.py \
 	python/tests/test_optmem.py \
 	python/tests/test_memplan_gpu.py \

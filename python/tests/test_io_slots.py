@@ -130,18 +130,24 @@ def test_the_optimizer_step_may_use_their_bytes_unless_a_gradient_handed_out_is_
         graphed._close(off, runners)
 
 
-def test_a_recomputed_layers_slot_holds_only_its_parameters_gradients(host_graphs):  # noqa: F811
-    # A recomputed layer's backward graph runs its forward again and keeps
-    # its statics (vmmrt.torch.recompute): made again once the budget
-    # planner chose it (graphed._allocate), its slot has no room for them,
-    # and the slots made before are gone.
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_recomputed_layers_slot_has_its_statics_where_its_backward_is_any_layers(host_graphs, monkeypatch,  # noqa: F811
+                                                                                   checkpointed):
+    # Where torch's checkpoint takes the graphs' route (recompute.CHECKPOINTED),
+    # a recomputed layer's backward is captured as any layer's: its statics
+    # lie in its slot. Without it, its backward graph runs its forward again
+    # and keeps its statics: made again once the budget planner chose it
+    # (graphed._allocate), its slot has no room for them, and the slots made
+    # before are gone.
+    from vmmrt.torch import recompute
+    monkeypatch.setattr(recompute, "CHECKPOINTED", checkpointed)
     g, off, runners = _graphed_on_host("none", "mapped")
     try:
         n = len(off.backings)
         assert all(r.grads.io_bytes > 0 for r in runners)
         runners[1].recompute = True
         graphed._make_grads(runners, off, True)
-        assert [r.grads.io_bytes > 0 for r in runners] == [True, False, True, True]
+        assert [r.grads.io_bytes > 0 for r in runners] == [True, checkpointed, True, True]
         assert len(off.backings) == n and all(r.grads.backing in off.backings for r in runners)
     finally:
         graphed._close(off, runners)

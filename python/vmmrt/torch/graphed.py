@@ -431,7 +431,8 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
                 _make_grads(runners, off, graphs)
         for r, c in zip(runners, plan.layers):
             r.recompute = r.layer.recompute = c.action == "recompute"
-        if grads == "mapped" and any(r.recompute and r.grads is not None and r.grads.io_bytes for r in runners):
+        if grads == "mapped" and not recompute.CHECKPOINTED and any(
+                r.recompute and r.grads is not None and r.grads.io_bytes for r in runners):
             _make_grads(runners, off, graphs)   # a recomputed layer's backward keeps its statics: none in its slot
         allocate(off, plan=plan)
         log.info("%s", plan.summary())
@@ -462,9 +463,10 @@ def _make_grads(runners, off, graphs):
             name = r.name.split("/mb")[0] if r.microbatch is not None else r.name
             # the backward's statics in the slot: one runner's (a pipeline's
             # runners of one callable each keep theirs where they are), whose
-            # backward graph is its own (a recomputed one's has its statics)
-            g = Grads(off, name, r.params, r.grads_seen,
-                      outputs=graphs and count[r.callable_index] == 1 and not r.recompute)
+            # backward graph is its own (a recomputed one's has its statics
+            # where torch's checkpoint does not take the graphs' route)
+            own = not (r.recompute and not recompute.CHECKPOINTED)
+            g = Grads(off, name, r.params, r.grads_seen, outputs=graphs and count[r.callable_index] == 1 and own)
             if not g.mapped:
                 log.info("vmmrt: layer %r keeps static gradient buffers: %s", name, g.why)
             by_callable[r.callable_index] = g
@@ -584,16 +586,22 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     try:
         for backward, r in uses:
             fwd, bwd, acc = captured[r.index]
-            if r.recompute:
+            if r.recompute and not recompute.CHECKPOINTED:
                 acc = _capture_recomputed(r, backward, bwd if backward else fwd, mempool, stream, error_mode,
                                           allow_unused_input) or acc
             elif backward and r.grad_mode == "mapped":
                 acc = torch.cuda.CUDAGraph()
+                if r.recompute:
+                    recompute.register_backward(r, acc)
                 _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input)
                 if r.grad_mode != "mapped":
                     acc = None
             elif backward:
                 _capture_backward(r, bwd, mempool, stream, error_mode, allow_unused_input, r.grad_mode)
+            elif r.recompute:
+                out = _capture(r, "forward (checkpointed: its backward runs it again)", fwd, mempool, stream,
+                               error_mode, recompute.forward_checkpointed(r))
+                r.static_outputs = tuple(r.split_outputs(out))
             else:
                 _capture_forward(r, fwd, mempool, stream, error_mode, handle)
             captured[r.index] = (fwd, bwd, acc)

@@ -9,7 +9,13 @@ its own holds them from its forward to its backward, vmmrt.torch.static_inputs;
 without, they hold the call's input for the graphs' life). Its backward runs
 the forward again with gradients
 enabled, then ``autograd.grad`` over it: the same ops as
-``torch.utils.checkpoint``, so the same gradients, bitwise.
+``torch.utils.checkpoint``, so the same gradients, bitwise. Under graphs,
+where torch's non-reentrant checkpoint takes a ``context_fn`` (2.1 and
+later), the forward graph is captured under it and the backward graph as
+any layer's (:func:`forward_checkpointed`): the recomputation inside the
+backward's capture stops once every tensor the backward reads is back, and
+the gradients' statics lie in the layer's slot as any layer's; before, the
+backward graph runs the whole forward again and keeps its own statics.
 
 Random ops draw the same numbers in the recomputation as in the forward:
 
@@ -35,11 +41,12 @@ A recomputed layer moves nothing through libvmmrt: its saved tensors do
 not exist, so offloading it as well is refused where it is asked for
 (:mod:`vmmrt.torch.budget`'s hand plans, a marked layer).
 """
+import contextlib
 import logging
 
 import torch
 from torch.autograd.function import once_differentiable
-from torch.utils.checkpoint import get_device_states, set_device_states
+from torch.utils.checkpoint import checkpoint, get_device_states, set_device_states
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, eager, place
@@ -320,6 +327,77 @@ def prepare_graphs(runner, fwd_graph, bwd_graph, off):
             bwd_graph.register_generator_state(b)
         off._abort_hooks.append(rng.resync)
     runner.recompute_rng = rng
+
+
+def _checkpoint_route():
+    """Whether torch's non-reentrant checkpoint takes ``context_fn`` and the
+    dispatch modes can be set aside (torch 2.1 and later): the graphs'
+    route of :func:`forward_checkpointed`."""
+    try:
+        import inspect
+        from torch.utils._python_dispatch import _disable_current_modes   # noqa: F401
+        return "context_fn" in inspect.signature(checkpoint).parameters
+    except (ImportError, TypeError, ValueError):
+        return False
+
+
+CHECKPOINTED = _checkpoint_route()
+
+
+class _Recomputing:
+    """The recomputation's context (``context_fn``'s second): the generators
+    in the recomputation's states, and no dispatch mode (the gradients'
+    placement, vmmrt.torch.place, sees the backward's own ops, as at
+    discovery: the recomputed activations are no gradient's birth)."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import _disable_current_modes
+        self.modes = _disable_current_modes()
+        self.modes.__enter__()
+        self.states = self.rng.using(self.rng.bwd)
+        self.states.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            self.states.__exit__(*exc)
+        finally:
+            self.modes.__exit__(*exc)
+
+
+def forward_checkpointed(runner):
+    """What the forward graph of a recomputed runner captures where torch has
+    the route (:data:`CHECKPOINTED`): the forward under torch's non-reentrant
+    checkpoint, with gradients. Autograd's graph then holds the static
+    inputs alone, and the layer's backward is captured as any layer's
+    (graphed.py): autograd.grad unpacks the first saved tensor, the
+    checkpoint runs the forward again inside the backward's capture, and
+    stops once every tensor the backward reads is back (early stop: the ops
+    after the last one that saves, a Llama layer's down projection and
+    residual add, are not run again). Its gradients' statics then lie
+    where any layer's do (grads="mapped": in its slot)."""
+    rng = runner.recompute_rng
+
+    def contexts():
+        return contextlib.nullcontext(), _Recomputing(rng)
+
+    def fwd():
+        with rng.using(rng.fwd), torch.enable_grad():
+            return checkpoint(lambda *xs: runner.call(xs), *runner.sample, use_reentrant=False,
+                              preserve_rng_state=False, context_fn=contexts)
+    return fwd
+
+
+def register_backward(runner, graph):
+    """A recomputed runner's other backward graph (grads="mapped"'s accumulate
+    one) draws from the recomputation's states: one of the two replays at
+    each backward, so the state stays in step."""
+    rng = runner.recompute_rng
+    if rng is not None and rng.available:
+        for st in rng.bwd:
+            graph.register_generator_state(st)
 
 
 def forward_body(runner):
