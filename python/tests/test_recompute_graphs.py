@@ -4,7 +4,8 @@ nothing and run each capture's body once): where torch's checkpoint takes
 the graphs' route (vmmrt.torch.recompute.CHECKPOINTED), the forward is
 captured under it and the backward as any layer's, so the recomputation
 inside the backward's capture stops once the tensors the backward reads are
-back; its gradients' statics lie in its slot as any layer's."""
+back; its gradients' statics lie in its slot and its outputs in theirs, as
+any layer's."""
 import contextlib
 
 import pytest
@@ -75,6 +76,10 @@ def test_the_backwards_recomputation_stops_once_what_it_reads_is_back(host_graph
         assert tails == [1] * N, tails
         for r in runners:
             assert r.static_grad_inputs[0] is not None and r.static_grad_inputs[0].shape == (2, 8, 32)
+            # its output born in its outputs' slot, not the graphs' pool for good
+            outs = r.layer.outputs
+            assert outs is not None and outs.landed == 1, r.name
+            assert r.static_outputs[0].data_ptr() == outs.backing.address
         if grads == "mapped":
             # its gradients and its input's placed at their addresses, in
             # its slot, as any layer's

@@ -444,7 +444,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         allocate(off, offload=float(offload))
     if graphs and layout is None:
         for r in runners:
-            r.layer.plan_outputs()
+            r.layer.plan_outputs(recomputed=recompute.CHECKPOINTED)
     return off
 
 
@@ -600,8 +600,9 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
                 _capture_backward(r, bwd, mempool, stream, error_mode, allow_unused_input, r.grad_mode)
             elif r.recompute:
                 out = _capture(r, "forward (checkpointed: its backward runs it again)", fwd, mempool, stream,
-                               error_mode, recompute.forward_checkpointed(r))
+                               error_mode, recompute.forward_checkpointed(r, handle))
                 r.static_outputs = tuple(r.split_outputs(out))
+                _adopt_outputs(r, handle)
             else:
                 _capture_forward(r, fwd, mempool, stream, error_mode, handle)
             captured[r.index] = (fwd, bwd, acc)
@@ -673,6 +674,11 @@ def _capture_forward(r, graph, mempool, stream, error_mode, handle):
         return out
     out = _capture(r, "forward", graph, mempool, stream, error_mode, fwd)
     r.static_outputs = tuple(r.split_outputs(out))
+    _adopt_outputs(r, handle)
+
+
+def _adopt_outputs(r, handle):
+    """After a forward's capture: its outputs' slot goes where no output was born in it."""
     if r.layer.outputs is not None and not r.layer.outputs.adopt(r.static_outputs):
         log.info("vmmrt: layer %r: no output of its forward was born in its outputs' slot: they stay in the graph "
                  "pool", r.name)

@@ -320,11 +320,13 @@ class LayerOffload:
         self.input_at = tuple(at) if any(a is not None for a in at) else None
         self.resident = Backing(self.offload, "%s/resident" % self.name, total)
 
-    def plan_outputs(self):
+    def plan_outputs(self, recomputed=False):
         """The forward graph's outputs in a slot of their own (graphed.py: with
-        graphs, a layer neither recomputed nor a pipeline's), if discovery
-        found where each is born and they are half a granule or more."""
-        if not self.out_births or self.recompute or self.outputs is not None:
+        graphs, a layer not a pipeline's, and not recomputed unless
+        ``recomputed``: its forward graph makes them as any layer's), if
+        discovery found where each is born and they are half a granule or
+        more."""
+        if not self.out_births or (self.recompute and not recomputed) or self.outputs is not None:
             return
         total = _outputs.layout(self.out_births)[1]
         if total < self.offload.granularity // 2:

@@ -21,8 +21,9 @@ beginning its use gets memory of its own).
 
 Without a plan (memory_plan=False, or the steps before it) the slot is
 mapped from the capture on and never released (``kept``): the bytes the
-pool held. Not for recomputed layers (their graphs run the forward again),
-a pipeline's runners, outputs the layer saves for its backward (a saved
+pool held. Not for recomputed layers where torch's checkpoint has no graphs'
+route (vmmrt.torch.recompute.CHECKPOINTED: their backward graphs run the
+whole forward again), a pipeline's runners, outputs the layer saves for its backward (a saved
 region's), nor outputs under half a granule in all; nor where torch has no
 storage use count (torch 1.13), as liveness is read from it.
 """

@@ -367,7 +367,7 @@ class _Recomputing:
             self.modes.__exit__(*exc)
 
 
-def forward_checkpointed(runner):
+def forward_checkpointed(runner, stream=None):
     """What the forward graph of a recomputed runner captures where torch has
     the route (:data:`CHECKPOINTED`): the forward under torch's non-reentrant
     checkpoint, with gradients. Autograd's graph then holds the static
@@ -377,14 +377,22 @@ def forward_checkpointed(runner):
     stops once every tensor the backward reads is back (early stop: the ops
     after the last one that saves, a Llama layer's down projection and
     residual add, are not run again). Its gradients' statics then lie
-    where any layer's do (grads="mapped": in its slot)."""
+    where any layer's do (grads="mapped": in its slot), and its outputs are
+    born in its outputs' slot (vmmrt.torch.outputs: placed as discovery saw
+    them born, ``stream`` the capture's) instead of the graphs' pool for
+    good."""
     rng = runner.recompute_rng
+    lay = runner.layer
 
     def contexts():
         return contextlib.nullcontext(), _Recomputing(rng)
 
     def fwd():
-        with rng.using(rng.fwd), torch.enable_grad():
+        mode = contextlib.nullcontext()
+        if lay.outputs is not None:
+            mode = place.Mode(lay.offload.device_type, lay.outputs.placements(stream), lay.births, lay.static,
+                              record=False)
+        with rng.using(rng.fwd), torch.enable_grad(), mode:
             return checkpoint(lambda *xs: runner.call(xs), *runner.sample, use_reentrant=False,
                               preserve_rng_state=False, context_fn=contexts)
     return fwd
