@@ -362,6 +362,15 @@ def layer_costs(off, marked=None, runners=()):
 
 def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None,
                 pages=False):
+    """:func:`_budget_plan`'s plan, with the reserve it was given (what
+    check_plan names when a step holds more than predicted)."""
+    from vmmrt.torch import budget
+    p = _budget_plan(off, memory_budget, margin, runners, graphs, offload, marked, strategies, pages)
+    p.reserve_bytes = memory_budget.reserve if isinstance(memory_budget, budget.Budget) else 0
+    return p
+
+
+def _budget_plan(off, memory_budget, margin, runners, graphs, offload, marked, strategies, pages):
     """The plan for ``memory_budget`` (bytes, "80%", "60GiB" or a
     :class:`vmmrt.torch.budget.Budget`) over the layers of ``off`` (after
     their warm-up): searched under a limit, predicted for a hand plan, or,
