@@ -268,35 +268,54 @@ vmmrt_status vmmrt_arena_lend(vmmrt_runtime *rt, int device, const vmmrt_devptr 
 
 /* ------------------------------------------------------------ malloc, free */
 
-/* First fit at a 512-byte aligned start; a piece is split around the segment. */
+/*
+ * Best fit at a 512-byte aligned start (the piece that leaves the least
+ * behind; the lowest address among equals); the piece is split around the
+ * segment. First fit by address fills the lowest piece first whatever the
+ * size, so small segments take bytes a large one needed later, and the
+ * large one falls back to the driver: on the H200, 8 recomputed Llama-3-8B
+ * layers' foreach AdamW step left 256 of 2162 lent MiB unused while 1456
+ * MiB came from the driver.
+ */
 static bool take(struct arena *a, size_t size, uintptr_t *ptr, size_t *range)
 {
-	struct arena_free *f;
+	struct arena_free *f, *best = NULL;
+	uintptr_t bs = 0;
+	size_t left = SIZE_MAX;
 	cds_list_for_each_entry(f, &a->free, node) {
 		uintptr_t s = (f->start + ARENA_ALIGN - 1) & ~(ARENA_ALIGN - 1);
 		if (s < f->start || s >= f->end || f->end - s < size)
 			continue;
-		uintptr_t e = s + size;
-		*ptr = s;
-		*range = f->range;
-		if (s > f->start && e < f->end) {
-			struct arena_free *right = malloc(sizeof(*right));
-			if (!right)
-				return false;
-			*right = (struct arena_free){.start = e, .end = f->end, .range = f->range};
-			cds_list_add(&right->node, &f->node);
-			f->end = s;
-		} else if (s > f->start) {
-			f->end = s;
-		} else if (e < f->end) {
-			f->start = e;
-		} else {
-			cds_list_del(&f->node);
-			free(f);
+		if (f->end - s - size < left) {
+			best = f;
+			bs = s;
+			left = f->end - s - size;
+			if (!left)
+				break;
 		}
-		return true;
 	}
-	return false;
+	if (!best)
+		return false;
+	f = best;
+	uintptr_t s = bs, e = s + size;
+	*ptr = s;
+	*range = f->range;
+	if (s > f->start && e < f->end) {
+		struct arena_free *right = malloc(sizeof(*right));
+		if (!right)
+			return false;
+		*right = (struct arena_free){.start = e, .end = f->end, .range = f->range};
+		cds_list_add(&right->node, &f->node);
+		f->end = s;
+	} else if (s > f->start) {
+		f->end = s;
+	} else if (e < f->end) {
+		f->start = e;
+	} else {
+		cds_list_del(&f->node);
+		free(f);
+	}
+	return true;
 }
 
 /* rt's record: one per runtime, whose destroy takes its backend once. */

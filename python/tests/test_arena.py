@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The arena (vmmrt_arena_lend(3)) as PyTorch's CUDAPluggableAllocator calls it:
 vmmrt_arena_malloc / vmmrt_arena_free through ctypes, over two slots this test
-maps itself. First fit by address at 512-byte aligned starts, coalescing,
+maps itself. Best fit at 512-byte aligned starts, coalescing,
 re-lend semantics (an old generation's bytes are neither served again nor
 returned), the fallback to plain device memory when full (usable through the
 backend's copies), the statistics, and every misuse of the binding refused
@@ -63,9 +63,9 @@ def test_library_path_is_the_loaded_library():
     assert lib.vmmrt_arena_malloc and lib.vmmrt_arena_free
 
 
-def test_first_fit_aligned_and_coalescing(rt):
+def test_best_fit_aligned_and_coalescing(rt):
     lo, hi = two_slots(rt)
-    # high first: first fit goes by address; the low range starts off alignment
+    # high first; the low range starts off alignment, and fits 300 bytes best
     gen = rt.arena_lend([(hi.address, 64 * KiB), (lo.address + 100, 1000)])
     s = vmmrt.arena_stats()
     assert s["generation"] == gen and s["lent_bytes"] == 64 * KiB + 1000

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * The arena (vmmrt_arena_*), called as PyTorch's pluggable allocator calls
- * it: first fit across the lent ranges at 512-byte aligned starts, sizes
+ * it: best fit across the lent ranges at 512-byte aligned starts, sizes
  * rounded to 512, holes that coalesce, the fallback to plain device memory
  * when nothing fits (usable, freed through the driver), generations (an old
  * segment's bytes never come back nor are served twice), every refusal named
@@ -88,7 +88,7 @@ static void teardown(vmmrt_runtime *rt)
 	arena_reset();
 }
 
-static void first_fit_across_ranges_aligned(void **state)
+static void best_fit_across_ranges_aligned(void **state)
 {
 	(void)state;
 	vmmrt_runtime *rt = setup();
@@ -99,8 +99,8 @@ static void first_fit_across_ranges_aligned(void **state)
 		lo = hi;
 		hi = t;
 	}
-	/* Given high first: first fit goes by address. The low range starts off
-	 * alignment: its first 512-aligned byte is lo + 512, and 588 bytes fit. */
+	/* Given high first. The low range starts off alignment: its first
+	 * 512-aligned byte is lo + 512, and 588 bytes fit, the least left over. */
 	vmmrt_devptr addrs[2] = {hi, lo + 100};
 	size_t sizes[2] = {2 * MiB, 1000};
 	uint64_t gen = 0;
@@ -121,6 +121,44 @@ static void first_fit_across_ranges_aligned(void **state)
 	afree(c);
 	assert_int_equal(stats().segments, 0);
 	assert_int_equal(stats().used_bytes, 0);
+	teardown(rt);
+}
+
+/* A small segment goes where the least is left over, not to the lowest
+ * piece: the large one that comes next still fits (first fit by address
+ * put the small one in the large range and sent the large one to the
+ * driver). */
+static void small_segments_leave_the_large_range_whole(void **state)
+{
+	(void)state;
+	vmmrt_runtime *rt = setup();
+	vmmrt_slot *x = mapped_slot(rt, 2 * MiB), *y = mapped_slot(rt, 2 * MiB);
+	uintptr_t lo = (uintptr_t)vmmrt_slot_address(x), hi = (uintptr_t)vmmrt_slot_address(y);
+	if (lo > hi) {
+		uintptr_t t = lo;
+		lo = hi;
+		hi = t;
+	}
+	vmmrt_devptr addrs[2] = {lo, hi};
+	size_t sizes[2] = {2 * MiB, 64 * KiB};
+	assert_int_equal(vmmrt_arena_lend(rt, DEV, addrs, sizes, 2, NULL), VMMRT_OK);
+	uintptr_t small = amalloc(64 * KiB);
+	assert_int_equal(small, hi);
+	uintptr_t large = amalloc(2 * MiB);
+	assert_int_equal(large, lo);
+	assert_int_equal(stats().fallback_total, 0);
+	/* both whole again: the small range still fits a small one best */
+	afree(small);
+	afree(large);
+	assert_int_equal(amalloc(64 * KiB), hi);
+	afree(hi);
+	/* pieces that leave as much: the lowest address */
+	vmmrt_devptr same[2] = {hi, lo};
+	size_t both[2] = {64 * KiB, 64 * KiB};
+	assert_int_equal(vmmrt_arena_lend(rt, DEV, same, both, 2, NULL), VMMRT_OK);
+	assert_int_equal(amalloc(64 * KiB), lo);
+	afree(lo);
+	assert_int_equal(stats().segments, 0);
 	teardown(rt);
 }
 
@@ -615,7 +653,8 @@ static void a_new_runtime_takes_over(void **state)
 int main(void)
 {
 	struct CMUnitTest tests[] = {
-		cmocka_unit_test(first_fit_across_ranges_aligned),
+		cmocka_unit_test(best_fit_across_ranges_aligned),
+		cmocka_unit_test(small_segments_leave_the_large_range_whole),
 		cmocka_unit_test(sizes_round_to_512),
 		cmocka_unit_test(holes_coalesce),
 		cmocka_unit_test(full_arena_falls_back),
