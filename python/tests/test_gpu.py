@@ -49,6 +49,20 @@ def equal(a, b):
     return all(torch.equal(u, v) for u, v in zip(a, b)) and len(a) == len(b)
 
 
+def steps_equal(s, g, base, gref, ref, iterations=4):
+    """Steps of ``g`` over ``base`` and of ``gref`` over ``ref`` from the same
+    inputs: outputs and gradients bitwise equal at each."""
+    torch.manual_seed(3)
+    for it in range(iterations):
+        x = sample(s)
+        gy = torch.randn_like(x)
+        xr = x.detach().clone().requires_grad_()
+        y, got = step(g, base, x, gy)
+        yr, want = step(gref, ref, xr, gy)
+        assert torch.equal(y, yr), "output, iteration %d" % it
+        assert equal(got, want), "gradients, iteration %d" % it
+
+
 def cleanup(*layer_lists):
     for ls in layer_lists:
         for m in ls:
@@ -69,15 +83,7 @@ def test_graphs_bitwise_equal_to_graph_only(mode, lookahead):
                                       lookahead=lookahead, offload=1.0)
         off = vt.offload_of(g[0])
         assert (off.saved_bytes()["moved"] > 0) == (mode != "none")
-        torch.manual_seed(3)
-        for it in range(4):
-            x = sample(s)
-            gy = torch.randn_like(x)
-            xr = x.detach().clone().requires_grad_()
-            y, got = step(g, base, x, gy)
-            yr, want = step(gref, ref, xr, gy)
-            assert torch.equal(y, yr), "output, iteration %d" % it
-            assert equal(got, want), "gradients, iteration %d" % it
+        steps_equal(s, g, base, gref, ref)
         off.sync()
         st = off.stats()
         if mode != "none":          # (none moves nothing: the library counts no iteration)

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import vmmrt.torch as vt
-from vmmrt.torch import recompute
 from vmmrt.torch.bench import llama
 
-from test_gpu import cleanup, equal, layers_and_copy, sample, step
+from test_gpu import cleanup, layers_and_copy, sample, steps_equal
 
 pytestmark = pytest.mark.gpu
 
@@ -25,15 +24,7 @@ def test_recomputed_layers_are_bitwise_the_graphs_that_keep_everything(grads):
                                       grads=grads, memory_budget=vt.Budget(layers=["recompute", "keep"] * (n // 2)))
         off = vt.offload_of(g[0])
         assert [lay.recompute for lay in off.layers] == [True, False] * (n // 2)
-        torch.manual_seed(3)
-        for it in range(4):
-            x = sample(s)
-            gy = torch.randn_like(x)
-            xr = x.detach().clone().requires_grad_()
-            y, got = step(g, base, x, gy)
-            yr, want = step(gref, ref, xr, gy)
-            assert torch.equal(y, yr), "output, iteration %d" % it
-            assert equal(got, want), "gradients, iteration %d" % it
+        steps_equal(s, g, base, gref, ref)
     cleanup(base, ref)
     off.close()
 

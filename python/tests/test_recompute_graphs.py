@@ -44,6 +44,13 @@ class NoRng:        # the host backend has no CUDA generators to clone
         return contextlib.nullcontext()
 
 
+def without_cuda_rng(monkeypatch):
+    """Recomputed layers on the host backend: no generator states to clone,
+    and no forward that draws random numbers."""
+    monkeypatch.setattr(recompute, "_GraphRng", NoRng)
+    monkeypatch.setattr(recompute, "draws_random", lambda r: False)
+
+
 def _captured(grads, layers):
     sample = tuple((torch.randn(2, 8, 32, requires_grad=True),) for _ in layers)
     _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), sample, None, None, None,
@@ -65,8 +72,7 @@ def _captured(grads, layers):
 @pytest.mark.skipif(not recompute.CHECKPOINTED, reason="this torch's checkpoint has no context_fn")
 def test_the_backwards_recomputation_stops_once_what_it_reads_is_back(host_graphs, monkeypatch,  # noqa: F811
                                                                       grads):
-    monkeypatch.setattr(recompute, "_GraphRng", NoRng)
-    monkeypatch.setattr(recompute, "draws_random", lambda r: False)
+    without_cuda_rng(monkeypatch)
     layers = [Tail() for _ in range(N)]
     off, runners, captured, tails = _captured(grads, layers)
     try:
@@ -92,8 +98,7 @@ def test_the_backwards_recomputation_stops_once_what_it_reads_is_back(host_graph
 
 
 def test_without_the_route_the_backward_runs_the_whole_forward_again(host_graphs, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(recompute, "_GraphRng", NoRng)
-    monkeypatch.setattr(recompute, "draws_random", lambda r: False)
+    without_cuda_rng(monkeypatch)
     monkeypatch.setattr(recompute, "CHECKPOINTED", False)
     layers = [Tail() for _ in range(N)]
     off, runners, captured, tails = _captured("static", layers)

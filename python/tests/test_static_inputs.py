@@ -79,21 +79,9 @@ def test_a_recomputed_layers_inputs_are_its_slot_alone_from_its_forward_to_its_b
     forward again from its static inputs: they lie in a resident slot of
     their own, mapped from its forward to its backward, not held by the
     graphs between steps (where the optimizer step's temporaries go)."""
-    import contextlib
-    from vmmrt.torch import recompute
+    from test_recompute_graphs import without_cuda_rng
     from vmmrt.torch.budget import Budget
-
-    class NoRng:        # the host backend has no CUDA generators to clone
-        gens, fwd, bwd, available = [], None, None, False
-
-        def __init__(self, *a):
-            pass
-
-        def using(self, states):
-            return contextlib.nullcontext()
-
-    monkeypatch.setattr(recompute, "_GraphRng", NoRng)
-    monkeypatch.setattr(recompute, "draws_random", lambda r: False)
+    without_cuda_rng(monkeypatch)
     from test_call_path import OPTIONS, zoo_layers
     layers = zoo_layers(N)
     _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), samples(N), None, None, None,

@@ -82,6 +82,15 @@ static void afree(uintptr_t p)
 	vmmrt_arena_free((void *)p, 0, DEV, NULL);
 }
 
+/* Two mapped slots of 2 MiB, by address. */
+static void two_slots(vmmrt_runtime *rt, uintptr_t *lo, uintptr_t *hi)
+{
+	uintptr_t a = (uintptr_t)vmmrt_slot_address(mapped_slot(rt, 2 * MiB));
+	uintptr_t b = (uintptr_t)vmmrt_slot_address(mapped_slot(rt, 2 * MiB));
+	*lo = a < b ? a : b;
+	*hi = a < b ? b : a;
+}
+
 static void teardown(vmmrt_runtime *rt)
 {
 	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
@@ -92,13 +101,8 @@ static void best_fit_across_ranges_aligned(void **state)
 {
 	(void)state;
 	vmmrt_runtime *rt = setup();
-	vmmrt_slot *x = mapped_slot(rt, 2 * MiB), *y = mapped_slot(rt, 2 * MiB);
-	uintptr_t lo = (uintptr_t)vmmrt_slot_address(x), hi = (uintptr_t)vmmrt_slot_address(y);
-	if (lo > hi) {
-		uintptr_t t = lo;
-		lo = hi;
-		hi = t;
-	}
+	uintptr_t lo, hi;
+	two_slots(rt, &lo, &hi);
 	/* Given high first. The low range starts off alignment: its first
 	 * 512-aligned byte is lo + 512, and 588 bytes fit, the least left over. */
 	vmmrt_devptr addrs[2] = {hi, lo + 100};
@@ -132,13 +136,8 @@ static void small_segments_leave_the_large_range_whole(void **state)
 {
 	(void)state;
 	vmmrt_runtime *rt = setup();
-	vmmrt_slot *x = mapped_slot(rt, 2 * MiB), *y = mapped_slot(rt, 2 * MiB);
-	uintptr_t lo = (uintptr_t)vmmrt_slot_address(x), hi = (uintptr_t)vmmrt_slot_address(y);
-	if (lo > hi) {
-		uintptr_t t = lo;
-		lo = hi;
-		hi = t;
-	}
+	uintptr_t lo, hi;
+	two_slots(rt, &lo, &hi);
 	vmmrt_devptr addrs[2] = {lo, hi};
 	size_t sizes[2] = {2 * MiB, 64 * KiB};
 	assert_int_equal(vmmrt_arena_lend(rt, DEV, addrs, sizes, 2, NULL), VMMRT_OK);
