@@ -847,3 +847,20 @@ def test_teardown_drops_the_samples_gradients():
         offload = run = opt = None
     modes.teardown(Built(), [torch.nn.Linear(3, 3)], inputs=[x])
     assert x.grad is None
+
+
+def test_front_point_line_shows_the_pages_and_the_graphs_pool():
+    """A point on the memory plan's pages says how much they hold and how
+    much of it is the graphs' pool, where a peak above eager's comes from."""
+    from vmmrt.torch.bench import frontrun
+    f = frontrun.Front.__new__(frontrun.Front)
+    f.points = []
+    MiB = 1 << 20
+    pt = {"label": "vmmrt none", "build_s": 1.0, "step_ms": 2.0, "peak": 3 * MiB,
+          "pages": {"plan_bytes": 8248 * MiB, "graph_pool_bytes": 806 * MiB, "plan_conflicts": 0}}
+    line = f._line(1, 1, pt)
+    assert "pages 8248 MiB (graphs' pool 806)" in line and "conflicts" not in line
+    pt["pages"]["plan_conflicts"] = 2
+    assert "(graphs' pool 806, 2 conflicts)" in f._line(1, 1, pt)
+    pt["pages"] = {"plan_bytes": 0, "graph_pool_bytes": 0, "plan_conflicts": 0}     # no plan: nothing said
+    assert "pages" not in f._line(1, 1, pt)

@@ -387,7 +387,7 @@ class Front:
                       launch_bwd_us_per_layer=row.get("launch_bwd_us_per_layer"),
                       launch_us_per_layer_step=row.get("launch_us_per_layer_step"),
                       driver_calls_per_step=row.get("driver_calls_per_step"),
-                      optimizer_memory=row.get("optimizer_memory"))
+                      optimizer_memory=row.get("optimizer_memory"), pages=row.get("pages"))
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
             grads = None
@@ -418,6 +418,11 @@ class Front:
             parts.append("(x%.3f %s)" % (pt["step_ms"] / ref["step_ms"], ref["label"]))
         if pt.get("peak") is not None:
             parts.append("peak %.0f MiB over the memory before the model" % (pt["peak"] / MiB))
+        pg = pt.get("pages") or {}
+        if pg.get("plan_bytes"):
+            parts.append("pages %.0f MiB (graphs' pool %.0f%s)" % (
+                pg["plan_bytes"] / MiB, pg["graph_pool_bytes"] / MiB,
+                ", %d conflicts" % pg["plan_conflicts"] if pg.get("plan_conflicts") else ""))
         om = pt.get("optimizer_memory") or {}
         if om.get("routed_steps"):
             parts.append("optimizer in the pages (%.0f MiB lent, %.0f used, %.0f from the driver, hooks %.0f us)"

@@ -310,6 +310,9 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
             driver_calls_per_step(before, after, len(step))
         res["bank_conflicts"] = after["bank_conflicts"]
         res["optimizer_memory"] = {k[len("optimizer_"):]: v for k, v in after.items() if k.startswith("optimizer_")}
+        # the memory plan's pages and the graphs' pool on them: where a peak above eager's comes from
+        res["pages"] = {"plan_bytes": after["plan_bytes"], "graph_pool_bytes": after["graph_pool_bytes"],
+                        "plan_conflicts": after["plan_conflicts"]}
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
             res["plan_text"] = off.plan.summary()
