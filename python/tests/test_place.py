@@ -165,3 +165,46 @@ def test_kept_tensors_live_in_a_resident_slot_only_from_forward_to_backward():
         assert all(b.slot.state == "reserved" for b in res), [b.slot.state for b in res]
         for m in base + ref:
             m.zero_grad(set_to_none=True)
+
+
+def test_an_op_that_returns_more_than_tensors_is_not_placeable():
+    assert place.placeable(torch.ops.aten.mul.Tensor)
+    assert place.placeable(torch.ops.aten.native_layer_norm.default)         # three tensors
+    assert not place.placeable(torch.ops.aten.split.Tensor)                  # a list of them
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
+    if flash is not None:                                                    # tensors, then sizes and seeds
+        assert not place.placeable(flash.default)
+
+
+@pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+def test_a_region_its_op_cannot_place_takes_no_bytes_of_the_resident_slot(monkeypatch):
+    """A kept region whose op cannot write it in the resident slot (SDPA's
+    flash and cuDNN kernels on a GPU; here the mul ops, said to be such) stays
+    where its op allocated it: the slot holds the others alone, instead of
+    reserving bytes nothing is born in, and the gradients stay right."""
+    base = zoo_layers(2)
+    ref = copy.deepcopy(base)
+    g0 = _eager(copy.deepcopy(base), "none", memory_plan=False)
+    whole = [lay.resident.nbytes for lay in vt.offload_of(g0[0]).layers]
+    vt.offload_of(g0[0]).close()
+    real = place.placeable
+    monkeypatch.setattr(place, "placeable", lambda f: f is not torch.ops.aten.mul.Tensor and real(f))
+    g = _eager(base, "none", memory_plan=False)
+    off = vt.offload_of(g[0])
+    try:
+        for lay, n in zip(off.layers, whole):
+            muls = [r for r in lay.regions if r.birth is not None and not r.birth.placeable]
+            assert muls and all(r.resident is None for r in muls)
+            assert lay.resident is None or lay.resident.nbytes < n
+            slot = sum(r.nbytes for r in lay.kept_resident())
+            assert slot and all(r.birth.placeable for r in lay.kept_resident())
+        x = torch.randn(2, 8, 32, requires_grad=True)
+        gy = torch.randn(2, 8, 32)
+        for it in range(2):
+            (g[1](g[0](x)) * gy).sum().backward()
+            step(ref, x.detach().clone().requires_grad_(), gy)
+            assert same(grads(base), grads(ref)), it
+            for m in base + ref:
+                m.zero_grad(set_to_none=True)
+    finally:
+        off.close()

@@ -67,10 +67,11 @@ class quiet:
 class Birth:
     """The op and output that allocated a storage, and what that output was."""
 
-    __slots__ = ("key", "out", "dtype", "shape", "stride", "offset", "storage_nbytes", "inputs")
+    __slots__ = ("key", "out", "dtype", "shape", "stride", "offset", "storage_nbytes", "inputs", "placeable")
 
-    def __init__(self, key, out, t, inputs):
+    def __init__(self, key, out, t, inputs, placeable=True):
         self.key = key                      # (op name, occurrence)
+        self.placeable = placeable          # the op returns tensors alone (placeable): else a Mode cannot place it
         self.out = out                      # index among the op's fresh outputs
         self.dtype = t.dtype
         self.shape = tuple(t.shape)
@@ -142,6 +143,19 @@ def _fresh(func, out):
 
 _OUT = {}
 _NAME = {}      # op -> str(op), which formats a string each time
+_PLACEABLE = {}  # op -> placeable(op)
+
+
+def placeable(func):
+    """Whether a Mode can place the outputs of ``func``: it returns tensors
+    alone. One that returns a list, or numbers beside its tensors (SDPA's
+    flash and cuDNN kernels: their output and its statistics with sizes and
+    seeds), is run as it is and its outputs stay where it allocated them."""
+    ok = _PLACEABLE.get(func)
+    if ok is None:
+        rets = func._schema.returns
+        ok = _PLACEABLE[func] = all(str(r.type) == "Tensor" for r in rets)
+    return ok
 
 
 def out_overload(func):
@@ -229,13 +243,13 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
             if t.device.type == self.device_type:
                 ptr = _compat.storage_of(t)[0]
                 if ptr:
-                    b = Birth(key, k, t, sig)
+                    b = Birth(key, k, t, sig, placeable(func))
                     self.births[ptr] = b
                     self.by_key[(key, k)] = b
         return out
 
     def _place(self, func, key, args, kwargs, want, sig):
-        if not all(str(r.type) == "Tensor" for r in func._schema.returns):
+        if not placeable(func):
             for p in want:
                 p.why = "%s returns a list" % name_of(func)
             return func(*args, **kwargs)
