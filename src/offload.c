@@ -231,8 +231,11 @@ static vmmrt_status refuse_capturing(vmmrt_runtime *rt, vmmrt_stream compute, co
 	return VMMRT_OK;
 }
 
-/* After the public prologue (VMMRT__API_ENTER): may the hook run on g now? */
-static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what)
+/* After the public prologue (VMMRT__API_ENTER): may the hook run on g now?
+ * asked: this call asked already whether compute is capturing (the begin
+ * of vmmrt_group_replay's use: its end asks no second time, a driver call
+ * per use on the launch thread's path). */
+static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char *what, bool asked)
 {
 	vmmrt_status st;
 	VMMRT__CHECK_ARG(g, "group is NULL");
@@ -251,7 +254,7 @@ static vmmrt_status hook_entry(vmmrt_group *g, vmmrt_stream compute, const char 
 				   what, g->off->broken_why);
 	/* Before the group's error is reported, since reporting clears it. Empty
 	 * groups too: a hook on a capturing stream is a mistake whatever the group. */
-	if ((st = refuse_capturing(g->off->rt, compute, what)) != VMMRT_OK)
+	if (!asked && (st = refuse_capturing(g->off->rt, compute, what)) != VMMRT_OK)
 		return st;
 	/* An earlier asynchronous failure is reported by the next hook on the group. */
 	return vmmrt__group_take_error(g);
@@ -306,7 +309,7 @@ static vmmrt_status mark_broken(vmmrt__offload *off, vmmrt_status st)
 
 static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
 {
-	vmmrt_status st = hook_entry(g, compute, what);
+	vmmrt_status st = hook_entry(g, compute, what, false);
 	if (st != VMMRT_OK || g->ndesc == 0)
 		return st;
 	vmmrt__offload *off = g->off;
@@ -327,9 +330,9 @@ static vmmrt_status begin(vmmrt_group *g, vmmrt_stream compute, bool backward, c
 	return mark_broken(off, prefetch_window(off));
 }
 
-static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what)
+static vmmrt_status end(vmmrt_group *g, vmmrt_stream compute, bool backward, const char *what, bool asked)
 {
-	vmmrt_status st = hook_entry(g, compute, what);
+	vmmrt_status st = hook_entry(g, compute, what, asked);
 	if (st != VMMRT_OK || g->ndesc == 0)
 		return st;
 	if (g->begun != (backward ? VMMRT__BEGUN_BACKWARD : VMMRT__BEGUN_FORWARD))
@@ -354,7 +357,7 @@ vmmrt_status vmmrt_forward_begin(vmmrt_group *g, vmmrt_stream compute)
 vmmrt_status vmmrt_forward_end(vmmrt_group *g, vmmrt_stream compute)
 {
 	VMMRT__API_ENTER();
-	return end(g, compute, false, __func__);
+	return end(g, compute, false, __func__, false);
 }
 
 vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute)
@@ -366,7 +369,7 @@ vmmrt_status vmmrt_backward_begin(vmmrt_group *g, vmmrt_stream compute)
 vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 {
 	VMMRT__API_ENTER();
-	return end(g, compute, true, __func__);
+	return end(g, compute, true, __func__, false);
 }
 
 /*
@@ -395,7 +398,7 @@ vmmrt_status vmmrt_group_replay(vmmrt_group *g, int backward, uintptr_t graph_ex
 				       backward ? "backward" : "forward");
 		return g->ndesc ? mark_broken(g->off, st) : st;
 	}
-	return end(g, compute, backward, __func__);
+	return end(g, compute, backward, __func__, true);
 }
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)

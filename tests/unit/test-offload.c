@@ -734,6 +734,48 @@ static void one_call_misuse(void **state)
 	model_destroy(m);
 }
 
+static vmmrt_status count_capture_queries(void *ctx, const char *op, uint64_t *delay_us)
+{
+	(void)delay_us;
+	if (!strcmp(op, "cuStreamIsCapturing"))
+		(*(unsigned *)ctx)++;
+	return VMMRT_OK;
+}
+
+/* A use in one call asks once whether the stream is capturing (a driver
+ * call on the launch thread); its three calls ask at each hook. */
+static void one_call_asks_the_stream_once(void **state)
+{
+	(void)state;
+	model_cfg cfg = {.mode = "pingpong", .layers = 2, .act_bytes = 2 * MiB, .lookahead = 1};
+	model *m;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	vmmrt_stream c;
+	vmmrt_graph *gr;
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_begin_capture(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_end_capture(rt, c, &gr), VMMRT_OK);
+	uintptr_t exec = vmmrt__test_graph_exec(rt, gr);
+	unsigned asked = 0;
+	vmmrt__drv_set_fault_hook(rt, count_capture_queries, &asked);
+	assert_int_equal(vmmrt_group_replay(model_group(m, 0), 0, exec, c), VMMRT_OK);
+	assert_int_equal(asked, 1);
+	asked = 0;
+	assert_int_equal(vmmrt_forward_begin(model_group(m, 1), c), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_launch(rt, gr, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_end(model_group(m, 1), c), VMMRT_OK);
+	assert_int_equal(asked, 2);
+	asked = 0;
+	assert_int_equal(vmmrt_group_replay(model_group(m, 1), 1, exec, c), VMMRT_OK);
+	assert_int_equal(asked, 1);
+	vmmrt__drv_set_fault_hook(rt, NULL, NULL);
+	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_graph_destroy(rt, gr), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	model_destroy(m);
+}
+
 int main(void)
 {
 	struct CMUnitTest tests[] = {
@@ -760,6 +802,7 @@ int main(void)
 		cmocka_unit_test(api_misuse),
 		cmocka_unit_test(one_call_per_use),
 		cmocka_unit_test(one_call_misuse),
+		cmocka_unit_test(one_call_asks_the_stream_once),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }
