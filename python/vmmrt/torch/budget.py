@@ -245,10 +245,12 @@ class BudgetPlan:
     the indices of the regions that move (what Offload.allocate(plan=) reads)."""
 
     def __init__(self, layers, mode, lookahead, static_bytes, d2h_gbps, h2d_gbps, margin, granularity,
-                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False, reserve_bytes=0):
+                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False):
         self.layers, self.mode, self.lookahead, self.map_ahead = layers, mode, lookahead, map_ahead
         self.step_bytes, self.pages = step_bytes, pages
-        self.reserve_bytes = reserve_bytes      # Budget(reserve=), in static_bytes: what check_plan says was left out
+        # Budget(reserve=), inside static_bytes (planner.budget_plan sets it):
+        # what check_plan names as left out when it is 0
+        self.reserve_bytes = 0
         self.static_bytes, self.d2h_gbps, self.h2d_gbps = static_bytes, d2h_gbps, h2d_gbps
         self.margin, self.granularity, self.remap_ms, self.budget = margin, granularity, remap_ms, budget
         self.alternatives = []      # (mode, lookahead, predicted_ms, peak_bytes) of the other strategies

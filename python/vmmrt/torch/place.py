@@ -251,7 +251,7 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
     def _place(self, func, key, args, kwargs, want, sig):
         if not placeable(func):
             for p in want:
-                p.why = "%s returns a list" % name_of(func)
+                p.why = "%s returns more than tensors" % name_of(func)
             return func(*args, **kwargs)
         for p in want:
             if p.birth.inputs != sig:
