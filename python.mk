@@ -43,6 +43,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/planner.py \
 	python/vmmrt/torch/recompute.py \
 	python/vmmrt/torch/replay_times.py \
+	python/vmmrt/torch/reuse.py \
 	python/vmmrt/torch/saved.py \
 	python/vmmrt/torch/select.py \
 	python/vmmrt/torch/static_grads.py \
@@ -87,6 +88,7 @@ vmmrt_py_tests = \
 	python/tests/test_abandoned_capture.py \
 	python/tests/test_abandoned_pool.py \
 	python/tests/test_replay_times.py \
+	python/tests/test_reuse.py \
 	python/tests/test_launch_ab.py \
 	python/tests/test_lifetime.py \
 	python/tests/test_select.py \

@@ -496,8 +496,11 @@ def test_1f1b_driver_level_memory_against_none(mode):
         del g, off, st, xs, gys
         cleanup(base)
     # none's activations are in its resident slots ("slots"), the offload's
-    # in its banks or remap slots ("vmmrt")
-    held = {md: used[md]["vmmrt"] + (used[md]["slots"] or 0) for md in used}
+    # in its banks or remap slots ("vmmrt"); the graphs' pool, on a slot of
+    # its own after a conflict of the memory plan, holds none of them (an
+    # attention's outputs, unplaceable, are in it with none and copied into
+    # the banks at the end of the forward by the offload)
+    held = {md: used[md]["vmmrt"] + (used[md]["slots"] or 0) - (used[md]["graph_pool"] or 0) for md in used}
     assert held[mode] < held["none"] / 2
     assert used[mode]["used"] < used["none"]["used"] - (held["none"] - held[mode]) / 2
 

@@ -12,7 +12,7 @@ import time
 import torch
 
 from vmmrt import Error, _capi
-from vmmrt.torch import _compat, _contracts, grads, place, planner
+from vmmrt.torch import _compat, _contracts, grads, place, planner, reuse
 
 
 class Runner:
@@ -394,10 +394,12 @@ def warmup(runners, iters, allow_unused_input):
             wrt = tuple(i for i in r.surface if i.requires_grad)
             with _Timer(cuda) as tb, planner.working(r.layer, True):
                 if need and wrt:
-                    mode = place.Mode(r.layer.offload.device_type, static=static) if record else None
+                    # (made before the mode: the op indices of the backward are the capture's)
+                    gos = tuple(torch.empty_like(o) for o in need)
+                    tl = reuse.timeline_for(p.mode) if record else None
+                    mode = place.Mode(r.layer.offload.device_type, static=static, observer=tl) if record else None
                     if mode is not None:
                         mode.__enter__()
-                    gos = tuple(torch.empty_like(o) for o in need)
                     try:
                         res = torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input)
                     finally:
@@ -405,6 +407,7 @@ def warmup(runners, iters, allow_unused_input):
                             mode.__exit__(None, None, None)
                     if mode is not None:
                         grads.record_backward(r, mode, wrt, res, gos)
+                        r.layer.timeline = (tl, mode.by_key) if tl is not None else None
                     del res, gos
             if not record:
                 r.layer.fwd_ms.append(tf.elapsed())

@@ -26,7 +26,7 @@ import torch
 import vmmrt
 from vmmrt import Error, _capi
 from vmmrt.torch import (_call, _callables, _compat, _compiled, _contracts, _te, budget, eager, graphpool,
-                         pipeline, place, planner, recompute, replay_times, static_grads, static_inputs)
+                         pipeline, place, planner, recompute, replay_times, reuse, static_grads, static_inputs)
 from vmmrt.torch.grads import Grads, quiet_hooks
 from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
@@ -545,15 +545,18 @@ def _plan(runners, off, margin):
     return planner.plan(rows, d2h, h2d, margin)
 
 
-def _capture(r, what, graph, pool, stream, error_mode, body):
+def _capture(r, what, graph, pool, stream, error_mode, body, guard=None):
     """Capture body() into graph; any failure becomes an Error naming the layer,
     what was captured and the cause (the first one: a failed capture's end
-    reports only that the capture was invalidated; _compat.capture)."""
+    reports only that the capture was invalidated; _compat.capture), but a
+    stop of ``guard`` (a reuse.Guard), which is reuse.Overwritten."""
     try:
         for g in r.generators:
             graph.register_generator_state(g)
         return _compat.capture(graph, pool, stream, error_mode, body)
     except BaseException as e:  # noqa: B902 - made an Error naming the layer
+        if guard is not None and guard.violation is not None:
+            raise reuse.Overwritten(guard.violation) from e
         inner = original_error(e, [r.layer.last_rec]) or e
     r.layer.offload.fail("layer %r: %s capture failed: %s" % (r.name, what, inner))
     if isinstance(inner, Error):
@@ -593,7 +596,10 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
                 acc = torch.cuda.CUDAGraph()
                 if r.recompute:
                     recompute.register_backward(r, acc)
-                _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input)
+                if not _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input):
+                    bwd, acc = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+                    _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input,
+                                             reuse_ok=False)
                 if r.grad_mode != "mapped":
                     acc = None
             elif backward:
@@ -743,14 +749,18 @@ def _grad_outputs(r, g, base):
     return tuple(out), fits
 
 
-def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, allow_unused_input):
+def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, allow_unused_input, reuse_ok=True):
     """grads="mapped": the write graph (the ops that make each parameter's
     gradient write it at its fixed address) and the accumulate graph
     (AccumulateGrad adds into the .grad already there, in place). Both write
     the gradients of the user's inputs into the same static tensors. A
     gradient that does not land at its address makes the runner "static"
     (the write graph's outputs become its static buffers, over a slot that
-    then stays mapped)."""
+    then stays mapped). The backward's temporaries go in the resident
+    slot's bytes that it has read for the last time (vmmrt.torch.reuse)
+    unless ``reuse_ok`` is False; returns False when a capture read bytes a
+    temporary had taken (reuse.Guard): both graphs are then to be made
+    again without it."""
     g = r.grads
     need = tuple(o for o in r.static_outputs if o.requires_grad)
     inputs = [x for x in r.sample if x.requires_grad]
@@ -760,19 +770,26 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.static_grad_outputs = tuple(None for _ in r.static_outputs)
         r.static_grad_inputs = tuple(None for _ in r.surface)
         r.grad_mode = "static"
-        return
+        return True
     base = g.backing.tensor(None, counted=False)
     r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, base)
     gos = tuple(o for o in r.static_grad_outputs if o is not None)
     placed = g.placements(base, inputs=True)
-    mode = place.Mode(dev, placed, g.known, r.layer.static)
+    reusing = _reuse_plan(r) if reuse_ok else None
+    guard, temps = _reuse_targets(r, reusing)
+    mode = place.Mode(dev, placed + temps, g.known, r.layer.static, observer=guard)
 
     def write():
         with r.layer.capturing_backward(), quiet_hooks(r.params):
             with mode:
                 return torch.autograd.grad(need, wrt, gos, only_inputs=True, allow_unused=allow_unused_input,
                                            retain_graph=True)
-    res = _capture(r, "backward", graph, mempool, stream, error_mode, write)
+    try:
+        res = _capture(r, "backward", graph, mempool, stream, error_mode, write, guard)
+    except reuse.Overwritten:
+        return _reuse_dropped(r, reusing, guard)
+    if reusing:
+        reusing.placed_bytes = sum(p.birth.storage_nbytes for p in temps if p.how == "placed")
     by_id = {id(t): v for t, v in zip(wrt, res)}
     n_params = len(g.regions)
     missed = [p.birth.describe() + ": " + (p.why or "not placed") for p in placed[:n_params] if p.how is None]
@@ -783,7 +800,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.pinned_grads = base      # the slot stays mapped under the static buffers in it
         g.backing.pin()
         r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.surface)
-        return
+        return True
     # The inputs' gradients: the accumulate graph writes them where the write
     # graph's are (same ops: the same births), so both share the static tensors:
     # in the slot where the write graph put them there, else in the pool.
@@ -801,7 +818,8 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         b = mode.births.get(_compat.storage_of(gx)[0])
         if b is not None:
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
-    acc_mode = place.Mode(dev, targets, mode.by_key, r.layer.static)
+    acc_guard, acc_temps = _reuse_targets(r, reusing)
+    acc_mode = place.Mode(dev, targets + acc_temps, mode.by_key, r.layer.static, observer=acc_guard)
     params = [p for p in r.params if p.requires_grad]
     kept = [x.grad for x in inputs]
     for k, p in enumerate(r.params):
@@ -816,7 +834,9 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
                 torch.autograd.backward(need, gos, inputs=inputs + params, retain_graph=r.retain_graph)
         return tuple(x.grad for x in inputs)
     try:
-        acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate)
+        acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate, acc_guard)
+    except reuse.Overwritten:
+        return _reuse_dropped(r, reusing, acc_guard)
     finally:
         for x, old in zip(inputs, kept):
             x.grad = old
@@ -832,7 +852,37 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
                        for a, b in zip(r.static_grad_inputs, r.acc_grad_inputs))
     if not r.acc_shared:
         log.info("vmmrt: layer %r: the accumulate graph's input gradients have buffers of their own", r.name)
+    return True
 
+
+
+def _reuse_plan(r):
+    """The runner's reuse plan (vmmrt.torch.reuse), made once per layer from
+    its discovery backward; None where there is none."""
+    lay = r.layer
+    if lay.timeline is None or lay.resident is None or r.retain_graph:
+        return None     # (retain_graph_in_backward: a backward that runs twice reads its regions again)
+    if lay.reuse is None:
+        lay.reuse = reuse.layer_plan(lay, *lay.timeline)
+    return lay.reuse or None
+
+
+def _reuse_targets(r, reusing):
+    """(a reuse.Guard, the place.Placed of the plan) for one capture, or (None, [])."""
+    if not reusing:
+        return None, []
+    res = r.layer.resident
+    return reuse.Guard(res.address, res.address + res.nbytes), reuse.targets(reusing, res.tensor(None, counted=False))
+
+
+def _reuse_dropped(r, reusing, guard):
+    """A capture that would have read bytes a temporary had taken: logged, the
+    plan dropped for this layer; False (both graphs to be made again)."""
+    reusing.fallback = guard.violation
+    reusing.placed_bytes = 0
+    log.warning("vmmrt: layer %r: its backward would read bytes a temporary had taken (%s): captured again with "
+                "its temporaries in the graph pool", r.name, guard.violation)
+    return False
 
 def _finish(runners, funcs, off, just_one):
     ret = []

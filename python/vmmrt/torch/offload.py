@@ -582,6 +582,13 @@ class Offload:
                     text += "\n  %s: %s" % (g.name, g.describe())
         if self.graph_pool is not None:
             text += "\n" + self.graph_pool.describe()
+        plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
+        if plans:
+            text += ("\nthe backwards' temporaries: %.1f MiB born in bytes of %d layers' resident slots that their "
+                     "saved regions no longer need (vmmrt.torch.reuse)%s" % (
+                         sum(p.placed_bytes for p in plans) / mib, sum(1 for p in plans if p.placed_bytes),
+                         "".join("; %s: captured again without it (%s)" % (lay.name, lay.reuse.fallback)
+                                 for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
         if timed:
             text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
@@ -630,7 +637,12 @@ class Offload:
         bank, moved out); the graphs' pool on a slot
         (:mod:`vmmrt.torch.graphpool`): graph_pool_bytes (what it uses),
         graph_pool_bound (the range reserved for it), graph_pool_fallback_bytes
-        (its segments beyond the range, plain device memory)."""
+        (its segments beyond the range, plain device memory); the backward's
+        temporaries in bytes of the resident slots their saved regions no
+        longer need (:mod:`vmmrt.torch.reuse`): reuse_bytes (born there at
+        the captures, each counted once per layer), reuse_layers,
+        reuse_fallbacks (layers whose capture would have read bytes a
+        temporary took: captured again without it)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -644,6 +656,10 @@ class Offload:
                   {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0})
+        plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
+        st["reuse_bytes"] = sum(p.placed_bytes for p in plans)
+        st["reuse_layers"] = sum(1 for p in plans if p.placed_bytes)
+        st["reuse_fallbacks"] = sum(1 for p in plans if p.fallback)
         return st
 
     def sync(self) -> None:

@@ -185,13 +185,15 @@ def out_overload(func):
 class Placed:
     """One output to place: the tensor over its fixed address to write it in."""
 
-    __slots__ = ("birth", "target", "how", "why")
+    __slots__ = ("birth", "target", "how", "why", "at", "copy")
 
     def __init__(self, birth, target):
         self.birth = birth
         self.target = target
         self.how = None     # "placed" (born there) or "copied" (computed, then copied in) once done
         self.why = None     # why it was copied, or not placed at all
+        self.at = None      # the op index (Mode.i) it must be born at, if any (vmmrt.torch.reuse)
+        self.copy = True    # without an out= overload: computed, then copied in (else left where it is)
 
 
 class Mode(TorchDispatchMode if AVAILABLE else object):
@@ -205,9 +207,15 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
     its output: the rest of its ops are counted and run, at the least cost
     per op."""
 
-    def __init__(self, device_type, targets=(), known=None, static=None, record=True):
+    def __init__(self, device_type, targets=(), known=None, static=None, record=True, observer=None):
         super().__init__()
         self.device_type = device_type
+        # ``observer``: told of every op (vmmrt.torch.reuse's Timeline and
+        # Guard): before it, its index and tensor arguments; after it, its
+        # key and fresh outputs. The index counts the ops that are not
+        # in-place, so that AccumulateGrad's adds leave it as it was.
+        self.observer = observer
+        self.i = 0
         self.static = {} if static is None else static
         self.record = record
         self.births = {}
@@ -229,6 +237,11 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         self.count[name] = n + 1
         key = (name, n)
         want = self.targets.get(key)
+        obs = self.observer
+        if obs is not None:
+            obs.before(self.i, _tensor_args(args, kwargs))
+            if want is not None:
+                want = [p for p in want if p.at is None or p.at == self.i] or None
         sig = _tensor_signature(args, kwargs, self.static) if want is not None or self.record else None
         if want is not None:
             out = self._place(func, key, args, kwargs, want, sig)
@@ -237,6 +250,10 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         if isinstance(out, (bool, int, float, complex)) and len(func._schema.returns) == 1 and \
                 str(func._schema.returns[0].type) == "Tensor":
             out = _rewrap(func, args, kwargs, out)
+        if obs is not None:
+            obs.after(self.i, key, func, _fresh(func, out))
+            if not func._schema.is_mutable:
+                self.i += 1
         if not self.record:
             return out
         for k, t in _fresh(func, out):
@@ -295,6 +312,9 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         fresh = dict(_fresh(func, out))
         vals = list(out) if isinstance(out, (tuple, list)) else None
         for p in want:
+            if not p.copy:
+                p.why = "%s has no out= variant" % name_of(func)
+                continue
             t = fresh.get(p.birth.out)
             tg = p.target
             if t is None or t.dtype != tg.dtype or tuple(t.shape) != tuple(tg.shape) or \

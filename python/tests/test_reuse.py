@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""A layer's backward temporaries in its resident slot's bytes that the
+backward has read for the last time (vmmrt.torch.reuse): the first-fit
+arithmetic on made-up lives, the timeline discovery records, and on the
+host backend over graphs that capture nothing (test_call_path's harness:
+a capture runs its body, so its values are real) the gradients the
+captures compute, bitwise those without reuse; a plan that would
+overwrite a region still to be read is caught and captured again."""
+import contextlib
+
+import pytest
+import torch
+
+from test_call_path import _Graph, _graphed_on_host
+from vmmrt import Error
+from vmmrt.torch import graphed, place, reuse
+
+pytestmark = pytest.mark.skipif(not reuse.AVAILABLE, reason="torch without TorchDispatchMode or storage weak refs")
+
+A = 512
+
+
+# ---------------------------------------------------------------- plan()
+
+def test_a_temporary_born_after_a_regions_last_read_takes_its_bytes():
+    # region [0, 4A) last read at op 3; a temporary of op 5..9 fits there
+    assert reuse.plan(4 * A, [(0, 4 * A, 3)], [("t", 4 * A, 5, 9)]) == {"t": 0}
+
+
+def test_a_temporary_born_at_or_before_the_last_read_does_not():
+    assert reuse.plan(4 * A, [(0, 4 * A, 5)], [("t", 4 * A, 5, 9)]) == {}
+    assert reuse.plan(4 * A, [(0, 4 * A, 5)], [("t", 4 * A, 2, 9)]) == {}
+
+
+def test_temporaries_alive_together_take_distinct_bytes_and_ones_that_follow_share():
+    regions = [(0, 8 * A, 0)]
+    t = [("a", 4 * A, 1, 5), ("b", 4 * A, 3, 7), ("c", 4 * A, 6, 9), ("d", 4 * A, 4, 8)]
+    where = reuse.plan(8 * A, regions, t)
+    # a and b overlap in life: side by side; c follows a (dead at 5 < 6); d fits nowhere
+    assert where == {"a": 0, "b": 4 * A, "c": 0}
+
+
+def test_bytes_of_no_region_are_free_at_every_op_and_static_inputs_never_are():
+    regions = [(2 * A, 4 * A, reuse.NEVER)]
+    where = reuse.plan(6 * A, regions, [("a", 2 * A, 0, 1), ("b", 2 * A, 0, 1), ("c", A, 0, 1)])
+    assert where == {"a": 0, "b": 4 * A}
+    assert "c" not in where          # the slot is full: the gap is taken, the input never frees
+
+
+def test_a_temporary_spans_several_dead_regions_and_sizes_round_to_the_alignment():
+    regions = [(0, A, 1), (A, 2 * A, 2), (2 * A, 3 * A, 8)]
+    assert reuse.plan(3 * A, regions, [("a", 2 * A - 7, 3, 4)]) == {"a": 0}
+    assert reuse.plan(3 * A, regions, [("a", 2 * A + 1, 3, 4)]) == {}    # 3 granules: the last is live
+
+
+# ------------------------------------------------------------ Timeline
+
+def test_the_timeline_has_each_temporarys_life_and_each_saved_storages_last_read():
+    x = torch.randn(64, 64, requires_grad=True)
+    w = torch.randn(64, 64, requires_grad=True)
+    with place.Mode("cpu") as fwd:
+        h = torch.tanh(x @ w)            # saves x, w (mm) and h (tanh)
+        y = (h * h).sum()
+    tl = reuse.timeline_for(fwd)
+    with place.Mode("cpu", observer=tl):
+        y.backward()
+    names = {k[0][0]: v for k, v in tl.born.items()}
+    assert "aten.tanh_backward.default" in names and "aten.mm.default" in names
+    tb = next(k for k in tl.born if k[0][0] == "aten.tanh_backward.default")
+    # tanh's gradient is read by both mm's of matmul's backward, then freed
+    assert tb in tl.died and tl.died[tb] > tl.born[tb][0]
+    h_key = next(k for k in tl.last_use if k[0][0] == "aten.tanh.default")
+    assert tl.last_use[h_key] <= tl.born[tb][0]      # h is read by tanh's backward, before its output exists
+    # what outlives the backward (x.grad, w.grad) is no temporary
+    assert all(bk in tl.died for bk, *_ in tl.transients(0))
+    assert len(tl.transients(0)) < len(tl.born)
+
+
+# ------------------------------------------ the captures, on the host backend
+
+@pytest.fixture
+def host(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda *a, **k: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(reuse, "MIN_BYTES", 0)       # the test layers' temporaries are small
+    # the backward graphs' output gradients: known values, not the slot's zeros
+    real = graphed._grad_outputs
+
+    def seeded(r, g, base):
+        out, fits = real(r, g, base)
+        gen = torch.Generator().manual_seed(100 + r.index)
+        for t in out:
+            if t is not None:
+                t.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype))
+        return out, fits
+    monkeypatch.setattr(graphed, "_grad_outputs", seeded)
+    # A capture here runs its ops: the write graph's temporaries would be in
+    # the regions when the accumulate graph's capture reads them. On the
+    # device a capture runs nothing, and a forward comes before each
+    # backward: each backward capture finds the regions as the forward left them.
+    real_capture = graphed._capture
+
+    def capture(r, what, graph, pool, stream, error_mode, body, guard=None):
+        res = r.layer.resident
+        keep = res.tensor(None, counted=False).clone() if res is not None and what.startswith("backward") else None
+        try:
+            out = real_capture(r, what, graph, pool, stream, error_mode, body, guard)
+            if what.startswith("backward"):
+                # what it computed, as it computed it: the slots go after the captures
+                grads = [p.grad for p in r.params] if "accumulate" in what else []
+                _COMPUTED[(r.index, what)] = [t.clone() for t in tuple(out) + tuple(grads) if t is not None]
+            return out
+        finally:
+            if keep is not None:
+                res.tensor(None, counted=False).copy_(keep)
+    monkeypatch.setattr(graphed, "_capture", capture)
+    return monkeypatch
+
+
+_COMPUTED = {}
+
+
+def _captured(enabled):
+    """The gradients each backward capture computed (the write graph's, then
+    the accumulate graph's: its sum into them), by runner and capture, and
+    each layer's plan."""
+    reuse.ENABLED = enabled
+    _COMPUTED.clear()
+    try:
+        g, off, runners = _graphed_on_host("none", "mapped", inputs=True)
+    finally:
+        reuse.ENABLED = True
+    try:
+        _captured.stats, _captured.text = off.stats(), off.describe()
+        return dict(_COMPUTED), [r.layer.reuse for r in runners]
+    finally:
+        graphed._close(off, runners)
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(len(a[k]) == len(b[k]) and all(torch.equal(x, y) for x, y in zip(a[k], b[k]))
+                                         for k in a)
+
+
+def test_the_captured_backward_with_its_temporaries_in_the_slot_computes_bitwise_the_same(host):
+    ref, none = _captured(False)
+    got, plans = _captured(True)
+    assert all(p is None for p in none)
+    assert all(p is not None and p.placed_bytes > 0 and p.fallback is None for p in plans)
+    st = _captured.stats
+    assert st["reuse_bytes"] == sum(p.placed_bytes for p in plans) and st["reuse_layers"] == len(plans)
+    assert st["reuse_fallbacks"] == 0 and "the backwards' temporaries" in _captured.text
+    assert len(ref) == 8 and all(any(x.abs().sum() > 0 for x in v) for v in ref.values())
+    assert _same(got, ref)
+
+
+def _overwriting(monkeypatch):
+    """Plans that take bytes of regions the backward still reads: every
+    region counted dead from the start."""
+    real = reuse.plan
+
+    def greedy(slot_bytes, regions, transients, align=reuse.REGION_ALIGN):
+        return real(slot_bytes, [(s, e, -1 if lu != reuse.NEVER else lu) for s, e, lu in regions], transients, align)
+    monkeypatch.setattr(reuse, "plan", greedy)
+
+
+def test_a_plan_that_overwrites_a_region_still_read_is_caught_and_captured_again_without_it(host):
+    ref, _ = _captured(False)
+    _overwriting(host)
+    got, plans = _captured(True)
+    assert any(p is not None and p.fallback for p in plans)
+    assert _captured.stats["reuse_fallbacks"] == sum(1 for p in plans if p is not None and p.fallback)
+    assert "captured again without it" in _captured.text
+    assert _same(got, ref)
+
+
+def test_without_the_guard_that_plan_computes_other_gradients(host):
+    """The test above can fail: unguarded, the same plans change the values."""
+    ref, _ = _captured(False)
+    _overwriting(host)
+    host.setattr(reuse.Guard, "before", lambda self, i, tensors: None)
+    try:
+        got, plans = _captured(True)
+    except Error as e:          # an index read from overwritten bytes (the layers gather)
+        assert "out of bounds" in str(e)
+        return
+    assert all(p is None or p.fallback is None for p in plans)
+    assert not _same(got, ref)
