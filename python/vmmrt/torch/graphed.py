@@ -787,7 +787,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     try:
         res = _capture(r, "backward", graph, mempool, stream, error_mode, write, guard)
     except reuse.Overwritten:
-        return _reuse_dropped(r, guard, "write")
+        return _reuse_dropped(r, reusing, guard)
     if reusing:
         reusing.placed_bytes = sum(p.birth.storage_nbytes for p in temps if p.how == "placed")
     by_id = {id(t): v for t, v in zip(wrt, res)}
@@ -818,7 +818,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         b = mode.births.get(_compat.storage_of(gx)[0])
         if b is not None:
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
-    acc_guard, acc_temps = _reuse_targets(r, _reuse_plan(r, True) if reusing else None)
+    acc_guard, acc_temps = _reuse_targets(r, reusing)
     acc_mode = place.Mode(dev, targets + acc_temps, mode.by_key, r.layer.static, observer=acc_guard)
     params = [p for p in r.params if p.requires_grad]
     kept = [x.grad for x in inputs]
@@ -836,14 +836,12 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     try:
         acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate, acc_guard)
     except reuse.Overwritten:
-        return _reuse_dropped(r, acc_guard, "accumulate")
+        return _reuse_dropped(r, reusing, acc_guard)
     finally:
         for x, old in zip(inputs, kept):
             x.grad = old
         for p in params:
             p.grad = None
-    if acc_guard is not None:
-        r.layer.reuse_acc.placed_bytes = sum(p.birth.storage_nbytes for p in acc_temps if p.how == "placed")
     acc_by_id = {id(x): v for x, v in zip(inputs, acc_in)}
     # The parameters' part is None: their gradients come from r.grads.
     r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.sample) + \
@@ -858,21 +856,15 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
 
 
 
-def _reuse_plan(r, accumulate=False):
-    """The runner's reuse plan (vmmrt.torch.reuse) for its write graph or
-    its accumulate graph (where the parameters' gradients are temporaries
-    too), made once per layer from its discovery backward; None where there
-    is none."""
+def _reuse_plan(r):
+    """The runner's reuse plan (vmmrt.torch.reuse), made once per layer from
+    its discovery backward; None where there is none."""
     lay = r.layer
     if lay.timeline is None or lay.resident is None or r.retain_graph:
         return None     # (retain_graph_in_backward: a backward that runs twice reads its regions again)
-    if not accumulate:
-        if lay.reuse is None:
-            lay.reuse = reuse.layer_plan(lay, *lay.timeline)
-        return lay.reuse or None
-    if lay.reuse_acc is None:
-        lay.reuse_acc = reuse.layer_plan(lay, *lay.timeline, params=[(b.key, b.out) for b, _ in r.grads.regions])
-    return lay.reuse_acc or None
+    if lay.reuse is None:
+        lay.reuse = reuse.layer_plan(lay, *lay.timeline)
+    return lay.reuse or None
 
 
 def _reuse_targets(r, reusing):
@@ -883,16 +875,13 @@ def _reuse_targets(r, reusing):
     return reuse.Guard(res.address, res.address + res.nbytes), reuse.targets(reusing, res.tensor(None, counted=False))
 
 
-def _reuse_dropped(r, guard, graph):
+def _reuse_dropped(r, reusing, guard):
     """A capture that would have read bytes a temporary had taken: logged, the
-    plans dropped for this layer; False (both graphs to be made again)."""
-    lay = r.layer
-    lay.reuse.fallback = "its %s graph: %s" % (graph, guard.violation)
-    for p in (lay.reuse, lay.reuse_acc):
-        if p is not None:
-            p.placed_bytes = 0
+    plan dropped for this layer; False (both graphs to be made again)."""
+    reusing.fallback = guard.violation
+    reusing.placed_bytes = 0
     log.warning("vmmrt: layer %r: its backward would read bytes a temporary had taken (%s): captured again with "
-                "its temporaries in the graph pool", r.name, lay.reuse.fallback)
+                "its temporaries in the graph pool", r.name, guard.violation)
     return False
 
 def _finish(runners, funcs, off, just_one):

@@ -188,7 +188,6 @@ class LayerOffload:
         self.births = {}            # discovery's births by (op key, output): see place.Mode
         self.timeline = None        # discovery's backward: (reuse.Timeline, its births by key)
         self.reuse = None           # its temporaries in the resident slot (reuse.Planned), once captured
-        self.reuse_acc = None       # the same for its accumulate graph (the parameters' gradients too)
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
         self.input_bytes = ()       # per graph input, its bytes in the resident slot or None (static_inputs)
         self.input_at = None        # their offsets in it (None: not there), once planned

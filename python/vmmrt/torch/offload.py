@@ -586,7 +586,7 @@ class Offload:
         if plans:
             text += ("\nthe backwards' temporaries: %.1f MiB born in bytes of %d layers' resident slots that their "
                      "saved regions no longer need (vmmrt.torch.reuse)%s" % (
-                         self.stats()["reuse_bytes"] / mib, sum(1 for p in plans if p.placed_bytes),
+                         sum(p.placed_bytes for p in plans) / mib, sum(1 for p in plans if p.placed_bytes),
                          "".join("; %s: captured again without it (%s)" % (lay.name, lay.reuse.fallback)
                                  for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
@@ -640,8 +640,7 @@ class Offload:
         (its segments beyond the range, plain device memory); the backward's
         temporaries in bytes of the resident slots their saved regions no
         longer need (:mod:`vmmrt.torch.reuse`): reuse_bytes (born there at
-        the captures of the write and accumulate graphs, the bytes of each
-        temporary summed), reuse_layers,
+        the captures, each counted once per layer), reuse_layers,
         reuse_fallbacks (layers whose capture would have read bytes a
         temporary took: captured again without it)."""
         st = self.runtime.offload_stats()
@@ -658,8 +657,7 @@ class Offload:
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0})
         plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
-        st["reuse_bytes"] = sum(p.placed_bytes for p in plans) + sum(
-            lay.reuse_acc.placed_bytes for lay in self.layers if lay.reuse_acc is not None)
+        st["reuse_bytes"] = sum(p.placed_bytes for p in plans)
         st["reuse_layers"] = sum(1 for p in plans if p.placed_bytes)
         st["reuse_fallbacks"] = sum(1 for p in plans if p.fallback)
         return st

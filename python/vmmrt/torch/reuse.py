@@ -48,7 +48,6 @@ AVAILABLE = place.AVAILABLE and StorageWeakRef is not None and hasattr(torch.Ten
 ENABLED = True          # (the benchmark's A/B and the tests turn it off)
 MIN_BYTES = 1 << 20     # smaller temporaries are not worth a placement
 NEVER = 1 << 62         # a last use that never ends (the static inputs)
-PARAM_LIFE = 4          # ops a parameter's gradient lives in the accumulate graph (layer_plan)
 
 
 def counts(func):
@@ -170,14 +169,10 @@ class Planned:
         return len(self.items)
 
 
-def layer_plan(lay, timeline, births, params=()):
+def layer_plan(lay, timeline, births):
     """The plan for ``lay`` (a LayerOffload with a resident slot) from its
     discovery backward's ``timeline`` and that pass's births by (op key,
-    output), or None when nothing fits. ``params``: the (op key, output) of
-    the parameters' gradients, for the accumulate graph, where each is a
-    temporary that AccumulateGrad adds into ``.grad`` as soon as its node
-    has run: given PARAM_LIFE ops (its node's other outputs, the add), the
-    Guard catching one that lives longer."""
+    output), or None when nothing fits."""
     if not (AVAILABLE and ENABLED) or timeline is None or lay.resident is None or lay.recompute:
         return None
     regions = []
@@ -190,11 +185,6 @@ def layer_plan(lay, timeline, births, params=()):
         if at is not None and n:
             regions.append((at, at + n, NEVER))
     trans = [t for t in timeline.transients() if t[0] in births]
-    for k in params:
-        if k in births and k in timeline.born and births[k].storage_nbytes >= MIN_BYTES and timeline.born[k][2]:
-            b = timeline.born[k][0]
-            trans.append((k, births[k].storage_nbytes, b, b + PARAM_LIFE))
-    trans.sort(key=lambda t: (t[2], t[3]))
     where = plan(lay.resident.nbytes, regions, trans)
     if not where:
         return None
