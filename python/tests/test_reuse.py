@@ -187,3 +187,29 @@ def test_without_the_guard_that_plan_computes_other_gradients(host):
         return
     assert all(p is None or p.fallback is None for p in plans)
     assert not _same(got, ref)
+
+
+def test_an_accumulate_capture_stopped_by_its_guard_is_made_again_from_the_same_graph(host):
+    """The accumulate graph's capture runs after the write graph's: stopped
+    half-way, it must not have freed what both captures made again read."""
+    ref, _ = _captured(False)
+    real_targets, real_plan = graphed._reuse_targets, reuse.plan
+    calls = {}
+
+    def greedy(slot_bytes, regions, transients, align=reuse.REGION_ALIGN):
+        return real_plan(slot_bytes, [(s, e, -1 if lu != reuse.NEVER else lu) for s, e, lu in regions], transients,
+                         align)
+
+    def targets(r, reusing):
+        calls[r.index] = calls.get(r.index, 0) + 1
+        if reusing and calls[r.index] == 2:         # the accumulate graph's, with the first plan only
+            reuse.plan = greedy
+            try:
+                reusing = reuse.layer_plan(r.layer, *r.layer.timeline)
+            finally:
+                reuse.plan = real_plan
+        return real_targets(r, reusing)
+    host.setattr(graphed, "_reuse_targets", targets)
+    got, plans = _captured(True)
+    assert any(p is not None and p.fallback for p in plans)
+    assert _same(got, ref)

@@ -831,7 +831,9 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     def accumulate():
         with r.layer.capturing_backward(), quiet_hooks(params):
             with acc_mode:
-                torch.autograd.backward(need, gos, inputs=inputs + params, retain_graph=r.retain_graph)
+                # (retained with a reuse plan: a capture its Guard stops is made again, from the same graph)
+                torch.autograd.backward(need, gos, inputs=inputs + params,
+                                        retain_graph=r.retain_graph or acc_guard is not None)
         return tuple(x.grad for x in inputs)
     try:
         acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate, acc_guard)
