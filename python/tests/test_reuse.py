@@ -133,6 +133,8 @@ def _captured(enabled):
         reuse.ENABLED = True
     try:
         _captured.stats, _captured.text = off.stats(), off.describe()
+        _captured.acc = [r.layer.reuse_acc for r in runners]
+        _captured.params = [{(b.key, b.out) for b, _ in r.grads.regions} for r in runners]
         return dict(_COMPUTED), [r.layer.reuse for r in runners]
     finally:
         graphed._close(off, runners)
@@ -149,8 +151,12 @@ def test_the_captured_backward_with_its_temporaries_in_the_slot_computes_bitwise
     assert all(p is None for p in none)
     assert all(p is not None and p.placed_bytes > 0 and p.fallback is None for p in plans)
     st = _captured.stats
-    assert st["reuse_bytes"] == sum(p.placed_bytes for p in plans) and st["reuse_layers"] == len(plans)
+    acc = _captured.acc     # the accumulate graph's: the parameters' gradients are temporaries there too
+    assert all(p is not None and p.placed_bytes == p.nbytes > 0 for p in acc)
+    assert all(any((b.key, b.out) in keys for b, _, _ in p.items) for p, keys in zip(acc, _captured.params))
+    assert st["reuse_bytes"] == sum(p.placed_bytes for p in plans + acc) and st["reuse_layers"] == len(plans)
     assert st["reuse_fallbacks"] == 0 and "the backwards' temporaries" in _captured.text
+    assert 0 < st["reuse_peak_bytes"] <= max(p.nbytes for p in plans + acc)
     assert len(ref) == 8 and all(any(x.abs().sum() > 0 for x in v) for v in ref.values())
     assert _same(got, ref)
 

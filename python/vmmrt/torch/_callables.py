@@ -413,3 +413,37 @@ def warmup(runners, iters, allow_unused_input):
                 r.layer.fwd_ms.append(tf.elapsed())
                 r.layer.bwd_ms.append(tb.elapsed())
             del out, outputs, need
+        if r.layer.timeline is not None:
+            _accumulate_timeline(r)
+
+
+def _accumulate_timeline(r):
+    """One more pass whose backward accumulates, as the accumulate graph's
+    capture does (vmmrt.torch.grads): there each parameter's gradient is a
+    temporary, which AccumulateGrad adds into ``.grad`` and frees when its
+    turn comes; this pass records when (reuse.Timeline), for that graph's
+    reuse plan (``layer.timeline_acc``). Its ``.grad`` tensors are zeros of
+    its own, put back as they were after."""
+    with r.layer.discovering(True, r.sample) as p:
+        out = r.call(r.sample)
+        p.outputs = out
+    need = tuple(o for o in r.split_outputs(out) if o.requires_grad)
+    params = [q for q in r.params if q.requires_grad]
+    inputs = [x for x in r.sample if isinstance(x, torch.Tensor) and x.requires_grad]
+    if not need or not params or p.mode is None:
+        return
+    gos = tuple(torch.empty_like(o) for o in need)
+    kept = [q.grad for q in params + inputs]
+    for q in params:
+        q.grad = torch.zeros_like(q)
+    for x in inputs:
+        x.grad = None
+    tl = reuse.timeline_for(p.mode)
+    mode = place.Mode(r.layer.offload.device_type, static=r.layer.static, observer=tl)
+    try:
+        with grads.quiet_hooks(params), mode:
+            torch.autograd.backward(need, gos, inputs=inputs + params)
+    finally:
+        for q, g in zip(params + inputs, kept):
+            q.grad = g
+    r.layer.timeline_acc = (tl, mode.by_key)

@@ -787,7 +787,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     try:
         res = _capture(r, "backward", graph, mempool, stream, error_mode, write, guard)
     except reuse.Overwritten:
-        return _reuse_dropped(r, reusing, guard)
+        return _reuse_dropped(r, reusing, guard, "write")
     if reusing:
         reusing.placed_bytes = sum(p.birth.storage_nbytes for p in temps if p.how == "placed")
     by_id = {id(t): v for t, v in zip(wrt, res)}
@@ -818,7 +818,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         b = mode.births.get(_compat.storage_of(gx)[0])
         if b is not None:
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
-    acc_guard, acc_temps = _reuse_targets(r, reusing)
+    acc_guard, acc_temps = _reuse_targets(r, _reuse_plan(r, True) if reusing else None)
     acc_mode = place.Mode(dev, targets + acc_temps, mode.by_key, r.layer.static, observer=acc_guard)
     params = [p for p in r.params if p.requires_grad]
     kept = [x.grad for x in inputs]
@@ -838,12 +838,14 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     try:
         acc_in = _capture(r, "backward (accumulate)", acc_graph, mempool, stream, error_mode, accumulate, acc_guard)
     except reuse.Overwritten:
-        return _reuse_dropped(r, reusing, acc_guard)
+        return _reuse_dropped(r, reusing, acc_guard, "accumulate")
     finally:
         for x, old in zip(inputs, kept):
             x.grad = old
         for p in params:
             p.grad = None
+    if acc_guard is not None and r.layer.reuse_acc is not None:
+        r.layer.reuse_acc.placed_bytes = sum(p.birth.storage_nbytes for p in acc_temps if p.how == "placed")
     acc_by_id = {id(x): v for x, v in zip(inputs, acc_in)}
     # The parameters' part is None: their gradients come from r.grads.
     r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.sample) + \
@@ -858,14 +860,20 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
 
 
 
-def _reuse_plan(r):
-    """The runner's reuse plan (vmmrt.torch.reuse), made once per layer from
-    its discovery backward; None where there is none."""
+def _reuse_plan(r, accumulate=False):
+    """The runner's reuse plan (vmmrt.torch.reuse) for its write graph, or
+    for its accumulate graph (from the warm-up's pass that accumulated,
+    where the parameters' gradients are temporaries too; else the write
+    graph's), made once per layer; None where there is none."""
     lay = r.layer
     if lay.timeline is None or lay.resident is None or r.retain_graph:
         return None     # (retain_graph_in_backward: a backward that runs twice reads its regions again)
     if lay.reuse is None:
         lay.reuse = reuse.layer_plan(lay, *lay.timeline)
+    if accumulate and lay.timeline_acc is not None:
+        if lay.reuse_acc is None:
+            lay.reuse_acc = reuse.layer_plan(lay, *lay.timeline_acc)
+        return lay.reuse_acc or None
     return lay.reuse or None
 
 
@@ -877,13 +885,16 @@ def _reuse_targets(r, reusing):
     return reuse.Guard(res.address, res.address + res.nbytes), reuse.targets(reusing, res.tensor(None, counted=False))
 
 
-def _reuse_dropped(r, reusing, guard):
+def _reuse_dropped(r, reusing, guard, graph):
     """A capture that would have read bytes a temporary had taken: logged, the
-    plan dropped for this layer; False (both graphs to be made again)."""
-    reusing.fallback = guard.violation
-    reusing.placed_bytes = 0
+    plans dropped for this layer (``reusing``, its write graph's, says why);
+    False (both graphs to be made again)."""
+    reusing.fallback = "its %s graph: %s" % (graph, guard.violation)
+    for p in (reusing, r.layer.reuse_acc):
+        if p is not None:
+            p.placed_bytes = 0
     log.warning("vmmrt: layer %r: its backward would read bytes a temporary had taken (%s): captured again with "
-                "its temporaries in the graph pool", r.name, guard.violation)
+                "its temporaries in the graph pool", r.name, reusing.fallback)
     return False
 
 def _finish(runners, funcs, off, just_one):

@@ -188,6 +188,8 @@ class LayerOffload:
         self.births = {}            # discovery's births by (op key, output): see place.Mode
         self.timeline = None        # discovery's backward: (reuse.Timeline, its births by key)
         self.reuse = None           # its temporaries in the resident slot (reuse.Planned), once captured
+        self.timeline_acc = None    # the same, of a backward that accumulates (the accumulate graph's)
+        self.reuse_acc = None       # its plan for the accumulate graph (the parameters' gradients too)
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
         self.input_bytes = ()       # per graph input, its bytes in the resident slot or None (static_inputs)
         self.input_at = None        # their offsets in it (None: not there), once planned

@@ -584,9 +584,10 @@ class Offload:
             text += "\n" + self.graph_pool.describe()
         plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
         if plans:
+            st = self.stats()
             text += ("\nthe backwards' temporaries: %.1f MiB born in bytes of %d layers' resident slots that their "
-                     "saved regions no longer need (vmmrt.torch.reuse)%s" % (
-                         sum(p.placed_bytes for p in plans) / mib, sum(1 for p in plans if p.placed_bytes),
+                     "saved regions no longer need, at most %.1f MiB alive at once (vmmrt.torch.reuse)%s" % (
+                         st["reuse_bytes"] / mib, st["reuse_layers"], st["reuse_peak_bytes"] / mib,
                          "".join("; %s: captured again without it (%s)" % (lay.name, lay.reuse.fallback)
                                  for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
@@ -640,7 +641,9 @@ class Offload:
         (its segments beyond the range, plain device memory); the backward's
         temporaries in bytes of the resident slots their saved regions no
         longer need (:mod:`vmmrt.torch.reuse`): reuse_bytes (born there at
-        the captures, each counted once per layer), reuse_layers,
+        the captures of the write and accumulate graphs, each temporary's
+        bytes summed), reuse_peak_bytes (the most of them alive at one op of
+        a backward, which the pool no longer holds for them), reuse_layers,
         reuse_fallbacks (layers whose capture would have read bytes a
         temporary took: captured again without it)."""
         st = self.runtime.offload_stats()
@@ -657,8 +660,11 @@ class Offload:
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0})
         plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
-        st["reuse_bytes"] = sum(p.placed_bytes for p in plans)
+        st["reuse_bytes"] = sum(p.placed_bytes for p in plans) + sum(
+            lay.reuse_acc.placed_bytes for lay in self.layers if lay.reuse_acc is not None)
         st["reuse_layers"] = sum(1 for p in plans if p.placed_bytes)
+        st["reuse_peak_bytes"] = max([p.peak for lay in self.layers for p in (lay.reuse, lay.reuse_acc)
+                                      if p is not None and p.placed_bytes] or [0])
         st["reuse_fallbacks"] = sum(1 for p in plans if p.fallback)
         return st
 

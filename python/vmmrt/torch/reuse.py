@@ -29,7 +29,6 @@ without reuse (graphed.py). Op indices count the ops that allocate or
 read only: in-place ops (AccumulateGrad's adds when ``.grad`` exists) do
 not shift them, so the accumulate graph takes the write graph's plan.
 """
-import logging
 import weakref
 
 import torch
@@ -42,18 +41,10 @@ try:
 except ImportError:  # pragma: no cover - very old torch
     StorageWeakRef = None
 
-log = logging.getLogger("vmmrt.torch")
-
 AVAILABLE = place.AVAILABLE and StorageWeakRef is not None and hasattr(torch.Tensor, "untyped_storage")
 ENABLED = True          # (the benchmark's A/B and the tests turn it off)
 MIN_BYTES = 1 << 20     # smaller temporaries are not worth a placement
 NEVER = 1 << 62         # a last use that never ends (the static inputs)
-
-
-def counts(func):
-    """Whether ``func`` takes an index of its own in a Timeline: it is not
-    in-place (an in-place op shares the index of the op after it)."""
-    return not func._schema.is_mutable
 
 
 def timeline_for(forward_mode):
@@ -159,9 +150,10 @@ class Planned:
     """A layer's reuse plan: per temporary (its discovery Birth), its offset
     in the resident slot and the op index it is born at."""
 
-    def __init__(self, items, nbytes):
+    def __init__(self, items, nbytes, peak=0):
         self.items = items          # [(birth, offset, index)]
         self.nbytes = nbytes        # the temporaries' bytes placed (each counted once)
+        self.peak = peak            # the most of them alive at one op: what the pool no longer holds for them
         self.placed_bytes = 0       # of them, born in the slot at the last capture
         self.fallback = None        # why a capture was made again without it
 
@@ -189,7 +181,9 @@ def layer_plan(lay, timeline, births):
     if not where:
         return None
     items = [(births[k], off, timeline.born[k][0]) for k, off in where.items()]
-    return Planned(items, sum(births[k].storage_nbytes for k in where))
+    lives = [(b, d, n) for k, n, b, d in trans if k in where]
+    peak = max(sum(n for b, d, n in lives if b <= i <= d) for i in {b for b, _, _ in lives})
+    return Planned(items, sum(births[k].storage_nbytes for k in where), peak)
 
 
 def targets(planned, base):

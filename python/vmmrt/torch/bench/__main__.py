@@ -117,6 +117,9 @@ def _parser():
                    help="memory_plan=\"slots\": the plan, but the optimizer step's allocations in PyTorch's own "
                         "memory, not in the pages' free bytes (vmmrt.torch.optmem; for comparison)")
     p.set_defaults(memory_plan=None)
+    p.add_argument("--no-backward-reuse", dest="backward_reuse", action="store_false",
+                   help="the backwards' temporaries in the graph pool, not in the bytes of the resident slots that "
+                        "their saved regions no longer need (vmmrt.torch.reuse; for comparison)")
     p.add_argument("--fraction", type=float, default=1.0, help="offload fraction of the vmmrt modes (planner: auto)")
     p.add_argument("--lookahead", type=int, default=1)
     p.add_argument("--margin", type=float, default=0.9, help="the planner's safety factor")
@@ -444,6 +447,9 @@ def main(argv=None):
         from vmmrt.torch.bench import frontrun
         frontrun.eager_modules()
     args = parse(argv)
+    if not args.backward_reuse:
+        from vmmrt.torch import reuse
+        reuse.ENABLED = False
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     shape = llama.Shape(args.hidden, args.ffn, args.heads, args.kv_heads, args.seq, args.batch)
