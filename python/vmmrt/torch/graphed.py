@@ -859,7 +859,6 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     return True
 
 
-
 def _reuse_plan(r, accumulate=False):
     """The runner's reuse plan (vmmrt.torch.reuse) for its write graph, or
     for its accumulate graph (from the warm-up's pass that accumulated,
@@ -896,6 +895,7 @@ def _reuse_dropped(r, reusing, guard, graph):
     log.warning("vmmrt: layer %r: its backward would read bytes a temporary had taken (%s): captured again with "
                 "its temporaries in the graph pool", r.name, reusing.fallback)
     return False
+
 
 def _finish(runners, funcs, off, just_one):
     ret = []
