@@ -161,14 +161,17 @@ def test_the_captured_backward_with_its_temporaries_in_the_slot_computes_bitwise
     assert _same(got, ref)
 
 
-def _overwriting(monkeypatch):
-    """Plans that take bytes of regions the backward still reads: every
-    region counted dead from the start."""
-    real = reuse.plan
+_PLAN = reuse.plan
 
-    def greedy(slot_bytes, regions, transients, align=reuse.REGION_ALIGN):
-        return real(slot_bytes, [(s, e, -1 if lu != reuse.NEVER else lu) for s, e, lu in regions], transients, align)
-    monkeypatch.setattr(reuse, "plan", greedy)
+
+def _greedy(slot_bytes, regions, transients, align=reuse.REGION_ALIGN):
+    """reuse.plan with every region counted dead from the start: plans that
+    take bytes of regions the backward still reads."""
+    return _PLAN(slot_bytes, [(s, e, -1 if lu != reuse.NEVER else lu) for s, e, lu in regions], transients, align)
+
+
+def _overwriting(monkeypatch):
+    monkeypatch.setattr(reuse, "plan", _greedy)
 
 
 def test_a_plan_that_overwrites_a_region_still_read_is_caught_and_captured_again_without_it(host):
@@ -199,23 +202,44 @@ def test_an_accumulate_capture_stopped_by_its_guard_is_made_again_from_the_same_
     """The accumulate graph's capture runs after the write graph's: stopped
     half-way, it must not have freed what both captures made again read."""
     ref, _ = _captured(False)
-    real_targets, real_plan = graphed._reuse_targets, reuse.plan
+    real_targets = graphed._reuse_targets
     calls = {}
-
-    def greedy(slot_bytes, regions, transients, align=reuse.REGION_ALIGN):
-        return real_plan(slot_bytes, [(s, e, -1 if lu != reuse.NEVER else lu) for s, e, lu in regions], transients,
-                         align)
 
     def targets(r, reusing):
         calls[r.index] = calls.get(r.index, 0) + 1
         if reusing and calls[r.index] == 2:         # the accumulate graph's, with the first plan only
-            reuse.plan = greedy
+            reuse.plan = _greedy
             try:
                 reusing = reuse.layer_plan(r.layer, *r.layer.timeline)
             finally:
-                reuse.plan = real_plan
+                reuse.plan = _PLAN
         return real_targets(r, reusing)
     host.setattr(graphed, "_reuse_targets", targets)
     got, plans = _captured(True)
     assert any(p is not None and p.fallback for p in plans)
     assert _same(got, ref)
+
+
+def test_a_target_with_an_op_index_is_placed_at_that_index_only():
+    """Placed.at holds in a Mode with no observer too: the index is counted
+    whenever a target names one (in-place ops share the next op's)."""
+    a = torch.randn(256, 256)
+
+    def f():
+        h = torch.mm(a, a)
+        h.add_(1.0)
+        return torch.mm(h, a)
+    tl = reuse.Timeline({})
+    with place.Mode("cpu", observer=tl) as disc:
+        ref = f()
+    key = (("aten.mm.default", 1), 0)
+    assert tl.born[key][0] == 1          # the add_ took no index of its own
+    birth = disc.by_key[key]
+    for at, placed in ((1, True), (2, False)):
+        slot = torch.zeros(birth.storage_nbytes, dtype=torch.uint8)
+        p = place.Placed(birth, place.tensor_over(slot, birth.dtype, birth.shape, birth.stride, birth.offset))
+        p.at, p.copy = at, False
+        with place.Mode("cpu", [p], disc.by_key):
+            out = f()
+        assert (p.how == "placed") == placed
+        assert (out.data_ptr() == slot.data_ptr()) == placed and torch.equal(out, ref)

@@ -423,7 +423,8 @@ def _accumulate_timeline(r):
     temporary, which AccumulateGrad adds into ``.grad`` and frees when its
     turn comes; this pass records when (reuse.Timeline), for that graph's
     reuse plan (``layer.timeline_acc``). Its ``.grad`` tensors are zeros of
-    its own, put back as they were after."""
+    its own, put back as they were after; the layer's buffers (BatchNorm's
+    running statistics) see it as one warm-up pass more."""
     with r.layer.discovering(True, r.sample) as p:
         out = r.call(r.sample)
         p.outputs = out

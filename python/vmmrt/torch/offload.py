@@ -584,7 +584,7 @@ class Offload:
             text += "\n" + self.graph_pool.describe()
         plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
         if plans:
-            st = self.stats()
+            st = self._reuse_stats()
             text += ("\nthe backwards' temporaries: %.1f MiB born in bytes of %d layers' resident slots that their "
                      "saved regions no longer need, at most %.1f MiB alive at once (vmmrt.torch.reuse)%s" % (
                          st["reuse_bytes"] / mib, st["reuse_layers"], st["reuse_peak_bytes"] / mib,
@@ -659,14 +659,18 @@ class Offload:
                   {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0})
-        plans = [lay.reuse for lay in self.layers if lay.reuse is not None]
-        st["reuse_bytes"] = sum(p.placed_bytes for p in plans) + sum(
-            lay.reuse_acc.placed_bytes for lay in self.layers if lay.reuse_acc is not None)
-        st["reuse_layers"] = sum(1 for p in plans if p.placed_bytes)
-        st["reuse_peak_bytes"] = max([p.peak for lay in self.layers for p in (lay.reuse, lay.reuse_acc)
-                                      if p is not None and p.placed_bytes] or [0])
-        st["reuse_fallbacks"] = sum(1 for p in plans if p.fallback)
+        st.update(self._reuse_stats())
         return st
+
+    def _reuse_stats(self) -> dict[str, int]:
+        """stats()'s reuse_* keys (vmmrt.torch.reuse): each layer's write graph's
+        plan and its accumulate graph's."""
+        write = [lay.reuse for lay in self.layers if lay.reuse is not None]
+        both = write + [lay.reuse_acc for lay in self.layers if lay.reuse_acc is not None]
+        return {"reuse_bytes": sum(p.placed_bytes for p in both),
+                "reuse_layers": sum(1 for p in write if p.placed_bytes),
+                "reuse_peak_bytes": max([p.peak for p in both if p.placed_bytes] or [0]),
+                "reuse_fallbacks": sum(1 for p in write if p.fallback)}
 
     def sync(self) -> None:
         """Wait for every copy and driver request in flight (end of training, tests)."""

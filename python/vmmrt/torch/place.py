@@ -225,6 +225,8 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         self.targets = {}
         for p in targets:
             self.targets.setdefault(p.birth.key, []).append(p)
+        # a target born at a given op index (Placed.at) needs the index counted too
+        self.counting = observer is not None or any(p.at is not None for p in targets)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -240,8 +242,8 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         obs = self.observer
         if obs is not None:
             obs.before(self.i, _tensor_args(args, kwargs))
-            if want is not None:
-                want = [p for p in want if p.at is None or p.at == self.i] or None
+        if want is not None and self.counting:
+            want = [p for p in want if p.at is None or p.at == self.i] or None
         sig = _tensor_signature(args, kwargs, self.static) if want is not None or self.record else None
         if want is not None:
             out = self._place(func, key, args, kwargs, want, sig)
@@ -250,13 +252,14 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         if isinstance(out, (bool, int, float, complex)) and len(func._schema.returns) == 1 and \
                 str(func._schema.returns[0].type) == "Tensor":
             out = _rewrap(func, args, kwargs, out)
+        fresh = _fresh(func, out) if obs is not None or self.record else ()
         if obs is not None:
-            obs.after(self.i, key, func, _fresh(func, out))
-            if not func._schema.is_mutable:
-                self.i += 1
+            obs.after(self.i, key, func, fresh)
+        if self.counting and not func._schema.is_mutable:
+            self.i += 1
         if not self.record:
             return out
-        for k, t in _fresh(func, out):
+        for k, t in fresh:
             if t.device.type == self.device_type:
                 ptr = _compat.storage_of(t)[0]
                 if ptr:

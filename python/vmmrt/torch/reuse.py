@@ -171,7 +171,7 @@ def layer_plan(lay, timeline, births):
     for r in lay.kept_resident():
         if r.birth is None or r.resident is None:
             continue
-        lu = -1 if getattr(r, "how", None) == "pool" else timeline.last_use.get((r.birth.key, r.birth.out), -1)
+        lu = -1 if r.how == "pool" else timeline.last_use.get((r.birth.key, r.birth.out), -1)
         regions.append((r.resident, r.resident + r.nbytes, lu))
     for at, n in zip(lay.input_at or (), lay.input_bytes or ()):
         if at is not None and n:
