@@ -27,6 +27,16 @@ def test_out_overloads_are_found_by_their_arguments():
     assert place.out_overload(aten.t.default) is None             # a view allocates nothing
 
 
+def test_an_out_overload_writes_at_the_target_only_with_the_devices_own_kernel():
+    aten = torch.ops.aten
+    assert place.writes_at_target(aten.mm.default, "cpu")
+    assert place.writes_at_target(aten.mul.Tensor, "cpu")
+    # generated out= overloads run the op into a temporary, then copy it
+    assert not place.writes_at_target(aten.mul.Scalar, "cpu")
+    assert not place.writes_at_target(aten.clone.default, "cpu")
+    assert not place.writes_at_target(aten.t.default, "cpu")     # no out= at all
+
+
 def test_births_are_the_ops_that_allocate():
     x = torch.randn(4, 8)
     w = torch.randn(8, 8)

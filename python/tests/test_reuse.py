@@ -76,6 +76,22 @@ def test_the_timeline_has_each_temporarys_life_and_each_saved_storages_last_read
     assert len(tl.transients(0)) < len(tl.born)
 
 
+def test_a_temporary_whose_out_overload_only_copies_is_left_in_the_pool():
+    """mul.Scalar's out= is generated (the op into a temporary, then a copy):
+    placing it would add a kernel to the graph and save nothing. (pow's
+    backward is grad * (2 * x): a mul.Scalar.)"""
+    x = torch.randn(64, 64, requires_grad=True)
+    with place.Mode("cpu") as fwd:
+        y = torch.tanh(x).pow(2).sum()
+    tl = reuse.timeline_for(fwd)
+    with place.Mode("cpu", observer=tl):
+        y.backward()
+    ok = {k[0][0]: v[2] for k, v in tl.born.items()}
+    assert ok["aten.tanh_backward.default"]
+    assert ok["aten.mul.Scalar"] is False
+    assert all(k[0][0] != "aten.mul.Scalar" for k, *_ in tl.transients(0))
+
+
 # ------------------------------------------ the captures, on the host backend
 
 @pytest.fixture
@@ -229,7 +245,7 @@ def test_a_target_with_an_op_index_is_placed_at_that_index_only():
         h = torch.mm(a, a)
         h.add_(1.0)
         return torch.mm(h, a)
-    tl = reuse.Timeline({})
+    tl = reuse.Timeline({}, "cpu")
     with place.Mode("cpu", observer=tl) as disc:
         ref = f()
     key = (("aten.mm.default", 1), 0)

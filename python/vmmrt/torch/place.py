@@ -182,6 +182,32 @@ def out_overload(func):
     return found
 
 
+_WRITES = {}    # (op, device type) -> writes_at_target(op, device type)
+
+
+def writes_at_target(func, device_type):
+    """Whether ``func``'s out= overload (:func:`out_overload`) writes its out
+    tensor with the device's own kernel. PyTorch generates out= overloads
+    for functional ops that have none (``autogen``: ``mul.Scalar_out``,
+    ``div.Scalar_out``, ``clone.out``): registered for every backend at
+    once, they run the functional op into a temporary and copy it into the
+    out tensor, which is what placing by a copy costs (a kernel more per
+    op), not what placing by out= saves."""
+    k = (func, device_type)
+    ok = _WRITES.get(k)
+    if ok is None:
+        found = out_overload(func)
+        has = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+        if found is None:
+            ok = False
+        elif has is None:   # pragma: no cover - a torch without it: trust the overload
+            ok = True
+        else:
+            ok = bool(has(found[0].name(), device_type.upper()))
+        _WRITES[k] = ok
+    return ok
+
+
 class Placed:
     """One output to place: the tensor over its fixed address to write it in."""
 

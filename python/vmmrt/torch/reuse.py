@@ -53,7 +53,7 @@ def timeline_for(forward_mode):
     to watch), or None."""
     if not (AVAILABLE and ENABLED) or forward_mode is None:
         return None
-    return Timeline({ptr: (b.key, b.out) for ptr, b in forward_mode.births.items()})
+    return Timeline({ptr: (b.key, b.out) for ptr, b in forward_mode.births.items()}, forward_mode.device_type)
 
 
 class Timeline:
@@ -63,10 +63,13 @@ class Timeline:
     (none: alive at the end, a gradient handed out), with its bytes and
     whether the op can write it at a given address (``out=``); and
     ``last_use``, per saved storage of ``watch`` (storage pointer -> key),
-    the index of the last op that read it."""
+    the index of the last op that read it. ``device_type``: whose kernels
+    must write an out= tensor for it to count as placeable
+    (place.writes_at_target)."""
 
-    def __init__(self, watch):
+    def __init__(self, watch, device_type="cuda"):
         self.watch = dict(watch)
+        self.device_type = device_type
         self.last_use = {}
         self.born = {}
         self.died = {}
@@ -90,7 +93,8 @@ class Timeline:
             if not ptr or ptr in self._owner:
                 continue
             bk = (key, k)
-            self.born[bk] = (i, st.nbytes(), place.placeable(func) and place.out_overload(func) is not None)
+            self.born[bk] = (i, st.nbytes(), place.placeable(func) and
+                             place.writes_at_target(func, self.device_type))
             self._live[bk] = StorageWeakRef(st)
             self._owner[ptr] = bk
         for bk, ref in list(self._live.items()):
