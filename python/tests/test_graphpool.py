@@ -147,3 +147,49 @@ def test_a_runtime_that_lent_ranges_lives_until_pytorch_gives_their_segments_bac
         assert len(lives) == 2
     finally:
         vmmrt.arena_reset(0)
+
+
+# ------------------------------------------------- the presized segment
+
+def test_the_range_is_lent_as_a_front_for_small_segments_and_one_large_one():
+    M = 1 << 20
+    assert graphpool.layout(100 * M) == (graphpool.SMALL, 100 * M - graphpool.SMALL)
+    assert graphpool.layout(2 * graphpool.SMALL - 1) is None
+
+
+def test_the_high_water_is_the_end_of_the_highest_block_ever_handed_out():
+    lo, hi = 1000, 1000 + 4096
+    events = [
+        {"action": "segment_alloc", "addr": lo, "size": 4096},      # the segment itself: no block
+        {"action": "alloc", "addr": lo, "size": 512},
+        {"action": "alloc", "addr": lo + 512, "size": 1024},       # reaches 1536 ...
+        {"action": "free_completed", "addr": lo + 512, "size": 1024},  # ... and is merged away: still counted
+        {"action": "alloc", "addr": lo + 512, "size": 512},
+        {"action": "alloc", "addr": 50, "size": 1 << 20},            # another pool's block
+        {"action": "alloc", "addr": hi, "size": 512},                # past the segment
+    ]
+    assert graphpool.high_water(events, lo, hi) == 1536
+    assert graphpool.high_water([], lo, hi) == 0
+
+
+def test_the_range_is_cut_where_the_presized_segments_blocks_reached():
+    lo = 1 << 30
+    small = [(lo, 2 << 20), (lo + (2 << 20), 2 << 20)]
+    large = (lo + (8 << 20), 100 << 20)
+    assert graphpool.cut_end(lo, small + [large], large, 30 << 20) == (8 + 30) << 20
+    # a segment made beside it when it was full keeps its end
+    assert graphpool.cut_end(lo, small + [large, (lo + (108 << 20), 4 << 20)], large, 30 << 20) == 112 << 20
+    # without a presized one: the last segment's end
+    assert graphpool.cut_end(lo, small, None, 0) == 4 << 20
+
+
+def test_no_presizing_without_a_memory_history_of_the_captures_own(monkeypatch):
+    if not hasattr(torch.cuda.memory, "use_mem_pool"):
+        pytest.skip("torch without use_mem_pool")
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: True, raising=False)
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *a, **k: None, raising=False)
+    assert "records" in graphpool._history_why_not()
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: False)
+    assert graphpool._history_why_not() is None
+    monkeypatch.delattr(torch._C, "_cuda_isHistoryEnabled")
+    assert "no memory history" in graphpool._history_why_not()

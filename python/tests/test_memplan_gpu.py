@@ -13,6 +13,7 @@ import torch
 
 import vmmrt.torch as vt
 from conftest import close_graphed
+from vmmrt.torch import graphpool
 from vmmrt.torch.bench import llama
 
 pytestmark = pytest.mark.gpu
@@ -135,3 +136,49 @@ def test_output_gradients_in_the_gradients_slot_train_as_eager(set_to_none):
             assert off.stats()["plan_conflicts"] == 0
         finally:
             close_graphed(base, off)
+
+
+@pytest.mark.parametrize("history", [False, True])
+def test_the_graphs_pool_is_one_segment_cut_where_its_blocks_reached(history):
+    # The captures' blocks come from one segment made before them, and the
+    # range is cut where they reached (read from the memory history the
+    # captures turn on and off). A caller recording that history already
+    # keeps it on, and the pool makes its segments as it goes.
+    s = llama.Shape(**SHAPE)
+    layers = llama.torch_layers(N, s, "cuda", torch.bfloat16, "math")
+    if history:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None)
+    off = None
+    try:
+        with llama.attention_backend("math"):
+            g = vt.make_graphed_callables(tuple(layers), tuple((_sample(s, 100 + i),) for i in range(N)),
+                                          mode="none")
+            off = vt.offload_of(g[0])
+            gp = off.graph_pool
+            assert torch._C._cuda_isHistoryEnabled() == history
+            lo = gp.backing.address
+            segs = [(seg["address"] - lo, seg["total_size"]) for seg in torch.cuda.memory_snapshot(gp.id)]
+            print(gp.describe(), gp.presize_why_not, segs)
+            if history:
+                assert gp.large is None and "records" in gp.presize_why_not
+            else:
+                assert gp.presize_why_not is None
+                assert gp.large == (lo + graphpool.SMALL, gp.bound - graphpool.SMALL)
+                assert (graphpool.SMALL, gp.large[1]) in segs
+                assert all(a + n <= graphpool.SMALL for a, n in segs if a != graphpool.SMALL)
+                assert graphpool.SMALL < gp.used < gp.bound
+                assert gp.backing.nbytes >= gp.used
+            for i in range(3):
+                for m in layers:
+                    m.zero_grad(set_to_none=True)
+                y = _sample(s, i)
+                for m in g:
+                    y = m(y)
+                y.sum().backward()
+            torch.cuda.synchronize()
+            assert all(torch.isfinite(p.grad).all() for m in layers for p in m.parameters())
+    finally:
+        if history:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        if off is not None:
+            close_graphed(layers, off)

@@ -580,7 +580,7 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     the pool on a slot of the library's (vmmrt.torch.graphpool), for a
     memory plan to lend at the optimizer step; without a plan it would only
     hold what torch's pool holds."""
-    gp = graphpool.open_for(off, runners, pool) if graph_pool else None
+    gp = graphpool.open_for(off, runners, pool, stream) if graph_pool else None
     mempool = gp.id if gp is not None else torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream if stream is not None else None
     captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]
@@ -612,6 +612,10 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
             else:
                 _capture_forward(r, fwd, mempool, stream, error_mode, handle)
             captured[r.index] = (fwd, bwd, acc)
+    except BaseException:
+        if gp is not None:
+            gp.abandon()
+        raise
     finally:
         off.capturing = False
     if gp is not None:

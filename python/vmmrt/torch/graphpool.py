@@ -28,6 +28,23 @@ step leaves in those bytes (optmem's survivor) makes the pool leave the
 pages for memory of its own before any graph runs again (memplan's
 conflict).
 
+The caching allocator makes a segment whenever no free block of the pool
+fits a request, and segments never merge: captured one after the other,
+eight Llama layers' graphs left 12 segments, 694 MiB, for 453 MiB ever
+alive at once (H200). So the pool is given its blocks from one segment
+made before the captures (:meth:`GraphPool._presize`), over the range but
+its front (:data:`SMALL`: the 2 MiB segments of requests up to 1 MiB,
+which never come from a large one): the allocator splits it best fit and
+merges what is freed, 480 MiB at most on those layers. Where the blocks
+reached in it, which no snapshot keeps once they are merged again, is
+read from PyTorch's memory history, on for the captures
+(:func:`high_water`); the range is cut there, and the segment's free tail
+above is taken by a tensor the pool keeps, so that no later request gets
+bytes that are no longer mapped. Without that history (a PyTorch that
+lacks it, or a caller recording one already, which cannot be turned off
+and on around the captures without losing its settings) the pool makes
+its segments as it goes.
+
 How big the range is cannot be known before the captures: it is made from
 what discovery saw (:func:`bound`). What the pool asks beyond it, the arena
 serves from plain device memory (``graph_pool_fallback_bytes``): it stays
@@ -52,6 +69,10 @@ log = logging.getLogger("vmmrt.torch")
 # The range beyond the layers' own sizes: the caching allocator's segments
 # (20 MiB for requests of 1 to 10 MiB) and rounding.
 SLACK = 64 << 20
+# The front of the range kept for the small segments (2 MiB each, for
+# requests up to 1 MiB) when the rest is one presized segment; what they ask
+# beyond it the arena serves from plain memory. (Eight Llama layers: 3.)
+SMALL = 8 << 20
 
 
 def available(off: Any, pool: Any) -> str | None:
@@ -76,12 +97,71 @@ def bound(saved: Sequence[int], inputs: Sequence[int], granularity: int) -> int:
     return -(-n // granularity) * granularity
 
 
+def layout(nbytes: int) -> tuple | None:
+    """(small, large): how a range of ``nbytes`` is lent for a presized
+    pool, its front for the small segments and the rest one segment; None
+    when it is too small to split."""
+    if nbytes < 2 * SMALL:
+        return None
+    return SMALL, nbytes - SMALL
+
+
+def high_water(events: Sequence[dict], lo: int, hi: int) -> int:
+    """The end, as an offset from ``lo``, of the highest block handed out in
+    [lo, hi) by the ``alloc`` events of a memory history's trace
+    (torch.cuda.memory._snapshot()'s device_traces); 0 when none."""
+    end = lo
+    for e in events:
+        if e.get("action") == "alloc":
+            a = e.get("addr", 0)
+            if lo <= a < hi:
+                end = max(end, a + e.get("size", 0))
+    return end - lo
+
+
+def cut_end(lo: int, segments: Sequence[tuple], large: tuple | None, used: int) -> int:
+    """Where a range at ``lo`` is cut: past the end of every segment in it
+    (``segments``, (address, bytes) of those in the range), but the presized
+    one's (``large``: (address, bytes), or None), which ends where its
+    blocks reached (``used`` bytes of it)."""
+    end = lo
+    for a, n in segments:
+        if large is not None and a == large[0]:
+            n = min(n, used)
+        end = max(end, a + n)
+    return end - lo
+
+
+def _history_why_not() -> str | None:
+    """None when the captures can turn PyTorch's memory history on and off,
+    or why not."""
+    on = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if on is None or not hasattr(torch.cuda.memory, "_record_memory_history") or \
+            not hasattr(torch.cuda.memory, "use_mem_pool"):
+        return "this PyTorch has no memory history to read the pool's use from"
+    if on():
+        return "the caller records PyTorch's memory history"
+    return None
+
+
+def capture_stream(stream: Any) -> Any:
+    """The stream torch.cuda.graph captures on: ``stream``, or its own (made
+    here when no graph has made it yet, as torch.cuda.graph would)."""
+    if stream is not None:
+        return stream
+    g = torch.cuda.graph
+    if getattr(g, "default_capture_stream", None) is None:
+        g.default_capture_stream = torch.cuda.Stream()
+    return g.default_capture_stream
+
+
 class GraphPool:
     """The graphs' pool over ``backing`` (a kept slot of ``nbytes``): its id for
     torch.cuda.graph(pool=...), the range's cut after the captures, and
     whether a tensor handed out from it is held."""
 
-    def __init__(self, off: Any, nbytes: int) -> None:
+    def __init__(self, off: Any, nbytes: int, stream: Any = None) -> None:
+        """``stream``: the captures' (None: torch.cuda.graph's own)."""
         self.off = off
         self.device = off.device.index if off.device.index is not None else torch.cuda.current_device()
         self.backing = Backing(off, "graph pool", nbytes)
@@ -89,14 +169,26 @@ class GraphPool:
         self.bound = self.backing.nbytes
         self.used = 0               # the bytes the pool's segments use in the range (cut)
         self.fallback = 0           # the bytes of its segments the arena served from plain memory
+        self.large = None           # (address, bytes) of the presized segment
+        self.presize_why_not = None  # why the pool makes its segments as it goes
+        self._tracing = False       # the memory history is on for the captures
+        self._plug = None           # the tensor over the presized segment's tail beyond the cut
+        self._stream = None         # the captures' stream
         self._storages = []         # of the tensors handed out from the pool, and the library's count of each
         self._baseline = []
         try:
             self.backing.ensure()
-            _arena.lend(off.runtime, [(self.backing.address, self.backing.nbytes)], self.device)
+            lo, n = self.backing.address, self.backing.nbytes
+            split = layout(n)
+            self.presize_why_not = _history_why_not() if split is not None else "its range is too small"
+            ranges = [(lo, n)] if self.presize_why_not else [(lo, split[0]), (lo + split[0], split[1])]
+            _arena.lend(off.runtime, ranges, self.device)
             self.allocator = _arena.allocator()
             self.mempool = torch.cuda.MemPool(self.allocator.allocator())
+            if not self.presize_why_not:
+                self._presize(split, stream)
         except BaseException:
+            self._stop_history()
             self.backing.kept = False
             self.backing.slot.destroy()
             raise
@@ -108,23 +200,89 @@ class GraphPool:
     def id(self) -> Any:
         return self.mempool.id
 
+    def _presize(self, split: tuple, stream: Any) -> None:
+        """The one large segment, made and freed on the captures' stream (the
+        caching allocator serves a request from the free blocks of its own
+        stream only), and the memory history on until :meth:`cut`."""
+        small, large = split
+        lo = self.backing.address + small
+        stream = capture_stream(stream)
+        with torch.cuda.device(self.device), torch.cuda.stream(stream), \
+                torch.cuda.memory.use_mem_pool(self.mempool):
+            t = torch.empty(large, dtype=torch.uint8, device="cuda")
+            at = t.data_ptr()
+            del t
+        if at != lo:    # the arena found it no room in the range: the segment is plain memory
+            self.presize_why_not = "its segment did not land in the range"
+            log.info("vmmrt: the graphs' pool's presized segment is not in its range")
+            return
+        self.large = (lo, large)
+        self._stream = stream
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+        self._tracing = True
+
+    def _stop_history(self) -> list:
+        """The memory history's events on the pool's device, and the history
+        off (when the captures turned it on); [] otherwise."""
+        if not self._tracing:
+            return []
+        try:
+            traces = torch.cuda.memory._snapshot()["device_traces"]
+            return traces[self.device] if self.device < len(traces) else []
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._tracing = False
+
+    def abandon(self) -> None:
+        """Captures that failed: the memory history off again."""
+        self._stop_history()
+
     def cut(self) -> None:
         """After the captures, before any replay: the range cut to the end of
-        the last segment in it, mapped again at that size."""
+        the last segment in it (of the presized one, where its blocks
+        reached), mapped again at that size."""
         torch.cuda.synchronize(self.device)
+        events = self._stop_history()
         lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
-        end = lo
+        segs = []
+        tail = None
         for seg in torch.cuda.memory_snapshot(self.id, include_traces=False):
             a, n = seg["address"], seg["total_size"]
             if lo <= a < hi:
-                end = max(end, a + n)
+                segs.append((a, n))
+                if self.large is not None and a == self.large[0] and seg["blocks"] and \
+                        seg["blocks"][-1]["state"] == "inactive":
+                    tail = seg["blocks"][-1]["size"]
             else:
                 self.fallback += n
-        self.backing.shrink(max(end - lo, 1))
-        self.used = end - lo
+        reached = 0
+        if self.large is not None:
+            g = self.off.granularity
+            reached = -(-high_water(events, self.large[0], self.large[0] + self.large[1]) // g) * g
+            if reached < self.large[1] and not self._plug_tail(tail):
+                reached = self.large[1]
+        end = cut_end(lo, segs, self.large, reached)
+        self.backing.shrink(max(end, 1))
+        self.used = end
         if self.fallback:
             log.info("vmmrt: the graphs' pool outgrew its range of %d MiB: %d MiB of it is plain device memory, "
                      "off the memory plan", self.bound >> 20, self.fallback >> 20)
+
+    def _plug_tail(self, nbytes: int | None) -> bool:
+        """The presized segment's free tail (``nbytes``, its last block) taken
+        by a tensor the pool keeps: the bytes beyond the cut are no longer
+        mapped, and no later request may get them. False when the tensor
+        did not land there (the range is then not cut below the segment)."""
+        if not nbytes:
+            return True
+        a, n = self.large
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream), \
+                torch.cuda.memory.use_mem_pool(self.mempool):
+            t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        if t.data_ptr() + nbytes != a + n:
+            return False
+        self._plug = t
+        return True
 
     def settle(self, tensors: Sequence[Any]) -> None:
         """Once the build holds what it keeps: the storages of ``tensors`` (the
@@ -175,6 +333,7 @@ class GraphPool:
         its segments go back to the arena once the graphs captured into it
         are gone as well."""
         self._storages, self._baseline = [], []
+        self._plug = None
         self.mempool = None
 
     def stats(self) -> dict:
@@ -188,15 +347,16 @@ class GraphPool:
             "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20))
 
 
-def open_for(off: Any, runners: Sequence[Any], pool: Any) -> GraphPool | None:
-    """The pool the captures go into, or None (torch's own pool then, and why
-    logged): sized by :func:`bound` from what discovery saw."""
+def open_for(off: Any, runners: Sequence[Any], pool: Any, stream: Any = None) -> GraphPool | None:
+    """The pool the captures (on ``stream``) go into, or None (torch's own
+    pool then, and why logged): sized by :func:`bound` from what discovery
+    saw."""
     why = available(off, pool)
     if why is None:
         saved = [r.layer.saved_bytes()["distinct"] for r in runners]
         inputs = [sum(x.numel() * x.element_size() for x in r.sample) for r in runners]
         try:
-            gp = GraphPool(off, bound(saved, inputs, off.granularity))
+            gp = GraphPool(off, bound(saved, inputs, off.granularity), stream)
         except Exception as e:  # noqa: B902 - torch's pool rather than no graphs
             why = "its range could not be made (%s)" % e
         else:
