@@ -193,3 +193,14 @@ def test_no_presizing_without_a_memory_history_of_the_captures_own(monkeypatch):
     assert graphpool._history_why_not() is None
     monkeypatch.delattr(torch._C, "_cuda_isHistoryEnabled")
     assert "no memory history" in graphpool._history_why_not()
+
+
+def test_describe_says_how_the_pool_got_its_segments():
+    gp = _pool(1 << 30, 488 << 20)
+    gp.backing.bound = True
+    gp.bound, gp.fallback = 3908 << 20, 0
+    gp.large, gp.presize_why_not = ((1 << 30) + graphpool.SMALL, 3900 << 20), None
+    text = gp.describe()
+    assert "488.0 MiB" in text and "one segment made before the captures" in text
+    gp.large, gp.presize_why_not = None, "the caller records PyTorch's memory history"
+    assert "as the captures asked: the caller records" in gp.describe()

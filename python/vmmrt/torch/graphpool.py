@@ -265,8 +265,10 @@ class GraphPool:
         self.backing.shrink(max(end, 1))
         self.used = end
         if self.fallback:
-            log.info("vmmrt: the graphs' pool outgrew its range of %d MiB: %d MiB of it is plain device memory, "
-                     "off the memory plan", self.bound >> 20, self.fallback >> 20)
+            log.info("vmmrt: the graphs' pool outgrew its range of %d MiB%s: %d MiB of it is plain device memory, "
+                     "off the memory plan", self.bound >> 20,
+                     "" if self.large is None else " (or the %d MiB of it kept for small segments)" % (SMALL >> 20),
+                     self.fallback >> 20)
 
     def _plug_tail(self, nbytes: int | None) -> bool:
         """The presized segment's free tail (``nbytes``, its last block) taken
@@ -342,9 +344,12 @@ class GraphPool:
 
     def describe(self) -> str:
         where = "on the memory plan's pages" if self.backing.bound else "its own memory"
-        return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s)" % (
+        how = "one segment made before the captures, cut where their blocks reached" if self.large is not None \
+            else "its segments made as the captures asked: %s" % self.presize_why_not
+        return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s; %s)" % (
             self.used / 2**20, where, self.bound / 2**20,
-            "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20))
+            "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20),
+            how)
 
 
 def open_for(off: Any, runners: Sequence[Any], pool: Any, stream: Any = None) -> GraphPool | None:
