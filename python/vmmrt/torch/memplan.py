@@ -182,12 +182,13 @@ def free_runs(items: list[Life], offs: dict[Any, int], size: int, t: int, granul
     return [hi - lo for lo, hi in free_ranges(size, busy)]
 
 
-# Orders of the first fit tried after the ones by key (:func:`place`),
-# shuffled from a fixed seed (the same slots get the same layout): at most
-# SHUFFLES, fewer where the slots are many (a first fit costs the square of
-# their number; WORK bounds the sum: 23 slots, 55 us a try on this host's
-# CPU, 2000 tries).
-SHUFFLES = 2000
+# After the orders by key (:func:`place`), moves of one slot in the best
+# order so far, drawn from a fixed seed (the same slots get the same
+# layout); a move that costs no more is kept. At most MOVES of them, fewer
+# where the slots are many (a first fit costs the square of their number:
+# WORK bounds the sum), and none once PATIENCE in a row brought nothing.
+MOVES = 2000
+PATIENCE = 100
 WORK = 2000000
 
 
@@ -205,8 +206,8 @@ def place(items: list[Life], granularity: int, end: int | None = None, need: int
     overlap share a byte; returns the pages' size (whole granules). Greedy
     first-fit, by size (largest first), by start, by life (longest first),
     by end (latest first) and (``end``: the step's end) the slots alive at
-    the step's end first; then in shuffled orders (:data:`SHUFFLES`), until
-    one costs no more than the busiest use. The cheapest wins: its
+    the step's end first; then with one slot moved at a time in the best
+    order (:data:`MOVES`), until one costs no more than the busiest use. The cheapest wins: its
     size, and what of ``need`` (the optimizer step's temporaries, which
     step in the bytes free at the step's end: vmmrt.torch.optmem) its free
     runs cannot serve in whole segments of the caching allocator, as that
@@ -217,8 +218,7 @@ def place(items: list[Life], granularity: int, end: int | None = None, need: int
     Where a plan recomputes some layers (no resident slot) the orders by
     key left the pages 128-736 MiB above the busiest use (8 Llama-3-8B
     layers, two recomputed: the graphs' pool, six resident slots and eight
-    gradients' slots), which shuffled orders reach within a few hundred
-    tries."""
+    gradients' slots), which such moves reach within a few dozen."""
     if granularity <= 0:
         raise ValueError("granularity %d" % granularity)
     shared = [it for it in items if it.shared]
@@ -230,6 +230,8 @@ def place(items: list[Life], granularity: int, end: int | None = None, need: int
     best = None
 
     def consider(ordered):
+        """The layout of a first fit in that order, kept if it costs no more
+        than the best so far; whether it cost less."""
         nonlocal best
         offs = _first_fit(ordered, granularity)
         size = max([offs[it.key] + _round_up(it.nbytes, granularity) for it in shared] or [0])
@@ -237,19 +239,23 @@ def place(items: list[Life], granularity: int, end: int | None = None, need: int
         if end is not None and need:
             usable = sum(r - r % SEGMENT for r in free_runs(shared, offs, size, end, granularity))
             cost += max(0, need - usable)
-        if best is None or (cost, size) < best[:2]:
-            best = (cost, size, offs)
+        better = best is None or (cost, size) < best[:2]
+        if better or (cost, size) == best[:2]:
+            best = (cost, size, offs, ordered)
+        return better
 
     for key in keys:
         consider(sorted(shared, key=key))
-    rng = random.Random(len(shared))
-    for _ in range(min(SHUFFLES, WORK // max(1, len(shared)) ** 2)):
-        if best[0] <= floor:
+    n = len(shared)
+    rng = random.Random(n)
+    idle = 0
+    for _ in range(min(MOVES, WORK // max(1, n) ** 2) if n > 1 else 0):
+        if best[0] <= floor or idle >= PATIENCE:
             break
-        ordered = shared[:]
-        rng.shuffle(ordered)
-        consider(ordered)
-    _, size, offs = best
+        ordered = list(best[3])
+        ordered.insert(rng.randrange(n), ordered.pop(rng.randrange(n)))
+        idle = 0 if consider(ordered) else idle + 1
+    size, offs = best[1], best[2]
     for it in items:
         it.offset = offs.get(it.key) if it.shared else None
     return size
