@@ -172,6 +172,15 @@ def test_the_high_water_is_the_end_of_the_highest_block_ever_handed_out():
     assert graphpool.high_water([], lo, hi) == 0
 
 
+def test_without_the_history_the_presized_segment_is_used_whole():
+    M = 1 << 20
+    large = (1 << 30, 100 * M)
+    ev = [{"action": "alloc", "addr": large[0] + 3 * M, "size": M}]
+    assert graphpool.reach(ev, large, 2 * M) == 4 * M
+    assert graphpool.reach([], large, 2 * M) == 0          # nothing allocated there: the plug takes it all
+    assert graphpool.reach(None, large, 2 * M) == 100 * M  # the history was not on: nothing says
+
+
 def test_the_range_is_cut_where_the_presized_segments_blocks_reached():
     lo = 1 << 30
     small = [(lo, 2 << 20), (lo + (2 << 20), 2 << 20)]
@@ -204,3 +213,5 @@ def test_describe_says_how_the_pool_got_its_segments():
     assert "488.0 MiB" in text and "one segment made before the captures" in text
     gp.large, gp.presize_why_not = None, "the caller records PyTorch's memory history"
     assert "as the captures asked: the caller records" in gp.describe()
+    gp.large, gp.presize_why_not = ((1 << 30) + graphpool.SMALL, 3900 << 20), "no history"
+    assert "kept whole: no history" in gp.describe()

@@ -119,6 +119,17 @@ def high_water(events: Sequence[dict], lo: int, hi: int) -> int:
     return end - lo
 
 
+def reach(events: Sequence[dict] | None, large: tuple, granularity: int) -> int:
+    """How much of the presized segment ``large`` ((address, bytes)) the
+    captures used: where the blocks of ``events`` reached, in whole
+    granules; all of it when there are no events to tell (None: the
+    memory history was not on)."""
+    a, n = large
+    if events is None:
+        return n
+    return min(n, -(-high_water(events, a, a + n) // granularity) * granularity)
+
+
 def cut_end(lo: int, segments: Sequence[tuple], large: tuple | None, used: int) -> int:
     """Where a range at ``lo`` is cut: past the end of every segment in it
     (``segments``, (address, bytes) of those in the range), but the presized
@@ -218,14 +229,20 @@ class GraphPool:
             return
         self.large = (lo, large)
         self._stream = stream
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+        try:
+            torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+        except Exception as e:  # noqa: B902 - the segment then stays whole: no cut below it
+            self.presize_why_not = "PyTorch's memory history could not be turned on (%s)" % e
+            log.info("vmmrt: the graphs' pool: %s", self.presize_why_not)
+            return
         self._tracing = True
 
-    def _stop_history(self) -> list:
+    def _stop_history(self) -> list | None:
         """The memory history's events on the pool's device, and the history
-        off (when the captures turned it on); [] otherwise."""
+        off (when the captures turned it on); None otherwise (nothing tells
+        then where the blocks reached)."""
         if not self._tracing:
-            return []
+            return None
         try:
             traces = torch.cuda.memory._snapshot()["device_traces"]
             return traces[self.device] if self.device < len(traces) else []
@@ -257,8 +274,7 @@ class GraphPool:
                 self.fallback += n
         reached = 0
         if self.large is not None:
-            g = self.off.granularity
-            reached = -(-high_water(events, self.large[0], self.large[0] + self.large[1]) // g) * g
+            reached = reach(events, self.large, self.off.granularity)
             if reached < self.large[1] and not self._plug_tail(tail):
                 reached = self.large[1]
         end = cut_end(lo, segs, self.large, reached)
@@ -344,8 +360,12 @@ class GraphPool:
 
     def describe(self) -> str:
         where = "on the memory plan's pages" if self.backing.bound else "its own memory"
-        how = "one segment made before the captures, cut where their blocks reached" if self.large is not None \
-            else "its segments made as the captures asked: %s" % self.presize_why_not
+        if self.large is None:
+            how = "its segments made as the captures asked: %s" % self.presize_why_not
+        elif self.presize_why_not:
+            how = "one segment made before the captures, kept whole: %s" % self.presize_why_not
+        else:
+            how = "one segment made before the captures, cut where their blocks reached"
         return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s; %s)" % (
             self.used / 2**20, where, self.bound / 2**20,
             "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20),
