@@ -207,8 +207,8 @@ def place(items: list[Life], granularity: int, end: int | None = None, need: int
     first-fit, by size (largest first), by start, by life (longest first),
     by end (latest first) and (``end``: the step's end) the slots alive at
     the step's end first; then with one slot moved at a time in the best
-    order (:data:`MOVES`), until one costs no more than the busiest use. The cheapest wins: its
-    size, and what of ``need`` (the optimizer step's temporaries, which
+    order (:data:`MOVES`), until one costs no more than the busiest use
+    (:func:`busiest`). The cheapest wins: its size, and what of ``need`` (the optimizer step's temporaries, which
     step in the bytes free at the step's end: vmmrt.torch.optmem) its free
     runs cannot serve in whole segments of the caching allocator, as that
     much more comes from the driver then. Where every slot is a few MiB
@@ -287,8 +287,7 @@ class Plan:
         self.own_bytes = sum(_round_up(it.nbytes, granularity) for it in items if not it.shared)
         self.shares = sharers(items, granularity)
         # what each slot would hold without the plan, summed at the worst use
-        self.unplanned_peak = max([sum(_round_up(it.nbytes, granularity) for it in items
-                                       if it.start <= t <= it.end) for t in range(len(self.order) + 1)] or [0])
+        self.unplanned_peak = busiest(items, granularity)
 
     @property
     def total_bytes(self) -> int:
