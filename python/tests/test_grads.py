@@ -191,11 +191,12 @@ def test_accumulate_with_ours_a_foreign_and_no_grad_in_one_callable():
     assert torch.equal(bucket, torch.full_like(bucket, 0.25))    # read, not written
 
 
-def test_output_gradients_lie_in_the_slot_after_the_parameters_gradients():
+def test_output_gradients_lie_in_a_slot_of_their_own():
     # With graphs, the backward graph reads the gradients of its outputs from
-    # static tensors: laid out in the gradients' slot (memory only while the
-    # gradients have it), after every parameter's gradient, each aligned, in
-    # the order the warm-up gave them; without graphs (outputs=False), none.
+    # static tensors: laid out in the io slot (memory only from the backward
+    # to the next use), each aligned, in the order the warm-up gave them,
+    # not in the gradients' slot (which a persistent .grad keeps for good);
+    # without graphs (outputs=False), none.
     from types import SimpleNamespace
     from vmmrt.torch import grads as G
     from vmmrt.torch.saved import REGION_ALIGN
@@ -216,25 +217,23 @@ def test_output_gradients_lie_in_the_slot_after_the_parameters_gradients():
     plain = G.Grads(off, "plain", params, runner.grads_seen)
     both = G.Grads(off, "both", params, runner.grads_seen, outputs=True)
     try:
-        assert plain.gouts == [] and plain.gout(None, 0) is None
-        assert len(both.gouts) == 2
-        params_end = max(o + b.storage_nbytes for b, o in both.regions)
-        lo = params_end
+        assert plain.gouts == [] and plain.gout(None, 0) is None and plain.io is None and plain.io_bytes == 0
+        assert len(both.gouts) == 2 and both.io is not None
+        lo = both.gins[0][0] + G.storage_nbytes(*both.gins[0][1:]) if both.gins and both.gins[0] else 0
         for (off_b, dt, shape, stride), go in zip(both.gouts, gos):
             assert off_b >= lo and off_b % REGION_ALIGN == 0
             assert (dt, shape, stride) == (go.dtype, tuple(go.shape), tuple(go.stride()))
             lo = off_b + G.storage_nbytes(dt, shape, stride)
-        assert both.backing.nbytes == lo
-        assert plain.backing.nbytes == params_end
-        t = both.backing.tensor(None, counted=False)
+        assert both.io.nbytes == both.io_bytes == lo
+        assert both.backing.nbytes == plain.backing.nbytes      # the parameters' gradients alone
+        t = both.io_base()
         v = both.gout(t, 1)
         assert v.shape == gos[1].shape and v.stride() == gos[1].stride()
-        assert v.data_ptr() == both.backing.address + both.gouts[1][0]
+        assert v.data_ptr() == both.io.address + both.gouts[1][0]
         del t, v
     finally:
         for gr in (plain, both):
-            off.backings.remove(gr.backing)
-            gr.backing.destroy()
+            gr.drop()
         off.close()
 
 

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """grads="mapped" with graphs: the backward graph's output gradients (its
 static inputs) and the gradients it makes for the layer's arguments (its
-static outputs) lie in the gradients' slot, which has memory only from the
-backward on (on the memory plan's pages, shared with the activations of the
-layers after), not in the caching allocator and the graph pool for the life
-of the graphs. Run on the host backend over graphs that capture nothing
+static outputs) lie in a slot of their own beside the gradients' (Grads.io),
+which has memory only from the backward to the next use (on the memory
+plan's pages, shared with the activations of the layers after), not in the
+caching allocator and the graph pool for the life of the graphs, nor, in
+the persistent loop, for good with the parameters' gradients. Run on the host backend over graphs that capture nothing
 (test_call_path's harness): where the bytes are and who holds them is
 checked here; the values on the H200 (test_memplan_gpu.py)."""
 import pytest
@@ -22,7 +23,8 @@ def _inside(t, backing):
 
 
 def _slots(off):
-    return [lay.grads.backing for lay in off.layers if lay.grads is not None and lay.grads.backing is not None]
+    return [b for lay in off.layers if lay.grads is not None for b in (lay.grads.backing, lay.grads.io)
+            if b is not None]
 
 
 def _step(g, x, gy):
@@ -32,20 +34,19 @@ def _step(g, x, gy):
     y.backward(gy)
 
 
-def test_the_backwards_static_tensors_lie_in_the_gradients_slot(host_graphs):  # noqa: F811
+def test_the_backwards_static_tensors_lie_in_their_io_slot(host_graphs):  # noqa: F811
     g, off, runners = _graphed_on_host("none", "mapped")
     try:
         for r in runners:
             assert r.grad_mode == "mapped"
-            b = r.grads.backing
+            b = r.grads.io
+            assert b is not None and b is not r.grads.backing and r.grads.io_bytes == b.nbytes
             assert r.gouts_in_slot and r.grads.gouts_used
             assert all(_inside(t, b) for t in r.static_grad_outputs if t is not None)
             assert r.gin_where is not None and r.gin_where[0] is not None
             assert _inside(r.static_grad_inputs[0], b) and _inside(r.acc_grad_inputs[0], b)
-            # nothing of theirs overlaps a parameter's gradient
-            ends = [off_ + torch.empty((), dtype=dt).element_size() * (1 + sum((n - 1) * s for n, s in zip(sh, st)))
-                    for off_, dt, sh, st in (v for v in r.grads.views if v is not None)]
-            assert r.gin_where[0][0] >= max(ends) and r.grads.gouts[0][0] >= max(ends)
+            # the parameters' gradients are not in it
+            assert not any(_inside(p.grad, b) for p in r.params if p.grad is not None)
         assert "output gradient" in off.layers[0].grads.describe()
     finally:
         graphed._close(off, runners)
@@ -78,9 +79,10 @@ def test_a_leaf_arguments_grad_is_its_own_and_nothing_holds_the_slot_past_the_st
 @pytest.mark.parametrize("keep", [False, True])
 def test_the_optimizer_step_may_use_their_bytes_unless_a_gradient_handed_out_is_kept(host_graphs, keep):  # noqa: F811
     # At the optimizer step the gradients' slots are busy (the parameters'
-    # .grad): their first bytes are not lent (vmmrt.torch.optmem), but the
-    # output and argument gradients after them are dead by then and are,
-    # unless the user kept an argument's gradient (a hook that stores it).
+    # .grad): their bytes are not lent (vmmrt.torch.optmem), but the
+    # io slots' output and argument gradients are dead by then, unless the
+    # user kept an argument's gradient (a hook that stores it): then its
+    # slot is busy and its bytes are not lent.
     g, off, runners = _graphed_on_host("none", "mapped")
     seen = []
     kept = []
@@ -98,12 +100,11 @@ def test_the_optimizer_step_may_use_their_bytes_unless_a_gradient_handed_out_is_
             lent = [(a_ - base, a_ - base + n) for a_, n in w.optimizer.api.lent]
             at = {id(e.backing): e.life.offset for e in w.entries}
             row = []
-            for lay in off.layers:           # per layer: (its tail lent, its parameters' part lent)
+            for lay in off.layers:           # per layer: (its io slot busy, its bytes lent; its gradients' lent)
                 gr = lay.grads
-                o = at[id(gr.backing)]
-                params_end = max(o_ + b.storage_nbytes for b, o_ in gr.regions)
-                row.append((optmem.overlaps(lent, o + gr.backing.nbytes - 1, o + gr.backing.nbytes),
-                            optmem.overlaps(lent, o, o + params_end)))
+                o, io = at[id(gr.backing)], at[id(gr.io)]
+                row.append((gr.io.busy, optmem.overlaps(lent, io, io + gr.io.nbytes),
+                            optmem.overlaps(lent, o, o + gr.backing.nbytes)))
             seen.append(row)
         h = opt.register_step_post_hook(look)
         x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
@@ -119,14 +120,42 @@ def test_the_optimizer_step_may_use_their_bytes_unless_a_gradient_handed_out_is_
             opt.step()
         h.remove()
         last = seen[-1]
-        assert last and all(not params_lent for _, params_lent in last)
+        assert last and all(not params_lent for _, _, params_lent in last)
+        # layer 1's io slot is held while the kept gradient lives, and none of its bytes lent
+        assert [busy for busy, _, _ in last] == [keep and i == 1 for i in range(len(last))], last
         if keep:
-            # layer 1's slot keeps its tail while the kept gradient lives
-            assert [tail for tail, _ in last] == [i != 1 for i in range(len(last))], last
-        else:
-            assert all(tail for tail, _ in last), last
+            assert not last[1][1], last
+        assert any(io_lent for _, io_lent, _ in last), last
     finally:
         kept.clear()
+        graphed._close(off, runners)
+
+
+def test_in_the_persistent_loop_the_io_slots_are_on_the_pages_and_the_gradients_their_own(host_graphs):  # noqa: F811
+    # A persistent .grad keeps the gradients' slot for good; the backward's
+    # output and argument gradients do not go with it: their io slot shares
+    # the plan's pages with the slots whose lives do not meet its own (one
+    # layer output's size twice per layer, 8 x 64 MiB on the Llama layers).
+    from vmmrt.torch import memplan
+    g, off, runners = _graphed_on_host("none", "mapped", plan=True)
+    try:
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        for _ in range(4):
+            _step(g, x, gy)                  # .grad kept: the persistent loop
+        w = off.memplan
+        assert w.plan is not None and w.conflicts == 0, w.describe()
+        by = w.plan.by_key()
+        order = {use: k for k, use in enumerate(w.order)}
+        for lay in off.layers:
+            gr = lay.grads
+            lg, lio = by[(gr.name, memplan.GRADS)], by[(gr.name, memplan.IO)]
+            assert not lg.shared and not gr.backing.bound, w.describe()
+            assert lio.shared and gr.io.bound, w.describe()
+            assert (lio.start, lio.end) == (order[(lay.name, True)], min(order[(lay.name, True)] + 1, len(w.order)))
+        assert any(w.plan.shares[(lay.grads.name, memplan.IO)] for lay in off.layers), w.describe()
+        assert all(p.grad is not None for m in g for p in m.parameters())
+        assert "argument gradients in a slot of their own" in off.layers[0].grads.describe()
+    finally:
         graphed._close(off, runners)
 
 
@@ -148,7 +177,9 @@ def test_a_recomputed_layers_slot_has_its_statics_where_its_backward_is_any_laye
         runners[1].recompute = True
         graphed._make_grads(runners, off, True)
         assert [r.grads.io_bytes > 0 for r in runners] == [True, checkpointed, True, True]
-        assert len(off.backings) == n and all(r.grads.backing in off.backings for r in runners)
+        # (the slots made before are gone: a recomputed layer without the graphs' route has no io slot)
+        assert len(off.backings) == n - (not checkpointed)
+        assert all(b in off.backings for r in runners for b in (r.grads.backing, r.grads.io) if b is not None)
     finally:
         graphed._close(off, runners)
 
@@ -164,7 +195,7 @@ def test_the_budget_planner_counts_a_slots_parameters_gradients_only(host_graphs
         rows = planner.layer_costs(off, None, runners)
         for row, r in zip(rows, runners):
             assert r.grads.io_bytes > 0
-            assert row.grads == r.grads.backing.nbytes - r.grads.io_bytes
+            assert row.grads == r.grads.backing.nbytes
     finally:
         graphed._close(off, runners)
 

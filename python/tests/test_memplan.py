@@ -56,6 +56,38 @@ def test_pipeline_gradients_start_at_their_first_runners_backward():
     assert (by[("l", "grads")].start, by[("l", "grads")].end) == (2, 4)
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_backwards_io_slot_lives_to_the_next_use_and_shares_in_either_loop(persistent):
+    # The output and argument gradients of a backward graph (Grads.io): the
+    # layer before reads the argument gradients at its backward, so they
+    # live from the layer's backward to the next use, the last one to the
+    # step's end; in the persistent loop too, where the parameters'
+    # gradients keep their own memory for good.
+    names = ["a", "b", "c"]
+    order = default_order(names)     # a_f=0 b_f=1 c_f=2 c_b=3 b_b=4 a_b=5, the step's end 6
+    items = memplan.lives(order, {n: 4 * G for n in names}, [(n, [n], 2 * G, persistent) for n in names],
+                          io=[(n, [n], G) for n in names])
+    p = memplan.Plan(order, items, G)
+    life = {k: (it.start, it.end) for k, it in p.by_key().items()}
+    assert life[key("c", "io")] == (3, 4) and life[key("b", "io")] == (4, 5) and life[key("a", "io")] == (5, 6)
+    for n in names:
+        assert p.by_key()[key(n, "io")].offset is not None
+        assert p.by_key()[key(n, "grads")].shared is not persistent
+    # laid out at the busiest use (what the slots alive then hold), sharing
+    # bytes only between lives that do not meet
+    assert p.pages_bytes == memplan.busiest([it for it in items if it.shared], G)
+    assert any(p.shares[key(n, "io")] for n in names)
+    for n in names:
+        for k in p.shares[key(n, "io")]:
+            assert not p.by_key()[k].overlaps(p.by_key()[key(n, "io")])
+    # two microbatch runners of one callable: from the first backward to the use after the last
+    order = [("l/mb0", False), ("l/mb1", False), ("l/mb0", True), ("l/mb1", True)]
+    by = {it.key: it for it in memplan.lives(order, {}, [], io=[("l", ["l/mb0", "l/mb1"], G)])}
+    assert (by[("l", "io")].start, by[("l", "io")].end) == (2, 4)
+    with pytest.raises(ValueError):
+        memplan.lives(order, {}, [], io=[("l", ["z"], G)])
+
+
 def test_persistent_gradients_live_the_whole_step_and_are_never_shared():
     p = three(persistent=True)
     for n in "abc":

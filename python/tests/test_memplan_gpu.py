@@ -105,10 +105,11 @@ def test_a_grad_kept_across_the_next_forward_is_intact():
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_output_gradients_in_the_gradients_slot_train_as_eager(set_to_none):
-    # The backward graphs read their output gradients from the gradients'
-    # slot (memory only while the gradients have it, on the plan's pages):
-    # the training is eager's, bitwise (math attention), in both loops.
+def test_output_gradients_in_their_io_slot_train_as_eager(set_to_none):
+    # The backward graphs read their output gradients from the io slot
+    # beside the gradients' (memory from the backward to the next use, on
+    # the plan's pages in both loops): the training is eager's, bitwise
+    # (math attention).
     s = llama.Shape(**SHAPE)
     base = llama.torch_layers(N, s, "cuda", torch.bfloat16, "math")
     ref = copy.deepcopy(base)
@@ -134,6 +135,8 @@ def test_output_gradients_in_the_gradients_slot_train_as_eager(set_to_none):
                 torch.cuda.synchronize()
                 assert all(torch.equal(a, b) for a, b in zip(*got)), "step %d" % i
             assert off.stats()["plan_conflicts"] == 0
+            assert all(lay.grads.io is not None and lay.grads.io.bound for lay in off.layers), off.describe()
+            assert all(lay.grads.backing.bound == set_to_none for lay in off.layers), off.describe()
         finally:
             close_graphed(base, off)
 

@@ -86,7 +86,7 @@ def _forget(r, lists):
         if seq is not None:
             seq.clear()
     r.static_outputs = r.static_grad_outputs = r.static_grad_inputs = r.acc_grad_inputs = None
-    r.pinned_grads = None
+    r.pinned_grads = r.pinned_io = None
     if r.layer is not None and r.layer.outputs is not None:
         r.layer.outputs.forget()
 
@@ -241,10 +241,10 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 gin = acc_gin if acc else static_gin
                 if gin_where is not None:
                     # the arguments' gradients in the slot: over src, as the parameters'
-                    gs, pg = mapped.after_backward(acc, src, states, gin_where)
+                    gs, pg = mapped.after_backward(acc, src, states, gin_where, s)
                     return tuple(a if a is not None else None if b is None else b.detach()
                                  for a, b in zip(gs, gin[:n_user])) + tuple(pg)
-                pg = mapped.after_backward(acc, src, states)
+                pg = mapped.after_backward(acc, src, states, None, s)
                 return tuple(b.detach() if b is not None else None for b in gin[:n_user]) + tuple(pg)
             for p, acc in accs:                 # grads="accumulate": .grad is the tensor the graph adds into
                 if p.grad is None:

@@ -101,21 +101,29 @@ class Grads:
         self.views = []              # per parameter: (offset of the gradient in the slot, dtype, shape, stride) or None
         self.regions = []            # (birth, offset of its storage in the slot)
         # outputs=True: the backward graph's output gradients (its static
-        # inputs, which the call fills) lie in the slot too, after the
-        # parameters' gradients: (offset, dtype, shape, stride) per output
-        # that needs a gradient, in the order the warm-up gave them.
+        # inputs, which the call fills) lie in a slot of their own (``io``):
+        # (offset, dtype, shape, stride) per output that needs a gradient,
+        # in the order the warm-up gave them.
         self.gouts = []
         self.gouts_used = False      # a backward graph reads them there (graphed.py)
         # and the gradients of its arguments, which the backward graph makes
-        # (its static outputs): born in the slot, handed to autograd as the
-        # parameters' gradients are: (offset, dtype, shape, stride) per
+        # (its static outputs): born in the io slot, handed to autograd as
+        # the parameters' gradients are: (offset, dtype, shape, stride) per
         # argument, None for one that needs none or cannot be placed
         self.gins = []
-        self.gin_regions = []        # (argument index, birth, offset of its storage in the slot)
-        self._gins_out = ()          # weak references to the argument gradients handed out last
-        self._params_end = 0         # where the parameters' gradients end in the slot
+        self.gin_regions = []        # (argument index, birth, offset of its storage in the io slot)
         self.known = {}
         self.backing = None
+        # The io slot: the output and argument gradients live from this
+        # backward to the next use (the layer before reads the argument
+        # gradients: Offload.hold_gins), the parameters' gradients to the
+        # optimizer step or, as a persistent .grad, for good. In one slot
+        # the persistent loop kept both for good: a layer output's size
+        # twice per layer beside the activations (8 x 64 MiB on the Llama
+        # layers, H200, session 51).
+        self.io = None
+        self._io_bases = None        # on the plan's pages: one base per dtype over it, made once
+        self._io_held = None
         self._warned = False
         # On the memory plan's pages: a tensor over the whole slot and one
         # per dtype, made once (:meth:`_source`); the storage's use count
@@ -139,6 +147,7 @@ class Grads:
             return
         offsets = {}
         total = 0
+        io_total = 0
         views = []
         for k, (p, (e, why)) in enumerate(zip(self.params, last.entries)):
             if not p.requires_grad:
@@ -158,28 +167,28 @@ class Grads:
         if not total:
             self.why = "no parameter needs a gradient"
             return
-        params_end = total
         if outputs:
             # Read (the output gradients) or written (the arguments') by the
             # backward graph, and handed on to the layer before: memory only
-            # from this backward on, as the gradients' slot has it; in the
-            # graph pool or the caching allocator they were held for the
-            # life of the graphs (one layer output's size each, per layer,
-            # beside the activations).
+            # from this backward to the next use; in the graph pool or the
+            # caching allocator they were held for the life of the graphs
+            # (one layer output's size each, per layer, beside the
+            # activations).
+            io_keys = set()
             for k, ((e, why), layout) in enumerate(zip(last.inputs, last.input_layouts)):
-                if e is None or (e[0].key, e[0].out) in offsets:
-                    self.gins.append(None)   # (none, or in a parameter's gradient's storage: left where it is)
+                if e is None or (e[0].key, e[0].out) in offsets or (e[0].key, e[0].out) in io_keys:
+                    self.gins.append(None)   # (none, or in a gradient's storage already: left where it is)
                     continue
                 b, off = e
-                total += (-total) % REGION_ALIGN
-                offsets[(b.key, b.out)] = total
-                self.gin_regions.append((k, b, total))
-                self.gins.append((total + off,) + layout)
-                total += b.storage_nbytes
+                io_total += (-io_total) % REGION_ALIGN
+                io_keys.add((b.key, b.out))
+                self.gin_regions.append((k, b, io_total))
+                self.gins.append((io_total + off,) + layout)
+                io_total += b.storage_nbytes
             for dt, shape, stride in last.gouts:
-                total += (-total) % REGION_ALIGN
-                self.gouts.append((total, dt, shape, stride))
-                total += storage_nbytes(dt, shape, stride)
+                io_total += (-io_total) % REGION_ALIGN
+                self.gouts.append((io_total, dt, shape, stride))
+                io_total += storage_nbytes(dt, shape, stride)
         self.views = views
         # what a backward reads per parameter, decided here once: its
         # gradient's place as as_strided takes it (dtype, shape, stride, the
@@ -189,16 +198,21 @@ class Grads:
         self._none_states = [None if v is None else "none" for v in views]
         self.known = last.by_key
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
-        self._params_end = params_end
-        if total > params_end:
-            self.backing.held = self._held_ranges
         self.backing.alive = weak_alive(weakref.ref(self))
         self.offload.backings.append(self.backing)
+        if io_total:
+            self.io = Backing(self.offload, "%s/io" % self.name, io_total)
+            self.io.alive = _io_alive(weakref.ref(self))
+            self.offload.backings.append(self.io)
 
     @property
     def io_bytes(self):
-        """The slot's bytes for the backward's output and argument gradients."""
-        return self.backing.nbytes - self._params_end if self.backing is not None else 0
+        """The io slot's bytes: the backward's output and argument gradients."""
+        return self.io.nbytes if self.io is not None else 0
+
+    def io_base(self):
+        """A tensor over the io slot (a capture's: its statics are views of it)."""
+        return self.io.tensor(None, counted=False) if self.io is not None else None
 
     # ----------------------------------------------------- the slot's source
     def held(self):
@@ -230,7 +244,7 @@ class Grads:
         if self._bases is None:
             base = b.tensor(stream, counted=False)
             bases = {base.dtype: base}
-            for spec in self.views + self.gins:
+            for spec in self.views:
                 if spec is not None:
                     _over(base, bases, spec)
             # Each parameter's gradient as a view made once: a backward hands
@@ -242,27 +256,51 @@ class Grads:
             self._held = Held(base)     # (counted with the views above: the library's own)
         return self._bases[torch.uint8], self._bases
 
+    def _io_source(self, stream):
+        """(src, bases) over the io slot, as :meth:`_source` over the
+        gradients' slot: on the plan's pages one base per dtype made once,
+        liveness from the storage's use count; off them a tensor of its own
+        per backward, whose death (the argument gradients handed out let
+        go) releases the slot."""
+        b = self.io
+        if not b.bound or USE_COUNT is None:
+            if self._io_bases is not None and not self.io_alive():
+                self._io_bases = self._io_held = None
+            return b.tensor(stream), {}
+        if self._io_bases is None:
+            base = b.tensor(stream, counted=False)
+            bases = {base.dtype: base}
+            for spec in self.gins:
+                if spec is not None:
+                    _over(base, bases, spec)
+            self._io_bases = bases
+            self._io_held = Held(base)
+        return self._io_bases[torch.uint8], self._io_bases
+
+    def io_alive(self):
+        """Whether an argument gradient handed out over the io slot's cached
+        bases is alive."""
+        return self._io_held is not None and self._io_held()
+
     def forget(self):
         """At close(), or off the pages: the cached bases let go (a gradient
         handed out keeps the memory, and the runtime, alive: Backing.tensor)."""
         self._bases = None
         self._cached = None
         self._held = None
+        self._io_bases = None
+        self._io_held = None
 
     def drop(self):
-        """Before anything used it (graphed.py makes them again): the slot goes."""
-        if self.backing in self.offload.backings:
-            self.offload.backings.remove(self.backing)
-        self.backing.destroy()
+        """Before anything used it (graphed.py makes them again): the slots go."""
+        for b in (self.backing, self.io):
+            if b is None:
+                continue
+            if b in self.offload.backings:
+                self.offload.backings.remove(b)
+            b.destroy()
         self.backing = None
-
-    def _held_ranges(self):
-        """The slot's first bytes that are held while it is busy after
-        its backward (the optimizer step: vmmrt.torch.optmem): the parameters'
-        gradients; the output and argument gradients after them only while a
-        tensor handed out over an argument's gradient is alive (kept by the
-        user: the hold of :meth:`after_backward` is let go before the step)."""
-        return [(0, self.backing.nbytes if any(r() is not None for r in self._gins_out) else self._params_end)]
+        self.io = None
 
     # ---------------------------------------------------------- tensors
     def view(self, src, k):
@@ -272,33 +310,36 @@ class Grads:
         return _compat.tensor_over(src, dt, shape, stride, off)
 
     def gout(self, src, j):
-        """The j-th output gradient's tensor over src's storage (None when
-        they are not in the slot)."""
+        """The j-th output gradient's tensor over src's storage (the io
+        slot's; None when they are not in it)."""
         if j >= len(self.gouts):
             return None
         off, dt, shape, stride = self.gouts[j]
         return _compat.tensor_over(src, dt, shape, stride, off)
 
-    def placements(self, base, inputs=False):
+    def placements(self, base, iobase=None):
         """Where the backward's ops put the parameters' gradients (place.Placed),
-        over base; ``inputs``: the arguments' after them (a backward graph
-        whose call hands them out from the slot: graphed.py's, not a
-        recomputing one's)."""
-        return [place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
-                for b, off in self.regions + ([(b, off) for _, b, off in self.gin_regions] if inputs else [])]
+        over base; ``iobase`` (over the io slot): the arguments' too (a
+        backward graph whose call hands them out from there: graphed.py's,
+        not a recomputing one's)."""
+        out = [place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
+               for b, off in self.regions]
+        if iobase is not None:
+            out += [self.gin_placement(iobase, k) for k, _, _ in self.gin_regions]
+        return out
 
-    def gin_placement(self, base, k):
-        """Where the backward's op puts argument k's gradient (place.Placed), over base."""
+    def gin_placement(self, iobase, k):
+        """Where the backward's op puts argument k's gradient (place.Placed), over the io slot's iobase."""
         b, off = next((b, off) for j, b, off in self.gin_regions if j == k)
-        return place.Placed(b, _compat.tensor_over(base, b.dtype, b.shape, b.stride, off + b.offset))
+        return place.Placed(b, _compat.tensor_over(iobase, b.dtype, b.shape, b.stride, off + b.offset))
 
     def gin_at(self, k, t):
-        """Whether argument k's gradient ``t`` (a capture's) is at its place in the slot."""
+        """Whether argument k's gradient ``t`` (a capture's) is at its place in the io slot."""
         spec = self.gins[k] if k < len(self.gins) else None
-        if spec is None or t is None:
+        if spec is None or t is None or self.io is None:
             return False
         off, dt, shape, stride = spec
-        return t.data_ptr() == self.backing.address + off and t.dtype == dt and tuple(t.shape) == shape and \
+        return t.data_ptr() == self.io.address + off and t.dtype == dt and tuple(t.shape) == shape and \
             tuple(t.stride()) == stride
 
     def state(self, k, p):
@@ -323,6 +364,8 @@ class Grads:
         has it."""
         if lay is not None and not self.held():
             self.offload.map_for_use(lay, True, self.backing, stream, current=current)
+        if lay is not None and self.io is not None:
+            self.offload.map_for_use(lay, True, self.io, stream, current=current)
         for p in self.params:
             if p.grad is not None:
                 states = [None if v is None else self.state(k, p) for k, (p, v) in
@@ -369,16 +412,16 @@ class Grads:
         not check, left every later copy over the slot, AccumulateGrad's or
         a .grad's clone, to find it unmapped at enqueue: "invalid argument"
         on the H200, budget plans and the first steps of a plan.)"""
-        if not self.backing.bound and not self.offload.host:
-            self.backing.ensure()
+        if not self.io.bound and not self.offload.host:
+            self.io.ensure()
         copy_into(statics, gouts)
 
-    def after_backward(self, acc, src, states, inputs=None):
+    def after_backward(self, acc, src, states, inputs=None, stream=None):
         """The gradients to hand to autograd, one per parameter (None where it
         needs none). Where .grad is ours, or was copied in, it is set to None
         first, so that AccumulateGrad takes the sum back as it is.
 
-        ``inputs``: per argument, where its gradient lies in the slot
+        ``inputs``: per argument, where its gradient lies in the io slot
         ((offset, dtype, shape, stride) or None); those gradients, made the
         same way, are returned first ((arguments' list, parameters' list)),
         and held until the next backward of this offload or its next
@@ -387,6 +430,8 @@ class Grads:
         itself as its .grad, which then held the slot past the step (the
         memory plan's pages under it taken by the next forward's slots);
         held, it copies it, as it does any gradient referenced elsewhere.
+        The io slot's use ends here (ordered on ``stream``): what holds it
+        on is the argument gradients handed out.
 
         They are made as views (Tensor.as_strided) of one tensor per dtype
         over src's storage, one call each: a tensor of its own per gradient
@@ -417,11 +462,16 @@ class Grads:
                     p.grad = None
         if inputs is None:
             self._handed(cached)
+            io = self.io
+            if io is not None and not io.live:
+                io.release(stream)      # (the output gradients alone: read by the graph, done with)
             return out
-        gins = [None if spec is None else _over(src, bases, spec) for spec in inputs]
+        iosrc, iobases = self._io_source(stream)
+        gins = [None if spec is None else _over(iosrc, iobases, spec) for spec in inputs]
         self.offload.hold_gins(gins)
-        self._gins_out = [weakref.ref(t) for t in gins if t is not None]
         self._handed(cached)
+        if self.io.bound:
+            self.io.release(stream)     # (off the pages, the tensor over it does, once the last gradient dies)
         return gins, out
 
     def _handed(self, cached):
@@ -443,9 +493,21 @@ class Grads:
     def describe(self):
         if self.backing is None:
             return "static gradient buffers (%s)" % self.why
+        io = ""
+        if self.io is not None:
+            io = "; the backward's %sargument gradients in a slot of their own (%.1f MiB at 0x%x)" % (
+                "%d output gradient(s) and " % len(self.gouts) if self.gouts_used else "",
+                self.io.nbytes / 2.0 ** 20, self.io.address)
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
-            self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions),
-            ", and the backward graph's %d output gradient(s)" % len(self.gouts) if self.gouts_used else "")
+            self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions), io)
+
+
+def _io_alive(ref):
+    """The io slot's ``alive`` test (weak_alive's, over Grads.io_alive)."""
+    def alive():
+        o = ref()
+        return o is not None and o.io_alive()
+    return alive
 
 
 def _over(src, bases, spec):

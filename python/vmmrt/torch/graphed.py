@@ -735,9 +735,9 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
     r.static_grad_inputs = tuple(static)
 
 
-def _grad_outputs(r, g, base):
+def _grad_outputs(r, g, iobase):
     """The backward graph's output gradients, and whether they are in the
-    gradients' slot (over base): there where the warm-up gave them the
+    gradients' io slot (over iobase): there where the warm-up gave them the
     layouts they have now, else tensors of their own."""
     need = [o for o in r.static_outputs if o.requires_grad]
     fits = bool(g.gouts) and len(g.gouts) == len(need) and all(
@@ -747,7 +747,7 @@ def _grad_outputs(r, g, base):
         if not o.requires_grad:
             out.append(None)
             continue
-        out.append(g.gout(base, j) if fits else torch.empty_like(o))
+        out.append(g.gout(iobase, j) if fits else torch.empty_like(o))
         j += 1
     g.gouts_used = g.gouts_used or fits
     return tuple(out), fits
@@ -776,9 +776,10 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.grad_mode = "static"
         return True
     base = g.backing.tensor(None, counted=False)
-    r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, base)
+    iobase = g.io_base()
+    r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, iobase)
     gos = tuple(o for o in r.static_grad_outputs if o is not None)
-    placed = g.placements(base, inputs=True)
+    placed = g.placements(base, iobase)
     reusing = _reuse_plan(r) if reuse_ok else None
     guard, temps = _reuse_targets(r, reusing)
     mode = place.Mode(dev, placed + temps, g.known, r.layer.static, observer=guard)
@@ -803,6 +804,9 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.grad_mode = "static"
         r.pinned_grads = base      # the slot stays mapped under the static buffers in it
         g.backing.pin()
+        if g.io is not None:
+            r.pinned_io = iobase   # and the io slot under the output and argument gradients
+            g.io.pin()
         r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.surface)
         return True
     # The inputs' gradients: the accumulate graph writes them where the write
@@ -817,7 +821,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         if gx is None:
             continue
         if r.gin_where is not None and r.gin_where[k] is not None:
-            targets.append(g.gin_placement(base, k))
+            targets.append(g.gin_placement(iobase, k))
             continue
         b = mode.births.get(_compat.storage_of(gx)[0])
         if b is not None:

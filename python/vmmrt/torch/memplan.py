@@ -25,7 +25,11 @@ U is the step's end (the optimizer step). Lives are closed intervals:
   callable's runners, U];
 - gradients, persistent ``.grad`` loop: the whole step, and beyond: its
   memory is the ``.grad`` the user keeps, with its values, so it stays the
-  slot's own (never shared, not in the pages).
+  slot's own (never shared, not in the pages);
+- a backward graph's output and argument gradients (Grads.io): [the first
+  backward of the callable's runners, the use after its last one]: the
+  layer before reads the argument gradients there (Offload.hold_gins holds
+  them to its backward), in either loop.
 
 The loop is learned, not asked (:class:`Watcher`): the plan is made at the
 first forward of the second step it sees (after the captures, or after the
@@ -62,6 +66,7 @@ NO_OPTIMIZER_STATS = {"optimizer_routed_steps": 0, "optimizer_survivors": 0, "op
                       "optimizer_peak_bytes": 0, "optimizer_fallback_bytes": 0, "optimizer_hook_us": 0.0,
                       "optimizer_view_ms": 0.0, "optimizer_bank_bytes": 0, "optimizer_relocated": 0}
 GRADS = "grads"
+IO = "io"
 OUTPUTS = "outputs"
 POOL = "pool"
 POOL_KEY = ("graphs", POOL)
@@ -98,7 +103,8 @@ def _round_up(n: int, g: int) -> int:
 
 def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
           grads: Iterable[tuple[str, Sequence[str], int, bool]],
-          outputs: dict[str, tuple[int, int | None]] | None = None, pool: int = 0) -> list[Life]:
+          outputs: dict[str, tuple[int, int | None]] | None = None, pool: int = 0,
+          io: Iterable[tuple[str, Sequence[str], int]] = ()) -> list[Life]:
     """Every slot's life. ``order``: the step's uses, (layer name, backward);
     ``residents``: layer name -> bytes of its resident slot; ``grads``:
     (name, the layers whose backwards write them, bytes, persistent);
@@ -108,7 +114,8 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
     forward's position, from the step before: the whole step); ``pool``:
     bytes of the graphs' pool on a slot (vmmrt.torch.graphpool), in use
     from the step's first use to its last: free at the step's end, for the
-    optimizer step."""
+    optimizer step; ``io``: (name, the layers whose backwards use them,
+    bytes) of the backward graphs' output and argument gradients."""
     pos = {}
     for k, use in enumerate(order):
         if use in pos:
@@ -131,6 +138,12 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
         else:
             out.append(Life((name, GRADS), GRADS, nbytes, min(bwd), end,
                             why="from its first backward to zero_grad(set_to_none=True)"))
+    for name, layers, nbytes in io:
+        bwd = [pos.get((n, True)) for n in layers]
+        if not bwd or None in bwd:
+            raise ValueError("io %r: a backward of %r is not in the order" % (name, list(layers)))
+        out.append(Life((name, IO), IO, nbytes, min(bwd), min(max(bwd) + 1, end),
+                        why="from its backward to the next use, which reads the argument gradients"))
     for name, (nbytes, seen) in (outputs or {}).items():
         f = pos.get((name, False))
         if f is None:
@@ -452,17 +465,19 @@ class Watcher:
 
     # ------------------------------------------------------------ slots
     def _slots(self):
-        """(residents by layer name, [(name, layer names, Backing)]): the
-        slots the plan may hold; a pinned gradient slot (static buffers in
-        it) stays as it is."""
+        """(residents by layer name, gradients, their io slots), each of the
+        last two [(name, layer names, Backing)]: the slots the plan may
+        hold; a pinned slot (static buffers in it) stays as it is."""
         residents = {l.name: l.resident for l in self.off.layers if l.resident is not None}
-        grads = {}
+        grads, io = {}, {}
         for l in self.off.layers:
             g = getattr(l, "grads", None)
-            if g is None or g.backing is None or g.backing._pinned:
+            if g is None or g.backing is None:
                 continue
-            grads.setdefault(id(g), (g.name, [], g.backing))[1].append(l.name)
-        return residents, list(grads.values())
+            for b, into in ((g.backing, grads), (getattr(g, "io", None), io)):
+                if b is not None and not b._pinned:
+                    into.setdefault(id(b), (g.name, [], b))[1].append(l.name)
+        return residents, list(grads.values()), list(io.values())
 
     def _pool(self):
         """The Backing of the graphs' pool on a slot (vmmrt.torch.graphpool), if its captures used it."""
@@ -530,17 +545,17 @@ class Watcher:
         self.starts += 1
         if self.starts < 2:
             return
-        residents, grads = self._slots()
+        residents, grads, io = self._slots()
         if any(b.mapped for b in residents.values()):
             return      # a step's backwards have not all run: not a steady step yet
-        self.make(residents, grads, stream)
+        self.make(residents, grads, stream, io)
 
     def _aborted(self):
         for e in self.entries:
             e.backing.end_use()
 
     # ------------------------------------------------------------- make
-    def make(self, residents: dict, grads: list, stream: Any) -> None:
+    def make(self, residents: dict, grads: list, stream: Any, io: list = ()) -> None:
         outs = self._outputs()
         end = len(self.order)
         # held now, at the next step's first forward: across the step's end
@@ -549,7 +564,8 @@ class Watcher:
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
                       {n: (b.slot.size, seen[n]) for n, b in outs.items()},
-                      gp.slot.size if gp is not None else 0)
+                      gp.slot.size if gp is not None else 0,
+                      [(name, layers, b.slot.size) for name, layers, b in io])
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
         self.plan = plan
@@ -558,6 +574,7 @@ class Watcher:
         self.why_not = None
         backing = {(n, RESIDENT): b for n, b in residents.items()}
         backing.update({(name, GRADS): b for name, _, b in grads})
+        backing.update({(name, IO): b for name, _, b in io})
         backing.update({(n, OUTPUTS): b for n, b in outs.items()})
         if gp is not None:
             backing[POOL_KEY] = gp

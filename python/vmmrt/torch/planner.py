@@ -346,7 +346,7 @@ def layer_costs(off, marked=None, runners=()):
         cand = off.candidates(lay)
         fixed = sum(r.nbytes for r in lay.regions if r.reason not in (None, "output", "recompute", "budget"))
         r = by_layer.get(id(lay))
-        gbytes = lay.grads.backing.nbytes - lay.grads.io_bytes if r is not None and _mapped(r) else 0
+        gbytes = lay.grads.backing.nbytes if r is not None and _mapped(r) else 0
         # the backward's results are counted elsewhere: the parameters' gradients
         # (mapped or static), the inputs' and the outputs' gradient buffers
         results = 0 if r is None else (sum(_nbytes(p) for p in r.params if p.requires_grad)
