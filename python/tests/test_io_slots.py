@@ -218,3 +218,48 @@ def test_the_budget_planner_counts_the_static_inputs_with_their_layers(host_grap
         assert planner.static_bytes(off, runners, True, 0) == before - sum(sizes)
     finally:
         graphed._close(off, runners)
+
+
+def test_an_argument_gradient_kept_past_the_next_use_is_never_written_over(host_graphs):  # noqa: F811
+    # The io slot's life ends at the use after its backward; a user who keeps
+    # an argument's gradient longer (a hook that stores it) keeps the slot
+    # busy: a slot sharing its bytes that begins its use then (the next
+    # step's forwards, whose static inputs are copied into their resident
+    # slots) gets memory of its own, counted as a conflict, and the kept
+    # gradient's bytes are left as they were.
+    from vmmrt.torch import memplan
+    g, off, runners = _graphed_on_host("none", "mapped", plan=True, inputs=True)
+    kept = []
+    try:
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        for i in range(6):
+            for m in g:
+                for p in m.parameters():
+                    p.grad = None
+            y = g[0](x)
+            if i == 3:                                       # (the plan made: at its second step)
+                y.register_hook(lambda t: kept.append(t))    # layer 1's argument gradient
+            for m in g[1:]:
+                y = m(y)
+            y.backward(gy)
+            del y
+            if i == 3:
+                assert off.memplan.plan is not None
+                io = runners[1].grads.io
+                assert len(kept) == 1 and io.address <= kept[0].data_ptr() < io.address + io.nbytes
+                assert io.bound and io.busy
+                want = kept[0].clone()
+        assert off.memplan.conflicts >= 1, off.memplan.describe()
+        assert torch.equal(kept[0], want)
+        kept.clear()                                         # let go: the io slots come back to the pages
+        for _ in range(3):
+            _step(g, x, gy)
+            for m in g:
+                for p in m.parameters():
+                    p.grad = None
+        # (a forward's outputs' slot that left them stays off: mapped for good, vmmrt.torch.outputs)
+        assert all(e.backing.bound for e in off.memplan.entries if e.life.kind != memplan.OUTPUTS), \
+            off.memplan.describe()
+    finally:
+        kept.clear()
+        graphed._close(off, runners)
