@@ -251,15 +251,14 @@ def test_an_argument_gradient_kept_past_the_next_use_is_never_written_over(host_
                 want = kept[0].clone()
         assert off.memplan.conflicts >= 1, off.memplan.describe()
         assert torch.equal(kept[0], want)
-        kept.clear()                                         # let go: the io slots come back to the pages
+        kept.clear()                     # let go: the slots come back to the pages, the outputs' too
         for _ in range(3):
             _step(g, x, gy)
             for m in g:
                 for p in m.parameters():
                     p.grad = None
-        # (a forward's outputs' slot that left them stays off: mapped for good, vmmrt.torch.outputs)
-        assert all(e.backing.bound for e in off.memplan.entries if e.life.kind != memplan.OUTPUTS), \
-            off.memplan.describe()
+        assert all(e.backing.bound for e in off.memplan.entries), off.memplan.describe()
+        assert not any(e.backing.mapped for e in off.memplan.entries)     # (their own memory given back)
     finally:
         kept.clear()
         graphed._close(off, runners)

@@ -231,7 +231,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
             s = raw_stream()
             if mapped is not None:
                 # the gradients' memory made ready (Grads.before_backward),
-                # the output gradients into it where they lie there, then
+                # the output gradients into their io slot where they lie there, then
                 # the backward as the others: one call where it can
                 acc, src, states = mapped.before_backward(s, where, lay, None)
                 if gouts_in_slot:

@@ -74,8 +74,8 @@ class Runner:
         # What the graphs replay over (graphed.py; recompute.py for a recomputed runner):
         self.static_outputs = None        # the forward graph's outputs
         self.static_grad_outputs = None   # where the backward graph reads the outputs' gradients
-        self.gouts_in_slot = False        # grads="mapped": those lie in the gradients' slot (filled once it is mapped)
-        self.gin_where = None             # grads="mapped": per argument, where its gradient lies in the gradients' slot
+        self.gouts_in_slot = False        # grads="mapped": those lie in the gradients' io slot (filled once it is mapped)
+        self.gin_where = None             # grads="mapped": per argument, where its gradient lies in the io slot
         self.static_grad_inputs = None    # the backward graph's gradients of surface (None where none)
         self.grad_mode = None             # how parameter gradients reach .grad: "mapped", "static", "accumulate"
         self.acc = None                   # grads="accumulate": the .grad tensors the backward graph adds into

@@ -163,10 +163,8 @@ class Backing:
 
     def held_ranges(self):
         """The bytes a busy slot holds, as [lo, hi) offsets in it: None, all of
-        its granules; its owner may say fewer (``held``: the gradients' slot
-        once only the parameters' gradients are alive in it, grads.Grads;
-        the graphs' pool, the storages handed out from it that are held,
-        graphpool.GraphPool)."""
+        its granules; its owner may say fewer (``held``: the graphs' pool,
+        the storages handed out from it that are held, graphpool.GraphPool)."""
         return self.held() if self.held is not None else None
 
     @property

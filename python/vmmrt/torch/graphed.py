@@ -451,7 +451,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
 def _make_grads(runners, off, graphs):
     """One Grads per callable (its pipeline runners share the parameters),
     in place of those made before; with graphs, the backward graph's output
-    and argument gradients in its slot too."""
+    and argument gradients in an io slot beside it (Grads.io)."""
     by_callable = {}
     count = collections.Counter(r.callable_index for r in runners)
     for r in runners:

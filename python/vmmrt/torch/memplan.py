@@ -383,6 +383,36 @@ class Entry:
         return False
 
 
+    def come_back(self, stream: Any) -> bool:
+        """A kept slot (a forward's outputs, mapped for good off the pages:
+        vmmrt.torch.outputs) that left the pages at a conflict, at the
+        begin of a use: back on them once nothing holds its bytes there or
+        its own (the host waits for the device, and for the worker to give
+        its own memory back, once); else it goes on with its own memory.
+        True when it is on the pages, in use, now."""
+        b = self.backing
+        w = self.watcher
+        if b.bound or not b.kept or self.life.offset is None or w.pages is None or b.live or \
+                (b.alive is not None and b.alive()):
+            return False
+        for o in self.sharers:
+            if o.busy:
+                return False
+        if w.optimizer is not None and w.optimizer.holds and \
+                w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
+            return False
+        w._device_done(stream)        # what read or wrote its own memory
+        if not b.let_go(stream):
+            return False
+        w.off.runtime.offload_sync()
+        if not w.bind(self):
+            b.ensure()                # (its own memory again: it is being used now)
+            return False
+        b.begin_use()
+        w._all_bound()
+        return True
+
+
 class _Survivors:
     """What holds bytes a slot shares when the optimizer step left tensors
     in them (vmmrt.torch.optmem): named in the conflict's message."""

@@ -277,6 +277,8 @@ class Offload:
         map after asking for it the same way. ``current``: the torch stream
         ``stream`` is, when the caller has it (else asked when needed)."""
         if backing.mapped:
+            if backing.kept and backing.planned is not None:
+                backing.planned.come_back(stream)   # (off the pages since a conflict: back if it can)
             return
         if backing.planned is not None and backing.planned.begin_use(stream):
             return      # on the memory plan's pages, its bytes free

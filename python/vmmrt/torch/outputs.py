@@ -17,7 +17,9 @@ holds itself). In a chain that is from the layer's forward to the next
 layer's forward, and the plan puts the outputs of layers two apart on the
 same bytes. A tensor kept past the life learned is caught at the use that
 would write over it, as any slot's (memplan.Entry.begin_use: the slot
-beginning its use gets memory of its own).
+beginning its use gets memory of its own); once nothing holds its bytes on
+the pages or its own, it goes back (memplan.Entry.come_back: the host
+waits for the device once), instead of keeping that memory for good.
 
 Without a plan (memory_plan=False, or the steps before it) the slot is
 mapped from the capture on and never released (``kept``): the bytes the

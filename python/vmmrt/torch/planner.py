@@ -294,8 +294,8 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
     gradients are not mapped), under graphs the static tensors each capture
     adds (outputs as large as the inputs, their gradients' buffers, the
     inputs' gradients: counted here even where the two last lie in a mapped
-    gradients' slot, whose bytes for them layer_costs leaves out, as a
-    recomputed layer's slot has none) and ``reserve`` (what the step adds later: an
+    gradients' io slot, which layer_costs leaves out, as a recomputed
+    layer has none) and ``reserve`` (what the step adds later: an
     optimizer's states and temporaries). The graphs' static inputs that go in
     the layers' resident slots (``LayerOffload.input_bytes``,
     vmmrt.torch.static_inputs) are not: the caller's sample tensors they take
