@@ -8,6 +8,8 @@ caching allocator and the graph pool for the life of the graphs, nor, in
 the persistent loop, for good with the parameters' gradients. Run on the host backend over graphs that capture nothing
 (test_call_path's harness): where the bytes are and who holds them is
 checked here; the values on the H200 (test_memplan_gpu.py)."""
+import gc
+
 import pytest
 import torch
 
@@ -243,6 +245,7 @@ def test_an_argument_gradient_kept_past_the_next_use_is_never_written_over(host_
                 y = m(y)
             y.backward(gy)
             del y
+            off.runtime.offload_sync()       # (the workers' releases done: every slot binds at its next use)
             if i == 3:
                 assert off.memplan.plan is not None
                 io = runners[1].grads.io
@@ -252,11 +255,15 @@ def test_an_argument_gradient_kept_past_the_next_use_is_never_written_over(host_
         assert off.memplan.conflicts >= 1, off.memplan.describe()
         assert torch.equal(kept[0], want)
         kept.clear()                     # let go: the slots come back to the pages, the outputs' too
+        gc.collect()
         for _ in range(3):
             _step(g, x, gy)
             for m in g:
                 for p in m.parameters():
                     p.grad = None
+            # (a slot off the pages binds at a use once the workers have
+            # given its own memory back: waited for here, not left to timing)
+            off.runtime.offload_sync()
         assert all(e.backing.bound for e in off.memplan.entries), off.memplan.describe()
         assert not any(e.backing.mapped for e in off.memplan.entries)     # (their own memory given back)
     finally:
