@@ -242,18 +242,14 @@ class Grads:
                 self.forget()         # off the pages (a conflict): each backward's own tensor again
             return b.tensor(stream), {}
         if self._bases is None:
-            base = b.tensor(stream, counted=False)
-            bases = {base.dtype: base}
-            for spec in self.views:
-                if spec is not None:
-                    _over(base, bases, spec)
+            bases = _slot_bases(b, self.views, stream)
             # Each parameter's gradient as a view made once: a backward hands
             # out its detach() (a tensor of its own over the same storage,
             # which AccumulateGrad takes as .grad), half an as_strided's cost.
             self._cached = [None if s is None else bases[s[0]].as_strided(s[1], s[2], s[3])
                             for s in self._strided]
             self._bases = bases
-            self._held = Held(base)     # (counted with the views above: the library's own)
+            self._held = Held(bases[torch.uint8])     # (counted with the views above: the library's own)
         return self._bases[torch.uint8], self._bases
 
     def _io_source(self, stream):
@@ -268,13 +264,8 @@ class Grads:
                 self._io_bases = self._io_held = None
             return b.tensor(stream), {}
         if self._io_bases is None:
-            base = b.tensor(stream, counted=False)
-            bases = {base.dtype: base}
-            for spec in self.gins:
-                if spec is not None:
-                    _over(base, bases, spec)
-            self._io_bases = bases
-            self._io_held = Held(base)
+            self._io_bases = _slot_bases(b, self.gins, stream)
+            self._io_held = Held(self._io_bases[torch.uint8])
         return self._io_bases[torch.uint8], self._io_bases
 
     def io_alive(self):
@@ -500,6 +491,17 @@ class Grads:
                 self.io.nbytes / 2.0 ** 20, self.io.address)
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
             self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions), io)
+
+
+def _slot_bases(backing, specs, stream):
+    """A base over the whole slot (uint8, uncounted: its life is the
+    caller's) and one per dtype of ``specs`` (:func:`_over`), made once."""
+    base = backing.tensor(stream, counted=False)
+    bases = {base.dtype: base}
+    for spec in specs:
+        if spec is not None:
+            _over(base, bases, spec)
+    return bases
 
 
 def _io_alive(ref):
