@@ -61,6 +61,28 @@ def test_plan_is_bound_by_the_backward_when_it_is_shorter():
     assert p.layers[0].chosen == []
 
 
+def test_plan_moves_nothing_of_a_layer_too_short_for_its_copies_fixed_cost():
+    # On launch-bound layers (0.6 ms a layer-step) the copies' fixed cost per
+    # offloaded layer (8 us on the H200) is more than 1 % of the layer's
+    # time: auto moves nothing there, though the bytes would hide; longer
+    # layers move as before.
+    mib = 1 << 20
+    short = [("s%d" % i, 0.21, 0.39, [8 * mib, 48 * mib]) for i in range(4)]
+    p = planner.plan(short, d2h_gbps=52.0, h2d_gbps=53.0, margin=0.9)
+    assert all(lp.chosen == [] and lp.moved == 0 for lp in p.layers)
+    assert all("fixed cost" in lp.why for lp in p.layers[:-1]) and p.layers[-1].why is None
+    assert "fixed cost" in p.summary() and p.as_dict()["layers"][0]["why"]
+    assert p.fraction == 0
+    # the same bytes behind layers ten times longer: moved
+    long_ = [(n, 10 * f, 10 * b, s) for n, f, b, s in short]
+    q = planner.plan(long_, d2h_gbps=52.0, h2d_gbps=53.0, margin=0.9)
+    assert all(lp.moved > 0 and lp.why is None for lp in q.layers[:-1])
+    # the rule's two numbers are parameters: no fixed cost, the short layers move
+    r = planner.plan(short, d2h_gbps=52.0, h2d_gbps=53.0, margin=0.9, fixed_ms=0.0)
+    assert all(lp.moved > 0 for lp in r.layers[:-1])
+    assert planner.plan(short, 52.0, 53.0, 0.9, max_share=0.02).layers[0].moved > 0     # 8 us is 1.3 % of 0.6 ms
+
+
 def test_plan_says_what_it_chose():
     rows = [("first", 1.0, 4.0, [1 << 20, 1 << 24]), ("last", 1.0, 4.0, [1 << 20])]
     p = planner.plan(rows, 10.0, 10.0)

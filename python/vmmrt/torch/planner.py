@@ -12,8 +12,18 @@ layer. The last layer in forward order is the *tail*: its backward comes
 first, so libvmmrt keeps its activations on the device and copies nothing.
 Moving them into the slot would save no memory (they would sit in a bank
 instead of the pool) and would grow both ping-pong banks to the tail's size:
-the tail moves nothing. :func:`plan` is arithmetic
-only; :func:`measure_bandwidth` and the layer timings feed it.
+the tail moves nothing.
+
+A layer's copies also cost a fixed time per step whatever their size (two
+copies enqueued, their events and fences, the host's part of the hooks):
+on the H200 the launch-bound layers (16 of hidden 1024, seq 1024, 0.6 ms a
+layer-step) ran 7.3-8.7 us slower per offloaded layer per step than with
+nothing moved (`offload="auto"` against mode none, 2026-12-04, both loops),
+1.2-1.5 % of the layer's time. ``auto`` is to stay within 1 % of graphs'
+time, so a layer whose fixed cost (``COPY_FIXED_MS``) is over
+``MAX_SHARE`` of its own forward and backward moves nothing.
+:func:`plan` is arithmetic only; :func:`measure_bandwidth` and the layer
+timings feed it.
 """
 import logging
 
@@ -25,13 +35,17 @@ from vmmrt.torch import select
 
 log = logging.getLogger("vmmrt.torch")
 
+COPY_FIXED_MS = 0.008     # an offloaded layer's copies, per step, whatever their size (H200: 7.3-8.7 us)
+MAX_SHARE = 0.01          # of the layer's own step time, at most, for that cost
+
 
 class LayerPlan:
-    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "budget", "chosen", "tail")
+    __slots__ = ("name", "fwd_ms", "bwd_ms", "sizes", "budget", "chosen", "tail", "why")
 
-    def __init__(self, name, fwd_ms, bwd_ms, sizes, budget, chosen, tail):
+    def __init__(self, name, fwd_ms, bwd_ms, sizes, budget, chosen, tail, why=None):
         self.name, self.fwd_ms, self.bwd_ms, self.sizes = name, fwd_ms, bwd_ms, sizes
         self.budget, self.chosen, self.tail = budget, chosen, tail
+        self.why = why          # why it moves nothing though copies would hide, if so
 
     @property
     def total(self):
@@ -45,7 +59,7 @@ class LayerPlan:
         return {"name": self.name, "fwd_ms": self.fwd_ms, "bwd_ms": self.bwd_ms, "saved_bytes": self.total,
                 "budget_bytes": self.budget,
                 "offloaded_bytes": self.moved, "regions": len(self.sizes), "offloaded_regions": len(self.chosen),
-                "tail": self.tail}
+                "tail": self.tail, "why": self.why}
 
 
 class Plan:
@@ -68,7 +82,8 @@ class Plan:
             lines.append("  %-24s fwd %7.2f ms  saved %8.1f MiB  budget %9s  moves %8.1f MiB (%d of %d regions)%s"
                          % (p.name, p.fwd_ms, p.total / mib,
                             "tail" if p.tail else "%.1f MiB" % (p.budget / mib), p.moved / mib,
-                            len(p.chosen), len(p.sizes), " [tail: stays, no copy]" if p.tail else ""))
+                            len(p.chosen), len(p.sizes), " [tail: stays, no copy]" if p.tail else
+                            " [%s]" % p.why if p.why else ""))
         return "\n".join(lines)
 
     def as_dict(self):
@@ -76,8 +91,13 @@ class Plan:
                 "fraction": self.fraction, "layers": [p.as_dict() for p in self.layers]}
 
 
-def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9):
-    """layers: (name, fwd_ms, bwd_ms or None, [region bytes]) in forward order."""
+def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=None):
+    """layers: (name, fwd_ms, bwd_ms or None, [region bytes]) in forward order;
+    ``fixed_ms``: an offloaded layer's copies' cost per step whatever their
+    size (default COPY_FIXED_MS), at most ``max_share`` of its forward and
+    backward (default MAX_SHARE)."""
+    fixed_ms = COPY_FIXED_MS if fixed_ms is None else fixed_ms
+    max_share = MAX_SHARE if max_share is None else max_share
     if not 0 < margin <= 1:
         raise ValueError("planner margin %r is not in (0, 1]" % (margin,))
     if not d2h_gbps > 0:
@@ -95,8 +115,14 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9):
             if nbwd is not None:
                 cap = min(cap, nbwd * h2d_gbps)
             budget = margin * cap * 1e6
+        own = fwd_ms + (bwd_ms or 0.0)
+        why = None
+        if not tail and fixed_ms > max_share * own:
+            budget = 0.0
+            why = "moves nothing: its copies' fixed cost, %.0f us a step, is over %.0f%% of its %.2f ms" % (
+                fixed_ms * 1e3, max_share * 100, own)
         chosen = select.choose(sizes, budget)
-        out.append(LayerPlan(name, fwd_ms, bwd_ms, list(sizes), budget, chosen, tail))
+        out.append(LayerPlan(name, fwd_ms, bwd_ms, list(sizes), budget, chosen, tail, why))
     return Plan(out, d2h_gbps, h2d_gbps, margin)
 
 
