@@ -677,8 +677,11 @@ def test_front_budget_below_the_builds_smallest_is_given_its_smallest(monkeypatc
     class _Graphs:
         pass
 
+    loops = []
+
     def fake(mods, samples, memory_budget=None, **kw):
         asked.append(memory_budget.limit)
+        loops.append(memory_budget.loop)
         # a build starts clean: no gradient of an earlier one, whose graphs
         # are gone (a failed build's traceback holds them while it is handled)
         assert not any(p.grad is not None for m in mods for p in m.parameters())
@@ -706,6 +709,13 @@ def test_front_budget_below_the_builds_smallest_is_given_its_smallest(monkeypatc
     with pytest.raises(vt.BudgetError):
         frontrun.build(frontrun.Option("budget 3000 MiB", "vmmrt", "budget", 3000 << 20), layers,
                        lambda: torch.randn(3, 8, requires_grad=True), args, 0, False)
+    # the budget plans for the front's loop: the persistent loop's gradients hold memory all step
+    assert set(loops) == {"set_to_none"}
+    for m in layers:
+        m.zero_grad(set_to_none=True)
+    frontrun.build(frontrun.Option("budget 3640 MiB", "vmmrt", "budget", 3640 << 20), layers,
+                   lambda: torch.randn(3, 8, requires_grad=True), args, 0, False, loop="persistent")
+    assert loops[-1] == "persistent"
 
 
 def test_alone_check_runs_the_option_in_a_fresh_process():

@@ -99,6 +99,29 @@ def test_timeline_holds_residents_to_their_backward_and_gradients_from_theirs():
     assert budget.evaluate(big, ["recompute"] * 3).timeline_bytes == 3000
 
 
+def test_in_the_persistent_loop_the_gradients_hold_memory_the_whole_step():
+    # uses: f0 f1 f2 b2 b1 b0 (the costs above). With a persistent .grad the
+    # gradients are there from the step before, beside the forwards'
+    # activations: at b2 all three kept (600) and every gradient (70).
+    costs = [LayerCost("a", 1, 1, [100], grads=10, fwd_work=5), LayerCost("b", 1, 1, [200], grads=20, bwd_work=50),
+             LayerCost("c", 1, 1, [300], grads=40)]
+    p = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, persistent=True)
+    assert p.timeline_bytes == 670 and p.peak_bytes == 7 + 50 + 670 and p.persistent
+    assert "persistent .grad loop" in p.summary() and p.as_dict()["persistent"]
+    # c recomputed: at b1, a and b kept (300) and every gradient (70), as before; at f2 (a, b, every gradient)
+    # 370 as well: the same peak in both loops where the step's end holds every gradient anyway
+    q = budget.evaluate(costs, ["keep", "keep", "recompute"], static_bytes=7, persistent=True)
+    assert q.timeline_bytes == 370
+    # a budget the set_to_none loop's plan keeps everything in is over it in the persistent loop: the search
+    # plans for the loop it is told
+    assert budget.search(costs, 7 + 50 + 660, static_bytes=7).counts()["keep"] == 3
+    fit = budget.search(costs, 7 + 50 + 660, static_bytes=7, persistent=True)
+    assert fit.counts()["keep"] < 3 and fit.peak_bytes <= 7 + 50 + 660
+    assert Budget(10, loop="persistent").loop == "persistent" and Budget(10).loop == "set_to_none"
+    with pytest.raises(InvalidBudget, match="loop="):
+        Budget(10, loop="sometimes")
+
+
 def test_the_optimizer_steps_temporaries_take_the_pages_free_at_the_step():
     # the costs above: at b2 the timeline holds 660, the largest working set is 50; every gradient is 70
     costs = [LayerCost("a", 1, 1, [100], grads=10, fwd_work=5), LayerCost("b", 1, 1, [200], grads=20, bwd_work=50),

@@ -36,8 +36,10 @@ largest working set + the most the timeline holds at once:
 - the timeline: each layer's resident slot (what it keeps that does not
   move) from just before its forward to its backward, and its mapped
   gradients (grads="mapped") from just before its backward to the
-  optimizer's step, ``map_ahead`` uses ahead as Offload maps them; static
-  gradient buffers are in ``static_bytes``.
+  optimizer's step, ``map_ahead`` uses ahead as Offload maps them, or, in
+  the persistent ``.grad`` loop (``Budget(loop="persistent")``), the whole
+  step: the ``.grad`` the user keeps holds them across the next forwards;
+  static gradient buffers are in ``static_bytes``.
 
 What a step holds outside the layers is the caller's: an optimizer's
 states (``Budget(reserve=)``, beside everything above) and the temporaries
@@ -65,6 +67,7 @@ from vmmrt.torch import select
 
 STRATEGIES = (("pingpong", 1), ("remap", 1), ("remap", 2), ("remap", 3))
 ACTIONS = ("keep", "offload", "recompute")
+LOOPS = ("set_to_none", "persistent")
 # remap's cost per offloaded layer on the forward path: its map waits for a
 # D2H, a host function and the driver worker (H200: ~0.4 ms).
 REMAP_MS = 0.4
@@ -144,19 +147,29 @@ class Budget:
     take the bytes the activations left free then, else they add to
     ``reserve``), ``layers`` (a hand plan:
     one choice per layer, "keep", "recompute", "offload" (every region) or a
-    fraction of the layer's bytes to offload; predicted, not searched) and
-    ``recompute`` (False: the planner never recomputes)."""
+    fraction of the layer's bytes to offload; predicted, not searched),
+    ``recompute`` (False: the planner never recomputes) and ``loop``: the
+    training loop the plan is for, "set_to_none" (zero_grad(set_to_none=True)
+    drops the gradients before the next forward: they hold memory from
+    their backward to the optimizer step) or "persistent" (a ``.grad`` kept
+    and zeroed in place: the gradients hold memory the whole step, beside
+    the activations of the next forwards). The loop is learned only at the
+    second step, after the plan: a budget planned for the wrong one is
+    exceeded by up to the gradients' size in the persistent loop."""
 
-    def __init__(self, limit=None, reserve=0, layers=None, recompute=True, step=0):
+    def __init__(self, limit=None, reserve=0, layers=None, recompute=True, step=0, loop="set_to_none"):
         if limit is None and layers is None:
             raise InvalidBudget("Budget() needs a limit, a hand plan (layers=) or both")
         for name, v in (("reserve", reserve), ("step", step)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise InvalidBudget("Budget(%s=%r): bytes, 0 or more" % (name, v))
+        if loop not in LOOPS:
+            raise InvalidBudget("Budget(loop=%r): %s" % (loop, " or ".join(repr(x) for x in LOOPS)))
         if layers is not None:
             layers = [check_choice(c, i) for i, c in enumerate(layers)]
         self.limit, self.reserve, self.layers, self.recompute = limit, reserve, layers, bool(recompute)
         self.step = step
+        self.loop = loop
 
 
 def check_choice(c, i):
@@ -245,9 +258,9 @@ class BudgetPlan:
     the indices of the regions that move (what Offload.allocate(plan=) reads)."""
 
     def __init__(self, layers, mode, lookahead, static_bytes, d2h_gbps, h2d_gbps, margin, granularity,
-                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False):
+                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False, persistent=False):
         self.layers, self.mode, self.lookahead, self.map_ahead = layers, mode, lookahead, map_ahead
-        self.step_bytes, self.pages = step_bytes, pages
+        self.step_bytes, self.pages, self.persistent = step_bytes, pages, persistent
         # Budget(reserve=), inside static_bytes (planner.budget_plan sets it):
         # what check_plan names as left out when it is 0
         self.reserve_bytes = 0
@@ -282,7 +295,7 @@ class BudgetPlan:
         # The pool (or the caching allocator) keeps what the passes allocated
         # at most reserved: the largest working set is held all along.
         self.inflight_bytes = max([c.work for c in ls] or [0])
-        self.timeline_bytes = timeline(ls, self.map_ahead)
+        self.timeline_bytes = timeline(ls, self.map_ahead, self.persistent)
         during = self.inflight_bytes + self.timeline_bytes
         if self.pages:
             # On the memory plan's pages (pool, resident and gradient slots),
@@ -323,7 +336,8 @@ class BudgetPlan:
                    self.bank_bytes / mib, self.inflight_bytes / mib,
                    self.timeline_bytes / mib, sum(c.resident for c in self.layers) / mib,
                    sum(c.grads for c in self.layers) / mib,
-                   "" if self.budget is None else " within the budget of %.0f MiB" % (self.budget / mib)))
+                   "" if self.budget is None else " within the budget of %.0f MiB" % (self.budget / mib))
+                + ("; persistent .grad loop: the gradients all step" if self.persistent else ""))
         lines = [head]
         if self.step_bytes:
             lines.append("  the optimizer step's temporaries: %.0f MiB, %s" % (
@@ -346,18 +360,20 @@ class BudgetPlan:
                 "inflight_bytes": self.inflight_bytes, "timeline_bytes": self.timeline_bytes,
                 "map_ahead": self.map_ahead, "peak_bytes": self.peak_bytes,
                 "step_bytes": self.step_bytes, "pages": self.pages, "step_peak_bytes": self.step_peak_bytes,
+                "persistent": self.persistent,
                 "graph_ms": self.graph_ms, "recompute_ms": self.recompute_ms, "copy_ms": self.copy_ms,
                 "predicted_ms": self.predicted_ms, "counts": self.counts(),
                 "alternatives": [list(a) for a in self.alternatives],
                 "layers": [c.as_dict() for c in self.layers]}
 
 
-def timeline(ls, ahead=1):
+def timeline(ls, ahead=1, persistent=False):
     """The most that resident activations and mapped gradients hold at once
     over a step (every forward, then the backwards in reverse): a layer's
     resident slot from ``ahead`` uses before its forward to its backward, its
     gradients from ``ahead`` uses before its backward to the optimizer's step
-    (Offload.gpu_reached_previous maps that far ahead of the GPU)."""
+    (Offload.gpu_reached_previous maps that far ahead of the GPU), or at
+    every use with ``persistent`` (a .grad kept across steps)."""
     n = len(ls)
     worst = sum(c.grads for c in ls)            # the optimizer's step: every gradient
     for u in range(2 * n):
@@ -366,7 +382,7 @@ def timeline(ls, ahead=1):
             f, b = i, 2 * n - 1 - i             # the layer's forward and backward uses
             if f - ahead <= u <= b:
                 live += c.resident
-            if u >= b - ahead:
+            if persistent or u >= b - ahead:
                 live += c.grads
         worst = max(worst, live)
     return worst
@@ -374,15 +390,15 @@ def timeline(ls, ahead=1):
 
 class _Env:
     def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead=1,
-                 step_bytes=0, pages=False):
+                 step_bytes=0, pages=False, persistent=False):
         self.costs, self.static, self.d2h, self.h2d = costs, static_bytes, d2h_gbps, h2d_gbps
         self.margin, self.gran, self.remap_ms, self.map_ahead = margin, granularity, remap_ms, map_ahead
-        self.step_bytes, self.pages = step_bytes, pages
+        self.step_bytes, self.pages, self.persistent = step_bytes, pages, persistent
 
     def make(self, choices, mode, la, budget=None):
         ls = [LayerChoice(c, a, ch) for c, (a, ch) in zip(self.costs, choices)]
         p = BudgetPlan(ls, mode, la, self.static, self.d2h, self.h2d, self.margin, self.gran, self.remap_ms,
-                       budget, self.map_ahead, self.step_bytes, self.pages)
+                       budget, self.map_ahead, self.step_bytes, self.pages, self.persistent)
         p.costs = self.costs        # what it was planned from (the benchmark predicts hand plans with it)
         return p
 
@@ -401,7 +417,8 @@ def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes=0)
 
 
 def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None,
-             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None, map_ahead=1, step_bytes=0, pages=False):
+             margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None, map_ahead=1, step_bytes=0, pages=False,
+             persistent=False):
     """The prediction of a hand plan: ``choices`` one per layer as
     :class:`Budget`'s ``layers`` take them. A fraction offloads the largest
     regions first that fit in it (the same selection as offload=fraction);
@@ -410,7 +427,8 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
     _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes)
     if len(choices) != len(costs):
         raise InvalidBudget("a hand plan of %d choices for %d layers" % (len(choices), len(costs)))
-    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages)
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages,
+               persistent)
     out = []
     for i, (c, ch) in enumerate(zip(costs, choices)):
         ch = check_choice(ch, i)
@@ -541,7 +559,7 @@ def _search(env, mode, la, cap, budget):
 
 def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.9, granularity=1,
            strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24, map_ahead=1, step_bytes=0,
-           pages=False):
+           pages=False, persistent=False):
     """The fastest plan whose predicted peak is within ``budget`` bytes, over
     ``strategies`` ((mode, look-ahead) pairs); :class:`BudgetError` with the
     smallest budget that would fit when none does. ``recompute=False``: no
@@ -556,7 +574,8 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
                                 "1 or more" % (mode, la))
     if not recompute:
         costs = [c if c.recompute is True else c.but(recompute=False) for c in costs]
-    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages)
+    env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages,
+               persistent)
     movable = sorted({s for i, c in enumerate(costs[:-1]) for s in _level_bytes(c)})
     if len(movable) > caps:     # quantiles of the candidate group sizes, the largest kept
         movable = sorted({movable[int(k * (len(movable) - 1) / (caps - 1))] for k in range(caps)})

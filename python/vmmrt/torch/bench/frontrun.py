@@ -118,8 +118,9 @@ def _through(seq, x):
     return x
 
 
-def build(opt, layers, sample, args, reserve, cuda, step=0):
-    """modes.Built for ``opt`` over ``layers``."""
+def build(opt, layers, sample, args, reserve, cuda, step=0, loop="set_to_none"):
+    """modes.Built for ``opt`` over ``layers``; ``loop``: the training loop
+    a budget plans for (Budget(loop=))."""
     n = len(layers)
     if opt.kind in modes.MODES:
         return modes.build(opt.kind, layers, sample, args)
@@ -146,8 +147,8 @@ def build(opt, layers, sample, args, reserve, cuda, step=0):
             seq = list(torch.cuda.make_graphed_callables(mods, tuple((sample(),) for _ in mods)))
             note = "preserve_rng_state=False (with the default, torch raised: %s)" % str(e).splitlines()[0][:160]
     elif opt.kind in ("recompute", "budget"):
-        b = vt.Budget(layers=["recompute"] * n, reserve=reserve, step=step) if opt.kind == "recompute" else \
-            vt.Budget(opt.param, reserve=reserve, step=step)
+        b = vt.Budget(layers=["recompute"] * n, reserve=reserve, step=step, loop=loop) if opt.kind == "recompute" \
+            else vt.Budget(opt.param, reserve=reserve, step=step, loop=loop)
         mode = "pingpong" if opt.kind == "recompute" else args.front_budget_mode
         # the library's default under a budget (no plan) unless the run names one
         plan = {} if getattr(args, "memory_plan", None) is None else {"memory_plan": args.memory_plan}
@@ -178,7 +179,7 @@ def build(opt, layers, sample, args, reserve, cuda, step=0):
                 m.zero_grad(set_to_none=True)
             gc.collect()
             fresh(cuda)
-            seq = make(vt.Budget(smallest, reserve=reserve, step=step))
+            seq = make(vt.Budget(smallest, reserve=reserve, step=step, loop=loop))
             note = "given %.0f MiB, the build's smallest plan (%.0f MiB asked)" % (smallest / MiB, opt.param / MiB)
         off = vt.offload_of(seq[0])
     else:
@@ -355,7 +356,7 @@ class Front:
         try:
             if layers and hasattr(layers[0], "reseed"):
                 layers[0].reseed()
-            built = build(o, layers, sample, a, self.reserve, self.cuda, self.step)
+            built = build(o, layers, sample, a, self.reserve, self.cuda, self.step, self.loop.name)
             row, grads = modes.measure(built, layers, self.loop, xs, gys, a, weights)
             if is_ref:
                 self.ref = modes.host_copies(grads)

@@ -68,7 +68,7 @@ def _sig(plan):
 def _inputs(plan):
     return dict(static_bytes=plan.static_bytes, d2h_gbps=plan.d2h_gbps, h2d_gbps=plan.h2d_gbps, margin=plan.margin,
                 granularity=plan.granularity, remap_ms=plan.remap_ms, map_ahead=plan.map_ahead,
-                step_bytes=plan.step_bytes, pages=plan.pages)
+                step_bytes=plan.step_bytes, pages=plan.pages, persistent=getattr(plan, "persistent", False))
 
 
 class Sweep:
