@@ -156,10 +156,21 @@ def test_static_inputs_live_in_a_resident_slot_or_all_along():
     # kept: in its resident slot, from its forward to its backward (at b2: 600 + 24 + 60 gradients)
     p = budget.evaluate(costs, ["keep"] * 3, static_bytes=7)
     assert p.timeline_bytes == 684 and p.inputs_bytes == 0 and p.peak_bytes == 7 + 50 + 684
-    # recomputed: the checkpoint alone in the slot; at the step only the gradients (70) are live, and the
-    # step's temporaries take the rest of the pages: the inputs are not there
-    q = budget.evaluate(costs, ["recompute"] * 3, static_bytes=7, step_bytes=1000, pages=True)
-    assert q.inputs_bytes == 0 and q.peak_bytes == 7 + 70 + 1000
+    # recomputed, nothing moving (mode none, remap): the checkpoint alone in the slot; at the step only the
+    # gradients (70) are live, and the step's temporaries take the rest of the pages: the inputs are not there
+    for mode in ("none", "remap"):
+        q = budget.evaluate(costs, ["recompute"] * 3, mode, static_bytes=7, step_bytes=1000, pages=True)
+        assert q.inputs_bytes == 0 and q.bank_bytes == 0 and q.peak_bytes == 7 + 70 + 1000
+        assert all(c.resident == 8 and not c.inputs_moved for c in q.layers)
+    # in ping-pong the checkpoint moves through the banks (LayerOffload.inputs_move): two of 8, no slot,
+    # no copy time for the tail, whose bank keeps it
+    q = budget.evaluate(costs, ["recompute"] * 3, "pingpong", static_bytes=7, step_bytes=1000, pages=True)
+    assert q.inputs_bytes == 0 and q.bank_bytes == 16 and q.peak_bytes == 7 + 16 + 70 + 1000
+    assert all(c.resident == 0 and c.inputs_moved and c.moved == 8 for c in q.layers) and q.layers[-1].exposed_ms == 0
+    assert "its checkpoint" in q.summary()
+    # at 1 byte/ms, 8 bytes do not hide behind the next 1 ms forward at margin 0.9: charged as any copy
+    slow = budget.evaluate(costs, ["recompute"] * 3, "pingpong", d2h_gbps=1e-6)
+    assert slow.copy_ms > 0 and slow.layers[-1].exposed_ms == 0
     # everything a saves moved (ping-pong: no resident slot): its inputs are held all along, beside the
     # banks; a layer with something kept has a slot, and its inputs in it
     r = budget.evaluate([costs[0].but(sizes=[60, 40])] + costs[1:], ["offload", "keep", "keep"], static_bytes=7)

@@ -51,11 +51,11 @@ def without_cuda_rng(monkeypatch):
     monkeypatch.setattr(recompute, "draws_random", lambda r: False)
 
 
-def _captured(grads, layers):
+def _captured(grads, layers, mode="none"):
     sample = tuple((torch.randn(2, 8, 32, requires_grad=True),) for _ in layers)
     _, runners, marks, uses, device = graphed._prepare_runners(tuple(layers), sample, None, None, None,
                                                                [], False, False, 1.0, None)
-    off, mode = graphed._open_offload(runners, uses, device, "none", 1, OPTIONS, 0, 1, True)
+    off, mode = graphed._open_offload(runners, uses, device, mode, 1, OPTIONS, 0, 1, True)
     try:
         stream = graphed._warmup(runners, uses, off, 3, False)
         off = graphed._allocate(runners, uses, off, None, grads, mode, 1.0, Budget(layers=["recompute"] * N),
@@ -104,5 +104,48 @@ def test_without_the_route_the_backward_runs_the_whole_forward_again(host_graphs
     off, runners, captured, tails = _captured("static", layers)
     try:
         assert tails == [2] * N, tails
+    finally:
+        graphed._close(off, runners)
+
+
+@pytest.mark.parametrize("mode", ["pingpong", "none"])
+def test_in_pingpong_a_recomputed_layers_checkpoint_moves_with_the_bank(host_graphs, monkeypatch, mode):  # noqa: F811
+    # A recomputed layer keeps only its checkpoint, its graphs' static
+    # inputs: in ping-pong they are its group's, at a fixed address in a
+    # bank, copied to the host after its forward and back before its
+    # backward as an offloaded layer's regions are; in mode none (nothing
+    # moves) a resident slot holds them from its forward to its backward.
+    without_cuda_rng(monkeypatch)
+    layers = [Tail() for _ in range(N)]
+    off, runners, captured, _ = _captured("mapped", layers, mode)
+    try:
+        for r in runners:
+            lay = r.layer
+            ptr = r.sample[0].data_ptr()
+            if mode == "pingpong":
+                assert lay.inputs_move() and lay.in_group() and lay.resident is None and lay.input_at is None
+                assert lay.input_addrs == (ptr,)
+                assert lay.group.address <= ptr < lay.group.address + lay.group.nbytes
+                assert lay.group.nbytes >= 2 * 8 * 32 * 4
+            else:
+                assert not lay.inputs_move() and lay.input_addrs is None and lay.resident is not None
+                assert lay.resident.address <= ptr < lay.resident.address + lay.resident.nbytes
+        funcs = graphed._calls(runners, off, captured)
+        g = graphed._finish(runners, funcs, off, False)
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        for _ in range(3):
+            y = x
+            for m in g:
+                y = m(y)
+            y.backward(gy)
+            del y
+            for m in layers:
+                m.zero_grad(set_to_none=True)
+        st = off.stats()
+        if mode == "pingpong":
+            # every layer's checkpoint but the tail's went to the host and came back, each step
+            assert st["bytes_offloaded"] > 0 and off.saved_bytes()["copied"] > 0, st
+        else:
+            assert st["bytes_offloaded"] == 0
     finally:
         graphed._close(off, runners)

@@ -17,9 +17,11 @@ keep       what it saves stays on the device from its forward to its backward;
 offload    some of its regions move (the rest stays): libvmmrt's banks (ping-pong:
            two of the largest group) or mapped groups (remap: the look-ahead + 1
            largest) hold what moves, rounded up to the granularity;
-recompute  its forward saves only its inputs (the graph's static inputs, already
-           in ``static_bytes``) and its backward runs the forward again first: its
-           whole saved set is in flight during its own backward only.
+recompute  its forward saves only its inputs (the graph's static inputs: in its
+           resident slot from its forward to its backward, or, in ping-pong, moved
+           through the banks as an offloaded layer's regions are) and its backward
+           runs the forward again first: its whole saved set is in flight during its
+           own backward only.
 
 Predicted step time = sum of forward and backward times + every recomputed
 forward + the copy time not hidden: a layer's D2H behind the next forward
@@ -226,18 +228,23 @@ class LayerCost:
 
 class LayerChoice:
     __slots__ = ("name", "action", "chosen", "moved", "resident", "total", "fwd_ms", "bwd_ms", "exposed_ms",
-                 "grads", "work", "held_inputs")
+                 "grads", "work", "held_inputs", "inputs_moved")
 
-    def __init__(self, cost, action, chosen=()):
+    def __init__(self, cost, action, chosen=(), mode=None):
         self.name, self.action, self.chosen = cost.name, action, sorted(chosen)
         self.moved = sum(cost.sizes[i] for i in self.chosen)
         self.total = cost.total
         self.resident = 0 if action == "recompute" else self.total - self.moved
-        # its static inputs: in its resident slot where it has one (a
-        # recomputed layer's holds them alone), else held all along
-        in_slot = cost.inputs if action == "recompute" or self.resident else 0
+        # its static inputs: a recomputed layer's in ping-pong move with the
+        # banks (LayerOffload.inputs_move); else in its resident slot where
+        # it has one (a recomputed layer's holds them alone), else held all
+        # along
+        self.inputs_moved = action == "recompute" and mode == "pingpong" and cost.inputs > 0
+        if self.inputs_moved:
+            self.moved = cost.inputs
+        in_slot = cost.inputs if not self.inputs_moved and (action == "recompute" or self.resident) else 0
         self.resident += in_slot
-        self.held_inputs = cost.inputs - in_slot
+        self.held_inputs = 0 if self.inputs_moved else cost.inputs - in_slot
         self.fwd_ms, self.bwd_ms = cost.fwd_ms, cost.bwd_ms
         self.exposed_ms = 0.0
         self.grads = cost.grads
@@ -282,8 +289,8 @@ class BudgetPlan:
         d2h, h2d = self.d2h_gbps * 1e6, self.h2d_gbps * 1e6       # bytes per ms
         for i, c in enumerate(ls):
             c.exposed_ms = 0.0
-            if not c.moved:
-                continue
+            if not c.moved or i == n - 1:
+                continue        # (the tail: libvmmrt never copies it, its bank holds it)
             nxt = ls[i + 1].fwd_ms if i + 1 < n else 0.0
             window = sum(bwd_eff[i + 1:i + 1 + self.lookahead])
             c.exposed_ms = (max(0.0, c.moved / d2h - self.margin * nxt) + max(0.0, c.moved / h2d - self.margin * window)
@@ -345,7 +352,9 @@ class BudgetPlan:
                 % (self.step_peak_bytes / mib) if self.pages else "beside everything else"))
         for c in self.layers:
             what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions)" % (c.moved / mib, len(c.chosen)),
-                    "recompute": "recomputes its forward in backward (+%.2f ms)" % c.fwd_ms}[c.action]
+                    "recompute": "recomputes its forward in backward (+%.2f ms)%s" % (
+                        c.fwd_ms, ", its checkpoint (%.1f MiB) through the banks" % (c.moved / mib)
+                        if c.inputs_moved else "")}[c.action]
             lines.append("  %-24s fwd %7.2f ms  bwd %7.2f ms  saved %8.1f MiB  work %7.1f MiB  grads %7.1f MiB  %s%s"
                          % (c.name, c.fwd_ms, c.bwd_ms, c.total / mib, c.work / mib, c.grads / mib, what,
                             ", %.2f ms not hidden" % c.exposed_ms if c.exposed_ms else ""))
@@ -396,7 +405,7 @@ class _Env:
         self.step_bytes, self.pages, self.persistent = step_bytes, pages, persistent
 
     def make(self, choices, mode, la, budget=None):
-        ls = [LayerChoice(c, a, ch) for c, (a, ch) in zip(self.costs, choices)]
+        ls = [LayerChoice(c, a, ch, mode) for c, (a, ch) in zip(self.costs, choices)]
         p = BudgetPlan(ls, mode, la, self.static, self.d2h, self.h2d, self.margin, self.gran, self.remap_ms,
                        budget, self.map_ahead, self.step_bytes, self.pages, self.persistent)
         p.costs = self.costs        # what it was planned from (the benchmark predicts hand plans with it)

@@ -146,6 +146,14 @@ class Pass:
                 if addr != r.addr:
                     raise Error(_capi.E_MISMATCH, "region %d got address 0x%x, learned 0x%x"
                                 % (r.index, addr, r.addr), lay._where())
+            if lay.input_descs:
+                # the static inputs the group holds (inputs_move), already
+                # there: each forward's call copied its argument in
+                for d, want in zip(lay.input_descs, [a for a in lay.input_addrs if a is not None]):
+                    addr = lay.group.save(d, 0, None)
+                    if addr != want:
+                        raise Error(_capi.E_MISMATCH, "static input got address 0x%x, learned 0x%x" % (addr, want),
+                                    lay._where())
             lay.group.end_capture()
             if lay.offload.host:
                 # Host backend: the copies run on a stream thread and read the
@@ -193,6 +201,11 @@ class LayerOffload:
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
         self.input_bytes = ()       # per graph input, its bytes in the resident slot or None (static_inputs)
         self.input_at = None        # their offsets in it (None: not there), once planned
+        # or, for a recomputed layer in ping-pong, in its group: they are its
+        # checkpoint, which moves with the bank as an offloaded layer's
+        # saved regions do (inputs_move)
+        self.input_descs = []       # the group's descriptors of them, after the moving regions'
+        self.input_addrs = None     # per graph input, its fixed address in the group (None: not there)
         self.out_births = []        # discovery's births of the forward's outputs (vmmrt.torch.outputs)
         self.outputs = None         # outputs.Outputs: the forward graph's outputs in a slot (plan_outputs)
         self.grads = None           # grads.Grads of the callable (grads="mapped")
@@ -282,6 +295,11 @@ class LayerOffload:
     def moving(self):
         return [r for r in self.regions if r.selected]
 
+    def in_group(self):
+        """Whether its group holds anything: regions that move, or its static
+        inputs (:meth:`inputs_move`)."""
+        return bool(self.input_descs) or any(r.selected for r in self.regions)
+
     def kept_resident(self):
         """The regions that stay on the device in the layer's resident slot."""
         return [r for r in self.regions if r.resident is not None]
@@ -312,7 +330,7 @@ class LayerOffload:
         # The graphs' static inputs after them (vmmrt.torch.static_inputs):
         # they live as the saved regions do, from the forward to the backward.
         at = []
-        for n in (self.input_bytes if total or self.recompute else ()):
+        for n in (self.input_bytes if (total or self.recompute) and not self.input_descs else ()):
             if n is None:
                 at.append(None)
                 continue
@@ -419,9 +437,28 @@ class LayerOffload:
                 out["why"][why] = out["why"].get(why, 0) + r.nbytes
         return out
 
+    def inputs_move(self):
+        """Whether the graphs' static inputs go in the group (a recomputed
+        layer in ping-pong: its checkpoint leaves the device between its
+        forward and its backward as an offloaded layer's saved regions do,
+        through the two banks, where a resident slot held it all that
+        while, 32 MiB a layer on Llama-3-8B at seq 4096). Its calls take
+        the hooks' path (a recomputed layer's graphs do): the call copies
+        its arguments in after the forward's begin hook, once the bank's
+        earlier bytes have gone to the host."""
+        return bool(self.recompute and self.offload.mode == "pingpong" and any(self.input_bytes))
+
     def describe_to_group(self):
         for r in self.moving():
             self.group.discover(r.desc())
+        self.input_descs = []
+        if self.inputs_move():
+            from vmmrt import Group
+            for n in self.input_bytes:
+                if n:
+                    d = Group.desc(n, 0, (n,), (1,), REGION_ALIGN)
+                    self.group.discover(d)
+                    self.input_descs.append(d)
 
     def learn_addresses(self):
         """Ask the group for each region's fixed address (no copy) and build the
@@ -430,6 +467,9 @@ class LayerOffload:
         self.group.begin_capture()
         for r in moving:
             r.addr = self.group.save(r.desc(), 0, None)
+        if self.input_descs:
+            addrs = iter([self.group.save(d, 0, None) for d in self.input_descs])
+            self.input_addrs = tuple(next(addrs) if n else None for n in self.input_bytes)
         self.group.end_capture()
         if self.resident is not None:
             self.resident.ensure()

@@ -355,7 +355,7 @@ class Offload:
         hooks of the others do nothing, so they have no place in its order)."""
         if self.schedule is None:
             return
-        self.runtime.offload_set_schedule([(lay.group, b) for lay, b in self.schedule if lay.moving()])
+        self.runtime.offload_set_schedule([(lay.group, b) for lay, b in self.schedule if lay.in_group()])
 
     # -------------------------------------------------------- allocation
     def candidates(self, lay: LayerOffload) -> list:
@@ -426,7 +426,7 @@ class Offload:
             self.fail("allocation: %s" % e)
             raise
         self._ranges = [(lay.group.address, lay.group.address + lay.group.nbytes)
-                        for lay in self.layers if lay.moving()]
+                        for lay in self.layers if lay.in_group()]
         self._ranges += [(lay.resident.address, lay.resident.address + lay.resident.nbytes)
                          for lay in self.layers if lay.resident is not None]
         log.info("vmmrt: %s", self.describe())
@@ -473,7 +473,7 @@ class Offload:
         else:
             order = [(l.name, False) for l in self.layers] + [(l.name, True) for l in reversed(self.layers)]
         by_name = {l.name: l for l in self.layers}
-        order = [(n, b) for n, b in order if n in by_name and by_name[n].moving()]
+        order = [(n, b) for n, b in order if n in by_name and by_name[n].in_group()]
         pos = {key: k for k, key in enumerate(order)}
         la = self.lookahead
         if self.allocated and not self.runtime.closed:
@@ -500,7 +500,7 @@ class Offload:
                 out[k] += v
         stay = set(l.name for l in self.staying())
         out["copied"] = sum(lay.group.nbytes if self.allocated else lay.saved_bytes()["moved"]
-                            for lay in self.layers if lay.moving() and lay.name not in stay)
+                            for lay in self.layers if lay.in_group() and lay.name not in stay)
         return out
 
     def group_bytes(self) -> list[int]:

@@ -283,7 +283,7 @@ class OptimizerMemory:
         if self._bank_list is None:
             by = {}
             for lay in off.layers:
-                if lay.moving():
+                if lay.in_group():
                     a = lay.group.address
                     by[a] = max(by.get(a, 0), lay.group.nbytes)
             self._bank_list = sorted(by.items())

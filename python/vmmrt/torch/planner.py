@@ -430,8 +430,8 @@ def _budget_plan(off, memory_budget, margin, runners, graphs, offload, marked, s
     if mode == "remap" or (searched and _uses_remap(mode, strategies)):
         common["remap_ms"] = remap_cost(off, costs)
     if b is not None and b.layers is not None:
-        p = budget.evaluate(costs, b.layers, mode if mode != "none" else "pingpong", la, budget=limit,
-                            **common)
+        # (mode none: its own model, a recomputed layer's checkpoint in its slot, not in ping-pong's banks)
+        p = budget.evaluate(costs, b.layers, mode, la, budget=limit, **common)
         if mode == "none" and any(c.moved for c in p.layers):
             raise budget.InvalidBudget("mode='none' moves nothing: a hand plan that offloads needs 'pingpong' or "
                                        "'remap'")
@@ -441,7 +441,7 @@ def _budget_plan(off, memory_budget, margin, runners, graphs, offload, marked, s
         return p
     if limit is None:
         choices = ["recompute" if c.recompute else float(offload) if mode != "none" else "keep" for c in costs]
-        return budget.evaluate(costs, choices, mode if mode != "none" else "pingpong", la, **common)
+        return budget.evaluate(costs, choices, mode, la, **common)
     chosen = strategies is not None
     if strategies is None:
         strategies = [(mode, la)] if mode != "none" else [("none", 1)]

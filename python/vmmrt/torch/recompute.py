@@ -37,9 +37,11 @@ Random ops draw the same numbers in the recomputation as in the forward:
   torch without these calls (before 2.4) refuses a recomputed layer that
   draws random numbers under graphs.
 
-A recomputed layer moves nothing through libvmmrt: its saved tensors do
-not exist, so offloading it as well is refused where it is asked for
-(:mod:`vmmrt.torch.budget`'s hand plans, a marked layer).
+A recomputed layer's saved tensors do not exist, so offloading it as well
+is refused where it is asked for (:mod:`vmmrt.torch.budget`'s hand plans,
+a marked layer); in ping-pong its checkpoint (its graphs' static inputs)
+moves through the banks instead of staying in a resident slot
+(LayerOffload.inputs_move).
 """
 import contextlib
 import logging

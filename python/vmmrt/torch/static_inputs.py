@@ -21,7 +21,9 @@ inputs alone would be mapped per use until the memory plan is made), and
 for a recomputed layer (vmmrt.torch.recompute), whose slot holds its inputs
 alone: its checkpoint, which its backward graph runs the forward again
 from (held for the graphs' life, 8 layers of 32 MiB on Llama-3-8B at seq
-4096 would sit beside the optimizer step's temporaries). Not
+4096 would sit beside the optimizer step's temporaries); in ping-pong a
+recomputed layer's go in its group instead, and leave the device with the
+bank between its forward and its backward (LayerOffload.inputs_move). Not
 for a pipeline's runners (the slot's life is one forward to one
 backward), a sample that is not a contiguous strided tensor, samples that
 share storage (an in-place op on one shows in the other inside the graph),
@@ -60,23 +62,26 @@ def place(r: Any) -> None:
     arguments and keywords), and the layer's static storages told (each
     moved one under the token discovery's signatures name it by)."""
     lay = r.layer
-    if lay.input_at is None or lay.resident is None:
+    if lay.input_addrs is not None:
+        addrs = lay.input_addrs
+    elif lay.input_at is not None and lay.resident is not None:
+        addrs = [None if at is None else lay.resident.address + at for at in lay.input_at]
+    else:
         return
-    base = lay.resident.address
     new, moved = {}, []
-    for t, at in zip(r.sample, lay.input_at):
-        if at is None:
+    for t, addr in zip(r.sample, addrs):
+        if addr is None:
             continue
         nbytes = t.numel() * t.element_size()
         # A storage of its own at its address (not a view of the slot): the
         # layer's saved tensors are told from its static ones by storage.
-        raw = _address.tensor_at(base + at, nbytes, torch.uint8, lay.offload.device)
+        raw = _address.tensor_at(addr, nbytes, torch.uint8, lay.offload.device)
         s = _compat.tensor_over(raw, t.dtype, t.shape, t.stride(), 0)
         with torch.no_grad():
             s.copy_(t)
         s.requires_grad_(t.requires_grad)
         new[id(t)] = s
-        moved.append((_compat.storage_of(t)[0], base + at))
+        moved.append((_compat.storage_of(t)[0], addr))
     if not new:
         return
     r.sample = tuple(new.get(id(t), t) for t in r.sample)
