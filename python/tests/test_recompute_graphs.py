@@ -11,7 +11,7 @@ import contextlib
 import pytest
 import torch
 
-from test_call_path import OPTIONS, host_graphs  # noqa: F401 - a fixture
+from test_call_path import OPTIONS, _stepper, host_graphs  # noqa: F401 - a fixture
 from vmmrt.torch import graphed, recompute
 from vmmrt.torch.budget import Budget
 
@@ -132,15 +132,9 @@ def test_in_pingpong_a_recomputed_layers_checkpoint_moves_with_the_bank(host_gra
                 assert lay.resident.address <= ptr < lay.resident.address + lay.resident.nbytes
         funcs = graphed._calls(runners, off, captured)
         g = graphed._finish(runners, funcs, off, False)
-        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        step = _stepper(g)
         for _ in range(3):
-            y = x
-            for m in g:
-                y = m(y)
-            y.backward(gy)
-            del y
-            for m in layers:
-                m.zero_grad(set_to_none=True)
+            step()
         st = off.stats()
         if mode == "pingpong":
             # every layer's checkpoint but the tail's went to the host and came back, each step
