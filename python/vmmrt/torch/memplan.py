@@ -360,14 +360,7 @@ class Entry:
         w.last_stream = stream
         if w.after_optimizer:
             w.optimizer_done(stream)
-        held = ()
-        for o in self.sharers:      # (the list only when one is held: a comprehension is a call)
-            if o.busy:
-                held = [x for x in self.sharers if x.busy]
-                break
-        if w.optimizer is not None and w.optimizer.holds and \
-                w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
-            held = list(held) + [SURVIVORS]
+        held = self._held()
         if b.bound:
             if not held:
                 b.begin_use()
@@ -383,6 +376,20 @@ class Entry:
         return False
 
 
+    def _held(self) -> Sequence[Any]:
+        """What holds bytes this slot shares now: its sharers that are busy,
+        and the optimizer step's survivors where they are in its range."""
+        held = ()
+        for o in self.sharers:      # (the list only when one is held: a comprehension is a call)
+            if o.busy:
+                held = [x for x in self.sharers if x.busy]
+                break
+        w = self.watcher
+        if w.optimizer is not None and w.optimizer.holds and \
+                w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
+            held = list(held) + [SURVIVORS]
+        return held
+
     def come_back(self, stream: Any) -> bool:
         """A kept slot (a forward's outputs, mapped for good off the pages:
         vmmrt.torch.outputs) that left the pages at a conflict, at the
@@ -393,13 +400,7 @@ class Entry:
         b = self.backing
         w = self.watcher
         if b.bound or not b.kept or self.life.offset is None or w.pages is None or b.live or \
-                (b.alive is not None and b.alive()):
-            return False
-        for o in self.sharers:
-            if o.busy:
-                return False
-        if w.optimizer is not None and w.optimizer.holds and \
-                w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
+                (b.alive is not None and b.alive()) or self._held():
             return False
         w._device_done(stream)        # what read or wrote its own memory
         if not b.let_go(stream):
