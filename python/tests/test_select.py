@@ -81,6 +81,10 @@ def test_plan_moves_nothing_of_a_layer_too_short_for_its_copies_fixed_cost():
     r = planner.plan(short, d2h_gbps=52.0, h2d_gbps=53.0, margin=0.9, fixed_ms=0.0)
     assert all(lp.moved > 0 for lp in r.layers[:-1])
     assert planner.plan(short, 52.0, 53.0, 0.9, max_share=0.02).layers[0].moved > 0     # 8 us is 1.3 % of 0.6 ms
+    for bad in ({"fixed_ms": -0.001}, {"fixed_ms": float("nan")}, {"fixed_ms": "8us"}, {"max_share": 0},
+                {"max_share": 1.5}, {"max_share": True}):
+        with pytest.raises(ValueError):
+            planner.plan(short, 52.0, 53.0, 0.9, **bad)
 
 
 def test_plan_says_what_it_chose():

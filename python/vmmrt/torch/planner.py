@@ -98,6 +98,10 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
     backward (default MAX_SHARE)."""
     fixed_ms = COPY_FIXED_MS if fixed_ms is None else fixed_ms
     max_share = MAX_SHARE if max_share is None else max_share
+    if isinstance(fixed_ms, bool) or not isinstance(fixed_ms, (int, float)) or not fixed_ms >= 0:
+        raise ValueError("planner fixed_ms %r is not a time in ms, 0 or more" % (fixed_ms,))
+    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not 0 < max_share <= 1:
+        raise ValueError("planner max_share %r is not in (0, 1]" % (max_share,))
     if not 0 < margin <= 1:
         raise ValueError("planner margin %r is not in (0, 1]" % (margin,))
     if not d2h_gbps > 0:
