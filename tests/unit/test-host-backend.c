@@ -1192,8 +1192,19 @@ static void test_latency_model(void **state)
 		OK(ops->va_reserve(b, GRAN, 0, &va));
 		OK(ops->mem_create(b, GRAN, &h));
 		OK(ops->mem_map(b, va, GRAN, h, 0));
+		memset(src, 0xa5, SLOT);
+		memset(dst, 0, SLOT);
 		OK(ops->memcpy_dtoh_async(b, dst, (vmmrt_devptr)(uintptr_t)src, SLOT, st)); /* 84 ms */
-		sleep_ms(5);
+		/*
+		 * In flight once its first chunk has landed (it streams 256 KiB
+		 * pieces over 84 ms): waited for, not slept for, since a stream
+		 * thread that a loaded machine schedules late would leave the call
+		 * below to run before the copy began.
+		 */
+		for (unsigned waited = 0; *(volatile unsigned char *)dst != 0xa5; waited++) {
+			assert_true(waited < 10000); /* 10 s */
+			sleep_ms(1);
+		}
 		t0 = now_ns();
 		OK(ops->mem_set_access(b, va, GRAN));
 		dt = now_ns() - t0;
