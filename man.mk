@@ -50,6 +50,7 @@ man3_pages = \
 	man/man3/vmmrt_group_get_state.3 \
 	man/man3/vmmrt_group_rediscover.3 \
 	man/man3/vmmrt_group_replay.3 \
+	man/man3/vmmrt_group_replay_copies.3 \
 	man/man3/vmmrt_group_save.3 \
 	man/man3/vmmrt_host_alloc.3 \
 	man/man3/vmmrt_host_free.3 \

@@ -414,6 +414,22 @@ VMMRT_EXTERN vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream comput
  */
 VMMRT_EXTERN vmmrt_status vmmrt_group_replay(vmmrt_group *g, int backward, uintptr_t graph_exec,
 					     vmmrt_stream compute);
+/*
+ * vmmrt_group_replay with device-to-device copies on compute after the begin
+ * hook and before the graph: a graph's static inputs filled where only the
+ * begin hook makes writing them safe (a ping-pong bank whose earlier bytes
+ * are still going to the host). Copies run in order; one whose dst equals
+ * its src, or of 0 bytes, is skipped. Refused before the begin (nothing
+ * done): copies NULL with ncopies > 0, a NULL address, overlapping ranges.
+ */
+typedef struct vmmrt_replay_copy {
+	vmmrt_devptr dst;
+	vmmrt_devptr src;
+	size_t bytes;
+} vmmrt_replay_copy;
+VMMRT_EXTERN vmmrt_status vmmrt_group_replay_copies(vmmrt_group *g, int backward, uintptr_t graph_exec,
+						    vmmrt_stream compute, const vmmrt_replay_copy *copies,
+						    size_t ncopies);
 
 /*
  * The order of one iteration, declared before vmmrt_offload_allocate

@@ -373,32 +373,92 @@ vmmrt_status vmmrt_backward_end(vmmrt_group *g, vmmrt_stream compute)
 }
 
 /*
+ * The copies of vmmrt_group_replay_copies, checked before the begin hook so
+ * that a bad one leaves the iteration as it was: the driver would take an
+ * overlapping pair (cuMemcpyDtoDAsync's result is then undefined) or a NULL
+ * address (a fault on the stream, found at the next synchronize).
+ */
+static vmmrt_status check_copies(const vmmrt_group *g, const vmmrt_replay_copy *copies, size_t ncopies)
+{
+	if (ncopies && !copies)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "vmmrt_group_replay_copies: group '%s': copies is NULL "
+				    "and ncopies %zu",
+				    g->name, ncopies);
+	for (size_t i = 0; i < ncopies; i++) {
+		const vmmrt_replay_copy *c = &copies[i];
+		if (c->bytes == 0 || c->dst == c->src)
+			continue;
+		if (!c->dst || !c->src)
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "vmmrt_group_replay_copies: group '%s': copy %zu "
+					    "has a NULL %s",
+					    g->name, i, c->dst ? "source" : "destination");
+		if (c->dst + c->bytes < c->dst || c->src + c->bytes < c->src)
+			return vmmrt__error(VMMRT_E_INVALID_SIZE, "vmmrt_group_replay_copies: group '%s': copy %zu "
+					    "of %zu bytes wraps around the address space",
+					    g->name, i, c->bytes);
+		if (c->dst < c->src + c->bytes && c->src < c->dst + c->bytes)
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "vmmrt_group_replay_copies: group '%s': copy %zu "
+					    "overlaps its source (0x%llx <- 0x%llx, %zu bytes)",
+					    g->name, i, (unsigned long long)c->dst, (unsigned long long)c->src, c->bytes);
+	}
+	return VMMRT_OK;
+}
+
+/*
  * A use's two hooks and its graph in one call, for a caller that pays for
  * every call it makes (a Python autograd Function: a call per hook and one
- * per replay were most of its time per layer). The handle is checked before
- * the begin hook, so a wrong one leaves the iteration as it was; a launch
- * that fails after the begin leaves part of the use enqueued, as any hook
- * failing part-way does: the offload is then refused until an abort.
+ * per replay were most of its time per layer). The handle and the copies are
+ * checked before the begin hook, so a wrong one leaves the iteration as it
+ * was; a copy or launch that fails after the begin leaves part of the use
+ * enqueued, as any hook failing part-way does: the offload is then refused
+ * until an abort. The copies come after the begin because it is what makes
+ * writing the group's bytes safe: in ping-pong a bank's earlier group may
+ * still be on its way to the host until the forward's fence.
  */
-vmmrt_status vmmrt_group_replay(vmmrt_group *g, int backward, uintptr_t graph_exec, vmmrt_stream compute)
+static vmmrt_status replay(vmmrt_group *g, int backward, uintptr_t graph_exec, vmmrt_stream compute,
+			   const vmmrt_replay_copy *copies, size_t ncopies, const char *what)
 {
-	VMMRT__API_ENTER();
 	VMMRT__CHECK_ARG(g, "group is NULL");
 	if (backward != 0 && backward != 1)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: backward is %d: 0 (the forward) or 1 (the backward)",
-				    __func__, backward);
+				    what, backward);
 	vmmrt_runtime *rt = g->off->rt;
 	vmmrt_status st;
 	if (graph_exec != 0 && (st = vmmrt__drv_exec_check(rt, graph_exec)) != VMMRT_OK)
-		return vmmrt__error_wrap(st, "%s: group '%s'", __func__, g->name);
-	if ((st = begin(g, compute, backward, __func__)) != VMMRT_OK)
+		return vmmrt__error_wrap(st, "%s: group '%s'", what, g->name);
+	if ((st = check_copies(g, copies, ncopies)) != VMMRT_OK)
 		return st;
+	if ((st = begin(g, compute, backward, what)) != VMMRT_OK)
+		return st;
+	for (size_t i = 0; i < ncopies; i++) {
+		const vmmrt_replay_copy *c = &copies[i];
+		if (c->bytes == 0 || c->dst == c->src)
+			continue;
+		if ((st = vmmrt__drv_memcpy_dtod_async(rt, c->dst, c->src, c->bytes, compute)) != VMMRT_OK) {
+			st = vmmrt__error_wrap(st, "%s: group '%s': copy %zu after its %s began", what, g->name, i,
+					       backward ? "backward" : "forward");
+			return g->ndesc ? mark_broken(g->off, st) : st;
+		}
+	}
 	if (graph_exec != 0 && (st = vmmrt__drv_exec_launch(rt, graph_exec, compute)) != VMMRT_OK) {
-		st = vmmrt__error_wrap(st, "%s: group '%s': launching its graph after its %s began", __func__, g->name,
+		st = vmmrt__error_wrap(st, "%s: group '%s': launching its graph after its %s began", what, g->name,
 				       backward ? "backward" : "forward");
 		return g->ndesc ? mark_broken(g->off, st) : st;
 	}
-	return end(g, compute, backward, __func__, true);
+	return end(g, compute, backward, what, true);
+}
+
+vmmrt_status vmmrt_group_replay(vmmrt_group *g, int backward, uintptr_t graph_exec, vmmrt_stream compute)
+{
+	VMMRT__API_ENTER();
+	return replay(g, backward, graph_exec, compute, NULL, 0, __func__);
+}
+
+vmmrt_status vmmrt_group_replay_copies(vmmrt_group *g, int backward, uintptr_t graph_exec, vmmrt_stream compute,
+				       const vmmrt_replay_copy *copies, size_t ncopies)
+{
+	VMMRT__API_ENTER();
+	return replay(g, backward, graph_exec, compute, copies, ncopies, __func__);
 }
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)

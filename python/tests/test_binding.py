@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The ctypes binding: loading, errors as exceptions, the C API's structs."""
+import ctypes
 import os
 import subprocess
 import sys
@@ -89,8 +90,22 @@ def test_group_replay_is_a_use_in_one_call():
         g.replay(True, graph, s)
         g.replay(False, 0, s)                       # the hooks alone
         g.replay(True, 0, s)
+        # copies after the begin hook (vmmrt_group_replay_copies): in, then out of the group
+        src, out = rt.slot(4096), rt.slot(4096)
+        src.map()
+        out.map()
+        rt.kernel_fill(src.address, 4096, 7, s)
+        with pytest.raises(vmmrt.Error) as e:
+            g.replay(False, graph, s, copies=[(g.address, g.address + 8, 64)])
+        assert e.value.name == "VMMRT_E_INVALID_ARGUMENT" and "overlaps" in str(e.value)
+        g.replay(False, graph, s, copies=[(g.address, src.address, 4096)])
+        g.replay(True, graph, s, copies=[(out.address, g.address, 4096)])
         rt.stream_synchronize(s)
-        assert rt.offload_stats()["iterations"] == 2
+        a, b = (ctypes.create_string_buffer(4096) for _ in range(2))
+        rt.copy_to_host(ctypes.addressof(a), out.address, 4096)
+        rt.copy_to_host(ctypes.addressof(b), src.address, 4096)
+        assert a.raw == b.raw and a.raw != bytes(4096)
+        assert rt.offload_stats()["iterations"] == 3
         rt.graph_destroy(graph)
         rt.stream_destroy(s)
 

@@ -842,18 +842,26 @@ class Group:
     def backward_end(self, stream=None):
         self._hook(self._lib.vmmrt_backward_end, "vmmrt_backward_end", stream)
 
-    def replay(self, backward: bool, graph_exec: int = 0, stream=None) -> None:
+    def replay(self, backward: bool, graph_exec: int = 0, stream=None, copies=()) -> None:
         """One use in one call (vmmrt_group_replay): the begin hook, the
         executable graph ``graph_exec`` launched on ``stream`` (a
         cudaGraphExec_t as an int, torch's CUDAGraph.raw_cuda_graph_exec();
         on the host backend a graph of its own, from
-        :meth:`Runtime.graph_end_capture`; 0: none), the end hook."""
+        :meth:`Runtime.graph_end_capture`; 0: none), the end hook.
+        ``copies``: (dst, src, bytes) device-to-device copies made on
+        ``stream`` between the begin hook and the graph
+        (vmmrt_group_replay_copies), where writing the group's bytes is safe."""
         if not isinstance(backward, bool):
             raise TypeError("backward: a bool, not %r" % (backward,))
         if isinstance(graph_exec, ctypes.c_void_p):
             graph_exec = graph_exec.value or 0
-        self.replay_failed(self._lib.vmmrt_group_replay(self._g, int(backward), int(graph_exec) or None,
-                                                         _stream(stream)))
+        if not copies:
+            self.replay_failed(self._lib.vmmrt_group_replay(self._g, int(backward), int(graph_exec) or None,
+                                                             _stream(stream)))
+            return
+        arr = (_capi.ReplayCopy * len(copies))(*[_capi.ReplayCopy(int(d), int(s), int(n)) for d, s, n in copies])
+        self.replay_failed(self._lib.vmmrt_group_replay_copies(self._g, int(backward), int(graph_exec) or None,
+                                                                _stream(stream), arr, len(copies)))
 
     def replayer(self):
         """(the C function, this group's handle) for a caller that makes the
@@ -861,6 +869,12 @@ class Group:
         backward, graph_exec, stream handle)`` returns a status, which
         :meth:`replay_failed` raises."""
         return self._lib.vmmrt_group_replay, self._g
+
+    def copier(self):
+        """(the C function, this group's handle) of vmmrt_group_replay_copies,
+        as :meth:`replayer`: ``fn(handle, backward, graph_exec, stream
+        handle, array of _capi.ReplayCopy, count)``."""
+        return self._lib.vmmrt_group_replay_copies, self._g
 
     def replay_failed(self, status: int) -> None:
         if status == _capi.OK:

@@ -69,6 +69,11 @@ class ScheduleStep(Structure):
     _fields_ = [("group", handle), ("backward", c_uint32)]
 
 
+class ReplayCopy(Structure):
+    """vmmrt_replay_copy: a device-to-device copy of vmmrt_group_replay_copies."""
+    _fields_ = [("dst", vmmrt_devptr), ("src", vmmrt_devptr), ("bytes", c_size_t)]
+
+
 class ArenaStats(Structure):
     """vmmrt_arena_stats (vmmrt_arena_lend(3))."""
     _fields_ = [("size", c_size_t), ("generation", c_uint64), ("lent_bytes", c_uint64),
@@ -168,6 +173,7 @@ _PROTOTYPES = {
     "vmmrt_backward_begin": (status_t, [handle, vmmrt_stream]),
     "vmmrt_backward_end": (status_t, [handle, vmmrt_stream]),
     "vmmrt_group_replay": (status_t, [handle, c_int, c_void_p, vmmrt_stream]),
+    "vmmrt_group_replay_copies": (status_t, [handle, c_int, c_void_p, vmmrt_stream, _P(ReplayCopy), c_size_t]),
     "vmmrt_offload_set_schedule": (status_t, [handle, _P(ScheduleStep), c_size_t]),
     "vmmrt_offload_abort": (status_t, [handle]),
     "vmmrt_group_rediscover": (status_t, [handle]),

@@ -734,6 +734,104 @@ static void one_call_misuse(void **state)
 	model_destroy(m);
 }
 
+/*
+ * vmmrt_group_replay_copies writes a group's bytes after the begin hook: in
+ * ping-pong the third layer's forward shares the first one's bank, whose
+ * bytes are still on their way to the host until the forward's fence, and a
+ * backward's bytes are in its bank only once its restore has landed. The
+ * latency model moves a copy in chunks of 256 KiB over its modelled time,
+ * so a group of 2 MiB reaches its last chunk 7 chunks' time after its
+ * first: each forward copies its input into that last chunk (the second
+ * forward none, so that the third comes right after the first), each
+ * backward copies the chunk out, and each gets back what it was given.
+ * Copies made before the begin hook fail both ways.
+ */
+static void replay_copies_follow_the_bank_fence(void **state)
+{
+	(void)state;
+	const model_cfg cfg = {.mode = "pingpong", .layers = 3, .act_bytes = 2 * MiB, .lookahead = 1,
+			       .latency = true, .copy_gbps = 0.02};
+	const size_t part = 256 * 1024, at = cfg.act_bytes - part;
+	model *m;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	enum { L = 3, ITERS = 2 };
+	vmmrt_slot *in[L], *out[L];
+	vmmrt_stream c;
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	for (unsigned i = 0; i < L; i++) {
+		assert_int_equal(vmmrt_slot_create(rt, part, &in[i]), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_map(in[i]), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_create(rt, part, &out[i]), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_map(out[i]), VMMRT_OK);
+	}
+	uint64_t *want = malloc(part), *got = malloc(part);
+	assert_non_null(want);
+	assert_non_null(got);
+	for (unsigned it = 0; it < ITERS; it++) {
+		for (unsigned i = 0; i < L; i++) {
+			vmmrt_group *g = model_group(m, i);
+			assert_int_equal(vmmrt_kernel_fill(rt, c, vmmrt_slot_address(in[i]), part, 100 * it + i + 1),
+					 VMMRT_OK);
+			vmmrt_replay_copy cp = {vmmrt_group_address(g) + at, vmmrt_slot_address(in[i]), i == 1 ? 0 : part};
+			assert_int_equal(vmmrt_group_replay_copies(g, 0, 0, c, &cp, 1), VMMRT_OK);
+		}
+		for (unsigned i = L; i-- > 0;) {
+			vmmrt_group *g = model_group(m, i);
+			vmmrt_replay_copy cp = {vmmrt_slot_address(out[i]), vmmrt_group_address(g) + at, part};
+			assert_int_equal(vmmrt_group_replay_copies(g, 1, 0, c, &cp, 1), VMMRT_OK);
+		}
+		assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+		for (unsigned i = 0; i < L; i += 2) {
+			assert_int_equal(vmmrt_copy_to_host(rt, want, vmmrt_slot_address(in[i]), part), VMMRT_OK);
+			assert_int_equal(vmmrt_copy_to_host(rt, got, vmmrt_slot_address(out[i]), part), VMMRT_OK);
+			if (memcmp(want, got, part))
+				fail_msg("iteration %u, layer %u: the restored bytes are not its input's", it, i);
+		}
+	}
+	free(want);
+	free(got);
+	for (unsigned i = 0; i < L; i++) {
+		assert_int_equal(vmmrt_slot_destroy(in[i]), VMMRT_OK);
+		assert_int_equal(vmmrt_slot_destroy(out[i]), VMMRT_OK);
+	}
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	model_destroy(m);
+}
+
+/* Bad copies are refused before the begin hook: the use can still begin. */
+static void replay_copies_misuse(void **state)
+{
+	(void)state;
+	model_cfg cfg = {.mode = "pingpong", .layers = 2, .act_bytes = 2 * MiB, .lookahead = 1};
+	model *m;
+	assert_int_equal(model_create(&cfg, &m), VMMRT_OK);
+	vmmrt_runtime *rt = model_runtime(m);
+	vmmrt_group *g = model_group(m, 0);
+	vmmrt_devptr a = vmmrt_group_address(g);
+	vmmrt_stream c;
+	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
+	assert_int_equal(vmmrt_group_replay_copies(g, 0, 0, c, NULL, 1), VMMRT_E_INVALID_ARGUMENT);
+	assert_non_null(strstr(vmmrt_last_error(), "copies is NULL"));
+	vmmrt_replay_copy bad[] = {
+		{a, 0, 64}, {0, a, 64}, {a + 32, a, 64}, {a, a + 32, 64}, {a, UINTPTR_MAX - 8, 64},
+	};
+	const char *why[] = {"NULL source", "NULL destination", "overlaps", "overlaps", "wraps"};
+	for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+		vmmrt_replay_copy two[] = {{a, a, 64}, bad[k]}; /* the first, a no-op, is skipped */
+		assert_int_not_equal(vmmrt_group_replay_copies(g, 0, 0, c, two, 2), VMMRT_OK);
+		assert_non_null(strstr(vmmrt_last_error(), why[k]));
+		assert_non_null(strstr(vmmrt_last_error(), "copy 1"));
+	}
+	/* skipped: 0 bytes, and dst == src (even NULL) */
+	vmmrt_replay_copy none[] = {{0, 0, 0}, {a, 0, 0}, {a, a, 64}};
+	assert_int_equal(vmmrt_group_replay_copies(g, 0, 0, c, none, 3), VMMRT_OK);
+	assert_int_equal(vmmrt_group_replay_copies(g, 1, 0, c, NULL, 0), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
+	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);
+	model_destroy(m);
+}
+
 static vmmrt_status count_capture_queries(void *ctx, const char *op, uint64_t *delay_us)
 {
 	(void)delay_us;
@@ -803,6 +901,8 @@ int main(void)
 		cmocka_unit_test(one_call_per_use),
 		cmocka_unit_test(one_call_misuse),
 		cmocka_unit_test(one_call_asks_the_stream_once),
+		cmocka_unit_test(replay_copies_follow_the_bank_fence),
+		cmocka_unit_test(replay_copies_misuse),
 	};
 	return test_run(tests, sizeof(tests) / sizeof(tests[0]));
 }
