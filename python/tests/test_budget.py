@@ -171,14 +171,25 @@ def test_static_inputs_live_in_a_resident_slot_or_all_along():
     # at 1 byte/ms, 8 bytes do not hide behind the next 1 ms forward at margin 0.9: charged as any copy
     slow = budget.evaluate(costs, ["recompute"] * 3, "pingpong", d2h_gbps=1e-6)
     assert slow.copy_ms > 0 and slow.layers[-1].exposed_ms == 0
-    # everything a saves moved (ping-pong: no resident slot): its inputs are held all along, beside the
-    # banks; a layer with something kept has a slot, and its inputs in it
-    r = budget.evaluate([costs[0].but(sizes=[60, 40])] + costs[1:], ["offload", "keep", "keep"], static_bytes=7)
-    assert r.layers[0].resident == 0 and r.inputs_bytes == 8
-    part = budget.evaluate([costs[0].but(sizes=[60, 40])] + costs[1:], [0.6, "keep", "keep"], static_bytes=7)
+    # everything a saves moved: in ping-pong its inputs move with it through the banks (LayerOffload.inputs_move:
+    # no slot would hold them), copied with its regions; in remap (no slot either) they are held all along
+    two = [costs[0].but(sizes=[60, 40])] + costs[1:]
+    r = budget.evaluate(two, ["offload", "keep", "keep"], static_bytes=7)
+    assert r.layers[0].resident == 0 and r.layers[0].inputs_moved and r.layers[0].moved == 108
+    assert r.inputs_bytes == 0 and r.bank_bytes == 2 * 108
+    assert r.peak_bytes == 7 + r.bank_bytes + r.inflight_bytes + r.timeline_bytes
+    assert "offloads 0.0 MiB (2 regions and its static inputs)" in r.summary()
+    slow = budget.evaluate(two, ["offload", "keep", "keep"], d2h_gbps=1e-6)
+    assert slow.layers[0].exposed_ms == pytest.approx(2 * (108 - 0.9))      # its inputs' bytes charged too
+    rm = budget.evaluate(two, ["offload", "keep", "keep"], "remap", static_bytes=7)
+    assert rm.layers[0].resident == 0 and not rm.layers[0].inputs_moved and rm.inputs_bytes == 8
+    assert rm.layers[0].moved == 100
+    assert rm.peak_bytes == 7 + 8 + rm.bank_bytes + rm.inflight_bytes + rm.timeline_bytes
+    assert "+ static inputs" in rm.summary() and "+ static inputs" not in r.summary()
+    # a layer with something kept has a slot, and its inputs in it
+    part = budget.evaluate(two, [0.6, "keep", "keep"], static_bytes=7)
     assert part.layers[0].moved == 60 and part.layers[0].resident == 48 and part.inputs_bytes == 0
-    assert r.peak_bytes == 7 + 8 + r.bank_bytes + r.inflight_bytes + r.timeline_bytes
-    assert "static 7 + static inputs 0" not in r.summary() and "+ static inputs" in r.summary()
+    assert not part.layers[0].inputs_moved
     with pytest.raises(InvalidBudget):
         budget.evaluate([costs[0].but(inputs=-1)], ["keep"])
 

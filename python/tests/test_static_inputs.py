@@ -113,3 +113,52 @@ def test_a_recomputed_layers_inputs_are_its_slot_alone_from_its_forward_to_its_b
         assert all(held.values()), held
     finally:
         graphed._close(off, runners)
+
+
+@pytest.mark.skipif(not place.AVAILABLE, reason="torch without TorchDispatchMode")
+@pytest.mark.parametrize("raw", [False, True])
+def test_in_pingpong_a_fully_offloaded_layers_inputs_move_with_its_bank(host_graphs, monkeypatch, raw):  # noqa: F811
+    """Ping-pong moving everything a layer saves leaves it no resident slot:
+    its static inputs are its group's (LayerOffload.inputs_move), at a fixed
+    address in a bank, to the host after its forward and back before its
+    backward with its saved regions, where the graphs held them all along.
+    A call copies its argument in after the forward's begin hook: through
+    the hooks and torch's copy, or (``raw``) in the library's one call,
+    vmmrt_group_replay_copies. Each layer's static input holds the argument
+    it was given after its call, and the first two layers' (the last to
+    have their banks restored) again after the step: their bytes went to
+    the host and came back."""
+    if raw:
+        from test_call_path import _raw_on_host
+        _raw_on_host(monkeypatch)
+    g, off, runners = _graphed_on_host("pingpong", "static", inputs=True)
+    try:
+        for r in runners:
+            lay = r.layer
+            ptr = r.sample[0].data_ptr()
+            assert lay.inputs_move() and lay.resident is None and lay.input_at is None
+            assert lay.input_addrs == (ptr,)
+            assert lay.group.address <= ptr < lay.group.address + lay.group.nbytes
+        assert "static inputs of %d layers" % N in off.describe()
+        for step in range(3):
+            x = torch.randn(2, 8, 32, requires_grad=True)
+            args, y = [], x
+            for k, m in enumerate(g):
+                args.append(y.detach().clone())
+                y = m(y)
+                off.runtime.stream_synchronize(None)
+                assert torch.equal(runners[k].sample[0].detach(), args[k]), (step, k)
+            y.sum().backward()
+            del y
+            off.runtime.stream_synchronize(None)
+            for k in (0, 1):
+                assert torch.equal(runners[k].sample[0].detach(), args[k]), (step, k)
+            for m in g:
+                m.zero_grad(set_to_none=True)
+        hows = set(off.stats()["graph_launches"])
+        assert hows == ({"vmmrt_group_replay"} if raw else {"torch replay (host backend)"}), hows
+        # every layer's but the tail's inputs went to the host with its regions
+        moved = sum(d.bytes for r in runners[:-1] for d in r.layer.input_descs)
+        assert off.stats()["bytes_offloaded"] >= 3 * moved > 0
+    finally:
+        graphed._close(off, runners)

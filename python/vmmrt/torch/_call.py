@@ -86,9 +86,30 @@ def _forget(r, lists):
         if seq is not None:
             seq.clear()
     r.static_outputs = r.static_grad_outputs = r.static_grad_inputs = r.acc_grad_inputs = None
-    r.pinned_grads = r.pinned_io = None
+    r.pinned_grads = r.pinned_io = r.held_input = None
     if r.layer is not None and r.layer.outputs is not None:
         r.layer.outputs.forget()
+
+
+def _copies(lay, static_in, n_user):
+    """How the one-call path copies a call's arguments into the graph's static
+    inputs: (vmmrt_group_replay_copies, its array with each destination and
+    size set, [(index in the array, argument)], the arguments whose static
+    input is in the layer's group, the arguments torch copies). The library
+    copies into every contiguous static input, in the one call, after the
+    forward's begin hook: a torch copy per argument costs the launch thread
+    more, and one into the group (LayerOffload.inputs_move) must wait for
+    that hook, which makes its bank free. Torch copies into the others (a
+    strided sample), before the call."""
+    fn, _ = lay.group.copier()
+    at = [i for i in range(n_user) if static_in[i].numel() and static_in[i].is_contiguous()]
+    arr = (_capi.ReplayCopy * max(len(at), 1))()
+    for k, i in enumerate(at):
+        arr[k].dst = static_in[i].data_ptr()
+        arr[k].bytes = static_in[i].numel() * static_in[i].element_size()
+    addrs = lay.input_addrs or ()
+    in_group = frozenset(i for i, a in enumerate(addrs) if a is not None)
+    return fn, arr, list(enumerate(at)), in_group, [i for i in range(n_user) if i not in at]
 
 
 def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
@@ -135,6 +156,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
         else None
     group = lay.group
     replay_fn, gh = group.replayer()
+    copy_fn, copies, copy_at, in_group, torch_at = _copies(lay, static_in, n_user)
     outs_b = lay.outputs.backing if lay.outputs is not None else None
     res_sync = lay.input_at is not None     # the static inputs in the resident slot: mapped before a call copies into them
     off.launchers[(r.name, False)] = fl
@@ -189,21 +211,37 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                     off.map_for_use(lay, False, res, s, res_sync, None)
                 if outs_b is not None:
                     off.map_for_use(lay, False, outs_b, s, False, None)
-            else:
-                s, cur = streams()
-                lay.forward_begin(s, False, cur)
-            # the arguments in, once the static inputs' memory is mapped
-            # (those in the resident slot: vmmrt.torch.static_inputs)
-            for i in range(n_user):
-                if static_in[i].data_ptr() != inputs[i].data_ptr():
-                    static_in[i].copy_(inputs[i])
-            if x > 0:
-                st = replay_fn(gh, 0, x, s)
+                for i in torch_at:
+                    if static_in[i].data_ptr() != inputs[i].data_ptr():
+                        static_in[i].copy_(inputs[i])
+                # the others by the library, after the forward's begin hook
+                # (what makes writing a bank safe)
+                held = None
+                for k, i in copy_at:
+                    a = inputs[i]
+                    if not a.is_contiguous():
+                        if i not in in_group:
+                            static_in[i].copy_(a)
+                            copies[k].src = copies[k].dst     # (skipped)
+                            continue
+                        a = held = a.contiguous()
+                    copies[k].src = a.data_ptr()
+                st = copy_fn(gh, 0, x, s, copies, len(copy_at)) if copy_at else replay_fn(gh, 0, x, s)
                 if st:
                     group.replay_failed(st)
+                if held is not None and off.host:
+                    r.held_input = held     # (the host backend's copy reads it later; CUDA's allocator orders it)
                 if outs_b is not None:
                     outs_b.release(s)       # (its use ends; the tensors handed out say more: vmmrt.torch.outputs)
             else:
+                s, cur = streams()
+                lay.forward_begin(s, False, cur)
+                # the arguments in, once the static inputs' memory is mapped
+                # (those in the resident slot: vmmrt.torch.static_inputs) and
+                # the group's bank free (those in the group: LayerOffload.inputs_move)
+                for i in range(n_user):
+                    if static_in[i].data_ptr() != inputs[i].data_ptr():
+                        static_in[i].copy_(inputs[i])
                 if x < 0:
                     fl.probe()
                 else:

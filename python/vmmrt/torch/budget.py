@@ -235,13 +235,14 @@ class LayerChoice:
         self.moved = sum(cost.sizes[i] for i in self.chosen)
         self.total = cost.total
         self.resident = 0 if action == "recompute" else self.total - self.moved
-        # its static inputs: a recomputed layer's in ping-pong move with the
-        # banks (LayerOffload.inputs_move); else in its resident slot where
-        # it has one (a recomputed layer's holds them alone), else held all
-        # along
-        self.inputs_moved = action == "recompute" and mode == "pingpong" and cost.inputs > 0
+        # its static inputs: in ping-pong a recomputed layer's, and those of
+        # a layer that moves every region, move with the banks
+        # (LayerOffload.inputs_move); else in its resident slot where it has
+        # one (a recomputed layer's holds them alone), else held all along
+        whole = action == "offload" and bool(self.chosen) and len(self.chosen) == len(cost.sizes)
+        self.inputs_moved = (action == "recompute" or whole) and mode == "pingpong" and cost.inputs > 0
         if self.inputs_moved:
-            self.moved = cost.inputs
+            self.moved = cost.inputs + (self.moved if whole else 0)
         in_slot = cost.inputs if not self.inputs_moved and (action == "recompute" or self.resident) else 0
         self.resident += in_slot
         self.held_inputs = 0 if self.inputs_moved else cost.inputs - in_slot
@@ -351,7 +352,8 @@ class BudgetPlan:
                 self.step_bytes / mib, "on the memory plan's pages beside the gradients (%.0f MiB at the step)"
                 % (self.step_peak_bytes / mib) if self.pages else "beside everything else"))
         for c in self.layers:
-            what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions)" % (c.moved / mib, len(c.chosen)),
+            what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions%s)" % (
+                        c.moved / mib, len(c.chosen), " and its static inputs" if c.inputs_moved else ""),
                     "recompute": "recomputes its forward in backward (+%.2f ms)%s" % (
                         c.fwd_ms, ", its checkpoint (%.1f MiB) through the banks" % (c.moved / mib)
                         if c.inputs_moved else "")}[c.action]

@@ -320,8 +320,7 @@ class LayerOffload:
         SDPA's flash and cuDNN kernels) stays in the pool and takes no bytes
         of the slot: reserved, they were held twice (on 8 Llama-3-8B layers
         at seq 4096, 260 MiB of attention outputs)."""
-        cand = [r for r in self.regions if not r.selected and r.birth is not None and r.birth.placeable
-                and r.reason in ("budget", "none") and r.nbytes >= self.offload.min_bytes]
+        cand = self._slot_candidates()
         total = 0
         for r in cand:
             total += (-total) % REGION_ALIGN
@@ -437,16 +436,26 @@ class LayerOffload:
                 out["why"][why] = out["why"].get(why, 0) + r.nbytes
         return out
 
+    def _slot_candidates(self):
+        """The kept regions its resident slot would hold (plan_resident)."""
+        return [r for r in self.regions if not r.selected and r.birth is not None and r.birth.placeable
+                and r.reason in ("budget", "none") and r.nbytes >= self.offload.min_bytes]
+
     def inputs_move(self):
-        """Whether the graphs' static inputs go in the group (a recomputed
-        layer in ping-pong: its checkpoint leaves the device between its
-        forward and its backward as an offloaded layer's saved regions do,
-        through the two banks, where a resident slot held it all that
-        while, 32 MiB a layer on Llama-3-8B at seq 4096). Its calls take
-        the hooks' path (a recomputed layer's graphs do): the call copies
-        its arguments in after the forward's begin hook, once the bank's
-        earlier bytes have gone to the host."""
-        return bool(self.recompute and self.offload.mode == "pingpong" and any(self.input_bytes))
+        """Whether the graphs' static inputs go in the group, in ping-pong:
+        for a recomputed layer (its checkpoint) and for one whose saved
+        regions all move (no resident slot would hold them: they were held
+        for the graphs' life, on 16 launch-bound layers full offload's
+        peak 2 % above eager checkpointing's). They leave the device
+        between the forward and the backward as the saved regions do,
+        through the banks. A call copies its arguments in after the
+        forward's begin hook, once the bank's earlier bytes have gone to
+        the host: the hooks' path, or the library in its one call
+        (vmmrt_group_replay_copies). A layer that keeps regions in a slot
+        keeps its inputs there, from its forward to its backward."""
+        if self.offload.mode != "pingpong" or not any(n for n in self.input_bytes if n):
+            return False
+        return self.recompute or (any(r.selected for r in self.regions) and not self._slot_candidates())
 
     def describe_to_group(self):
         for r in self.moving():

@@ -572,6 +572,10 @@ class Offload:
                 len(res), "" if not ins else ", with %.1f MiB of the graphs' static inputs" % (ins / mib),
                 "on the memory plan's pages, below" if planned else "mapped for the forward, released after the "
                 "backward"))
+        moving = [lay for lay in self.layers if lay.input_descs]
+        if moving:
+            text += ("; the graphs' static inputs of %d layers (%.1f MiB) in their groups, through the banks"
+                     % (len(moving), sum(d.bytes for lay in moving for d in lay.input_descs) / mib))
         if self.launchers:
             text += "; graphs run by: " + ", ".join("%s (%d)" % kv for kv in _launch.summary(self.launchers).items())
         gr = {id(lay.grads): lay.grads for lay in self.layers if getattr(lay, "grads", None) is not None}

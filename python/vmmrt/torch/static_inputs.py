@@ -16,14 +16,16 @@ copies its argument in once the slot is mapped (vmmrt.torch._call). The
 caller's sample tensors are not held once the callables are built.
 
 Only for a layer with a resident slot of saved regions (mode "none", or
-what a plan keeps; ping-pong's layers have none, and a slot of their
-inputs alone would be mapped per use until the memory plan is made), and
-for a recomputed layer (vmmrt.torch.recompute), whose slot holds its inputs
-alone: its checkpoint, which its backward graph runs the forward again
-from (held for the graphs' life, 8 layers of 32 MiB on Llama-3-8B at seq
-4096 would sit beside the optimizer step's temporaries); in ping-pong a
-recomputed layer's go in its group instead, and leave the device with the
-bank between its forward and its backward (LayerOffload.inputs_move). Not
+what a plan keeps), and for a recomputed layer (vmmrt.torch.recompute),
+whose slot holds its inputs alone: its checkpoint, which its backward graph
+runs the forward again from (held for the graphs' life, 8 layers of 32 MiB
+on Llama-3-8B at seq 4096 would sit beside the optimizer step's
+temporaries). In ping-pong a recomputed layer's, and those of a layer whose
+saved regions all move (it has no resident slot), go in its group instead,
+and leave the device with the bank between its forward and its backward
+(LayerOffload.inputs_move); a call copies its arguments in after the
+forward's begin hook, when the bank is free (in the library's one call:
+vmmrt_group_replay_copies). Not
 for a pipeline's runners (the slot's life is one forward to one
 backward), a sample that is not a contiguous strided tensor, samples that
 share storage (an in-place op on one shows in the other inside the graph),
