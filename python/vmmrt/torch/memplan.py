@@ -402,10 +402,14 @@ class Entry:
         if b.bound or not b.kept or self.life.offset is None or w.pages is None or b.live or \
                 (b.alive is not None and b.alive()) or self._held():
             return False
-        w._device_done(stream)        # what read or wrote its own memory
+        w._device_done(stream)        # what read or wrote its own memory, on any stream
         if not b.let_go(stream):
             return False
-        w.off.runtime.offload_sync()
+        # Its release is ordered on ``stream`` (a host callback there hands
+        # it to a worker): the stream reaches it, then the worker has made it.
+        # (Waiting for the workers alone left it to timing whether the
+        # release had been handed to them yet.)
+        w._drain(stream)
         if not w.bind(self):
             b.ensure()                # (its own memory again: it is being used now)
             return False
