@@ -148,11 +148,16 @@ def test_in_pingpong_a_fully_offloaded_layers_inputs_move_with_its_bank(host_gra
                 y = m(y)
                 off.runtime.stream_synchronize(None)
                 assert torch.equal(runners[k].sample[0].detach(), args[k]), (step, k)
-            y.sum().backward()
+            gy = 2 * y.detach()
+            runners[-1].static_grad_outputs[0].zero_()      # (the graphs here replay nothing: y is the same)
+            (y * y).sum().backward()        # a contiguous output gradient (a sum's alone is expanded)
             del y
             off.runtime.stream_synchronize(None)
             for k in (0, 1):
                 assert torch.equal(runners[k].sample[0].detach(), args[k]), (step, k)
+            # the last backward's output gradient copied in (by the one call); the others' are the
+            # static input gradients of the layer after (static_grads.Aliases: nothing to copy)
+            assert torch.equal(runners[-1].static_grad_outputs[0], gy), step
             for m in g:
                 m.zero_grad(set_to_none=True)
         hows = set(off.stats()["graph_launches"])

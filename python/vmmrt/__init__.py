@@ -418,6 +418,12 @@ class Runtime:
     def stream_synchronize(self, stream: Stream = None) -> None:
         check(self._lib.vmmrt_stream_synchronize(self._handle(), _stream(stream)), "vmmrt_stream_synchronize")
 
+    def synchronizer(self) -> "tuple[Callable[..., int], Any]":
+        """(vmmrt_stream_synchronize, this runtime's handle), for a caller that
+        makes the call itself (``fn(handle, stream handle)`` returns a status,
+        which :func:`check` raises), as vmmrt.torch's per-call path does."""
+        return self._lib.vmmrt_stream_synchronize, self._handle()
+
     def copy_to_device(self, dst: int, src_ptr: int, nbytes: int) -> None:
         check(self._lib.vmmrt_copy_to_device(self._handle(), dst, ctypes.c_void_p(src_ptr), nbytes),
               "vmmrt_copy_to_device")

@@ -7,23 +7,25 @@ the parameters' gradients reach ``.grad``, the names for messages, and how a
 call learns its stream (:func:`stream_source`). A call then does only this:
 
 forward
-    refuse a forward whose previous backward has not come; copy the
-    arguments into the static inputs (those that are not already them);
+    refuse a forward whose previous backward has not come;
     ``forward_begin`` (the layer's resident memory mapped, its group's
-    hook, where its GPU work begins), replay the forward graph,
+    hook, where its GPU work begins), copy the arguments into the static
+    inputs (those that are not already them), replay the forward graph,
     ``forward_end`` -- or, where nothing is mapped per use and the graph
-    launches raw (vmmrt.torch._launch), the three in one call into the
-    library (vmmrt_group_replay); hand autograd the outputs (one detached tensor each:
-    autograd needs its own) and, where the layer saves an argument or an
-    output, their versions to compare at the backward;
+    launches raw (vmmrt.torch._launch), the four in one call into the
+    library (vmmrt_group_replay_copies: the copies after the begin hook,
+    where a static input in the layer's bank may be written); hand autograd
+    the outputs (one detached tensor each: autograd needs its own) and,
+    where the layer saves an argument or an output, their versions to
+    compare at the backward;
 backward
     the contracts (the iteration not abandoned, a forward to match, the
-    saved arguments unchanged); copy the output gradients into the static
-    ones (grads="mapped": once the slot they lie in is mapped); then, by
-    gradient mode, ``before_backward`` (grads="mapped":
-    which graph, the slot mapped, grads.py) or the preallocated .grad
-    (grads="accumulate"), ``backward_begin``, replay, ``backward_end``
-    (or the one call, as the forward), and the gradients back to autograd.
+    saved arguments unchanged); by gradient mode, ``before_backward``
+    (grads="mapped": which graph, the slot mapped, grads.py) or the
+    preallocated .grad (grads="accumulate"); copy the output gradients into
+    the static ones (grads="mapped": once the slot they lie in is mapped),
+    ``backward_begin``, replay, ``backward_end`` (or the one call, with the
+    copies, as the forward), and the gradients back to autograd.
 
 Nothing here asks torch or the environment what it asked at build (the
 device, whether CUDA is there, the parameters, the options in force); the
@@ -86,23 +88,25 @@ def _forget(r, lists):
         if seq is not None:
             seq.clear()
     r.static_outputs = r.static_grad_outputs = r.static_grad_inputs = r.acc_grad_inputs = None
-    r.pinned_grads = r.pinned_io = r.held_input = None
+    r.pinned_grads = r.pinned_io = None
     if r.layer is not None and r.layer.outputs is not None:
         r.layer.outputs.forget()
 
 
 def _copies(lay, static_in, n_user):
-    """How the one-call path copies a call's arguments into the graph's static
-    inputs: (vmmrt_group_replay_copies, its array with each destination and
-    size set, [(index in the array, argument)], the arguments whose static
-    input is in the layer's group, the arguments torch copies). The library
-    copies into every contiguous static input, in the one call, after the
-    forward's begin hook: a torch copy per argument costs the launch thread
-    more, and one into the group (LayerOffload.inputs_move) must wait for
-    that hook, which makes its bank free. Torch copies into the others (a
-    strided sample), before the call."""
+    """How the one-call path copies a call's tensors (the forward's arguments,
+    the backward's output gradients) into the first ``n_user`` of a graph's
+    static inputs ``static_in``: (vmmrt_group_replay_copies, its array with
+    each destination and size set, [(index in the array, tensor)], the
+    arguments whose static input is in the layer's group, the tensors torch
+    copies). The library copies into every contiguous static input, in the
+    one call, after the begin hook: a torch copy per tensor costs the launch
+    thread more, and one into the group (LayerOffload.inputs_move) must wait
+    for the forward's hook, which makes its bank free. Torch copies into the
+    others (a strided sample), before the call."""
     fn, _ = lay.group.copier()
-    at = [i for i in range(n_user) if static_in[i].numel() and static_in[i].is_contiguous()]
+    at = [i for i in range(n_user) if static_in[i] is not None and static_in[i].numel()
+          and static_in[i].is_contiguous()]
     arr = (_capi.ReplayCopy * max(len(at), 1))()
     for k, i in enumerate(at):
         arr[k].dst = static_in[i].data_ptr()
@@ -157,6 +161,10 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     group = lay.group
     replay_fn, gh = group.replayer()
     copy_fn, copies, copy_at, in_group, torch_at = _copies(lay, static_in, n_user)
+    _, gcopies, gcopy_at, _, gtorch_at = _copies(lay, static_gout, len(static_gout))
+    # The host backend's copies run on a stream thread and read CPU tensors
+    # that Python frees when the call returns: the host waits for them.
+    sync_fn, rth = off.runtime.synchronizer() if off.host else (None, None)
     outs_b = lay.outputs.backing if lay.outputs is not None else None
     res_sync = lay.input_at is not None     # the static inputs in the resident slot: mapped before a call copies into them
     off.launchers[(r.name, False)] = fl
@@ -164,18 +172,38 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     if al is not None:
         off.launchers[(r.name, "accumulate")] = al
 
-    def run_backward(ln, s, cur):
+    def run_backward(ln, s, cur, gouts=None):
         """The backward's graph ``ln.graph`` between the layer's backward hooks:
         one library call when its launcher has the handle, else the hooks
-        and torch's replay (the first time, its probe)."""
+        and torch's replay (the first time, its probe). ``gouts``: the output
+        gradients, which the one call copies in where they are contiguous
+        (torch the others, before it: an expanded gradient, as a sum's is, or
+        a strided static); None: the caller copied them."""
         x = ln.exec
         if x > 0:
             off.check_usable()
             if _backing._late or off._due:
                 off.flush()
-            st = replay_fn(gh, 1, x, s)
+            n = 0
+            if gouts is not None:
+                for k, j in gcopy_at:
+                    g = gouts[j]
+                    if g is not None and g.is_contiguous():
+                        gcopies[k].src = g.data_ptr()
+                        continue
+                    gcopies[k].src = gcopies[k].dst                # (skipped)
+                    if g is not None:
+                        static_gout[j].copy_(g)
+                for j in gtorch_at:
+                    g = gouts[j]
+                    if g is not None and static_gout[j] is not None and static_gout[j].data_ptr() != g.data_ptr():
+                        static_gout[j].copy_(g)
+                n = len(gcopy_at)
+            st = copy_fn(gh, 1, x, s, gcopies, n) if n else replay_fn(gh, 1, x, s)
             if st:
                 group.replay_failed(st)
+            if sync_fn is not None and n and sync_fn(rth, s):
+                off.runtime.stream_synchronize(s)
             if lay.resident is not None:
                 lay.resident.release(s)     # (bound: its use ends; the pages stay)
             return
@@ -216,7 +244,6 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                         static_in[i].copy_(inputs[i])
                 # the others by the library, after the forward's begin hook
                 # (what makes writing a bank safe)
-                held = None
                 for k, i in copy_at:
                     a = inputs[i]
                     if not a.is_contiguous():
@@ -224,13 +251,15 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                             static_in[i].copy_(a)
                             copies[k].src = copies[k].dst     # (skipped)
                             continue
-                        a = held = a.contiguous()
+                        # (freed after the call: CUDA's caching allocator
+                        # orders its reuse after the copy on this stream)
+                        a = a.contiguous()
                     copies[k].src = a.data_ptr()
                 st = copy_fn(gh, 0, x, s, copies, len(copy_at)) if copy_at else replay_fn(gh, 0, x, s)
                 if st:
                     group.replay_failed(st)
-                if held is not None and off.host:
-                    r.held_input = held     # (the host backend's copy reads it later; CUDA's allocator orders it)
+                if sync_fn is not None and copy_at and sync_fn(rth, s):
+                    off.runtime.stream_synchronize(s)   # (raises what failed)
                 if outs_b is not None:
                     outs_b.release(s)       # (its use ends; the tensors handed out say more: vmmrt.torch.outputs)
             else:
@@ -238,7 +267,10 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 lay.forward_begin(s, False, cur)
                 # the arguments in, once the static inputs' memory is mapped
                 # (those in the resident slot: vmmrt.torch.static_inputs) and
-                # the group's bank free (those in the group: LayerOffload.inputs_move)
+                # the group's bank free (those in the group: LayerOffload.inputs_move;
+                # the host backend's torch copies run now, not in stream order)
+                if sync_fn is not None and in_group and sync_fn(rth, s):
+                    off.runtime.stream_synchronize(s)   # (raises what failed)
                 for i in range(n_user):
                     if static_in[i].data_ptr() != inputs[i].data_ptr():
                         static_in[i].copy_(inputs[i])
@@ -264,17 +296,22 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 _contracts.abandon(off, str(err))
                 raise err
             _contracts.backward_done(r)
-            if not gouts_in_slot:
-                copy_into(static_gout, gouts)
             s = raw_stream()
             if mapped is not None:
                 # the gradients' memory made ready (Grads.before_backward),
-                # the output gradients into their io slot where they lie there, then
-                # the backward as the others: one call where it can
+                # the output gradients into their static tensors (in the io
+                # slot: once it is mapped), then the backward as the others:
+                # one call where it can, which copies them in too
                 acc, src, states = mapped.before_backward(s, where, lay, None)
-                if gouts_in_slot:
-                    mapped.fill_outputs(static_gout, gouts)
-                run_backward(al if acc else bl, s, None)
+                ln = al if acc else bl
+                if ln.exec > 0 and (not gouts_in_slot or mapped.io.bound):
+                    run_backward(ln, s, None, gouts)
+                else:
+                    if gouts_in_slot:
+                        mapped.fill_outputs(static_gout, gouts)
+                    else:
+                        copy_into(static_gout, gouts)
+                    run_backward(ln, s, None)
                 r.pending = False
                 gin = acc_gin if acc else static_gin
                 if gin_where is not None:
@@ -291,7 +328,11 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 elif p.grad.data_ptr() != acc.data_ptr():
                     acc.copy_(p.grad)
                     p.grad = acc
-            run_backward(bl, s, None)
+            if bl.exec > 0:
+                run_backward(bl, s, None, gouts)
+            else:
+                copy_into(static_gout, gouts)
+                run_backward(bl, s, None)
             r.pending = False
             if static:
                 aliases.dirty = True            # AccumulateGrad may take a buffer as .grad: see unalias

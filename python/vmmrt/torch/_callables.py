@@ -84,7 +84,6 @@ class Runner:
         self.pinned_grads = None          # a gradient slot kept mapped under static buffers in it
         self.pinned_io = None             # its io slot, with it
         self.pending = False              # its forward ran and its backward has not (_call.py)
-        self.held_input = None            # host backend, one call: an argument made contiguous (_call.py)
 
     @property
     def n_user(self):
