@@ -52,6 +52,7 @@ man3_pages = \
 	man/man3/vmmrt_group_replay.3 \
 	man/man3/vmmrt_group_replay_copies.3 \
 	man/man3/vmmrt_group_save.3 \
+	man/man3/vmmrt_group_stays.3 \
 	man/man3/vmmrt_host_alloc.3 \
 	man/man3/vmmrt_host_free.3 \
 	man/man3/vmmrt_kernel_busy.3 \

@@ -396,6 +396,10 @@ VMMRT_EXTERN vmmrt_group_state vmmrt_group_get_state(const vmmrt_group *g);
 /* Base address of the group's activations (its slot, or its bank) and total bytes. */
 VMMRT_EXTERN vmmrt_devptr vmmrt_group_address(const vmmrt_group *g);
 VMMRT_EXTERN size_t vmmrt_group_bytes(const vmmrt_group *g);
+/* 1 if the schedule in force keeps the group's bytes where they are from its
+ * forward to its backward (no copy either way), 0 if it copies them or the
+ * schedule is not known yet (or g is NULL). */
+VMMRT_EXTERN int vmmrt_group_stays(const vmmrt_group *g);
 /* The first asynchronous failure of this group, with a message naming it (clears it). */
 VMMRT_EXTERN vmmrt_status vmmrt_group_error(vmmrt_group *g);
 

@@ -50,6 +50,10 @@ struct vmmrt_group {
 
 	/* pipeline, launch thread */
 	uint64_t restore_use;         /* use number of the last restore enqueued, +1 (0: none) */
+	/* the strategy keeps it where it is from its forward to its backward,
+	 * beyond the schedule's rule (vmmrt__offload_resident): ping-pong, when
+	 * no other group takes its bank in between (vmmrt__schedule_stays) */
+	bool stays;
 
 	/* the strategy's part */
 	union {

@@ -461,6 +461,16 @@ vmmrt_status vmmrt_group_replay_copies(vmmrt_group *g, int backward, uintptr_t g
 	return replay(g, backward, graph_exec, compute, copies, ncopies, __func__);
 }
 
+int vmmrt_group_stays(const vmmrt_group *g)
+{
+	/* No API entry: a query of the launch thread's own state, as
+	 * vmmrt_group_bytes, that neither fails nor sets the last error. */
+	if (!g || !g->off || !g->off->allocated || !g->ndesc || !g->off->sched.recorded)
+		return 0;
+	const vmmrt__schedule *s = &g->off->sched;
+	return g->stays || vmmrt__schedule_resident(s, g->index, g->off->lookahead_in_force);
+}
+
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)
 {
 	VMMRT__API_ENTER();

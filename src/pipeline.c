@@ -123,7 +123,7 @@ void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 bool vmmrt__offload_resident(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
 	const vmmrt__schedule *s = &off->sched;
-	if (!s->recorded || !s->n || !vmmrt__schedule_resident(s, g->index, off->lookahead_in_force))
+	if (!s->recorded || !s->n || !(g->stays || vmmrt__schedule_resident(s, g->index, off->lookahead_in_force)))
 		return false;
 	uint64_t apart = s->pos_b[g->index] - s->pos_f[g->index];
 	if (backward && use < apart)

@@ -264,6 +264,26 @@ unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned lookahead, con
 	return nbanks;
 }
 
+bool vmmrt__schedule_stays(const vmmrt__schedule *s, unsigned lookahead, const bool *pick, const unsigned *bank,
+			   unsigned g)
+{
+	if (!s->recorded || g >= s->ngroups || s->pos_f[g] == VMMRT__NO_POS || (pick && !pick[g]))
+		return false;
+	if (vmmrt__schedule_resident(s, g, lookahead))
+		return true;
+	int64_t p = s->pos_f[g], q = s->pos_b[g];
+	for (unsigned h = 0; h < s->ngroups; h++) {
+		if (h == g || s->pos_f[h] == VMMRT__NO_POS || (pick && !pick[h]) || bank[h] != bank[g])
+			continue;
+		int64_t lo[2], hi[2];
+		unsigned n = holds(s, h, lookahead, lo, hi);
+		for (unsigned i = 0; i < n; i++)
+			if (lo[i] <= q && p <= hi[i])
+				return false;
+	}
+	return true;
+}
+
 unsigned vmmrt__schedule_peak_mapped(const vmmrt__schedule *s, unsigned lookahead)
 {
 	int64_t per = 2 * (int64_t)s->n;

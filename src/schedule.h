@@ -80,6 +80,17 @@ bool vmmrt__schedule_resident(const vmmrt__schedule *s, unsigned group, unsigned
 bool vmmrt__schedule_clash(const vmmrt__schedule *s, unsigned lookahead, unsigned a, unsigned b);
 unsigned vmmrt__schedule_banks(const vmmrt__schedule *s, unsigned lookahead, const bool *pick, unsigned *bank);
 /*
+ * Ping-pong, once banks are given (bank[group]; pick as above): may group g
+ * stay in its bank from its forward to its backward, with no copy either
+ * way? Yes when no other group of its bank holds it in between (the rule
+ * above): the tail of "all forwards, then all backwards", and the one
+ * before it with two banks, whose bank the tail does not take. Their copies
+ * were the two only ones with no compute to hide behind, at the turn from
+ * forward to backward.
+ */
+bool vmmrt__schedule_stays(const vmmrt__schedule *s, unsigned lookahead, const bool *pick, const unsigned *bank,
+			   unsigned g);
+/*
  * Remap: the most groups mapped at once, if every map starts lookahead uses ahead
  * of its use and every release follows its use (a resident group stays
  * mapped from its forward's map to its backward's end). At least 1.

@@ -155,6 +155,30 @@ out:
 	return st;
 }
 
+/* Which groups stay in their bank from their forward to their backward
+ * (vmmrt__schedule_stays): no D2H, no restore. Without the memory to ask,
+ * none does: they are copied, as before. */
+static void plan_stays(vmmrt__offload *off)
+{
+	unsigned n = off->ngroups;
+	bool *pick = calloc(n ? n : 1, sizeof(*pick));
+	unsigned *bank = calloc(n ? n : 1, sizeof(*bank));
+	for (unsigned i = 0; i < n; i++) {
+		vmmrt_group *g = off->groups[i];
+		g->stays = false;
+		if (pick && bank && g->pingpong.has_bank && g->ndesc) {
+			pick[i] = true;
+			bank[i] = g->pingpong.bank;
+		}
+	}
+	if (pick && bank)
+		for (unsigned i = 0; i < n; i++)
+			off->groups[i]->stays =
+				pick[i] && vmmrt__schedule_stays(&off->sched, off->lookahead_in_force, pick, bank, i);
+	free(pick);
+	free(bank);
+}
+
 static void pp_plan(vmmrt__offload *off)
 {
 	/* A declared schedule's banks were made for their look-ahead; without
@@ -163,6 +187,7 @@ static void pp_plan(vmmrt__offload *off)
 		off->lookahead_in_force = off->pingpong.banks_lookahead;
 	else
 		off->lookahead_in_force = off->rt->lookahead < 1 ? off->rt->lookahead : 1;
+	plan_stays(off);
 }
 
 static vmmrt_status enqueue_restore(vmmrt__offload *off, vmmrt_group *g, uint64_t use)

@@ -52,24 +52,32 @@ def _three():
 
 
 def test_hand_plan_time_and_peak_by_hand():
-    p = budget.evaluate(_three(), [1.0, "recompute", "keep"], "pingpong", 1, static_bytes=1000, d2h_gbps=10,
+    five = [LayerCost("l%d" % i, 10.0, 20.0, [300_000_000, 100_000_000]) for i in range(5)]
+    p = budget.evaluate(five, [1.0, "recompute", 1.0, 1.0, "keep"], "pingpong", 1, static_bytes=1000, d2h_gbps=10,
                         margin=1.0)
     # layer 0 moves 400 MB: D2H 40 ms behind layer 1's 10 ms forward (30 exposed), H2D 40 ms behind
-    # layer 1's backward, which recomputes (20 + 10 ms: 10 exposed); layer 1 recomputes: +10 ms
-    assert [c.action for c in p.layers] == ["offload", "recompute", "keep"]
-    assert p.layers[0].exposed_ms == pytest.approx(40.0)
-    assert p.graph_ms == 90.0 and p.recompute_ms == 10.0
-    assert p.predicted_ms == pytest.approx(140.0)
-    # two banks of 400 MB; what stays: layer 2's 400 MB; recomputing layer 1 holds its 400 MB again in
+    # layer 1's backward, which recomputes (20 + 10 ms: 10 exposed); layer 1 recomputes: +10 ms; layers 2
+    # and 3, the last two that move, stay in their banks (the tail's is the other one): no copy
+    assert [c.action for c in p.layers] == ["offload", "recompute", "offload", "offload", "keep"]
+    assert [c.exposed_ms for c in p.layers] == [pytest.approx(40.0), 0, 0, 0, 0]
+    assert p.graph_ms == 150.0 and p.recompute_ms == 10.0
+    assert p.predicted_ms == pytest.approx(200.0)
+    # two banks of 400 MB; what stays: layer 4's 400 MB; recomputing layer 1 holds its 400 MB again in
     # the pool, which keeps it reserved beside the rest
     assert p.bank_bytes == 800_000_000 and p.inflight_bytes == 400_000_000 and p.timeline_bytes == 400_000_000
     assert p.peak_bytes == 1000 + 800_000_000 + 400_000_000 + 400_000_000
-    q = budget.evaluate(_three(), [1.0, "recompute", "keep"], "remap", 2, static_bytes=1000, d2h_gbps=10,
+    q = budget.evaluate(five, [1.0, "recompute", 1.0, 1.0, "keep"], "remap", 2, static_bytes=1000, d2h_gbps=10,
                         margin=1.0)
-    # remap, look-ahead 2: the H2D hides behind two backwards (30 + 20 ms), the map costs REMAP_MS,
-    # and the mapped groups are the 3 largest (one here)
-    assert q.predicted_ms == pytest.approx(90.0 + 10.0 + 30.0 + budget.REMAP_MS)
-    assert q.peak_bytes == 1000 + 400_000_000 + 400_000_000 + 400_000_000
+    # remap, look-ahead 2: only the tail (layer 3) stays; the H2Ds hide behind two backwards (layer 0:
+    # 30 + 20 ms, layer 2: 20 + 20), the D2Hs do not (30 ms each), each map costs REMAP_MS, and the
+    # mapped groups are the 3 largest
+    assert [c.exposed_ms for c in q.layers] == [pytest.approx(30.0 + budget.REMAP_MS), 0,
+                                                pytest.approx(30.0 + budget.REMAP_MS), 0, 0]
+    assert q.predicted_ms == pytest.approx(150.0 + 10.0 + 60.0 + 2 * budget.REMAP_MS)
+    assert q.peak_bytes == 1000 + 1_200_000_000 + 400_000_000 + 400_000_000
+    # a plan that moves two layers in ping-pong copies nothing: each stays in a bank of its own
+    two = budget.evaluate(five, [1.0, "keep", 1.0, "keep", "keep"], "pingpong", 1, d2h_gbps=10)
+    assert two.copy_ms == 0 and two.bank_bytes == 800_000_000
 
 
 def test_recomputed_layer_holds_its_whole_set_in_the_pool_beside_what_stays():
@@ -179,7 +187,8 @@ def test_static_inputs_live_in_a_resident_slot_or_all_along():
     assert r.inputs_bytes == 0 and r.bank_bytes == 2 * 108
     assert r.peak_bytes == 7 + r.bank_bytes + r.inflight_bytes + r.timeline_bytes
     assert "offloads 0.0 MiB (2 regions and its static inputs)" in r.summary()
-    slow = budget.evaluate(two, ["offload", "keep", "keep"], d2h_gbps=1e-6)
+    # (three that move: the last two stay in their banks)
+    slow = budget.evaluate([two[0]] * 3 + [two[2]], ["offload"] * 3 + ["keep"], d2h_gbps=1e-6)
     assert slow.layers[0].exposed_ms == pytest.approx(2 * (108 - 0.9))      # its inputs' bytes charged too
     rm = budget.evaluate(two, ["offload", "keep", "keep"], "remap", static_bytes=7)
     assert rm.layers[0].resident == 0 and not rm.layers[0].inputs_moved and rm.inputs_bytes == 8
@@ -209,10 +218,13 @@ def test_margin_scales_both_copy_windows():
     # layer 0 moves 100 MB: 10 ms each way at 10 GB/s; its D2H hides behind
     # layer 1's forward (16 ms), its H2D behind layer 1's backward (15 ms),
     # each scaled by the margin: at 0.5, 8 and 7.5 ms, so 2 + 2.5 exposed
-    costs = [LayerCost("a", 10.0, 30.0, [100_000_000]), LayerCost("b", 16.0, 15.0, [1000])]
-    p = budget.evaluate(costs, [1.0, "keep"], d2h_gbps=10, margin=0.5)
+    # (b and c move too: the last two that move stay in their banks, copied never)
+    costs = [LayerCost("a", 10.0, 30.0, [100_000_000]), LayerCost("b", 16.0, 15.0, [1000]),
+             LayerCost("c", 1.0, 1.0, [1000]), LayerCost("d", 1.0, 1.0, [1000])]
+    plan = [1.0, 1.0, 1.0, "keep"]
+    p = budget.evaluate(costs, plan, d2h_gbps=10, margin=0.5)
     assert p.layers[0].exposed_ms == pytest.approx(4.5)
-    assert budget.evaluate(costs, [1.0, "keep"], d2h_gbps=10, margin=1.0).layers[0].exposed_ms == 0.0
+    assert budget.evaluate(costs, plan, d2h_gbps=10, margin=1.0).layers[0].exposed_ms == 0.0
     # the search's options predict the same
     env = budget._Env(costs, 0, 10.0, 10.0, 0.5, 1, budget.REMAP_MS)
     opts = budget._options(costs[0], False, env, 15.0, 16.0, "pingpong")
@@ -282,14 +294,20 @@ def test_search_picks_the_faster_strategy():
     # large copies: remap at look-ahead 2 hides the H2D behind two backwards
     costs = [LayerCost("l%d" % i, 10.0, 10.0, [150_000_000]) for i in range(6)]
     p = budget.search(costs, 700_000_000, d2h_gbps=10, margin=1.0, strategies=budget.STRATEGIES, recompute=False)
-    # each copy takes 15 ms, a forward 10: 5 ms of D2H exposed per moved layer. Ping-pong (banks 300 MB)
-    # fits 4 layers moved (H2D 5 ms exposed each): 120 + 40 ms. Remap at look-ahead 2 (the 3 largest groups
-    # mapped, 450 MB) fits 5 moved, with the H2D hidden but for layer 4 (one backward after it) and 0.4 ms
-    # per map: 120 + 5 * 5.4 + 5 = 152 ms
-    assert (p.mode, p.lookahead) == ("remap", 2) and p.fits
-    assert p.predicted_ms == pytest.approx(152.0)
-    assert ("pingpong", 1, pytest.approx(160.0), 600_000_000) in [tuple(a) for a in p.alternatives]
+    # each copy takes 15 ms, a forward 10: 5 ms of D2H exposed per copied layer. Ping-pong (banks 300 MB)
+    # fits 4 layers moved, of which the last two stay in their banks (H2D 5 ms exposed for the two others):
+    # 120 + 2 * 10 ms. Remap at look-ahead 2 (the 3 largest groups mapped, 450 MB) fits 5 moved, the last
+    # one staying mapped, the others' H2D hidden behind two backwards and 0.4 ms per map: 120 + 4 * 5.4 ms
+    assert (p.mode, p.lookahead) == ("pingpong", 1) and p.fits
+    assert p.predicted_ms == pytest.approx(140.0)
+    assert ("remap", 2, pytest.approx(141.6), 600_000_000) in [tuple(a) for a in p.alternatives]
     assert p.alternatives and all(ms >= p.predicted_ms for _, _, ms, _ in p.alternatives)
+    # with backwards of 8 ms ping-pong's H2D shows 7 ms a copied layer, remap's hides behind two: remap
+    # wins (129.6 ms against 132)
+    shorter = [c.but(bwd_ms=8.0) for c in costs]
+    r = budget.search(shorter, 700_000_000, d2h_gbps=10, margin=1.0, strategies=budget.STRATEGIES, recompute=False)
+    assert (r.mode, r.lookahead) == ("remap", 2) and r.predicted_ms == pytest.approx(129.6)
+    assert all(ms >= r.predicted_ms for _, _, ms, _ in r.alternatives), r.alternatives
 
 
 def test_refusals_are_named():
@@ -631,7 +649,8 @@ def test_remap_is_charged_what_its_map_was_timed_at(monkeypatch):
         with pytest.raises(BudgetError) as r:
             budget.search(p.costs, 1, **kw)
         q = budget.search(p.costs, r.value.smallest, **kw)
-        assert q.copy_ms >= 50.0 * q.counts()["offload"] > 0
+        # (the last layer that moves stays mapped: its backward comes next)
+        assert q.copy_ms >= 50.0 * (q.counts()["offload"] - 1) > 0
         assert "remap's cost per offloaded layer, as the budget planner charged it: 50.000 ms" in off.describe()
     finally:
         off.close()

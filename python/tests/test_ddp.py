@@ -37,8 +37,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TREE = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(TREE, "examples", "torch_ddp.py")
 # Small enough for seconds on two CPU cores, big enough that every layer
-# offloads (regions above min_bytes) through both groups' banks.
-SHAPE = ["--layers", "2", "--seq", "64", "--hidden", "128", "--ffn", "352", "--heads", "4", "--kv-heads", "2",
+# offloads (regions above min_bytes), and three of them: ping-pong keeps the
+# last two in their banks, so the first goes to the host and back.
+SHAPE = ["--layers", "3", "--seq", "64", "--hidden", "128", "--ffn", "352", "--heads", "4", "--kv-heads", "2",
          "--iterations", "2", "--warmup", "1"]
 
 

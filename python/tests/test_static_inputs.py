@@ -162,8 +162,9 @@ def test_in_pingpong_a_fully_offloaded_layers_inputs_move_with_its_bank(host_gra
                 m.zero_grad(set_to_none=True)
         hows = set(off.stats()["graph_launches"])
         assert hows == ({"vmmrt_group_replay"} if raw else {"torch replay (host backend)"}), hows
-        # every layer's but the tail's inputs went to the host with its regions
-        moved = sum(d.bytes for r in runners[:-1] for d in r.layer.input_descs)
+        # every layer's inputs went to the host with its regions, but those of the last two, which stay
+        # in their banks (the tail's is the other one)
+        moved = sum(d.bytes for r in runners[:-2] for d in r.layer.input_descs)
         assert off.stats()["bytes_offloaded"] >= 3 * moved > 0
     finally:
         graphed._close(off, runners)

@@ -817,6 +817,13 @@ class Group:
     def nbytes(self):
         return self._lib.vmmrt_group_bytes(self._g)
 
+    @property
+    def stays(self) -> bool:
+        """Whether the schedule in force keeps its bytes on the device from
+        its forward to its backward, copied neither way (vmmrt_group_stays):
+        False until the schedule is known."""
+        return bool(self._lib.vmmrt_group_stays(self._g))
+
     def error(self):
         """Raise the group's first asynchronous failure, if any (and clear it)."""
         check(self._lib.vmmrt_group_error(self._g), self._where("vmmrt_group_error"))

@@ -167,6 +167,7 @@ _PROTOTYPES = {
     "vmmrt_group_get_state": (c_int, [handle]),
     "vmmrt_group_address": (vmmrt_devptr, [handle]),
     "vmmrt_group_bytes": (c_size_t, [handle]),
+    "vmmrt_group_stays": (c_int, [handle]),
     "vmmrt_group_error": (status_t, [handle]),
     "vmmrt_forward_begin": (status_t, [handle, vmmrt_stream]),
     "vmmrt_forward_end": (status_t, [handle, vmmrt_stream]),

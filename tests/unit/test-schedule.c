@@ -301,10 +301,30 @@ static void declared_schedule_errors(void **state)
 	assert_int_equal(vmmrt_offload_set_schedule(rt, (vmmrt_schedule_step[]){{a, 0}, {a, 1}}, 2), VMMRT_OK);
 	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_E_MISMATCH);
 	assert_non_null(strstr(vmmrt_last_error(), "2 groups with tensors"));
-	vmmrt_schedule_step ok[] = {{a, 0}, {b, 0}, {a, 1}, {b, 1}};
-	assert_int_equal(vmmrt_offload_set_schedule(rt, ok, 4), VMMRT_OK);
+	/* a, b, c forward then backward in reverse: two banks, a and c on one
+	 * (c's forward comes once a's bytes left), b alone on the other */
+	vmmrt_group *cg;
+	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_E_MISMATCH); /* (still b missing) */
+	assert_int_equal(vmmrt_runtime_destroy(rt), VMMRT_OK);
+	rt = test_runtime((const char *const[]){"lookahead", "1", NULL});
+	assert_int_equal(vmmrt_group_create(rt, "a", &a), VMMRT_OK);
+	assert_int_equal(vmmrt_group_create(rt, "b", &b), VMMRT_OK);
+	assert_int_equal(vmmrt_group_create(rt, "c", &cg), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(a, &d), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(b, &d), VMMRT_OK);
+	assert_int_equal(vmmrt_group_discover(cg, &d), VMMRT_OK);
+	vmmrt_schedule_step ok[] = {{a, 0}, {b, 0}, {cg, 0}, {cg, 1}, {b, 1}, {a, 1}};
+	assert_int_equal(vmmrt_offload_set_schedule(rt, ok, 6), VMMRT_OK);
 	assert_int_equal(vmmrt_offload_allocate(rt), VMMRT_OK);
-	assert_int_equal(vmmrt_offload_set_schedule(rt, ok, 4), VMMRT_E_INVALID_STATE);
+	assert_int_equal(vmmrt_offload_set_schedule(rt, ok, 6), VMMRT_E_INVALID_STATE);
+	assert_int_equal(a->pingpong.bank, cg->pingpong.bank);
+	assert_int_not_equal(a->pingpong.bank, b->pingpong.bank);
+	/* c (the tail) and b (no other group takes its bank between its
+	 * forward and its backward) stay in their banks; a does not */
+	assert_int_equal(vmmrt_group_stays(cg), 1);
+	assert_int_equal(vmmrt_group_stays(b), 1);
+	assert_int_equal(vmmrt_group_stays(a), 0);
+	assert_int_equal(vmmrt_group_stays(NULL), 0);
 	/* Look-ahead from the first iteration: a's backward is restored ahead. */
 	vmmrt_stream c;
 	assert_int_equal(vmmrt_stream_create(rt, &c), VMMRT_OK);
@@ -312,12 +332,22 @@ static void declared_schedule_errors(void **state)
 	assert_int_equal(vmmrt_forward_begin(a, c), VMMRT_OK);
 	assert_int_equal(vmmrt_forward_end(a, c), VMMRT_OK);
 	assert_int_equal(vmmrt_forward_begin(b, c), VMMRT_OK);
-	assert_int_equal(a->restore_use, 3); /* use 2 was requested with b's begin */
 	assert_int_equal(vmmrt_forward_end(b, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_begin(cg, c), VMMRT_OK);
+	assert_int_equal(vmmrt_forward_end(cg, c), VMMRT_OK);
+	assert_int_equal(vmmrt_backward_begin(cg, c), VMMRT_OK);
+	assert_int_equal(vmmrt_backward_end(cg, c), VMMRT_OK);
+	assert_int_equal(a->restore_use, 0);
+	assert_int_equal(vmmrt_backward_begin(b, c), VMMRT_OK);
+	assert_int_equal(a->restore_use, 6); /* use 5 was requested with b's begin */
+	assert_int_equal(b->restore_use, 0); /* b never left */
+	assert_int_equal(vmmrt_backward_end(b, c), VMMRT_OK);
 	assert_int_equal(vmmrt_backward_begin(a, c), VMMRT_OK);
 	assert_int_equal(vmmrt_backward_end(a, c), VMMRT_OK);
-	assert_int_equal(vmmrt_backward_begin(b, c), VMMRT_OK);
-	assert_int_equal(vmmrt_backward_end(b, c), VMMRT_OK);
+	vmmrt_offload_stats st = {.size = sizeof(st)};
+	assert_int_equal(vmmrt_offload_stats_get(rt, &st), VMMRT_OK);
+	assert_int_equal(st.bytes_offloaded, 2 * MiB); /* a's alone */
+	assert_int_equal(st.bytes_restored, 2 * MiB);
 	assert_int_equal(vmmrt_offload_sync(rt), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_synchronize(rt, c), VMMRT_OK);
 	assert_int_equal(vmmrt_stream_destroy(rt, c), VMMRT_OK);

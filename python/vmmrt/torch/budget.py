@@ -288,10 +288,14 @@ class BudgetPlan:
             self.bank_bytes = sum(groups[:self.lookahead + 1])
         bwd_eff = [c.bwd_ms + (c.fwd_ms if c.action == "recompute" else 0.0) for c in ls]
         d2h, h2d = self.d2h_gbps * 1e6, self.h2d_gbps * 1e6       # bytes per ms
+        # The groups libvmmrt never copies: the tail (its backward comes
+        # next), and in ping-pong the one before it too, whose bank the tail
+        # does not take (vmmrt__schedule_stays): their banks hold them.
+        stay = [i for i, c in enumerate(ls) if c.moved][-(2 if self.mode == "pingpong" else 1):]
         for i, c in enumerate(ls):
             c.exposed_ms = 0.0
-            if not c.moved or i == n - 1:
-                continue        # (the tail: libvmmrt never copies it, its bank holds it)
+            if not c.moved or i in stay:
+                continue
             nxt = ls[i + 1].fwd_ms if i + 1 < n else 0.0
             window = sum(bwd_eff[i + 1:i + 1 + self.lookahead])
             c.exposed_ms = (max(0.0, c.moved / d2h - self.margin * nxt) + max(0.0, c.moved / h2d - self.margin * window)

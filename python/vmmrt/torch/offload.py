@@ -455,17 +455,24 @@ class Offload:
     # ------------------------------------------------------ information
     def staying(self) -> list[LayerOffload]:
         """The layers with regions to move whose group libvmmrt keeps on the
-        device instead: its rule (vmmrt_offload_set_schedule(3)) keeps a group
-        whose backward comes within the look-ahead in force (at least 1) of its
-        forward, counted in the uses of groups with tensors, as nothing runs
-        in between that could want the memory: with every forward then the
-        backwards in reverse, the last layer. It copies nothing of them from
-        the second iteration on (from the first under a declared schedule);
-        the first iteration, which records the order, copies every group.
-        The order is the declared schedule, else :meth:`set_order`'s, else
-        every forward then the backwards in reverse."""
+        device instead (vmmrt_group_stays(3)): a group whose backward comes
+        within the look-ahead in force (at least 1) of its forward, counted in
+        the uses of groups with tensors, as nothing runs in between that could
+        want the memory (with every forward then the backwards in reverse, the
+        last layer), and in ping-pong one whose bank no other group takes in
+        between (with two banks, the layer before the last one). It copies
+        nothing of them from the second iteration on (from the first under a
+        declared schedule); the first iteration, which records the order,
+        copies every group. Once the library knows the schedule it says;
+        before, the first rule over the declared schedule, else
+        :meth:`set_order`'s, else every forward then the backwards in
+        reverse."""
         if self.mode == "none":
             return []
+        if self.allocated and not self.runtime.closed:
+            st = self.runtime.offload_stats()
+            if st["schedule_recorded"] or st["schedule_declared"]:
+                return [l for l in self.layers if l.in_group() and l.group.stays]
         if self.schedule is not None:
             order = [(lay.name, b) for lay, b in self.schedule]
         elif self._order is not None:
@@ -476,15 +483,31 @@ class Offload:
         order = [(n, b) for n, b in order if n in by_name and by_name[n].in_group()]
         pos = {key: k for k, key in enumerate(order)}
         la = self.lookahead
-        if self.allocated and not self.runtime.closed:
-            st = self.runtime.offload_stats()
-            if st["schedule_recorded"] or st["schedule_declared"]:
-                la = st["lookahead_in_force"]
-        elif self.mode == "pingpong" and self.schedule is None:
+        if self.mode == "pingpong" and self.schedule is None:
             la = min(la, 1)          # ping-pong's two banks without a declared schedule
         reach = max(la, 1)
-        return [l for l in self.layers if (l.name, False) in pos and (l.name, True) in pos
-                and pos[(l.name, True)] - pos[(l.name, False)] <= reach]
+        span = {l.name: (pos[(l.name, False)], pos[(l.name, True)]) for l in self.layers
+                if (l.name, False) in pos and (l.name, True) in pos}
+        out = [l for l in self.layers if l.name in span and span[l.name][1] - span[l.name][0] <= reach]
+        if self.mode == "pingpong" and self.schedule is None:
+            # Its two banks alternate over the groups in creation order: a
+            # group stays too where no other of its bank holds it between
+            # its forward and its backward (its forward, or its restore from
+            # the look-ahead before its backward on).
+            bank = {l.name: k % 2 for k, l in enumerate(l for l in self.layers if l.in_group())}
+
+            def holds(n):
+                p, q = span[n]
+                return [(p, q)] if q - p <= reach else [(p, p), (q - la, q)]
+            for l in self.layers:
+                if l.name not in span or l in out:
+                    continue
+                p, q = span[l.name]
+                if not any(lo <= q and p <= hi for h in span if h != l.name and bank[h] == bank[l.name]
+                           for lo, hi in holds(h)):
+                    out.append(l)
+            out.sort(key=self.layers.index)
+        return out
 
     def saved_bytes(self) -> dict[str, int]:
         """Bytes of the layers' saved tensors (LayerOffload.saved_bytes,
