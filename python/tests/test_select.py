@@ -106,3 +106,20 @@ def test_plan_refuses_nonsense():
 def test_measured_host_bandwidth_is_positive():
     d2h, h2d = planner.measure_bandwidth("cpu", nbytes=1 << 20, repeats=2)
     assert d2h > 0 and h2d > 0
+
+
+def test_in_pingpong_the_last_two_layers_fill_their_banks_for_free():
+    # a copy hides up to 45 MB behind a 1 ms forward (45 GB/s): l0 and l1 move their largest region (40 MB),
+    # l2 nothing (the tail's forward is 0.2 ms: 9 MB hide), the tail nothing. In ping-pong the last two stay
+    # in their banks, which hold the largest group (40 MB) anyway: each moves what fits in one, copied never
+    rows = [("l%d" % i, 1.0, 1.0, [40e6, 30e6, 10e6]) for i in range(3)] + [("l3", 0.2, 1.0, [40e6, 30e6, 10e6])]
+    plain = planner.plan(rows, 45.0, 45.0, 1.0)
+    assert [p.moved for p in plain.layers] == [40e6, 40e6, 0, 0]
+    p = planner.plan(rows, 45.0, 45.0, 1.0, banked=True)
+    assert [x.moved for x in p.layers] == [40e6, 40e6, 40e6, 40e6]
+    assert all(x.budget == 40e6 and "stays in its bank, no copy" in x.why for x in p.layers[2:])
+    assert "stays in its bank, no copy" in p.summary() and p.layers[3].tail
+    assert max(x.moved for x in p.layers) == max(x.moved for x in plain.layers)     # the banks are no larger
+    # nothing moves elsewhere (copies too slow): no banks, and the last two move nothing either
+    slow = planner.plan(rows, 1e-3, 1e-3, 1.0, banked=True)
+    assert all(x.moved == 0 for x in slow.layers)

@@ -542,7 +542,8 @@ def _plan(runners, off, margin):
     for r in runners:
         sizes = [g.nbytes for g in off.candidates(r.layer)]
         rows.append((r.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
-    return planner.plan(rows, d2h, h2d, margin)
+    # ping-pong's banks alternate in creation order without a declared schedule
+    return planner.plan(rows, d2h, h2d, margin, banked=off.mode == "pingpong" and off.schedule is None)
 
 
 def _capture(r, what, graph, pool, stream, error_mode, body, guard=None):

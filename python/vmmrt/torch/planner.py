@@ -9,10 +9,13 @@ look-ahead ahead): the copy of layer i hides when
 
 This is vmmrt-bench's offload budget (min(1, fwd_ms / copy_ms)) applied per
 layer. The last layer in forward order is the *tail*: its backward comes
-first, so libvmmrt keeps its activations on the device and copies nothing.
-Moving them into the slot would save no memory (they would sit in a bank
-instead of the pool) and would grow both ping-pong banks to the tail's size:
-the tail moves nothing.
+first, so libvmmrt keeps its activations on the device and copies nothing;
+in ping-pong it also keeps the layer before it in its bank (no other layer
+takes that bank in between). Their copies cannot hide, so they move nothing
+of their own; but where other layers move (ping-pong's two banks then take
+the largest group), each of the two fills its bank up to that size, with no
+copy: bytes the banks hold anyway instead of a resident slot's (``banked``).
+Moved beyond it they would grow both banks.
 
 A layer's copies also cost a fixed time per step whatever their size (two
 copies enqueued, their events and fences, the host's part of the hooks):
@@ -81,9 +84,9 @@ class Plan:
         for p in self.layers:
             lines.append("  %-24s fwd %7.2f ms  saved %8.1f MiB  budget %9s  moves %8.1f MiB (%d of %d regions)%s"
                          % (p.name, p.fwd_ms, p.total / mib,
-                            "tail" if p.tail else "%.1f MiB" % (p.budget / mib), p.moved / mib,
-                            len(p.chosen), len(p.sizes), " [tail: stays, no copy]" if p.tail else
-                            " [%s]" % p.why if p.why else ""))
+                            "tail" if p.tail and not p.budget else "%.1f MiB" % (p.budget / mib), p.moved / mib,
+                            len(p.chosen), len(p.sizes), " [%s]" % p.why if p.why else
+                            " [tail: stays, no copy]" if p.tail else ""))
         return "\n".join(lines)
 
     def as_dict(self):
@@ -91,11 +94,18 @@ class Plan:
                 "fraction": self.fraction, "layers": [p.as_dict() for p in self.layers]}
 
 
-def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=None):
+def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=None, banked=False):
     """layers: (name, fwd_ms, bwd_ms or None, [region bytes]) in forward order;
     ``fixed_ms``: an offloaded layer's copies' cost per step whatever their
     size (default COPY_FIXED_MS), at most ``max_share`` of its forward and
-    backward (default MAX_SHARE)."""
+    backward (default MAX_SHARE). ``banked``: ping-pong without a declared
+    schedule, whose two banks take the largest group a layer moves: the
+    last two layers (its tail, and the one before it, whose bank the tail
+    does not take) stay in their banks from their forward to their backward
+    with no copy (vmmrt_group_stays(3)), so each moves what fits in a bank,
+    for no time and no memory the banks do not hold already. (A layer that
+    then moves all it saves takes its static inputs into its group too, which
+    may make the banks that much larger: LayerOffload.inputs_move.)"""
     fixed_ms = COPY_FIXED_MS if fixed_ms is None else fixed_ms
     max_share = MAX_SHARE if max_share is None else max_share
     if isinstance(fixed_ms, bool) or not isinstance(fixed_ms, (int, float)) or not fixed_ms >= 0:
@@ -127,6 +137,13 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
                 fixed_ms * 1e3, max_share * 100, own)
         chosen = select.choose(sizes, budget)
         out.append(LayerPlan(name, fwd_ms, bwd_ms, list(sizes), budget, chosen, tail, why))
+    bank = max((p.moved for p in out), default=0)
+    if banked and bank:
+        for p in out[-2:]:
+            chosen = select.choose(p.sizes, bank)
+            if sum(p.sizes[i] for i in chosen) > p.moved:
+                p.budget, p.chosen = bank, chosen
+                p.why = "stays in its bank, no copy: it fills it to the largest group's %.1f MiB" % (bank / (1 << 20))
     return Plan(out, d2h_gbps, h2d_gbps, margin)
 
 
