@@ -248,10 +248,12 @@ def test_search_keeps_everything_when_it_fits():
 
 
 def test_search_offloads_what_hides_before_recomputing():
-    # one layer offloaded makes two banks of its size: three must move to gain
+    # one layer offloaded makes two banks of its size: three must move to gain; then the tail, which stays
+    # in its bank (no copy), fills it: 2000 in the banks, nothing kept
     p = budget.search(_four(), 3999, d2h_gbps=1)
-    assert p.counts() == {"keep": 1, "offload": 3, "recompute": 0}
-    assert p.peak_bytes == 3000 and p.predicted_ms == pytest.approx(120.0)
+    assert p.counts() == {"keep": 0, "offload": 4, "recompute": 0}
+    assert p.peak_bytes == 2000 and p.predicted_ms == pytest.approx(120.0)
+    assert p.copy_ms == 0
 
 
 def test_search_moves_least_when_hidden_copies_cost_no_time():
@@ -260,10 +262,21 @@ def test_search_moves_least_when_hidden_copies_cost_no_time():
     # of 1000, so 3 fit 5000; offloading all 5 that may (the tail never
     # moves) fits too, at the same predicted time, but moves more (the hull
     # once dropped keep, and the greedy could not undo a layer back to it).
+    # The last two layers then move too, into the banks they stay in with no copy (budget._fill_banks):
+    # 1000 kept + the banks' 2000.
     costs = [LayerCost("l%d" % i, 10.0, 20.0, [1000]) for i in range(6)]
     p = budget.search(costs, 5000, d2h_gbps=1)
-    assert p.counts() == {"keep": 3, "offload": 3, "recompute": 0}, p.summary()
-    assert p.peak_bytes == 5000 and p.predicted_ms == pytest.approx(180.0)
+    assert [c.action for c in p.layers] == ["offload"] * 3 + ["keep"] + ["offload"] * 2, p.summary()
+    assert p.peak_bytes == 3000 and p.predicted_ms == pytest.approx(180.0)
+    # without the fill: the greedy's three, as few as fit
+    env = budget._Env(costs, 0, 1.0, 1.0, 0.9, 1, budget.REMAP_MS)
+    greedy = env.make([("offload", [0])] * 3 + [("keep", [])] * 3, "pingpong", 1, 5000)
+    assert greedy.peak_bytes == 5000 and budget._fill_banks(env, greedy).peak_bytes == 3000
+    # nothing moving, no banks to fill; remap has none
+    none = env.make([("keep", [])] * 6, "pingpong", 1)
+    assert budget._fill_banks(env, none) is none
+    rm = env.make([("offload", [0])] * 3 + [("keep", [])] * 3, "remap", 1)
+    assert budget._fill_banks(env, rm) is rm
     # the hull of one such layer starts at keep, whatever hides
     env = budget._Env(costs, 0, 1.0, 1.0, 0.9, 1, budget.REMAP_MS)
     hull = budget._hull(budget._options(costs[0], False, env, 20.0, 10.0, "pingpong"))

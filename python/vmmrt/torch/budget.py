@@ -619,11 +619,42 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
                              "allow recomputation" if not recompute else
                              "lower the static memory (parameters, optimizer states, other tensors)"),
                           budget, smallest.peak_bytes, keep=keep)
+    best, smallest = _fill_banks(env, best), _fill_banks(env, smallest)
     # the range of budgets these measurements plan in (what a caller chooses a budget from)
     best.smallest_bytes, best.keep_bytes = smallest.peak_bytes, keep
     best.alternatives = [(m, la, p.predicted_ms, p.peak_bytes) for (m, la), (_, p) in sorted(per.items())
                          if (m, la) != (best.mode, best.lookahead)]
     return best
+
+
+def _fill_banks(env, p):
+    """Ping-pong: libvmmrt keeps the last two layers that move in their banks,
+    copied never (vmmrt_group_stays(3)), and its two banks take the largest
+    group anyway: each of the last two layers moves what fits in one, for no
+    time, in place of resident bytes. Kept only where the plan's peak does
+    not grow (a layer that then moves all it saves takes its static inputs
+    along, which may make the banks larger) and its time does not either."""
+    if p.mode != "pingpong":
+        return p
+    bank = max((c.moved for c in p.layers), default=0)
+    if not bank:
+        return p
+    choices = [(c.action, c.chosen) for c in p.layers]
+    changed = False
+    for i in range(max(0, len(p.layers) - 2), len(p.layers)):
+        c, cost = p.layers[i], env.costs[i]
+        if c.action not in ("keep", "offload") or cost.recompute is True:
+            continue
+        idx = select.choose(cost.sizes, bank)
+        if sum(cost.sizes[k] for k in idx) > sum(cost.sizes[k] for k in c.chosen):
+            choices[i] = ("offload", idx)
+            changed = True
+    if not changed:
+        return p
+    q = env.make(choices, p.mode, p.lookahead, p.budget)
+    if q.peak_bytes > p.peak_bytes or q.predicted_ms > p.predicted_ms + 1e-9:
+        return p
+    return q
 
 
 def _rank(p):
