@@ -465,10 +465,7 @@ int vmmrt_group_stays(const vmmrt_group *g)
 {
 	/* No API entry: a query of the launch thread's own state, as
 	 * vmmrt_group_bytes, that neither fails nor sets the last error. */
-	if (!g || !g->off || !g->off->allocated || !g->ndesc || !g->off->sched.recorded)
-		return 0;
-	const vmmrt__schedule *s = &g->off->sched;
-	return g->stays || vmmrt__schedule_resident(s, g->index, g->off->lookahead_in_force);
+	return g && g->off && g->off->allocated && g->ndesc && vmmrt__offload_stays(g->off, g);
 }
 
 vmmrt_status vmmrt_offload_sync(vmmrt_runtime *rt)

@@ -120,10 +120,16 @@ void vmmrt__offload_destroy_slot(vmmrt_slot *s)
 		(void)vmmrt__slot_destroy(s);
 }
 
+bool vmmrt__offload_stays(const vmmrt__offload *off, const vmmrt_group *g)
+{
+	const vmmrt__schedule *s = &off->sched;
+	return s->recorded && s->n && (g->stays || vmmrt__schedule_resident(s, g->index, off->lookahead_in_force));
+}
+
 bool vmmrt__offload_resident(const vmmrt__offload *off, const vmmrt_group *g, uint64_t use, bool backward)
 {
 	const vmmrt__schedule *s = &off->sched;
-	if (!s->recorded || !s->n || !(g->stays || vmmrt__schedule_resident(s, g->index, off->lookahead_in_force)))
+	if (!vmmrt__offload_stays(off, g))
 		return false;
 	uint64_t apart = s->pos_b[g->index] - s->pos_f[g->index];
 	if (backward && use < apart)

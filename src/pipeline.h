@@ -13,6 +13,9 @@
 
 /* Activation bytes mapped now, and the peak (any thread). */
 void vmmrt__offload_account(vmmrt__offload *off, int64_t delta_bytes);
+/* Whether the schedule in force keeps g where it is from its forward to its
+ * backward (its rule, or the strategy's: g->stays), once known. */
+bool vmmrt__offload_stays(const vmmrt__offload *off, const vmmrt_group *g);
 /*
  * Does use `use` of g (its forward, or its backward) keep g's activations on
  * the device from its forward to its backward: no D2H, no restore, no

@@ -98,6 +98,10 @@ def test_group_replay_is_a_use_in_one_call():
         with pytest.raises(vmmrt.Error) as e:
             g.replay(False, graph, s, copies=[(g.address, g.address + 8, 64)])
         assert e.value.name == "VMMRT_E_INVALID_ARGUMENT" and "overlaps" in str(e.value)
+        for bad in ([(g.address, src.address)], [(g.address, src.address, -1)], [(g.address, 1.5, 8)],
+                    [(g.address, src.address, 1 << 64)], [None]):
+            with pytest.raises(ValueError, match="non-negative ints"):
+                g.replay(False, graph, s, copies=bad)
         g.replay(False, graph, s, copies=[(g.address, src.address, 4096)])
         g.replay(True, graph, s, copies=[(out.address, g.address, 4096)])
         rt.stream_synchronize(s)

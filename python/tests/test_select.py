@@ -123,3 +123,5 @@ def test_in_pingpong_the_last_two_layers_fill_their_banks_for_free():
     # nothing moves elsewhere (copies too slow): no banks, and the last two move nothing either
     slow = planner.plan(rows, 1e-3, 1e-3, 1.0, banked=True)
     assert all(x.moved == 0 for x in slow.layers)
+    with pytest.raises(ValueError, match="banked"):
+        planner.plan(rows, 45.0, 45.0, 1.0, banked="yes")

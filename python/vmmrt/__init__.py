@@ -872,7 +872,13 @@ class Group:
             self.replay_failed(self._lib.vmmrt_group_replay(self._g, int(backward), int(graph_exec) or None,
                                                              _stream(stream)))
             return
-        arr = (_capi.ReplayCopy * len(copies))(*[_capi.ReplayCopy(int(d), int(s), int(n)) for d, s, n in copies])
+        rows = []
+        for c in copies:
+            if not isinstance(c, (tuple, list)) or len(c) != 3 or \
+                    not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 64 for v in c):
+                raise ValueError("copies: (dst, src, bytes) of non-negative ints each, not %r" % (c,))
+            rows.append(_capi.ReplayCopy(*c))
+        arr = (_capi.ReplayCopy * len(rows))(*rows)
         self.replay_failed(self._lib.vmmrt_group_replay_copies(self._g, int(backward), int(graph_exec) or None,
                                                                 _stream(stream), arr, len(copies)))
 

@@ -93,27 +93,23 @@ def _forget(r, lists):
         r.layer.outputs.forget()
 
 
-def _copies(lay, static_in, n_user):
+def _copies(static_in, n_user):
     """How the one-call path copies a call's tensors (the forward's arguments,
     the backward's output gradients) into the first ``n_user`` of a graph's
-    static inputs ``static_in``: (vmmrt_group_replay_copies, its array with
-    each destination and size set, [(index in the array, tensor)], the
-    arguments whose static input is in the layer's group, the tensors torch
-    copies). The library copies into every contiguous static input, in the
-    one call, after the begin hook: a torch copy per tensor costs the launch
-    thread more, and one into the group (LayerOffload.inputs_move) must wait
-    for the forward's hook, which makes its bank free. Torch copies into the
-    others (a strided sample), before the call."""
-    fn, _ = lay.group.copier()
+    static inputs ``static_in``: (a vmmrt_group_replay_copies array with each
+    destination and size set, [(index in the array, tensor)], the tensors
+    torch copies). The library copies into every contiguous static input, in
+    the one call, after the begin hook: a torch copy per tensor costs the
+    launch thread more, and one into the group (LayerOffload.inputs_move)
+    must wait for the forward's hook, which makes its bank free. Torch copies
+    into the others (a strided sample), before the call."""
     at = [i for i in range(n_user) if static_in[i] is not None and static_in[i].numel()
           and static_in[i].is_contiguous()]
     arr = (_capi.ReplayCopy * max(len(at), 1))()
     for k, i in enumerate(at):
         arr[k].dst = static_in[i].data_ptr()
         arr[k].bytes = static_in[i].numel() * static_in[i].element_size()
-    addrs = lay.input_addrs or ()
-    in_group = frozenset(i for i, a in enumerate(addrs) if a is not None)
-    return fn, arr, list(enumerate(at)), in_group, [i for i in range(n_user) if i not in at]
+    return arr, list(enumerate(at)), [i for i in range(n_user) if i not in at]
 
 
 def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
@@ -160,8 +156,11 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
         else None
     group = lay.group
     replay_fn, gh = group.replayer()
-    copy_fn, copies, copy_at, in_group, torch_at = _copies(lay, static_in, n_user)
-    _, gcopies, gcopy_at, _, gtorch_at = _copies(lay, static_gout, len(static_gout))
+    copy_fn, _ = group.copier()
+    copies, copy_at, torch_at = _copies(static_in, n_user)
+    gcopies, gcopy_at, gtorch_at = _copies(static_gout, len(static_gout))
+    # the arguments whose static input lies in the layer's group (LayerOffload.inputs_move)
+    in_group = frozenset(i for i, a in enumerate(lay.input_addrs or ()) if a is not None)
     # The host backend's copies run on a stream thread and read CPU tensors
     # that Python frees when the call returns: the host waits for them.
     sync_fn, rth = off.runtime.synchronizer() if off.host else (None, None)

@@ -645,8 +645,8 @@ def _fill_banks(env, p):
         c, cost = p.layers[i], env.costs[i]
         if c.action not in ("keep", "offload") or cost.recompute is True:
             continue
-        idx = select.choose(cost.sizes, bank)
-        if sum(cost.sizes[k] for k in idx) > sum(cost.sizes[k] for k in c.chosen):
+        idx = select.grow(cost.sizes, c.chosen, bank)
+        if idx is not None:
             choices[i] = ("offload", idx)
             changed = True
     if not changed:

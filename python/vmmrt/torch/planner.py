@@ -114,6 +114,8 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
         raise ValueError("planner max_share %r is not in (0, 1]" % (max_share,))
     if not 0 < margin <= 1:
         raise ValueError("planner margin %r is not in (0, 1]" % (margin,))
+    if not isinstance(banked, bool):
+        raise ValueError("planner banked %r is not a bool" % (banked,))
     if not d2h_gbps > 0:
         raise ValueError("planner needs a positive D2H bandwidth, got %r" % (d2h_gbps,))
     h2d_gbps = h2d_gbps or d2h_gbps
@@ -140,8 +142,8 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
     bank = max((p.moved for p in out), default=0)
     if banked and bank:
         for p in out[-2:]:
-            chosen = select.choose(p.sizes, bank)
-            if sum(p.sizes[i] for i in chosen) > p.moved:
+            chosen = select.grow(p.sizes, p.chosen, bank)
+            if chosen is not None:
                 p.budget, p.chosen = bank, chosen
                 p.why = "stays in its bank, no copy: it fills it to the largest group's %.1f MiB" % (bank / (1 << 20))
     return Plan(out, d2h_gbps, h2d_gbps, margin)

@@ -37,3 +37,11 @@ def apply(cand, budget):
         if not r.selected:
             r.reason = "budget"
     return sum(r.nbytes for r in cand if r.selected)
+
+
+def grow(sizes, chosen, cap):
+    """The regions to move of a layer that may move up to ``cap`` bytes for
+    free (one that stays in a ping-pong bank, copied never: its bank holds
+    ``cap`` anyway), where that is more than ``chosen``; else None."""
+    idx = choose(sizes, cap)
+    return idx if sum(sizes[k] for k in idx) > sum(sizes[k] for k in chosen) else None
