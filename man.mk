@@ -91,6 +91,7 @@ man3_pages = \
 	man/man3/vmmrt_slot_map_after.3 \
 	man/man3/vmmrt_slot_map_async.3 \
 	man/man3/vmmrt_slot_map_pages.3 \
+	man/man3/vmmrt_slot_map_pages_table.3 \
 	man/man3/vmmrt_slot_release_after.3 \
 	man/man3/vmmrt_slot_size.3 \
 	man/man3/vmmrt_slot_truncate.3 \

@@ -286,6 +286,14 @@ VMMRT_EXTERN size_t vmmrt_pages_size(const vmmrt_pages *pages);
  * queue nothing (it is mapped), vmmrt_slot_wait_stream enqueues nothing, and
  * vmmrt_slot_release_after is refused (VMMRT_E_INVALID_STATE). */
 VMMRT_EXTERN vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *slot, vmmrt_pages *pages, size_t offset);
+/* Map granule i of the slot's range (bytes [i*g, (i+1)*g), g the granularity)
+ * onto the pages' bytes [offsets[i], offsets[i] + g), for i < count, and set
+ * access; waits for the worker. count must be the slot's size / g; each offset a
+ * multiple of g inside the pages; offsets may repeat (the caller keeps the uses
+ * of granules on the same bytes apart). The table is copied. Otherwise as
+ * vmmrt_slot_map_pages (since 0.2.0). */
+VMMRT_EXTERN vmmrt_status vmmrt_slot_map_pages_table(vmmrt_slot *slot, vmmrt_pages *pages, const size_t *offsets,
+						      size_t count);
 
 /* ------------------------------------------------- device helpers (any backend) */
 

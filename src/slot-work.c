@@ -114,19 +114,22 @@ static vmmrt_status unmap_chunks(vmmrt_slot *s, size_t upto)
 
 /* A bound slot's chunks, each a whole handle of the pages at its place in the
  * slot (cuMemMap maps a handle from offset 0 only), each given access; on a
- * failure the chunks mapped so far are unmapped again. */
+ * failure the chunks mapped so far are unmapped again. Chunk i is the pages'
+ * chunk bind_table[i] / c, or, with no table, the i-th from bind_offset on:
+ * one loop for both binds, so that the linear one is a table too. */
 static vmmrt_status attach_pages(vmmrt_slot *s)
 {
 	vmmrt_runtime *rt = s->rt;
 	const vmmrt_pages *p = s->bind_pages;
-	size_t c = p->chunk, first = s->bind_offset / c, done = 0;
+	const size_t *table = s->bind_table;
+	size_t c = p->chunk, first = s->bind_offset / c, n = s->size / c, i = 0, done = 0;
 	vmmrt_status st = VMMRT_OK;
 
 	if (s->mapped)
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu at 0x%llx is already mapped",
 				   (unsigned long long)s->id, (unsigned long long)s->va);
-	for (; done < s->size; done += c) {
-		vmmrt__bhandle h = p->handles[first + done / c];
+	for (; i < n; i++, done += c) {
+		vmmrt__bhandle h = p->handles[table ? table[i] / c : first + i];
 		if ((st = vmmrt__drv_mem_map(rt, s->va + done, c, h, 0)) != VMMRT_OK)
 			break;
 		if ((st = vmmrt__drv_mem_set_access(rt, s->va + done, c)) != VMMRT_OK) {
@@ -135,14 +138,18 @@ static vmmrt_status attach_pages(vmmrt_slot *s)
 		}
 	}
 	if (st != VMMRT_OK) {
+		/* i: the chunk that failed; done: the bytes mapped up to it */
 		char why[512];
 		snprintf(why, sizeof(why), "%s", vmmrt_last_error());
 		s->bind_chunk = c;
 		(void)unmap_chunks(s, done);
 		vmmrt__error_adopt(why);
+		if (table)
+			return vmmrt__error_wrap(st, "slot %llu: map of pages %llu by its table (chunk %zu of %zu, the "
+						 "pages' offset %zu; rolled back)", (unsigned long long)s->id,
+						 (unsigned long long)p->id, i + 1, n, table[i]);
 		return vmmrt__error_wrap(st, "slot %llu: map of pages %llu at offset %zu (chunk %zu of %zu; rolled back)",
-					 (unsigned long long)s->id, (unsigned long long)p->id, s->bind_offset,
-					 done / c + 1, s->size / c);
+					 (unsigned long long)s->id, (unsigned long long)p->id, s->bind_offset, i + 1, n);
 	}
 	s->bind_chunk = c;
 	s->mapped = true;
@@ -184,6 +191,7 @@ static void free_slot_rcu(struct rcu_head *head)
 {
 	vmmrt_slot *s = caa_container_of(head, vmmrt_slot, rcu);
 	VMMRT__TSAN_ACQUIRE(s); /* after the grace period: pairs with retire */
+	free(s->bind_table); /* a bind cancelled before it ran (slot.h); NULL otherwise */
 	free(s);
 }
 
@@ -460,16 +468,22 @@ static vmmrt_status run_release(vmmrt__request *req, vmmrt__worker *wk)
 	return put_back(vmmrt__worker_local(wk), s, h);
 }
 
-/* vmmrt_slot_map_pages: the pages' memory, not a handle of the slot's own. */
+/* vmmrt_slot_map_pages and vmmrt_slot_map_pages_table: the pages' memory, not
+ * a handle of the slot's own. The table is the request's (slot.h): read by
+ * the map alone, so freed here once it ran, whatever its outcome; the caller
+ * may not touch it while the request is in flight, and sets the next one
+ * only before its next bind's push. */
 static vmmrt_status run_bind(vmmrt__request *req, vmmrt__worker *wk)
 {
 	vmmrt_slot *s = req->owner;
+	vmmrt_status st;
 	(void)wk;
 	if (s->mapped)
-		return vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
-	vmmrt_status st = attach_pages(s);
-	if (st == VMMRT_OK)
+		st = vmmrt__error(VMMRT_E_INVALID_STATE, "slot %llu is already mapped", (unsigned long long)s->id);
+	else if ((st = attach_pages(s)) == VMMRT_OK)
 		s->bound = true; /* what unmaps it leaves the bytes to the pages */
+	free(s->bind_table);
+	s->bind_table = NULL;
 	return st;
 }
 

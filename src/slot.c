@@ -635,41 +635,58 @@ vmmrt_status vmmrt_slot_truncate(vmmrt_slot *s, size_t bytes)
 
 /* --------------------------------------------------------- bound to pages */
 
-vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *s, vmmrt_pages *p, size_t offset)
+/* What both binds refuse first: a slot of the library's own, pages of
+ * another runtime. */
+static vmmrt_status bind_args(vmmrt_slot *s, const vmmrt_pages *p, const char *func)
 {
-	VMMRT__API_ENTER();
-	VMMRT__CHECK_ARG(s, "slot is NULL");
-	VMMRT__CHECK_ARG(p, "pages is NULL");
-	unsigned long long id = (unsigned long long)s->id;
-	vmmrt_status st = app_slot(s, __func__);
+	vmmrt_status st = app_slot(s, func);
 	if (st != VMMRT_OK)
 		return st;
 	if (p->rt != s->rt)
 		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu and pages %llu belong to different runtimes",
-				    __func__, id, (unsigned long long)p->id);
-	if (offset % s->rt->granularity)
-		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu: offset %zu is not a multiple of the "
-				    "granularity %zu", __func__, id, offset, s->rt->granularity);
-	if (offset > p->size || s->size > p->size - offset)
-		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: slot %llu: its %zu bytes at offset %zu go past the end of "
-				    "pages %llu (%zu bytes)", __func__, id, s->size, offset, (unsigned long long)p->id,
-				    p->size);
-	if ((st = pending_error(s)) != VMMRT_OK)
+				    func, (unsigned long long)s->id, (unsigned long long)p->id);
+	return VMMRT_OK;
+}
+
+/*
+ * Both binds, once their arguments are checked: the slot's own state, then
+ * the request. offsets (count of them), when not NULL, is the caller's table,
+ * copied only here, after every refusal, so that a refused call has nothing
+ * to free; the copy is the bind request's from its push on (slot.h), freed
+ * here only when the push itself failed.
+ */
+static vmmrt_status bind(vmmrt_slot *s, vmmrt_pages *p, size_t offset, const size_t *offsets, size_t count,
+			 const char *func)
+{
+	unsigned long long id = (unsigned long long)s->id;
+	vmmrt_status st = pending_error(s);
+	if (st != VMMRT_OK)
 		return st;
 	switch (vmmrt_slot_get_state(s)) {
 	case VMMRT_SLOT_MAPPED:
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu is already mapped (vmmrt_slot_unmap it first)",
-				    __func__, id);
+				    func, id);
 	case VMMRT_SLOT_PENDING:
 		return vmmrt__error(VMMRT_E_INVALID_STATE, "%s: slot %llu has a map or release queued (vmmrt_slot_wait "
-				    "for its maps; a release waits for its stream)", __func__, id);
+				    "for its maps; a release waits for its stream)", func, id);
 	default:
 		break;
 	}
+	size_t *table = NULL;
+	if (offsets) {
+		if (!(table = calloc(count, sizeof(*table))))
+			return vmmrt__error(VMMRT_E_HOST_OUT_OF_MEMORY, "%s: slot %llu: a table of %zu offsets", func, id,
+					    count);
+		memcpy(table, offsets, count * sizeof(*table));
+	}
 	s->bind_pages = p;
 	s->bind_offset = offset;
-	if ((st = push_pending(s, &s->bind_req, NULL, NULL)) != VMMRT_OK)
+	s->bind_table = table;
+	if ((st = push_pending(s, &s->bind_req, NULL, NULL)) != VMMRT_OK) {
+		s->bind_table = NULL; /* never reached the worker: still ours */
+		free(table);
 		return st;
+	}
 	st = settle(s, vmmrt__request_wait(&s->bind_req, s->rt->timeout_ms));
 	if (st == VMMRT_OK) {
 		/* Mapped, as after vmmrt_slot_map: a map_async finds it so. */
@@ -677,4 +694,59 @@ vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *s, vmmrt_pages *p, size_t offset)
 		s->wanted = true;
 	}
 	return st;
+}
+
+vmmrt_status vmmrt_slot_map_pages(vmmrt_slot *s, vmmrt_pages *p, size_t offset)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(p, "pages is NULL");
+	unsigned long long id = (unsigned long long)s->id;
+	vmmrt_status st = bind_args(s, p, __func__);
+	if (st != VMMRT_OK)
+		return st;
+	if (offset % s->rt->granularity)
+		return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu: offset %zu is not a multiple of the "
+				    "granularity %zu", __func__, id, offset, s->rt->granularity);
+	if (offset > p->size || s->size > p->size - offset)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: slot %llu: its %zu bytes at offset %zu go past the end of "
+				    "pages %llu (%zu bytes)", __func__, id, s->size, offset, (unsigned long long)p->id,
+				    p->size);
+	return bind(s, p, offset, NULL, 0, __func__);
+}
+
+/*
+ * Granule by granule: the graphs' pool (a slot whose addresses PyTorch's
+ * caching allocator hands out) has granules whose lives, recorded during
+ * capture, do not overlap, and the Python side colours them onto fewer
+ * pages; so a granule may go anywhere in the pages, and several granules
+ * (of this slot or others) onto the same bytes. Each granule is a whole
+ * handle of the pages either way (pages.h), which is why any permutation,
+ * repeats included, costs the driver what the linear bind does.
+ */
+vmmrt_status vmmrt_slot_map_pages_table(vmmrt_slot *s, vmmrt_pages *p, const size_t *offsets, size_t count)
+{
+	VMMRT__API_ENTER();
+	VMMRT__CHECK_ARG(s, "slot is NULL");
+	VMMRT__CHECK_ARG(p, "pages is NULL");
+	VMMRT__CHECK_ARG(offsets, "offsets is NULL");
+	unsigned long long id = (unsigned long long)s->id;
+	size_t g = s->rt->granularity;
+	vmmrt_status st = bind_args(s, p, __func__);
+	if (st != VMMRT_OK)
+		return st;
+	if (count != s->size / g)
+		return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: slot %llu: %zu offsets for its %zu granules (%zu bytes, "
+				    "granularity %zu): one per granule", __func__, id, count, s->size / g, s->size, g);
+	for (size_t i = 0; i < count; i++) {
+		if (offsets[i] % g)
+			return vmmrt__error(VMMRT_E_INVALID_ARGUMENT, "%s: slot %llu: offsets[%zu] = %zu is not a "
+					    "multiple of the granularity %zu", __func__, id, i, offsets[i], g);
+		/* p->size is a non-zero multiple of g: no wrap either way */
+		if (offsets[i] > p->size - g)
+			return vmmrt__error(VMMRT_E_INVALID_SIZE, "%s: slot %llu: offsets[%zu] = %zu: its granule goes past "
+					    "the end of pages %llu (%zu bytes)", __func__, id, i, offsets[i],
+					    (unsigned long long)p->id, p->size);
+	}
+	return bind(s, p, 0, offsets, count, __func__);
 }

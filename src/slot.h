@@ -119,6 +119,15 @@ struct vmmrt_slot {
 	const struct vmmrt_pages *bind_pages;
 	size_t bind_offset;
 	size_t bind_chunk;
+	/* vmmrt_slot_map_pages_table: the pages' offset of each of the slot's
+	 * chunks (NULL: chunk i at bind_offset + i * chunk, the linear bind).
+	 * The caller's copy, set with bind_pages before the push; from the push
+	 * on it is the bind request's: the worker frees it once the bind has
+	 * run, whatever its outcome (nothing reads it after the map: an unbind
+	 * goes chunk by chunk over the slot's range, whichever handle is
+	 * there), and the slot's free frees one whose bind was cancelled
+	 * without running (the slot destroyed after a bind's wait timed out). */
+	size_t *bind_table;
 
 	/* Made by vmmrt_slot_create (set before its first request): the
 	 * application's memory, counted in slot_bytes, and always given back to
@@ -174,8 +183,9 @@ extern const vmmrt__request_ops vmmrt__slot_map_ops;
 extern const vmmrt__request_ops vmmrt__slot_ensure_ops;
 extern const vmmrt__request_ops vmmrt__slot_release_ops;
 extern const vmmrt__request_ops vmmrt__slot_destroy_ops;
-/* bind: map bind_pages' chunks from bind_offset on (an error if mapped); the slot is
- * then bound (`bound`): what unmaps it leaves the memory to its pages. */
+/* bind: map bind_pages' chunks from bind_offset on, or those bind_table names
+ * (an error if mapped), and free the table; the slot is then bound (`bound`):
+ * what unmaps it leaves the memory to its pages. */
 extern const vmmrt__request_ops vmmrt__slot_bind_ops;
 /*
  * The stream-ordered ones: amap (ensure, sets VMMRT__SLOT_UNBACKED again if it

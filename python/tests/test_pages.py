@@ -142,3 +142,65 @@ def test_pages_outlive_their_destroy_while_bound_and_the_runtime_takes_the_rest(
     left.destroy()                                    # gone with the runtime: nothing to do
     with pytest.raises(vmmrt.Error):
         a.map_pages(left)
+
+
+def test_a_table_maps_granule_by_granule(backend):
+    with runtime(backend) as rt:
+        g = 2 * MiB
+        p = rt.pages(3 * g)
+        pool, third, whole = rt.slot(4 * g), rt.slot(g), rt.slot(3 * g)
+        rt.driver_stats_reset()
+        pool.map_pages_table(p, [2 * g, 0, 2 * g, g])   # more granules than the pages have
+        assert pool.state == "mapped"
+        assert counts(rt) == {"cuMemCreate": 0, "cuMemMap": 4, "cuMemSetAccess": 4, "cuMemUnmap": 0,
+                              "cuMemRelease": 0}
+        third.map_pages(p, 2 * g)
+        whole.map_pages(p)
+        put(rt, whole.address, 16, 0x01)                # the pages' granule 0
+        put(rt, whole.address + g, 16, 0x02)            # their granule 1
+        put(rt, pool.address, 16, 0x03)                 # the pool's granule 0: the pages' granule 2
+        assert get(rt, pool.address + 2 * g, 16) == b"\x03" * 16
+        assert get(rt, third.address, 16) == b"\x03" * 16
+        assert get(rt, pool.address + g, 16) == b"\x01" * 16
+        assert get(rt, pool.address + 3 * g, 16) == b"\x02" * 16
+        pool.unmap()                                    # one unmap a granule; the pages keep their bytes
+        assert counts(rt)["cuMemUnmap"] == 4 and counts(rt)["cuMemRelease"] == 0
+        pool.map_pages_table(p, (g, g, 0, 0))           # another table (any sequence)
+        assert get(rt, pool.address, 16) == b"\x02" * 16
+        assert get(rt, pool.address + 3 * g, 16) == b"\x01" * 16
+
+
+def test_a_bad_table_is_refused(backend):
+    with runtime(backend) as rt, runtime(backend) as other:
+        g = 2 * MiB
+        p, q = rt.pages(2 * g), other.pages(g)
+        s = rt.slot(2 * g)
+        for table, name, text in [
+                ([0], "VMMRT_E_INVALID_SIZE", "one per granule"),          # not one offset per granule
+                ([0, 0, 0], "VMMRT_E_INVALID_SIZE", "one per granule"),
+                ([], "VMMRT_E_INVALID_SIZE", "one per granule"),
+                ([0, MiB], "VMMRT_E_INVALID_ARGUMENT", "offsets[1]"),      # not a multiple of the granularity
+                ([2 * g, 0], "VMMRT_E_INVALID_SIZE", "offsets[0]"),        # its granule past the end
+                ([0, (1 << 64) - g], "VMMRT_E_INVALID_SIZE", "offsets[1]")]:  # aligned: + g would wrap
+            with pytest.raises(vmmrt.InvalidValue) as e:
+                s.map_pages_table(p, table)
+            assert e.value.name == name and text in str(e.value), (table, str(e.value))
+        for bad in ([0, -g], [0, 1.0], [0, True], [0, None], [0, 1 << 64], "ab", b"ab", 5, None, {0, g}):
+            with pytest.raises(vmmrt.InvalidValue) as e:
+                s.map_pages_table(p, bad)
+            assert e.value.name == "VMMRT_E_INVALID_ARGUMENT", bad
+        with pytest.raises(vmmrt.InvalidValue) as e:
+            s.map_pages_table(q, [0, 0])
+        assert "different runtimes" in str(e.value)
+        with pytest.raises(TypeError):
+            s.map_pages_table("pages", [0, 0])
+        assert s.state == "reserved"                    # no refusal mapped anything
+        s.map_pages_table(p, [g, g])
+        with pytest.raises(vmmrt.Error) as e:
+            s.map_pages_table(p, [0, 0])                # bound already
+        assert e.value.name == "VMMRT_E_INVALID_STATE" and not isinstance(e.value, ValueError)
+        s.unmap()
+        p.destroy()
+        with pytest.raises(vmmrt.Error) as e:
+            s.map_pages_table(p, [0, 0])
+        assert e.value.name == "VMMRT_E_INVALID_STATE" and "destroyed" in str(e.value)

@@ -667,6 +667,26 @@ class Slot:
         st = self._rt._lib.vmmrt_slot_map_pages(self._s, pages._handle(), offset)
         check(st, "vmmrt_slot_map_pages", value=st == _capi.E_INVALID_SIZE)   # the offset: a bad value
 
+    def map_pages_table(self, pages: Pages, offsets: Sequence[int]) -> None:
+        """Map the slot granule by granule and wait (vmmrt_slot_map_pages_table(3)):
+        granule ``i`` (the slot's bytes from ``i * g`` on, ``g`` the granularity) onto
+        ``pages``' bytes [offsets[i], offsets[i] + g). One offset per granule, each a
+        multiple of ``g`` inside the pages; they may repeat (the caller keeps the uses of
+        granules on the same bytes apart). Otherwise as :meth:`map_pages`."""
+        if not isinstance(pages, Pages):
+            raise TypeError("map_pages_table: %r is not a vmmrt.Pages" % (pages,))
+        if isinstance(offsets, (str, bytes)) or not isinstance(offsets, Sequence):
+            raise InvalidValue(_capi.E_INVALID_ARGUMENT, "offsets must be a sequence of ints, not %r" % (offsets,),
+                               "vmmrt_slot_map_pages_table")
+        limit = 1 << (8 * ctypes.sizeof(ctypes.c_size_t))     # a size_t holds it; ctypes would wrap it silently
+        for i, off in enumerate(offsets):
+            if isinstance(off, bool) or not isinstance(off, int) or not 0 <= off < limit:
+                raise InvalidValue(_capi.E_INVALID_ARGUMENT, "offsets[%d] must be a non-negative int that a "
+                                   "size_t holds, not %r" % (i, off), "vmmrt_slot_map_pages_table")
+        table = (ctypes.c_size_t * max(len(offsets), 1))(*offsets)   # the library copies it
+        st = self._rt._lib.vmmrt_slot_map_pages_table(self._s, pages._handle(), table, len(offsets))
+        check(st, "vmmrt_slot_map_pages_table", value=st == _capi.E_INVALID_SIZE)   # the table: a bad value
+
     def truncate(self, nbytes: int) -> None:
         """Map only the first ``nbytes`` (rounded up to the granularity) from now on:
         for a slot with nothing mapped and no request in flight; the address

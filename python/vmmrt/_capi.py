@@ -129,6 +129,7 @@ _PROTOTYPES = {
     "vmmrt_pages_destroy": (status_t, [handle]),
     "vmmrt_pages_size": (c_size_t, [handle]),
     "vmmrt_slot_map_pages": (status_t, [handle, handle, c_size_t]),
+    "vmmrt_slot_map_pages_table": (status_t, [handle, handle, _P(c_size_t), c_size_t]),
     "vmmrt_stream_create": (status_t, [handle, _P(vmmrt_stream)]),
     "vmmrt_stream_destroy": (status_t, [handle, vmmrt_stream]),
     "vmmrt_stream_synchronize": (status_t, [handle, vmmrt_stream]),
@@ -199,7 +200,8 @@ _SINCE = {name: "0.2.0" for name in ("vmmrt_offload_set_schedule", "vmmrt_offloa
                                      "vmmrt_slot_map_async", "vmmrt_slot_wait", "vmmrt_slot_release_after",
                                      "vmmrt_slot_map_after", "vmmrt_slot_wait_stream",
                                      "vmmrt_pages_create", "vmmrt_pages_destroy", "vmmrt_pages_size",
-                                     "vmmrt_slot_map_pages", "vmmrt_arena_lend", "vmmrt_arena_malloc",
+                                     "vmmrt_slot_map_pages", "vmmrt_slot_map_pages_table",
+                                     "vmmrt_arena_lend", "vmmrt_arena_malloc",
                                      "vmmrt_arena_free", "vmmrt_arena_reset", "vmmrt_arena_stats_get")}
 
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 /*
  * GPU tests of the CUDA backend, driven through its ops table directly (no
- * runtime): VMM round trips, a graph replayed across a remap at the same
+ * runtime): VMM round trips, one handle at several addresses (and granule by
+ * granule, as a table maps pages), a graph replayed across a remap at the same
  * address, cuMemGetInfo deltas, the host-function rules, the kernels against
  * their host references, events, stream memory operations, capture rules,
  * and two backends on one device from two threads.
@@ -311,6 +312,67 @@ static void test_map_at_offset(void **state)
 	OK(ops->va_free(B, a, G));
 	OK(ops->va_free(B, b, G));
 	OK(ops->va_free(B, c, G));
+	OK(ops->host_free(B, in));
+	OK(ops->host_free(B, out));
+}
+
+/*
+ * What vmmrt_slot_map_pages_table does: one reservation of three granules
+ * mapping two handles granule by granule, {h1, h0, h1}, so that one handle
+ * is mapped twice inside the same reservation (the pool's granules coloured
+ * onto the same pages), and h0 at a second reservation too. Writes through
+ * granule 0 are read at granule 2, those through the other reservation at
+ * granule 1, and one copy spanning the seam of two handles lands in both.
+ * Each granule is unmapped alone, as it was mapped.
+ */
+static void test_map_table(void **state)
+{
+	vmmrt_devptr t, o;
+	vmmrt__bhandle h0, h1;
+	unsigned char *in, *out;
+	const vmmrt__bhandle *table[3] = {&h1, &h0, &h1};
+
+	OK(ops->host_alloc(B, 2 * G, (void **)&in));
+	OK(ops->host_alloc(B, 2 * G, (void **)&out));
+	OK(ops->va_reserve(B, 3 * G, 0, &t));
+	OK(ops->va_reserve(B, G, 0, &o));
+	OK(ops->mem_create(B, G, &h0));
+	OK(ops->mem_create(B, G, &h1));
+	for (size_t i = 0; i < 3; i++) {
+		OK(ops->mem_map(B, t + i * G, G, *table[i], 0));
+		OK(ops->mem_set_access(B, t + i * G, G));
+	}
+	OK(ops->mem_map(B, o, G, h0, 0));
+	OK(ops->mem_set_access(B, o, G));
+
+	fill_host(in, G, 555);
+	OK(to_device(B, S, t, in, G));
+	memset(out, 0, G);
+	OK(to_host(B, S, out, t + 2 * G, G));
+	assert_memory_equal(in, out, G);
+	fill_host(in, G, 556);
+	OK(to_device(B, S, o, in, G));
+	OK(to_host(B, S, out, t + G, G));
+	assert_memory_equal(in, out, G);
+	/* across the seam of h0 (granule 1) and h1 (granule 2) */
+	fill_host(in, 2 * G, 557);
+	OK(to_device(B, S, t + G, in, 2 * G));
+	OK(to_host(B, S, out, o, G));
+	assert_memory_equal(in, out, G);
+	OK(to_host(B, S, out, t, G));
+	assert_memory_equal(in + G, out, G);
+
+	/* released while mapped: the memory stays until the last unmap */
+	OK(ops->mem_release(B, h0));
+	OK(ops->mem_release(B, h1));
+	OK(to_host(B, S, out, t, 2 * G));
+	assert_memory_equal(in + G, out, G);
+	assert_memory_equal(in, out + G, G);
+	for (size_t i = 0; i < 3; i++)
+		OK(ops->mem_unmap(B, t + i * G, G));
+	OK(ops->mem_unmap(B, o, G));
+	OK(ops->va_free(B, t, 3 * G));
+	OK(ops->va_free(B, o, G));
 	OK(ops->host_free(B, in));
 	OK(ops->host_free(B, out));
 }
@@ -964,6 +1026,7 @@ static const struct {
 	{cmocka_unit_test(test_out_of_memory_message), 0},
 	{cmocka_unit_test(test_vmm_roundtrip), 0},
 	{cmocka_unit_test(test_map_at_offset), 0},
+	{cmocka_unit_test(test_map_table), 0},
 	{cmocka_unit_test(test_graph_replay_after_remap), 1},
 	{cmocka_unit_test(test_mem_info_delta), 0},
 	{cmocka_unit_test(test_host_func_refused), 0},
