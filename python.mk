@@ -40,6 +40,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/pipeline.py \
 	python/vmmrt/torch/place.py \
 	python/vmmrt/torch/plancheck.py \
+	python/vmmrt/torch/poolplan.py \
 	python/vmmrt/torch/planner.py \
 	python/vmmrt/torch/recompute.py \
 	python/vmmrt/torch/replay_times.py \
@@ -85,6 +86,7 @@ vmmrt_py_tests = \
 	python/tests/test_place.py \
 	python/tests/test_grads.py \
 	python/tests/test_graphpool.py \
+	python/tests/test_poolplan.py \
 	python/tests/test_abandoned_capture.py \
 	python/tests/test_abandoned_pool.py \
 	python/tests/test_replay_times.py \

@@ -12,6 +12,7 @@ import torch
 
 from vmmrt.torch import graphpool
 
+G = 2 << 20
 needs_count = pytest.mark.skipif(graphpool._USE_COUNT is None, reason="torch without a storage use count")
 
 
@@ -34,6 +35,8 @@ def _pool(base, used):
     gp.backing = types.SimpleNamespace(address=base, nbytes=used, in_use=False)
     gp.used = used
     gp._storages, gp._baseline = [], []
+    gp.off = types.SimpleNamespace(granularity=G)
+    gp.table = gp.pages_bytes = gp.live_peak = gp.place_why_not = gp._sealed = None
     return gp
 
 
@@ -215,3 +218,42 @@ def test_describe_says_how_the_pool_got_its_segments():
     assert "as the captures asked: the caller records" in gp.describe()
     gp.large, gp.presize_why_not = ((1 << 30) + graphpool.SMALL, 3900 << 20), "no history"
     assert "kept whole: no history" in gp.describe()
+
+
+@needs_count
+def test_with_a_page_table_the_bytes_held_are_at_their_granules_pages():
+    """A held storage's bytes, granule by granule, where the table puts them
+    in the pool's share of the pages: the optimizer step is lent the rest."""
+    buf = torch.zeros(4 * G, dtype=torch.uint8)
+    base = buf.data_ptr()
+    held = buf[G + G // 2:G + G // 2 + G].clone()   # a stand-in at an address of its own
+    gp = _pool(base, 4 * G)
+    gp.backing.address = held.data_ptr() - (G + G // 2)   # over granules 1 and 2 of the pool
+    gp.table, gp.pages_bytes = [0, 2, 0, 1], 3 * G
+    gp.settle([held])
+    kept = held.detach()
+    assert gp.held_ranges() == [(2 * G + G // 2, 3 * G), (0, G // 2)]
+    assert gp.page_table(10 * G) == [10 * G, 12 * G, 10 * G, 11 * G]
+    del kept
+    assert gp.held_ranges() == []
+
+
+def test_a_block_made_after_the_captures_puts_the_granules_back_in_order(monkeypatch):
+    gp = _pool(1 << 30, 4 * G)
+    gp.table, gp.pages_bytes, gp._sealed = [0, 1, 0, 1], 2 * G, {((1 << 30) + G, 512)}
+    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [((1 << 30) + G, 512)])
+    assert gp.planned_bytes() == 2 * G and gp.page_table(0) == [0, G, 0, G]
+    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [((1 << 30) + G, 512), ((1 << 30) + 3 * G, 4096)])
+    assert gp.planned_bytes() == 4 * G
+    assert gp.page_table(0) is None and "1 blocks were made in it after the captures" in gp.place_why_not
+    gp.backing.bound, gp.bound, gp.fallback, gp.large, gp.presize_why_not = True, 8 * G, 0, None, "no history"
+    assert "in order: 1 blocks" in gp.describe()
+
+
+def test_describe_says_where_the_granules_went():
+    gp = _pool(1 << 30, 488 << 20)
+    gp.backing.bound = True
+    gp.bound, gp.fallback, gp.large, gp.presize_why_not = 3908 << 20, 0, None, "no history"
+    gp.table, gp.pages_bytes, gp.live_peak = [0] * 244, 400 << 20, 390 << 20
+    text = gp.describe()
+    assert "its granules on 400.0 MiB of pages by when its blocks were alive (390.0 MiB alive at once" in text

@@ -185,3 +185,44 @@ def test_the_graphs_pool_is_one_segment_cut_where_its_blocks_reached(history):
             torch.cuda.memory._record_memory_history(enabled=None)
         if off is not None:
             close_graphed(layers, off)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_graphs_pools_granules_share_pages_and_train_as_torchs_graphs(recompute):
+    # The pool's granules go on the plan's pages by when the captures' blocks
+    # were alive (vmmrt.torch.poolplan): fewer pages than addresses, the
+    # training bitwise that of torch's graphed callables, steps making no
+    # driver call, and a storage handed out from the pool and held seen at
+    # its own page.
+    from test_gpu import cleanup, layers_and_copy, sample, steps_equal
+    s, base, ref = layers_and_copy(seq=1024)
+    n = len(base)
+    kw = {"memory_budget": vt.Budget(layers=["recompute"] * n)} if recompute else {}
+    off = None
+    try:
+        with llama.attention_backend("math"):
+            gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))
+            g = vt.make_graphed_callables(tuple(base), tuple((sample(s),) for _ in base), mode="none", **kw)
+            off = vt.offload_of(g[0])
+            gp = off.graph_pool
+            steps_equal(s, g, base, gref, ref, iterations=5)
+            off.sync()
+            st = off.stats()
+            print(gp.describe(), {k: v for k, v in st.items() if k.startswith("graph_pool")})
+            assert off.memplan.plan is not None and gp.backing.bound, off.describe()
+            # recomputed layers' captures (the forward again, then the
+            # backward) leave holes best fit cannot fill
+            assert gp.table is not None or not recompute, gp.place_why_not
+            if gp.table is not None:
+                assert len(gp.table) * off.granularity == gp.backing.nbytes
+                assert st["graph_pool_pages_bytes"] < st["graph_pool_bytes"]
+                assert st["graph_pool_live_peak_bytes"] <= st["graph_pool_pages_bytes"]
+            assert st["plan_conflicts"] == 0
+            before = off.stats()["driver_calls"]
+            steps_equal(s, g, base, gref, ref, iterations=2)
+            off.sync()
+            assert off.stats()["driver_calls"] == before
+    finally:
+        cleanup(base, ref)
+        if off is not None:
+            off.close()

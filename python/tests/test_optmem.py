@@ -142,9 +142,13 @@ class FakeGraphPool:
     step's first forward: :func:`_train`); ``held``: a tensor handed out
     from it is alive."""
 
-    def __init__(self, off, nbytes=8 * G):
+    def __init__(self, off, nbytes=8 * G, table=None):
         from vmmrt.torch.backing import Backing
         self.backing = Backing(off, "graph pool", nbytes)
+        # the page of each granule (GraphPool.page_table), or None: in order
+        self.table = table
+        if table is not None:
+            self.backing.page_table = lambda at: [at + p * G for p in table]
         self.backing.kept = True
         self.backing.ensure()
         self.backing.alive = lambda: self.held
@@ -154,6 +158,9 @@ class FakeGraphPool:
         self.held = False
         self.ranges = None
         off.backings.append(self.backing)
+
+    def planned_bytes(self):
+        return self.backing.nbytes if self.table is None else (max(self.table) + 1) * G
 
     def stats(self):
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.used, "graph_pool_fallback_bytes": 0}
@@ -167,7 +174,7 @@ def _build(plan=True, graph_pool=False, mode="none", **kw):
                                   min_bytes=0, options={"host_granularity": G}, memory_plan=plan, **kw)
     off = vt.offload_of(g[0])
     if graph_pool:
-        off.graph_pool = FakeGraphPool(off)
+        off.graph_pool = FakeGraphPool(off, table=graph_pool if isinstance(graph_pool, list) else None)
     if off.memplan is not None:
         off.memplan.optimizer_api = FakePools
     return g, off
@@ -619,3 +626,35 @@ def test_the_plan_learns_which_optimizer_steps():
         assert w.optimizer_need(10 ** 6) == 0
     finally:
         off.close()
+
+
+@routes
+def test_the_graphs_pool_on_a_page_table_takes_only_its_pages():
+    """A pool whose granules share pages (vmmrt.torch.poolplan: eight granules
+    on four) is planned at its pages' size and mapped granule by granule:
+    granule 4 is granule 0's page, and what is lent to the optimizer step
+    is counted in pages."""
+    seen = {}
+
+    def step(i, off, pools):
+        gp, w = off.graph_pool, off.memplan
+        e = w.pool_entry()
+        if e is None or not gp.backing.bound:
+            return
+        seen["life"] = e.life.nbytes
+        b = gp.backing
+        ctypes.memset(b.address, 0x5A, G)
+        ctypes.memset(b.address + 5 * G, 0xA5, G)
+        seen["alias"] = (ctypes.string_at(b.address + 4 * G, 16) == b"\x5a" * 16 and
+                         ctypes.string_at(b.address + G, 16) == b"\xa5" * 16 and
+                         ctypes.string_at(b.address + 2 * G, 16) != b"\xa5" * 16)
+
+    on = _train(True, 5, True, at_step=step, graph_pool=[0, 1, 2, 3, 0, 1, 2, 3])
+    ref = _train(False, 5, True)
+    assert seen["life"] == 4 * G
+    assert seen["alias"]
+    assert on["stats"]["slot_bytes"] == on["plan_bytes"]
+    assert on["stats"]["plan_conflicts"] == 0
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    assert _same(on["params"], ref["params"])

@@ -143,6 +143,7 @@ class Backing:
         self._in_use = False      # bound, and its use begun and not released since
         self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
         self.alive = None         # its owner's test of whether a tensor it handed out over the slot is held
+        self.page_table = None    # its owner's page of each granule, given the slot's offset in the pages (or None: in order)
 
     # ------------------------------------------------------------ state
     @property
@@ -184,13 +185,19 @@ class Backing:
     def bind(self, pages, offset):
         """Put the slot on ``pages`` at ``offset`` for good, if its own memory
         is gone (released, and the release run by the worker) and nothing
-        is over it; returns whether it did. One driver map, set access."""
+        is over it; returns whether it did. One driver map, set access, per
+        granule. Its granules in order, or where its owner's ``page_table``
+        puts them (the graphs' pool: vmmrt.torch.poolplan)."""
         with self._lock:
             if self._bound:
                 return True
             if self._wanted or self._live or self._pinned or self.slot.state != "reserved":
                 return False
-            self.slot.map_pages(pages, offset)
+            table = self.page_table(offset) if self.page_table is not None else None
+            if table is None:
+                self.slot.map_pages(pages, offset)
+            else:
+                self.slot.map_pages_table(pages, table)
             self._bound = True
             self._in_use = False
             return True

@@ -619,9 +619,13 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
         raise
     finally:
         off.capturing = False
-    if gp is not None:
-        gp.cut()
-    _after_capture(runners, off)
+    try:
+        if gp is not None:
+            gp.cut()
+        _after_capture(runners, off)
+    finally:
+        if gp is not None:
+            gp.place()      # the captures' leftovers gone: what the history saw is what replays use
     return captured
 
 

@@ -61,7 +61,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vmmrt.torch import _arena
+from vmmrt.torch import _arena, poolplan
 from vmmrt.torch.backing import USE_COUNT as _USE_COUNT, Backing
 
 log = logging.getLogger("vmmrt.torch")
@@ -166,6 +166,16 @@ def capture_stream(stream: Any) -> Any:
     return g.default_capture_stream
 
 
+def _blocks(seg: dict) -> list:
+    """A memory snapshot segment's blocks, each with its address (older
+    snapshots give sizes only: the addresses follow from the segment's)."""
+    out, a = [], seg["address"]
+    for b in seg.get("blocks", ()):
+        out.append(dict(b, address=b.get("address", a)))
+        a += b["size"]
+    return out
+
+
 class GraphPool:
     """The graphs' pool over ``backing`` (a kept slot of ``nbytes``): its id for
     torch.cuda.graph(pool=...), the range's cut after the captures, and
@@ -187,6 +197,11 @@ class GraphPool:
         self._stream = None         # the captures' stream
         self._storages = []         # of the tensors handed out from the pool, and the library's count of each
         self._baseline = []
+        self.table = None           # the page of each granule of the cut range (vmmrt.torch.poolplan), or None: in order
+        self.pages_bytes = None     # the pages the table uses
+        self.live_peak = None       # the most bytes of its blocks alive at once in the captures
+        self.place_why_not = None   # why its granules are on pages in order
+        self._sealed = None         # (address, bytes) of its blocks in use when the history ended
         try:
             self.backing.ensure()
             lo, n = self.backing.address, self.backing.nbytes
@@ -205,6 +220,7 @@ class GraphPool:
             raise
         self.backing.alive = self.alive
         self.backing.held = self.held_ranges
+        self.backing.page_table = self.page_table
         off.backings.append(self.backing)
 
     @property
@@ -237,15 +253,21 @@ class GraphPool:
             return
         self._tracing = True
 
+    def _events(self) -> list | None:
+        """The memory history's events on the pool's device so far (when the
+        captures turned it on); None otherwise (nothing tells then where
+        the blocks reached, or when they were alive)."""
+        if not self._tracing:
+            return None
+        traces = torch.cuda.memory._snapshot()["device_traces"]
+        return traces[self.device] if self.device < len(traces) else []
+
     def _stop_history(self) -> list | None:
-        """The memory history's events on the pool's device, and the history
-        off (when the captures turned it on); None otherwise (nothing tells
-        then where the blocks reached)."""
+        """:meth:`_events`, and the history off."""
         if not self._tracing:
             return None
         try:
-            traces = torch.cuda.memory._snapshot()["device_traces"]
-            return traces[self.device] if self.device < len(traces) else []
+            return self._events()
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
             self._tracing = False
@@ -257,9 +279,14 @@ class GraphPool:
     def cut(self) -> None:
         """After the captures, before any replay: the range cut to the end of
         the last segment in it (of the presized one, where its blocks
-        reached), mapped again at that size."""
+        reached), mapped again at that size. The memory history stays on
+        until :meth:`place`."""
         torch.cuda.synchronize(self.device)
-        events = self._stop_history()
+        try:
+            events = self._events()
+        except Exception:
+            self._stop_history()
+            raise
         lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
         segs = []
         tail = None
@@ -285,6 +312,70 @@ class GraphPool:
                      "off the memory plan", self.bound >> 20,
                      "" if self.large is None else " (or the %d MiB of it kept for small segments)" % (SMALL >> 20),
                      self.fallback >> 20)
+
+    def place(self) -> None:
+        """Once the build has dropped what the captures left (their autograd
+        graphs: vmmrt.torch.graphed), the memory history off, and the cut
+        range's granules placed on pages by when its blocks were alive
+        (vmmrt.torch.poolplan), for the memory plan to map
+        (:meth:`page_table`); in order where that saves nothing."""
+        try:
+            events = self._stop_history()
+        except Exception as e:  # noqa: B902 - in order, as without a history
+            self.place_why_not = "PyTorch's memory history could not be read (%s)" % e
+            return
+        if events is None:
+            self.place_why_not = self.presize_why_not or "no memory history"
+            return
+        g = self.off.granularity
+        lo, n = self.backing.address, self.backing.nbytes
+        table, npages, self.live_peak = poolplan.plan(events, lo, n, g)
+        if npages * g >= n:
+            self.place_why_not = "no granules share a page"
+            return
+        self._sealed = set(self._blocks_in_use())
+        self.table, self.pages_bytes = table, npages * g
+
+    def _blocks_in_use(self) -> list:
+        """(address, bytes) of the pool's blocks in use now, in its range."""
+        lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
+        return [(b["address"], b["size"]) for seg in torch.cuda.memory_snapshot(self.id, include_traces=False)
+                for b in _blocks(seg) if b["state"] != "inactive" and lo <= b["address"] < hi]
+
+    def planned_bytes(self) -> int:
+        """The bytes the memory plan gives the pool: its table's pages, or its
+        whole range when its blocks in use are no longer those the table
+        was made for (a block made after the captures would sit on a page
+        it shares: its granules go in order then)."""
+        if self.table is not None:
+            now = set(self._blocks_in_use())
+            if not now <= self._sealed:
+                self.table, self.pages_bytes = None, None
+                self.place_why_not = "%d blocks were made in it after the captures" % len(now - self._sealed)
+                log.warning("vmmrt: the graphs' pool: %s: its granules go on pages in order", self.place_why_not)
+        return self.pages_bytes if self.table is not None else self.backing.nbytes
+
+    def page_table(self, offset: int) -> list | None:
+        """The pages' offset of each granule of the pool, its share of them at
+        ``offset`` (Backing.bind); None: in order."""
+        if self.table is None:
+            return None
+        g = self.off.granularity
+        return [offset + p * g for p in self.table]
+
+    def _page_ranges(self, lo: int, hi: int) -> list:
+        """The pool's bytes [lo, hi) (offsets in its range) as offsets in its
+        share of the pages, one range per granule."""
+        if self.table is None:
+            return [(lo, hi)]
+        g = self.off.granularity
+        out = []
+        k = lo // g
+        while k * g < hi:
+            a, b = max(lo, k * g) - k * g, min(hi, (k + 1) * g) - k * g
+            out.append((self.table[k] * g + a, self.table[k] * g + b))
+            k += 1
+        return out
 
     def _plug_tail(self, nbytes: int | None) -> bool:
         """The presized segment's free tail (``nbytes``, its last block) taken
@@ -335,15 +426,17 @@ class GraphPool:
 
     def held_ranges(self) -> list | None:
         """The pool's bytes held while its use is over (the optimizer step:
-        vmmrt.torch.optmem lends the rest), as [lo, hi) offsets in it: each
-        storage handed out that is held. A recomputed first layer's input
+        vmmrt.torch.optmem lends the rest), as [lo, hi) offsets in its
+        share of the pages (:meth:`page_table`): each storage handed out
+        that is held. A recomputed first layer's input
         gradient, say, lies in the pool, and the caller's input keeps it as
         its ``.grad`` through the step: its bytes are held, not the pool's
         other gigabytes. None (all of it) while its use lasts."""
         if self.backing.in_use:
             return None
         lo = self.backing.address
-        return [(st.data_ptr() - lo, st.data_ptr() - lo + st.nbytes()) for st in self._held()]
+        return [r for st in self._held()
+                for r in self._page_ranges(st.data_ptr() - lo, st.data_ptr() - lo + st.nbytes())]
 
     def forget(self) -> None:
         """At close(): the library's references go (a tensor handed out keeps
@@ -356,7 +449,9 @@ class GraphPool:
 
     def stats(self) -> dict:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,
-                "graph_pool_fallback_bytes": self.fallback}
+                "graph_pool_fallback_bytes": self.fallback,
+                "graph_pool_pages_bytes": self.pages_bytes if self.table is not None else self.used,
+                "graph_pool_live_peak_bytes": self.live_peak or 0}
 
     def describe(self) -> str:
         where = "on the memory plan's pages" if self.backing.bound else "its own memory"
@@ -366,10 +461,15 @@ class GraphPool:
             how = "one segment made before the captures, kept whole: %s" % self.presize_why_not
         else:
             how = "one segment made before the captures, cut where their blocks reached"
-        return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s; %s)" % (
+        if self.table is not None:
+            pages = "; its granules on %.1f MiB of pages by when its blocks were alive (%.1f MiB alive at once at " \
+                "most)" % (self.pages_bytes / 2**20, (self.live_peak or 0) / 2**20)
+        else:
+            pages = "; its granules on pages in order: %s" % self.place_why_not if self.place_why_not else ""
+        return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s; %s%s)" % (
             self.used / 2**20, where, self.bound / 2**20,
             "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20),
-            how)
+            how, pages)
 
 
 def open_for(off: Any, runners: Sequence[Any], pool: Any, stream: Any = None) -> GraphPool | None:

@@ -599,7 +599,7 @@ class Watcher:
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
                       {n: (b.slot.size, seen[n]) for n, b in outs.items()},
-                      gp.slot.size if gp is not None else 0,
+                      self.off.graph_pool.planned_bytes() if gp is not None else 0,
                       [(name, layers, b.slot.size) for name, layers, b in io])
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)

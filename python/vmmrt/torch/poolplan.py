@@ -1,0 +1,194 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The graphs' pool's addresses on fewer physical pages: each granule of its
+range placed by when its bytes are in use.
+
+PyTorch's caching allocator places the captures' blocks in the pool online,
+best fit, and a block's addresses are taken until it is freed: a capture
+that frees small blocks between large ones leaves holes no later block
+fits. On 8 long-context layers (seq 32768), recomputed, the pool reached
+9472 MiB for 8452 MiB ever alive at once, inside each capture (H200,
+README's eleventh session). The addresses are fixed once the graphs are
+captured, but what backs them need not be: a granule of the range is in
+use only while a block over it is alive, and two granules whose uses never
+overlap can sit on the same physical page (vmmrt_slot_map_pages_table(3)).
+
+When a block is alive is what PyTorch's memory history recorded during the
+captures (torch.cuda.memory._snapshot()'s device traces; vmmrt.torch.graphpool
+turns it on): an ``alloc`` event is its birth, its ``free_completed`` its
+death (when the allocator may hand its bytes out again, after the streams
+that used it have passed). That is the caching allocator's own rule for
+giving the same address twice, and the captured graphs replay in the order
+of their captures, so the same rule holds for the same page under two
+addresses. A block not freed when the history ends (a graph's static output
+or input gradient, handed out and perhaps held across steps), or freed
+without its birth recorded, is in use for good: its granules keep pages of
+their own, as its addresses are its own in PyTorch's pool.
+
+Time is the event order; two half-open lives [b1, d1) and [b2, d2) overlap
+exactly when one contains the other's birth, so a granule's use is a bit set
+over the births (:func:`masks`), and two granules can share a page when
+their sets are disjoint. Placing them is colouring a graph of such sets;
+first fit in two orders (by first birth, the optimum when each granule has
+one life; by how long it is in use) and the smaller wins (:func:`place`).
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Iterable, Sequence
+
+FOREVER = None      # a life's end: not freed when the history ended
+
+
+def block_lives(events: Iterable[dict], lo: int, hi: int) -> list[tuple[int, int, int, int | None]]:
+    """(address, bytes, birth, death) of every block in [lo, hi) that the
+    events (a memory history's device trace, in order) saw; birth and death
+    are event indices, death :data:`FOREVER` when it was not freed by the
+    end, and birth -1 for a block freed whose birth the history missed (in
+    use for good as well)."""
+    open_ = {}
+    out = []
+    for k, e in enumerate(events):
+        act = e.get("action")
+        a = e.get("addr", 0)
+        if not lo <= a < hi:
+            continue
+        if act == "alloc":
+            prev = open_.pop(a, None)
+            if prev is not None:    # born again unfreed: the history is not to be trusted here
+                out.append((a, prev[1], -1, FOREVER))
+            open_[a] = (k, e.get("size", 0))
+        elif act == "free_completed":
+            b = open_.pop(a, None)
+            if b is None:
+                out.append((a, e.get("size", 0), -1, FOREVER))
+            else:
+                out.append((a, b[1], b[0], k))
+    out.extend((a, n, b, FOREVER) for a, (b, n) in open_.items())
+    return [x for x in out if x[1] > 0]
+
+
+def masks(blocks: Sequence[tuple[int, int, int, int | None]], lo: int, nbytes: int,
+          granularity: int) -> list[int]:
+    """Per granule of [lo, lo + nbytes): the births (bit i: the i-th birth of
+    ``blocks``, in order) at which a block over it is alive; all bits for a
+    granule under a block in use for good, 0 for one no block touched."""
+    g = granularity
+    n = -(-nbytes // g)
+    births = sorted({b for _, _, b, d in blocks if b >= 0 and d is not FOREVER})
+    everything = (1 << (len(births) + 1)) - 1      # one bit more: a set apart from every finite one
+    out = [0] * n
+    for a, size, b, d in blocks:
+        if b < 0 or d is FOREVER:
+            m = everything
+        else:
+            i = bisect.bisect_left(births, b)
+            j = bisect.bisect_left(births, d)
+            m = ((1 << j) - 1) ^ ((1 << i) - 1)
+        g0 = max(0, (a - lo) // g)
+        g1 = min(n - 1, (a + size - 1 - lo) // g)
+        for k in range(g0, g1 + 1):
+            out[k] |= m
+    return out
+
+
+def _runs(ms: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(first granule, count, mask) of each run of equal masks."""
+    out = []
+    for k, m in enumerate(ms):
+        if out and out[-1][2] == m and out[-1][0] + out[-1][1] == k:
+            out[-1] = (out[-1][0], out[-1][1] + 1, m)
+        else:
+            out.append((k, 1, m))
+    return out
+
+
+def _first_fit(runs: Sequence[tuple[int, int, int]], n: int) -> tuple[list[int], int]:
+    """Each run's granules on the first pages whose uses so far are disjoint
+    from its own (pages with the same uses kept together, in the order they
+    were opened, so that a run lands on consecutive pages where it can);
+    granules in use never all on the first page. Returns (page of each
+    granule, pages used)."""
+    table = [0] * n
+    groups = []         # [uses, [pages]]: pages whose granules so far are in use at uses
+    npages = 0
+    for first, count, m in runs:
+        if not m:
+            continue
+        got = []
+        k = 0
+        while len(got) < count and k < len(groups):
+            uses, pages = groups[k]
+            if not uses & m:
+                take = pages[:count - len(got)]
+                got.extend(take)
+                rest = pages[len(take):]
+                if rest:
+                    groups[k] = [uses, rest]
+                    groups.insert(k + 1, [uses | m, take])
+                    k += 1
+                else:
+                    groups[k] = [uses | m, take]
+            k += 1
+        if len(got) < count:
+            new = list(range(npages, npages + count - len(got)))
+            npages += len(new)
+            got.extend(new)
+            groups.append([m, new])
+        for i, p in enumerate(got):
+            table[first + i] = p
+    return table, max(npages, 1)
+
+
+def place(ms: Sequence[int]) -> tuple[list[int], int]:
+    """Pages for granules in use at ``ms`` (:func:`masks`): (page of each
+    granule, pages used), no two granules whose uses meet on one page. A
+    range no block touched gets one page (its granules map it, unused)."""
+    runs = _runs(ms)
+    if not runs:
+        return [], 0
+    best = None
+    for key in (lambda r: (_lowest(r[2]), r[0]), lambda r: (-bin(r[2]).count("1"), r[0])):
+        table, npages = _first_fit(sorted(runs, key=key), len(ms))
+        if best is None or npages < best[1]:
+            best = (table, npages)
+    return best
+
+
+def _lowest(m: int) -> int:
+    """The first birth at which a mask's granule is in use (none: after every one)."""
+    return (m & -m).bit_length() if m else 1 << 62
+
+
+def check(ms: Sequence[int], table: Sequence[int]) -> None:
+    """ValueError unless no two granules of one page are in use at once."""
+    on = {}
+    for k, (m, p) in enumerate(zip(ms, table)):
+        if on.get(p, 0) & m:
+            raise ValueError("granule %d shares page %d with a granule in use at the same time" % (k, p))
+        on[p] = on.get(p, 0) | m
+
+
+def live_peak(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
+    """The most bytes of ``blocks`` alive at once (one in use for good: from
+    its birth on)."""
+    ev = []
+    for _, n, b, d in blocks:
+        ev.append((max(b, 0), n))
+        if d is not FOREVER and b >= 0:
+            ev.append((d, -n))
+    ev.sort()
+    cur = top = 0
+    for _, dn in ev:
+        cur += dn
+        top = max(top, cur)
+    return top
+
+
+def plan(events: Iterable[dict], lo: int, nbytes: int, granularity: int) -> tuple[list[int], int, int]:
+    """(page of each granule of [lo, lo + nbytes), pages used, the blocks'
+    live peak in bytes) from a memory history's events."""
+    blocks = block_lives(events, lo, lo + nbytes)
+    ms = masks(blocks, lo, nbytes, granularity)
+    table, npages = place(ms)
+    check(ms, table)
+    return table, npages, live_peak(blocks)
