@@ -667,7 +667,12 @@ class Offload:
         bank, moved out); the graphs' pool on a slot
         (:mod:`vmmrt.torch.graphpool`): graph_pool_bytes (what it uses),
         graph_pool_bound (the range reserved for it), graph_pool_fallback_bytes
-        (its segments beyond the range, plain device memory); the backward's
+        (its segments beyond the range, plain device memory),
+        graph_pool_pages_bytes (the pages its granules take on the memory
+        plan: fewer than graph_pool_bytes where granules whose blocks'
+        lives never met share one, :mod:`vmmrt.torch.poolplan`),
+        graph_pool_live_peak_bytes (the most of its blocks alive at once in
+        the captures); the backward's
         temporaries in bytes of the resident slots their saved regions no
         longer need (:mod:`vmmrt.torch.reuse`): reuse_bytes (born there at
         the captures of the write and accumulate graphs, each temporary's
@@ -687,7 +692,8 @@ class Offload:
         st.update(self.memplan.stats() if self.memplan is not None else
                   {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
-                  {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0})
+                  {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0,
+                   "graph_pool_pages_bytes": 0, "graph_pool_live_peak_bytes": 0})
         st.update(self._reuse_stats())
         return st
 

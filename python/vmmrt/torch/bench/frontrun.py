@@ -421,8 +421,12 @@ class Front:
             parts.append("peak %.0f MiB over the memory before the model" % (pt["peak"] / MiB))
         pg = pt.get("pages") or {}
         if pg.get("plan_bytes"):
-            parts.append("pages %.0f MiB (graphs' pool %.0f%s)" % (
-                pg["plan_bytes"] / MiB, pg["graph_pool_bytes"] / MiB,
+            pool = pg["graph_pool_bytes"]
+            on = pg.get("graph_pool_pages_bytes", pool)
+            parts.append("pages %.0f MiB (graphs' pool %.0f%s%s)" % (
+                pg["plan_bytes"] / MiB, pool / MiB,
+                " on %.0f of pages, %.0f alive at once" % (on / MiB, pg.get("graph_pool_live_peak_bytes", 0) / MiB)
+                if on < pool else "",
                 ", %d conflicts" % pg["plan_conflicts"] if pg.get("plan_conflicts") else ""))
         om = pt.get("optimizer_memory") or {}
         if om.get("routed_steps"):

@@ -312,6 +312,8 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
         res["optimizer_memory"] = {k[len("optimizer_"):]: v for k, v in after.items() if k.startswith("optimizer_")}
         # the memory plan's pages and the graphs' pool on them: where a peak above eager's comes from
         res["pages"] = {"plan_bytes": after["plan_bytes"], "graph_pool_bytes": after["graph_pool_bytes"],
+                        "graph_pool_pages_bytes": after.get("graph_pool_pages_bytes", after["graph_pool_bytes"]),
+                        "graph_pool_live_peak_bytes": after.get("graph_pool_live_peak_bytes", 0),
                         "plan_conflicts": after["plan_conflicts"]}
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
