@@ -264,19 +264,22 @@ def test_place_reads_the_history_and_keeps_the_table_only_where_it_saves(monkeyp
     a = {"action": "alloc", "addr": lo, "size": 2 * G}
     b = {"action": "alloc", "addr": lo + 2 * G, "size": 2 * G}
     fa = {"action": "free_completed", "addr": lo, "size": 2 * G}
+    ra = {"action": "free_requested", "addr": lo, "size": 2 * G}
     c = {"action": "alloc", "addr": lo + 4 * G, "size": 4 * G}
     fb = {"action": "free_completed", "addr": lo + 2 * G, "size": 2 * G}
+    rb = {"action": "free_requested", "addr": lo + 2 * G, "size": 2 * G}
     fc = {"action": "free_completed", "addr": lo + 4 * G, "size": 4 * G}
+    rc = {"action": "free_requested", "addr": lo + 4 * G, "size": 4 * G}
     gp = _pool(lo, 8 * G)
     monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
     # A freed before C is born: C's first half on A's pages, 6 of 8
-    monkeypatch.setattr(gp, "_stop_history", lambda: [a, b, fa, c, fb, fc])
+    monkeypatch.setattr(gp, "_stop_history", lambda: [a, b, ra, fa, c, rb, fb, rc, fc])
     gp.place()
     assert gp.pages_bytes == 6 * G and gp.live_peak == 6 * G and gp.table[:2] == gp.table[4:6]
     assert gp.planned_bytes() == 6 * G
     # C born while A lives: nothing shares
     gp = _pool(lo, 8 * G)
-    monkeypatch.setattr(gp, "_stop_history", lambda: [a, b, c, fa, fb, fc])
+    monkeypatch.setattr(gp, "_stop_history", lambda: [a, b, c, ra, fa, rb, fb, rc, fc])
     gp.place()
     assert gp.table is None and gp.place_why_not == "no granules share a page"
     assert gp.planned_bytes() == 8 * G

@@ -24,7 +24,7 @@ def free(a, n):
 def best_fit(ops, lo=LO, size=1 << 36):
     """The events of PyTorch's allocator placing ``ops`` (("a", key, bytes) or
     ("f", key)) best fit in one segment, freed blocks merged: what the
-    graphs' pool's presized segment does."""
+    graphs' pool's presized segment does, and records."""
     holes, live, ev = [(lo, size)], {}, []
     for op in ops:
         if op[0] == "a":
@@ -37,7 +37,10 @@ def best_fit(ops, lo=LO, size=1 << 36):
             ev.append(alloc(h[0], n))
         else:
             a, n = live.pop(op[1])
-            ev.extend(free(a, n))
+            # the completion names the block it merged into: a free one just before
+            before = next((h[0] for h in holes if h[0] + h[1] == a), a)
+            ev.extend([{"action": "free_requested", "addr": a, "size": n},
+                       {"action": "free_completed", "addr": before, "size": n}])
             holes = sorted(holes + [(a, n)])
             merged = []
             for h in holes:
@@ -58,12 +61,34 @@ def test_a_blocks_life_is_from_its_alloc_to_its_free_completed_and_unfreed_is_fo
           {"action": "free_requested", "addr": LO, "size": G},
           alloc(LO + G, G), {"action": "free_completed", "addr": LO, "size": G},
           alloc(LO + 2 * G, G),                         # never freed
-          {"action": "free_completed", "addr": LO + 3 * G, "size": G},  # born before the history
+          {"action": "free_requested", "addr": LO + 3 * G, "size": G},  # born before the history
+          {"action": "free_completed", "addr": LO + 3 * G, "size": G},
           alloc(LO + 5 * G, G), {"action": "free_requested", "addr": LO + 5 * G, "size": G},  # never completed
           alloc(LO - G, G), alloc(LO + 9 * G, G)]       # outside the range
     got = sorted(poolplan.block_lives(ev, LO, LO + 8 * G))
     assert got == [(LO, G, 0, 4), (LO + G, G, 3, poolplan.FOREVER), (LO + 2 * G, G, 5, poolplan.FOREVER),
-                   (LO + 3 * G, G, -1, poolplan.FOREVER), (LO + 5 * G, G, 7, poolplan.FOREVER)]
+                   (LO + 3 * G, G, -1, poolplan.FOREVER), (LO + 5 * G, G, 8, poolplan.FOREVER)]
+
+
+def test_a_free_completed_at_the_merged_blocks_address_ends_the_block_freed():
+    # PyTorch records the completion after merging the block with a free
+    # neighbour before it: its address is the neighbour's
+    ev = [alloc(LO, G), alloc(LO + G, 3 * G), alloc(LO + 4 * G, 5 * G)] + free(LO, G) + [
+        {"action": "free_requested", "addr": LO + G, "size": 3 * G},
+        {"action": "free_completed", "addr": LO, "size": 3 * G},          # right after its request
+        {"action": "free_requested", "addr": LO + 4 * G, "size": 5 * G},  # a stream used it: later
+        alloc(LO + 9 * G, G),
+        {"action": "free_completed", "addr": LO, "size": 5 * G}]          # the one pending of its size
+    got = sorted(poolplan.block_lives(ev, LO, LO + 10 * G))
+    assert got == [(LO, G, 0, 4), (LO + G, 3 * G, 1, 6), (LO + 4 * G, 5 * G, 2, 9),
+                   (LO + 9 * G, G, 8, poolplan.FOREVER)]
+    # two pending of one size at or above the address: neither is known ended
+    ev = [alloc(LO + G, G), alloc(LO + 2 * G, G),
+          {"action": "free_requested", "addr": LO + G, "size": G},
+          {"action": "free_requested", "addr": LO + 2 * G, "size": G}, alloc(LO + 5 * G, G),
+          {"action": "free_completed", "addr": LO, "size": G}]
+    got = sorted(poolplan.block_lives(ev, LO, LO + 10 * G))
+    assert [d for _, _, _, d in got] == [poolplan.FOREVER] * 3
 
 
 def test_granules_share_a_page_only_when_their_blocks_lives_do_not_meet():

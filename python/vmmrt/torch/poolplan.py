@@ -39,32 +39,52 @@ from typing import Iterable, Sequence
 FOREVER = None      # a life's end: not freed when the history ended
 
 
-def block_lives(events: Iterable[dict], lo: int, hi: int) -> list[tuple[int, int, int, int | None]]:
+def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int, int, int | None]]:
     """(address, bytes, birth, death) of every block in [lo, hi) that the
     events (a memory history's device trace, in order) saw; birth and death
     are event indices, death :data:`FOREVER` when it was not freed by the
     end, and birth -1 for a block freed whose birth the history missed (in
-    use for good as well)."""
-    open_ = {}
+    use for good as well).
+
+    A block's ``free_requested`` names its address; its ``free_completed``
+    comes right after it when no other stream used the block, later
+    otherwise, and names the address of the free block it was merged into
+    (the one before it, when that was free): the completion is matched to
+    the request it follows, else to the one request pending at its address,
+    else to the one pending of its size at or above it; one it cannot tell
+    apart leaves the block in use for good."""
+    open_ = {}          # address -> (birth, bytes): allocated
+    pending = {}        # address -> (birth, bytes): free requested, not completed
     out = []
+    prev = None         # the address of the event just before, when it was a free_requested in range
     for k, e in enumerate(events):
         act = e.get("action")
         a = e.get("addr", 0)
+        requested, prev = prev, None
+        if act == "free_completed":
+            x = requested if requested in pending else a if a in pending else None
+            if x is None:
+                size = e.get("size", 0)
+                cand = [p for p, (_, n) in pending.items() if n == size and p >= a]
+                x = cand[0] if len(cand) == 1 else None
+            if x is not None:
+                b, n = pending.pop(x)
+                out.append((x, n, b, k))
+            continue
         if not lo <= a < hi:
             continue
         if act == "alloc":
-            prev = open_.pop(a, None)
-            if prev is not None:    # born again unfreed: the history is not to be trusted here
-                out.append((a, prev[1], -1, FOREVER))
+            for live in (open_, pending):
+                old = live.pop(a, None)
+                if old is not None:     # its address given out again unfreed: the history is not to be trusted here
+                    out.append((a, old[1], -1, FOREVER))
             open_[a] = (k, e.get("size", 0))
-        elif act == "free_completed":
+        elif act == "free_requested":
             b = open_.pop(a, None)
-            if b is None:
-                out.append((a, e.get("size", 0), -1, FOREVER))
-            else:
-                out.append((a, b[1], b[0], k))
-    out.extend((a, n, b, FOREVER) for a, (b, n) in open_.items())
-    return [x for x in out if x[1] > 0]
+            pending[a] = b if b is not None else (-1, e.get("size", 0))
+            prev = a
+    out.extend((a, n, b, FOREVER) for live in (open_, pending) for a, (b, n) in live.items())
+    return [(a, n, b, FOREVER if b < 0 else d) for a, n, b, d in out if n > 0]
 
 
 def masks(blocks: Sequence[tuple[int, int, int, int | None]], lo: int, nbytes: int,
