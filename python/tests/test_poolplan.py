@@ -181,3 +181,117 @@ def test_the_check_catches_two_live_granules_on_one_page():
     poolplan.check(ms, [0, 1, 0])
     with pytest.raises(ValueError, match="granule 1 shares page 0"):
         poolplan.check(ms, [0, 0, 1])
+
+
+# ------------------------------------------------------------ over the step
+def captured(uses):
+    """The events and marks of captures into one pool per use (each its own
+    addresses, as vmmrt.torch.graphpool gives them): ``uses`` is a list of
+    (position, ops), ops ("a", key, granules) or ("f", key); a key may be
+    freed in a later use than its birth. Returns (events, marks, range)."""
+    ev, marks, live, top = [], [], {}, LO
+    for pos, ops in uses:
+        s = len(ev)
+        for op in ops:
+            if op[0] == "a":
+                live[op[1]] = (top, op[2] * G)
+                ev.append(alloc(top, op[2] * G))
+                top += op[2] * G
+            else:
+                ev.extend(free(*live.pop(op[1])))
+        marks.append((pos, s, len(ev)))
+    return ev, marks, top - LO
+
+
+def test_a_granule_is_in_use_from_the_position_its_block_is_born_at_to_the_one_it_dies_at():
+    ev, marks, n = captured([(0, [("a", "x", 1), ("a", "kept", 1), ("f", "x")]),
+                             (1, [("a", "y", 2), ("f", "y"), ("f", "kept")]),
+                             (2, [("a", "forever", 1), ("a", "late", 1)])])
+    ev += free(LO + 5 * G, G)          # "late": freed after the captures
+    blocks = poolplan.block_lives(ev, LO, LO + n)
+    spans = poolplan.granule_spans(blocks, marks, LO, n, G)
+    assert spans == [(0, 0), (0, 1), (1, 1), (1, 1), poolplan.WHOLE, (2, 2)]
+
+
+def test_a_block_born_outside_the_captures_or_dying_before_its_birth_is_in_use_at_every_position():
+    ev = [alloc(LO, G)] + free(LO, G)          # before the first capture
+    s = len(ev)
+    ev += [alloc(LO + G, G), alloc(LO + 2 * G, G)]
+    marks = [(5, s, len(ev))]
+    s = len(ev)
+    ev += free(LO + G, G)                      # at a capture of an earlier position: out of the step's order
+    marks.append((3, s, len(ev)))
+    ev += free(LO + 2 * G, G)
+    spans = poolplan.granule_spans(poolplan.block_lives(ev, LO, LO + 3 * G), marks, LO, 3 * G, G)
+    assert spans == [poolplan.WHOLE, poolplan.WHOLE, (5, 5)]
+
+
+def test_parts_group_granules_by_when_they_are_in_use_and_share_pages_inside_a_part():
+    # two granules of position 0 alive one after the other share a page;
+    # position 1's are a part of their own
+    ev, marks, n = captured([(0, [("a", "x", 1), ("f", "x"), ("a", "y", 1), ("f", "y")]),
+                             (1, [("a", "z", 3), ("f", "z")])])
+    ps, own, nown, peak = poolplan.parts(ev, marks, LO, n, G)
+    assert [(p.start, p.end, p.granules, p.npages) for p in ps] == [(0, 0, [0, 1], 1), (1, 1, [2, 3, 4], 3)]
+    assert ps[0].table == [0, 0]
+    # on pages of its own, before the memory plan: every granule by its blocks' lives
+    assert nown == 3 and peak == 3 * G
+    table = poolplan.compose(ps, [7 * G, 0], n // G, G)
+    assert table == [7 * G, 7 * G, 0, G, 2 * G]
+
+
+def test_a_granule_no_block_touched_is_in_no_part_and_goes_on_the_first_parts_first_page():
+    ev, marks, _ = captured([(0, [("a", "x", 1), ("f", "x")])])
+    ps, own, nown, _ = poolplan.parts(ev, marks, LO, 3 * G, G)
+    assert [p.granules for p in ps] == [[0]]
+    assert poolplan.compose(ps, [4 * G], 3, G) == [4 * G] * 3
+
+
+def _place_parts(ps, end):
+    """Offsets for parts as the memory plan gives them: none shares a byte
+    with a part whose positions meet its own (first fit)."""
+    def span(p):
+        return (0, end - 1) if p.start is None else (p.start, p.end)
+    placed, out = [], []
+    for p in ps:
+        s, e = span(p)
+        busy = sorted((o, o + q.npages * G) for q, o in placed if span(q)[0] <= e and s <= span(q)[1])
+        off = 0
+        for lo, hi in busy:
+            if off + p.npages * G <= lo:
+                break
+            off = max(off, hi)
+        placed.append((p, off))
+        out.append(off)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_uses_placed_by_parts_never_put_two_live_blocks_on_one_byte(seed):
+    rnd = random.Random(seed)
+    uses, alive, k = [], [], 0
+    npos = 12
+    for pos in range(npos):
+        ops = []
+        for _ in range(rnd.randrange(1, 12)):
+            if alive and rnd.random() < 0.5:
+                ops.append(("f", alive.pop(rnd.randrange(len(alive)))))
+            else:
+                ops.append(("a", k, rnd.choice([1, 2, 5])))
+                alive.append(k)
+                k += 1
+        uses.append((pos, ops))
+    ev, marks, n = captured(uses)
+    ps, own, nown, peak = poolplan.parts(ev, marks, LO, n, G)
+    table = poolplan.compose(ps, _place_parts(ps, npos), -(-n // G), G)
+    blocks = poolplan.block_lives(ev, LO, LO + n)
+    assert sum(len(p.granules) for p in ps) == -(-n // G)
+    for own_table in (own, table):
+        pages = {}
+        for a, size, b, d in blocks:
+            for g in range((a - LO) // G, (a + size - 1 - LO) // G + 1):
+                pages.setdefault(own_table[g], []).append((b, float("inf") if d is None or b < 0 else d))
+        for lives in pages.values():
+            for i, (b1, e1) in enumerate(lives):
+                for b2, e2 in lives[i + 1:]:
+                    assert not (b1 < e2 and b2 < e1), "two live blocks on one page"

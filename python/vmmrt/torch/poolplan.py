@@ -212,3 +212,122 @@ def plan(events: Iterable[dict], lo: int, nbytes: int, granularity: int) -> tupl
     table, npages = place(ms)
     check(ms, table)
     return table, npages, live_peak(blocks)
+
+
+# ------------------------------------------------------------ over the step
+# The pool's granules on the step's timeline (vmmrt.torch.memplan): a
+# granule is in use at the positions of the step (its order of uses) from
+# the capture a block over it was born in to the one it died in. Granules
+# in use at the same positions form a part, which the memory plan places as
+# one slot among the layers' own (a backward's temporaries on the pages of
+# a resident already read, as eager PyTorch reuses its freed blocks);
+# inside a part, granules share pages by their blocks' lives (:func:`place`).
+# That pays only where a granule's blocks come from few captures: one pool
+# per use (vmmrt.torch.graphpool) gives each capture addresses of its own.
+
+WHOLE = None        # a part's interval: in use at every position of the step but its end
+
+
+class Part:
+    """Granules of the pool in use at positions [start, end] of the step
+    (``start`` None: at all of them but the step's end), and their pages:
+    granule ``granules[i]`` on the part's page ``table[i]``, ``npages``
+    pages in all."""
+    __slots__ = ("start", "end", "granules", "table", "npages")
+
+    def __init__(self, start, end, granules, table, npages):
+        self.start, self.end, self.granules, self.table, self.npages = start, end, granules, table, npages
+
+    def __repr__(self):
+        return "Part([%s, %s], %d granules on %d pages)" % (self.start, self.end, len(self.granules), self.npages)
+
+
+def position_of(marks: Sequence[tuple[int, int, int]]):
+    """From ``marks`` ((position, first event, end event) of each capture,
+    in the order they were captured): a function giving an event index's
+    position and whether it fell in a capture (between two, it is the
+    previous capture's; before the first, None)."""
+    starts = [m[1] for m in marks]
+
+    def at(k: int):
+        i = bisect.bisect_right(starts, k) - 1
+        if i < 0:
+            return None, False
+        pos, s, e = marks[i]
+        return pos, s <= k < e
+    return at
+
+
+def granule_spans(blocks: Sequence[tuple[int, int, int, int | None]], marks: Sequence[tuple[int, int, int]],
+                  lo: int, nbytes: int, granularity: int) -> list:
+    """Per granule of [lo, lo + nbytes): (first, last) positions at which a
+    block over it is alive, :data:`WHOLE` for one under a block in use for
+    good, born outside the captures or dying at a position before its
+    birth's (captures out of the step's order), None for one no block
+    touched. A block freed after the last capture is alive to the
+    step's last captured position: who reads it there is not known."""
+    g = granularity
+    n = -(-nbytes // g)
+    at = position_of(marks)
+    after = marks[-1][2] if marks else 0
+    last = max((m[0] for m in marks), default=None)
+    out = [None] * n
+    for a, size, b, d in blocks:
+        span = WHOLE
+        if b >= 0 and d is not FOREVER:
+            pb, inside = at(b)
+            pd = at(d)[0] if d < after else last
+            if inside and pd is not None and pd >= pb:
+                span = (pb, pd)
+        g0 = max(0, (a - lo) // g)
+        g1 = min(n - 1, (a + size - 1 - lo) // g)
+        for k in range(g0, g1 + 1):
+            old = out[k]
+            if old is None:
+                out[k] = span
+            elif old is WHOLE or span is WHOLE:
+                out[k] = WHOLE
+            else:
+                out[k] = (min(old[0], span[0]), max(old[1], span[1]))
+        # (a granule's span is the hull of its blocks': its bytes are
+        # taken from the first birth to the last death among them)
+    return out
+
+
+def parts(events: Iterable[dict], marks: Sequence[tuple[int, int, int]], lo: int, nbytes: int,
+          granularity: int) -> tuple[list[Part], list[int], int, int]:
+    """(the pool's parts, :class:`Part`; the page of each granule on pages of
+    its own, by its blocks' lives over the whole history: the pool's
+    memory before the memory plan; pages used; the blocks' live peak) from
+    a memory history's events and the captures' ``marks``. Granules no
+    block touched are in no part."""
+    events = list(events)
+    blocks = block_lives(events, lo, lo + nbytes)
+    ms = masks(blocks, lo, nbytes, granularity)
+    spans = granule_spans(blocks, marks, lo, nbytes, granularity)
+    by = {}
+    for k, (m, s) in enumerate(zip(ms, spans)):
+        if m:
+            by.setdefault(s if s is WHOLE else tuple(s), []).append(k)
+    out = []
+    for span, ks in sorted(by.items(), key=lambda kv: (-1, -1) if kv[0] is WHOLE else kv[0]):
+        table, npages = place([ms[k] for k in ks])
+        check([ms[k] for k in ks], table)
+        out.append(Part(None if span is WHOLE else span[0], None if span is WHOLE else span[1], ks, table, npages))
+    own, nown = place(ms)
+    check(ms, own)
+    return out, own, nown, live_peak(blocks)
+
+
+def compose(parts_: Sequence[Part], offsets: Sequence[int], ngranules: int, granularity: int) -> list[int]:
+    """The page offset of each of ``ngranules`` granules when part i's pages
+    begin at ``offsets[i]``: a granule in no part (no block touched it)
+    on the first part's first page (its addresses are never read or
+    written: they only need to be mapped)."""
+    g = granularity
+    first = offsets[0] if offsets else 0
+    out = [first] * ngranules
+    for p, at in zip(parts_, offsets):
+        for k, page in zip(p.granules, p.table):
+            out[k] = at + page * g
+    return out
