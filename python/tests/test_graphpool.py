@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from vmmrt.torch import graphpool
+from vmmrt.torch import graphpool, poolplan
 
 G = 2 << 20
 needs_count = pytest.mark.skipif(graphpool._USE_COUNT is None, reason="torch without a storage use count")
@@ -36,7 +36,9 @@ def _pool(base, used):
     gp.used = used
     gp._storages, gp._baseline = [], []
     gp.off = types.SimpleNamespace(granularity=G)
-    gp.table = gp.pages_bytes = gp.live_peak = gp.place_why_not = gp._sealed = None
+    gp.live_peak = gp.place_why_not = gp._sealed = None
+    gp.per_use, gp.mempools, gp.marks, gp.parts, gp._abs, gp._at = False, {}, [], None, None, 0
+    gp.own_table = gp.own_bytes = gp._events_kept = None
     return gp
 
 
@@ -221,31 +223,52 @@ def test_describe_says_how_the_pool_got_its_segments():
 
 
 @needs_count
-def test_with_a_page_table_the_bytes_held_are_at_their_granules_pages():
-    """A held storage's bytes, granule by granule, where the table puts them
-    in the pool's share of the pages: the optimizer step is lent the rest."""
+def test_with_parts_the_bytes_held_are_at_their_granules_pages():
+    """A held storage's bytes, granule by granule, where the parts put them
+    in the plan's pages: the optimizer step is lent the rest."""
     buf = torch.zeros(4 * G, dtype=torch.uint8)
     base = buf.data_ptr()
     held = buf[G + G // 2:G + G // 2 + G].clone()   # a stand-in at an address of its own
     gp = _pool(base, 4 * G)
     gp.backing.address = held.data_ptr() - (G + G // 2)   # over granules 1 and 2 of the pool
-    gp.table, gp.pages_bytes = [0, 2, 0, 1], 3 * G
+    gp.parts = [poolplan.Part(None, None, [0, 1, 3], [0, 1, 0], 2), poolplan.Part(3, 3, [2], [0], 1)]
+    gp.parts_at([10 * G, 20 * G])
     gp.settle([held])
     kept = held.detach()
-    assert gp.held_ranges() == [(2 * G + G // 2, 3 * G), (0, G // 2)]
-    assert gp.page_table(10 * G) == [10 * G, 12 * G, 10 * G, 11 * G]
+    assert gp.held_ranges() == [(11 * G + G // 2, 12 * G), (20 * G, 20 * G + G // 2)]
+    assert gp.page_table(0) == [10 * G, 11 * G, 20 * G, 10 * G]
+    assert gp.held_bytes() == [(G + G // 2, 2 * G + G // 2)]
     del kept
     assert gp.held_ranges() == []
 
 
+def _history(lo):
+    """A: 2 granules born and freed at use 0; B: 2 granules born at use 0,
+    freed at use 1; C: 4 born at use 1 after A is freed, freed there."""
+    ev = [{"action": "alloc", "addr": lo, "size": 2 * G}, {"action": "alloc", "addr": lo + 2 * G, "size": 2 * G},
+          {"action": "free_requested", "addr": lo, "size": 2 * G},
+          {"action": "free_completed", "addr": lo, "size": 2 * G},
+          {"action": "alloc", "addr": lo + 4 * G, "size": 4 * G},
+          {"action": "free_requested", "addr": lo + 2 * G, "size": 2 * G},
+          {"action": "free_completed", "addr": lo + 2 * G, "size": 2 * G},
+          {"action": "free_requested", "addr": lo + 4 * G, "size": 4 * G},
+          {"action": "free_completed", "addr": lo + 4 * G, "size": 4 * G}]
+    return ev, [(("a", False), 0, 4), (("b", False), 4, 9)]
+
+
 def test_a_block_made_after_the_captures_puts_the_granules_back_in_order(monkeypatch):
-    gp = _pool(1 << 30, 4 * G)
-    gp.table, gp.pages_bytes, gp._sealed = [0, 1, 0, 1], 2 * G, {((1 << 30) + G, 512)}
-    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [((1 << 30) + G, 512)])
-    assert gp.planned_bytes() == 2 * G and gp.page_table(0) == [0, G, 0, G]
-    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [((1 << 30) + G, 512), ((1 << 30) + 3 * G, 4096)])
-    assert gp.planned_bytes() == 4 * G
-    assert gp.page_table(0) is None and "1 blocks were made in it after the captures" in gp.place_why_not
+    lo = 1 << 30
+    gp = _pool(lo, 8 * G)
+    gp._events_kept, gp.marks = _history(lo)
+    gp._sealed = {(lo + G, 512)}
+    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [(lo + G, 512)])
+    order = [("a", False), ("b", False), ("b", True), ("a", True)]
+    assert len(gp.planned_parts(order)) == 3
+    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [(lo + G, 512), (lo + 3 * G, 4096)])
+    assert gp.planned_parts(order) == [(8 * G, None, None)]
+    assert gp.parts is None and "1 blocks were made in it after the captures" in gp.place_why_not
+    gp.parts_at([0])
+    assert gp.page_table(0) is None
     gp.backing.bound, gp.bound, gp.fallback, gp.large, gp.presize_why_not = True, 8 * G, 0, None, "no history"
     assert "in order: 1 blocks" in gp.describe()
 
@@ -254,38 +277,34 @@ def test_describe_says_where_the_granules_went():
     gp = _pool(1 << 30, 488 << 20)
     gp.backing.bound = True
     gp.bound, gp.fallback, gp.large, gp.presize_why_not = 3908 << 20, 0, None, "no history"
-    gp.table, gp.pages_bytes, gp.live_peak = [0] * 244, 400 << 20, 390 << 20
+    gp.parts = [poolplan.Part(None, None, [0], [0], 100), poolplan.Part(2, 3, [1], [0], 100)]
+    gp.live_peak = 390 << 20
+    gp.off.granularity = 2 << 20
     text = gp.describe()
-    assert "its granules on 400.0 MiB of pages by when its blocks were alive (390.0 MiB alive at once" in text
+    assert "its granules on 400.0 MiB of pages in 2 parts by when their blocks are alive, 1 of them at some " \
+        "uses only (390.0 MiB alive at once" in text, text
 
 
-def test_place_reads_the_history_and_keeps_the_table_only_where_it_saves(monkeypatch):
+def test_place_keeps_the_history_and_the_parts_follow_the_steps_order(monkeypatch):
     lo = 1 << 30
-    a = {"action": "alloc", "addr": lo, "size": 2 * G}
-    b = {"action": "alloc", "addr": lo + 2 * G, "size": 2 * G}
-    fa = {"action": "free_completed", "addr": lo, "size": 2 * G}
-    ra = {"action": "free_requested", "addr": lo, "size": 2 * G}
-    c = {"action": "alloc", "addr": lo + 4 * G, "size": 4 * G}
-    fb = {"action": "free_completed", "addr": lo + 2 * G, "size": 2 * G}
-    rb = {"action": "free_requested", "addr": lo + 2 * G, "size": 2 * G}
-    fc = {"action": "free_completed", "addr": lo + 4 * G, "size": 4 * G}
-    rc = {"action": "free_requested", "addr": lo + 4 * G, "size": 4 * G}
+    ev, marks = _history(lo)
     gp = _pool(lo, 8 * G)
+    gp.marks = marks
     monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
-    # A freed before C is born: C's first half on A's pages, 6 of 8
-    monkeypatch.setattr(gp, "_stop_history", lambda: [a, b, ra, fa, c, rb, fb, rc, fc])
+    monkeypatch.setattr(gp, "_stop_history", lambda: ev)
     gp.place()
-    assert gp.pages_bytes == 6 * G and gp.live_peak == 6 * G and gp.table[:2] == gp.table[4:6]
-    assert gp.planned_bytes() == 6 * G
-    # C born while A lives: nothing shares
-    gp = _pool(lo, 8 * G)
-    monkeypatch.setattr(gp, "_stop_history", lambda: [a, b, c, ra, fa, rb, fb, rc, fc])
-    gp.place()
-    assert gp.table is None and gp.place_why_not == "no granules share a page"
-    assert gp.planned_bytes() == 8 * G
+    assert gp.live_peak == 6 * G
+    order = [("a", False), ("b", False), ("b", True), ("a", True)]
+    # A's granules at use 0 alone; B's from 0 to 1; C's at 1: C's first
+    # half shares A's page inside no part (their parts are apart), so 3 parts
+    got = gp.planned_parts(order)
+    assert got == [(2 * G, 0, 0), (2 * G, 0, 1), (4 * G, 1, 1)], got
+    # a use the step's order does not have: every granule at every use
+    assert gp.planned_parts([("a", False), ("a", True)]) == [(6 * G, None, None)]
     # no history (the captures did not turn it on): in order, and why
     gp = _pool(lo, 8 * G)
     gp.presize_why_not = "the caller records PyTorch's memory history"
     monkeypatch.setattr(gp, "_stop_history", lambda: None)
     gp.place()
-    assert gp.table is None and gp.place_why_not == "the caller records PyTorch's memory history"
+    assert gp.planned_parts(order) == [(8 * G, None, None)]
+    assert gp.place_why_not == "the caller records PyTorch's memory history"

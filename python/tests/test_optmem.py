@@ -139,25 +139,61 @@ N = 4
 class FakeGraphPool:
     """The graphs' pool on a slot (graphpool.GraphPool) as the plan sees it,
     on the host backend: a kept slot that the "replays" write over (at each
-    step's first forward: :func:`_train`); ``held``: a tensor handed out
+    step's first forward: :func:`_train`; a part's granules at each use in
+    its span: :func:`_replays_write_parts`); ``held``: a tensor handed out
     from it is alive."""
 
-    def __init__(self, off, nbytes=8 * G, table=None):
+    def __init__(self, off, nbytes=8 * G, table=None, parts=None):
         from vmmrt.torch.backing import Backing
         self.backing = Backing(off, "graph pool", nbytes)
-        # the page of each granule (GraphPool.page_table), or None: in order
+        # the page of each granule in one part at every use (None: in order),
+        # or parts: (first use, last use, granules, the page of each)
         self.table = table
-        if table is not None:
-            self.backing.page_table = lambda at: [at + p * G for p in table]
+        self.parts = parts
+        self.at, self.abs = 0, None
+        self.backing.page_table = lambda at: self.abs
         self.backing.kept = True
         self.backing.ensure()
         self.backing.alive = lambda: self.held
-        # the ranges a held tensor covers (GraphPool.held_ranges); None: all of it
-        self.backing.held = lambda: None if self.backing.in_use else self.ranges
+        # the ranges a held tensor covers (GraphPool.held_ranges, as offsets in
+        # the plan's pages); None: all of it
+        self.backing.held = lambda: None if self.backing.in_use else self._translated()
         self.used = self.backing.nbytes
         self.held = False
         self.ranges = None
         off.backings.append(self.backing)
+
+    def _parts(self):
+        return self.parts or [(None, None, list(range(len(self.table))), self.table)] if self.table or self.parts \
+            else None
+
+    def planned_parts(self, order):
+        ps = self._parts()
+        if ps is None:
+            return [(self.backing.nbytes, None, None)]
+        return [((max(t) + 1) * G, s, e) for s, e, _, t in ps]
+
+    def parts_at(self, offsets):
+        self.at = offsets[0]
+        ps = self._parts()
+        if ps is not None:
+            self.abs = [offsets[0]] * (self.backing.nbytes // G)
+            for (_, _, ks, t), o in zip(ps, offsets):
+                for k, p in zip(ks, t):
+                    self.abs[k] = o + p * G
+
+    def _translated(self):
+        if self.ranges is None:
+            return None
+        if self.abs is None:
+            return [(self.at + a, self.at + b) for a, b in self.ranges]
+        return [(self.abs[a // G] + a % G, self.abs[a // G] + a % G + (b - a)) for a, b in self.ranges]
+
+    def own_memory(self):
+        self.backing.ensure()
+
+    def held_bytes(self):
+        return list(self.ranges or ())
 
     def planned_bytes(self):
         return self.backing.nbytes if self.table is None else (max(self.table) + 1) * G
@@ -174,7 +210,8 @@ def _build(plan=True, graph_pool=False, mode="none", **kw):
                                   min_bytes=0, options={"host_granularity": G}, memory_plan=plan, **kw)
     off = vt.offload_of(g[0])
     if graph_pool:
-        off.graph_pool = FakeGraphPool(off, table=graph_pool if isinstance(graph_pool, list) else None)
+        off.graph_pool = FakeGraphPool(off, **graph_pool) if isinstance(graph_pool, dict) else \
+            FakeGraphPool(off, table=graph_pool if isinstance(graph_pool, list) else None)
     if off.memplan is not None:
         off.memplan.optimizer_api = FakePools
     return g, off
@@ -195,6 +232,7 @@ def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool
     torch.manual_seed(0)
     g, off = _build(plan, graph_pool, mode)
     params = [p for m in g for p in m.parameters()]
+    off.test_params = params
     opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
     out = {"grads": []}
     try:
@@ -203,7 +241,7 @@ def _train(plan, steps, set_to_none=True, at_step=None, fail_at=None, graph_pool
             pools = off.memplan.optimizer.api if off.memplan and off.memplan.optimizer else None
             if at_step is not None:
                 at_step(i, off, pools)
-            if graph_pool:
+            if graph_pool and not off.graph_pool.parts:
                 b = off.graph_pool.backing
                 ctypes.memset(b.address, 0x11, b.nbytes)     # the replays' intermediates
             x, gy = _inputs(i)
@@ -655,6 +693,95 @@ def test_the_graphs_pool_on_a_page_table_takes_only_its_pages():
     assert seen["alias"]
     assert on["stats"]["slot_bytes"] == on["plan_bytes"]
     assert on["stats"]["plan_conflicts"] == 0
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    assert _same(on["params"], ref["params"])
+
+
+# A pool in three parts over the zoo's order (forwards 0-3, backwards 7-4):
+# two granules in use at layer 1's forward, three at layer 2's backward, one
+# at every use.
+PARTS = [(1, 1, [0, 1], [0, 1]), (5, 5, [2, 3, 4], [0, 1, 2]), (None, None, [5], [0])]
+
+
+def _replays_write_parts(off, also=None):
+    """Each use writes the granules of the pool's parts in use there, as a
+    replay writes its temporaries (before the plan, on the pool's own
+    memory; on the plan, on pages it shares with slots used elsewhere);
+    ``also(layer, backward)`` is called first."""
+    gp, orig = off.graph_pool, off.use_started
+    pos = {use: k for k, use in enumerate(off.memplan.order)}
+    end = len(off.memplan.order)
+
+    def use_started(lay, backward, current=None):
+        if also is not None:
+            also(lay, backward)
+        p = pos[(lay.name, bool(backward))]
+        for s, e, ks, _ in gp.parts:
+            if (0 if s is None else s) <= p <= (end - 1 if e is None else e):
+                for k in ks:
+                    ctypes.memset(gp.backing.address + k * G, 0x11 + p, G)
+        return orig(lay, backward, current)
+    off.use_started = use_started
+
+
+@routes
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_the_graphs_pools_parts_share_pages_with_slots_used_at_other_uses(set_to_none):
+    """The pool's parts in use at one use each go on pages of slots in use at
+    others (a resident read already, gradients not yet written): the plan
+    is smaller than with the pool whole, and training is bitwise as without
+    a plan although every use's "replay" writes its parts."""
+    seen = {}
+
+    def step(i, off, pools):
+        if i == 0:
+            _replays_write_parts(off)
+        if i == 2:
+            plan = off.memplan.plan
+            seen["shares"] = {k[2]: v for k, v in plan.shares.items() if k[0] == "graphs"}
+            seen["bytes"] = plan.pages_bytes
+    on = _train(True, 5, set_to_none, at_step=step, graph_pool=dict(parts=PARTS))
+    whole = _train(True, 5, set_to_none, at_step=lambda i, off, pools: i == 2 and seen.setdefault(
+        "whole", off.memplan.plan.pages_bytes), graph_pool=True)
+    ref = _train(False, 5, set_to_none)
+    assert seen["shares"][0] and seen["shares"][1], seen
+    assert not seen["shares"][2]        # in use at every use: shares with nothing
+    assert seen["bytes"] < seen["whole"], seen
+    assert on["stats"]["plan_conflicts"] == 0
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
+    assert _same(on["params"], ref["params"])
+    assert whole["stats"]["plan_conflicts"] == 0
+
+
+@routes
+def test_a_grad_kept_across_the_next_forward_leaves_a_pool_parts_pages_with_its_values():
+    """A .grad kept past zero_grad(set_to_none=True) into the next forward
+    sits on pages a part of the pool uses at layer 1's forward: before that
+    use, the gradients' slot moves to memory of its own with its bytes
+    (counted as a conflict); the kept tensors read what they held at the
+    next backward, and training goes on bitwise as without the plan."""
+    seen = {"kept": None}
+
+    def check(lay, backward):
+        if seen["kept"] is not None and lay.name == "3:Zoo" and backward:
+            seen["intact"] = all(torch.equal(a, b) for a, b in zip(*seen["kept"]))
+            seen["kept"] = None
+
+    def step(i, off, pools):
+        if i == 0:
+            _replays_write_parts(off, check)
+
+    def keep(i, off):
+        if i == 2:
+            grads = [p.grad for p in off.test_params]
+            seen["kept"] = (grads, [x.clone() for x in grads])
+    on = _train(True, 5, True, at_step=step, graph_pool=dict(parts=PARTS), before_step=keep)
+    held = seen.pop("intact", None)
+    ref = _train(False, 5, True, before_step=keep)
+    assert held is True, "a replay wrote over a .grad kept across the next forward"
+    assert on["stats"]["plan_conflicts"] >= 1
     for a, b in zip(on["grads"], ref["grads"]):
         assert _same(a, b)
     assert _same(on["params"], ref["params"])

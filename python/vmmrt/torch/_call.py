@@ -183,6 +183,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
             off.check_usable()
             if _backing._late or off._due:
                 off.flush()
+            if off.part_checks:
+                off.memplan.check_parts(lay.keys[True], s)
             n = 0
             if gouts is not None:
                 for k, j in gcopy_at:
@@ -231,6 +233,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 s = raw_stream()
                 if _backing._late or off._due:
                     off.flush()
+                if off.part_checks:
+                    off.memplan.check_parts(lay.keys[False], s)
                 res = lay.resident
                 if res is not None:
                     # on the plan's pages: whether its bytes are free (else

@@ -144,6 +144,7 @@ class Backing:
         self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
         self.alive = None         # its owner's test of whether a tensor it handed out over the slot is held
         self.page_table = None    # its owner's page of each granule, given the slot's offset in the pages (or None: in order)
+        self._own = None          # pages of its own it is mapped onto (map_own), off the plan
 
     # ------------------------------------------------------------ state
     @property
@@ -153,9 +154,9 @@ class Backing:
     @property
     def mapped(self):
         """Mapped, or asked to be (the worker may still be at it), by the map
-        and release path; a slot on the memory plan's pages is :attr:`bound`
-        instead."""
-        return self._wanted
+        and release path, or onto pages of its own (:meth:`map_own`); a slot
+        on the memory plan's pages is :attr:`bound` instead."""
+        return self._wanted or self._own is not None
 
     @property
     def bound(self):
@@ -191,6 +192,8 @@ class Backing:
         with self._lock:
             if self._bound:
                 return True
+            if self._own is not None and not self._live:
+                self._drop_own()
             if self._wanted or self._live or self._pinned or self.slot.state != "reserved":
                 return False
             table = self.page_table(offset) if self.page_table is not None else None
@@ -201,6 +204,25 @@ class Backing:
             self._bound = True
             self._in_use = False
             return True
+
+    def map_own(self, pages, table):
+        """Mapped granule by granule onto ``pages`` (at the byte offsets of
+        ``table``), pages its owner made for it alone, now: the graphs' pool
+        on pages fewer than its addresses (vmmrt.torch.graphpool), off the
+        plan. The slot keeps the pages until it is bound to the plan's, or
+        mapped onto others; nothing may run over it meanwhile."""
+        with self._lock:
+            if self._bound or self._wanted or self._live:
+                raise RuntimeError("%s: its own pages while it is mapped" % self.name)
+            if self._own is not None:
+                self._drop_own()
+            self.slot.map_pages_table(pages, table)
+            self._own = pages
+
+    def _drop_own(self):
+        self.slot.unmap()
+        pages, self._own = self._own, None
+        pages.destroy()
 
     def unbind(self):
         """Off the pages (the caller has waited for the work that used them
@@ -224,7 +246,7 @@ class Backing:
     # ------------------------------------------------------- map, release
     def _prefetch(self):
         self._due = None
-        if not self._wanted and not self._bound:
+        if not self._wanted and not self._bound and self._own is None:
             self.slot.map_async()
             self._wanted = True
             self.maps += 1
@@ -233,7 +255,7 @@ class Backing:
         """Mapped when this returns (waiting for the worker if it is not done)."""
         with self._lock:
             self._prefetch()
-            if self._bound:
+            if self._bound or self._own is not None:
                 return
         self.slot.wait()
         self._on_stream = False
@@ -369,3 +391,6 @@ class Backing:
 
     def destroy(self):
         self.slot.destroy()
+        if self._own is not None:
+            pages, self._own = self._own, None
+            pages.destroy()

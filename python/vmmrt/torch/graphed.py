@@ -572,8 +572,9 @@ def _capture(r, what, graph, pool, stream, error_mode, body, guard=None):
 
 def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, grads, uses, graph_pool=True):
     """Capture every runner's forward and backward graph in the order they will
-    run (``uses``: (backward, runner) pairs), all in one pool: a replay in that
-    order finds the pool's memory as its capture left it. With grads="mapped"
+    run (``uses``: (backward, runner) pairs), in one pool or one per use
+    (vmmrt.torch.graphpool): a replay in that order finds the pool's memory
+    as its capture left it. With grads="mapped"
     a runner has two backward graphs (write and accumulate, vmmrt.torch.grads),
     captured one after the other; one of them runs at each backward. Returns
     (forward, backward, accumulate or None) graphs per runner, every slot
@@ -582,13 +583,16 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     memory plan to lend at the optimizer step; without a plan it would only
     hold what torch's pool holds."""
     gp = graphpool.open_for(off, runners, pool, stream) if graph_pool else None
-    mempool = gp.id if gp is not None else torch.cuda.graph_pool_handle() if pool is None else pool
+    mempool = None if gp is not None else torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream if stream is not None else None
     captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]
     _before_capture(runners, off, grads, captured)
     off.capturing = True
     try:
         for backward, r in uses:
+            if gp is not None:
+                mempool = gp.pool_for((r.name, backward))
+                first = gp.mark((r.name, backward))
             fwd, bwd, acc = captured[r.index]
             if r.recompute and not recompute.CHECKPOINTED:
                 acc = _capture_recomputed(r, backward, bwd if backward else fwd, mempool, stream, error_mode,
@@ -613,6 +617,8 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
             else:
                 _capture_forward(r, fwd, mempool, stream, error_mode, handle)
             captured[r.index] = (fwd, bwd, acc)
+            if gp is not None:
+                gp.mark((r.name, backward), first)
     except BaseException:
         if gp is not None:
             gp.abandon()

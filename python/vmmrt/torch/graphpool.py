@@ -73,6 +73,17 @@ SLACK = 64 << 20
 # requests up to 1 MiB) when the rest is one presized segment; what they ask
 # beyond it the arena serves from plain memory. (Eight Llama layers: 3.)
 SMALL = 8 << 20
+# One pool per use (a layer's forward, or its backward) when the memory
+# history can be read: each capture's blocks at addresses of their own, so
+# that a granule is in use at few positions of the step and the memory plan
+# can put it on pages of slots in use at others (vmmrt.torch.poolplan's
+# parts). In one pool, best fit gives every backward the addresses the one
+# before freed, and each granule is in use from the first backward to the
+# last: alongside every resident.
+PER_USE = True
+# The range of one use beyond its layer's sizes: its own small segments
+# (2 MiB each) and mid-size ones (20 MiB for requests of 1 to 10 MiB).
+USE_SLACK = 48 << 20
 
 
 def available(off: Any, pool: Any) -> str | None:
@@ -94,6 +105,17 @@ def bound(saved: Sequence[int], inputs: Sequence[int], granularity: int) -> int:
     inputs (the outputs and input gradients that stay in the pool), and
     :data:`SLACK`, in whole granules."""
     n = 4 * max(list(saved) or [0]) + 2 * sum(inputs) + SLACK
+    return -(-n // granularity) * granularity
+
+
+def bound_per_use(saved: Sequence[int], inputs: Sequence[int], granularity: int) -> int:
+    """The range of a pool per use: each layer's forward (its saved bytes,
+    twice its inputs: outputs) and backward (four times its saved bytes: a
+    recomputed layer's forward again and its intermediates; twice its
+    inputs: its input gradients), each with :data:`USE_SLACK`, in whole
+    granules. Addresses only: the captures run on one page mapped at all
+    of them, and what a replay uses gets pages after them."""
+    n = sum(5 * s + 4 * i + 2 * USE_SLACK for s, i in zip(saved, inputs))
     return -(-n // granularity) * granularity
 
 
@@ -155,6 +177,14 @@ def _history_why_not() -> str | None:
     return None
 
 
+def _history_on() -> None:
+    """PyTorch's memory history on, from an empty trace where it can clear one."""
+    try:
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", clear_history=True)
+    except TypeError:       # (a PyTorch without clear_history)
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+
+
 def capture_stream(stream: Any) -> Any:
     """The stream torch.cuda.graph captures on: ``stream``, or its own (made
     here when no graph has made it yet, as torch.cuda.graph would)."""
@@ -181,9 +211,20 @@ class GraphPool:
     torch.cuda.graph(pool=...), the range's cut after the captures, and
     whether a tensor handed out from it is held."""
 
-    def __init__(self, off: Any, nbytes: int, stream: Any = None) -> None:
-        """``stream``: the captures' (None: torch.cuda.graph's own)."""
+    def __init__(self, off: Any, nbytes: int, stream: Any = None, per_use: bool = False) -> None:
+        """``stream``: the captures' (None: torch.cuda.graph's own);
+        ``per_use``: one pool per use (:data:`PER_USE`), where the memory
+        history can be read."""
         self.off = off
+        self.per_use = per_use and _history_why_not() is None
+        self.mempools = {}          # use -> its MemPool (per use)
+        self.marks = []             # (use, first event, end event) of each use's captures
+        self.parts = None           # poolplan.Part of its granules, for the memory plan (planned_parts)
+        self.own_table = None       # the page of each granule on pages of its own (per use: own_memory)
+        self.own_bytes = None
+        self._abs = None            # the page offset of each granule on the plan's pages (parts_at)
+        self._at = 0                # the offset of its pages in the plan's, when in order
+        self._events_kept = None    # the history's events, for the parts
         self.device = off.device.index if off.device.index is not None else torch.cuda.current_device()
         self.backing = Backing(off, "graph pool", nbytes)
         self.backing.kept = True
@@ -197,12 +238,13 @@ class GraphPool:
         self._stream = None         # the captures' stream
         self._storages = []         # of the tensors handed out from the pool, and the library's count of each
         self._baseline = []
-        self.table = None           # the page of each granule of the cut range (vmmrt.torch.poolplan), or None: in order
-        self.pages_bytes = None     # the pages the table uses
         self.live_peak = None       # the most bytes of its blocks alive at once in the captures
         self.place_why_not = None   # why its granules are on pages in order
         self._sealed = None         # (address, bytes) of its blocks in use when the history ended
         try:
+            if self.per_use:
+                self._open_per_use()
+                return self._adopted(off)
             self.backing.ensure()
             lo, n = self.backing.address, self.backing.nbytes
             split = layout(n)
@@ -216,16 +258,60 @@ class GraphPool:
         except BaseException:
             self._stop_history()
             self.backing.kept = False
-            self.backing.slot.destroy()
+            self.backing.destroy()
             raise
+        self._adopted(off)
+
+    def _adopted(self, off: Any) -> None:
         self.backing.alive = self.alive
         self.backing.held = self.held_ranges
         self.backing.page_table = self.page_table
         off.backings.append(self.backing)
 
+    def _open_per_use(self) -> None:
+        """The range lent whole to the arena, mapped on one page at every
+        granule for the captures (nothing runs then: the driver only checks
+        that a captured copy's addresses are mapped when it instantiates the
+        graph), and the memory history on."""
+        g = self.off.granularity
+        scratch = self.off.runtime.pages(g)
+        try:
+            self.backing.map_own(scratch, [0] * (self.backing.nbytes // g))
+        except BaseException:
+            scratch.destroy()
+            raise
+        _arena.lend(self.off.runtime, [(self.backing.address, self.backing.nbytes)], self.device)
+        self.allocator = _arena.allocator()
+        self.mempool = None
+        self.presize_why_not = "one pool per use"
+        _history_on()
+        self._tracing = True
+
     @property
     def id(self) -> Any:
         return self.mempool.id
+
+    def pool_for(self, use: tuple) -> Any:
+        """The pool id the captures of ``use`` ((layer name, backward)) go
+        into: the one pool, or (per use) a MemPool of its own over the
+        arena."""
+        if not self.per_use:
+            return self.mempool.id
+        mp = self.mempools.get(use)
+        if mp is None:
+            mp = self.mempools[use] = torch.cuda.MemPool(self.allocator.allocator())
+        return mp.id
+
+    def mark(self, use: tuple, first: int | None = None) -> int | None:
+        """Where the history stands: called before a use's captures (returns
+        the event count), and after them with that count (``first``), which
+        records the use's span of events (vmmrt.torch.poolplan's marks)."""
+        if not self._tracing:
+            return None
+        n = len(self._events())
+        if first is not None:
+            self.marks.append((use, first, n))
+        return n
 
     def _presize(self, split: tuple, stream: Any) -> None:
         """The one large segment, made and freed on the captures' stream (the
@@ -246,7 +332,7 @@ class GraphPool:
         self.large = (lo, large)
         self._stream = stream
         try:
-            torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+            _history_on()
         except Exception as e:  # noqa: B902 - the segment then stays whole: no cut below it
             self.presize_why_not = "PyTorch's memory history could not be turned on (%s)" % e
             log.info("vmmrt: the graphs' pool: %s", self.presize_why_not)
@@ -282,6 +368,8 @@ class GraphPool:
         reached), mapped again at that size. The memory history stays on
         until :meth:`place`."""
         torch.cuda.synchronize(self.device)
+        if self.per_use:
+            return self._cut_per_use()
         try:
             events = self._events()
         except Exception:
@@ -313,12 +401,83 @@ class GraphPool:
                      "" if self.large is None else " (or the %d MiB of it kept for small segments)" % (SMALL >> 20),
                      self.fallback >> 20)
 
+    def _segments(self) -> list:
+        """(address, bytes) of the segments of its pool, or of every pool per use."""
+        ids = [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
+        return [(seg["address"], seg["total_size"]) for i in ids
+                for seg in torch.cuda.memory_snapshot(i, include_traces=False)]
+
+    def _cut_per_use(self) -> None:
+        """Per use: what the segments take of the range (the rest stays on
+        the one page until :meth:`place`), and what the arena served beyond it."""
+        lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
+        end = lo
+        for a, n in self._segments():
+            if lo <= a < hi:
+                end = max(end, a + n)
+            else:
+                self.fallback += n
+        self.used = end - lo
+        if self.fallback:
+            log.info("vmmrt: the graphs' pools outgrew their range of %d MiB: %d MiB of them is plain device memory, "
+                     "off the memory plan", self.bound >> 20, self.fallback >> 20)
+
+    def _place_per_use(self) -> None:
+        """Per use, before any replay: the granules on pages of their own by
+        when their blocks are alive (poolplan), the one page of the
+        captures given back. Without the history's events (it could not be
+        read): every granule the segments reached on a page of its own."""
+        g = self.off.granularity
+        ngr = self.backing.nbytes // g
+        try:
+            events = self._stop_history()
+        except Exception as e:  # noqa: B902 - each granule on a page of its own
+            events = None
+            self.place_why_not = "PyTorch's memory history could not be read (%s)" % e
+        reached = -(-self.used // g)
+        if events is not None:
+            lo = self.backing.address
+            marks = [(k, a, b) for k, (_, a, b) in enumerate(self.marks)]
+            ps, own, nown, self.live_peak = poolplan.parts(events, marks, lo, self.used, g)
+            self._events_kept = events
+            table = own + [0] * (ngr - len(own))
+        else:
+            nown = max(reached, 1)
+            table = list(range(reached)) + [0] * (ngr - reached)
+        pages = self.off.runtime.pages(nown * g)
+        try:
+            self.backing.map_own(pages, [p * g for p in table])
+        except BaseException:
+            pages.destroy()
+            raise
+        self.own_table, self.own_bytes = table, nown * g
+
+    def own_memory(self) -> None:
+        """Off the plan's pages (a conflict, or no plan after all): on pages of
+        its own again, as after the captures (in order, for one pool
+        without a table)."""
+        if self.own_table is None:
+            self.backing.ensure()
+            return
+        g = self.off.granularity
+        pages = self.off.runtime.pages(self.own_bytes)
+        try:
+            self.backing.map_own(pages, [p * g for p in self.own_table])
+        except BaseException:
+            pages.destroy()
+            raise
+
     def place(self) -> None:
         """Once the build has dropped what the captures left (their autograd
-        graphs: vmmrt.torch.graphed), the memory history off, and the cut
-        range's granules placed on pages by when its blocks were alive
-        (vmmrt.torch.poolplan), for the memory plan to map
-        (:meth:`page_table`); in order where that saves nothing."""
+        graphs: vmmrt.torch.graphed), the memory history off and its events
+        kept, for the memory plan to place the pool's granules by when their
+        blocks are alive (:meth:`planned_parts`; in order without them).
+        Per use, the granules go on pages of their own now
+        (:meth:`_place_per_use`)."""
+        if self.per_use:
+            self._place_per_use()
+            self._sealed = set(self._blocks_in_use())
+            return
         try:
             events = self._stop_history()
         except Exception as e:  # noqa: B902 - in order, as without a history
@@ -327,53 +486,74 @@ class GraphPool:
         if events is None:
             self.place_why_not = self.presize_why_not or "no memory history"
             return
-        g = self.off.granularity
-        lo, n = self.backing.address, self.backing.nbytes
-        table, npages, self.live_peak = poolplan.plan(events, lo, n, g)
-        if npages * g >= n:
-            self.place_why_not = "no granules share a page"
-            return
+        self._events_kept = events
+        self.live_peak = poolplan.live_peak(poolplan.block_lives(events, self.backing.address,
+                                                                 self.backing.address + self.backing.nbytes))
         self._sealed = set(self._blocks_in_use())
-        self.table, self.pages_bytes = table, npages * g
 
     def _blocks_in_use(self) -> list:
         """(address, bytes) of the pool's blocks in use now, in its range."""
         lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
-        return [(b["address"], b["size"]) for seg in torch.cuda.memory_snapshot(self.id, include_traces=False)
+        ids = [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
+        return [(b["address"], b["size"]) for i in ids for seg in torch.cuda.memory_snapshot(i, include_traces=False)
                 for b in _blocks(seg) if b["state"] != "inactive" and lo <= b["address"] < hi]
 
-    def planned_bytes(self) -> int:
-        """The bytes the memory plan gives the pool: its table's pages, or its
-        whole range when its blocks in use are no longer those the table
-        was made for (a block made after the captures would sit on a page
-        it shares: its granules go in order then)."""
-        if self.table is not None:
+    def planned_parts(self, order: Sequence[tuple]) -> list:
+        """The pool as the memory plan places it over the step's ``order`` of
+        uses: (bytes, first position, last position) of each part of its
+        granules (vmmrt.torch.poolplan.parts; positions None: at every
+        one), or one part of its whole range in order where the history
+        did not tell (or its blocks in use are no longer those it saw: a
+        block made after the captures would sit on a page it shares)."""
+        g = self.off.granularity
+        self.parts = None
+        if self._events_kept is not None:
             now = set(self._blocks_in_use())
             if not now <= self._sealed:
-                self.table, self.pages_bytes = None, None
+                self._events_kept = None
                 self.place_why_not = "%d blocks were made in it after the captures" % len(now - self._sealed)
                 log.warning("vmmrt: the graphs' pool: %s: its granules go on pages in order", self.place_why_not)
-        return self.pages_bytes if self.table is not None else self.backing.nbytes
+        if self._events_kept is None:
+            return [(self.backing.nbytes, None, None)]
+        pos = {use: k for k, use in enumerate(order)}
+        marks = [(pos[use], a, b) for use, a, b in self.marks] if all(m[0] in pos for m in self.marks) else []
+        nbytes = self.used if self.per_use else self.backing.nbytes
+        self.parts = poolplan.parts(self._events_kept, marks, self.backing.address, nbytes, g)[0]
+        return [(p.npages * g, p.start, p.end) for p in self.parts]
+
+    def parts_at(self, offsets: Sequence[int]) -> None:
+        """The plan's offsets of :meth:`planned_parts`, before it binds the pool."""
+        g = self.off.granularity
+        self._at = offsets[0] if offsets else 0
+        self._abs = poolplan.compose(self.parts, offsets, self.backing.nbytes // g, g) if self.parts else None
+
+    def planned_bytes(self) -> int:
+        """The pages the pool takes on the plan (its parts'), or on its own."""
+        if self.parts is not None:
+            return sum(p.npages for p in self.parts) * self.off.granularity
+        return self.own_bytes if self.own_bytes is not None else self.backing.nbytes
 
     def page_table(self, offset: int) -> list | None:
-        """The pages' offset of each granule of the pool, its share of them at
-        ``offset`` (Backing.bind); None: in order."""
-        if self.table is None:
-            return None
-        g = self.off.granularity
-        return [offset + p * g for p in self.table]
+        """The page offset of each granule of the pool on the plan's pages
+        (:meth:`parts_at`); None: in order at ``offset``."""
+        return self._abs
+
+    def held_bytes(self) -> list:
+        """[lo, hi) offsets in its range of the tensors handed out that are held."""
+        lo = self.backing.address
+        return [(st.data_ptr() - lo, st.data_ptr() - lo + st.nbytes()) for st in self._held()]
 
     def _page_ranges(self, lo: int, hi: int) -> list:
-        """The pool's bytes [lo, hi) (offsets in its range) as offsets in its
-        share of the pages, one range per granule."""
-        if self.table is None:
-            return [(lo, hi)]
+        """The pool's bytes [lo, hi) (offsets in its range) as offsets in the
+        plan's pages, one range per granule."""
+        if self._abs is None:
+            return [(self._at + lo, self._at + hi)]
         g = self.off.granularity
         out = []
         k = lo // g
         while k * g < hi:
             a, b = max(lo, k * g) - k * g, min(hi, (k + 1) * g) - k * g
-            out.append((self.table[k] * g + a, self.table[k] * g + b))
+            out.append((self._abs[k] + a, self._abs[k] + b))
             k += 1
         return out
 
@@ -426,8 +606,8 @@ class GraphPool:
 
     def held_ranges(self) -> list | None:
         """The pool's bytes held while its use is over (the optimizer step:
-        vmmrt.torch.optmem lends the rest), as [lo, hi) offsets in its
-        share of the pages (:meth:`page_table`): each storage handed out
+        vmmrt.torch.optmem lends the rest), as [lo, hi) offsets in
+        the plan's pages (:meth:`page_table`): each storage handed out
         that is held. A recomputed first layer's input
         gradient, say, lies in the pool, and the caller's input keeps it as
         its ``.grad`` through the step: its bytes are held, not the pool's
@@ -446,24 +626,34 @@ class GraphPool:
         self._storages, self._baseline = [], []
         self._plug = None
         self.mempool = None
+        self.mempools = {}
+        self._events_kept = None
 
     def stats(self) -> dict:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,
                 "graph_pool_fallback_bytes": self.fallback,
-                "graph_pool_pages_bytes": self.pages_bytes if self.table is not None else self.used,
+                "graph_pool_pages_bytes": self.planned_bytes() if self.backing.bound or self.own_bytes else self.used,
                 "graph_pool_live_peak_bytes": self.live_peak or 0}
 
     def describe(self) -> str:
         where = "on the memory plan's pages" if self.backing.bound else "its own memory"
-        if self.large is None:
+        if self.per_use:
+            how = "one pool per use (%d), each capture's blocks at addresses of their own" % len(self.mempools)
+        elif self.large is None:
             how = "its segments made as the captures asked: %s" % self.presize_why_not
         elif self.presize_why_not:
             how = "one segment made before the captures, kept whole: %s" % self.presize_why_not
         else:
             how = "one segment made before the captures, cut where their blocks reached"
-        if self.table is not None:
-            pages = "; its granules on %.1f MiB of pages by when its blocks were alive (%.1f MiB alive at once at " \
-                "most)" % (self.pages_bytes / 2**20, (self.live_peak or 0) / 2**20)
+        if self.parts:
+            g = self.off.granularity
+            spans = sum(1 for p in self.parts if p.start is not None)
+            pages = "; its granules on %.1f MiB of pages in %d parts by when their blocks are alive, %d of them at " \
+                "some uses only (%.1f MiB alive at once at most)" % (
+                    sum(p.npages for p in self.parts) * g / 2**20, len(self.parts), spans, (self.live_peak or 0) / 2**20)
+        elif self.own_bytes is not None:
+            pages = "; its granules on %.1f MiB of pages of its own by when their blocks are alive" % (
+                self.own_bytes / 2**20)
         else:
             pages = "; its granules on pages in order: %s" % self.place_why_not if self.place_why_not else ""
         return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s; %s%s)" % (
@@ -480,8 +670,10 @@ def open_for(off: Any, runners: Sequence[Any], pool: Any, stream: Any = None) ->
     if why is None:
         saved = [r.layer.saved_bytes()["distinct"] for r in runners]
         inputs = [sum(x.numel() * x.element_size() for x in r.sample) for r in runners]
+        per_use = PER_USE and _history_why_not() is None
+        n = bound_per_use(saved, inputs, off.granularity) if per_use else bound(saved, inputs, off.granularity)
         try:
-            gp = GraphPool(off, bound(saved, inputs, off.granularity), stream)
+            gp = GraphPool(off, n, stream, per_use)
         except Exception as e:  # noqa: B902 - torch's pool rather than no graphs
             why = "its range could not be made (%s)" % e
         else:

@@ -510,6 +510,8 @@ class LayerOffload:
         if self.offload.memplan is not None:
             self.offload.memplan.forward_begin(self, stream)
             self.offload.memplan.use_begins(self, False)
+            if self.offload.part_checks:
+                self.offload.memplan.check_parts(self.keys[False], stream)
         if self.resident is not None:
             # with static inputs in it, mapped before the call copies them in
             # (see graphed._allocate)
@@ -529,6 +531,8 @@ class LayerOffload:
         self.offload.flush()
         if self.offload.memplan is not None:
             self.offload.memplan.use_begins(self, True)
+            if self.offload.part_checks:
+                self.offload.memplan.check_parts(self.keys[True], stream)
         self.group.backward_begin(stream)
         if self.offload.host:
             # Host backend: the CPU reads the restored bytes itself, so it

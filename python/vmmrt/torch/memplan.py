@@ -114,7 +114,9 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
     forward's position, from the step before: the whole step); ``pool``:
     bytes of the graphs' pool on a slot (vmmrt.torch.graphpool), in use
     from the step's first use to its last: free at the step's end, for the
-    optimizer step; ``io``: (name, the layers whose backwards use them,
+    optimizer step; or its parts (vmmrt.torch.poolplan), (bytes, first
+    position, last position) each, positions None for a part in use at
+    every one; ``io``: (name, the layers whose backwards use them,
     bytes) of the backward graphs' output and argument gradients."""
     pos = {}
     for k, use in enumerate(order):
@@ -159,9 +161,27 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
                                 "the step's end" if seen >= end else "%s's %s" % (
                                     order[seen][0], "backward" if order[seen][1] else "forward"))))
     if pool:
-        out.append(Life(POOL_KEY, POOL, pool, 0, end - 1,
-                        why="every replay's intermediates; free at the optimizer step"))
+        for k, (nbytes, s, e) in enumerate([(pool, None, None)] if isinstance(pool, int) else pool):
+            if s is None:
+                out.append(Life(POOL_KEY + (k,), POOL, nbytes, 0, end - 1,
+                                why="the graphs' blocks in use at every replay or handed out; free at the optimizer "
+                                "step"))
+            elif not 0 <= s <= e < end:
+                raise ValueError("the graphs' pool's part %d: positions [%d, %d] are not the step's" % (k, s, e))
+            else:
+                out.append(Life(POOL_KEY + (k,), POOL, nbytes, s, e,
+                                why="the graphs' blocks born and dead at %s" % (
+                                    _use(order[s]) if s == e else "%s to %s" % (_use(order[s]), _use(order[e])))))
     return out
+
+
+def _kind(key: tuple) -> str:
+    """A slot's kind as the summary names it (the graphs' pool's parts by number)."""
+    return key[1] if len(key) < 3 else "%s part %d" % (key[1], key[2])
+
+
+def _use(use: tuple) -> str:
+    return "%s's %s" % (use[0], "backward" if use[1] else "forward")
 
 
 def _first_fit(items: list[Life], granularity: int) -> dict[Any, int]:
@@ -324,8 +344,8 @@ class Plan:
             where = "own memory" if it.offset is None else "offset %s" % size(it.offset)
             with_ = self.shares.get(it.key) or []
             lines.append("  %s %s: %s at %s, life [%d, %d] (%s)%s"
-                         % (it.key[0], it.kind, size(it.nbytes), where, it.start, it.end, it.why,
-                            "; shares with " + ", ".join("%s %s" % k for k in with_) if with_ else ""))
+                         % (it.key[0], _kind(it.key), size(it.nbytes), where, it.start, it.end, it.why,
+                            "; shares with " + ", ".join("%s %s" % (k[0], _kind(k)) for k in with_) if with_ else ""))
         return "\n".join(lines)
 
 
@@ -418,6 +438,45 @@ class Entry:
         return True
 
 
+    def page_ranges(self) -> list[tuple[int, int]]:
+        """The page bytes it holds now that it is busy: all of its own, or
+        those its owner says are held (Backing.held_ranges)."""
+        g = self.watcher.off.granularity
+        at = self.life.offset
+        held = self.backing.held_ranges()
+        if held is None:
+            return [(at, at + _round_up(self.life.nbytes, g))]
+        return [(at + lo // 512 * 512, at + _round_up(hi, 512)) for lo, hi in held]
+
+
+class PoolEntry(Entry):
+    """The graphs' pool on the pages: its parts (vmmrt.torch.poolplan), each
+    a life of its own, the slot bound by the pool's table of them. Its use
+    is the step's (begun at the optimizer step's post-hook, ended at its
+    pre-hook); a slot that shares pages with a part is checked where that
+    part's use begins (:meth:`Watcher.check_parts`), not against the pool
+    as a whole, which is in use all step."""
+
+    def __init__(self, watcher: Watcher, backing: Any, parts: list[Life]) -> None:
+        super().__init__(watcher, backing, parts[0])
+        self.parts = parts
+
+    def page_ranges(self) -> list[tuple[int, int]]:
+        """All of its parts' pages, or the held tensors' (the pool gives them
+        as page offsets: GraphPool.held_ranges)."""
+        held = self.backing.held_ranges()
+        if held is None:
+            g = self.watcher.off.granularity
+            return [(p.offset, p.offset + _round_up(p.nbytes, g)) for p in self.parts]
+        return [(lo // 512 * 512, _round_up(hi, 512)) for lo, hi in held]
+
+    def survivors_in(self) -> bool:
+        o = self.watcher.optimizer
+        g = self.watcher.off.granularity
+        return o is not None and o.holds and any(o.held(p.offset, p.offset + _round_up(p.nbytes, g))
+                                                 for p in self.parts)
+
+
 class _Survivors:
     """What holds bytes a slot shares when the optimizer step left tensors
     in them (vmmrt.torch.optmem): named in the conflict's message."""
@@ -467,6 +526,7 @@ class Watcher:
         self.after_optimizer = False   # a routed optimizer step ran since the last use began
         self.last_stream = None   # the stream of the latest planned use (the optimizer orders after it)
         self.seen = {}            # layer name -> the last use of the step before the plan its outputs were held at
+        self.part_checks = {}     # use -> the slots sharing pages with the graphs' pool's parts that begin there
         self._pos = None
         off._abort_hooks.append(self._aborted)
         # the optimizers that step before the plan (their temporaries need
@@ -519,8 +579,8 @@ class Watcher:
         gp = getattr(self.off, "graph_pool", None)
         return gp.backing if gp is not None and gp.used else None
 
-    def pool_entry(self) -> Entry | None:
-        return next((e for e in self.entries if e.life.kind == POOL), None)
+    def pool_entry(self) -> PoolEntry | None:
+        return next((e for e in self.entries if isinstance(e, PoolEntry)), None)
 
     def optimizer_begins(self) -> None:
         """The optimizer step's pre-hook (optmem): no graph replays from now
@@ -538,11 +598,8 @@ class Watcher:
         pe = self.pool_entry()
         if pe is None or not pe.backing.bound:
             return
-        o = self.optimizer
-        g = self.off.granularity
-        if o is not None and o.holds and o.held(pe.life.offset, pe.life.offset + _round_up(pe.life.nbytes, g)):
-            self.conflict(pe, [SURVIVORS], stream)
-            pe.backing.ensure()
+        if pe.survivors_in():
+            self.conflict(pe, [SURVIVORS], stream, keep=self.off.graph_pool.held_bytes())
             return
         pe.backing.begin_use()
 
@@ -599,7 +656,7 @@ class Watcher:
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
                       {n: (b.slot.size, seen[n]) for n, b in outs.items()},
-                      self.off.graph_pool.planned_bytes() if gp is not None else 0,
+                      self.off.graph_pool.planned_parts(self.order) if gp is not None else 0,
                       [(name, layers, b.slot.size) for name, layers, b in io])
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
@@ -611,13 +668,24 @@ class Watcher:
         backing.update({(name, GRADS): b for name, _, b in grads})
         backing.update({(name, IO): b for name, _, b in io})
         backing.update({(n, OUTPUTS): b for n, b in outs.items()})
-        if gp is not None:
-            backing[POOL_KEY] = gp
-        self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None]
+        self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None and it.kind != POOL]
+        parts = [it for it in items if it.kind == POOL]
         by_key = {e.life.key: e.backing for e in self.entries}
+        # (a slot is not checked against the pool, whose use is the whole
+        # step: the pool's parts check their sharers where they begin)
         for e in self.entries:
-            e.sharers = [by_key[k] for k in plan.shares[e.life.key]]
+            e.sharers = [by_key[k] for k in plan.shares[e.life.key] if k in by_key]
             e.backing.planned = e
+        if parts:
+            pe = PoolEntry(self, gp, parts)
+            gp.planned = pe
+            self.entries.append(pe)
+            checks = {}
+            for it in parts:
+                near = [by_key[k] for k in plan.shares[it.key] if k in by_key]
+                if near:
+                    checks.setdefault(self.order[it.start], []).extend(near)
+            self.part_checks = {use: tuple(dict.fromkeys(bs)) for use, bs in checks.items()}
         if not self.entries:
             log.info("vmmrt: %s", plan.summary())
             return
@@ -636,6 +704,8 @@ class Watcher:
             # and released around their uses, as without a plan
             for en in self.entries:
                 en.backing.planned = None
+                if isinstance(en, PoolEntry) and not en.backing.mapped:
+                    self.off.graph_pool.own_memory()    # (given back above: its replays need it)
             self.entries = []
             self.why_not = "its pages (%s) could not be made (%s): each slot is mapped and released around its " \
                 "use" % (size(plan.pages_bytes), e)
@@ -644,6 +714,8 @@ class Watcher:
         self.off._close_hooks.append(self.pages.destroy)
         for e in self.entries:
             try:
+                if isinstance(e, PoolEntry):
+                    self.off.graph_pool.parts_at([p.offset for p in e.parts])
                 e.backing.bind(self.pages, e.life.offset) and self._bound_one()
             except Error as err:
                 # (a driver that refuses the map): no plan rather than its
@@ -655,6 +727,7 @@ class Watcher:
         pe = self.pool_entry()
         if pe is not None and pe.backing.bound:
             pe.backing.begin_use()      # in a step: its replays from now on
+            self.off.part_checks = self.part_checks
         self._all_bound()
         self._route_optimizer()
 
@@ -686,9 +759,12 @@ class Watcher:
         self.binds += 1
 
     def _give_up(self, why: str) -> None:
+        self.off.part_checks = {}
         for en in self.entries:
             en.backing.unbind()
             en.backing.planned = None
+            if isinstance(en, PoolEntry):
+                self.off.graph_pool.own_memory()    # (its replays need it mapped: no use maps it)
         self.entries = []
         self.pages.destroy()
         self.off._close_hooks.remove(self.pages.destroy)
@@ -730,11 +806,13 @@ class Watcher:
             import torch
             torch.cuda.synchronize(self.off.device)
 
-    def conflict(self, entry: Entry, held: list, stream: Any) -> None:
+    def conflict(self, entry: Entry, held: list, stream: Any, keep: Sequence[tuple[int, int]] = ()) -> None:
         """A use of ``entry``'s slot begins while a slot sharing its bytes is
         held (a .grad kept across the next forward, a saved tensor kept past
         its backward): the slot leaves the pages, after the work that used
-        them through it, and maps memory of its own as without a plan."""
+        them through it, and maps memory of its own as without a plan (the
+        graphs' pool at once, its bytes ``keep`` copied over: the tensors
+        it handed out that are held)."""
         self.conflicts += 1
         if not self._warned:
             self._warned = True
@@ -743,8 +821,53 @@ class Watcher:
                         "gets memory of its own, at the cost of driver calls (Offload.stats()['plan_conflicts'] "
                         "counts these); logged once", entry.backing.name, ", ".join(b.name for b in held))
         self._device_done(stream)     # what read or wrote the pages through the slot
-        entry.backing.unbind()
+        if isinstance(entry, PoolEntry):
+            self.off.part_checks = {}
+            self._move(entry.backing, keep, self.off.graph_pool.own_memory)
+        else:
+            entry.backing.unbind()
         self.off.launch_ways_changed(False)
+
+    def check_parts(self, use: tuple, stream: Any) -> None:
+        """A use begins where parts of the graphs' pool begin theirs
+        (Offload.part_checks): a slot sharing their pages that is still held
+        (a .grad kept across the next forward, a saved tensor past its
+        backward) moves to memory of its own first, its bytes copied over,
+        so that the replay does not write over what its holder reads."""
+        for b in self.part_checks.get(use, ()):
+            if b.bound and b.busy:
+                self.conflicts += 1
+                if not self._warned:
+                    self._warned = True
+                    log.warning("vmmrt: memory plan: the graphs' pool's blocks of %s share the memory of %s, which "
+                                "is still held (a tensor kept past the life the plan gave it, such as a .grad kept "
+                                "across the next forward): it moves to memory of its own, its bytes copied, at the "
+                                "cost of driver calls (Offload.stats()['plan_conflicts'] counts these); logged once",
+                                _use(use), b.name)
+                self._device_done(stream)
+                self._move(b, [(0, b.nbytes)], b.ensure)
+                self.off.launch_ways_changed(False)
+
+    def _move(self, backing: Any, keep: Sequence[tuple[int, int]], remap: Any) -> None:
+        """``backing`` off the pages onto memory of its own (``remap()``), the
+        bytes ``keep`` ([lo, hi) offsets in its slot) copied over through
+        the host (a conflict: rare, and the device memory to stage them in
+        is what is short)."""
+        rt = self.off.runtime
+        saved = []
+        try:
+            for lo, hi in keep:
+                if hi > lo:
+                    buf = rt.host_alloc(hi - lo)
+                    saved.append((lo, hi, buf))
+                    rt.copy_to_host(buf, backing.address + lo, hi - lo)
+            backing.unbind()
+            remap()
+            for lo, hi, buf in saved:
+                rt.copy_to_device(backing.address + lo, buf, hi - lo)
+        finally:
+            for _, _, buf in saved:
+                rt.host_free(buf)
 
     # ------------------------------------------------------------- info
     def stats(self) -> dict:

@@ -144,6 +144,9 @@ class Offload:
         self._now_event = None      # CUDA: "what is queued now", for the first uses of an iteration
         self.backings = []          # every Backing: resident slots, gradients
         self.graph_pool = None      # graphpool.GraphPool: the graphs' pool on a slot, when they are captured into it
+        # (layer name, backward) -> slots sharing pages with parts of the graphs'
+        # pool that begin at that use: checked there (memplan.Watcher.check_parts)
+        self.part_checks = {}
         self.launchers = {}         # (runner name, backward) -> its graph's _launch.Launcher
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)

@@ -259,16 +259,10 @@ class OptimizerMemory:
         """Page ranges in use now: a bound slot's (use begun or tensor over
         it: all its granules, or the bytes it says it holds), and the
         survivors'."""
-        g = self.off.granularity
         out = []
         for e in self.watcher.entries:
             if e.backing.busy:
-                held = e.backing.held_ranges()
-                at = e.life.offset
-                if held is None:
-                    out.append((at, at + _round_up(e.life.nbytes, g)))
-                else:
-                    out.extend((at + lo // 512 * 512, at + _round_up(hi, 512)) for lo, hi in held)
+                out.extend(e.page_ranges())
         return out + list(self.holds)
 
     def bank_ranges(self) -> list[tuple[int, int]]:
