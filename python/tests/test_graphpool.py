@@ -38,7 +38,7 @@ def _pool(base, used):
     gp.off = types.SimpleNamespace(granularity=G)
     gp.live_peak = gp.place_why_not = gp._sealed = None
     gp.per_use, gp.mempools, gp.marks, gp.parts, gp._abs, gp._at = False, {}, [], None, None, 0
-    gp.own_table = gp.own_bytes = gp._events_kept = None
+    gp.own_table = gp.own_bytes = gp._events_kept = gp._plug = None
     return gp
 
 
@@ -308,3 +308,21 @@ def test_place_keeps_the_history_and_the_parts_follow_the_steps_order(monkeypatc
     gp.place()
     assert gp.planned_parts(order) == [(8 * G, None, None)]
     assert gp.place_why_not == "the caller records PyTorch's memory history"
+
+
+def test_the_plug_over_the_presized_segments_tail_is_no_block_of_the_captures(monkeypatch):
+    # The tensor taking the tail beyond the cut may begin in the range's last
+    # granule: it is neither alive at once with the captures' blocks nor in
+    # use at every use.
+    lo = 1 << 30
+    ev, marks = _history(lo)
+    plug = {"action": "alloc", "addr": lo + 7 * G + 512, "size": 300 * G}
+    gp = _pool(lo, 8 * G)
+    gp.marks = marks
+    gp._plug = types.SimpleNamespace(data_ptr=lambda: lo + 7 * G + 512)
+    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
+    monkeypatch.setattr(gp, "_stop_history", lambda: ev + [plug])
+    gp.place()
+    assert gp.live_peak == 6 * G
+    order = [("a", False), ("b", False), ("b", True), ("a", True)]
+    assert all(start is not None for _, start, _ in gp.planned_parts(order))

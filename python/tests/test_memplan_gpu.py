@@ -142,11 +142,13 @@ def test_output_gradients_in_their_io_slot_train_as_eager(set_to_none):
 
 
 @pytest.mark.parametrize("history", [False, True])
-def test_the_graphs_pool_is_one_segment_cut_where_its_blocks_reached(history):
-    # The captures' blocks come from one segment made before them, and the
-    # range is cut where they reached (read from the memory history the
-    # captures turn on and off). A caller recording that history already
-    # keeps it on, and the pool makes its segments as it goes.
+def test_the_graphs_pool_is_one_segment_cut_where_its_blocks_reached(history, monkeypatch):
+    # One pool for every use (graphpool.PER_USE off): the captures' blocks
+    # come from one segment made before them, and the range is cut where
+    # they reached (read from the memory history the captures turn on and
+    # off). A caller recording that history already keeps it on, and the
+    # pool makes its segments as it goes.
+    monkeypatch.setattr(graphpool, "PER_USE", False)
     s = llama.Shape(**SHAPE)
     layers = llama.torch_layers(N, s, "cuda", torch.bfloat16, "math")
     if history:
@@ -187,14 +189,16 @@ def test_the_graphs_pool_is_one_segment_cut_where_its_blocks_reached(history):
             close_graphed(layers, off)
 
 
+@pytest.mark.parametrize("per_use", [True, False])
 @pytest.mark.parametrize("recompute", [False, True])
-def test_the_graphs_pools_granules_share_pages_and_train_as_torchs_graphs(recompute):
+def test_the_graphs_pools_granules_share_pages_and_train_as_torchs_graphs(recompute, per_use, monkeypatch):
     # The pool's granules go on the plan's pages by when the captures' blocks
-    # were alive (vmmrt.torch.poolplan): fewer pages than addresses, the
-    # training bitwise that of torch's graphed callables, steps making no
-    # driver call, and a storage handed out from the pool and held seen at
-    # its own page.
+    # are alive (vmmrt.torch.poolplan's parts): fewer pages than addresses,
+    # per use parts at some uses only, on pages of slots in use at others;
+    # the training bitwise that of torch's graphed callables, steps making
+    # no driver call.
     from test_gpu import cleanup, layers_and_copy, sample, steps_equal
+    monkeypatch.setattr(graphpool, "PER_USE", per_use)
     s, base, ref = layers_and_copy(seq=1024)
     n = len(base)
     kw = {"memory_budget": vt.Budget(layers=["recompute"] * n)} if recompute else {}
@@ -209,14 +213,17 @@ def test_the_graphs_pools_granules_share_pages_and_train_as_torchs_graphs(recomp
             off.sync()
             st = off.stats()
             print(gp.describe(), {k: v for k, v in st.items() if k.startswith("graph_pool")})
+            print(off.memplan.plan.summary())
             assert off.memplan.plan is not None and gp.backing.bound, off.describe()
-            # recomputed layers' captures (the forward again, then the
-            # backward) leave holes best fit cannot fill
-            assert gp.table is not None or not recompute, gp.place_why_not
-            if gp.table is not None:
-                assert len(gp.table) * off.granularity == gp.backing.nbytes
+            assert gp.per_use == per_use and gp.parts, gp.place_why_not
+            assert st["graph_pool_live_peak_bytes"] <= st["graph_pool_pages_bytes"]
+            if per_use:
                 assert st["graph_pool_pages_bytes"] < st["graph_pool_bytes"]
-                assert st["graph_pool_live_peak_bytes"] <= st["graph_pool_pages_bytes"]
+                plan = off.memplan.plan
+                spans = [k for k in plan.shares if k[0] == "graphs" and plan.by_key()[k].start > 0]
+                assert spans, plan.summary()
+                # a backward's temporaries on the pages of slots in use elsewhere
+                assert any(k2[0] != "graphs" for k in spans for k2 in plan.shares[k]), plan.summary()
             assert st["plan_conflicts"] == 0
             before = off.stats()["driver_calls"]
             steps_equal(s, g, base, gref, ref, iterations=2)

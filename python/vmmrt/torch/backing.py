@@ -192,8 +192,8 @@ class Backing:
         with self._lock:
             if self._bound:
                 return True
-            if self._own is not None and not self._live:
-                self._drop_own()
+            if self._own is not None and not self._live and not (self.alive is not None and self.alive()):
+                self._drop_own()        # (the plan was made between steps: nothing runs over it)
             if self._wanted or self._live or self._pinned or self.slot.state != "reserved":
                 return False
             table = self.page_table(offset) if self.page_table is not None else None

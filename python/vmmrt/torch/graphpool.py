@@ -486,6 +486,11 @@ class GraphPool:
         if events is None:
             self.place_why_not = self.presize_why_not or "no memory history"
             return
+        if self._plug is not None:
+            # (the presized segment's tail, beyond the cut: it may begin in
+            # the range's last granule, and is no block of the captures')
+            at = self._plug.data_ptr()
+            events = [e for e in events if e.get("addr") != at or e.get("action") != "alloc"]
         self._events_kept = events
         self.live_peak = poolplan.live_peak(poolplan.block_lives(events, self.backing.address,
                                                                  self.backing.address + self.backing.nbytes))
