@@ -45,6 +45,17 @@ lacks it, or a caller recording one already, which cannot be turned off
 and on around the captures without losing its settings) the pool makes
 its segments as it goes.
 
+With the history, each use's captures (a layer's forward; its backward,
+and the accumulate graph beside it) go into a MemPool of their own over
+one range (:data:`PER_USE`): in one pool best fit hands every backward the
+addresses the one before freed, so each granule is in use at every
+backward and shares no page with a layer's slot. The range is mapped on one
+page at every granule for the captures (:meth:`GraphPool._open_per_use`),
+on pages of its own by its blocks' lives after them
+(:meth:`GraphPool._place_per_use`), and the memory plan places its parts,
+each in use at a few uses, beside the layers' slots
+(:meth:`GraphPool.planned_parts`, vmmrt.torch.poolplan.parts).
+
 How big the range is cannot be known before the captures: it is made from
 what discovery saw (:func:`bound`). What the pool asks beyond it, the arena
 serves from plain device memory (``graph_pool_fallback_bytes``): it stays
