@@ -813,13 +813,8 @@ class Watcher:
         them through it, and maps memory of its own as without a plan (the
         graphs' pool at once, its bytes ``keep`` copied over: the tensors
         it handed out that are held)."""
-        self.conflicts += 1
-        if not self._warned:
-            self._warned = True
-            log.warning("vmmrt: memory plan: %s is used while %s, which shares its memory, is still held (a tensor "
-                        "kept past the life the plan gave it, such as a .grad kept across the next forward): it "
-                        "gets memory of its own, at the cost of driver calls (Offload.stats()['plan_conflicts'] "
-                        "counts these); logged once", entry.backing.name, ", ".join(b.name for b in held))
+        self._counted("%s is used while %s, which shares its memory, is still held" % (
+            entry.backing.name, ", ".join(b.name for b in held)), "it gets memory of its own")
         self._device_done(stream)     # what read or wrote the pages through the slot
         if isinstance(entry, PoolEntry):
             self.off.part_checks = {}
@@ -827,6 +822,15 @@ class Watcher:
         else:
             entry.backing.unbind()
         self.off.launch_ways_changed(False)
+
+    def _counted(self, what: str, then: str) -> None:
+        """A conflict counted, and logged the first time."""
+        self.conflicts += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("vmmrt: memory plan: %s (a tensor kept past the life the plan gave it, such as a .grad kept "
+                        "across the next forward): %s, at the cost of driver calls "
+                        "(Offload.stats()['plan_conflicts'] counts these); logged once", what, then)
 
     def check_parts(self, use: tuple, stream: Any) -> None:
         """A use begins where parts of the graphs' pool begin theirs
@@ -836,14 +840,8 @@ class Watcher:
         so that the replay does not write over what its holder reads."""
         for b in self.part_checks.get(use, ()):
             if b.bound and b.busy:
-                self.conflicts += 1
-                if not self._warned:
-                    self._warned = True
-                    log.warning("vmmrt: memory plan: the graphs' pool's blocks of %s share the memory of %s, which "
-                                "is still held (a tensor kept past the life the plan gave it, such as a .grad kept "
-                                "across the next forward): it moves to memory of its own, its bytes copied, at the "
-                                "cost of driver calls (Offload.stats()['plan_conflicts'] counts these); logged once",
-                                _use(use), b.name)
+                self._counted("the graphs' pool's blocks of %s share the memory of %s, which is still held" % (
+                    _use(use), b.name), "it moves to memory of its own, its bytes copied")
                 self._device_done(stream)
                 self._move(b, [(0, b.nbytes)], b.ensure)
                 self.off.launch_ways_changed(False)
