@@ -785,3 +785,33 @@ def test_a_grad_kept_across_the_next_forward_leaves_a_pool_parts_pages_with_its_
     for a, b in zip(on["grads"], ref["grads"]):
         assert _same(a, b)
     assert _same(on["params"], ref["params"])
+
+
+@routes
+def test_the_graphs_pool_leaving_the_pages_takes_the_bytes_of_a_held_tensor_with_it():
+    """The optimizer step leaves a tensor in the pool's bytes while a tensor
+    handed out from the pool is held: the pool moves to memory of its own
+    before the next replay, and the held tensor's bytes go with it."""
+    seen = {}
+
+    def step(i, off, pools):
+        gp, w = off.graph_pool, off.memplan
+        e = w.pool_entry()
+        if e is None or pools is None:
+            return
+        if i == 4:
+            at = w.optimizer.view.address + e.life.offset + 5 * G
+            pools.keep = [(at, at + G)]          # step 4's optimizer step leaves it
+        if i == 5:
+            seen["moved"] = not gp.backing.bound
+            seen["intact"] = ctypes.string_at(gp.backing.address + 2 * G, G) == b"\xc3" * G
+            gp.held, gp.ranges = False, None
+
+    def before_step(i, off):
+        gp = off.graph_pool
+        if i == 4 and gp.backing.bound:
+            ctypes.memset(gp.backing.address + 2 * G, 0xC3, G)     # what the held tensor reads
+            gp.held, gp.ranges = True, [(2 * G, 3 * G)]
+    on = _train(True, 6, True, at_step=step, graph_pool=True, before_step=before_step)
+    assert seen.get("moved") and on["stats"]["plan_conflicts"] >= 1, seen
+    assert seen["intact"], "the held tensor's bytes were lost when the pool left the pages"
