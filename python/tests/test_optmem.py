@@ -717,6 +717,8 @@ def _replays_write_parts(off, also=None):
         if also is not None:
             also(lay, backward)
         p = pos[(lay.name, bool(backward))]
+        # (a write to an unmapped range would end the process, not the test)
+        assert gp.backing.mapped or gp.backing.bound, "a replay of the pool found it unmapped"
         for s, e, ks, _ in gp.parts:
             if (0 if s is None else s) <= p <= (end - 1 if e is None else e):
                 for k in ks:
@@ -815,3 +817,31 @@ def test_the_graphs_pool_leaving_the_pages_takes_the_bytes_of_a_held_tensor_with
     on = _train(True, 6, True, at_step=step, graph_pool=True, before_step=before_step)
     assert seen.get("moved") and on["stats"]["plan_conflicts"] >= 1, seen
     assert seen["intact"], "the held tensor's bytes were lost when the pool left the pages"
+
+
+@routes
+@pytest.mark.parametrize("refuse", ["map", "pages"])
+def test_a_plan_that_gives_up_leaves_the_graphs_pool_mapped_for_its_replays(refuse, monkeypatch):
+    """The plan gives up after the pool's own memory went (a driver that
+    will not map the pages by a table, or no memory for the pages): no use
+    maps the pool, so it goes back to memory of its own at once, and the
+    replays (each writing its parts) train as without a plan."""
+    def refused(*a, **k):
+        raise vmmrt.Error(vmmrt._capi.E_NOT_SUPPORTED, "made up for the test", "vmmrt_slot_map_pages_table")
+    if refuse == "map":
+        monkeypatch.setattr(vmmrt.Slot, "map_pages_table", refused)
+    else:
+        monkeypatch.setattr(vmmrt.Runtime, "pages", refused)
+    seen = {}
+
+    def step(i, off, pools):
+        if i == 0:
+            _replays_write_parts(off)
+        if i == 3:
+            seen["mapped"] = off.graph_pool.backing.mapped and not off.graph_pool.backing.bound
+    on = _train(True, 5, True, at_step=step, graph_pool=dict(parts=PARTS))
+    ref = _train(False, 5, True)
+    assert seen["mapped"]
+    assert "made up for the test" in on["describe"]
+    for a, b in zip(on["grads"], ref["grads"]):
+        assert _same(a, b)
