@@ -130,6 +130,9 @@ def test_predicted_size_is_the_busiest_use():
     assert p.pages_bytes == 14 * G
     assert p.total_bytes == 14 * G
     assert all(it.offset % G == 0 for it in p.items)
+    # and the summary says where, and what is alive there
+    assert p.busiest_use() == (3, {"resident": 12 * G, "grads": 2 * G})
+    assert "the busiest use: c's backward, resident 48.0 KiB, grads 8.0 KiB" in p.summary()
 
 
 def test_random_timelines_place_without_overlap_and_within_the_sum():

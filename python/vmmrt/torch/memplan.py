@@ -328,6 +328,21 @@ class Plan:
         persistent gradients' own memory."""
         return self.pages_bytes + self.own_bytes
 
+    def busiest_use(self) -> tuple[int, dict[str, int]]:
+        """(the position where the slots alive hold the most bytes, those
+        bytes by kind of slot): where the plan's pages are what they are."""
+        best = (0, {})
+        top = -1
+        for t in range(len(self.order) + 1):
+            by = {}
+            for it in self.items:
+                if it.start <= t <= it.end:
+                    by[it.kind] = by.get(it.kind, 0) + _round_up(it.nbytes, self.granularity)
+            n = sum(by.values())
+            if n > top:
+                top, best = n, (t, by)
+        return best
+
     def by_key(self) -> dict[Any, Life]:
         return {it.key: it for it in self.items}
 
@@ -337,6 +352,11 @@ class Plan:
                  % (size(self.total_bytes), size(self.pages_bytes), sum(1 for it in self.items if it.shared),
                     "" if not self.own_bytes else ", %s of persistent gradients in their own memory"
                     % size(self.own_bytes), size(self.unplanned_peak))]
+        t, by = self.busiest_use()
+        if by:
+            lines.append("  the busiest use: %s, %s" % (
+                "the step's end" if t >= len(self.order) else _use(self.order[t]),
+                ", ".join("%s %s" % (k, size(n)) for k, n in sorted(by.items(), key=lambda kv: -kv[1]))))
         if self.optimizer_need:
             lines.append("  the optimizer step's temporaries: %s, in the pages' free runs at the step's end where "
                          "they fit in whole segments" % size(self.optimizer_need))
