@@ -61,6 +61,14 @@ def test_graph_pool_parts_say_what_its_captures_left_free():
     view = [{"device": 0, "segment_pool_id": (0, 3), "total_size": 40 * M, "allocated_size": 0, "address": 5000 * M}]
     assert memory.pool_parts(segs + view, 0) == (124 * M, 100 * M, 100 * M)
     assert memory.pool_parts(segs + view, 0, [(4000 * M, 6000 * M)]) == (84 * M, 60 * M, 100 * M)
+    # the ranges: the optimizer's view and the graphs' pool on the library's slot
+    import types
+    off = types.SimpleNamespace(memplan=types.SimpleNamespace(optimizer=types.SimpleNamespace(
+        view=types.SimpleNamespace(address=4000 * M, size=2000 * M))),
+        graph_pool=types.SimpleNamespace(backing=types.SimpleNamespace(address=9000 * M, nbytes=4640 * M)))
+    assert memory._views([off]) == [(4000 * M, 6000 * M), (9000 * M, 13640 * M)]
+    pool = [{"device": 0, "segment_pool_id": (0, 4), "total_size": 600 * M, "allocated_size": 0, "address": 9100 * M}]
+    assert memory.pool_parts(segs + view + pool, 0, memory._views([off])) == (84 * M, 60 * M, 100 * M)
     snap = {"used": 300 * M, "graph_pool": 84 * M, "graph_pool_free": 60 * M, "allocator": 100 * M, "vmmrt": 0,
             "slots": None, "other": 116 * M}
     assert "graph pool 84 (60 free) + caching allocator 100" in memory.describe(snap)

@@ -35,7 +35,8 @@ def pool_parts(segments, index, views=()):
     and freed). Graph-pool figures are None when the segments do not say
     their pool. Segments inside ``views`` ([lo, hi) address ranges: the
     memory plan's pages mapped again for the optimizer step,
-    vmmrt.torch.optmem) are the pages' bytes, counted there: left out."""
+    vmmrt.torch.optmem; the graphs' pool on a slot, vmmrt.torch.graphpool)
+    are the library's bytes, counted there: left out."""
     pool = free = other = 0
     known = False
     for s in segments:
@@ -65,11 +66,19 @@ def _pool_bytes(index, views=()):
 
 
 def _views(offloads):
+    """The library's address ranges that PyTorch's pools take segments in:
+    the optimizer step's view of the pages (vmmrt.torch.optmem) and the
+    graphs' pool on a slot (vmmrt.torch.graphpool), whose segments are
+    addresses (one pool per use: several times what its pages hold) over
+    memory counted in "slots"."""
     out = []
     for o in offloads:
         om = getattr(getattr(o, "memplan", None), "optimizer", None)
         if om is not None and om.view is not None:
             out.append((om.view.address, om.view.address + om.view.size))
+        gp = getattr(o, "graph_pool", None)
+        if gp is not None:
+            out.append((gp.backing.address, gp.backing.address + gp.backing.nbytes))
     return out
 
 
