@@ -430,6 +430,11 @@ def test_the_graphs_pool_is_lent_only_at_the_step_and_leaves_the_pages_for_what_
     assert _same(on["params"], ref["params"])
 
 
+def _pool_entry(off):
+    """(the stand-in pool, the plan's watcher, the pool's entry or None)."""
+    return off.graph_pool, off.memplan, off.memplan.pool_entry()
+
+
 @routes
 def test_the_graphs_pool_lends_all_but_the_bytes_a_held_tensor_covers():
     """A tensor handed out from the graphs' pool held through the optimizer
@@ -440,8 +445,7 @@ def test_the_graphs_pool_lends_all_but_the_bytes_a_held_tensor_covers():
     seen = {}
 
     def step(i, off, pools):
-        gp, w = off.graph_pool, off.memplan
-        e = w.pool_entry()
+        gp, w, e = _pool_entry(off)
         if e is None or pools is None:
             return
         lo = e.life.offset
@@ -797,8 +801,7 @@ def test_the_graphs_pool_leaving_the_pages_takes_the_bytes_of_a_held_tensor_with
     seen = {}
 
     def step(i, off, pools):
-        gp, w = off.graph_pool, off.memplan
-        e = w.pool_entry()
+        gp, w, e = _pool_entry(off)
         if e is None or pools is None:
             return
         if i == 4:
