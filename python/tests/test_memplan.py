@@ -718,3 +718,19 @@ def test_the_graphs_pool_lives_the_step_but_its_end_and_serves_the_optimizer_the
     # no more pages than the busiest use needs: the temporaries cost nothing
     assert with_pool.pages_bytes == with_pool.unplanned_peak
     assert "graphs pool" in with_pool.summary()
+
+
+def test_the_graphs_pools_parts_live_at_their_uses_and_positions_outside_the_step_are_refused():
+    M = 1 << 20
+    order = [("a", False), ("b", False), ("b", True), ("a", True)]
+    res = {"a": 40 * M, "b": 40 * M}
+    parts = [(30 * M, 2, 2), (4 * M, None, None), (10 * M, 0, 3)]
+    items = memplan.lives(order, res, [], pool=parts)
+    got = [(it.key, it.start, it.end, it.nbytes) for it in items if it.kind == memplan.POOL]
+    assert got == [(memplan.POOL_KEY + (0,), 2, 2, 30 * M), (memplan.POOL_KEY + (1,), 0, 3, 4 * M),
+                   (memplan.POOL_KEY + (2,), 0, 3, 10 * M)]
+    # a part at one use says which
+    assert "b's backward" in items[2].why
+    for bad in [(M, 3, 4), (M, -1, 0), (M, 2, 1)]:
+        with pytest.raises(ValueError, match="not the step's"):
+            memplan.lives(order, res, [], pool=[bad])

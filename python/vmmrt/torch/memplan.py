@@ -231,7 +231,16 @@ def busiest(items: list[Life], granularity: int) -> int:
     if not items:
         return 0
     ts = sorted({it.start for it in items})
-    return max(sum(_round_up(it.nbytes, granularity) for it in items if it.start <= t <= it.end) for t in ts)
+    return max(sum(alive_at(items, t, granularity).values()) for t in ts)
+
+
+def alive_at(items: list[Life], t: int, granularity: int) -> dict[str, int]:
+    """The bytes (whole granules) of ``items`` alive at use ``t``, by kind."""
+    by = {}
+    for it in items:
+        if it.start <= t <= it.end:
+            by[it.kind] = by.get(it.kind, 0) + _round_up(it.nbytes, granularity)
+    return by
 
 
 def place(items: list[Life], granularity: int, end: int | None = None, need: int = 0) -> int:
@@ -331,17 +340,8 @@ class Plan:
     def busiest_use(self) -> tuple[int, dict[str, int]]:
         """(the position where the slots alive hold the most bytes, those
         bytes by kind of slot): where the plan's pages are what they are."""
-        best = (0, {})
-        top = -1
-        for t in range(len(self.order) + 1):
-            by = {}
-            for it in self.items:
-                if it.start <= t <= it.end:
-                    by[it.kind] = by.get(it.kind, 0) + _round_up(it.nbytes, self.granularity)
-            n = sum(by.values())
-            if n > top:
-                top, best = n, (t, by)
-        return best
+        alive = [(t, alive_at(self.items, t, self.granularity)) for t in range(len(self.order) + 1)]
+        return max(alive, key=lambda tb: (sum(tb[1].values()), -tb[0]))
 
     def by_key(self) -> dict[Any, Life]:
         return {it.key: it for it in self.items}
@@ -546,7 +546,6 @@ class Watcher:
         self.after_optimizer = False   # a routed optimizer step ran since the last use began
         self.last_stream = None   # the stream of the latest planned use (the optimizer orders after it)
         self.seen = {}            # layer name -> the last use of the step before the plan its outputs were held at
-        self.part_checks = {}     # use -> the slots sharing pages with the graphs' pool's parts that begin there
         self._pos = None
         off._abort_hooks.append(self._aborted)
         # the optimizers that step before the plan (their temporaries need
@@ -696,6 +695,7 @@ class Watcher:
         for e in self.entries:
             e.sharers = [by_key[k] for k in plan.shares[e.life.key] if k in by_key]
             e.backing.planned = e
+        part_checks = {}
         if parts:
             pe = PoolEntry(self, gp, parts)
             gp.planned = pe
@@ -705,7 +705,7 @@ class Watcher:
                 near = [by_key[k] for k in plan.shares[it.key] if k in by_key]
                 if near:
                     checks.setdefault(self.order[it.start], []).extend(near)
-            self.part_checks = {use: tuple(dict.fromkeys(bs)) for use, bs in checks.items()}
+            part_checks = {use: tuple(dict.fromkeys(bs)) for use, bs in checks.items()}
         if not self.entries:
             log.info("vmmrt: %s", plan.summary())
             return
@@ -747,7 +747,7 @@ class Watcher:
         pe = self.pool_entry()
         if pe is not None and pe.backing.bound:
             pe.backing.begin_use()      # in a step: its replays from now on
-            self.off.part_checks = self.part_checks
+            self.off.part_checks = part_checks     # (the pool on the pages: its parts are checked)
         self._all_bound()
         self._route_optimizer()
 
@@ -858,7 +858,7 @@ class Watcher:
         (a .grad kept across the next forward, a saved tensor past its
         backward) moves to memory of its own first, its bytes copied over,
         so that the replay does not write over what its holder reads."""
-        for b in self.part_checks.get(use, ()):
+        for b in self.off.part_checks.get(use, ()):
             if b.bound and b.busy:
                 self._counted("the graphs' pool's blocks of %s share the memory of %s, which is still held" % (
                     _use(use), b.name), "it moves to memory of its own, its bytes copied")
