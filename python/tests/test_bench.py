@@ -882,3 +882,40 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     assert "(graphs' pool 806, 2 conflicts)" in f._line(1, 1, pt)
     pt["pages"] = {"plan_bytes": 0, "graph_pool_bytes": 0, "plan_conflicts": 0}     # no plan: nothing said
     assert "pages" not in f._line(1, 1, pt)
+
+
+def test_the_persistent_loop_makes_grads_first_for_torchs_graphed_callables():
+    # torch.cuda.make_graphed_callables's backward hands AccumulateGrad a
+    # static buffer's detach, which it keeps as .grad where there is none;
+    # the next replay rewrites the buffer, and adding it in doubles the
+    # gradient. On the CPU, a Function that does the same.
+    w = torch.nn.Parameter(torch.full((4,), 2.0))
+    buf = torch.empty(4)
+
+    class Static(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w):
+            ctx.save_for_backward(x)
+            return x * w
+
+        @staticmethod
+        def backward(ctx, gy):
+            x, = ctx.saved_tensors
+            buf.copy_(gy * x)               # the replay's static gradient output
+            return None, buf.detach()
+
+    x = torch.full((4,), 3.0)
+    gy = torch.ones(4)
+    opt = torch.optim.SGD([w], lr=0.0)
+
+    def grads(loop):
+        w.grad = None
+        for _ in range(3):
+            loop.step(lambda v: Static.apply(v, w), opt, [x], [gy])
+        return w.grad.clone()
+
+    assert torch.equal(grads(loops.Loop("set_to_none")), torch.full((4,), 3.0))
+    assert torch.equal(grads(loops.Loop("persistent")), torch.full((4,), 6.0))   # what the module's words say
+    made = loops.Loop("persistent").made_first()
+    assert made.grads_first and torch.equal(grads(made), torch.full((4,), 3.0))
+    assert loops.Loop("set_to_none").made_first().grads_first is False

@@ -19,18 +19,20 @@ from vmmrt.torch import graphed, memplan, outputs
 pytestmark = pytest.mark.skipif(not outputs.AVAILABLE, reason="torch without a storage use count (torch < 2)")
 
 
-def _run(g, x, gy, keep=None):
-    """One step; ``keep``: a list that keeps layer 0's output through the step."""
+def _run(g, x, gy, keep=None, hold_last=False):
+    """One step; ``keep``: a list that keeps layer 0's output through the
+    step; ``hold_last``: the last layer's output returned (held by the
+    caller, as a loop's variable does, into the next step)."""
     y = x
     for k, m in enumerate(g):
         y = m(y)
         if keep is not None and k == 0:
             keep.append(y)
     y.backward(gy)
-    del y
     for m in g:
         for p in m.parameters():
             p.grad = None
+    return y if hold_last else None
 
 
 def _inputs():
@@ -127,15 +129,43 @@ def test_an_output_held_while_the_plan_is_learned_gets_the_longer_life(host_grap
         assert off.stats()["plan_conflicts"] == 0
 
 
+def test_the_last_output_held_by_the_loop_into_the_next_step_keeps_its_memory(host_graphs):  # noqa: F811
+    # A training loop's `y = model(x)` holds the last layer's output until
+    # the next step's forward has returned: nothing may share its bytes.
+    g, off, runners = _graphed_on_host("none", "mapped")
+    off.plan_memory(True)
+    try:
+        x, gy = _inputs()
+        ys = []
+        for step in range(6):
+            y = _run(g, x, gy, hold_last=True)
+            ys.append(y.detach().clone())
+            assert torch.equal(y, ys[-1])
+            if step >= 3:       # the one of the step before, written over by no use of this one
+                assert torch.equal(prev, ys[-2])
+            prev = y
+        plan = off.memplan.plan
+        last = plan.by_key()[(runners[-1].name, memplan.OUTPUTS)]
+        assert (last.start, last.end) == (0, len(plan.order)) and last.offset is None
+        assert not any((runners[-1].name, memplan.OUTPUTS) == e.life.key for e in off.memplan.entries)
+        assert off.stats()["plan_conflicts"] == 0
+        assert all(r.layer.outputs.backing.bound for r in runners[:-1])
+        del prev, y
+        off.abort()
+    finally:
+        graphed._close(off, runners)
+
+
 def test_lives_of_outputs():
     order = [("a", False), ("b", False), ("c", False), ("c", True), ("b", True), ("a", True)]
     items = memplan.lives(order, {}, [], {"a": (100, 1), "b": (100, None), "c": (100, 6)})
     by = {it.key[0]: it for it in items}
     assert (by["a"].start, by["a"].end) == (0, 1)        # taken by b's forward
     assert (by["b"].start, by["b"].end) == (1, 1)        # held by nothing after its forward
-    assert (by["c"].start, by["c"].end) == (2, 6)        # across the step's end
+    assert (by["c"].start, by["c"].end) == (0, 6)        # still held at the next step's first use
+    assert not by["c"].shared and by["a"].shared          # (memory of its own, off the pages)
     items = memplan.lives(order, {}, [], {"c": (100, 0)})  # held at the first use: from the step before
-    assert (items[0].start, items[0].end) == (0, 6)
+    assert (items[0].start, items[0].end) == (0, 6) and not items[0].shared
     plan = memplan.Plan(order, memplan.lives(order, {}, [], {"a": (4096, 1), "b": (4096, 2), "c": (4096, 3)}), 4096)
     # a and c never overlap: two granules hold the three
     assert plan.pages_bytes == 2 * 4096

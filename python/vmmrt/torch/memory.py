@@ -59,7 +59,10 @@ def pool_parts(segments, index, views=()):
 def _pool_bytes(index, views=()):
     """pool_parts of the device's caching allocator now."""
     try:
-        segs = torch.cuda.memory_snapshot()
+        try:
+            segs = torch.cuda.memory_snapshot(include_traces=False)   # (the segments only)
+        except TypeError:
+            segs = torch.cuda.memory_snapshot()
     except Exception:
         return None, None, torch.cuda.memory_reserved(index)
     return pool_parts(segs, index, views)

@@ -76,7 +76,8 @@ class Life:
     """One slot's life over the step: ``start``, ``end`` (closed, positions in
     the step's order of uses; the step's end is the order's length), its
     size, and whether it goes in the pages (``shared``: False for a
-    persistent ``.grad``, which keeps memory of its own)."""
+    persistent ``.grad`` or outputs held from one step into the next, which
+    keep memory of their own)."""
 
     def __init__(self, key: Any, kind: str, nbytes: int, start: int, end: int, shared: bool = True,
                  why: str = "") -> None:
@@ -110,8 +111,10 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
     (name, the layers whose backwards write them, bytes, persistent);
     ``outputs``: layer name -> (bytes of its forward's outputs, the last
     position a tensor over them was seen held: None, at no use after
-    their forward; the order's length, across the step's end; below the
-    forward's position, from the step before: the whole step); ``pool``:
+    their forward; below the forward's position (from the step before) or
+    the order's length (still held at the next step's first use: a caller
+    keeping the last layer's output in its loop variable): the whole step,
+    since nothing tells when in the next step it is let go); ``pool``:
     bytes of the graphs' pool on a slot (vmmrt.torch.graphpool), in use
     from the step's first use to its last: free at the step's end, for the
     optimizer step; or its parts (vmmrt.torch.poolplan), (bytes, first
@@ -152,14 +155,16 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
             raise ValueError("layer %r: its forward is not in the order" % name)
         if seen is None or seen == f:
             out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, f, f, why="its forward's outputs, not held after it"))
-        elif seen < f:
-            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, 0, end,
-                            why="its forward's outputs, held into the next step"))
+        elif seen < f or seen >= end:
+            # (a tensor over them lives from one step into the next: the slot
+            # keeps the memory under it, which the pages could only take with
+            # a copy at a time nothing tells)
+            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, 0, end, shared=False,
+                            why="its forward's outputs, held into the next step: its own memory"))
         else:
             out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, f, min(seen, end),
-                            why="its forward's outputs, held until %s" % (
-                                "the step's end" if seen >= end else "%s's %s" % (
-                                    order[seen][0], "backward" if order[seen][1] else "forward"))))
+                            why="its forward's outputs, held until %s's %s" % (
+                                order[seen][0], "backward" if order[seen][1] else "forward")))
     if pool:
         for k, (nbytes, s, e) in enumerate([(pool, None, None)] if isinstance(pool, int) else pool):
             if s is None:
@@ -669,7 +674,7 @@ class Watcher:
     def make(self, residents: dict, grads: list, stream: Any, io: list = ()) -> None:
         outs = self._outputs()
         end = len(self.order)
-        # held now, at the next step's first forward: across the step's end
+        # held now, at the next step's first forward: into it (the whole step)
         seen = {n: end if b.alive() else self.seen.get(n) for n, b in outs.items()}
         gp = self._pool()
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},

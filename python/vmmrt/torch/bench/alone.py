@@ -90,7 +90,7 @@ def _parser():
 
 def measure(a):
     """The option alone: a dict of its figures."""
-    from vmmrt.torch.bench import llama, shapes       # the layers only
+    from vmmrt.torch.bench import llama, loops, shapes   # the layers, and loops.made_first
     if a.shape not in shapes.SHAPES:
         raise SystemExit("unknown shape %r; shapes are %s" % (a.shape, ", ".join(shapes.SHAPES)))
     if a.option in ("ckpt", "graph-ckpt") and a.k < 1:
@@ -140,6 +140,8 @@ def measure(a):
                 x.grad = None
         else:
             opt.zero_grad(set_to_none=False)
+            if a.option.startswith("graph"):
+                loops.made_first(params + xs)       # (as the front measures them: loops.Loop.made_first)
             for x in xs:
                 if x.grad is not None:
                     x.grad.zero_()

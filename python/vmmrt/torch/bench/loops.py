@@ -16,9 +16,14 @@ torch.cuda.make_graphed_callables gets right: its backward hands autograd a
 static gradient buffer, which AccumulateGrad keeps as ``.grad`` when there
 was none, and the next replay rewrites that buffer before AccumulateGrad
 adds it in again. So once a ``.grad`` outlives a step (persistent) or a
-microbatch (K > 1), graph-only's gradients are wrong (doubled, in the
-persistent loop with one microbatch), and the gradients are checked against
-eager instead (:func:`reference`).
+microbatch (K > 1), graph-only's gradients would be wrong (doubled, in the
+persistent loop with one microbatch). In the persistent loop torch's
+graphed callables get what a framework keeping gradients in fixed buffers
+has anyway, every ``.grad`` made before the first backward
+(:meth:`Loop.made_first`), so that AccumulateGrad adds into it; with K > 1
+microbatches in the set_to_none loop they stay wrong, said in the point.
+The gradients are checked against eager wherever graph-only's could be
+wrong (:func:`reference`).
 """
 import threading
 import time
@@ -47,10 +52,17 @@ def reference(loop, microbatches):
     return "graph" if loop == "set_to_none" and microbatches == 1 else "eager"
 
 
+def made_first(tensors):
+    """A zero ``.grad`` for each of ``tensors`` that wants one and has none."""
+    for t in tensors:
+        if t.requires_grad and t.grad is None:
+            t.grad = torch.zeros_like(t)
+
+
 class Loop:
     """One training loop: ``name`` (one of LOOPS) and its microbatches."""
 
-    def __init__(self, name, microbatches=1):
+    def __init__(self, name, microbatches=1, grads_first=False):
         if name not in LOOPS:
             raise ValueError("loop %r is not one of %s" % (name, ", ".join(LOOPS)))
         if microbatches < 1:
@@ -58,6 +70,13 @@ class Loop:
         self.name = name
         self.microbatches = microbatches
         self.reference = reference(name, microbatches)
+        self.grads_first = grads_first and name == "persistent"
+
+    def made_first(self):
+        """This loop for torch's graphed callables: in the persistent loop,
+        each missing ``.grad`` made (zeros) at the zeroing, before the first
+        backward (see the module's words); the same loop otherwise."""
+        return Loop(self.name, self.microbatches, grads_first=True) if self.name == "persistent" else self
 
     def zero(self, opt, xs):
         """The loop's zeroing of every gradient: the parameters' through the
@@ -69,6 +88,8 @@ class Loop:
                 x.grad = None
         else:
             opt.zero_grad(set_to_none=False)
+            if self.grads_first:
+                made_first([p for g in opt.param_groups for p in g["params"]] + list(xs))
             for x in xs:
                 if x.grad is not None:
                     x.grad.zero_()

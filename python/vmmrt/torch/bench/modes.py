@@ -38,6 +38,7 @@ CPU_MODES = ("eager", "save_on_cpu", "eager-pingpong", "eager-remap")
 GRAPH_MODES = ("graph", "none", "pingpong", "remap", "planner", "pingpong-acc")
 VMMRT_MODES = ("none", "pingpong", "remap", "planner", "pingpong-acc", "eager-pingpong", "eager-remap")
 # The modes whose backward graph hands gradients over, which grads= chooses how.
+TORCH_GRAPHS = ("graph", "graph-ckpt")     # torch.cuda.make_graphed_callables's (loops.Loop.made_first)
 _GRADS_MODES = ("none", "pingpong", "remap", "planner")
 
 
@@ -268,6 +269,8 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
     dev = xs[0].device
     cuda = dev.type == "cuda"
     run, opt, off = built.run, built.opt, built.offload
+    if built.name in TORCH_GRAPHS:
+        loop = loop.made_first()
     for _ in range(warmup_steps(args, off)):
         loop.step(run, opt, xs, gys)
     _sync()
@@ -374,6 +377,8 @@ def spread(built, layers, loop, xs, gys, weights, ref, runs=3):
     the same weights, against its first gradients (non-deterministic kernels,
     flash attention's backward, differ; math attention does not)."""
     worst = 0.0
+    if built.name in TORCH_GRAPHS:
+        loop = loop.made_first()
     for _ in range(runs):
         weights.restore()
         loop.step(built.run, built.opt, xs, gys)
