@@ -259,6 +259,7 @@ def _history(lo):
 def test_a_block_made_after_the_captures_puts_the_granules_back_in_order(monkeypatch):
     lo = 1 << 30
     gp = _pool(lo, 8 * G)
+    gp.per_use = True
     gp._events_kept, gp.marks = _history(lo)
     gp._sealed = {(lo + G, 512)}
     monkeypatch.setattr(gp, "_blocks_in_use", lambda: [(lo + G, 512)])
@@ -281,8 +282,13 @@ def test_describe_says_where_the_granules_went():
     gp.live_peak = 390 << 20
     gp.off.granularity = 2 << 20
     text = gp.describe()
-    assert "its granules on 400.0 MiB of pages in 2 parts by when their blocks are alive, 1 of them at some " \
-        "uses only (390.0 MiB alive at once" in text, text
+    assert "its granules on 400.0 MiB of pages in 2 parts by when their blocks are alive (400.0 MiB apart), 1 of " \
+        "them at some uses only (390.0 MiB alive at once" in text, text
+    # placed on the plan: the distinct pages under them (parts alive at different uses share)
+    gp._abs = [0] * 100 + [2 << 20] * 144
+    assert "its granules on 4.0 MiB of pages in 2 parts by when their blocks are alive (400.0 MiB apart)" \
+        in gp.describe()
+    assert gp.stats()["graph_pool_pages_bytes"] == 4 << 20
 
 
 def test_place_keeps_the_history_and_the_parts_follow_the_steps_order(monkeypatch):
@@ -295,8 +301,11 @@ def test_place_keeps_the_history_and_the_parts_follow_the_steps_order(monkeypatc
     gp.place()
     assert gp.live_peak == 6 * G
     order = [("a", False), ("b", False), ("b", True), ("a", True)]
-    # A's granules at use 0 alone; B's from 0 to 1; C's at 1: C's first
-    # half shares A's page inside no part (their parts are apart), so 3 parts
+    # one pool: in use at every position, on pages of its own
+    assert gp.planned_parts(order) == [(8 * G, None, None)] and gp.parts is None
+    # per use: A's granules at use 0 alone; B's from 0 to 1; C's at 1: C's
+    # first half shares A's page inside no part (their parts are apart), so 3 parts
+    gp.per_use = True
     got = gp.planned_parts(order)
     assert got == [(2 * G, 0, 0), (2 * G, 0, 1), (4 * G, 1, 1)], got
     # a use the step's order does not have: every granule at every use
@@ -325,4 +334,4 @@ def test_the_plug_over_the_presized_segments_tail_is_no_block_of_the_captures(mo
     gp.place()
     assert gp.live_peak == 6 * G
     order = [("a", False), ("b", False), ("b", True), ("a", True)]
-    assert all(start is not None for _, start, _ in gp.planned_parts(order))
+    assert gp.planned_parts(order) == [(8 * G, None, None)]     # (one pool: whole, planned_parts)

@@ -531,6 +531,13 @@ class GraphPool:
                 log.warning("vmmrt: the graphs' pool: %s: its granules go on pages in order", self.place_why_not)
         if self._events_kept is None:
             return [(self.backing.nbytes, None, None)]
+        if not self.per_use:
+            # One pool: a block's addresses served several captures, and
+            # its granules' spans over the step's positions (hulls of
+            # their blocks') left bytes in use on pages another slot took
+            # (training differed from torch's graphs on the H200): it is in
+            # use at every position, on pages of its own.
+            return [(self.backing.nbytes, None, None)]
         pos = {use: k for k, use in enumerate(order)}
         marks = [(pos[use], a, b) for use, a, b in self.marks] if all(m[0] in pos for m in self.marks) else []
         nbytes = self.used if self.per_use else self.backing.nbytes
@@ -544,9 +551,15 @@ class GraphPool:
         self._abs = poolplan.compose(self.parts, offsets, self.backing.nbytes // g, g) if self.parts else None
 
     def planned_bytes(self) -> int:
-        """The pages the pool takes on the plan (its parts'), or on its own."""
+        """The pages the pool takes on the plan (the distinct pages its
+        granules are on: its parts share pages with each other, by when they
+        are alive; the sum of the parts' before they are placed), or on its
+        own."""
+        g = self.off.granularity
+        if self._abs is not None and self.backing.bound:
+            return len(set(self._abs[:-(-self.used // g)])) * g
         if self.parts is not None:
-            return sum(p.npages for p in self.parts) * self.off.granularity
+            return sum(p.npages for p in self.parts) * g
         return self.own_bytes if self.own_bytes is not None else self.backing.nbytes
 
     def page_table(self, offset: int) -> list | None:
@@ -664,9 +677,10 @@ class GraphPool:
         if self.parts:
             g = self.off.granularity
             spans = sum(1 for p in self.parts if p.start is not None)
-            pages = "; its granules on %.1f MiB of pages in %d parts by when their blocks are alive, %d of them at " \
-                "some uses only (%.1f MiB alive at once at most)" % (
-                    sum(p.npages for p in self.parts) * g / 2**20, len(self.parts), spans, (self.live_peak or 0) / 2**20)
+            pages = "; its granules on %.1f MiB of pages in %d parts by when their blocks are alive (%.1f MiB " \
+                "apart), %d of them at some uses only (%.1f MiB alive at once at most)" % (
+                    self.planned_bytes() / 2**20, len(self.parts), sum(p.npages for p in self.parts) * g / 2**20,
+                    spans, (self.live_peak or 0) / 2**20)
         elif self.own_bytes is not None:
             pages = "; its granules on %.1f MiB of pages of its own by when their blocks are alive" % (
                 self.own_bytes / 2**20)

@@ -671,9 +671,10 @@ class Offload:
         (:mod:`vmmrt.torch.graphpool`): graph_pool_bytes (what it uses),
         graph_pool_bound (the range reserved for it), graph_pool_fallback_bytes
         (its segments beyond the range, plain device memory),
-        graph_pool_pages_bytes (the pages its granules take: the sum of its
-        parts' on the memory plan, each part placed beside the layers'
-        slots by the uses it is alive at; fewer than graph_pool_bytes where
+        graph_pool_pages_bytes (the pages its granules take: on the memory
+        plan the distinct pages under its parts, each part placed beside the
+        layers' slots by the uses it is alive at, so that parts alive at
+        different uses share pages; fewer than graph_pool_bytes where
         granules whose blocks' lives never met share one,
         :mod:`vmmrt.torch.poolplan`),
         graph_pool_live_peak_bytes (the most of its blocks alive at once in
