@@ -540,8 +540,7 @@ class GraphPool:
             return [(self.backing.nbytes, None, None)]
         pos = {use: k for k, use in enumerate(order)}
         marks = [(pos[use], a, b) for use, a, b in self.marks] if all(m[0] in pos for m in self.marks) else []
-        nbytes = self.used if self.per_use else self.backing.nbytes
-        self.parts = poolplan.parts(self._events_kept, marks, self.backing.address, nbytes, g)[0]
+        self.parts = poolplan.parts(self._events_kept, marks, self.backing.address, self.used, g)[0]
         return [(p.npages * g, p.start, p.end) for p in self.parts]
 
     def parts_at(self, offsets: Sequence[int]) -> None:

@@ -37,8 +37,8 @@ DEFAULT_MODES = ("eager", "save_on_cpu", "graph", "none", "pingpong", "remap", "
 CPU_MODES = ("eager", "save_on_cpu", "eager-pingpong", "eager-remap")
 GRAPH_MODES = ("graph", "none", "pingpong", "remap", "planner", "pingpong-acc")
 VMMRT_MODES = ("none", "pingpong", "remap", "planner", "pingpong-acc", "eager-pingpong", "eager-remap")
-# The modes whose backward graph hands gradients over, which grads= chooses how.
 TORCH_GRAPHS = ("graph", "graph-ckpt")     # torch.cuda.make_graphed_callables's (loops.Loop.made_first)
+# The modes whose backward graph hands gradients over, which grads= chooses how.
 _GRADS_MODES = ("none", "pingpong", "remap", "planner")
 
 
