@@ -45,9 +45,9 @@ lacks it, or a caller recording one already, which cannot be turned off
 and on around the captures without losing its settings) the pool makes
 its segments as it goes.
 
-With the history, each use's captures (a layer's forward; its backward,
-and the accumulate graph beside it) go into a MemPool of their own over
-one range (:data:`PER_USE`): in one pool best fit hands every backward the
+With the history and :data:`PER_USE` (off by default: see there), each
+use's captures (a layer's forward; its backward, and the accumulate graph
+beside it) go into a MemPool of their own over one range: in one pool best fit hands every backward the
 addresses the one before freed, so each granule is in use at every
 backward and shares no page with a layer's slot. The range is mapped on one
 page at every granule for the captures (:meth:`GraphPool._open_per_use`),
@@ -91,7 +91,18 @@ SMALL = 8 << 20
 # parts). In one pool, best fit gives every backward the addresses the one
 # before freed, and each granule is in use from the first backward to the
 # last: alongside every resident.
-PER_USE = True
+#
+# Off: a process that builds with many such pools has its Python heap
+# corrupted (PyTorch 2.11 on the H100 and H200: the whole of
+# python/tests/test_gpu.py, about 200 MemPools over the arena's pluggable
+# allocator, segfaults in PyObject_Malloc or PyType_IsSubtype at random
+# places of the fifteenth build). Not libvmmrt's: built with
+# AddressSanitizer it reports nothing, and the arena served every segment
+# from its ranges (no fallback, no bad free); not the memory history (off,
+# the same) nor the one page under the range during the captures (pages of
+# its own, the same); the same builds with one MemPool for every use pass.
+# So one pool for every capture, until the cause is found upstream.
+PER_USE = False
 # The range of one use beyond its layer's sizes: its own small segments
 # (2 MiB each) and mid-size ones (20 MiB for requests of 1 to 10 MiB).
 USE_SLACK = 48 << 20
