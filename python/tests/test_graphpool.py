@@ -335,3 +335,30 @@ def test_the_plug_over_the_presized_segments_tail_is_no_block_of_the_captures(mo
     assert gp.live_peak == 6 * G
     order = [("a", False), ("b", False), ("b", True), ("a", True)]
     assert gp.planned_parts(order) == [(8 * G, None, None)]     # (one pool: whole, planned_parts)
+
+
+def test_segments_are_read_without_trace_entries_where_torch_can(monkeypatch):
+    # Every reading of the allocator's segments (the pool's cut, its blocks
+    # in use, the optimizer's pool, the arena's sweep, memory()) asks for no
+    # trace entries (a full snapshot converts the whole memory history), and
+    # a PyTorch whose snapshot has no include_traces (before 2.11) is still
+    # asked, pool id and all.
+    from vmmrt.torch import _arena, _compat
+    seg = {"address": 4 * G, "total_size": G, "blocks": []}
+    calls = []
+
+    def new(mempool_id=None, include_traces=True):
+        calls.append((mempool_id, include_traces))
+        return [seg]
+
+    def old(mempool_id=None):
+        calls.append((mempool_id, "old"))
+        return [seg]
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    for snap, want in ((new, [(None, False), ((0, 7), False)]), (old, [(None, "old"), ((0, 7), "old")])):
+        calls.clear()
+        monkeypatch.setattr(torch.cuda, "memory_snapshot", snap)
+        assert _arena._torch_segments() == [(4 * G, G)]
+        assert _compat.memory_segments((0, 7)) == [seg]
+        assert calls == want

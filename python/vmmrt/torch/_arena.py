@@ -81,11 +81,8 @@ def _torch_segments() -> list:
     # garbage collection's callback, where a full snapshot with the memory
     # history on, during the graphs' build, ended in a segfault inside
     # PyTorch 2.11's snapshot)
-    try:
-        snap = torch.cuda.memory_snapshot(include_traces=False)
-    except TypeError:       # (a PyTorch whose snapshot has no include_traces)
-        snap = torch.cuda.memory_snapshot()
-    return [(s["address"], s["total_size"]) for s in snap]
+    from vmmrt.torch import _compat
+    return [(s["address"], s["total_size"]) for s in _compat.memory_segments()]
 
 
 segments = _torch_segments      # (tests: a stand-in)

@@ -35,6 +35,18 @@ def itemsize(dtype):
     return n
 
 
+def memory_segments(mempool_id=None):
+    """torch.cuda.memory_snapshot()'s segments (of one pool's, given its id),
+    without the memory history's trace entries where this PyTorch can leave
+    them out (2.11: a full snapshot converts every entry; only the segments
+    are wanted)."""
+    args = () if mempool_id is None else (mempool_id,)
+    try:
+        return torch.cuda.memory_snapshot(*args, include_traces=False)
+    except TypeError:       # (no include_traces)
+        return torch.cuda.memory_snapshot(*args)
+
+
 def storage_offset_bytes(t):
     return t.storage_offset() * t.element_size()
 

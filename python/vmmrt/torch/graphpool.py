@@ -72,7 +72,7 @@ from typing import Any, Sequence
 
 import torch
 
-from vmmrt.torch import _arena, poolplan
+from vmmrt.torch import _arena, _compat, poolplan
 from vmmrt.torch.backing import USE_COUNT as _USE_COUNT, Backing
 
 log = logging.getLogger("vmmrt.torch")
@@ -400,7 +400,7 @@ class GraphPool:
         lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
         segs = []
         tail = None
-        for seg in torch.cuda.memory_snapshot(self.id, include_traces=False):
+        for seg in _compat.memory_segments(self.id):
             a, n = seg["address"], seg["total_size"]
             if lo <= a < hi:
                 segs.append((a, n))
@@ -427,7 +427,7 @@ class GraphPool:
         """(address, bytes) of the segments of its pool, or of every pool per use."""
         ids = [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
         return [(seg["address"], seg["total_size"]) for i in ids
-                for seg in torch.cuda.memory_snapshot(i, include_traces=False)]
+                for seg in _compat.memory_segments(i)]
 
     def _cut_per_use(self) -> None:
         """Per use: what the segments take of the range (the rest stays on
@@ -522,7 +522,7 @@ class GraphPool:
         """(address, bytes) of the pool's blocks in use now, in its range."""
         lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
         ids = [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
-        return [(b["address"], b["size"]) for i in ids for seg in torch.cuda.memory_snapshot(i, include_traces=False)
+        return [(b["address"], b["size"]) for i in ids for seg in _compat.memory_segments(i)
                 for b in _blocks(seg) if b["state"] != "inactive" and lo <= b["address"] < hi]
 
     def planned_parts(self, order: Sequence[tuple]) -> list:

@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from vmmrt.torch import _compat
+
 MiB = float(1 << 20)
 
 
@@ -59,10 +61,7 @@ def pool_parts(segments, index, views=()):
 def _pool_bytes(index, views=()):
     """pool_parts of the device's caching allocator now."""
     try:
-        try:
-            segs = torch.cuda.memory_snapshot(include_traces=False)   # (the segments only)
-        except TypeError:
-            segs = torch.cuda.memory_snapshot()
+        segs = _compat.memory_segments()
     except Exception:
         return None, None, torch.cuda.memory_reserved(index)
     return pool_parts(segs, index, views)

@@ -162,7 +162,7 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
             out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, 0, end, shared=False,
                             why="its forward's outputs, held into the next step: its own memory"))
         else:
-            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, f, min(seen, end),
+            out.append(Life((name, OUTPUTS), OUTPUTS, nbytes, f, seen,
                             why="its forward's outputs, held until %s's %s" % (
                                 order[seen][0], "backward" if order[seen][1] else "forward")))
     if pool:

@@ -573,7 +573,8 @@ class TorchPools:
         self.torch._C._cuda_releasePool(self.device, pool.id)
 
     def blocks_in_use(self, pool: Any) -> list[tuple[int, int]]:
-        return survivors(self.torch.cuda.memory_snapshot(pool.id, include_traces=False))
+        from vmmrt.torch import _compat
+        return survivors(_compat.memory_segments(pool.id))
 
     def relocate(self, roots: Iterable[Any], ranges: Sequence[tuple[int, int]]) -> int:
         return relocate(roots, ranges, device=self.torch.device("cuda", self.device))
