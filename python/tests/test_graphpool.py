@@ -362,3 +362,18 @@ def test_segments_are_read_without_trace_entries_where_torch_can(monkeypatch):
         assert _arena._torch_segments() == [(4 * G, G)]
         assert _compat.memory_segments((0, 7)) == [seg]
         assert calls == want
+
+
+def test_one_pool_marks_no_use_and_reads_no_history():
+    # The uses' marks place per-use parts; one pool (the default) places
+    # none, and each mark would read the whole memory history so far.
+    gp = _pool(64 * G, 8 * G)
+    gp.marks, gp._tracing, gp.per_use = [], True, False
+
+    def read():
+        raise AssertionError("the history was read")
+    gp._events = read
+    assert gp.mark(("0", False)) is None and gp.mark(("0", False), 3) is None and gp.marks == []
+    gp.per_use = True
+    gp._events = lambda: [{}] * 5
+    assert gp.mark(("0", False)) == 5 and gp.mark(("0", False), 2) == 5 and gp.marks == [(("0", False), 2, 5)]

@@ -327,8 +327,10 @@ class GraphPool:
     def mark(self, use: tuple, first: int | None = None) -> int | None:
         """Where the history stands: called before a use's captures (returns
         the event count), and after them with that count (``first``), which
-        records the use's span of events (vmmrt.torch.poolplan's marks)."""
-        if not self._tracing:
+        records the use's span of events (vmmrt.torch.poolplan's marks).
+        Per use only: one pool places no parts, and each mark reads the
+        whole history so far (two full snapshots a use)."""
+        if not self._tracing or not self.per_use:
             return None
         n = len(self._events())
         if first is not None:
