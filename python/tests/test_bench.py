@@ -919,3 +919,5 @@ def test_the_persistent_loop_makes_grads_first_for_torchs_graphed_callables():
     made = loops.Loop("persistent").made_first()
     assert made.grads_first and torch.equal(grads(made), torch.full((4,), 3.0))
     assert loops.Loop("set_to_none").made_first().grads_first is False
+    with pytest.raises(ValueError, match="grads_first"):
+        loops.Loop("set_to_none", grads_first=True)

@@ -78,9 +78,8 @@ def _torch_segments() -> list:
     if not torch.cuda.is_initialized():
         return []
     # (no trace entries: only the segments are read, and the sweep runs in a
-    # garbage collection's callback, where a full snapshot with the memory
-    # history on, during the graphs' build, ended in a segfault inside
-    # PyTorch 2.11's snapshot)
+    # garbage collection's callback, possibly during the graphs' build with
+    # the memory history on, whose every entry a full snapshot converts)
     from vmmrt.torch import _compat
     return [(s["address"], s["total_size"]) for s in _compat.memory_segments()]
 

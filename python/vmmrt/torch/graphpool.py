@@ -47,9 +47,10 @@ its segments as it goes.
 
 With the history and :data:`PER_USE` (off by default: see there), each
 use's captures (a layer's forward; its backward, and the accumulate graph
-beside it) go into a MemPool of their own over one range: in one pool best fit hands every backward the
-addresses the one before freed, so each granule is in use at every
-backward and shares no page with a layer's slot. The range is mapped on one
+beside it) go into a MemPool of their own over one range: in one pool
+best fit hands every backward the addresses the one before freed, so each
+granule is in use at every backward and shares no page with a layer's
+slot. The range is mapped on one
 page at every granule for the captures (:meth:`GraphPool._open_per_use`),
 on pages of its own by its blocks' lives after them
 (:meth:`GraphPool._place_per_use`), and the memory plan places its parts,
@@ -425,10 +426,13 @@ class GraphPool:
                      "" if self.large is None else " (or the %d MiB of it kept for small segments)" % (SMALL >> 20),
                      self.fallback >> 20)
 
+    def _pool_ids(self) -> list:
+        """The ids of its pool, or of every pool per use."""
+        return [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
+
     def _segments(self) -> list:
         """(address, bytes) of the segments of its pool, or of every pool per use."""
-        ids = [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
-        return [(seg["address"], seg["total_size"]) for i in ids
+        return [(seg["address"], seg["total_size"]) for i in self._pool_ids()
                 for seg in _compat.memory_segments(i)]
 
     def _cut_per_use(self) -> None:
@@ -523,8 +527,7 @@ class GraphPool:
     def _blocks_in_use(self) -> list:
         """(address, bytes) of the pool's blocks in use now, in its range."""
         lo, hi = self.backing.address, self.backing.address + self.backing.nbytes
-        ids = [mp.id for mp in self.mempools.values()] if self.per_use else [self.id]
-        return [(b["address"], b["size"]) for i in ids for seg in _compat.memory_segments(i)
+        return [(b["address"], b["size"]) for i in self._pool_ids() for seg in _compat.memory_segments(i)
                 for b in _blocks(seg) if b["state"] != "inactive" and lo <= b["address"] < hi]
 
     def planned_parts(self, order: Sequence[tuple]) -> list:

@@ -69,8 +69,10 @@ class Loop:
             raise ValueError("microbatches must be at least 1")
         self.name = name
         self.microbatches = microbatches
+        if grads_first and name != "persistent":
+            raise ValueError("grads_first: only the persistent loop keeps a .grad to make first, not %r" % name)
         self.reference = reference(name, microbatches)
-        self.grads_first = grads_first and name == "persistent"
+        self.grads_first = bool(grads_first)
 
     def made_first(self):
         """This loop for torch's graphed callables: in the persistent loop,
