@@ -884,6 +884,24 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     assert "pages" not in f._line(1, 1, pt)
 
 
+def test_front_point_line_shows_the_memory_by_owner():
+    """A point's line says where its memory is between forward and backward
+    (graphs' pool, caching allocator, libvmmrt, other): the part in which
+    a peak above another point's lies."""
+    from vmmrt.torch.bench import frontrun
+    f = frontrun.Front.__new__(frontrun.Front)
+    f.points = []
+    MiB = 1 << 20
+    pt = {"label": "vmmrt none", "build_s": 1.0, "step_ms": 2.0, "peak": 3 * MiB,
+          "memory": {"used": 18522 * MiB, "total": 80000 * MiB, "graph_pool": 0, "graph_pool_free": 0,
+                     "allocator": 10540 * MiB, "vmmrt": 0, "slots": 7658 * MiB, "other": 324 * MiB}}
+    line = f._line(1, 1, pt)
+    assert line.splitlines()[1].strip() == ("between forward and backward: used 18522 MiB = graph pool 0 + caching "
+                                            "allocator 10540 + libvmmrt 0 + libvmmrt's other slots 7658 + other 324")
+    del pt["memory"]
+    assert len(f._line(1, 1, pt).splitlines()) == 1
+
+
 def test_the_persistent_loop_makes_grads_first_for_torchs_graphed_callables():
     # torch.cuda.make_graphed_callables's backward hands AccumulateGrad a
     # static buffer's detach, which it keeps as .grad where there is none;

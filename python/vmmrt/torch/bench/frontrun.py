@@ -388,7 +388,8 @@ class Front:
                       launch_bwd_us_per_layer=row.get("launch_bwd_us_per_layer"),
                       launch_us_per_layer_step=row.get("launch_us_per_layer_step"),
                       driver_calls_per_step=row.get("driver_calls_per_step"),
-                      optimizer_memory=row.get("optimizer_memory"), pages=row.get("pages"))
+                      optimizer_memory=row.get("optimizer_memory"), pages=row.get("pages"),
+                      memory=row.get("memory"))
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
             grads = None
@@ -433,7 +434,12 @@ class Front:
             parts.append("optimizer in the pages (%.0f MiB lent, %.0f used, %.0f from the driver, hooks %.0f us)"
                          % (om["lent_bytes"] / MiB, om["peak_bytes"] / MiB, om["fallback_bytes"] / MiB, om["hook_us"]))
         parts.append("grads %s" % pt.get("grads_text", "-"))
-        return "  ".join(parts)
+        line = "  ".join(parts)
+        if pt.get("memory"):
+            # by owner, where the step's memory stands still (every cache
+            # full): a peak above another point's is found in one part
+            line += "\n      between forward and backward: " + memory.describe(pt["memory"])
+        return line
 
     def _budget_options(self, n, count):
         """memory_budget= options from graphs' peak or keeping all's
