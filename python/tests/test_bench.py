@@ -73,6 +73,11 @@ def test_graph_pool_parts_say_what_its_captures_left_free():
             "slots": None, "other": 116 * M}
     assert "graph pool 84 (60 free) + caching allocator 100" in memory.describe(snap)
     assert "graph pool 84 + caching" in memory.describe(dict(snap, graph_pool_free=0))
+    # the default pool's bytes no tensor holds: its 90 free, not the view's
+    # nor the graphs' pool's (the library's bytes, or the graph pool's)
+    assert memory.allocator_free(segs + view + pool, 0, memory._views([off])) == 90 * M
+    assert memory.allocator_free([{"device": 0, "total_size": M, "allocated_size": 0}], 0) == M   # pools not said
+    assert "caching allocator 100 (90 free) + libvmmrt" in memory.describe(dict(snap, allocator_free=90 * M))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-op is for machines without CUDA")
