@@ -28,6 +28,25 @@ from vmmrt.torch import _compat
 MiB = float(1 << 20)
 
 
+def _counted(segments, index, views):
+    """The segments of device ``index`` outside ``views`` (see pool_parts),
+    each with whether it is a graph pool's (None: the segments do not say
+    their pool)."""
+    for s in segments:
+        if s.get("device", index) != index:
+            continue
+        a = s.get("address")
+        if a is not None and any(lo <= a < hi for lo, hi in views):
+            continue
+        pid = s.get("segment_pool_id")
+        yield s, (None if pid is None else tuple(pid) != (0, 0))
+
+
+def _free(s):
+    size = s.get("total_size", 0)
+    return size - s.get("allocated_size", size)
+
+
 def pool_parts(segments, index, views=()):
     """(graph-pool bytes, of them free, other caching-allocator bytes) of
     device ``index`` in ``segments`` (torch.cuda.memory_snapshot()'s list):
@@ -41,20 +60,13 @@ def pool_parts(segments, index, views=()):
     are the library's bytes, counted there: left out."""
     pool = free = other = 0
     known = False
-    for s in segments:
-        if s.get("device", index) != index:
-            continue
-        a = s.get("address")
-        if a is not None and any(lo <= a < hi for lo, hi in views):
-            continue
-        pid = s.get("segment_pool_id")
-        known = known or pid is not None
-        size = s.get("total_size", 0)
-        if pid is not None and tuple(pid) != (0, 0):
-            pool += size
-            free += size - s.get("allocated_size", size)
+    for s, graph in _counted(segments, index, views):
+        known = known or graph is not None
+        if graph:
+            pool += s.get("total_size", 0)
+            free += _free(s)
         else:
-            other += size
+            other += s.get("total_size", 0)
     return (pool if known else None), (free if known else None), other
 
 
@@ -63,18 +75,7 @@ def allocator_free(segments, index, views=()):
     counts as "other") that no tensor holds: what PyTorch's cache keeps
     reserved beyond what is in use, which a step of graphs does not take
     back as eager's next activations do."""
-    free = 0
-    for s in segments:
-        if s.get("device", index) != index:
-            continue
-        a = s.get("address")
-        if a is not None and any(lo <= a < hi for lo, hi in views):
-            continue
-        pid = s.get("segment_pool_id")
-        if pid is None or tuple(pid) == (0, 0):
-            size = s.get("total_size", 0)
-            free += size - s.get("allocated_size", size)
-    return free
+    return sum(_free(s) for s, graph in _counted(segments, index, views) if not graph)
 
 
 def _pool_bytes(index, views=()):
