@@ -262,6 +262,7 @@ class GraphPool:
         self._storages = []         # of the tensors handed out from the pool, and the library's count of each
         self._baseline = []
         self.live_peak = None       # the most bytes of its blocks alive at once in the captures
+        self.never_freed = None     # of its blocks', those the captures left in use (one pool, with the history)
         self.place_why_not = None   # why its granules are on pages in order
         self._sealed = None         # (address, bytes) of its blocks in use when the history ended
         try:
@@ -520,8 +521,9 @@ class GraphPool:
             at = self._plug.data_ptr()
             events = [e for e in events if e.get("addr") != at or e.get("action") != "alloc"]
         self._events_kept = events
-        self.live_peak = poolplan.live_peak(poolplan.block_lives(events, self.backing.address,
-                                                                 self.backing.address + self.backing.nbytes))
+        blocks = poolplan.block_lives(events, self.backing.address, self.backing.address + self.backing.nbytes)
+        self.live_peak = poolplan.live_peak(blocks)
+        self.never_freed = poolplan.never_freed(blocks)
         self._sealed = set(self._blocks_in_use())
 
     def _blocks_in_use(self) -> list:
@@ -677,7 +679,8 @@ class GraphPool:
         return {"graph_pool_bytes": self.used, "graph_pool_bound": self.bound,
                 "graph_pool_fallback_bytes": self.fallback,
                 "graph_pool_pages_bytes": self.planned_bytes() if self.backing.bound or self.own_bytes else self.used,
-                "graph_pool_live_peak_bytes": self.live_peak or 0}
+                "graph_pool_live_peak_bytes": self.live_peak or 0,
+                "graph_pool_never_freed_bytes": self.never_freed or 0}
 
     def describe(self) -> str:
         where = "on the memory plan's pages" if self.backing.bound else "its own memory"
@@ -701,6 +704,9 @@ class GraphPool:
                 self.own_bytes / 2**20)
         else:
             pages = "; its granules on pages in order: %s" % self.place_why_not if self.place_why_not else ""
+        if not self.per_use and self.live_peak is not None:
+            pages += "; its blocks: %.1f MiB alive at once at most, %.1f MiB left in use by the captures" % (
+                self.live_peak / 2**20, (self.never_freed or 0) / 2**20)
         return "graphs' pool: %.1f MiB on a slot of the library's (%s; range %.1f MiB%s; %s%s)" % (
             self.used / 2**20, where, self.bound / 2**20,
             "" if not self.fallback else "; %.1f MiB beyond it in plain device memory" % (self.fallback / 2**20),

@@ -678,7 +678,9 @@ class Offload:
         granules whose blocks' lives never met share one,
         :mod:`vmmrt.torch.poolplan`),
         graph_pool_live_peak_bytes (the most of its blocks alive at once in
-        the captures); the backward's
+        the captures), graph_pool_never_freed_bytes (one pool: those of its
+        blocks the captures left in use, which every later capture's
+        working set sits beside); the backward's
         temporaries in bytes of the resident slots their saved regions no
         longer need (:mod:`vmmrt.torch.reuse`): reuse_bytes (born there at
         the captures of the write and accumulate graphs, each temporary's
@@ -699,7 +701,8 @@ class Offload:
                   {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0,
-                   "graph_pool_pages_bytes": 0, "graph_pool_live_peak_bytes": 0})
+                   "graph_pool_pages_bytes": 0, "graph_pool_live_peak_bytes": 0,
+                   "graph_pool_never_freed_bytes": 0})
         st.update(self._reuse_stats())
         return st
 

@@ -204,6 +204,15 @@ def live_peak(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
     return top
 
 
+def never_freed(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
+    """The bytes of ``blocks`` in use for good (not freed when the history
+    ended, or freed with their birth unseen): what a pool's captures leave
+    held beside the working set of any one of them. Where the live peak is
+    far above a layer's working set, this tells held blocks piling up over
+    the captures from a capture that needs that much."""
+    return sum(n for _, n, b, d in blocks if b < 0 or d is FOREVER)
+
+
 def plan(events: Iterable[dict], lo: int, nbytes: int, granularity: int) -> tuple[list[int], int, int]:
     """(page of each granule of [lo, lo + nbytes), pages used, the blocks'
     live peak in bytes) from a memory history's events."""

@@ -317,6 +317,7 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
         res["pages"] = {"plan_bytes": after["plan_bytes"], "graph_pool_bytes": after["graph_pool_bytes"],
                         "graph_pool_pages_bytes": after.get("graph_pool_pages_bytes", after["graph_pool_bytes"]),
                         "graph_pool_live_peak_bytes": after.get("graph_pool_live_peak_bytes", 0),
+                        "graph_pool_never_freed_bytes": after.get("graph_pool_never_freed_bytes", 0),
                         "plan_conflicts": after["plan_conflicts"]}
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
