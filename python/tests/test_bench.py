@@ -903,6 +903,11 @@ def test_front_point_line_shows_the_memory_by_owner():
     line = f._line(1, 1, pt)
     assert line.splitlines()[1].strip() == ("between forward and backward: used 18522 MiB = graph pool 0 + caching "
                                             "allocator 10540 + libvmmrt 0 + libvmmrt's other slots 7658 + other 324")
+    # what the process held before the point's build (the model, the inputs,
+    # what earlier points left): the same at every point unless one leaves some
+    pt["before_build"] = 14124 * MiB
+    assert f._line(1, 1, pt).splitlines()[1].endswith("other 324; before its build 14124 MiB over the memory "
+                                                      "before the model")
     del pt["memory"]
     assert len(f._line(1, 1, pt).splitlines()) == 1
 

@@ -356,6 +356,11 @@ class Front:
         try:
             if layers and hasattr(layers[0], "reseed"):
                 layers[0].reseed()
+            if self.cuda:
+                # the model, the inputs and whatever the points before left
+                # (a process's one-time costs: the first capture's, say):
+                # equal at every point unless a point leaves something behind
+                pt["before_build"] = memory.driver_used(self.dev) - self.base
             built = build(o, layers, sample, a, self.reserve, self.cuda, self.step, self.loop.name)
             row, grads = modes.measure(built, layers, self.loop, xs, gys, a, weights)
             if is_ref:
@@ -439,6 +444,8 @@ class Front:
             # by owner, where the step's memory stands still (every cache
             # full): a peak above another point's is found in one part
             line += "\n      between forward and backward: " + memory.describe(pt["memory"])
+            if pt.get("before_build") is not None:
+                line += "; before its build %.0f MiB over the memory before the model" % (pt["before_build"] / MiB)
         return line
 
     def _budget_options(self, n, count):
