@@ -205,12 +205,13 @@ def live_peak(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
 
 
 def never_freed(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
-    """The bytes of ``blocks`` in use for good (not freed when the history
-    ended, or freed with their birth unseen): what a pool's captures leave
+    """The bytes of ``blocks`` in use for good (:func:`block_lives` ends
+    them at FOREVER: not freed when the history ended, or freed with their
+    birth unseen): what a pool's captures leave
     held beside the working set of any one of them. Where the live peak is
     far above a layer's working set, this tells held blocks piling up over
     the captures from a capture that needs that much."""
-    return sum(n for _, n, b, d in blocks if b < 0 or d is FOREVER)
+    return sum(n for _, n, _, d in blocks if d is FOREVER)
 
 
 def plan(events: Iterable[dict], lo: int, nbytes: int, granularity: int) -> tuple[list[int], int, int]:
