@@ -32,6 +32,8 @@ device, whether CUDA is there, the parameters, the options in force); the
 current stream is asked once per call of the Function's forward or
 backward, as a user may call under another stream than at capture.
 """
+import functools
+
 import torch
 from torch.autograd.function import once_differentiable
 
@@ -39,6 +41,9 @@ from vmmrt import Error, _capi
 from vmmrt.torch import _compat, _contracts, backing as _backing, static_grads
 from vmmrt.torch._launch import Launcher
 from vmmrt.torch.grads import copy_into
+
+
+_detach = torch.Tensor.detach
 
 
 def stream_source(off):
@@ -73,8 +78,7 @@ def raw_stream_source(off):
     if raw is None:
         full = stream_source(off)
         return lambda: full()[0]
-    index = off.device.index
-    return lambda: raw(index)
+    return functools.partial(raw, off.device.index)     # (no Python frame a call, as a lambda has)
 
 
 def _host_raw_stream():
@@ -283,13 +287,18 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                     fwd_graph.replay()
                 lay.forward_end(s)
             r.pending = True
-            outs = tuple(o.detach() for o in static_out)
+            outs = tuple(map(_detach, static_out))     # (a generator is a Python call per item)
             ctx.watch = _contracts.watch(watch_in, watch_out, inputs, outs) if watching else None
             return outs
 
         @staticmethod
-        @once_differentiable
         def backward(ctx, *gouts):
+            if torch.is_grad_enabled():
+                # backward(create_graph=True): once_differentiable's way (this
+                # under no_grad, a second backward through it an error). The
+                # engine runs a backward without grad otherwise, and a call
+                # skips the decorator's context manager: seven Python calls.
+                return twice(ctx, *gouts)
             if ctx.epoch != off.epoch:
                 raise _contracts.abandoned_error(r)
             if not r.pending:
@@ -320,10 +329,10 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 if gin_where is not None:
                     # the arguments' gradients in the slot: over src, as the parameters'
                     gs, pg = mapped.after_backward(acc, src, states, gin_where, s)
-                    return tuple(a if a is not None else None if b is None else b.detach()
-                                 for a, b in zip(gs, gin[:n_user])) + tuple(pg)
+                    return tuple([a if a is not None else None if b is None else b.detach()
+                                  for a, b in zip(gs, gin[:n_user])] + pg)
                 pg = mapped.after_backward(acc, src, states, None, s)
-                return tuple(b.detach() if b is not None else None for b in gin[:n_user]) + tuple(pg)
+                return tuple([b.detach() if b is not None else None for b in gin[:n_user]] + pg)
             for p, acc in accs:                 # grads="accumulate": .grad is the tensor the graph adds into
                 if p.grad is None:
                     acc.zero_()
@@ -339,7 +348,9 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
             r.pending = False
             if static:
                 aliases.dirty = True            # AccumulateGrad may take a buffer as .grad: see unalias
-            return tuple(b.detach() if b is not None else None for b in static_gin)
+            return tuple([b.detach() if b is not None else None for b in static_gin])
+
+    twice = once_differentiable(Graphed.backward)
 
     def functionalized(*user_args, **user_kwargs):
         leaves = r.flatten_call(user_args, user_kwargs)

@@ -100,9 +100,12 @@ class Runner:
         other leaves must be the sample's. ``is_first_microbatch`` (which
         TransformerEngine's graphed callables take for FP8 weight caching) is
         accepted and has no effect."""
-        if not kwargs and not self.kw_keys and not self.in_consts and \
-                all(type(a) is torch.Tensor or isinstance(a, torch.Tensor) for a in args):
-            return list(args)        # flat tensors, as pytree would flatten them (the common call)
+        if not kwargs and not self.kw_keys and not self.in_consts:
+            for a in args:           # (a loop, not all() over a generator: a Python call per argument)
+                if type(a) is not torch.Tensor and not isinstance(a, torch.Tensor):
+                    break
+            else:
+                return list(args)    # flat tensors, as pytree would flatten them (the common call)
         where = "layer %r" % self.name
         kwargs = {k: v for k, v in kwargs.items() if k != "is_first_microbatch" or k in self.kw_keys}
         missing = [k for k in self.kw_keys if k not in kwargs]

@@ -93,14 +93,17 @@ class Held:
         return n > self._baseline
 
 
-def weak_alive(ref):
-    """A Backing's ``alive`` test over its owner's ``alive()``, through a weak
-    reference: the Backing is held by the finalizer of a storage its owner
-    holds (Backing.tensor), which would then never run."""
-    def alive():
-        o = ref()
-        return o is not None and o.alive()
-    return alive
+def alive_by(owner, backing):
+    """``backing.alive`` is its owner's to set, to its Held (or None) as it
+    makes and drops the bases the Held counts: the memory plan asks each
+    slot sharing its bytes at every planned use (memplan.Entry), so the test
+    is the Held itself, one Python call, not a method of the owner's. Never
+    a reference to the owner: a storage the owner holds has a finalizer
+    that holds the Backing (Backing.tensor), which would then never run.
+    The test goes with the owner (a Held reads its storage by address, which
+    the owner's bases keep)."""
+    backing.alive = None
+    weakref.finalize(owner, setattr, backing, "alive", None)
 
 
 def _let_go(let_go):
@@ -129,7 +132,10 @@ class Backing:
         self.address = self.slot.address
         self.nbytes = nbytes
         self._lock = threading.Lock()
-        self._live = 0            # storages made by tensor() still alive
+        # Read on every planned use (memplan.Entry.begin_use asks each slot
+        # that shares its bytes): plain attributes, not properties, as a
+        # property is a Python call; only this class writes them.
+        self.live = 0             # storages made by tensor() still alive
         self._wanted = False      # a map asked for, and no release since
         self._due = None          # a release that fell due during a capture: its stream
         self._on_stream = False   # the map asked for is stream-ordered: not known made on the host
@@ -139,7 +145,7 @@ class Backing:
         self._pinned = False      # static buffers live in it (pin): never released
         self.planned = None       # memplan.Entry, once the memory plan counts this slot in
         self.held = None          # its owner's ranges of the bytes it holds when busy (held_ranges)
-        self._bound = False       # on the plan's pages: map and release are no-ops
+        self.bound = False        # on the memory plan's pages (bind): map and release are no-ops
         self._in_use = False      # bound, and its use begun and not released since
         self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
         self.alive = None         # its owner's test of whether a tensor it handed out over the slot is held
@@ -148,20 +154,11 @@ class Backing:
 
     # ------------------------------------------------------------ state
     @property
-    def live(self):
-        return self._live
-
-    @property
     def mapped(self):
         """Mapped, or asked to be (the worker may still be at it), by the map
         and release path, or onto pages of its own (:meth:`map_own`); a slot
         on the memory plan's pages is :attr:`bound` instead."""
         return self._wanted or self._own is not None
-
-    @property
-    def bound(self):
-        """On the memory plan's pages (:meth:`bind`)."""
-        return self._bound
 
     def held_ranges(self):
         """The bytes a busy slot holds, as [lo, hi) offsets in it: None, all of
@@ -173,14 +170,14 @@ class Backing:
     def in_use(self):
         """Its use begun and not released, or a tensor made by :meth:`tensor`
         over it alive: all of its bytes wanted, whatever its owner says."""
-        return self._in_use or self._live > 0
+        return self._in_use or self.live > 0
 
     @property
     def busy(self):
         """Bound, and its bytes wanted: its use has begun and not been
         released, or a tensor made over it is alive (its owner's
         ``alive``, where it hands out tensors of its own making)."""
-        return self._bound and (self._in_use or self._live > 0 or (self.alive is not None and self.alive()))
+        return self.bound and (self._in_use or self.live > 0 or (self.alive is not None and self.alive()))
 
     # ------------------------------------------------------ memory plan
     def bind(self, pages, offset):
@@ -190,18 +187,18 @@ class Backing:
         granule. Its granules in order, or where its owner's ``page_table``
         puts them (the graphs' pool: vmmrt.torch.poolplan)."""
         with self._lock:
-            if self._bound:
+            if self.bound:
                 return True
-            if self._own is not None and not self._live and not (self.alive is not None and self.alive()):
+            if self._own is not None and not self.live and not (self.alive is not None and self.alive()):
                 self._drop_own()        # (the plan was made between steps: nothing runs over it)
-            if self._wanted or self._live or self._pinned or self.slot.state != "reserved":
+            if self._wanted or self.live or self._pinned or self.slot.state != "reserved":
                 return False
             table = self.page_table(offset) if self.page_table is not None else None
             if table is None:
                 self.slot.map_pages(pages, offset)
             else:
                 self.slot.map_pages_table(pages, table)
-            self._bound = True
+            self.bound = True
             self._in_use = False
             return True
 
@@ -212,7 +209,7 @@ class Backing:
         plan. The slot keeps the pages until it is bound to the plan's, or
         mapped onto others; nothing may run over it meanwhile."""
         with self._lock:
-            if self._bound or self._wanted or self._live:
+            if self.bound or self._wanted or self.live:
                 raise RuntimeError("%s: its own pages while it is mapped" % self.name)
             if self._own is not None:
                 self._drop_own()
@@ -228,9 +225,9 @@ class Backing:
         """Off the pages (the caller has waited for the work that used them
         through this slot): the next map is memory of its own again."""
         with self._lock:
-            if self._bound:
+            if self.bound:
                 self.slot.unmap()
-                self._bound = False
+                self.bound = False
                 self._in_use = False
 
     def begin_use(self):
@@ -240,13 +237,13 @@ class Backing:
     def end_use(self):
         """An abandoned iteration (Offload.abort) will not release it."""
         with self._lock:
-            if self._bound and not self._live:
+            if self.bound and not self.live:
                 self._in_use = False
 
     # ------------------------------------------------------- map, release
     def _prefetch(self):
         self._due = None
-        if not self._wanted and not self._bound and self._own is None:
+        if not self._wanted and not self.bound and self._own is None:
             self.slot.map_async()
             self._wanted = True
             self.maps += 1
@@ -255,7 +252,7 @@ class Backing:
         """Mapped when this returns (waiting for the worker if it is not done)."""
         with self._lock:
             self._prefetch()
-            if self._bound or self._own is not None:
+            if self.bound or self._own is not None:
                 return
         self.slot.wait()
         self._on_stream = False
@@ -267,7 +264,7 @@ class Backing:
         for that map on the device."""
         with self._lock:
             self._due = None
-            if self._bound:
+            if self.bound:
                 return
             if not self._wanted:
                 self.slot.map_after(after)
@@ -280,7 +277,7 @@ class Backing:
     def release(self, stream):
         """Give the memory back once ``stream`` gets here (a no-op if it is not
         mapped). During a capture, it waits for :meth:`flush`."""
-        if self._bound:
+        if self.bound:
             # on the plan's pages (every use of a planned step): the use ends,
             # the pages stay. No lock: this only clears the use flag, as
             # bind(), unbind() and end_use() do under it; only begin_use,
@@ -299,7 +296,7 @@ class Backing:
             self._pinned = True
 
     def _release(self, stream, kept_too=False):
-        if self._bound:
+        if self.bound:
             self._in_use = False     # the plan's pages stay
             return
         if not self._wanted or self._pinned or (self.kept and not kept_too):
@@ -320,7 +317,7 @@ class Backing:
         given back, the slot cut to ``nbytes`` (vmmrt_slot_truncate), mapped
         again at that size. Driver calls; the host waits."""
         with self._lock:
-            if self._bound or self._live or self._on_stream:
+            if self.bound or self.live or self._on_stream:
                 raise RuntimeError("%s: shrink of a slot in use" % self.name)
             if self._wanted:
                 self.slot.wait()
@@ -334,7 +331,7 @@ class Backing:
         """A kept slot's own memory given back (once ``stream`` gets here), so
         that the plan can bind it: only while nothing over it is held."""
         with self._lock:
-            if self._bound or not self._wanted or (self.alive is not None and self.alive()):
+            if self.bound or not self._wanted or (self.alive is not None and self.alive()):
                 return False
             self._release(stream, kept_too=True)
             return not self._wanted
@@ -342,7 +339,7 @@ class Backing:
     def flush(self):
         """A release that fell due during a capture, now."""
         with self._lock:
-            if self._due is not None and self._live == 0:
+            if self._due is not None and self.live == 0:
                 self._release(self._due)
 
     # ---------------------------------------------------------- tensors
@@ -353,7 +350,7 @@ class Backing:
         Either way the runtime is not destroyed under it (Runtime.hold):
         Offload.close(), its collection and interpreter exit wait for the
         tensor to die (at exit, the process's end takes the memory)."""
-        if self._on_stream or self._bound:
+        if self._on_stream or self.bound:
             # The memory may not be there yet (or is for good, on the plan's
             # pages): the address is all it needs.
             t, owner = _dlpack.owned_tensor_at(self.address, self.nbytes, self.offload.device)
@@ -364,7 +361,7 @@ class Backing:
             let_go = self.offload.runtime.hold()
             if counted:
                 with self._lock:
-                    self._live += 1
+                    self.live += 1
             # Not at exit: a release then would free the memory under a tensor
             # something may still read while the interpreter goes. Uncounted,
             # the finalizer holds the runtime's hold alone: the caller may keep
@@ -381,8 +378,8 @@ class Backing:
         try:
             if counted:
                 with self._lock:
-                    self._live -= 1
-                    if self._live == 0 and not self.offload.runtime.closed:
+                    self.live -= 1
+                    if self.live == 0 and not self.offload.runtime.closed:
                         self._release(stream)
         except Exception as e:  # pragma: no cover - reported, the memory stays mapped
             log.error("vmmrt: %s: release failed: %s", self.name, e)

@@ -37,13 +37,12 @@ backward allocates, a layout AccumulateGrad would not take as is) keeps
 torch's static buffers ("static"), and says why (:meth:`Grads.describe`).
 """
 import logging
-import weakref
 
 import torch
 
 from vmmrt import Error, _capi
 from vmmrt.torch import _compat, place
-from vmmrt.torch.backing import USE_COUNT, Backing, Held, weak_alive
+from vmmrt.torch.backing import USE_COUNT, Backing, Held, alive_by
 from vmmrt.torch.saved import REGION_ALIGN
 
 log = logging.getLogger("vmmrt.torch")
@@ -122,15 +121,14 @@ class Grads:
         # twice per layer beside the activations (8 x 64 MiB on the Llama
         # layers, H200, session 51).
         self.io = None
-        self._io_bases = None        # on the plan's pages: one base per dtype over it, made once
-        self._io_held = None
+        self._io_bases = None        # on the plan's pages: one base per dtype over it, made once (io.alive: their Held)
         self._warned = False
         # On the memory plan's pages: a tensor over the whole slot and one
         # per dtype, made once (:meth:`_source`); the storage's use count
-        # above what they hold tells a gradient handed out is alive.
+        # above what they hold tells a gradient handed out is alive: the
+        # slot's ``alive`` is their backing.Held, set here (alive_by).
         self._bases = None
         self._cached = None          # each parameter's gradient as a view over them (after_backward)
-        self._held = None            # backing.Held, with the bases
         self._layout(seen, outputs)
 
     @property
@@ -198,11 +196,11 @@ class Grads:
         self._none_states = [None if v is None else "none" for v in views]
         self.known = last.by_key
         self.backing = Backing(self.offload, "%s/grads" % self.name, total)
-        self.backing.alive = weak_alive(weakref.ref(self))
+        alive_by(self, self.backing)
         self.offload.backings.append(self.backing)
         if io_total:
             self.io = Backing(self.offload, "%s/io" % self.name, io_total)
-            self.io.alive = _io_alive(weakref.ref(self))
+            alive_by(self, self.io)
             self.offload.backings.append(self.io)
 
     @property
@@ -223,7 +221,8 @@ class Grads:
     def alive(self):
         """Whether a gradient handed out over the cached bases (on the plan's
         pages) is alive: the storage's use count above theirs."""
-        return self._held is not None and self._held()
+        a = self.backing.alive
+        return a is not None and a()
 
     def _source(self, stream):
         """(src, bases): a tensor over the slot's memory that this backward's
@@ -249,7 +248,7 @@ class Grads:
             self._cached = [None if s is None else bases[s[0]].as_strided(s[1], s[2], s[3])
                             for s in self._strided]
             self._bases = bases
-            self._held = Held(bases[torch.uint8])     # (counted with the views above: the library's own)
+            b.alive = Held(bases[torch.uint8])     # (counted with the views above: the library's own)
         return self._bases[torch.uint8], self._bases
 
     def _io_source(self, stream):
@@ -261,26 +260,28 @@ class Grads:
         b = self.io
         if not b.bound or USE_COUNT is None:
             if self._io_bases is not None and not self.io_alive():
-                self._io_bases = self._io_held = None
+                self._io_bases = b.alive = None
             return b.tensor(stream), {}
         if self._io_bases is None:
             self._io_bases = _slot_bases(b, self.gins, stream)
-            self._io_held = Held(self._io_bases[torch.uint8])
+            b.alive = Held(self._io_bases[torch.uint8])
         return self._io_bases[torch.uint8], self._io_bases
 
     def io_alive(self):
         """Whether an argument gradient handed out over the io slot's cached
         bases is alive."""
-        return self._io_held is not None and self._io_held()
+        a = self.io.alive if self.io is not None else None
+        return a is not None and a()
 
     def forget(self):
         """At close(), or off the pages: the cached bases let go (a gradient
         handed out keeps the memory, and the runtime, alive: Backing.tensor)."""
         self._bases = None
         self._cached = None
-        self._held = None
         self._io_bases = None
-        self._io_held = None
+        for slot in (self.backing, self.io):
+            if slot is not None:
+                slot.alive = None
 
     def drop(self):
         """Before anything used it (graphed.py makes them again): the slots go."""
@@ -502,14 +503,6 @@ def _slot_bases(backing, specs, stream):
         if spec is not None:
             _over(base, bases, spec)
     return bases
-
-
-def _io_alive(ref):
-    """The io slot's ``alive`` test (weak_alive's, over Grads.io_alive)."""
-    def alive():
-        o = ref()
-        return o is not None and o.io_alive()
-    return alive
 
 
 def _over(src, bases, spec):

@@ -279,11 +279,12 @@ class Offload:
         the host backend the CPU runs the use's ops itself: it waits for the
         map after asking for it the same way. ``current``: the torch stream
         ``stream`` is, when the caller has it (else asked when needed)."""
-        if backing.mapped:
-            if backing.kept and backing.planned is not None:
-                backing.planned.come_back(stream)   # (off the pages since a conflict: back if it can)
+        planned = backing.planned
+        if not backing.bound and backing.mapped:    # (a bound slot is never mapped)
+            if backing.kept and planned is not None:
+                planned.come_back(stream)   # (off the pages since a conflict: back if it can)
             return
-        if backing.planned is not None and backing.planned.begin_use(stream):
+        if planned is not None and planned.begin_use(stream):
             return      # on the memory plan's pages, its bytes free
         if backing.kept:
             # A forward's outputs (vmmrt.torch.outputs) off the pages after a

@@ -32,13 +32,12 @@ storage use count (torch 1.13), as liveness is read from it.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any, Sequence
 
 import torch
 
 from vmmrt.torch import _compat, place
-from vmmrt.torch.backing import USE_COUNT, Backing, Held, weak_alive
+from vmmrt.torch.backing import USE_COUNT, Backing, Held, alive_by
 
 log = logging.getLogger("vmmrt.torch")
 
@@ -87,9 +86,8 @@ class Outputs:
         self.offsets, total = layout(self.items)
         self.backing = Backing(offload, "%s/outputs" % name, total)
         self.backing.kept = True
-        self.backing.alive = weak_alive(weakref.ref(self))
+        alive_by(self, self.backing)
         self._base = None
-        self._held = None           # backing.Held, once settled
         self.landed = 0             # outputs of the capture over the slot (adopt)
 
     def placements(self, stream: Any) -> list:
@@ -111,17 +109,18 @@ class Outputs:
         """Once the build holds what it keeps (the graphs' static outputs, the
         base): that count is the library's own; above it, a tensor handed
         out is alive (backing.Held)."""
-        self._held = Held(self._base)
+        self.backing.alive = Held(self._base)
 
     def alive(self) -> bool:
         """Whether a tensor over the outputs, other than the library's own, is held."""
-        return self._held is not None and self._held()
+        a = self.backing.alive
+        return a is not None and a()
 
     def forget(self) -> None:
         """At close(): the library's base lets go (a tensor handed out keeps
         the memory, and the runtime, alive: Backing.tensor)."""
         self._base = None
-        self._held = None
+        self.backing.alive = None
 
     def drop(self) -> None:
         """Its memory given back (nothing lies over it): the slot goes with the runtime."""
