@@ -734,3 +734,35 @@ def test_the_graphs_pools_parts_live_at_their_uses_and_positions_outside_the_ste
     for bad in [(M, 3, 4), (M, -1, 0), (M, 2, 1)]:
         with pytest.raises(ValueError, match="not the step's"):
             memplan.lives(order, res, [], pool=[bad])
+
+
+def test_a_slot_found_free_is_asked_again_once_a_tensor_is_made_over_it():
+    """A use asks only the slots sharing its bytes that are not quiet
+    (Backing.quiet: found free when last asked, nothing since that could
+    hold them): a tensor made over one (Backing.tensor) makes it asked
+    again, and the use sees its bytes held."""
+    g, off = _build(True)
+    params = [p for m in g for p in m.parameters()]
+    try:
+        for i in range(4):
+            for p in params:
+                p.grad = None
+            x, gy = _inputs(i)
+            (run(g, x) * gy).sum().backward()
+            _settle(off)
+        for p in params:
+            p.grad = None
+        entries = [e for e in off.memplan.entries if getattr(e, "sharers", None)]
+        assert entries and all(e.backing.bound for e in entries)
+        for e in entries:
+            assert e._held() == ()
+        quiet = [(e, o) for e in entries for o in e.sharers if o.quiet]
+        assert quiet, "a steady step leaves the slots it asked quiet"
+        e, o = quiet[0]
+        t = o.tensor(None)
+        assert not o.quiet
+        assert o in e._held()
+        del t
+        assert e._held() == ()
+    finally:
+        off.close()

@@ -147,6 +147,14 @@ class Backing:
         self.held = None          # its owner's ranges of the bytes it holds when busy (held_ranges)
         self.bound = False        # on the memory plan's pages (bind): map and release are no-ops
         self._in_use = False      # bound, and its use begun and not released since
+        # Found not busy by the memory plan's last look (memplan.Entry), and
+        # nothing since that could make it busy: a use begun, a tensor made
+        # over it (tensor()), bound or unbound. A tensor over a slot is made
+        # by the library, in a use or by tensor(); whatever else holds its
+        # bytes derives from one of those, alive when it looked. So a use
+        # asks the slots sharing its bytes that are not quiet only (once
+        # each after their use, not every slot at every use).
+        self.quiet = False
         self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
         self.alive = None         # its owner's test of whether a tensor it handed out over the slot is held
         self.page_table = None    # its owner's page of each granule, given the slot's offset in the pages (or None: in order)
@@ -200,6 +208,7 @@ class Backing:
                 self.slot.map_pages_table(pages, table)
             self.bound = True
             self._in_use = False
+            self.quiet = False
             return True
 
     def map_own(self, pages, table):
@@ -233,6 +242,7 @@ class Backing:
     def begin_use(self):
         """Bound: the use begins (map_for_use), no driver call."""
         self._in_use = True
+        self.quiet = False
 
     def end_use(self):
         """An abandoned iteration (Offload.abort) will not release it."""
@@ -350,6 +360,7 @@ class Backing:
         Either way the runtime is not destroyed under it (Runtime.hold):
         Offload.close(), its collection and interpreter exit wait for the
         tensor to die (at exit, the process's end takes the memory)."""
+        self.quiet = False
         if self._on_stream or self.bound:
             # The memory may not be there yet (or is for good, on the plan's
             # pages): the address is all it needs.

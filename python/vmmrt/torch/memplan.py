@@ -426,9 +426,12 @@ class Entry:
         and the optimizer step's survivors where they are in its range."""
         held = ()
         for o in self.sharers:      # (the list only when one is held: a comprehension is a call)
+            if o.quiet:
+                continue            # (not busy when last asked, and nothing since: Backing.quiet)
             if o.busy:
                 held = [x for x in self.sharers if x.busy]
                 break
+            o.quiet = True
         w = self.watcher
         if w.optimizer is not None and w.optimizer.holds and \
                 w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
@@ -864,7 +867,7 @@ class Watcher:
         backward) moves to memory of its own first, its bytes copied over,
         so that the replay does not write over what its holder reads."""
         for b in self.off.part_checks.get(use, ()):
-            if b.bound and b.busy:
+            if not b.quiet and b.bound and b.busy:
                 self._counted("the graphs' pool's blocks of %s share the memory of %s, which is still held" % (
                     _use(use), b.name), "it moves to memory of its own, its bytes copied")
                 self._device_done(stream)
