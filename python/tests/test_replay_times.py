@@ -30,9 +30,10 @@ def test_graph_times_replace_the_warm_ups_and_one_callable_is_timed_once():
 
     def time_one(r):
         timed.append(r.layer.name)
-        return {"a": (0.8, 1.6, 40.0, None), "b": (0.9, 1.7, 45.0, 30.0)}[r.layer.name]
-    # the copies' bandwidth: the least any layer's compute left them, each way
-    assert replay_times.measure(rs, time_one) == ({}, (40.0, 30.0))
+        return {"a": (0.8, 1.6, 40.0, None, 0.03, None), "b": (0.9, 1.7, 45.0, 30.0, 0.01, 0.02)}[r.layer.name]
+    # the copies' bandwidth: the least any layer's compute left them, each
+    # way; their contention: the most compute time a layer lost to them
+    assert replay_times.measure(rs, time_one) == ({}, (40.0, 30.0), (0.03, 0.02))
     assert timed == ["a", "b"]
     assert [(r.layer.fwd_ms, r.layer.bwd_ms) for r in rs] == [([0.8], [1.6]), ([0.9], [1.7]), ([0.8], [1.6])]
     assert rs[0].layer.warmup_ms == (4.0, 8.0) and rs[2].layer.warmup_ms == (5.5, 8.5)
@@ -46,8 +47,8 @@ def test_a_layer_whose_graphs_cannot_be_timed_keeps_its_warm_up_times():
         if r.layer.name == "a":
             raise RuntimeError("operation not permitted when stream is capturing")
         return (0.5, 1.0, None, None)
-    failed, gbps = replay_times.measure(rs, time_one)
-    assert gbps == (None, None)
+    failed, gbps, slow = replay_times.measure(rs, time_one)
+    assert gbps == (None, None) and slow == (None, None)      # (a timer without the contention: none known)
     assert list(failed) == ["a"] and "not permitted" in failed["a"]
     assert (rs[0].layer.fwd_ms, rs[0].layer.bwd_ms) == ([5.0], [9.0])
     assert rs[0].layer.times_from.startswith("warm-up (its graphs could not be timed")
@@ -90,6 +91,29 @@ def test_offload_auto_plans_from_the_graphs_times(monkeypatch):
         assert all(lay.warmup_ms is not None and lay.warmup_ms[0] > 0.0 for lay in off.layers)
     finally:
         graphed._close(off, runners)
+
+
+def test_copies_that_slow_the_layers_compute_move_less(monkeypatch):
+    """The same layer times and bandwidth; the timer also says the graphs
+    ran slower while a copy did (replay_times.copy_under): the Offload keeps
+    it, the plan charges it (vmmrt.torch.planner.plan's contention) and
+    moves less, and describe() says it. (Made up: the zoo's tens of
+    kilobytes at 0.1 GB/s hide behind 2 ms layers; half the copy's time lost
+    to the compute leaves 3 kilobytes within 1 % of a layer's 4 ms.)"""
+    free, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(2.0, 2.0, 0.1, 0.1, 0.0, 0.0))
+    try:
+        moved_free = free.plan.fraction
+        assert moved_free > 0 and free.copy_contention == (0.0, 0.0)
+    finally:
+        graphed._close(free, runners)
+    slow, runners, _ = _build_to_plan(monkeypatch, "auto", made_up=(2.0, 2.0, 0.1, 0.1, 0.5, 0.5))
+    try:
+        assert slow.copy_contention == (0.5, 0.5) and slow.plan.contention == (0.5, 0.5)
+        assert slow.plan.fraction < moved_free, (slow.plan.summary(), moved_free)
+        assert "50.0 % (D2H) and 50.0 % (H2D) slower while a copy runs" in slow.describe()
+        assert "slower while they copy" in slow.plan.summary()
+    finally:
+        graphed._close(slow, runners)
 
 
 def test_a_fixed_offload_times_nothing(monkeypatch):
@@ -155,13 +179,18 @@ def test_offload_auto_times_graphs_and_leaves_the_buffers_as_the_warm_up_did():
         g = vt.make_graphed_callables(tuple(layers), sample(), mode="pingpong", offload=offload)
         off = vt.offload_of(g[0])
         built[offload] = ([lay.times_from for lay in off.layers],
-                          [b.detach().clone() for m in layers for b in m.buffers()], off.copy_gbps)
+                          [b.detach().clone() for m in layers for b in m.buffers()], off.copy_gbps,
+                          off.copy_contention)
         off.close()
     assert built["auto"][0] == ["graphs"] * 3, built["auto"][0]
     assert built[0.0][0] == ["warm-up"] * 3
     # the copies timed under the layers' graphs, each way
     assert built["auto"][2] is not None and all(g > 0 for g in built["auto"][2]), built["auto"][2]
     assert built[0.0][2] is None
+    # and what the copies cost the compute beside them: measured, 0 or more
+    slow = built["auto"][3]
+    assert slow is not None and all(c is not None and 0 <= c < 10 for c in slow), slow
+    assert built[0.0][3] is None
     # a replay updates BatchNorm's running statistics: the timing puts them back
     for a, b in zip(built["auto"][1], built[0.0][1]):
         assert torch.equal(a, b)
@@ -245,7 +274,7 @@ def test_graph_timing_takes_the_least_replay_and_puts_buffers_and_rng_back(monke
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: "the state before")
     monkeypatch.setattr(torch.cuda, "set_rng_state", rng.append)
-    monkeypatch.setattr(replay_times, "copy_under", lambda replay, ms, stream, d2h: 20.0 if d2h else 30.0)
+    monkeypatch.setattr(replay_times, "copy_under", lambda replay, ms, stream, d2h: (20.0, 0.04) if d2h else (30.0, 0.01))
     made = _TimedGraph.__init__
 
     def init(self):
@@ -257,7 +286,7 @@ def test_graph_timing_takes_the_least_replay_and_puts_buffers_and_rng_back(monke
         self.buffers = tuple(m.buffers()) if len(_TimedGraph.made) == 2 else ()
     monkeypatch.setattr(_TimedGraph, "__init__", init)
     got = replay_times.time_graphs(r, types.SimpleNamespace(device="cpu"), False)
-    assert got == (2.0, 5.0, 20.0, 30.0)
+    assert got == (2.0, 5.0, 20.0, 30.0, 0.04, 0.01)
     # the capture (eager here) and the replays changed the statistics: put back
     for a, b in zip(m.buffers(), before):
         assert torch.equal(a, b)

@@ -532,8 +532,9 @@ def _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, m
         return
     time_one = replay_times.timer(off, stream, allow_unused_input)
     if time_one is not None:
-        _, gbps = replay_times.measure([r for b, r in uses if not b], time_one)
+        _, gbps, slow = replay_times.measure([r for b, r in uses if not b], time_one)
         off.copy_gbps = gbps if gbps != (None, None) else None
+        off.copy_contention = slow if slow != (None, None) else None
 
 
 def _plan(runners, off, margin):
@@ -543,7 +544,8 @@ def _plan(runners, off, margin):
         sizes = [g.nbytes for g in off.candidates(r.layer)]
         rows.append((r.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
     # ping-pong's banks alternate in creation order without a declared schedule
-    return planner.plan(rows, d2h, h2d, margin, banked=off.mode == "pingpong" and off.schedule is None)
+    return planner.plan(rows, d2h, h2d, margin, banked=off.mode == "pingpong" and off.schedule is None,
+                        contention=off.copy_contention)
 
 
 def _capture(r, what, graph, pool, stream, error_mode, body, guard=None):

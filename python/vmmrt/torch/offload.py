@@ -127,6 +127,7 @@ class Offload:
         self.allocated = False
         self.plan = None
         self.copy_gbps = None       # (D2H, H2D) GB/s under the layers' graphs, for the planners (replay_times)
+        self.copy_contention = None  # (D2H, H2D) compute ms lost per ms of copy, hidden or not (replay_times)
         self.remap_ms = None        # (ms, bytes): remap's map timed for the budget planner (planner.remap_cost)
         self.failed = None
         self._ranges = []
@@ -629,6 +630,9 @@ class Offload:
             if self.copy_gbps:
                 text += " copies under the layers' graphs at D2H %s, H2D %s GB/s" % tuple(
                     "?" if g is None else "%.1f" % g for g in self.copy_gbps)
+            if self.copy_contention:
+                text += "; the graphs %s %% (D2H) and %s %% (H2D) slower while a copy runs" % tuple(
+                    "?" if c is None else "%.1f" % (100 * c) for c in self.copy_contention)
             for lay in timed:
                 w = lay.warmup_ms
                 text += ("\n  %s: %s" % (lay.name, lay.times_from) if lay.times_from != "graphs" else

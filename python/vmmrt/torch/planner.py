@@ -24,7 +24,12 @@ layer-step) ran 7.3-8.7 us slower per offloaded layer per step than with
 nothing moved (`offload="auto"` against mode none, 2026-12-04, both loops),
 1.2-1.5 % of the layer's time. ``auto`` is to stay within 1 % of graphs'
 time, so a layer whose fixed cost (``COPY_FIXED_MS``) is over
-``MAX_SHARE`` of its own forward and backward moves nothing.
+``MAX_SHARE`` of its own forward and backward moves nothing. A copy that
+hides still costs the compute beside it: they share the device's memory
+bandwidth (on the H100, auto ran 0.7-4.6 % of its copies' time slower than
+mode none where they hid; vmmrt.torch.replay_times measures it per layer,
+``Offload.copy_contention``), so a layer moves at most what keeps that and
+its fixed cost within the same share.
 :func:`plan` is arithmetic only; :func:`measure_bandwidth` and the layer
 timings feed it.
 """
@@ -48,7 +53,7 @@ class LayerPlan:
     def __init__(self, name, fwd_ms, bwd_ms, sizes, budget, chosen, tail, why=None):
         self.name, self.fwd_ms, self.bwd_ms, self.sizes = name, fwd_ms, bwd_ms, sizes
         self.budget, self.chosen, self.tail = budget, chosen, tail
-        self.why = why          # why it moves nothing though copies would hide, if so
+        self.why = why          # why it moves less than would hide (or nothing), if so
 
     @property
     def total(self):
@@ -68,8 +73,9 @@ class LayerPlan:
 class Plan:
     """Per layer: its budget and the regions chosen; ``summary()`` says it in words."""
 
-    def __init__(self, layers, d2h_gbps, h2d_gbps, margin):
+    def __init__(self, layers, d2h_gbps, h2d_gbps, margin, contention=(0.0, 0.0)):
         self.layers, self.d2h_gbps, self.h2d_gbps, self.margin = layers, d2h_gbps, h2d_gbps, margin
+        self.contention = contention
 
     @property
     def fraction(self):
@@ -78,9 +84,11 @@ class Plan:
 
     def summary(self):
         mib = 1 << 20
-        lines = ["offload plan at D2H %.1f GB/s, H2D %.1f GB/s, margin %.2f: %.1f%% of %.0f MiB saved bytes"
-                 % (self.d2h_gbps, self.h2d_gbps, self.margin, 100 * self.fraction,
-                    sum(p.total for p in self.layers) / mib)]
+        lines = ["offload plan at D2H %.1f GB/s, H2D %.1f GB/s, margin %.2f%s: %.1f%% of %.0f MiB saved bytes"
+                 % (self.d2h_gbps, self.h2d_gbps, self.margin,
+                    ", the compute %.1f %% / %.1f %% slower while they copy" % (
+                        100 * self.contention[0], 100 * self.contention[1]) if any(self.contention) else "",
+                    100 * self.fraction, sum(p.total for p in self.layers) / mib)]
         for p in self.layers:
             lines.append("  %-24s fwd %7.2f ms  saved %8.1f MiB  budget %9s  moves %8.1f MiB (%d of %d regions)%s"
                          % (p.name, p.fwd_ms, p.total / mib,
@@ -91,14 +99,20 @@ class Plan:
 
     def as_dict(self):
         return {"d2h_gbps": self.d2h_gbps, "h2d_gbps": self.h2d_gbps, "margin": self.margin,
-                "fraction": self.fraction, "layers": [p.as_dict() for p in self.layers]}
+                "contention": list(self.contention), "fraction": self.fraction,
+                "layers": [p.as_dict() for p in self.layers]}
 
 
-def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=None, banked=False):
+def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=None, banked=False,
+         contention=None):
     """layers: (name, fwd_ms, bwd_ms or None, [region bytes]) in forward order;
     ``fixed_ms``: an offloaded layer's copies' cost per step whatever their
     size (default COPY_FIXED_MS), at most ``max_share`` of its forward and
-    backward (default MAX_SHARE). ``banked``: ping-pong without a declared
+    backward (default MAX_SHARE). ``contention``: (D2H, H2D) milliseconds
+    the compute loses per millisecond of copy each way, hidden or not
+    (vmmrt.torch.replay_times; None: 0): the layer's copies cost that on
+    top of their fixed cost, and a layer moves at most what keeps the two
+    within its ``max_share``. ``banked``: ping-pong without a declared
     schedule, whose two banks take the largest group a layer moves: the
     last two layers (its tail, and the one before it, whose bank the tail
     does not take) stay in their banks from their forward to their backward
@@ -116,9 +130,16 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
         raise ValueError("planner margin %r is not in (0, 1]" % (margin,))
     if not isinstance(banked, bool):
         raise ValueError("planner banked %r is not a bool" % (banked,))
+    contention = (0.0, 0.0) if contention is None else tuple(0.0 if c is None else c for c in contention)
+    if len(contention) != 2 or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0
+                                       for c in contention):
+        raise ValueError("planner contention %r is not (D2H, H2D), each 0 or more" % (contention,))
     if not d2h_gbps > 0:
         raise ValueError("planner needs a positive D2H bandwidth, got %r" % (d2h_gbps,))
     h2d_gbps = h2d_gbps or d2h_gbps
+    # what a moved byte costs the compute, in ms: its D2H and its H2D, each
+    # slowing what runs beside it
+    per_byte = contention[0] / (d2h_gbps * 1e6) + contention[1] / (h2d_gbps * 1e6)
     out = []
     n = len(layers)
     for i, (name, fwd_ms, bwd_ms, sizes) in enumerate(layers):
@@ -137,6 +158,11 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
             budget = 0.0
             why = "moves nothing: its copies' fixed cost, %.0f us a step, is over %.0f%% of its %.2f ms" % (
                 fixed_ms * 1e3, max_share * 100, own)
+        elif not tail and per_byte > 0 and (max_share * own - fixed_ms) / per_byte < budget:
+            budget = (max_share * own - fixed_ms) / per_byte
+            why = "moves at most %.1f MiB: the compute is slower while its copies run, %.0f us a step at most " \
+                  "with their fixed cost (%.0f%% of its %.2f ms)" % (budget / (1 << 20), max_share * own * 1e3,
+                                                                     max_share * 100, own)
         chosen = select.choose(sizes, budget)
         out.append(LayerPlan(name, fwd_ms, bwd_ms, list(sizes), budget, chosen, tail, why))
     bank = max((p.moved for p in out), default=0)
@@ -146,7 +172,7 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
             if chosen is not None:
                 p.budget, p.chosen = bank, chosen
                 p.why = "stays in its bank, no copy: it fills it to the largest group's %.1f MiB" % (bank / (1 << 20))
-    return Plan(out, d2h_gbps, h2d_gbps, margin)
+    return Plan(out, d2h_gbps, h2d_gbps, margin, contention)
 
 
 def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
@@ -501,7 +527,7 @@ def adopt(off, plan, runners, uses):
                   _settled=True)     # the planner's choice, against the environment already
     try:
         new.map_ahead = map_ahead
-        new.copy_gbps, new.remap_ms = off.copy_gbps, off.remap_ms
+        new.copy_gbps, new.copy_contention, new.remap_ms = off.copy_gbps, off.copy_contention, off.remap_ms
         for r, old in zip(runners, olds):
             lay = new.layer(old.name)
             lay.static = old.static

@@ -24,6 +24,12 @@ share the device's memory bandwidth. So with each layer's graphs a pinned
 copy is timed alone and then while the graph replays; the planners take
 the least bandwidth any layer's compute left the copies
 (``Offload.copy_gbps``), so that a copy the plan expects to hide does.
+Sharing goes both ways: the compute is slower while a copy runs. The same
+replays are timed without the copy too, and what the copy added to them,
+per millisecond of copy, is its cost even where it hides
+(``Offload.copy_contention``: the most any layer lost, each way). On the
+H100, `offload="auto"` ran 0.7-4.6 % of a copy's time slower than mode
+none where its copies hid (six shapes, 2026-12-05); on the H200 about 1 %.
 """
 import logging
 import math
@@ -40,14 +46,17 @@ COPY_BYTES = 64 << 20
 
 def measure(runners, time_one):
     """Each runner's layer (``runners`` in forward order) given the times of
-    ``time_one(runner) -> (fwd_ms, bwd_ms, d2h_gbps, h2d_gbps)`` in place of
-    its warm-up's (kept as ``LayerOffload.warmup_ms``); runners of one
-    callable (a pipeline's microbatches) are timed once. A runner whose
-    timing raises keeps its warm-up times. Returns ({layer name: why} for
-    those, (D2H, H2D) GB/s: the least of each the layers measured under
-    their graphs, None where none did)."""
+    ``time_one(runner) -> (fwd_ms, bwd_ms, d2h_gbps, h2d_gbps[, d2h_slow,
+    h2d_slow])`` in place of its warm-up's (kept as ``LayerOffload.warmup_ms``);
+    runners of one callable (a pipeline's microbatches) are timed once. A
+    runner whose timing raises keeps its warm-up times. Returns ({layer
+    name: why} for those, (D2H, H2D) GB/s: the least of each the layers
+    measured under their graphs, (D2H, H2D) contention: the most compute
+    time a layer lost per millisecond of copy each way (:func:`copy_under`);
+    None where none was measured)."""
     done, failed = {}, {}
     d2h = h2d = None
+    slow = [None, None]
     for r in runners:
         lay = r.layer
         got = done.get(r.callable_index)
@@ -65,10 +74,13 @@ def measure(runners, time_one):
                 d2h = got[2] if d2h is None else min(d2h, got[2])
             if got[3] is not None:
                 h2d = got[3] if h2d is None else min(h2d, got[3])
+            for k, v in enumerate(got[4:6]):
+                if v is not None:
+                    slow[k] = v if slow[k] is None else max(slow[k], v)
         lay.warmup_ms = (min(lay.fwd_ms) if lay.fwd_ms else None, min(lay.bwd_ms) if lay.bwd_ms else None)
         lay.fwd_ms, lay.bwd_ms = [float(got[0])], [float(got[1])]
         lay.times_from = "graphs"
-    return failed, (d2h, h2d)
+    return failed, (d2h, h2d), tuple(slow)
 
 
 def timer(off, stream, allow_unused_input):
@@ -81,12 +93,13 @@ def timer(off, stream, allow_unused_input):
 
 
 def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
-    """(forward ms, backward ms, D2H GB/s, H2D GB/s) of runner ``r``: its
-    forward and its gradients captured on ``stream`` into a pool of their
-    own, replayed ``repeats`` times after one untimed pair, the least of
-    each; then a pinned copy each way while the forward (D2H) or the
-    backward (H2D) replays (:func:`copy_under`); the module's buffers and
-    the CUDA generator's state as they were before."""
+    """(forward ms, backward ms, D2H GB/s, H2D GB/s, D2H contention, H2D
+    contention) of runner ``r``: its forward and its gradients captured on
+    ``stream`` into a pool of their own, replayed ``repeats`` times after
+    one untimed pair, the least of each; then a pinned copy each way while
+    the forward (D2H) or the backward (H2D) replays (:func:`copy_under`);
+    the module's buffers and the CUDA generator's state as they were
+    before."""
     bufs = [b.detach().clone() for b in r.buffers]
     rng = torch.cuda.get_rng_state()
     pool = torch.cuda.graph_pool_handle()
@@ -118,9 +131,9 @@ def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
                 if k:
                     fwd.append(e[0].elapsed_time(e[1]))
                     bwd.append(e[1].elapsed_time(e[2]))
-            d2h = copy_under(gf.replay, min(fwd), stream, True)
-            h2d = copy_under(gb.replay, min(bwd), stream, False) if gb is not None else None
-        return min(fwd), min(bwd), d2h, h2d
+            d2h, d2h_slow = copy_under(gf.replay, min(fwd), stream, True)
+            h2d, h2d_slow = copy_under(gb.replay, min(bwd), stream, False) if gb is not None else (None, None)
+        return min(fwd), min(bwd), d2h, h2d, d2h_slow, h2d_slow
     finally:
         outputs = need = wrt = gos = None
         gf = gb = None
@@ -135,42 +148,50 @@ def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
         empty_cache()
 
 
-def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES):
-    """GB/s of a pinned copy of ``nbytes`` (device to host if ``d2h``) on a
-    stream of its own while ``replay()`` runs on ``stream`` as many times as
-    cover it: the copy alone first, to know how many. None when the copy
-    cannot be made (no pinned memory): the idle bandwidth stands."""
+def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES, repeats=REPEATS):
+    """(GB/s, contention) of a pinned copy of ``nbytes`` (device to host if
+    ``d2h``) on a stream of its own while ``replay()`` runs on ``stream`` as
+    many times as cover it (the copy alone first, to know how many): the
+    copy's bandwidth then, and the milliseconds the replays lost per
+    millisecond of copy against the same replays alone (0 or more), the
+    least of ``repeats`` each. (None, None) when the copy cannot be made (no
+    pinned memory): the idle bandwidth stands, and no contention is known."""
     try:
         dev = torch.empty(nbytes, dtype=torch.uint8, device=stream.device)
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     except RuntimeError:
-        return None
+        return None, None
     cs = torch.cuda.Stream(device=stream.device)
 
-    def timed(before=None):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if before is not None:
-            before()
-        with torch.cuda.stream(cs):
-            e0.record(cs)
-            if d2h:
-                host.copy_(dev, non_blocking=True)
-            else:
-                dev.copy_(host, non_blocking=True)
-            e1.record(cs)
+    def timed(n, copy):
+        """(copy ms or None, ms of ``n`` replays or None): the replays
+        enqueued first, the copy beside them."""
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        if n:
+            with torch.cuda.stream(stream):
+                ev[2].record(stream)
+                for _ in range(n):
+                    replay()
+                ev[3].record(stream)
+        if copy:
+            with torch.cuda.stream(cs):
+                ev[0].record(cs)
+                if d2h:
+                    host.copy_(dev, non_blocking=True)
+                else:
+                    dev.copy_(host, non_blocking=True)
+                ev[1].record(cs)
         torch.cuda.synchronize(stream.device)
-        return e0.elapsed_time(e1)
+        return (ev[0].elapsed_time(ev[1]) if copy else None, ev[2].elapsed_time(ev[3]) if n else None)
 
-    alone = timed()
+    alone, _ = timed(0, True)
     # compute that outlasts the copy: the copy alone's time, twice over
     n = min(1000, max(2, math.ceil(2 * alone / max(replay_ms, 1e-3))))
-
-    def compute():
-        with torch.cuda.stream(stream):
-            for _ in range(n):
-                replay()
-    under = timed(compute)
-    return nbytes / (max(under, 1e-6) * 1e-3) / 1e9
+    compute = min(timed(n, False)[1] for _ in range(repeats))
+    both = [timed(n, True) for _ in range(repeats)]
+    under = min(c for c, _ in both)
+    lost = min(t for _, t in both) - compute
+    return nbytes / (max(under, 1e-6) * 1e-3) / 1e9, max(0.0, lost) / max(under, 1e-6)
 
 
 def _capture(graph, pool, stream, body):

@@ -261,15 +261,17 @@ def plan_fields(plan):
 def timing_fields(off):
     """What a point records of the times its planner read (vmmrt.torch.
     replay_times): per layer, where they came from (its graphs' replays or
-    the warm-up), both figures, and the copies' bandwidth under the
-    layers' compute; nothing where every layer kept its warm-up's."""
+    the warm-up), both figures, the copies' bandwidth under the layers'
+    compute and the compute's time lost to them (per ms of copy); nothing
+    where every layer kept its warm-up's."""
     if off is None or all(lay.times_from == "warm-up" for lay in off.layers):
         return {}
     return {"planner_times": [{"layer": lay.name, "from": lay.times_from,
                                "fwd_ms": min(lay.fwd_ms) if lay.fwd_ms else None,
                                "bwd_ms": min(lay.bwd_ms) if lay.bwd_ms else None,
                                "warmup_ms": lay.warmup_ms} for lay in off.layers],
-            "copy_gbps_under_compute": off.copy_gbps}
+            "copy_gbps_under_compute": off.copy_gbps,
+            "copy_contention": getattr(off, "copy_contention", None)}
 
 
 def _grads(cmp, spread, math_attention):
