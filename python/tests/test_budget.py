@@ -1046,3 +1046,31 @@ def test_graphs_marked_sub_block_that_draws_random_numbers_is_refused():
     with pytest.raises(vmmrt.Error, match="draws random numbers"):
         vt.make_graphed_callables(tuple(mine), tuple((torch.randn(2, 16, 32, device="cuda", requires_grad=True),)
                                                      for _ in mine))
+
+
+def test_copies_that_slow_the_compute_cost_the_plan_even_where_they_hide():
+    # Layers long enough that every copy hides (400 MB at 10 GB/s: 40 ms,
+    # behind 50 ms forwards and 100 ms backwards); the compute loses 5 % of
+    # a D2H's time and 2 % of an H2D's beside it (Offload.copy_contention).
+    five = [LayerCost("l%d" % i, 50.0, 100.0, [300_000_000, 100_000_000]) for i in range(5)]
+    plan = [1.0, 1.0, 1.0, 1.0, "keep"]
+    free = budget.evaluate(five, plan, "pingpong", 1, d2h_gbps=10, margin=1.0)
+    slow = budget.evaluate(five, plan, "pingpong", 1, d2h_gbps=10, margin=1.0, contention=(0.05, 0.02))
+    assert [c.exposed_ms for c in free.layers] == [0] * 5 and free.copy_ms == 0
+    # layers 0 and 1 copy (2 and 3 stay in their banks): 40 ms each way each
+    assert [c.shared_ms for c in slow.layers] == [pytest.approx(0.05 * 40 + 0.02 * 40)] * 2 + [0] * 3
+    assert slow.predicted_ms == pytest.approx(free.predicted_ms + 2 * 2.8)
+    assert "slowing the compute" in slow.summary() and "of compute slowed by its copies" in slow.summary()
+    assert slow.as_dict()["contention"] == [0.05, 0.02]
+    # the search weighs it: 100 MB regions that hide behind 1.5 ms layers at
+    # 100 GB/s (1 ms a copy) move for free, or for 1.8 ms each where the
+    # compute loses 90 % of a copy's time, more than recomputing (1.5 ms)
+    six = [LayerCost("l%d" % i, 1.5, 3.0, [100_000_000]) for i in range(6)]
+    limit = budget.evaluate(six, ["keep"] * 6, "pingpong", 1, d2h_gbps=100).peak_bytes - 1
+    moved = budget.search(six, limit, d2h_gbps=100, margin=1.0)
+    assert moved.counts()["offload"] > 0 and moved.counts()["recompute"] == 0 and moved.copy_ms == 0
+    p = budget.search(six, limit, d2h_gbps=100, margin=1.0, contention=(0.9, 0.9))
+    assert p.counts()["recompute"] > 0 and p.counts()["offload"] == 0, p.summary()
+    for bad in ((-1.0, 0.0), (0.1,), (True, 0.0)):
+        with pytest.raises(budget.InvalidBudget):
+            budget.evaluate(five, plan, d2h_gbps=10, contention=bad)

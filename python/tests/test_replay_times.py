@@ -114,6 +114,13 @@ def test_copies_that_slow_the_layers_compute_move_less(monkeypatch):
         assert "slower while they copy" in slow.plan.summary()
     finally:
         graphed._close(slow, runners)
+    # the budget planner is given it too
+    held, runners, _ = _build_to_plan(monkeypatch, 1.0, memory_budget=vt.Budget(1 << 40),
+                                      made_up=(2.0, 2.0, 0.1, 0.1, 0.5, 0.25))
+    try:
+        assert held.plan.contention == (0.5, 0.25), held.plan.summary()
+    finally:
+        graphed._close(held, runners)
 
 
 def test_a_fixed_offload_times_nothing(monkeypatch):

@@ -228,7 +228,7 @@ class LayerCost:
 
 class LayerChoice:
     __slots__ = ("name", "action", "chosen", "moved", "resident", "total", "fwd_ms", "bwd_ms", "exposed_ms",
-                 "grads", "work", "held_inputs", "inputs_moved")
+                 "shared_ms", "grads", "work", "held_inputs", "inputs_moved")
 
     def __init__(self, cost, action, chosen=(), mode=None):
         self.name, self.action, self.chosen = cost.name, action, sorted(chosen)
@@ -248,6 +248,7 @@ class LayerChoice:
         self.held_inputs = 0 if self.inputs_moved else cost.inputs - in_slot
         self.fwd_ms, self.bwd_ms = cost.fwd_ms, cost.bwd_ms
         self.exposed_ms = 0.0
+        self.shared_ms = 0.0      # what its copies, hidden or not, cost the compute beside them
         self.grads = cost.grads
         # its working set: a recomputed layer's backward holds its whole saved
         # set again (in the pool) under the forward's or the backward's own
@@ -266,8 +267,10 @@ class BudgetPlan:
     the indices of the regions that move (what Offload.allocate(plan=) reads)."""
 
     def __init__(self, layers, mode, lookahead, static_bytes, d2h_gbps, h2d_gbps, margin, granularity,
-                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False, persistent=False):
+                 remap_ms, budget=None, map_ahead=1, step_bytes=0, pages=False, persistent=False,
+                 contention=(0.0, 0.0)):
         self.layers, self.mode, self.lookahead, self.map_ahead = layers, mode, lookahead, map_ahead
+        self.contention = contention
         self.step_bytes, self.pages, self.persistent = step_bytes, pages, persistent
         # Budget(reserve=), inside static_bytes (planner.budget_plan sets it):
         # what check_plan names as left out when it is 0
@@ -293,16 +296,17 @@ class BudgetPlan:
         # does not take (vmmrt__schedule_stays): their banks hold them.
         stay = [i for i, c in enumerate(ls) if c.moved][-(2 if self.mode == "pingpong" else 1):]
         for i, c in enumerate(ls):
-            c.exposed_ms = 0.0
+            c.exposed_ms = c.shared_ms = 0.0
             if not c.moved or i in stay:
                 continue
+            c.shared_ms = c.moved * (self.contention[0] / d2h + self.contention[1] / h2d)
             nxt = ls[i + 1].fwd_ms if i + 1 < n else 0.0
             window = sum(bwd_eff[i + 1:i + 1 + self.lookahead])
             c.exposed_ms = (max(0.0, c.moved / d2h - self.margin * nxt) + max(0.0, c.moved / h2d - self.margin * window)
                             + (self.remap_ms if self.mode == "remap" else 0.0))
         self.graph_ms = sum(c.fwd_ms + c.bwd_ms for c in ls)
         self.recompute_ms = sum(c.fwd_ms for c in ls if c.action == "recompute")
-        self.copy_ms = sum(c.exposed_ms for c in ls)
+        self.copy_ms = sum(c.exposed_ms + c.shared_ms for c in ls)
         self.predicted_ms = self.graph_ms + self.recompute_ms + self.copy_ms
         # The pool (or the caching allocator) keeps what the passes allocated
         # at most reserved: the largest working set is held all along.
@@ -337,7 +341,8 @@ class BudgetPlan:
         mib = float(1 << 20)
         k = self.counts()
         head = ("memory plan (%s, look-ahead %d): %d kept, %d offloaded, %d recomputed; predicted step %.2f ms "
-                "(layers %.2f + recompute %.2f + copies not hidden %.2f) = %.3fx the layers' time; predicted peak "
+                "(layers %.2f + recompute %.2f + copies not hidden or slowing the compute %.2f) = %.3fx the layers' time; "
+                "predicted peak "
                 "%.0f MiB (static %.0f%s + banks %.0f + working set %.0f + activations and gradients at their "
                 "most %.0f, of which kept %.0f and gradients %.0f)%s"
                 % (self.mode, self.lookahead, k["keep"], k["offload"], k["recompute"], self.predicted_ms,
@@ -361,9 +366,10 @@ class BudgetPlan:
                     "recompute": "recomputes its forward in backward (+%.2f ms)%s" % (
                         c.fwd_ms, ", its checkpoint (%.1f MiB) through the banks" % (c.moved / mib)
                         if c.inputs_moved else "")}[c.action]
-            lines.append("  %-24s fwd %7.2f ms  bwd %7.2f ms  saved %8.1f MiB  work %7.1f MiB  grads %7.1f MiB  %s%s"
+            lines.append("  %-24s fwd %7.2f ms  bwd %7.2f ms  saved %8.1f MiB  work %7.1f MiB  grads %7.1f MiB  %s%s%s"
                          % (c.name, c.fwd_ms, c.bwd_ms, c.total / mib, c.work / mib, c.grads / mib, what,
-                            ", %.2f ms not hidden" % c.exposed_ms if c.exposed_ms else ""))
+                            ", %.2f ms not hidden" % c.exposed_ms if c.exposed_ms else "",
+                            ", %.2f ms of compute slowed by its copies" % c.shared_ms if c.shared_ms else ""))
         for mode, la, ms, peak in self.alternatives:
             lines.append("  alternative: %s look-ahead %d predicts %.2f ms at %.0f MiB (Offload(mode=, lookahead=) "
                          "chooses the strategy)" % (mode, la, ms, peak / mib))
@@ -375,7 +381,7 @@ class BudgetPlan:
                 "inflight_bytes": self.inflight_bytes, "timeline_bytes": self.timeline_bytes,
                 "map_ahead": self.map_ahead, "peak_bytes": self.peak_bytes,
                 "step_bytes": self.step_bytes, "pages": self.pages, "step_peak_bytes": self.step_peak_bytes,
-                "persistent": self.persistent,
+                "persistent": self.persistent, "contention": list(self.contention),
                 "graph_ms": self.graph_ms, "recompute_ms": self.recompute_ms, "copy_ms": self.copy_ms,
                 "predicted_ms": self.predicted_ms, "counts": self.counts(),
                 "alternatives": [list(a) for a in self.alternatives],
@@ -405,15 +411,16 @@ def timeline(ls, ahead=1, persistent=False):
 
 class _Env:
     def __init__(self, costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead=1,
-                 step_bytes=0, pages=False, persistent=False):
+                 step_bytes=0, pages=False, persistent=False, contention=(0.0, 0.0)):
         self.costs, self.static, self.d2h, self.h2d = costs, static_bytes, d2h_gbps, h2d_gbps
         self.margin, self.gran, self.remap_ms, self.map_ahead = margin, granularity, remap_ms, map_ahead
         self.step_bytes, self.pages, self.persistent = step_bytes, pages, persistent
+        self.contention = contention
 
     def make(self, choices, mode, la, budget=None):
         ls = [LayerChoice(c, a, ch, mode) for c, (a, ch) in zip(self.costs, choices)]
         p = BudgetPlan(ls, mode, la, self.static, self.d2h, self.h2d, self.margin, self.gran, self.remap_ms,
-                       budget, self.map_ahead, self.step_bytes, self.pages, self.persistent)
+                       budget, self.map_ahead, self.step_bytes, self.pages, self.persistent, self.contention)
         p.costs = self.costs        # what it was planned from (the benchmark predicts hand plans with it)
         return p
 
@@ -431,19 +438,30 @@ def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes=0)
             raise InvalidBudget("layer %r: negative time or size" % c.name)
 
 
+def _contention(c):
+    """(D2H, H2D) as the plans take it: None (or a None side) is 0."""
+    c = (0.0, 0.0) if c is None else tuple(0.0 if x is None else x for x in c)
+    if len(c) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in c):
+        raise InvalidBudget("contention %r is not (D2H, H2D) ms of compute lost per ms of copy, each 0 or more"
+                            % (c,))
+    return c
+
+
 def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None,
              margin=0.9, granularity=1, remap_ms=REMAP_MS, budget=None, map_ahead=1, step_bytes=0, pages=False,
-             persistent=False):
+             persistent=False, contention=None):
     """The prediction of a hand plan: ``choices`` one per layer as
     :class:`Budget`'s ``layers`` take them. A fraction offloads the largest
     regions first that fit in it (the same selection as offload=fraction);
-    the tail (last layer) moves nothing, as libvmmrt never copies it."""
+    the tail (last layer) moves nothing, as libvmmrt never copies it.
+    ``contention``: (D2H, H2D) ms the compute loses per ms of copy, hidden
+    or not (Offload.copy_contention; None: 0), charged per copied byte."""
     h2d_gbps = h2d_gbps or d2h_gbps
     _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes)
     if len(choices) != len(costs):
         raise InvalidBudget("a hand plan of %d choices for %d layers" % (len(choices), len(costs)))
     env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages,
-               persistent)
+               persistent, _contention(contention))
     out = []
     for i, (c, ch) in enumerate(zip(costs, choices)):
         ch = check_choice(ch, i)
@@ -486,6 +504,7 @@ def _options(c, tail, env, la_window, nxt_fwd, mode):
                 continue
             seen.add(idx)
             t = (max(0.0, m / d2h - env.margin * nxt_fwd) + max(0.0, m / h2d - env.margin * la_window)
+                 + m * (env.contention[0] / d2h + env.contention[1] / h2d)
                  + (env.remap_ms if mode == "remap" else 0.0))
             opts.append((m, t, ("offload", list(idx))))
     if c.recompute is None and c.total:
@@ -574,11 +593,12 @@ def _search(env, mode, la, cap, budget):
 
 def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.9, granularity=1,
            strategies=(("pingpong", 1),), remap_ms=REMAP_MS, recompute=True, caps=24, map_ahead=1, step_bytes=0,
-           pages=False, persistent=False):
+           pages=False, persistent=False, contention=None):
     """The fastest plan whose predicted peak is within ``budget`` bytes, over
     ``strategies`` ((mode, look-ahead) pairs); :class:`BudgetError` with the
     smallest budget that would fit when none does. ``recompute=False``: no
-    layer is recomputed unless it is marked."""
+    layer is recomputed unless it is marked. ``contention``: as
+    :func:`evaluate`'s."""
     h2d_gbps = h2d_gbps or d2h_gbps
     _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes)
     if not strategies:
@@ -590,7 +610,7 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
     if not recompute:
         costs = [c if c.recompute is True else c.but(recompute=False) for c in costs]
     env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages,
-               persistent)
+               persistent, _contention(contention))
     movable = sorted({s for i, c in enumerate(costs[:-1]) for s in _level_bytes(c)})
     if len(movable) > caps:     # quantiles of the candidate group sizes, the largest kept
         movable = sorted({movable[int(k * (len(movable) - 1) / (caps - 1))] for k in range(caps)})

@@ -472,7 +472,7 @@ def _budget_plan(off, memory_budget, margin, runners, graphs, offload, marked, s
     common = dict(static_bytes=static, d2h_gbps=gbps[0], h2d_gbps=gbps[1], margin=margin,
                   granularity=off.granularity, map_ahead=0 if off.host else off.map_ahead,
                   step_bytes=b.step if b is not None else 0, pages=bool(pages) and routed(off, graphs),
-                  persistent=b is not None and b.loop == "persistent")
+                  persistent=b is not None and b.loop == "persistent", contention=off.copy_contention)
     # remap's map is timed only where a prediction will charge it: a plan
     # in remap, or a search whose strategies (or alternatives) include it
     searched = b is not None and b.layers is None and limit is not None
