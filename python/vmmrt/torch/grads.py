@@ -432,15 +432,16 @@ class Grads:
         about a third of vmmrt's per-layer launch time over torch's graphs).
         AccumulateGrad takes a view as it takes DDP's bucket views; the
         storage, whose death releases the slot, is src's either way."""
-        out = []
         cached = self._bases is not None and src is self._bases.get(torch.uint8)
         bases = self._bases if cached else {}
         if cached:
-            for p, st, v in zip(self.params, states, self._cached):
-                out.append(None if st is None else v.detach())
-                if acc and st is not None:
-                    p.grad = None
+            out = [None if st is None else v.detach() for st, v in zip(states, self._cached)]
+            if acc:
+                for p, st in zip(self.params, states):
+                    if st is not None:
+                        p.grad = None
         else:
+            out = []
             for p, st, spec in zip(self.params, states, self._strided):
                 if st is None:
                     out.append(None)
