@@ -149,11 +149,11 @@ class Backing:
         self._in_use = False      # bound, and its use begun and not released since
         # Found not busy by the memory plan's last look (memplan.Entry), and
         # nothing since that could make it busy: a use begun, a tensor made
-        # over it (tensor()), bound or unbound. A tensor over a slot is made
-        # by the library, in a use or by tensor(); whatever else holds its
-        # bytes derives from one of those, alive when it looked. So a use
-        # asks the slots sharing its bytes that are not quiet only (once
-        # each after their use, not every slot at every use).
+        # over it (tensor()), a bind. A tensor over a slot is made by the
+        # library, in a use or by tensor(); whatever else holds its bytes
+        # derives from one of those, alive when it looked. So a use asks
+        # the slots sharing its bytes that are not quiet only (once each
+        # after their use, not every slot at every use).
         self.quiet = False
         self.kept = False         # off the pages, mapped for good once mapped (a forward's outputs: vmmrt.torch.outputs)
         self.alive = None         # its owner's test of whether a tensor it handed out over the slot is held
