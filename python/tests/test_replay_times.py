@@ -4,6 +4,7 @@
 host backend, with made-up replay times; on CUDA, a build with
 offload="auto" times real graphs and leaves the layers' buffers as the
 warm-up left them."""
+import contextlib
 import types
 
 import pytest
@@ -265,7 +266,6 @@ class _TimedGraph:
 
 
 def test_graph_timing_takes_the_least_replay_and_puts_buffers_and_rng_back(monkeypatch):
-    import contextlib
     m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(8))
     x = torch.randn(2, 8, 32, requires_grad=True)
     _, (r,) = graphed._callables.prepare(m, (x,), None)
@@ -314,3 +314,85 @@ def test_the_front_records_where_its_planners_times_came_from():
     assert got["copy_gbps_under_compute"] == (40.0, 35.0)
     assert [(r["layer"], r["from"][:7], r["fwd_ms"], r["warmup_ms"]) for r in got["planner_times"]] == \
         [("a", "graphs", 0.5, (2.0, 4.0)), ("b", "warm-up", 0.5, None)]
+
+
+class _Device:
+    """Two streams run at once, as a GPU runs a compute stream and a copy
+    stream: a replay takes ``replay_ms``, a copy ``copy_ms``; while both run,
+    the copy goes at ``share`` of its speed and the compute at 1 - ``lost``
+    of its own. Events are read once synchronize() has run the queues."""
+
+    def __init__(self, replay_ms, copy_ms, share, lost):
+        self.replay_ms, self.copy_ms, self.share, self.lost = replay_ms, copy_ms, share, lost
+        self.queues, self.current = {}, None
+
+    def enqueue(self, kind, what=None):
+        self.queues.setdefault(id(self.current), []).append((kind, what))
+
+    def run(self, dt=0.0005):
+        # each stream: (its queue, the index of its item, the work left in it)
+        state = {s: [q, 0, None] for s, q in self.queues.items()}
+        t = 0.0
+        while any(st[1] < len(st[0]) for st in state.values()):
+            busy = {}
+            for s, st in state.items():
+                while st[1] < len(st[0]) and st[0][st[1]][0] == "event":
+                    st[0][st[1]][1].t = t
+                    st[1] += 1
+                if st[1] < len(st[0]):
+                    kind = st[0][st[1]][0]
+                    if st[2] is None:
+                        st[2] = self.replay_ms if kind == "replay" else self.copy_ms
+                    busy[s] = kind
+            both = len(set(busy.values())) == 2
+            for s, kind in busy.items():
+                st = state[s]
+                st[2] -= dt * ((self.share if kind == "copy" else 1 - self.lost) if both else 1.0)
+                if st[2] <= 1e-12:
+                    st[1], st[2] = st[1] + 1, None
+            t += dt
+        self.queues = {}
+
+
+def test_a_copy_is_timed_with_what_it_costs_the_compute_beside_it(monkeypatch):
+    """copy_under on a simulated device: a 64 MiB copy takes 2 ms alone, 2.5
+    beside the replays (80 % of its speed), and the replays lose 3 % of
+    their speed while it runs: the bandwidth under compute and the compute
+    lost per ms of copy come out as such, in either direction."""
+    dev = _Device(replay_ms=0.3, copy_ms=2.0, share=0.8, lost=0.03)
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            dev.enqueue("event", self)
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    class Buf:
+        def copy_(self, other, non_blocking=False):
+            dev.enqueue("copy")
+
+    @contextlib.contextmanager
+    def on(stream):
+        before, dev.current = dev.current, stream
+        try:
+            yield
+        finally:
+            dev.current = before
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: Buf())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: dev.run())
+    compute = types.SimpleNamespace(device="cuda:0")
+    for d2h in (True, False):
+        gbps, slow = replay_times.copy_under(lambda: dev.enqueue("replay"), 0.3, compute, d2h)
+        assert gbps == pytest.approx((64 << 20) / 2.5e-3 / 1e9, rel=0.01)
+        assert slow == pytest.approx(0.03, abs=0.003)
+    # no contention: none measured, the bandwidth the copy's own
+    dev.share, dev.lost = 1.0, 0.0
+    gbps, slow = replay_times.copy_under(lambda: dev.enqueue("replay"), 0.3, compute, True)
+    assert gbps == pytest.approx((64 << 20) / 2.0e-3 / 1e9, rel=0.01) and slow == pytest.approx(0.0, abs=0.002)
