@@ -122,6 +122,7 @@ class Grads:
         # layers, H200, session 51).
         self.io = None
         self._io_bases = None        # on the plan's pages: one base per dtype over it, made once (io.alive: their Held)
+        self._io_cached = None       # each argument's gradient as a view over them, made once (after_backward)
         self._warned = False
         # On the memory plan's pages: a tensor over the whole slot and one
         # per dtype, made once (:meth:`_source`); the storage's use count
@@ -260,11 +261,15 @@ class Grads:
         b = self.io
         if not b.bound or USE_COUNT is None:
             if self._io_bases is not None and not self.io_alive():
-                self._io_bases = b.alive = None
+                self._io_bases = self._io_cached = b.alive = None
             return b.tensor(stream), {}
         if self._io_bases is None:
-            self._io_bases = _slot_bases(b, self.gins, stream)
-            b.alive = Held(self._io_bases[torch.uint8])
+            bases = _slot_bases(b, self.gins, stream)
+            # each argument's gradient as a view made once, as the
+            # parameters' (_source): a backward hands out its detach()
+            self._io_cached = [None if spec is None else _over(bases[torch.uint8], bases, spec) for spec in self.gins]
+            self._io_bases = bases
+            b.alive = Held(bases[torch.uint8])     # (counted with the views above: the library's own)
         return self._io_bases[torch.uint8], self._io_bases
 
     def io_alive(self):
@@ -278,7 +283,7 @@ class Grads:
         handed out keeps the memory, and the runtime, alive: Backing.tensor)."""
         self._bases = None
         self._cached = None
-        self._io_bases = None
+        self._io_bases = self._io_cached = None
         for slot in (self.backing, self.io):
             if slot is not None:
                 slot.alive = None
@@ -460,7 +465,11 @@ class Grads:
                 io.release(stream)      # (the output gradients alone: read by the graph, done with)
             return out
         iosrc, iobases = self._io_source(stream)
-        gins = [None if spec is None else _over(iosrc, iobases, spec) for spec in inputs]
+        if iobases is self._io_bases and self._io_cached is not None:
+            # (inputs: the arguments' entries of self.gins, None where one is not handed out)
+            gins = [None if spec is None else v.detach() for spec, v in zip(inputs, self._io_cached)]
+        else:
+            gins = [None if spec is None else _over(iosrc, iobases, spec) for spec in inputs]
         self.offload.hold_gins(gins)
         self._handed(cached)
         if self.io.bound:
