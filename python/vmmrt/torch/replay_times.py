@@ -149,13 +149,19 @@ def time_graphs(r, stream, allow_unused_input, repeats=REPEATS):
 
 
 def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES, repeats=REPEATS):
-    """(GB/s, contention) of a pinned copy of ``nbytes`` (device to host if
-    ``d2h``) on a stream of its own while ``replay()`` runs on ``stream`` as
-    many times as cover it (the copy alone first, to know how many): the
-    copy's bandwidth then, and the milliseconds the replays lost per
-    millisecond of copy against the same replays alone (0 or more), the
-    least of ``repeats`` each. (None, None) when the copy cannot be made (no
-    pinned memory): the idle bandwidth stands, and no contention is known."""
+    """(GB/s, contention) of pinned copies of ``nbytes`` (device to host if
+    ``d2h``) on a stream of their own while ``replay()`` runs on ``stream``:
+    the copy alone first; then replays that last twice as long at least,
+    and as many copies back to back as fill about 70 % of them (all within
+    the replays while the compute leaves them 70 % of their speed or more).
+    Returns the
+    copies' bandwidth beside the replays, and the milliseconds the replays
+    lost per millisecond of copying against the same replays alone (0 or
+    more), the least of ``repeats`` each: the copies span most of the
+    replays, so what they cost the compute is most of the difference read
+    (one copy beside a long layer would read noise). (None, None) when the
+    copy cannot be made (no pinned memory): the idle bandwidth stands, and
+    no contention is known."""
     try:
         dev = torch.empty(nbytes, dtype=torch.uint8, device=stream.device)
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -163,9 +169,9 @@ def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES, repeats=REPEAT
         return None, None
     cs = torch.cuda.Stream(device=stream.device)
 
-    def timed(n, copy):
-        """(copy ms or None, ms of ``n`` replays or None): the replays
-        enqueued first, the copy beside them."""
+    def timed(n, k):
+        """(ms of ``k`` copies or None, ms of ``n`` replays or None): the
+        replays enqueued first, the copies beside them."""
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         if n:
             with torch.cuda.stream(stream):
@@ -173,25 +179,27 @@ def copy_under(replay, replay_ms, stream, d2h, nbytes=COPY_BYTES, repeats=REPEAT
                 for _ in range(n):
                     replay()
                 ev[3].record(stream)
-        if copy:
+        if k:
             with torch.cuda.stream(cs):
                 ev[0].record(cs)
-                if d2h:
-                    host.copy_(dev, non_blocking=True)
-                else:
-                    dev.copy_(host, non_blocking=True)
+                for _ in range(k):
+                    if d2h:
+                        host.copy_(dev, non_blocking=True)
+                    else:
+                        dev.copy_(host, non_blocking=True)
                 ev[1].record(cs)
         torch.cuda.synchronize(stream.device)
-        return (ev[0].elapsed_time(ev[1]) if copy else None, ev[2].elapsed_time(ev[3]) if n else None)
+        return (ev[0].elapsed_time(ev[1]) if k else None, ev[2].elapsed_time(ev[3]) if n else None)
 
-    alone, _ = timed(0, True)
-    # compute that outlasts the copy: the copy alone's time, twice over
-    n = min(1000, max(2, math.ceil(2 * alone / max(replay_ms, 1e-3))))
-    compute = min(timed(n, False)[1] for _ in range(repeats))
-    both = [timed(n, True) for _ in range(repeats)]
+    alone, _ = timed(0, 1)
+    replay_ms = max(replay_ms, 1e-3)
+    n = min(1000, max(2, math.ceil(2 * alone / replay_ms)))
+    k = min(1000, max(1, int(0.7 * n * replay_ms / max(alone, 1e-6))))
+    compute = min(timed(n, 0)[1] for _ in range(repeats))
+    both = [timed(n, k) for _ in range(repeats)]
     under = min(c for c, _ in both)
     lost = min(t for _, t in both) - compute
-    return nbytes / (max(under, 1e-6) * 1e-3) / 1e9, max(0.0, lost) / max(under, 1e-6)
+    return k * nbytes / (max(under, 1e-6) * 1e-3) / 1e9, max(0.0, lost) / max(under, 1e-6)
 
 
 def _capture(graph, pool, stream, body):
