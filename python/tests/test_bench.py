@@ -949,3 +949,18 @@ def test_the_persistent_loop_makes_grads_first_for_torchs_graphed_callables():
     assert loops.Loop("set_to_none").made_first().grads_first is False
     with pytest.raises(ValueError, match="grads_first"):
         loops.Loop("set_to_none", grads_first=True)
+
+
+def test_a_budget_plans_inputs_predict_it_again():
+    """The sweep and the front plan other budgets from a plan's own inputs
+    (sweep._inputs): given them, the same choices predict the same time and
+    peak, the copies' contention included."""
+    from vmmrt.torch import budget
+    from vmmrt.torch.bench import sweep
+    costs = [budget.LayerCost("l%d" % i, 1.5, 3.0, [100_000_000], grads=10) for i in range(6)]
+    choices = ["offload"] * 4 + ["keep"] * 2
+    p = budget.evaluate(costs, choices, "pingpong", 1, static_bytes=1000, d2h_gbps=100, margin=0.9,
+                        contention=(0.05, 0.02), step_bytes=7, persistent=True)
+    assert p.copy_ms > 0
+    q = budget.evaluate(costs, choices, p.mode, p.lookahead, **sweep._inputs(p))
+    assert (q.predicted_ms, q.peak_bytes, q.contention) == (p.predicted_ms, p.peak_bytes, p.contention)

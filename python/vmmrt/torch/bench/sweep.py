@@ -66,9 +66,13 @@ def _sig(plan):
 
 
 def _inputs(plan):
+    """What a budget plan was planned with, to plan again under other budgets
+    (the copies' contention too: a hand plan predicted without it would be
+    compared with searched plans that charge it)."""
     return dict(static_bytes=plan.static_bytes, d2h_gbps=plan.d2h_gbps, h2d_gbps=plan.h2d_gbps, margin=plan.margin,
                 granularity=plan.granularity, remap_ms=plan.remap_ms, map_ahead=plan.map_ahead,
-                step_bytes=plan.step_bytes, pages=plan.pages, persistent=getattr(plan, "persistent", False))
+                step_bytes=plan.step_bytes, pages=plan.pages, persistent=getattr(plan, "persistent", False),
+                contention=getattr(plan, "contention", None))
 
 
 class Sweep:
