@@ -180,11 +180,16 @@ class Backing:
         over it alive: all of its bytes wanted, whatever its owner says."""
         return self._in_use or self.live > 0
 
+    def handed_out(self):
+        """Whether a tensor its owner handed out over the slot is held (its
+        ``alive``; False where it hands out none, or has let its bases go)."""
+        return self.alive is not None and self.alive()
+
     @property
     def busy(self):
         """Bound, and its bytes wanted: its use has begun and not been
-        released, or a tensor made over it is alive (its owner's
-        ``alive``, where it hands out tensors of its own making)."""
+        released, or a tensor made over it is alive (:meth:`handed_out`,
+        written out: the memory plan asks this at every planned use)."""
         return self.bound and (self._in_use or self.live > 0 or (self.alive is not None and self.alive()))
 
     # ------------------------------------------------------ memory plan
@@ -197,7 +202,7 @@ class Backing:
         with self._lock:
             if self.bound:
                 return True
-            if self._own is not None and not self.live and not (self.alive is not None and self.alive()):
+            if self._own is not None and not self.live and not self.handed_out():
                 self._drop_own()        # (the plan was made between steps: nothing runs over it)
             if self._wanted or self.live or self._pinned or self.slot.state != "reserved":
                 return False
@@ -341,7 +346,7 @@ class Backing:
         """A kept slot's own memory given back (once ``stream`` gets here), so
         that the plan can bind it: only while nothing over it is held."""
         with self._lock:
-            if self.bound or not self._wanted or (self.alive is not None and self.alive()):
+            if self.bound or not self._wanted or self.handed_out():
                 return False
             self._release(stream, kept_too=True)
             return not self._wanted

@@ -222,8 +222,7 @@ class Grads:
     def alive(self):
         """Whether a gradient handed out over the cached bases (on the plan's
         pages) is alive: the storage's use count above theirs."""
-        a = self.backing.alive
-        return a is not None and a()
+        return self.backing.handed_out()
 
     def _source(self, stream):
         """(src, bases): a tensor over the slot's memory that this backward's
@@ -275,8 +274,7 @@ class Grads:
     def io_alive(self):
         """Whether an argument gradient handed out over the io slot's cached
         bases is alive."""
-        a = self.io.alive if self.io is not None else None
-        return a is not None and a()
+        return self.io is not None and self.io.handed_out()
 
     def forget(self):
         """At close(), or off the pages: the cached bases let go (a gradient

@@ -448,7 +448,7 @@ class Entry:
         b = self.backing
         w = self.watcher
         if b.bound or not b.kept or self.life.offset is None or w.pages is None or b.live or \
-                (b.alive is not None and b.alive()) or self._held():
+                b.handed_out() or self._held():
             return False
         w._device_done(stream)        # what read or wrote its own memory, on any stream
         if not b.let_go(stream):
@@ -648,7 +648,7 @@ class Watcher:
         if p is None:
             return
         for name, b in outs.items():
-            if b.alive is not None and b.alive() and self.seen.get(name, -1) < p:
+            if b.handed_out() and self.seen.get(name, -1) < p:
                 self.seen[name] = p
 
     # ------------------------------------------------------------ hooks
@@ -678,7 +678,7 @@ class Watcher:
         outs = self._outputs()
         end = len(self.order)
         # held now, at the next step's first forward: into it (the whole step)
-        seen = {n: end if b.alive() else self.seen.get(n) for n, b in outs.items()}
+        seen = {n: end if b.handed_out() else self.seen.get(n) for n, b in outs.items()}
         gp = self._pool()
         items = lives(self.order, {n: b.slot.size for n, b in residents.items()},
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],

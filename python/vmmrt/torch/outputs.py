@@ -113,8 +113,7 @@ class Outputs:
 
     def alive(self) -> bool:
         """Whether a tensor over the outputs, other than the library's own, is held."""
-        a = self.backing.alive
-        return a is not None and a()
+        return self.backing.handed_out()
 
     def forget(self) -> None:
         """At close(): the library's base lets go (a tensor handed out keeps
