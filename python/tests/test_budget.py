@@ -1071,6 +1071,6 @@ def test_copies_that_slow_the_compute_cost_the_plan_even_where_they_hide():
     assert moved.counts()["offload"] > 0 and moved.counts()["recompute"] == 0 and moved.copy_ms == 0
     p = budget.search(six, limit, d2h_gbps=100, margin=1.0, contention=(0.9, 0.9))
     assert p.counts()["recompute"] > 0 and p.counts()["offload"] == 0, p.summary()
-    for bad in ((-1.0, 0.0), (0.1,), (True, 0.0)):
+    for bad in ((-1.0, 0.0), (0.1,), (True, 0.0), (float("inf"), 0.0), 0.5):
         with pytest.raises(budget.InvalidBudget):
             budget.evaluate(five, plan, d2h_gbps=10, contention=bad)

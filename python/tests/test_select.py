@@ -147,6 +147,6 @@ def test_copies_that_slow_the_compute_move_only_what_keeps_auto_within_its_share
     # one direction alone counts too; none measured (None) is none charged
     assert 0 < planner.plan(rows, 52.2, 52.4, 0.9, contention=(0.0, 0.046)).layers[0].moved < free.layers[0].moved
     assert planner.plan(rows, 52.2, 52.4, 0.9, contention=(None, None)).layers[0].moved == free.layers[0].moved
-    for bad in ((-0.1, 0.0), (0.1,), "0.1", (True, 0.0), (float("nan"), 0.0)):
+    for bad in ((-0.1, 0.0), (0.1,), "0.1", (True, 0.0), (float("nan"), 0.0), (float("inf"), 0.0), 0.5):
         with pytest.raises(ValueError):
             planner.plan(rows, 52.2, 52.4, 0.9, contention=bad)

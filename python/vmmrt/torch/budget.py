@@ -61,6 +61,7 @@ millisecond until the peak fits, then every action undone that the budget
 allows back. Among all plans that fit, the fastest wins (ties: the lower
 peak); when none fits, :class:`BudgetError` gives the smallest peak found.
 """
+import math
 import re
 
 import vmmrt
@@ -438,12 +439,19 @@ def _check_inputs(costs, static_bytes, d2h_gbps, h2d_gbps, margin, step_bytes=0)
             raise InvalidBudget("layer %r: negative time or size" % c.name)
 
 
-def _contention(c):
-    """(D2H, H2D) as the plans take it: None (or a None side) is 0."""
-    c = (0.0, 0.0) if c is None else tuple(0.0 if x is None else x for x in c)
-    if len(c) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in c):
-        raise InvalidBudget("contention %r is not (D2H, H2D) ms of compute lost per ms of copy, each 0 or more"
-                            % (c,))
+def contention_pair(c):
+    """The copies' contention as both planners take it (this one and
+    vmmrt.torch.planner.plan): (D2H, H2D) ms of compute lost per ms of copy,
+    None (or a None side: not measured) 0; anything else that is not two
+    finite numbers, 0 or more, is an InvalidBudget (a ValueError)."""
+    try:
+        c = (0.0, 0.0) if c is None else tuple(0.0 if x is None else x for x in c)
+    except TypeError:
+        c = None
+    if c is None or len(c) != 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                           and math.isfinite(x) and x >= 0 for x in c):
+        raise InvalidBudget("contention %r is not (D2H, H2D) ms of compute lost per ms of copy, each a finite "
+                            "number, 0 or more" % (c,))
     return c
 
 
@@ -461,7 +469,7 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
     if len(choices) != len(costs):
         raise InvalidBudget("a hand plan of %d choices for %d layers" % (len(choices), len(costs)))
     env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages,
-               persistent, _contention(contention))
+               persistent, contention_pair(contention))
     out = []
     for i, (c, ch) in enumerate(zip(costs, choices)):
         ch = check_choice(ch, i)
@@ -610,7 +618,7 @@ def search(costs, budget, static_bytes=0, d2h_gbps=1.0, h2d_gbps=None, margin=0.
     if not recompute:
         costs = [c if c.recompute is True else c.but(recompute=False) for c in costs]
     env = _Env(costs, static_bytes, d2h_gbps, h2d_gbps, margin, granularity, remap_ms, map_ahead, step_bytes, pages,
-               persistent, _contention(contention))
+               persistent, contention_pair(contention))
     movable = sorted({s for i, c in enumerate(costs[:-1]) for s in _level_bytes(c)})
     if len(movable) > caps:     # quantiles of the candidate group sizes, the largest kept
         movable = sorted({movable[int(k * (len(movable) - 1) / (caps - 1))] for k in range(caps)})

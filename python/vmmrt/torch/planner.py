@@ -130,10 +130,8 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
         raise ValueError("planner margin %r is not in (0, 1]" % (margin,))
     if not isinstance(banked, bool):
         raise ValueError("planner banked %r is not a bool" % (banked,))
-    contention = (0.0, 0.0) if contention is None else tuple(0.0 if c is None else c for c in contention)
-    if len(contention) != 2 or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0
-                                       for c in contention):
-        raise ValueError("planner contention %r is not (D2H, H2D), each 0 or more" % (contention,))
+    from vmmrt.torch import budget
+    contention = budget.contention_pair(contention)
     if not d2h_gbps > 0:
         raise ValueError("planner needs a positive D2H bandwidth, got %r" % (d2h_gbps,))
     h2d_gbps = h2d_gbps or d2h_gbps
