@@ -189,3 +189,30 @@ def test_cuda_grad_kept_past_close():
     import gc
     gc.collect()
     assert life.rt is None and life.holds == 0
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_dropped_callables_let_their_offload_and_runtime_go_without_close(host_graphs, plan):
+    """A benchmark or a user that drops its graphed callables without
+    close(): once collected, nothing of the library's keeps the Offload,
+    and the runtime (its slots, the memory plan's pages) is destroyed. A
+    global (a finalizer's registry) that reached a Backing, and through it
+    the Offload, kept every slot mapped for the process's life (H100,
+    2026-12-05: the next front point began 4 GiB over the ones before)."""
+    import gc
+    import weakref
+
+    from test_call_path import _graphed_on_host, _stepper
+
+    def trained():
+        g, off, runners = _graphed_on_host("none", "mapped", plan=plan)
+        for _ in range(3 if plan else 1):
+            _stepper(g)()       # (its last backward's argument gradients: held by the Offload)
+            for r in runners:
+                for q in r.params:
+                    q.grad = None
+        return off.runtime._life, weakref.ref(off)
+    life, gone = trained()
+    gc.collect()
+    assert gone() is None
+    assert life.rt is None

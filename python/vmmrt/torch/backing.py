@@ -101,9 +101,31 @@ def alive_by(owner, backing):
     a reference to the owner: a storage the owner holds has a finalizer
     that holds the Backing (Backing.tensor), which would then never run.
     The test goes with the owner (a Held reads its storage by address, which
-    the owner's bases keep)."""
+    the owner's bases keep), through a weak reference to the Backing too: a
+    finalizer is held by a global registry, and the Backing reaches its
+    Offload and so the owner, which then could never be collected."""
     backing.alive = None
-    weakref.finalize(owner, setattr, backing, "alive", None)
+    weakref.finalize(owner, _no_test, weakref.ref(backing))
+
+
+def _dropped(ref, stream, let_go):
+    """A counted tensor's finalizer (Backing.tensor): runs on whichever thread
+    let go of the last view (the autograd engine's, the optimizer's); never
+    raises."""
+    b = ref()
+    try:
+        if b is not None:
+            b._count_down(stream)
+    except Exception as e:  # pragma: no cover - reported, the memory stays mapped
+        log.error("vmmrt: %s: release failed: %s", b.name, e)
+    finally:
+        _let_go(let_go)
+
+
+def _no_test(ref):
+    b = ref()
+    if b is not None:
+        b.alive = None
 
 
 def _let_go(let_go):
@@ -379,28 +401,25 @@ class Backing:
                 with self._lock:
                     self.live += 1
             # Not at exit: a release then would free the memory under a tensor
-            # something may still read while the interpreter goes. Uncounted,
-            # the finalizer holds the runtime's hold alone: the caller may keep
-            # the tensor in what refers to this Backing (an Outputs' base),
-            # and a finalizer (a global) holding that would never run.
-            fin = weakref.finalize(owner, self._dropped, stream, counted, let_go) if counted else \
+            # something may still read while the interpreter goes. The
+            # finalizer (a global) holds the runtime's hold, and the Backing
+            # only weakly: what refers to it may keep the tensor (an Outputs'
+            # base; the Offload's argument gradients, Offload.hold_gins), and
+            # a global reaching that would keep it, and its runtime, for the
+            # process's life. Collected first, the Backing has nothing left
+            # to release: the runtime's destroy, once the hold goes, frees it.
+            fin = weakref.finalize(owner, _dropped, weakref.ref(self), stream, let_go) if counted else \
                 weakref.finalize(owner, _let_go, let_go)
             fin.atexit = False
         return t
 
-    def _dropped(self, stream, counted, let_go):
-        # Runs on whichever thread let go of the last view (the autograd
-        # engine's, the optimizer's); never raises.
-        try:
-            if counted:
-                with self._lock:
-                    self.live -= 1
-                    if self.live == 0 and not self.offload.runtime.closed:
-                        self._release(stream)
-        except Exception as e:  # pragma: no cover - reported, the memory stays mapped
-            log.error("vmmrt: %s: release failed: %s", self.name, e)
-        finally:
-            _let_go(let_go)
+    def _count_down(self, stream):
+        """A storage made by tensor(counted=True) died: the last one releases
+        the slot."""
+        with self._lock:
+            self.live -= 1
+            if self.live == 0 and not self.offload.runtime.closed:
+                self._release(stream)
 
     def destroy(self):
         self.slot.destroy()
