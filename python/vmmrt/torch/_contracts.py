@@ -346,7 +346,7 @@ def forward_starts(runner):
     microbatches in flight without order=) ends that iteration, and this call
     starts the next."""
     off = runner.layer.offload
-    it = _iteration(off)
+    it = getattr(off, "_iteration", None) or _iteration(off)     # (a call once: this runs at every forward)
     if runner.name in it.ran:
         abandon(off, "layer %r was called again before %s (an output dropped without its backward; without "
                 "order=, one microbatch at a time)" % (
@@ -363,7 +363,8 @@ def forward_failed(runner):
 
 
 def backward_done(runner):
-    it = _iteration(runner.layer.offload)
+    off = runner.layer.offload
+    it = getattr(off, "_iteration", None) or _iteration(off)
     it.pending.discard(runner.name)
     if not it.pending:
         it.ran.clear()
