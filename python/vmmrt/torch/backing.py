@@ -211,7 +211,8 @@ class Backing:
     def busy(self):
         """Bound, and its bytes wanted: its use has begun and not been
         released, or a tensor made over it is alive (:meth:`handed_out`,
-        written out: the memory plan asks this at every planned use)."""
+        written out: the memory plan asks this at every planned use; its
+        Entry._held writes this out in turn: change both)."""
         return self.bound and (self._in_use or self.live > 0 or (self.alive is not None and self.alive()))
 
     # ------------------------------------------------------ memory plan
@@ -267,7 +268,8 @@ class Backing:
                 self._in_use = False
 
     def begin_use(self):
-        """Bound: the use begins (map_for_use), no driver call."""
+        """Bound: the use begins (map_for_use), no driver call. (memplan's
+        Entry.begin_use writes this out: change both.)"""
         self._in_use = True
         self.quiet = False
 

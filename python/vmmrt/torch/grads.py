@@ -357,7 +357,8 @@ class Grads:
         is a tensor over the live memory that the gradients handed back are
         made from. ``current``: the torch stream ``stream`` is, if the caller
         has it."""
-        if lay is not None and not self.held():
+        b = self.backing
+        if lay is not None and not (b.live > 0 or (b.alive is not None and b.alive())):    # (not held(): per call)
             self.offload.map_for_use(lay, True, self.backing, stream, current=current)
         if lay is not None and self.io is not None:
             self.offload.map_for_use(lay, True, self.io, stream, current=current)
@@ -457,7 +458,7 @@ class Grads:
                 if acc or st == "ours":
                     p.grad = None
         if inputs is None:
-            self._handed(cached)
+            self._handed(cached, stream)
             io = self.io
             if io is not None and not io.live:
                 io.release(stream)      # (the output gradients alone: read by the graph, done with)
@@ -469,16 +470,17 @@ class Grads:
         else:
             gins = [None if spec is None else _over(iosrc, iobases, spec) for spec in inputs]
         self.offload.hold_gins(gins)
-        self._handed(cached)
+        self._handed(cached, stream)
         if self.io.bound:
             self.io.release(stream)     # (off the pages, the tensor over it does, once the last gradient dies)
         return gins, out
 
-    def _handed(self, cached):
+    def _handed(self, cached, stream):
         # Over the cached bases no storage's death releases the slot: its
-        # use ends now, and what is handed out holds it (alive) from here.
+        # use ends now (bound: release() only ends it, no lock, no driver
+        # call), and what is handed out holds it (alive) from here.
         if cached:
-            self.backing.end_use()
+            self.backing.release(stream)
 
     def own_grads(self):
         """Before the runtime goes (close()): every .grad over the slot becomes

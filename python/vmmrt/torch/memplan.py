@@ -408,7 +408,7 @@ class Entry:
         held = self._held()
         if b.bound:
             if not held:
-                b.begin_use()
+                b._in_use, b.quiet = True, False    # (Backing.begin_use, written out: this runs at every use)
                 return True
             self.watcher.conflict(self, held, stream)
             return False
@@ -428,7 +428,9 @@ class Entry:
         for o in self.sharers:      # (the list only when one is held: a comprehension is a call)
             if o.quiet:
                 continue            # (not busy when last asked, and nothing since: Backing.quiet)
-            if o.busy:
+            # Backing.busy, written out (a property and handed_out() are two
+            # calls, at every planned use, for each sharer used since)
+            if o.bound and (o._in_use or o.live > 0 or (o.alive is not None and o.alive())):
                 held = [x for x in self.sharers if x.busy]
                 break
             o.quiet = True
