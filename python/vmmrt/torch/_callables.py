@@ -47,6 +47,8 @@ class Runner:
         self.in_consts = {k: a for k, a in enumerate(leaves) if not isinstance(a, torch.Tensor)}
         self.n_leaves = len(leaves)
         self.sample = tuple(a for a in leaves if isinstance(a, torch.Tensor))
+        # what check_args compares a call's tensors with, read off the sample once
+        self._arg_sig = tuple((a.shape, a.dtype, a.device, a.requires_grad) for a in self.sample)
         self.sample_args = tuple(sample_args)
         self.sample_kwargs = dict(sample_kwargs)
         self.out_consts = {}
@@ -171,6 +173,16 @@ class Runner:
     def check_args(self, leaves, grad=True):
         """The arguments of a call must match the sample's: a graph cannot take
         others (and, with grad, the tensors saved depend on which need one)."""
+        sig = self._arg_sig
+        if len(leaves) == len(sig):
+            # (the sample's properties read once, compared by identity where
+            # they are singletons: this runs at every call)
+            for a, (shape, dt, dev, rg) in zip(leaves, sig):
+                if not isinstance(a, torch.Tensor) or (grad and a.requires_grad is not rg) or a.shape != shape or \
+                        a.dtype is not dt or a.device != dev:
+                    break
+            else:
+                return
         if len(leaves) != len(self.sample):
             raise Error(_capi.E_MISMATCH, "called with %d tensor arguments, the sample had %d"
                         % (len(leaves), len(self.sample)), "layer %r" % self.name)
