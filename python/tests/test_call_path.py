@@ -475,9 +475,12 @@ def test_a_raw_launch_is_one_library_call_per_use(host_graphs, monkeypatch, raw)
 # backward (grads.Grads._source), 4 / 16 layers 136.25 / 154.1 before,
 # 108.75 / 108.2 after. Then (session 62) the plan's per-use check with the
 # slots' begin_use and busy written out, and the forward's iteration record
-# found without a call: 74.5 / 71.1 (1.13: 102.25 / 101.3). Torch's own
-# graphed callables' path, replicated over the same layers, makes 51.25.
-PLANNED_RAW_CEILING = {4: 80, 16: 80} if vmmrt_backing.USE_COUNT is not None else {4: 106, 16: 106}
+# found without a call: 74.5 / 71.1 (1.13: 102.25 / 101.3). Then (session
+# 63) one call per hook into the plan for all its slots
+# (memplan.Watcher.begin_uses) and the usability test inline: 62.5 / 59.1
+# (1.13: 93.25 / 92.3). Torch's own graphed callables' path, replicated over
+# the same layers, makes 51.25.
+PLANNED_RAW_CEILING = {4: 66, 16: 66} if vmmrt_backing.USE_COUNT is not None else {4: 96, 16: 96}
 
 
 @pytest.mark.parametrize("n", sorted(PLANNED_RAW_CEILING))

@@ -755,14 +755,18 @@ def test_a_slot_found_free_is_asked_again_once_a_tensor_is_made_over_it():
         entries = [e for e in off.memplan.entries if getattr(e, "sharers", None)]
         assert entries and all(e.backing.bound for e in entries)
         for e in entries:
-            assert e._held() == ()
+            assert not e._held()
         quiet = [(e, o) for e in entries for o in e.sharers if o.quiet]
         assert quiet, "a steady step leaves the slots it asked quiet"
         e, o = quiet[0]
         t = o.tensor(None)
         assert not o.quiet
+        # the per-hook check (Watcher.begin_uses) asks it again: held
+        assert off.memplan.begin_uses((e.backing,), None) == 0
         assert o in e._held()
         del t
-        assert e._held() == ()
+        assert not e._held()
+        assert off.memplan.begin_uses((e.backing,), None) == 1
+        e.backing.release(None)
     finally:
         off.close()

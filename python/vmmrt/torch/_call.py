@@ -169,6 +169,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     # that Python frees when the call returns: the host waits for them.
     sync_fn, rth = off.runtime.synchronizer() if off.host else (None, None)
     outs_b = lay.outputs.backing if lay.outputs is not None else None
+    # the forward's slots, one hook's uses (memplan.Watcher.begin_uses)
+    fwd_uses = tuple(b for b in (lay.resident, outs_b) if b is not None)
     res_sync = lay.input_at is not None     # the static inputs in the resident slot: mapped before a call copies into them
     off.launchers[(r.name, False)] = fl
     off.launchers[(r.name, True)] = bl
@@ -184,7 +186,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
         a strided static); None: the caller copied them."""
         x = ln.exec
         if x > 0:
-            off.check_usable()
+            if off.failed is not None or off.runtime.closed:
+                off.check_usable()          # (raises: Offload.check_usable's test, inline at every call)
             if _backing._late or off._due:
                 off.flush()
             if off.part_checks:
@@ -239,13 +242,14 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                     off.flush()
                 if off.part_checks:
                     off.memplan.check_parts(lay.keys[False], s)
-                res = lay.resident
-                if res is not None:
-                    # on the plan's pages: whether its bytes are free (else
-                    # it gets memory of its own, and the graphs their hooks)
-                    off.map_for_use(lay, False, res, s, res_sync, None)
-                if outs_b is not None:
-                    off.map_for_use(lay, False, outs_b, s, False, None)
+                if fwd_uses:
+                    # on the plan's pages: whether their bytes are free (else
+                    # a slot gets memory of its own, and the graphs their hooks)
+                    w = off.memplan
+                    k = w.begin_uses(fwd_uses, s) if w is not None else 0
+                    if k < len(fwd_uses):
+                        for b in fwd_uses[k:]:
+                            off.map_for_use(lay, False, b, s, res_sync and b is lay.resident, None)
                 for i in torch_at:
                     if static_in[i].data_ptr() != inputs[i].data_ptr():
                         static_in[i].copy_(inputs[i])
@@ -355,7 +359,8 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     def functionalized(*user_args, **user_kwargs):
         leaves = r.flatten_call(user_args, user_kwargs)
         r.check_args(leaves, torch.is_grad_enabled())
-        off.check_usable()
+        if off.failed is not None or off.runtime.closed:
+            off.check_usable()              # (raises: Offload.check_usable's test, inline at every call)
         if not torch.is_grad_enabled() or not _any_requires_grad(leaves, params):
             # No backward will come: replaying would leave the group's schedule
             # waiting for it, so the callable runs eagerly.

@@ -154,7 +154,7 @@ class Backing:
         self.address = self.slot.address
         self.nbytes = nbytes
         self._lock = threading.Lock()
-        # Read on every planned use (memplan.Entry.begin_use asks each slot
+        # Read on every planned use (memplan.Watcher.begin_uses asks each slot
         # that shares its bytes): plain attributes, not properties, as a
         # property is a Python call; only this class writes them.
         self.live = 0             # storages made by tensor() still alive
@@ -212,7 +212,7 @@ class Backing:
         """Bound, and its bytes wanted: its use has begun and not been
         released, or a tensor made over it is alive (:meth:`handed_out`,
         written out: the memory plan asks this at every planned use; its
-        Entry._held writes this out in turn: change both)."""
+        Watcher.begin_uses writes this out in turn: change both)."""
         return self.bound and (self._in_use or self.live > 0 or (self.alive is not None and self.alive()))
 
     # ------------------------------------------------------ memory plan
@@ -269,7 +269,7 @@ class Backing:
 
     def begin_use(self):
         """Bound: the use begins (map_for_use), no driver call. (memplan's
-        Entry.begin_use writes this out: change both.)"""
+        Watcher.begin_uses writes this out: change both.)"""
         self._in_use = True
         self.quiet = False
 

@@ -203,6 +203,11 @@ class Grads:
             self.io = Backing(self.offload, "%s/io" % self.name, io_total)
             alive_by(self, self.io)
             self.offload.backings.append(self.io)
+        # a backward's slots, as one hook's uses (memplan.Watcher.begin_uses):
+        # with the gradients' slot, or without it while a gradient over it is
+        # held (the persistent loop's .grad: mapped all along)
+        self._uses = (self.backing,) if self.io is None else (self.backing, self.io)
+        self._io_uses = self._uses[1:]
 
     @property
     def io_bytes(self):
@@ -357,11 +362,16 @@ class Grads:
         is a tensor over the live memory that the gradients handed back are
         made from. ``current``: the torch stream ``stream`` is, if the caller
         has it."""
-        b = self.backing
-        if lay is not None and not (b.live > 0 or (b.alive is not None and b.alive())):    # (not held(): per call)
-            self.offload.map_for_use(lay, True, self.backing, stream, current=current)
-        if lay is not None and self.io is not None:
-            self.offload.map_for_use(lay, True, self.io, stream, current=current)
+        if lay is not None:
+            b = self.backing
+            uses = self._io_uses if b.live > 0 or (b.alive is not None and b.alive()) else self._uses  # (held(): a call)
+            if uses:
+                off = self.offload
+                w = off.memplan
+                k = w.begin_uses(uses, stream) if w is not None else 0
+                if k < len(uses):
+                    for u in uses[k:]:
+                        off.map_for_use(lay, True, u, stream, current=current)
         for p in self.params:
             if p.grad is not None:
                 states = [None if v is None else self.state(k, p) for k, (p, v) in

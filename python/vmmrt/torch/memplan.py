@@ -400,44 +400,33 @@ class Entry:
         be mapped as without a plan: bytes it shares still held (a
         conflict: it leaves the pages), or it is off them and cannot come
         back yet."""
-        b = self.backing
         w = self.watcher
-        w.last_stream = stream
-        if w.after_optimizer:
-            w.optimizer_done(stream)
+        if w.begin_uses((self.backing,), stream):
+            return True
+        b = self.backing
         held = self._held()
         if b.bound:
             if not held:
-                b._in_use, b.quiet = True, False    # (Backing.begin_use, written out: this runs at every use)
+                b.begin_use()       # (the optimizer's survivors lie outside its bytes)
                 return True
-            self.watcher.conflict(self, held, stream)
+            w.conflict(self, held, stream)
             return False
-        if self.life.offset is None or held or self.watcher.pages is None:
+        if self.life.offset is None or held or w.pages is None:
             return False
-        if self.watcher.bind(self):
+        if w.bind(self):
             b.begin_use()
-            self.watcher._all_bound()
+            w._all_bound()
             return True
         return False
-
 
     def _held(self) -> Sequence[Any]:
         """What holds bytes this slot shares now: its sharers that are busy,
         and the optimizer step's survivors where they are in its range."""
-        held = ()
-        for o in self.sharers:      # (the list only when one is held: a comprehension is a call)
-            if o.quiet:
-                continue            # (not busy when last asked, and nothing since: Backing.quiet)
-            # Backing.busy, written out (a property and handed_out() are two
-            # calls, at every planned use, for each sharer used since)
-            if o.bound and (o._in_use or o.live > 0 or (o.alive is not None and o.alive())):
-                held = [x for x in self.sharers if x.busy]
-                break
-            o.quiet = True
+        held = [o for o in self.sharers if o.busy]
         w = self.watcher
         if w.optimizer is not None and w.optimizer.holds and \
                 w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
-            held = list(held) + [SURVIVORS]
+            held.append(SURVIVORS)
         return held
 
     def come_back(self, stream: Any) -> bool:
@@ -784,6 +773,36 @@ class Watcher:
         self.after_optimizer = False
         if self.optimizer is not None:
             self.optimizer.after_step(stream)
+
+    def begin_uses(self, backings: Sequence[Any], stream: Any) -> int:
+        """The uses of ``backings`` (the slots of one hook) begin on
+        ``stream``, each on the pages with the bytes it shares free: nothing
+        to map. Returns how many of them, from the first, began so; the
+        caller maps each of the rest as without a plan (Offload.map_for_use,
+        whose Entry.begin_use finds why: off the pages, a conflict, the
+        optimizer step's survivors). One call a hook, as this runs at every
+        use of a planned step: what Backing.busy and begin_use() do is
+        written out (change them together)."""
+        self.last_stream = stream
+        if self.after_optimizer:
+            self.optimizer_done(stream)
+        opt = self.optimizer
+        if opt is not None and opt.holds:
+            return 0            # (whether they lie in a slot's range: Entry._held)
+        k = 0
+        for b in backings:
+            e = b.planned
+            if e is None or not b.bound:
+                return k
+            for o in e.sharers:
+                if o.quiet:
+                    continue    # (not busy when last asked, and nothing since: Backing.quiet)
+                if o.bound and (o._in_use or o.live > 0 or (o.alive is not None and o.alive())):
+                    return k
+                o.quiet = True
+            b._in_use, b.quiet = True, False
+            k += 1
+        return k
 
     def _bound_one(self) -> None:
         self.binds += 1

@@ -166,6 +166,8 @@ class Offload:
             log.error("vmmrt offload unusable: %s", why)
 
     def check_usable(self) -> None:
+        # (the per-call path asks this test inline, then calls this to raise:
+        # vmmrt.torch._call; change both)
         if self.failed is not None:
             raise Error(_capi.E_INVALID_STATE, "this offload cannot be used after an earlier failure (%s); "
                         "build the graphed callables again" % self.failed)
