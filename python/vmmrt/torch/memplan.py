@@ -543,7 +543,7 @@ class Watcher:
         self.optimizer_api = None  # what it asks of PyTorch, made from the Offload (tests: a stand-in)
         self.optimizer_why_not = None if self.optimizer_enabled else "memory_plan=\"slots\""
         self.after_optimizer = False   # a routed optimizer step ran since the last use began
-        self.last_stream = None   # the stream of the latest planned use (the optimizer orders after it)
+        self.last_stream = None   # the stream of the latest use (begin_uses; the optimizer orders after it)
         self.seen = {}            # layer name -> the last use of the step before the plan its outputs were held at
         self._pos = None
         off._abort_hooks.append(self._aborted)

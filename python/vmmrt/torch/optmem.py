@@ -412,7 +412,7 @@ class OptimizerMemory:
         return True
 
     def after_step(self, stream: Any) -> None:
-        """The first planned use after a routed step (memplan.Entry.begin_use):
+        """The first use after a routed step (memplan.Watcher.begin_uses):
         a step that raised never reached the post-hook, so its routing ends
         here; the use's stream waits for the optimizer's if it is another."""
         self.end_left()
