@@ -201,7 +201,18 @@ def test_cuda_grad_kept_past_close():
     assert torch.equal(x.grad, want_x)
     x.grad = None
     gc.collect()
-    assert life.rt is None and life.holds == 0, "%d holds left with the callables alive" % life.holds
+    # Nothing handed out holds it now. What may: the graphs' pool on the
+    # library's arena (vmmrt.torch._arena), whose segments PyTorch keeps
+    # while the graphs captured into it live (the callables here): freed
+    # under PyTorch they would be a fault at its pool's teardown (H100,
+    # 2026-12-06: one hold left, the arena's). It goes with the callables.
+    from vmmrt.torch import _arena
+    lent = 1 if _arena.held(life) else 0
+    assert life.holds == lent, "%d holds left with the callables alive, %d of them the arena's" % (life.holds, lent)
+    del g, off, gr, io, base, model, p
+    gc.collect()
+    vt.empty_cache()
+    assert life.rt is None and life.holds == 0, "%d holds left once the callables went" % life.holds
 
 
 @pytest.mark.parametrize("plan", [False, True])
