@@ -964,3 +964,60 @@ def test_a_budget_plans_inputs_predict_it_again():
     assert p.copy_ms > 0
     q = budget.evaluate(costs, choices, p.mode, p.lookahead, **sweep._inputs(p))
     assert (q.predicted_ms, q.peak_bytes, q.contention) == (p.predicted_ms, p.peak_bytes, p.contention)
+
+
+def test_front_runs_the_graph_free_options_before_any_graph():
+    """The process's first capture keeps ~70 MiB for good: eager, ckpt k and
+    save_on_cpu run before the first graphed point (the reference next), so
+    none of them is charged it; on the CPU eager, the reference, leads."""
+    from vmmrt.torch.bench import frontrun
+    opts = frontrun.options(4, True, [1, 4], ["torch", "vmmrt"])
+    got = [o.label for o in frontrun.order(opts, "graph")]
+    assert got[:5] == ["eager", "ckpt 1", "ckpt 4", "save_on_cpu", "graphs"]
+    assert got[5:] == ["graphs+ckpt 1", "graphs+ckpt 4", "vmmrt none", "vmmrt auto", "vmmrt pingpong",
+                       "vmmrt remap", "vmmrt recompute all"]
+    got = [o.label for o in frontrun.order(opts, "eager")]
+    assert got[0] == "eager" and got.index("save_on_cpu") < got.index("graphs")
+    cpu = [o.label for o in frontrun.order(frontrun.options(4, False, [2], ["torch", "vmmrt"]), "eager")]
+    assert cpu == ["eager", "ckpt 2", "save_on_cpu", "vmmrt eager-pingpong", "vmmrt eager-remap",
+                   "vmmrt recompute all"]
+
+
+def test_front_compares_points_run_before_the_reference_once_it_has_run(monkeypatch):
+    """A point measured before the reference keeps its gradients until the
+    reference's are there, then is judged against them (a wrong one too);
+    where the reference fails, they say they were not compared."""
+    from types import SimpleNamespace
+    from vmmrt.torch.bench import frontrun
+    grads = {"eager": [torch.ones(3)], "ckpt 1": [torch.full((3,), 2.0)], "graphs": [torch.ones(3)]}
+    monkeypatch.setattr(frontrun, "build", lambda o, *a, **k: SimpleNamespace(label=o.label, offload=None))
+    row = {"step_ms": 1.0, "step_ms_min": 1.0, "step_ms_max": 1.0, "iterations": 1, "fwd_bwd_ms": 1.0,
+           "opt_ms": 0.0, "build_s": 0.0}
+
+    def measure(built, *a):
+        if built.label == "broken":
+            raise RuntimeError("capture failed")
+        return row, [g.clone() for g in grads[built.label]]
+    monkeypatch.setattr(frontrun.modes, "measure", measure)
+    monkeypatch.setattr(frontrun.modes, "teardown", lambda *a, **k: None)
+
+    def front(ref_label):
+        f = frontrun.Front.__new__(frontrun.Front)
+        f.args = SimpleNamespace(attention="auto")
+        f.cuda, f.dev, f.base, f.points, f.doc = False, torch.device("cpu"), None, [], {}
+        f.reserve, f.step, f.loop = 0, 0, SimpleNamespace(name="set_to_none")
+        f.on_point = lambda doc: None
+        f.ref, f.spread, f.plan_of_recompute = None, None, None
+        f.ref_kind, f.ref_done, f.pending = "graph", False, []
+        bar = SimpleNamespace(n=3, start=lambda label: None, end=lambda line: None)
+        for label, kind in (("eager", "eager"), ("ckpt 1", "ckpt"), (ref_label, "graph")):
+            f._point(frontrun.Option(label, "torch", kind), [], None, None, None, None, bar, kind == "graph")
+        f._compare_pending()
+        return {p["label"]: p for p in f.points}
+    pts = front("graphs")
+    assert pts["eager"]["grads_ok"] is True and pts["eager"]["grad_bitwise"] is True
+    assert pts["ckpt 1"]["grads_ok"] is False and pts["ckpt 1"]["grads_text"].startswith("WRONG")
+    assert pts["graphs"]["grads_text"].startswith("reference")
+    pts = front("broken")
+    assert "error" in pts["broken"] and "grads_ok" not in pts["eager"]
+    assert pts["eager"]["grads_text"] == "not compared (the reference did not run)"
