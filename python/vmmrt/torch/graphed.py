@@ -603,13 +603,7 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
                 acc = torch.cuda.CUDAGraph()
                 if r.recompute:
                     recompute.register_backward(r, acc)
-                ok = _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input)
-                for _ in range(_REUSE_RETRIES):
-                    if ok is not _AGAIN:
-                        break
-                    bwd, acc = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-                    ok = _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input)
-                if ok is not True:
+                if not _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input):
                     bwd, acc = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
                     _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input,
                                              reuse_ok=False)
@@ -772,10 +766,6 @@ def _grad_outputs(r, g, iobase):
     return tuple(out), fits
 
 
-_AGAIN = "again"        # _capture_backward_mapped: capture both graphs again, the plan without some temporaries
-_REUSE_RETRIES = 2      # (then without the plan)
-
-
 def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, allow_unused_input, reuse_ok=True):
     """grads="mapped": the write graph (the ops that make each parameter's
     gradient write it at its fixed address) and the accumulate graph
@@ -787,9 +777,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     slot's bytes that it has read for the last time (vmmrt.torch.reuse)
     unless ``reuse_ok`` is False; returns False when a capture read bytes a
     temporary had taken (reuse.Guard): both graphs are then to be made
-    again without it; _AGAIN when an op wrote a temporary through one of its
-    own and a copy (place.Placed.through): both are made again with a plan
-    that leaves those in the pool (LayerOffload.reuse_skip)."""
+    again without it."""
     g = r.grads
     need = tuple(o for o in r.static_outputs if o.requires_grad)
     inputs = [x for x in r.sample if x.requires_grad]
@@ -807,8 +795,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
     placed = g.placements(base, iobase)
     reusing = _reuse_plan(r) if reuse_ok else None
     guard, temps = _reuse_targets(r, reusing)
-    probe = _allocated_probe(dev) if temps else None
-    mode = place.Mode(dev, placed + temps, g.known, r.layer.static, observer=guard, allocated=probe)
+    mode = place.Mode(dev, placed + temps, g.known, r.layer.static, observer=guard)
 
     def write():
         with r.layer.capturing_backward(), quiet_hooks(r.params):
@@ -853,8 +840,7 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         if b is not None:
             targets.append(place.Placed(b, _compat.tensor_over(gx, b.dtype, b.shape, b.stride, b.offset)))
     acc_guard, acc_temps = _reuse_targets(r, _reuse_plan(r, True) if reusing else None)
-    acc_mode = place.Mode(dev, targets + acc_temps, mode.by_key, r.layer.static, observer=acc_guard,
-                          allocated=_allocated_probe(dev) if acc_temps else None)
+    acc_mode = place.Mode(dev, targets + acc_temps, mode.by_key, r.layer.static, observer=acc_guard)
     params = [p for p in r.params if p.requires_grad]
     kept = [x.grad for x in inputs]
     for k, p in enumerate(r.params):
@@ -881,15 +867,6 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
             p.grad = None
     if acc_guard is not None and r.layer.reuse_acc is not None:
         r.layer.reuse_acc.placed_bytes = sum(p.birth.storage_nbytes for p in acc_temps if p.how == "placed")
-    through = reuse.written_through(temps) | reuse.written_through(acc_temps)
-    if through:
-        lay = r.layer
-        lay.reuse_skip |= through
-        log.info("vmmrt: layer %r: %d of its backward's temporaries were written through a copy of their op's "
-                 "(%s): captured again with them in the graph pool", r.name, len(through),
-                 "; ".join(p.why for p in temps + acc_temps if p.through)[:400])
-        lay.reuse = lay.reuse_acc = None
-        return _AGAIN
     acc_by_id = {id(x): v for x, v in zip(inputs, acc_in)}
     # The parameters' part is None: their gradients come from r.grads.
     r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.sample) + \
@@ -912,21 +889,12 @@ def _reuse_plan(r, accumulate=False):
     if lay.timeline is None or lay.resident is None or r.retain_graph:
         return None     # (retain_graph_in_backward: a backward that runs twice reads its regions again)
     if lay.reuse is None:
-        lay.reuse = reuse.layer_plan(lay, *lay.timeline, skip=lay.reuse_skip)
+        lay.reuse = reuse.layer_plan(lay, *lay.timeline)
     if accumulate and lay.timeline_acc is not None:
         if lay.reuse_acc is None:
-            lay.reuse_acc = reuse.layer_plan(lay, *lay.timeline_acc, skip=lay.reuse_skip)
+            lay.reuse_acc = reuse.layer_plan(lay, *lay.timeline_acc)
         return lay.reuse_acc or None
     return lay.reuse or None
-
-
-def _allocated_probe(device_type):
-    """The device allocator's running count of bytes handed out, for
-    place.Mode(allocated=): None where there is none to read (the host
-    backend's captures)."""
-    if device_type != "cuda":
-        return None
-    return lambda: torch.cuda.memory_stats().get("allocated_bytes.all.allocated", 0)
 
 
 def _reuse_targets(r, reusing):

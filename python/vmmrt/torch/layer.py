@@ -198,7 +198,6 @@ class LayerOffload:
         self.reuse = None           # its temporaries in the resident slot (reuse.Planned), once captured
         self.timeline_acc = None    # the same, of a backward that accumulates (the accumulate graph's)
         self.reuse_acc = None       # its plan for the accumulate graph (the parameters' gradients too)
-        self.reuse_skip = set()     # (op key, output)s its captures found written through a copy: left in the pool
         self.resident = None        # Backing of the kept regions born in a slot (plan_resident)
         self.input_bytes = ()       # per graph input, its bytes in the resident slot or None (static_inputs)
         self.input_at = None        # their offsets in it (None: not there), once planned

@@ -626,10 +626,6 @@ class Offload:
                          st["reuse_bytes"] / mib, st["reuse_layers"], st["reuse_peak_bytes"] / mib,
                          "".join("; %s: captured again without it (%s)" % (lay.name, lay.reuse.fallback)
                                  for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
-            skipped = sum(len(lay.reuse_skip) for lay in self.layers)
-            if skipped:
-                text += ("; %d left in the graph pool: their op wrote them through a temporary of its own and a "
-                         "copy" % skipped)
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
         if timed:
             text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
@@ -698,9 +694,7 @@ class Offload:
         bytes summed), reuse_peak_bytes (the most of them alive at one op of
         a backward, which the pool no longer holds for them), reuse_layers,
         reuse_fallbacks (layers whose capture would have read bytes a
-        temporary took: captured again without it), reuse_written_through
-        (temporaries whose op wrote them through a temporary of its own and
-        a device copy: left in the pool, the layer captured again)."""
+        temporary took: captured again without it)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -727,8 +721,7 @@ class Offload:
         return {"reuse_bytes": sum(p.placed_bytes for p in both),
                 "reuse_layers": sum(1 for p in write if p.placed_bytes),
                 "reuse_peak_bytes": max([p.peak for p in both if p.placed_bytes] or [0]),
-                "reuse_fallbacks": sum(1 for p in write if p.fallback),
-                "reuse_written_through": sum(len(lay.reuse_skip) for lay in self.layers)}
+                "reuse_fallbacks": sum(1 for p in write if p.fallback)}
 
     def sync(self) -> None:
         """Wait for every copy and driver request in flight (end of training, tests)."""

@@ -211,7 +211,7 @@ def writes_at_target(func, device_type):
 class Placed:
     """One output to place: the tensor over its fixed address to write it in."""
 
-    __slots__ = ("birth", "target", "how", "why", "at", "copy", "through")
+    __slots__ = ("birth", "target", "how", "why", "at", "copy")
 
     def __init__(self, birth, target):
         self.birth = birth
@@ -220,7 +220,6 @@ class Placed:
         self.why = None     # why it was copied, or not placed at all
         self.at = None      # the op index (Mode.i) it must be born at, if any (vmmrt.torch.reuse)
         self.copy = True    # without an out= overload: computed, then copied in (else left where it is)
-        self.through = False  # placed by an out= that wrote a temporary of its own and copied it (Mode.allocated)
 
 
 class Mode(TorchDispatchMode if AVAILABLE else object):
@@ -234,19 +233,9 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
     its output: the rest of its ops are counted and run, at the least cost
     per op."""
 
-    def __init__(self, device_type, targets=(), known=None, static=None, record=True, observer=None,
-                 allocated=None):
+    def __init__(self, device_type, targets=(), known=None, static=None, record=True, observer=None):
         super().__init__()
         self.device_type = device_type
-        # ``allocated``: the bytes the device's allocator has handed out so
-        # far (a running count), read around each out= placement of a target
-        # that is not copied otherwise (Placed.copy False). An out= whose
-        # strides the kernel does not take (a structured kernel's proxy) or
-        # that computes into a temporary writes the target by a device copy
-        # of its own: an allocation of at least the target's bytes inside the
-        # op says so (Placed.through), which costs a copy the plan did not
-        # mean to pay (vmmrt.torch.reuse).
-        self.allocated = allocated
         # ``observer``: told of every op (vmmrt.torch.reuse's Timeline and
         # Guard): before it, its index and tensor arguments; after it, its
         # key and fresh outputs. The index counts the ops that are not
@@ -331,20 +320,14 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
                 # an output left where the op would put it: allocated as the op would
                 outs[nm] = torch.empty_strided(b.shape, b.stride, dtype=b.dtype, device=want[0].target.device)
             if outs is not None:
-                probe = self.allocated if self.allocated is not None and not all(p.copy for p in want) else None
-                before = probe() if probe is not None else 0
                 try:
                     res = op(*args, **kwargs, **outs)
                 except Exception as e:  # a refused out tensor (resize, layout): allocate as usual
                     for p in want:
                         p.why = "%s: out= refused: %s" % (p.birth.describe(), str(e).splitlines()[0][:120])
                     return func(*args, **kwargs)
-                inside = probe() - before if probe is not None else 0
                 for p in want:
                     p.how, p.why = "placed", None
-                    if inside and not p.copy and inside >= p.target.numel() * p.target.element_size():
-                        p.through = True
-                        p.why = "%s wrote it through a temporary of %d bytes" % (p.birth.describe(), inside)
                     p.target = None     # the op's output now: no other reference (AccumulateGrad may take it)
                 return res
         if name_of(func) == "aten._to_copy" and len(want) == 1 and want[0].birth.out == 0 \

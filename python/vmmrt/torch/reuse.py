@@ -165,12 +165,10 @@ class Planned:
         return len(self.items)
 
 
-def layer_plan(lay, timeline, births, skip=()):
+def layer_plan(lay, timeline, births):
     """The plan for ``lay`` (a LayerOffload with a resident slot) from its
     discovery backward's ``timeline`` and that pass's births by (op key,
-    output), or None when nothing fits. ``skip``: the (op key, output)s
-    left in the pool (a capture found their op writes them through a
-    temporary and a copy: place.Placed.through)."""
+    output), or None when nothing fits."""
     if not (AVAILABLE and ENABLED) or timeline is None or lay.resident is None or lay.recompute:
         return None
     regions = []
@@ -182,7 +180,7 @@ def layer_plan(lay, timeline, births, skip=()):
     for at, n in zip(lay.input_at or (), lay.input_bytes or ()):
         if at is not None and n:
             regions.append((at, at + n, NEVER))
-    trans = [t for t in timeline.transients() if t[0] in births and t[0] not in skip]
+    trans = [t for t in timeline.transients() if t[0] in births]
     where = plan(lay.resident.nbytes, regions, trans)
     if not where:
         return None
@@ -190,14 +188,6 @@ def layer_plan(lay, timeline, births, skip=()):
     lives = [(b, d, n) for k, n, b, d in trans if k in where]
     peak = max(sum(n for b, d, n in lives if b <= i <= d) for i in {b for b, _, _ in lives})
     return Planned(items, sum(births[k].storage_nbytes for k in where), peak)
-
-
-def written_through(temps):
-    """The (op key, output)s of a capture's placed temporaries (place.Placed
-    of :func:`targets`) that their op wrote through a temporary of its own
-    and a device copy (place.Placed.through): placing them cost a copy each
-    replay and saved no memory the pool would not have given back."""
-    return {(p.birth.key, p.birth.out) for p in temps if p.through}
 
 
 def targets(planned, base):
