@@ -149,7 +149,6 @@ enum cuda_kernel {
 	CK_CHECKSUM,
 	CK_BUSY,
 	CK_LAYER,
-	CK_COPY16, /* vmmrt__cuda_memcpy_dtod_async's SM copy */
 	CK_COUNT_
 };
 

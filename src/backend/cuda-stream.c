@@ -163,38 +163,9 @@ vmmrt_status vmmrt__cuda_memcpy_dtoh_async(vmmrt__backend *b, void *dst, vmmrt_d
 	return VMMRT_OK;
 }
 
-#ifdef HAVE_NVCC_KERNELS
-static unsigned grid_for(const vmmrt__backend *b, uint64_t nwords);
-static CUresult launch(vmmrt__backend *b, CUstream s, enum cuda_kernel k, unsigned grid, unsigned block,
-		       void **params);
-#endif
-
-/*
- * On the SMs where it can be (the kernels loaded, both addresses 16-byte
- * aligned, a multiple of 16 bytes): cuMemcpyDtoDAsync ran every copy of
- * vmmrt_group_replay_copies (a layer's input into its static input in a
- * slot, mapped with cuMemMap) at about a third of the speed of torch's
- * copies into cudaMalloc'd static inputs in torch's graphed callables: 146
- * against 47 us for 32 MiB, "Memcpy DtoD" against "memcpy128" in the
- * profile, 1.6 ms of a 103 ms step on 8 Llama-3-8B layers (H100,
- * 2026-12-06; whether the copy engine or the cuMemMap'd destination made
- * the difference was not measured apart). The others go to
- * cuMemcpyDtoDAsync.
- */
 vmmrt_status vmmrt__cuda_memcpy_dtod_async(vmmrt__backend *b, vmmrt_devptr dst, vmmrt_devptr src, size_t n,
 					   vmmrt_stream s)
 {
-#ifdef HAVE_NVCC_KERNELS
-	if (b != NULL && b->module != NULL && n >= 16 && n % 16 == 0 && dst % 16 == 0 && src % 16 == 0) {
-		unsigned long long d = dst, from = src, n16 = n / 16;
-		void *params[] = {&d, &from, &n16};
-
-		CU_CALL(b, "cuLaunchKernel",
-			launch(b, CU_STREAM(s), CK_COPY16, grid_for(b, n16), CUDA_KERNEL_THREADS, params),
-			"cuLaunchKernel(vmmrt__k_copy16, 0x%llx <- 0x%llx, %zu bytes)", d, from, n);
-		return VMMRT_OK;
-	}
-#endif
 	CU_CALL(b, "cuMemcpyDtoDAsync", vmmrt__cu.MemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, CU_STREAM(s)),
 		"cuMemcpyDtoDAsync(0x%llx, 0x%llx, %zu)", (unsigned long long)dst, (unsigned long long)src, n);
 	return VMMRT_OK;
@@ -390,7 +361,6 @@ static const char *const kernel_names[CK_COUNT_] = {
 	[CK_CHECKSUM] = "vmmrt__k_checksum",
 	[CK_BUSY] = "vmmrt__k_busy",
 	[CK_LAYER] = "vmmrt__k_layer",
-	[CK_COPY16] = "vmmrt__k_copy16",
 };
 
 /*

@@ -123,19 +123,3 @@ vmmrt__k_layer(u64 *dst, const u64 *src, u64 nwords, u64 seed, u64 ns)
 	if (blockIdx.x == 0 && threadIdx.x == 0)
 		dev_spin_until(start, ns);
 }
-
-/*
- * The device-to-device copy of vmmrt__cuda_memcpy_dtod_async
- * where both addresses are 16-byte aligned and the size a multiple of 16
- * (src/backend/cuda-stream.c says why not cuMemcpyDtoDAsync): 16 bytes a
- * thread per step of a grid-stride loop. The two ranges never overlap (the
- * callers check).
- */
-extern "C" __global__ void __launch_bounds__(VMMRT__KERNEL_THREADS)
-vmmrt__k_copy16(uint4 *dst, const uint4 *__restrict__ src, u64 n16)
-{
-	const u64 stride = (u64)gridDim.x * blockDim.x;
-
-	for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += stride)
-		dst[i] = __ldg(&src[i]);
-}

@@ -263,64 +263,6 @@ static void test_vmm_roundtrip(void **state)
 	OK(ops->host_free(B, out));
 }
 
-/*
- * Device-to-device copies of every shape: 16-byte aligned multiples of 16
- * (the library's copy kernel, where the kernels are loaded), and offsets
- * and sizes it leaves to cuMemcpyDtoDAsync; each copies its bytes and
- * leaves every byte around them as it was, into VMM memory and out of it,
- * sizes from one vector to more than a grid's first pass (2 MiB and up).
- */
-static void test_dtod_copies(void **state)
-{
-	const size_t size = 8 * G;
-	static const struct {
-		size_t src_off, dst_off, bytes;
-	} cases[] = {
-		{0, 0, 16},           {0, 0, 4096},       {16, 32, 65536 + 16}, {0, 0, 0},
-		{512, 1024, 1 << 20}, {8, 0, 1 << 20},    {0, 8, 4096},         {0, 0, 4104},
-		{1, 3, 1000},         {256, 768, 48},     {0, 0, 0},            {0, 0, 0},
-	};
-	struct dbuf a, c;
-	unsigned char *src, *out, *want;
-
-	(void)state;
-	OK(dbuf_create(B, size, &a));
-	OK(dbuf_create(B, size, &c));
-	OK(ops->host_alloc(B, size, (void **)&src));
-	OK(ops->host_alloc(B, size, (void **)&out));
-	OK(ops->host_alloc(B, size, (void **)&want));
-	fill_host(src, size, 99);
-	OK(to_device(B, S, a.va, src, size));
-	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
-		size_t so = cases[k].src_off, dof = cases[k].dst_off, n = cases[k].bytes;
-
-		if (k == 3)
-			n = 3 * G + 48;                 /* several grid passes, a tail of vectors */
-		if (k == 10)
-			so = G, dof = 0, n = 4 * G;      /* one of the H100 run's sizes at last: 8 MiB and up */
-		if (k == 11)
-			so = 0, dof = 16, n = size - 32; /* nearly all of it, off by one vector */
-		memset(want, 0x5A, size);
-		OK(to_device(B, S, c.va, want, size));
-		memcpy(want + dof, src + so, n);
-		OK(ops->memcpy_dtod_async(B, c.va + dof, a.va + so, n, S));
-		OK(to_host(B, S, out, c.va, size));
-		if (memcmp(out, want, size) != 0) {
-			size_t i = 0;
-
-			while (out[i] == want[i])
-				i++;
-			fail_msg("copy %zu (0x%zx <- 0x%zx, %zu bytes): byte %zu is 0x%02x, want 0x%02x", k, dof, so, n, i,
-				 out[i], want[i]);
-		}
-	}
-	OK(dbuf_destroy(B, &a));
-	OK(dbuf_destroy(B, &c));
-	OK(ops->host_free(B, src));
-	OK(ops->host_free(B, out));
-	OK(ops->host_free(B, want));
-}
-
 /* One handle at two addresses, each mapping all of it (what
  * vmmrt_slot_map_pages does, chunk by chunk): each sees the other's writes,
  * and the memory outlives its release until the last unmap. A part of a
@@ -1083,7 +1025,6 @@ static const struct {
 	{cmocka_unit_test(test_open_and_arguments), 0},
 	{cmocka_unit_test(test_out_of_memory_message), 0},
 	{cmocka_unit_test(test_vmm_roundtrip), 0},
-	{cmocka_unit_test(test_dtod_copies), 0},
 	{cmocka_unit_test(test_map_at_offset), 0},
 	{cmocka_unit_test(test_map_table), 0},
 	{cmocka_unit_test(test_graph_replay_after_remap), 1},
