@@ -50,6 +50,39 @@ def test_births_are_the_ops_that_allocate():
     assert len([k for k in m.by_key if k[0][0] == "aten.t.default"]) == 0
 
 
+def test_a_clone_is_placed_as_the_copy_it_is_not_through_its_generated_out_overload():
+    """clone's out= overload is PyTorch's generated one (a clone into a
+    temporary, then a copy): placed through it, each forward carried a
+    device copy more (repeat_interleave's k and v on the Llama layers). A
+    clone is placed as a copy_ into its target, as _to_copy is."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    x = torch.randn(4, 1, 8)
+    with place.Mode("cpu") as m:
+        y = x.expand(4, 3, 8).clone()
+        z = x.to(torch.float64)
+    births = [m.births[y.data_ptr()], m.births[z.data_ptr()]]
+    assert [b.key[0] for b in births] == ["aten.clone.default", "aten._to_copy.default"]
+    targets = [place.Placed(b, torch.empty_strided(b.shape, b.stride, dtype=b.dtype)) for b in births]
+    where = [t.target.data_ptr() for t in targets]
+    with Seen() as seen:
+        with place.Mode("cpu", targets, m.by_key, record=False):
+            y2 = x.expand(4, 3, 8).clone()
+            z2 = x.to(torch.float64)
+    assert [t.how for t in targets] == ["placed", "placed"]
+    assert (y2.data_ptr(), z2.data_ptr()) == tuple(where)
+    assert torch.equal(y2, y) and torch.equal(z2, z)
+    assert "aten.clone.out" not in seen.ops and seen.ops.count("aten.copy_.default") == 2
+
+
 def _eager(layers, mode="pingpong", shape=(2, 8, 32), **kw):
     kw.setdefault("min_bytes", 0)
     if mode == "none":

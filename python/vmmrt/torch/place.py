@@ -16,7 +16,8 @@ that op its output at the fixed address:
   with an out tensor over the slot of the discovered shape, strides and
   dtype: the same kernel writes the same bytes, at the slot;
 - ``aten._to_copy`` (a dtype or device conversion, which has no such
-  overload) as the ``copy_`` it is;
+  overload) and ``aten.clone`` (whose generated overload clones into a
+  temporary and copies that) as the ``copy_`` each is;
 - any other op computes as usual and its output is copied into the slot at
   once: the copy stays, but the original is freed at the next op instead of
   living on in the pool until the end of the pass.
@@ -303,6 +304,13 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
             if p.birth.inputs != sig:
                 p.why = "%s saw other inputs than at discovery" % p.birth.describe()
                 return func(*args, **kwargs)
+        if len(want) == 1 and want[0].birth.out == 0 and _as_copy(func, kwargs) \
+                and tuple(args[0].shape) == tuple(want[0].target.shape):
+            p = want[0]
+            tg, p.target = p.target, None
+            tg.copy_(args[0])
+            p.how, p.why = "placed", None
+            return tg
         by_out = {p.birth.out: p for p in want}
         found = out_overload(func)
         if found is not None:
@@ -330,13 +338,6 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
                     p.how, p.why = "placed", None
                     p.target = None     # the op's output now: no other reference (AccumulateGrad may take it)
                 return res
-        if name_of(func) == "aten._to_copy" and len(want) == 1 and want[0].birth.out == 0 \
-                and _to_copy_plain(kwargs) and tuple(args[0].shape) == tuple(want[0].target.shape):
-            p = want[0]
-            tg, p.target = p.target, None
-            tg.copy_(args[0])
-            p.how, p.why = "placed", None
-            return tg
         out = func(*args, **kwargs)
         fresh = dict(_fresh(func, out))
         vals = list(out) if isinstance(out, (tuple, list)) else None
@@ -379,10 +380,19 @@ def name_of(func):
     return str(func).rsplit(".", 1)[0]
 
 
-def _to_copy_plain(kwargs):
-    """A conversion whose target we already built: same device, no pinned or
-    non-default memory format request that would change the result's layout."""
-    return not kwargs.get("pin_memory") and kwargs.get("memory_format") in (None, torch.preserve_format)
+def _as_copy(func, kwargs):
+    """Whether ``func`` is a copy that a ``copy_`` into the target makes at
+    once: ``aten._to_copy`` (a conversion, which has no out= overload) on the
+    same device with no pinned or non-default memory format request, and
+    ``aten.clone``, whose out= overload PyTorch generates (the clone into a
+    temporary, then a copy of it: on 8 Llama-3-8B layers two 32 MiB copies
+    a layer a forward, of repeat_interleave's k and v, H100). The target
+    has the strides discovery saw the op give its output."""
+    name = name_of(func)
+    if name == "aten.clone":
+        return True
+    return name == "aten._to_copy" and not kwargs.get("pin_memory") and \
+        kwargs.get("memory_format") in (None, torch.preserve_format)
 
 
 def tensor_over(base, dtype, shape, stride, offset_bytes):
