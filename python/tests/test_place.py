@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import vmmrt.torch as vt
-from vmmrt.torch import place
+from vmmrt.torch import _compat, place
 
 from conftest import grads, same, samples, step, zoo_layers
 
@@ -81,6 +81,29 @@ def test_a_clone_is_placed_as_the_copy_it_is_not_through_its_generated_out_overl
     assert (y2.data_ptr(), z2.data_ptr()) == tuple(where)
     assert torch.equal(y2, y) and torch.equal(z2, z)
     assert "aten.clone.out" not in seen.ops and seen.ops.count("aten.copy_.default") == 2
+
+
+def test_an_unsafe_view_is_no_birth_its_mm_is_placed():
+    """matmul over a 3-D input (a Linear) views its mm's output with
+    aten._unsafe_view, whose schema has no alias annotation: taken for the
+    storage's birth, it hid the mm, and the saved output was computed in
+    the pool and copied into its slot (Llama's gate and up projections,
+    112 MiB each a layer a forward). The mm is the birth, and is placed."""
+    x = torch.randn(8, 4)
+    w = torch.randn(4, 6)
+
+    def fwd():
+        return torch.ops.aten._unsafe_view(torch.mm(x, w), (2, 4, 6))
+    with place.Mode("cpu") as m:
+        y = fwd()
+    b = m.births[_compat.storage_of(y)[0]]
+    assert b.key == ("aten.mm.default", 0)
+    assert not any(k[0][0].startswith("aten._unsafe_view") for k in m.by_key)
+    t = place.Placed(b, torch.empty_strided(b.shape, b.stride, dtype=b.dtype))
+    where = t.target.data_ptr()
+    with place.Mode("cpu", [t], m.by_key, record=False):
+        y2 = fwd()
+    assert t.how == "placed" and y2.data_ptr() == where and torch.equal(y2, y)
 
 
 def _eager(layers, mode="pingpong", shape=(2, 8, 32), **kw):

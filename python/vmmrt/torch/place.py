@@ -128,7 +128,14 @@ def _collect(items, out):
 
 def _fresh(func, out):
     """[(k, tensor)]: the outputs func allocated (returns without an alias
-    annotation), numbered in return order."""
+    annotation), numbered in return order. ``aten._unsafe_view`` has none
+    and allocates nothing: the view matmul makes of its mm's output (a
+    Linear over a 3-D input). Taken for a birth, it hid the mm that
+    allocated the storage, and the saved output was computed in the pool
+    and copied into its slot (two 112 MiB copies a Llama layer a forward:
+    the MLP's gate and up projections)."""
+    if func in _UNSAFE_VIEWS:
+        return []
     rets = func._schema.returns
     vals = out if isinstance(out, (tuple, list)) and len(rets) != 1 else (out,)
     res = []
@@ -142,6 +149,7 @@ def _fresh(func, out):
     return res
 
 
+_UNSAFE_VIEWS = frozenset([torch.ops.aten._unsafe_view.default])
 _OUT = {}
 _NAME = {}      # op -> str(op), which formats a string each time
 _PLACEABLE = {}  # op -> placeable(op)
