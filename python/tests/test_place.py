@@ -83,6 +83,36 @@ def test_a_clone_is_placed_as_the_copy_it_is_not_through_its_generated_out_overl
     assert "aten.clone.out" not in seen.ops and seen.ops.count("aten.copy_.default") == 2
 
 
+def test_a_relu_is_placed_as_the_clamp_min_it_is():
+    """relu's out= overload is generated too (a relu into a temporary,
+    then a copy: the encoder's 128 MiB FFN activation a layer a forward);
+    relu is clamp_min(self, 0), whose out= is the device's kernel: the
+    same bits (NaN and -0.0 too), at the target, and no relu.out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+    x = torch.randn(6, 8)
+    x[0, 0], x[0, 1], x[0, 2] = float("nan"), -0.0, float("-inf")
+    with place.Mode("cpu") as m:
+        y = torch.relu(x)
+    b = m.births[y.data_ptr()]
+    t = place.Placed(b, torch.empty_strided(b.shape, b.stride, dtype=b.dtype))
+    where = t.target.data_ptr()
+    with Seen() as seen:
+        with place.Mode("cpu", [t], m.by_key, record=False):
+            y2 = torch.relu(x)
+    assert t.how == "placed" and y2.data_ptr() == where
+    assert torch.equal(y2.view(torch.int32), y.view(torch.int32))
+    assert "aten.relu.out" not in seen.ops and "aten.clamp_min.out" in seen.ops
+
+
 def test_an_unsafe_view_is_no_birth_its_mm_is_placed():
     """matmul over a 3-D input (a Linear) views its mm's output with
     aten._unsafe_view, whose schema has no alias annotation: taken for the

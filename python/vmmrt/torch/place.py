@@ -17,7 +17,8 @@ that op its output at the fixed address:
   dtype: the same kernel writes the same bytes, at the slot;
 - ``aten._to_copy`` (a dtype or device conversion, which has no such
   overload) and ``aten.clone`` (whose generated overload clones into a
-  temporary and copies that) as the ``copy_`` each is;
+  temporary and copies that) as the ``copy_`` each is, and ``aten.relu``
+  (the same) as the ``clamp_min`` it is;
 - any other op computes as usual and its output is copied into the slot at
   once: the copy stays, but the original is freed at the next op instead of
   living on in the pool until the end of the pass.
@@ -150,6 +151,12 @@ def _fresh(func, out):
 
 
 _UNSAFE_VIEWS = frozenset([torch.ops.aten._unsafe_view.default])
+# relu's out= overload is PyTorch's generated one (a relu into a temporary,
+# then a copy); relu is clamp_min(self, 0) in PyTorch's own code, whose out=
+# is the device's kernel: the same bytes, written at the target (the
+# encoder's 128 MiB FFN activation a layer a forward).
+_RELU = torch.ops.aten.relu.default
+_CLAMP_MIN_OUT = torch.ops.aten.clamp_min.out
 _OUT = {}
 _NAME = {}      # op -> str(op), which formats a string each time
 _PLACEABLE = {}  # op -> placeable(op)
@@ -312,13 +319,18 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
             if p.birth.inputs != sig:
                 p.why = "%s saw other inputs than at discovery" % p.birth.describe()
                 return func(*args, **kwargs)
-        if len(want) == 1 and want[0].birth.out == 0 and _as_copy(func, kwargs) \
-                and tuple(args[0].shape) == tuple(want[0].target.shape):
+        if len(want) == 1 and want[0].birth.out == 0 and tuple(args[0].shape) == tuple(want[0].target.shape):
             p = want[0]
-            tg, p.target = p.target, None
-            tg.copy_(args[0])
-            p.how, p.why = "placed", None
-            return tg
+            if _as_copy(func, kwargs):
+                tg, p.target = p.target, None
+                tg.copy_(args[0])
+                p.how, p.why = "placed", None
+                return tg
+            if func is _RELU and not kwargs:
+                tg, p.target = p.target, None
+                _CLAMP_MIN_OUT(args[0], 0, out=tg)
+                p.how, p.why = "placed", None
+                return tg
         by_out = {p.birth.out: p for p in want}
         found = out_overload(func)
         if found is not None:
