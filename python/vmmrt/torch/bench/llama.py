@@ -197,6 +197,9 @@ def hf_layers(n, shape, device, dtype=torch.bfloat16, attention="auto", seed=123
     out = []
     for i in range(n):
         layer = LlamaDecoderLayer(cfg, layer_idx=i).to(device=device, dtype=dtype)
-        rotary = LlamaRotaryEmbedding(config=cfg, device=device)
+        try:
+            rotary = LlamaRotaryEmbedding(config=cfg, device=device)
+        except TypeError:   # transformers 5: no device argument
+            rotary = LlamaRotaryEmbedding(config=cfg).to(device)
         out.append(HFLayer(layer, rotary, shape.seq, attention))
     return init_(out, seed)
