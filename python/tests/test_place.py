@@ -50,21 +50,23 @@ def test_births_are_the_ops_that_allocate():
     assert len([k for k in m.by_key if k[0][0] == "aten.t.default"]) == 0
 
 
+class _Seen(place.TorchDispatchMode if place.AVAILABLE else object):
+    """The ops a Mode's placements dispatch (it sits below the Mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def test_a_clone_is_placed_as_the_copy_it_is_not_through_its_generated_out_overload():
     """clone's out= overload is PyTorch's generated one (a clone into a
     temporary, then a copy): placed through it, each forward carried a
     device copy more (repeat_interleave's k and v on the Llama layers). A
     clone is placed as a copy_ into its target, as _to_copy is."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
     x = torch.randn(4, 1, 8)
     with place.Mode("cpu") as m:
         y = x.expand(4, 3, 8).clone()
@@ -73,7 +75,7 @@ def test_a_clone_is_placed_as_the_copy_it_is_not_through_its_generated_out_overl
     assert [b.key[0] for b in births] == ["aten.clone.default", "aten._to_copy.default"]
     targets = [place.Placed(b, torch.empty_strided(b.shape, b.stride, dtype=b.dtype)) for b in births]
     where = [t.target.data_ptr() for t in targets]
-    with Seen() as seen:
+    with _Seen() as seen:
         with place.Mode("cpu", targets, m.by_key, record=False):
             y2 = x.expand(4, 3, 8).clone()
             z2 = x.to(torch.float64)
@@ -88,16 +90,6 @@ def test_a_relu_is_placed_as_the_clamp_min_it_is():
     then a copy: the encoder's 128 MiB FFN activation a layer a forward);
     relu is clamp_min(self, 0), whose out= is the device's kernel: the
     same bits (NaN and -0.0 too), at the target, and no relu.out."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
     x = torch.randn(6, 8)
     x[0, 0], x[0, 1], x[0, 2] = float("nan"), -0.0, float("-inf")
     with place.Mode("cpu") as m:
@@ -105,7 +97,7 @@ def test_a_relu_is_placed_as_the_clamp_min_it_is():
     b = m.births[y.data_ptr()]
     t = place.Placed(b, torch.empty_strided(b.shape, b.stride, dtype=b.dtype))
     where = t.target.data_ptr()
-    with Seen() as seen:
+    with _Seen() as seen:
         with place.Mode("cpu", [t], m.by_key, record=False):
             y2 = torch.relu(x)
     assert t.how == "placed" and y2.data_ptr() == where
