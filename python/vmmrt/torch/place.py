@@ -319,18 +319,17 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
             if p.birth.inputs != sig:
                 p.why = "%s saw other inputs than at discovery" % p.birth.describe()
                 return func(*args, **kwargs)
-        if len(want) == 1 and want[0].birth.out == 0 and tuple(args[0].shape) == tuple(want[0].target.shape):
+        copy = _as_copy(func, kwargs)
+        if (copy or (func is _RELU and not kwargs)) and len(want) == 1 and want[0].birth.out == 0 \
+                and tuple(args[0].shape) == tuple(want[0].target.shape):
             p = want[0]
-            if _as_copy(func, kwargs):
-                tg, p.target = p.target, None
+            tg, p.target = p.target, None
+            if copy:
                 tg.copy_(args[0])
-                p.how, p.why = "placed", None
-                return tg
-            if func is _RELU and not kwargs:
-                tg, p.target = p.target, None
+            else:
                 _CLAMP_MIN_OUT(args[0], 0, out=tg)
-                p.how, p.why = "placed", None
-                return tg
+            p.how, p.why = "placed", None
+            return tg
         by_out = {p.birth.out: p for p in want}
         found = out_overload(func)
         if found is not None:
