@@ -401,8 +401,10 @@ class Front:
                     "" if not self.spread else " (run to run %.3g ulp)" % self.spread)
                 self.doc["reference"] = o.label
             elif not self.ref_done and self.ref_kind is not None:
-                # the reference runs later (order): its gradients are not here yet
-                self.pending.append((pt, modes.host_copies(grads)))
+                # the reference runs later (order): its gradients are not here
+                # yet. Pageable copies: up to seven points wait (eager, ckpt k,
+                # save_on_cpu), each the model's size, and each is moved back once
+                self.pending.append((pt, [None if g is None else g.detach().cpu() for g in grads]))
                 del grads
                 pt["grads_text"] = "pending (compared once the reference has run)"
             else:
