@@ -317,7 +317,7 @@ def test_the_bench_layers_place_every_saved_output_without_a_copy_of_its_own(sha
 
     def watched(self, func, key, args, kwargs, want, sig):
         out = real(self, func, key, args, kwargs, want, sig)
-        routes.append((func, kwargs, [p.how for p in want]))
+        routes.append((func, kwargs, [p.how for p in want], any(p.birth.dtype.is_floating_point for p in want)))
         return out
     monkeypatch.setattr(place.Mode, "_place", watched)
     x = torch.randn(*dims, requires_grad=True)
@@ -326,6 +326,7 @@ def test_the_bench_layers_place_every_saved_output_without_a_copy_of_its_own(sha
         y = m(y)
     y.sum().backward()
     assert routes
-    bad = [(str(f), hows) for f, kw, hows in routes if "scaled_dot_product" not in str(f) and not (
+    # (torch 1.13's repeat_interleave makes its index with an op of its own: integers, not activations)
+    bad = [(str(f), hows) for f, kw, hows, act in routes if act and "scaled_dot_product" not in str(f) and not (
         place._as_copy(f, kw) or f is place._RELU or place.writes_at_target(f, "cpu"))]
     assert not bad, bad
