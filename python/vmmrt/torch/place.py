@@ -156,6 +156,8 @@ _UNSAFE_VIEWS = frozenset([torch.ops.aten._unsafe_view.default])
 # is the device's kernel: the same bytes, written at the target (the
 # encoder's 128 MiB FFN activation a layer a forward).
 _RELU = torch.ops.aten.relu.default
+_CLONE = torch.ops.aten.clone.default
+_TO_COPY = torch.ops.aten._to_copy.default
 _CLAMP_MIN_OUT = torch.ops.aten.clamp_min.out
 _OUT = {}
 _NAME = {}      # op -> str(op), which formats a string each time
@@ -407,10 +409,9 @@ def _as_copy(func, kwargs):
     temporary, then a copy of it: on 8 Llama-3-8B layers two 32 MiB copies
     a layer a forward, of repeat_interleave's k and v, H100). The target
     has the strides discovery saw the op give its output."""
-    name = name_of(func)
-    if name == "aten.clone":
+    if func is _CLONE:
         return True
-    return name == "aten._to_copy" and not kwargs.get("pin_memory") and \
+    return func is _TO_COPY and not kwargs.get("pin_memory") and \
         kwargs.get("memory_format") in (None, torch.preserve_format)
 
 
