@@ -18,7 +18,7 @@ that op its output at the fixed address:
 - ``aten._to_copy`` (a dtype or device conversion, which has no such
   overload) and ``aten.clone`` (whose generated overload clones into a
   temporary and copies that) as the ``copy_`` each is, and ``aten.relu``
-  (the same) as the ``clamp_min`` it is;
+  (the same) as the ``clamp_min`` it is (:func:`writer`);
 - any other op computes as usual and its output is copied into the slot at
   once: the copy stays, but the original is freed at the next op instead of
   living on in the pool until the end of the pass.
@@ -135,7 +135,7 @@ def _fresh(func, out):
     allocated the storage, and the saved output was computed in the pool
     and copied into its slot (two 112 MiB copies a Llama layer a forward:
     the MLP's gate and up projections)."""
-    if func in _UNSAFE_VIEWS:
+    if func is _UNSAFE_VIEW:
         return []
     rets = func._schema.returns
     vals = out if isinstance(out, (tuple, list)) and len(rets) != 1 else (out,)
@@ -150,15 +150,7 @@ def _fresh(func, out):
     return res
 
 
-_UNSAFE_VIEWS = frozenset([torch.ops.aten._unsafe_view.default])
-# relu's out= overload is PyTorch's generated one (a relu into a temporary,
-# then a copy); relu is clamp_min(self, 0) in PyTorch's own code, whose out=
-# is the device's kernel: the same bytes, written at the target (the
-# encoder's 128 MiB FFN activation a layer a forward).
-_RELU = torch.ops.aten.relu.default
-_CLONE = torch.ops.aten.clone.default
-_TO_COPY = torch.ops.aten._to_copy.default
-_CLAMP_MIN_OUT = torch.ops.aten.clamp_min.out
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _OUT = {}
 _NAME = {}      # op -> str(op), which formats a string each time
 _PLACEABLE = {}  # op -> placeable(op)
@@ -321,15 +313,12 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
             if p.birth.inputs != sig:
                 p.why = "%s saw other inputs than at discovery" % p.birth.describe()
                 return func(*args, **kwargs)
-        copy = _as_copy(func, kwargs)
-        if (copy or (func is _RELU and not kwargs)) and len(want) == 1 and want[0].birth.out == 0 \
+        write = writer(func, kwargs)
+        if write is not None and len(want) == 1 and want[0].birth.out == 0 \
                 and tuple(args[0].shape) == tuple(want[0].target.shape):
             p = want[0]
             tg, p.target = p.target, None
-            if copy:
-                tg.copy_(args[0])
-            else:
-                _CLAMP_MIN_OUT(args[0], 0, out=tg)
+            write(tg, args[0])
             p.how, p.why = "placed", None
             return tg
         by_out = {p.birth.out: p for p in want}
@@ -401,18 +390,35 @@ def name_of(func):
     return str(func).rsplit(".", 1)[0]
 
 
-def _as_copy(func, kwargs):
-    """Whether ``func`` is a copy that a ``copy_`` into the target makes at
-    once: ``aten._to_copy`` (a conversion, which has no out= overload) on the
-    same device with no pinned or non-default memory format request, and
-    ``aten.clone``, whose out= overload PyTorch generates (the clone into a
-    temporary, then a copy of it: on 8 Llama-3-8B layers two 32 MiB copies
-    a layer a forward, of repeat_interleave's k and v, H100). The target
-    has the strides discovery saw the op give its output."""
-    if func is _CLONE:
-        return True
-    return func is _TO_COPY and not kwargs.get("pin_memory") and \
-        kwargs.get("memory_format") in (None, torch.preserve_format)
+def _copy_into(target, src):
+    target.copy_(src)
+
+
+def _clamp_min_into(target, src):
+    _CLAMP_MIN_OUT(src, 0, out=target)
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+_CLAMP_MIN_OUT = torch.ops.aten.clamp_min.out
+# Ops whose out= overload is missing or PyTorch's generated one (the op into
+# a temporary, then a copy of it), written at the target by what they are:
+# clone (on 8 Llama-3-8B layers repeat_interleave's k and v, two 32 MiB
+# copies a layer a forward, H100) and _to_copy by a copy_, relu by the
+# clamp_min(self, 0) PyTorch computes it as (the encoder's 128 MiB FFN
+# activation a layer a forward), bit for bit.
+_WRITERS = {torch.ops.aten.clone.default: _copy_into, torch.ops.aten.relu.default: _clamp_min_into}
+
+
+def writer(func, kwargs):
+    """How a placement writes the single output of ``func`` into its target
+    (``write(target, first argument)``) where not through the op's own out=
+    kernel, or None. The target has the strides discovery saw the op give
+    its output; a _to_copy only on the same device with no pinned or
+    non-default memory format request."""
+    if func is _TO_COPY:
+        plain = not kwargs.get("pin_memory") and kwargs.get("memory_format") in (None, torch.preserve_format)
+        return _copy_into if plain else None
+    return _WRITERS.get(func)
 
 
 def tensor_over(base, dtype, shape, stride, offset_bytes):
