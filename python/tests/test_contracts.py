@@ -530,3 +530,29 @@ def test_a_pipeline_order_with_a_layer_that_saves_nothing(mode):
         sequential(ref, xs, gys)
         assert bitwise(param_grads(base), param_grads(ref)), it
         zero(base, ref)
+
+
+def test_auto_weighs_its_plan_by_the_peaks_it_predicts(monkeypatch):
+    # copies that hide everything, for no fixed cost: the bandwidth plan
+    # moves what it can, then the memory model weighs it against less
+    from vmmrt.torch import planner
+    monkeypatch.setattr(planner, "copy_bandwidth", lambda off: (1e6, 1e6))
+    monkeypatch.setattr(planner, "COPY_FIXED_MS", 0.0)
+    seen = []
+    real = planner.lightest
+
+    def spy(layers, d2h, peak, granularity=1, **kw):
+        p = real(layers, d2h, peak, granularity, **kw)
+        seen.append((peak, p))
+        return p
+    monkeypatch.setattr(planner, "lightest", spy)
+    base, ref, g = build(3, offload="auto")
+    off = vt.offload_of(g[0])
+    (peak, p), = seen
+    assert off.plan is p and peak.labels == ("set_to_none", "persistent")
+    assert len(p.weighed) >= 2 and p.weighed[0][0] == 0 and p.weighed[-1][0] > 0    # nothing, ..., all that hides
+    nothing = p.weighed[0][1]
+    assert all(a <= b for a, b in zip(p.weighed_peak, nothing))
+    assert [x.moved for x in p.layers] == [lay.saved_bytes()["moved"] for lay in off.layers]
+    assert "weighed by the peaks" in p.summary()
+    assert clean_step_matches(base, ref, g)

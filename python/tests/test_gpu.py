@@ -289,6 +289,10 @@ def test_bad_calls_are_refused_before_they_run():
 def test_planner_offloads_part_and_keeps_gradients(monkeypatch):
     from vmmrt.torch import planner
     monkeypatch.setattr(planner, "COPY_FIXED_MS", 0.0)   # (layers this small would move nothing for it)
+    # nor for their banks (2 MiB granules) against what they save: the plan
+    # that hides, unweighed, is what this checks the gradients of
+    monkeypatch.setattr(planner, "lightest", lambda layers, d2h, peak, granularity=1, **kw:
+                        planner.plan(layers, d2h, **kw))
     s, base, ref = layers_and_copy(n=4)
     with llama.attention_backend("math"):
         gref = torch.cuda.make_graphed_callables(tuple(ref), tuple((sample(s),) for _ in ref))

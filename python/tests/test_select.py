@@ -2,7 +2,7 @@
 """What moves: selection under a byte budget, and the planner's arithmetic."""
 import pytest
 
-from vmmrt.torch import planner, select
+from vmmrt.torch import budget, planner, select
 from vmmrt.torch.saved import Region
 
 
@@ -150,3 +150,74 @@ def test_copies_that_slow_the_compute_move_only_what_keeps_auto_within_its_share
     for bad in ((-0.1, 0.0), (0.1,), "0.1", (True, 0.0), (float("nan"), 0.0), (float("inf"), 0.0), 0.5):
         with pytest.raises(ValueError):
             planner.plan(rows, 52.2, 52.4, 0.9, contention=bad)
+
+
+def _encoder(grads_mib):
+    """Six layers shaped as the benchmark's encoder (d 4096, seq 4096: 352.5
+    MiB saved a layer, two regions of 64.25 MiB among them, 2.83 ms
+    forwards), with ``grads_mib`` of mapped gradients a layer; and the
+    memory model's peaks of a plan over them in both loops, its slots on
+    the memory plan's pages (each live from its use, not mapped ahead)."""
+    mib = 1 << 20
+    sizes = [64.25 * mib, 64.25 * mib, 64 * mib, 64 * mib, 32 * mib, 32 * mib, 32 * mib]
+    sizes = [int(s) for s in sizes]
+    fixed = int(352.5 * mib) - sum(sizes)
+    rows = [("layer%d" % i, 2.83, 5.7, sizes) for i in range(6)]
+    costs = [budget.LayerCost(n, f, b, s, fixed=fixed, grads=grads_mib * mib) for n, f, b, s in rows]
+
+    def peak(p):
+        return tuple(budget.predict(costs, [q.chosen for q in p.layers], granularity=2 * mib, map_ahead=0,
+                                    persistent=x).peak_bytes
+                     for x in (False, True))
+    peak.labels = ("set_to_none", "persistent")
+    return rows, peak
+
+
+def test_auto_moves_nothing_where_its_banks_cost_more_than_the_moves_save():
+    # The H100's encoder (2026-12-06, set_to_none): each layer moved 128.5
+    # MiB, and the step's peak, at the last backward (every gradient mapped,
+    # one layer's activations left), fell by 24 MiB for 260 MiB of banks:
+    # auto held 236 MiB more than mode none. Weighed, it moves nothing.
+    mib = 1 << 20
+    rows, peak = _encoder(384)
+    full = planner.plan(rows, 54.1, 54.7, 0.9, banked=True)
+    assert all(abs(p.moved - 128.5 * mib) < 1 for p in full.layers)
+    p = planner.lightest(rows, 54.1, peak, 2 * mib, h2d_gbps=54.7, margin=0.9, banked=True)
+    assert all(x.moved == 0 for x in p.layers)
+    # set_to_none: the full plan's peak is higher (the persistent loop's
+    # lower: its gradients are there between forward and backward too)
+    none, moved = peak(planner.plan(rows, 54.1, cap=0)), peak(full)
+    assert moved[0] > none[0] + 100 * mib and moved[1] < none[1] - 400 * mib
+    assert p.weighed_peak == none and [m for m, _ in p.weighed] == sorted(m for m, _ in p.weighed)
+    assert "(set_to_none / persistent)" in p.summary() and "*0.0 MiB moved" in p.summary()
+    # with small gradients both peaks are between forward and backward,
+    # where the moves are gone: the whole plan is taken
+    rows, peak = _encoder(16)
+    q = planner.lightest(rows, 54.1, peak, 2 * mib, h2d_gbps=54.7, margin=0.9, banked=True)
+    assert [x.moved for x in q.layers] == [x.moved for x in full.layers]
+    assert all(a < b for a, b in zip(q.as_dict()["weighed_peak_bytes"], peak(planner.plan(rows, 54.1, cap=0))))
+
+
+def test_a_cap_bounds_what_each_layer_moves_and_the_banks_it_fills():
+    rows = [("l%d" % i, 1.0, 1.0, [40e6, 30e6, 10e6]) for i in range(3)] + [("l3", 0.2, 1.0, [40e6, 30e6, 10e6])]
+    p = planner.plan(rows, 45.0, 45.0, 1.0, banked=True, cap=35_000_000)
+    assert [x.moved for x in p.layers] == [30e6, 30e6, 30e6, 30e6]      # the last two fill banks of 30 MB
+    assert all(x.moved == 0 for x in planner.plan(rows, 45.0, 45.0, 1.0, banked=True, cap=0).layers)
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="cap"):
+            planner.plan(rows, 45.0, 45.0, 1.0, cap=bad)
+
+
+def test_a_plan_that_moves_more_is_taken_only_for_a_lower_peak():
+    rows = [("l%d" % i, 1.0, 1.0, [40e6, 30e6, 10e6]) for i in range(3)] + [("l3", 0.2, 1.0, [40e6, 30e6, 10e6])]
+    # a peak that every plan predicts alike: moving costs time for nothing
+    same = planner.lightest(rows, 45.0, lambda p: (1000, 1000), 1, h2d_gbps=45.0, margin=1.0, banked=True)
+    assert all(x.moved == 0 for x in same.layers)
+    # within a granule of the best that moves less: not lower enough
+    near = planner.lightest(rows, 45.0, lambda p: (1000, 1000 - sum(x.moved for x in p.layers) // 10 ** 6), 2 << 20,
+                            h2d_gbps=45.0, margin=1.0, banked=True)
+    assert all(x.moved == 0 for x in near.layers)
+    # lower the more it moves: all that hides
+    more = planner.lightest(rows, 45.0, lambda p: (10 ** 9 - sum(x.moved for x in p.layers),) * 2, 2 << 20,
+                            h2d_gbps=45.0, margin=1.0, banked=True)
+    assert [x.moved for x in more.layers] == [40e6] * 4

@@ -490,6 +490,18 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
     return env.make(out, mode, lookahead, budget)
 
 
+def predict(costs, chosen, mode="pingpong", lookahead=1, granularity=1, map_ahead=1, pages=False,
+            persistent=False):
+    """The memory model's view of a plan that moves the regions ``chosen``
+    (per layer, indices into its ``sizes``; nothing recomputed): the
+    bandwidth planner's plans (vmmrt.torch.planner.lightest), weighed by the
+    peak they predict over the static bytes, which no such plan changes."""
+    if len(chosen) != len(costs):
+        raise InvalidBudget("%d layers chosen for %d layers" % (len(chosen), len(costs)))
+    env = _Env(costs, 0, 1.0, 1.0, 0.9, granularity, 0.0, map_ahead, 0, pages, persistent, (0.0, 0.0))
+    return env.make([("offload" if idx else "keep", list(idx)) for idx in chosen], mode, lookahead)
+
+
 def _options(c, tail, env, la_window, nxt_fwd, mode):
     """(bytes saved, ms added, (action, chosen)) of a layer's options, keep first."""
     opts = [(0, 0.0, ("keep", []))]

@@ -437,7 +437,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         allocate(off, plan=plan)
         log.info("%s", plan.summary())
     elif offload == "auto":
-        plan = _plan(runners, off, margin)
+        plan = _plan(runners, off, margin, graphs, memory_plan)
         allocate(off, plan=plan)
         log.info("%s", plan.summary())
     else:
@@ -537,15 +537,17 @@ def _time_for_planning(uses, off, stream, allow_unused_input, graphs, offload, m
         off.copy_contention = slow if slow != (None, None) else None
 
 
-def _plan(runners, off, margin):
+def _plan(runners, off, margin, graphs, memory_plan):
     d2h, h2d = planner.copy_bandwidth(off)
     rows = []
     for r in runners:
         sizes = [g.nbytes for g in off.candidates(r.layer)]
-        rows.append((r.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
+        rows.append((r.layer.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
     # ping-pong's banks alternate in creation order without a declared schedule
-    return planner.plan(rows, d2h, h2d, margin, banked=off.mode == "pingpong" and off.schedule is None,
-                        contention=off.copy_contention)
+    peak = planner.peak_model(off, runners, graphs, pages=memory_plan is True, planned=memory_plan is not False)
+    return planner.lightest(rows, d2h, peak, off.granularity,
+                            h2d_gbps=h2d, margin=margin, banked=off.mode == "pingpong" and off.schedule is None,
+                            contention=off.copy_contention)
 
 
 def _capture(r, what, graph, pool, stream, error_mode, body, guard=None):

@@ -76,6 +76,9 @@ class Plan:
     def __init__(self, layers, d2h_gbps, h2d_gbps, margin, contention=(0.0, 0.0)):
         self.layers, self.d2h_gbps, self.h2d_gbps, self.margin = layers, d2h_gbps, h2d_gbps, margin
         self.contention = contention
+        # lightest(): (bytes moved, predicted peak) of each plan weighed, and
+        # the chosen one's peak: over the static bytes, not a whole-step peak
+        self.weighed, self.weighed_peak, self.weighed_labels = None, None, None
 
     @property
     def fraction(self):
@@ -95,16 +98,27 @@ class Plan:
                             "tail" if p.tail and not p.budget else "%.1f MiB" % (p.budget / mib), p.moved / mib,
                             len(p.chosen), len(p.sizes), " [%s]" % p.why if p.why else
                             " [tail: stays, no copy]" if p.tail else ""))
+        if self.weighed:
+            lines.append("  weighed by the peaks it predicts over the static bytes%s: %s" % (
+                " (%s)" % " / ".join(self.weighed_labels) if self.weighed_labels else "",
+                ", ".join("%s%.1f MiB moved -> %s MiB" % ("*" if m == self._moved() else "", m / mib,
+                                                          " / ".join("%.1f" % (x / mib) for x in pk))
+                          for m, pk in self.weighed)))
         return "\n".join(lines)
+
+    def _moved(self):
+        return sum(p.moved for p in self.layers)
 
     def as_dict(self):
         return {"d2h_gbps": self.d2h_gbps, "h2d_gbps": self.h2d_gbps, "margin": self.margin,
                 "contention": list(self.contention), "fraction": self.fraction,
+                "weighed": self.weighed, "weighed_peak_bytes": self.weighed_peak,
+                "weighed_loops": self.weighed_labels,
                 "layers": [p.as_dict() for p in self.layers]}
 
 
 def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=None, banked=False,
-         contention=None):
+         contention=None, cap=None):
     """layers: (name, fwd_ms, bwd_ms or None, [region bytes]) in forward order;
     ``fixed_ms``: an offloaded layer's copies' cost per step whatever their
     size (default COPY_FIXED_MS), at most ``max_share`` of its forward and
@@ -119,7 +133,9 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
     with no copy (vmmrt_group_stays(3)), so each moves what fits in a bank,
     for no time and no memory the banks do not hold already. (A layer that
     then moves all it saves takes its static inputs into its group too, which
-    may make the banks that much larger: LayerOffload.inputs_move.)"""
+    may make the banks that much larger: LayerOffload.inputs_move.)
+    ``cap``: the most bytes a layer moves (None: what hides), which bounds
+    the banks (:func:`lightest`)."""
     fixed_ms = COPY_FIXED_MS if fixed_ms is None else fixed_ms
     max_share = MAX_SHARE if max_share is None else max_share
     if isinstance(fixed_ms, bool) or not isinstance(fixed_ms, (int, float)) or not fixed_ms >= 0:
@@ -130,6 +146,8 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
         raise ValueError("planner margin %r is not in (0, 1]" % (margin,))
     if not isinstance(banked, bool):
         raise ValueError("planner banked %r is not a bool" % (banked,))
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+        raise ValueError("planner cap %r is not a byte count, 0 or more" % (cap,))
     from vmmrt.torch import budget
     contention = budget.contention_pair(contention)
     if not d2h_gbps > 0:
@@ -146,10 +164,10 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
             budget = 0.0
         else:
             _, nfwd, nbwd, _ = layers[i + 1]
-            cap = nfwd * d2h_gbps  # GB/s * ms = 1e6 bytes
+            room = nfwd * d2h_gbps  # GB/s * ms = 1e6 bytes
             if nbwd is not None:
-                cap = min(cap, nbwd * h2d_gbps)
-            budget = margin * cap * 1e6
+                room = min(room, nbwd * h2d_gbps)
+            budget = margin * room * 1e6
         own = fwd_ms + (bwd_ms or 0.0)
         why = None
         if not tail and fixed_ms > max_share * own:
@@ -161,6 +179,8 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
             why = "moves at most %.1f MiB: the compute is slower while its copies run, %.0f us a step at most " \
                   "with their fixed cost (%.0f%% of its %.2f ms)" % (budget / (1 << 20), max_share * own * 1e3,
                                                                      max_share * 100, own)
+        if cap is not None and cap < budget:
+            budget = cap
         chosen = select.choose(sizes, budget)
         out.append(LayerPlan(name, fwd_ms, bwd_ms, list(sizes), budget, chosen, tail, why))
     bank = max((p.moved for p in out), default=0)
@@ -171,6 +191,47 @@ def plan(layers, d2h_gbps, h2d_gbps=None, margin=0.9, fixed_ms=None, max_share=N
                 p.budget, p.chosen = bank, chosen
                 p.why = "stays in its bank, no copy: it fills it to the largest group's %.1f MiB" % (bank / (1 << 20))
     return Plan(out, d2h_gbps, h2d_gbps, margin, contention)
+
+
+def lightest(layers, d2h_gbps, peak, granularity=1, **kw):
+    """:func:`plan`'s plan, or the same with each layer moving less, whose
+    peaks are lowest against moving nothing: ``peak(plan)`` is the memory
+    model's peak of a plan in each loop it may run in (a tuple; its
+    ``labels``, if any, name them). What a layer moves leaves its resident
+    slot, but the banks (two of the largest group in ping-pong, the
+    look-ahead's in remap) hold it again, and the step's peak may come
+    where the moved bytes are gone anyway: on 6 encoder layers (d 4096, seq
+    4096, set_to_none) the peak is the last backward, where every gradient
+    is mapped and one layer's activations are left, and moving 128.5 MiB a
+    layer saved 24 MiB there for 260 MiB of banks (H100, 2026-12-06). So
+    the plan is tried with each layer capped at every size a layer of it
+    moves, down to nothing; a plan scores the most it adds to any loop's
+    peak over moving nothing, and one that moves more is taken only where
+    it scores at least a ``granularity`` lower than the best that moves
+    less: a copy that lowers no peak still costs time. ``kw``:
+    :func:`plan`'s."""
+    full = plan(layers, d2h_gbps, **kw)
+    caps = sorted({p.moved for p in full.layers if p.moved}, reverse=True)
+    tried, seen = [], set()
+    for t in [full] + [plan(layers, d2h_gbps, cap=c, **kw) for c in caps[1:]] + [plan(layers, d2h_gbps, cap=0, **kw)]:
+        key = tuple(tuple(p.chosen) for p in t.layers)
+        if key not in seen:
+            seen.add(key)
+            tried.append(t)
+    weighed = sorted(((sum(p.moved for p in t.layers), tuple(peak(t)), t) for t in tried), key=lambda w: w[0])
+    base = weighed[0][1]
+
+    def score(w):
+        return max(a - b for a, b in zip(w[1], base))
+    best = weighed[0]
+    for w in weighed[1:]:
+        if score(w) <= score(best) - max(1, granularity):
+            best = w
+    chosen = best[2]
+    chosen.weighed = [(m, pk) for m, pk, _ in weighed]
+    chosen.weighed_labels = getattr(peak, "labels", None)
+    chosen.weighed_peak = best[1]
+    return chosen
 
 
 def measure_bandwidth(device, nbytes=64 << 20, repeats=3, runtime=None):
@@ -431,6 +492,34 @@ def layer_costs(off, marked=None, runners=()):
                                      True if marked is not None and marked[i] else None,
                                      gbytes, fwd_work, bwd_work, _inputs(lay)))
     return rows
+
+
+def peak_model(off, runners=(), graphs=True, pages=False, planned=False):
+    """``peak(plan)`` for :func:`lightest` over the layers of ``off`` (after
+    their warm-up): the budget planner's memory model (vmmrt.torch.budget)
+    of the regions a bandwidth plan moves, in each of the two loops, as
+    nothing says yet which one the caller runs (set_to_none: the gradients
+    arrive in backward and the last backward may be the peak; a persistent
+    ``.grad``: they are there all along, and the peak is between forward
+    and backward, where the moved bytes are gone): the peaks of both.
+    ``pages``: the optimizer steps in the memory plan's pages;
+    ``planned``: the slots are on them, each live from its use to its
+    last (vmmrt.torch.memplan), not mapped ahead."""
+    from vmmrt.torch import budget
+    costs = layer_costs(off, None, runners)
+    la = off.lookahead if off.mode == "remap" else 1
+    kw = dict(mode=off.mode, lookahead=la, granularity=off.granularity,
+              map_ahead=0 if off.host or planned else off.map_ahead,
+              pages=bool(pages) and routed(off, graphs))
+
+    def peak(p):
+        if [c.name for c in costs] != [q.name for q in p.layers]:
+            raise vmmrt.Error(_capi.E_MISMATCH, "the plan's layers %r are not the runtime's %r"
+                              % ([q.name for q in p.layers], [c.name for c in costs]), "vmmrt.torch planner")
+        chosen = [q.chosen for q in p.layers]
+        return tuple(budget.predict(costs, chosen, persistent=x, **kw).peak_bytes for x in (False, True))
+    peak.labels = ("set_to_none", "persistent")
+    return peak
 
 
 def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None,
