@@ -218,18 +218,22 @@ def test_output_gradients_lie_in_a_slot_of_their_own():
     both = G.Grads(off, "both", params, runner.grads_seen, outputs=True)
     try:
         assert plain.gouts == [] and plain.gout(None, 0) is None and plain.io is None and plain.io_bytes == 0
-        assert len(both.gouts) == 2 and both.io is not None
-        lo = both.gins[0][0] + G.storage_nbytes(*both.gins[0][1:]) if both.gins and both.gins[0] else 0
+        # the argument gradients in the io slot, the output gradients in one
+        # of their own (read by the backward alone: they die with it)
+        assert len(both.gouts) == 2 and both.outs is not None
+        assert (both.io is not None) == any(both.gins)      # (x's here: in no slot, or in the io slot alone)
+        lo = 0
         for (off_b, dt, shape, stride), go in zip(both.gouts, gos):
             assert off_b >= lo and off_b % REGION_ALIGN == 0
             assert (dt, shape, stride) == (go.dtype, tuple(go.shape), tuple(go.stride()))
             lo = off_b + G.storage_nbytes(dt, shape, stride)
-        assert both.io.nbytes == both.io_bytes == lo
+        assert both.outs.nbytes == lo and both.io_bytes == (both.io.nbytes if both.io else 0) + lo
         assert both.backing.nbytes == plain.backing.nbytes      # the parameters' gradients alone
-        t = both.io_base()
+        assert plain.outs is None and plain.outs_base() is None
+        t = both.outs_base()
         v = both.gout(t, 1)
         assert v.shape == gos[1].shape and v.stride() == gos[1].stride()
-        assert v.data_ptr() == both.io.address + both.gouts[1][0]
+        assert v.data_ptr() == both.outs.address + both.gouts[1][0]
         del t, v
     finally:
         for gr in (plain, both):

@@ -25,8 +25,8 @@ def _inside(t, backing):
 
 
 def _slots(off):
-    return [b for lay in off.layers if lay.grads is not None for b in (lay.grads.backing, lay.grads.io)
-            if b is not None]
+    return [b for lay in off.layers if lay.grads is not None
+            for b in (lay.grads.backing, lay.grads.io, lay.grads.outs) if b is not None]
 
 
 def _step(g, x, gy):
@@ -41,14 +41,15 @@ def test_the_backwards_static_tensors_lie_in_their_io_slot(host_graphs):  # noqa
     try:
         for r in runners:
             assert r.grad_mode == "mapped"
-            b = r.grads.io
-            assert b is not None and b is not r.grads.backing and r.grads.io_bytes == b.nbytes
+            b, o = r.grads.io, r.grads.outs
+            assert b is not None and o is not None and len({id(b), id(o), id(r.grads.backing)}) == 3
+            assert r.grads.io_bytes == b.nbytes + o.nbytes
             assert r.gouts_in_slot and r.grads.gouts_used
-            assert all(_inside(t, b) for t in r.static_grad_outputs if t is not None)
+            assert all(_inside(t, o) for t in r.static_grad_outputs if t is not None)
             assert r.gin_where is not None and r.gin_where[0] is not None
             assert _inside(r.static_grad_inputs[0], b) and _inside(r.acc_grad_inputs[0], b)
-            # the parameters' gradients are not in it
-            assert not any(_inside(p.grad, b) for p in r.params if p.grad is not None)
+            # the parameters' gradients are not in either
+            assert not any(_inside(p.grad, s) for p in r.params if p.grad is not None for s in (b, o))
         assert "output gradient" in off.layers[0].grads.describe()
     finally:
         graphed._close(off, runners)
@@ -150,13 +151,58 @@ def test_in_the_persistent_loop_the_io_slots_are_on_the_pages_and_the_gradients_
         order = {use: k for k, use in enumerate(w.order)}
         for lay in off.layers:
             gr = lay.grads
-            lg, lio = by[(gr.name, memplan.GRADS)], by[(gr.name, memplan.IO)]
+            lg, lio, lgo = by[(gr.name, memplan.GRADS)], by[(gr.name, memplan.IO)], by[(gr.name, memplan.GOUTS)]
             assert not lg.shared and not gr.backing.bound, w.describe()
-            assert lio.shared and gr.io.bound, w.describe()
-            assert (lio.start, lio.end) == (order[(lay.name, True)], min(order[(lay.name, True)] + 1, len(w.order)))
+            assert lio.shared and gr.io.bound and lgo.shared and gr.outs.bound, w.describe()
+            b = order[(lay.name, True)]
+            assert (lio.start, lio.end) == (b, min(b + 1, len(w.order))) and (lgo.start, lgo.end) == (b, b)
         assert any(w.plan.shares[(lay.grads.name, memplan.IO)] for lay in off.layers), w.describe()
         assert all(p.grad is not None for m in g for p in m.parameters())
         assert "argument gradients in a slot of their own" in off.layers[0].grads.describe()
+    finally:
+        graphed._close(off, runners)
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_a_backwards_output_gradients_slot_is_done_with_once_it_has_run(host_graphs, plan):  # noqa: F811
+    # The output gradients the call copies in are read by the backward
+    # graph alone: their slot's use ends with that backward, while the
+    # argument gradients' (io) lasts to the next use, which reads them.
+    # Off the plan it is mapped for the backward and given back after; on
+    # it, it shares the pages with what lives while it does not.
+    from vmmrt.torch import memplan
+    g, off, runners = _graphed_on_host("none", "mapped", plan=plan)
+    try:
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        params = [p for m in g for p in m.parameters()]
+        seen = []
+
+        def wanted(b):
+            return b.busy or b.mapped
+
+        def look(later):
+            # run on layer k's output gradient: after layer k+1's backward,
+            # before layer k's
+            return lambda t: seen.append((wanted(later.outs), wanted(later.io)))
+        for _ in range(4):
+            y = x
+            for k, m in enumerate(g):
+                y = m(y)
+                if k + 1 < len(g):
+                    y.register_hook(look(off.layers[k + 1].grads))
+            y.backward(gy)
+            del y
+            for p in params:
+                p.grad = None
+        assert len(seen) == 4 * (len(g) - 1)
+        assert not any(o for o, _ in seen), seen
+        assert all(i for _, i in seen), seen
+        if plan:
+            w = off.memplan
+            assert w.plan is not None and w.conflicts == 0, w.describe()
+            for lay in off.layers:
+                it = w.plan.by_key()[(lay.grads.name, memplan.GOUTS)]
+                assert it.start == it.end and lay.grads.outs.bound, w.describe()
     finally:
         graphed._close(off, runners)
 
@@ -179,9 +225,11 @@ def test_a_recomputed_layers_slot_has_its_statics_where_its_backward_is_any_laye
         runners[1].recompute = True
         graphed._make_grads(runners, off, True)
         assert [r.grads.io_bytes > 0 for r in runners] == [True, checkpointed, True, True]
-        # (the slots made before are gone: a recomputed layer without the graphs' route has no io slot)
-        assert len(off.backings) == n - (not checkpointed)
-        assert all(b in off.backings for r in runners for b in (r.grads.backing, r.grads.io) if b is not None)
+        # (the slots made before are gone: a recomputed layer without the
+        # graphs' route has no io slot, nor one for its output gradients)
+        assert len(off.backings) == n - 2 * (not checkpointed)
+        assert all(b in off.backings for r in runners for b in (r.grads.backing, r.grads.io, r.grads.outs)
+                   if b is not None)
     finally:
         graphed._close(off, runners)
 

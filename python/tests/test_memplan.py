@@ -88,6 +88,39 @@ def test_a_backwards_io_slot_lives_to_the_next_use_and_shares_in_either_loop(per
         memplan.lives(order, {}, [], io=[("l", ["z"], G)])
 
 
+def test_a_backwards_output_gradients_live_at_its_backward_alone():
+    # The output gradients a backward graph reads (Grads.outs): the call
+    # copies them in, the graph reads them, and nothing after needs them.
+    # In the io slot they lived to the next use, so the layer before's
+    # backward held the layer after's beside its own: on 4 layers at seq
+    # 32768 (H100) the busiest use, the first layer's backward, held 1024
+    # MiB of io slots where eager holds one gradient per layer boundary.
+    names = ["a", "b", "c"]
+    order = default_order(names)     # a_f=0 b_f=1 c_f=2 c_b=3 b_b=4 a_b=5, the step's end 6
+    residents, grads = {n: G for n in names}, [(n, [n], 2 * G, False) for n in names]
+    items = memplan.lives(order, residents, grads, io=[(n, [n], G) for n in names],
+                          gouts=[(n, [n], G) for n in names])
+    p = memplan.Plan(order, items, G)
+    by = p.by_key()
+    assert [(by[key(n, "output grads")].start, by[key(n, "output grads")].end) for n in names] == \
+        [(5, 5), (4, 4), (3, 3)]
+    # at a's backward: a's io and output gradients, b's io (a reads its
+    # argument gradients), and no output gradients but a's
+    at = [it.key for it in items if it.start <= 5 <= it.end and it.kind in ("io", "output grads")]
+    assert sorted(at) == sorted([key("a", "io"), key("a", "output grads"), key("b", "io")])
+    assert "read by its graph alone" in p.summary()
+    # the busiest use (a's backward: every gradient mapped) holds one output
+    # gradient less than with them in the io slot
+    merged = memplan.Plan(order, memplan.lives(order, residents, grads, io=[(n, [n], 2 * G) for n in names]), G)
+    assert p.pages_bytes == memplan.busiest([it for it in items if it.shared], G) == 10 * G
+    assert merged.pages_bytes == 11 * G
+    order = [("l/mb0", False), ("l/mb1", False), ("l/mb0", True), ("l/mb1", True)]
+    lv = {it.key: it for it in memplan.lives(order, {}, [], gouts=[("l", ["l/mb0", "l/mb1"], G)])}
+    assert (lv[("l", "output grads")].start, lv[("l", "output grads")].end) == (2, 3)
+    with pytest.raises(ValueError, match="output gradients"):
+        memplan.lives(order, {}, [], gouts=[("l", ["z"], G)])
+
+
 def test_persistent_gradients_live_the_whole_step_and_are_never_shared():
     p = three(persistent=True)
     for n in "abc":

@@ -92,7 +92,7 @@ def _forget(r, lists):
         if seq is not None:
             seq.clear()
     r.static_outputs = r.static_grad_outputs = r.static_grad_inputs = r.acc_grad_inputs = None
-    r.pinned_grads = r.pinned_io = None
+    r.pinned_grads = r.pinned_io = r.pinned_outs = None
     if r.layer is not None and r.layer.outputs is not None:
         r.layer.outputs.forget()
 
@@ -320,7 +320,7 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 # one call where it can, which copies them in too
                 acc, src, states = mapped.before_backward(s, where, lay, None)
                 ln = al if acc else bl
-                if ln.exec > 0 and (not gouts_in_slot or mapped.io.bound):
+                if ln.exec > 0 and (not gouts_in_slot or mapped.outs.bound):
                     run_backward(ln, s, None, gouts)
                 else:
                     if gouts_in_slot:

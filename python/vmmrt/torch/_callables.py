@@ -85,6 +85,7 @@ class Runner:
         self.acc_shared = False           # grads="accumulate": those share the static gradients' memory
         self.pinned_grads = None          # a gradient slot kept mapped under static buffers in it
         self.pinned_io = None             # its io slot, with it
+        self.pinned_outs = None           # and its output gradients' slot
         self.pending = False              # its forward ran and its backward has not (_call.py)
 
     @property

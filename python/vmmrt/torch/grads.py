@@ -113,14 +113,20 @@ class Grads:
         self.gin_regions = []        # (argument index, birth, offset of its storage in the io slot)
         self.known = {}
         self.backing = None
-        # The io slot: the output and argument gradients live from this
-        # backward to the next use (the layer before reads the argument
-        # gradients: Offload.hold_gins), the parameters' gradients to the
-        # optimizer step or, as a persistent .grad, for good. In one slot
-        # the persistent loop kept both for good: a layer output's size
-        # twice per layer beside the activations (8 x 64 MiB on the Llama
-        # layers, H200, session 51).
+        # The io slot: the argument gradients live from this backward to
+        # the next use (the layer before reads them: Offload.hold_gins), the
+        # parameters' gradients to the optimizer step or, as a persistent
+        # .grad, for good. In one slot the persistent loop kept both for
+        # good: a layer output's size twice per layer beside the
+        # activations (8 x 64 MiB on the Llama layers, H200, session 51).
         self.io = None
+        # The output gradients' slot (``outs``): filled by the call, read by
+        # the backward graph, dead once it has run. In the io slot they
+        # lived to the next use too, so the layer before's backward held
+        # two output-sized buffers of the layer after's beside its own two
+        # (seq 32768: 1024 MiB of io slots at the step's busiest use, H100,
+        # 2026-12-06; eager holds one gradient per layer boundary there).
+        self.outs = None
         self._io_bases = None        # on the plan's pages: one base per dtype over it, made once (io.alive: their Held)
         self._io_cached = None       # each argument's gradient as a view over them, made once (after_backward)
         self._warned = False
@@ -147,6 +153,7 @@ class Grads:
         offsets = {}
         total = 0
         io_total = 0
+        outs_total = 0
         views = []
         for k, (p, (e, why)) in enumerate(zip(self.params, last.entries)):
             if not p.requires_grad:
@@ -185,9 +192,9 @@ class Grads:
                 self.gins.append((io_total + off,) + layout)
                 io_total += b.storage_nbytes
             for dt, shape, stride in last.gouts:
-                io_total += (-io_total) % REGION_ALIGN
-                self.gouts.append((io_total, dt, shape, stride))
-                io_total += storage_nbytes(dt, shape, stride)
+                outs_total += (-outs_total) % REGION_ALIGN
+                self.gouts.append((outs_total, dt, shape, stride))
+                outs_total += storage_nbytes(dt, shape, stride)
         self.views = views
         # what a backward reads per parameter, decided here once: its
         # gradient's place as as_strided takes it (dtype, shape, stride, the
@@ -203,20 +210,29 @@ class Grads:
             self.io = Backing(self.offload, "%s/io" % self.name, io_total)
             alive_by(self, self.io)
             self.offload.backings.append(self.io)
+        if outs_total:
+            self.outs = Backing(self.offload, "%s/outs" % self.name, outs_total)
+            self.offload.backings.append(self.outs)
         # a backward's slots, as one hook's uses (memplan.Watcher.begin_uses):
         # with the gradients' slot, or without it while a gradient over it is
         # held (the persistent loop's .grad: mapped all along)
-        self._uses = (self.backing,) if self.io is None else (self.backing, self.io)
+        self._uses = (self.backing,) + tuple(b for b in (self.io, self.outs) if b is not None)
         self._io_uses = self._uses[1:]
 
     @property
     def io_bytes(self):
-        """The io slot's bytes: the backward's output and argument gradients."""
-        return self.io.nbytes if self.io is not None else 0
+        """The bytes of the io and output gradients' slots: the backward's
+        argument and output gradients."""
+        return sum(b.nbytes for b in (self.io, self.outs) if b is not None)
 
     def io_base(self):
         """A tensor over the io slot (a capture's: its statics are views of it)."""
         return self.io.tensor(None, counted=False) if self.io is not None else None
+
+    def outs_base(self):
+        """A tensor over the output gradients' slot (a capture's: the backward
+        graph's static output gradients are views of it)."""
+        return self.outs.tensor(None, counted=False) if self.outs is not None else None
 
     # ----------------------------------------------------- the slot's source
     def held(self):
@@ -287,13 +303,13 @@ class Grads:
         self._bases = None
         self._cached = None
         self._io_bases = self._io_cached = None
-        for slot in (self.backing, self.io):
+        for slot in (self.backing, self.io, self.outs):
             if slot is not None:
                 slot.alive = None
 
     def drop(self):
         """Before anything used it (graphed.py makes them again): the slots go."""
-        for b in (self.backing, self.io):
+        for b in (self.backing, self.io, self.outs):
             if b is None:
                 continue
             if b in self.offload.backings:
@@ -301,6 +317,7 @@ class Grads:
             b.destroy()
         self.backing = None
         self.io = None
+        self.outs = None
 
     # ---------------------------------------------------------- tensors
     def view(self, src, k):
@@ -310,8 +327,8 @@ class Grads:
         return _compat.tensor_over(src, dt, shape, stride, off)
 
     def gout(self, src, j):
-        """The j-th output gradient's tensor over src's storage (the io
-        slot's; None when they are not in it)."""
+        """The j-th output gradient's tensor over src's storage (the output
+        gradients' slot's; None when they are not in it)."""
         if j >= len(self.gouts):
             return None
         off, dt, shape, stride = self.gouts[j]
@@ -418,8 +435,8 @@ class Grads:
         not check, left every later copy over the slot, AccumulateGrad's or
         a .grad's clone, to find it unmapped at enqueue: "invalid argument"
         on the H200, budget plans and the first steps of a plan.)"""
-        if not self.io.bound and not self.offload.host:
-            self.io.ensure()
+        if not self.outs.bound and not self.offload.host:
+            self.outs.ensure()
         copy_into(statics, gouts)
 
     def after_backward(self, acc, src, states, inputs=None, stream=None):
@@ -467,11 +484,13 @@ class Grads:
                 out.append(base.as_strided(shape, stride, elems))
                 if acc or st == "ours":
                     p.grad = None
+        if self.outs is not None:
+            self.outs.release(stream)   # (read by the graph, done with: nothing is handed out over them)
         if inputs is None:
             self._handed(cached, stream)
             io = self.io
             if io is not None and not io.live:
-                io.release(stream)      # (the output gradients alone: read by the graph, done with)
+                io.release(stream)      # (no argument gradient handed out from it)
             return out
         iosrc, iobases = self._io_source(stream)
         if iobases is self._io_bases and self._io_cached is not None:
@@ -507,9 +526,11 @@ class Grads:
             return "static gradient buffers (%s)" % self.why
         io = ""
         if self.io is not None:
-            io = "; the backward's %sargument gradients in a slot of their own (%.1f MiB at 0x%x)" % (
-                "%d output gradient(s) and " % len(self.gouts) if self.gouts_used else "",
+            io = "; the backward's argument gradients in a slot of their own (%.1f MiB at 0x%x)" % (
                 self.io.nbytes / 2.0 ** 20, self.io.address)
+        if self.outs is not None and self.gouts_used:
+            io += "; its %d output gradient(s) in another, for its backward alone (%.1f MiB at 0x%x)" % (
+                len(self.gouts), self.outs.nbytes / 2.0 ** 20, self.outs.address)
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
             self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions), io)
 

@@ -750,10 +750,10 @@ def _capture_backward(r, graph, mempool, stream, error_mode, allow_unused_input,
     r.static_grad_inputs = tuple(static)
 
 
-def _grad_outputs(r, g, iobase):
+def _grad_outputs(r, g, outsbase):
     """The backward graph's output gradients, and whether they are in the
-    gradients' io slot (over iobase): there where the warm-up gave them the
-    layouts they have now, else tensors of their own."""
+    output gradients' slot (over outsbase): there where the warm-up gave
+    them the layouts they have now, else tensors of their own."""
     need = [o for o in r.static_outputs if o.requires_grad]
     fits = bool(g.gouts) and len(g.gouts) == len(need) and all(
         (o.dtype, tuple(o.shape)) == (dt, shape) for o, (_, dt, shape, _) in zip(need, g.gouts))
@@ -762,7 +762,7 @@ def _grad_outputs(r, g, iobase):
         if not o.requires_grad:
             out.append(None)
             continue
-        out.append(g.gout(iobase, j) if fits else torch.empty_like(o))
+        out.append(g.gout(outsbase, j) if fits else torch.empty_like(o))
         j += 1
     g.gouts_used = g.gouts_used or fits
     return tuple(out), fits
@@ -791,8 +791,8 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.grad_mode = "static"
         return True
     base = g.backing.tensor(None, counted=False)
-    iobase = g.io_base()
-    r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, iobase)
+    iobase, outsbase = g.io_base(), g.outs_base()
+    r.static_grad_outputs, r.gouts_in_slot = _grad_outputs(r, g, outsbase)
     gos = tuple(o for o in r.static_grad_outputs if o is not None)
     placed = g.placements(base, iobase)
     reusing = _reuse_plan(r) if reuse_ok else None
@@ -820,8 +820,11 @@ def _capture_backward_mapped(r, graph, acc_graph, mempool, stream, error_mode, a
         r.pinned_grads = base      # the slot stays mapped under the static buffers in it
         g.backing.pin()
         if g.io is not None:
-            r.pinned_io = iobase   # and the io slot under the output and argument gradients
+            r.pinned_io = iobase   # and the io slot under the argument gradients
             g.io.pin()
+        if g.outs is not None:
+            r.pinned_outs = outsbase   # and the output gradients'
+            g.outs.pin()
         r.static_grad_inputs = tuple(by_id.get(id(a)) if a.requires_grad else None for a in r.surface)
         return True
     # The inputs' gradients: the accumulate graph writes them where the write

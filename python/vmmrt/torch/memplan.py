@@ -26,10 +26,12 @@ U is the step's end (the optimizer step). Lives are closed intervals:
 - gradients, persistent ``.grad`` loop: the whole step, and beyond: its
   memory is the ``.grad`` the user keeps, with its values, so it stays the
   slot's own (never shared, not in the pages);
-- a backward graph's output and argument gradients (Grads.io): [the first
-  backward of the callable's runners, the use after its last one]: the
-  layer before reads the argument gradients there (Offload.hold_gins holds
-  them to its backward), in either loop.
+- a backward graph's argument gradients (Grads.io): [the first backward
+  of the callable's runners, the use after its last one]: the layer before
+  reads them there (Offload.hold_gins holds them to its backward), in
+  either loop;
+- its output gradients (Grads.outs), which the call copies in and the
+  graph reads: [its first backward, its last], in either loop.
 
 The loop is learned, not asked (:class:`Watcher`): the plan is made at the
 first forward of the second step it sees (after the captures, or after the
@@ -67,6 +69,7 @@ NO_OPTIMIZER_STATS = {"optimizer_routed_steps": 0, "optimizer_survivors": 0, "op
                       "optimizer_view_ms": 0.0, "optimizer_bank_bytes": 0, "optimizer_relocated": 0}
 GRADS = "grads"
 IO = "io"
+GOUTS = "output grads"
 OUTPUTS = "outputs"
 POOL = "pool"
 POOL_KEY = ("graphs", POOL)
@@ -105,7 +108,8 @@ def _round_up(n: int, g: int) -> int:
 def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
           grads: Iterable[tuple[str, Sequence[str], int, bool]],
           outputs: dict[str, tuple[int, int | None]] | None = None, pool: int = 0,
-          io: Iterable[tuple[str, Sequence[str], int]] = ()) -> list[Life]:
+          io: Iterable[tuple[str, Sequence[str], int]] = (),
+          gouts: Iterable[tuple[str, Sequence[str], int]] = ()) -> list[Life]:
     """Every slot's life. ``order``: the step's uses, (layer name, backward);
     ``residents``: layer name -> bytes of its resident slot; ``grads``:
     (name, the layers whose backwards write them, bytes, persistent);
@@ -120,7 +124,8 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
     optimizer step; or its parts (vmmrt.torch.poolplan), (bytes, first
     position, last position) each, positions None for a part in use at
     every one; ``io``: (name, the layers whose backwards use them,
-    bytes) of the backward graphs' output and argument gradients."""
+    bytes) of the backward graphs' argument gradients; ``gouts``: the same
+    of their output gradients."""
     pos = {}
     for k, use in enumerate(order):
         if use in pos:
@@ -149,6 +154,12 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
             raise ValueError("io %r: a backward of %r is not in the order" % (name, list(layers)))
         out.append(Life((name, IO), IO, nbytes, min(bwd), min(max(bwd) + 1, end),
                         why="from its backward to the next use, which reads the argument gradients"))
+    for name, layers, nbytes in gouts:
+        bwd = [pos.get((n, True)) for n in layers]
+        if not bwd or None in bwd:
+            raise ValueError("output gradients %r: a backward of %r is not in the order" % (name, list(layers)))
+        out.append(Life((name, GOUTS), GOUTS, nbytes, min(bwd), max(bwd),
+                        why="copied in by its backward's call, read by its graph alone"))
     for name, (nbytes, seen) in (outputs or {}).items():
         f = pos.get((name, False))
         if f is None:
@@ -578,19 +589,20 @@ class Watcher:
 
     # ------------------------------------------------------------ slots
     def _slots(self):
-        """(residents by layer name, gradients, their io slots), each of the
-        last two [(name, layer names, Backing)]: the slots the plan may
-        hold; a pinned slot (static buffers in it) stays as it is."""
+        """(residents by layer name, gradients, their io slots, their output
+        gradients' slots), each of the last three [(name, layer names,
+        Backing)]: the slots the plan may hold; a pinned slot (static buffers
+        in it) stays as it is."""
         residents = {l.name: l.resident for l in self.off.layers if l.resident is not None}
-        grads, io = {}, {}
+        grads, io, gouts = {}, {}, {}
         for l in self.off.layers:
             g = getattr(l, "grads", None)
             if g is None or g.backing is None:
                 continue
-            for b, into in ((g.backing, grads), (getattr(g, "io", None), io)):
+            for b, into in ((g.backing, grads), (getattr(g, "io", None), io), (getattr(g, "outs", None), gouts)):
                 if b is not None and not b._pinned:
                     into.setdefault(id(b), (g.name, [], b))[1].append(l.name)
-        return residents, list(grads.values()), list(io.values())
+        return residents, list(grads.values()), list(io.values()), list(gouts.values())
 
     def _pool(self):
         """The Backing of the graphs' pool on a slot (vmmrt.torch.graphpool), if its captures used it."""
@@ -655,17 +667,17 @@ class Watcher:
         self.starts += 1
         if self.starts < 2:
             return
-        residents, grads, io = self._slots()
+        residents, grads, io, gouts = self._slots()
         if any(b.mapped for b in residents.values()):
             return      # a step's backwards have not all run: not a steady step yet
-        self.make(residents, grads, stream, io)
+        self.make(residents, grads, stream, io, gouts)
 
     def _aborted(self):
         for e in self.entries:
             e.backing.end_use()
 
     # ------------------------------------------------------------- make
-    def make(self, residents: dict, grads: list, stream: Any, io: list = ()) -> None:
+    def make(self, residents: dict, grads: list, stream: Any, io: list = (), gouts: list = ()) -> None:
         outs = self._outputs()
         end = len(self.order)
         # held now, at the next step's first forward: into it (the whole step)
@@ -675,7 +687,8 @@ class Watcher:
                       [(name, layers, b.slot.size, b.live > 0) for name, layers, b in grads],
                       {n: (b.slot.size, seen[n]) for n, b in outs.items()},
                       self.off.graph_pool.planned_parts(self.order) if gp is not None else 0,
-                      [(name, layers, b.slot.size) for name, layers, b in io])
+                      [(name, layers, b.slot.size) for name, layers, b in io],
+                      [(name, layers, b.slot.size) for name, layers, b in gouts])
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
         self.plan = plan
@@ -685,6 +698,7 @@ class Watcher:
         backing = {(n, RESIDENT): b for n, b in residents.items()}
         backing.update({(name, GRADS): b for name, _, b in grads})
         backing.update({(name, IO): b for name, _, b in io})
+        backing.update({(name, GOUTS): b for name, _, b in gouts})
         backing.update({(n, OUTPUTS): b for n, b in outs.items()})
         self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None and it.kind != POOL]
         parts = [it for it in items if it.kind == POOL]
