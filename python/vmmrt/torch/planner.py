@@ -30,8 +30,14 @@ bandwidth (on the H100, auto ran 0.7-4.6 % of its copies' time slower than
 mode none where they hid; vmmrt.torch.replay_times measures it per layer,
 ``Offload.copy_contention``), so a layer moves at most what keeps that and
 its fixed cost within the same share.
-:func:`plan` is arithmetic only; :func:`measure_bandwidth` and the layer
-timings feed it.
+What hides is then weighed by what it saves (:func:`lightest`): the banks
+hold the moved bytes again, and a step's peak may come where they are gone
+anyway (the last backward of the set_to_none loop, every gradient mapped),
+so the plan is also tried with each layer moving less, down to nothing, and
+the one the memory model (vmmrt.torch.budget, :func:`peak_model`) predicts
+lowest in both loops is kept.
+:func:`plan` and :func:`lightest` are arithmetic only; :func:`measure_bandwidth`
+and the layer timings feed them.
 """
 import logging
 
