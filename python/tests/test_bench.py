@@ -1021,3 +1021,12 @@ def test_front_compares_points_run_before_the_reference_once_it_has_run(monkeypa
     pts = front("broken")
     assert "error" in pts["broken"] and "grads_ok" not in pts["eager"]
     assert pts["eager"]["grads_text"] == "not compared (the reference did not run)"
+
+
+def test_auto_loop_tells_the_planner_the_loop_it_runs():
+    told = bench.parse(["--auto-loop"])
+    plain = bench.parse([])
+    assert modes._vmmrt_kwargs("planner", told, "persistent")["loop"] == "persistent"
+    assert "loop" not in modes._vmmrt_kwargs("planner", plain, "persistent")
+    assert "loop" not in modes._vmmrt_kwargs("none", told, "persistent")     # (auto's alone)
+    assert "loop" not in modes._vmmrt_kwargs("planner", told)

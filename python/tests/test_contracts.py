@@ -549,10 +549,28 @@ def test_auto_weighs_its_plan_by_the_peaks_it_predicts(monkeypatch):
     base, ref, g = build(3, offload="auto")
     off = vt.offload_of(g[0])
     (peak, p), = seen
-    assert off.plan is p and peak.labels == ("set_to_none", "persistent")
+    assert off.plan is p and peak.labels == ("set_to_none", "persistent") and off.loop is None
     assert len(p.weighed) >= 2 and p.weighed[0][0] == 0 and p.weighed[-1][0] > 0    # nothing, ..., all that hides
     nothing = p.weighed[0][1]
     assert all(a <= b for a, b in zip(p.weighed_peak, nothing))
     assert [x.moved for x in p.layers] == [lay.saved_bytes()["moved"] for lay in off.layers]
     assert "weighed by the peaks" in p.summary()
     assert clean_step_matches(base, ref, g)
+
+
+def test_auto_told_its_loop_predicts_that_loop_alone(monkeypatch):
+    from vmmrt.torch import planner
+    seen = []
+    real = planner.lightest
+    monkeypatch.setattr(planner, "lightest", lambda layers, d2h, peak, granularity=1, **kw:
+                        seen.append(peak) or real(layers, d2h, peak, granularity, **kw))
+    for loop in ("persistent", "set_to_none"):
+        base, ref, g = build(3, offload="auto", loop=loop)
+        off = vt.offload_of(g[0])
+        assert off.loop == loop and seen[-1].labels == (loop,)
+        assert len(off.plan.weighed[0][1]) == 1
+        off.close()
+    with pytest.raises(ValueError, match="loop="):
+        build(1, offload="auto", loop="sometimes")
+    with pytest.raises(ValueError, match="Budget"):
+        build(1, memory_budget=vt.Budget(1 << 40), loop="persistent")

@@ -316,6 +316,21 @@ def test_persistent_grads_keep_their_own_memory():
         assert _same(a, b)
 
 
+@pytest.mark.parametrize("said,set_to_none,warned", [("set_to_none", False, True), ("persistent", True, True),
+                                                       ("persistent", False, False), (None, False, False)])
+def test_the_plan_warns_when_the_loop_it_learns_is_not_the_one_given(caplog, said, set_to_none, warned):
+    # loop= is what offload="auto" weighed its plan for; the memory plan
+    # learns the loop at the second step and says so when it differs
+    with caplog.at_level("WARNING", logger="vmmrt.torch"):
+        on = _train(True, 3, set_to_none=set_to_none, loop=said)
+    learned = "set_to_none" if set_to_none else "persistent"
+    hits = [r for r in caplog.records if "loop=%r was given" % (said,) in r.getMessage()]
+    assert bool(hits) == warned, [r.getMessage() for r in caplog.records]
+    if warned:
+        assert "runs the %s loop" % learned in hits[0].getMessage()
+    assert on["plan"] is not None
+
+
 def test_a_grad_kept_across_the_next_forward_keeps_its_values():
     """The plan assumes zero_grad drops the gradients before the next
     forward; a .grad kept past it is found at the use that would write over

@@ -198,6 +198,22 @@ def test_auto_moves_nothing_where_its_banks_cost_more_than_the_moves_save():
     assert all(a < b for a, b in zip(q.as_dict()["weighed_peak_bytes"], peak(planner.plan(rows, 54.1, cap=0))))
 
 
+def test_auto_told_its_loop_weighs_the_plan_in_that_loop_alone():
+    # the encoder's plan adds to the set_to_none loop's peak and takes 511
+    # MiB from the persistent loop's: told the loop, auto takes what it saves
+    mib = 1 << 20
+    rows, both = _encoder(384)
+    kw = dict(h2d_gbps=54.7, margin=0.9, banked=True)
+    for k, loop in enumerate(("set_to_none", "persistent")):
+        def one(p, k=k):
+            return both(p)[k:k + 1]
+        one.labels = (loop,)
+        p = planner.lightest(rows, 54.1, one, 2 * mib, **kw)
+        moved = sum(x.moved for x in p.layers)
+        assert (moved > 0) == (loop == "persistent"), p.summary()
+        assert "(%s)" % loop in p.summary() and len(p.weighed_peak) == 1
+
+
 def test_a_cap_bounds_what_each_layer_moves_and_the_banks_it_fills():
     rows = [("l%d" % i, 1.0, 1.0, [40e6, 30e6, 10e6]) for i in range(3)] + [("l3", 0.2, 1.0, [40e6, 30e6, 10e6])]
     p = planner.plan(rows, 45.0, 45.0, 1.0, banked=True, cap=35_000_000)

@@ -61,7 +61,8 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
                            post_warmup_hook: Callable[[], None] | None = None, _order: Sequence[int] | None = None,
                            _num_layers_per_chunk: int | Sequence[int] | None = None,
                            _reuse_graph_input_output_buffers: bool = False, memory_budget: Any = None,
-                           memory_plan: bool | str | None = None, **unknown: Any) -> Callable | tuple[Callable, ...]:
+                           memory_plan: bool | str | None = None, loop: str | None = None,
+                           **unknown: Any) -> Callable | tuple[Callable, ...]:
     """Graphed (or eager) versions of ``callables`` whose saved tensors are offloaded.
 
     A drop-in for :func:`torch.cuda.make_graphed_callables`: ``callables`` is
@@ -92,8 +93,21 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         measures each layer's forward and the pinned bandwidth and moves the
         most that hides behind compute (see :mod:`vmmrt.torch.planner`;
         ``offload_of(c).plan.summary()`` says what it chose; ``margin`` is
-        its safety factor). Tensors marked with :func:`mark_not_offload`
+        its safety factor), weighed by what it saves at the step's peak in
+        ``loop``'s loop. Tensors marked with :func:`mark_not_offload`
         never move.
+    loop
+        the training loop ``offload="auto"`` plans for: "set_to_none"
+        (``zero_grad(set_to_none=True)``: the gradients come in backward
+        and the last backward may be the step's peak, where what was moved
+        is back) or "persistent" (a ``.grad`` kept and zeroed in place:
+        the peak is between forward and backward). Left out: both, the
+        plan no worse than moving nothing in either (on 6
+        ``nn.TransformerEncoderLayer``s it then moves nothing, where the
+        persistent loop alone would have 511 MiB less predicted). The
+        memory plan learns the loop at the second step and warns if it is
+        not the one given. With ``memory_budget=``, ``Budget(loop=)``
+        says it instead.
     graphs
         False: no CUDA graphs, the same offload eagerly (also on CPU tensors
         with the host backend, for tests).
@@ -242,11 +256,12 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
         num_warmup_iters, allow_unused_input, pool, capture_error_mode, mode, lookahead, offload, graphs, grads, names,
         options, margin, min_bytes, order, layers_per_chunk, map_ahead, retain_graph_in_backward,
         pre_warmup_hook, post_warmup_hook, _order, _num_layers_per_chunk, _reuse_graph_input_output_buffers,
-        memory_budget, callables, generators)
+        memory_budget, callables, generators, loop)
     just_one, runners, marks, uses, device = _prepare_runners(callables, sample_args, names, layout, sample_kwargs,
                                                               gens, retain_graph_in_backward, graphs, offload, order)
     gen_states = [g.get_state() for g in gens]
     off, mode = _open_offload(runners, uses, device, mode, lookahead, options, min_bytes, map_ahead, graphs)
+    off.loop = loop
     try:
         stream = _warmup(runners, uses, off, num_warmup_iters, allow_unused_input, pre_warmup_hook,
                          post_warmup_hook)
@@ -277,7 +292,7 @@ def make_graphed_callables(callables: Callable | tuple[Callable, ...],
 def _validate_args(num_warmup_iters, allow_unused_input, pool, capture_error_mode, mode, lookahead, offload, graphs,
                    grads, names, options, margin, min_bytes, order, layers_per_chunk, map_ahead,
                    retain_graph_in_backward, pre_warmup_hook, post_warmup_hook, _order, _num_layers_per_chunk,
-                   _reuse_graph_input_output_buffers, memory_budget, callables, generators):
+                   _reuse_graph_input_output_buffers, memory_budget, callables, generators, loop=None):
     """Every argument checked before anything is built: (order,
     layers_per_chunk, the pipeline layout or None, the generators the graphs
     register), TransformerEngine's names taken for ours."""
@@ -320,6 +335,11 @@ def _validate_args(num_warmup_iters, allow_unused_input, pool, capture_error_mod
                                                  ("offload='auto'", "offload=")))
     if memory_budget is not None:
         budget.check(memory_budget)
+    if loop is not None and loop not in budget.LOOPS:
+        raise ValueError("loop=%r: %s, or None (both)" % (loop, " or ".join(repr(x) for x in budget.LOOPS)))
+    if loop is not None and memory_budget is not None:
+        raise ValueError("loop= with memory_budget=: give the budget's loop as vmmrt.torch.Budget(..., loop=%r)"
+                         % (loop,))
     return order, layers_per_chunk, layout, gens
 
 
@@ -544,7 +564,8 @@ def _plan(runners, off, margin, graphs, memory_plan):
         sizes = [g.nbytes for g in off.candidates(r.layer)]
         rows.append((r.layer.name, min(r.layer.fwd_ms), min(r.layer.bwd_ms), sizes))
     # ping-pong's banks alternate in creation order without a declared schedule
-    peak = planner.peak_model(off, runners, graphs, pages=memory_plan is True, planned=memory_plan is not False)
+    peak = planner.peak_model(off, runners, graphs, pages=memory_plan is True, planned=memory_plan is not False,
+                              loop=off.loop)
     return planner.lightest(rows, d2h, peak, off.granularity,
                             h2d_gbps=h2d, margin=margin, banked=off.mode == "pingpong" and off.schedule is None,
                             contention=off.copy_contention)

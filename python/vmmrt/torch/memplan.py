@@ -672,6 +672,16 @@ class Watcher:
             return      # a step's backwards have not all run: not a steady step yet
         self.make(residents, grads, stream, io, gouts)
 
+    def check_loop(self, learned: str) -> None:
+        """The loop this step showed against the one the caller said it runs
+        (make_graphed_callables(loop=): what offload="auto" weighed its
+        plan for): one warning when they differ, as the plan then saves
+        less than it predicted, or holds more than moving nothing would."""
+        said = getattr(self.off, "loop", None)
+        if said is not None and said != learned:
+            log.warning("vmmrt: the step runs the %s loop, but loop=%r was given: offload=\"auto\" weighed its "
+                        "plan for that one; build with loop=%r (or None)", learned, said, learned)
+
     def _aborted(self):
         for e in self.entries:
             e.backing.end_use()
@@ -689,6 +699,8 @@ class Watcher:
                       self.off.graph_pool.planned_parts(self.order) if gp is not None else 0,
                       [(name, layers, b.slot.size) for name, layers, b in io],
                       [(name, layers, b.slot.size) for name, layers, b in gouts])
+        if grads:
+            self.check_loop("persistent" if any(b.live > 0 for _, _, b in grads) else "set_to_none")
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
         self.plan = plan

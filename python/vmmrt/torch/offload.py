@@ -151,6 +151,7 @@ class Offload:
         self.launchers = {}         # (runner name, backward) -> its graph's _launch.Launcher
         self._close_hooks = []      # run before the runtime goes (gradients still over its slots)
         self.memplan = None         # memplan.Watcher: resident and gradient slots on shared pages (plan_memory)
+        self.loop = None            # the training loop the caller said it runs (make_graphed_callables(loop=)), or None
         self.gin_hold = None        # the latest backward's argument gradients in a slot (Grads.after_backward)
         self.plan_check = None      # plancheck.PlanCheck: the plan's peak against the caller's steps (check_plan)
 

@@ -500,7 +500,7 @@ def layer_costs(off, marked=None, runners=()):
     return rows
 
 
-def peak_model(off, runners=(), graphs=True, pages=False, planned=False):
+def peak_model(off, runners=(), graphs=True, pages=False, planned=False, loop=None):
     """``peak(plan)`` for :func:`lightest` over the layers of ``off`` (after
     their warm-up): the budget planner's memory model (vmmrt.torch.budget)
     of the regions a bandwidth plan moves, in each of the two loops, as
@@ -510,7 +510,9 @@ def peak_model(off, runners=(), graphs=True, pages=False, planned=False):
     and backward, where the moved bytes are gone): the peaks of both.
     ``pages``: the optimizer steps in the memory plan's pages;
     ``planned``: the slots are on them, each live from its use to its
-    last (vmmrt.torch.memplan), not mapped ahead."""
+    last (vmmrt.torch.memplan), not mapped ahead; ``loop``: the one loop
+    the caller said it runs ("set_to_none" or "persistent"), whose peak
+    alone is then predicted."""
     from vmmrt.torch import budget
     costs = layer_costs(off, None, runners)
     la = off.lookahead if off.mode == "remap" else 1
@@ -523,8 +525,11 @@ def peak_model(off, runners=(), graphs=True, pages=False, planned=False):
             raise vmmrt.Error(_capi.E_MISMATCH, "the plan's layers %r are not the runtime's %r"
                               % ([q.name for q in p.layers], [c.name for c in costs]), "vmmrt.torch planner")
         chosen = [q.chosen for q in p.layers]
-        return tuple(budget.predict(costs, chosen, persistent=x, **kw).peak_bytes for x in (False, True))
-    peak.labels = ("set_to_none", "persistent")
+        return tuple(budget.predict(costs, chosen, persistent=x, **kw).peak_bytes for x in loops)
+    if loop is not None and loop not in budget.LOOPS:
+        raise ValueError("loop=%r: %s, or None (both)" % (loop, " or ".join(repr(x) for x in budget.LOOPS)))
+    loops = (False, True) if loop is None else (loop == "persistent",)
+    peak.labels = ("set_to_none", "persistent") if loop is None else (loop,)
     return peak
 
 
@@ -631,6 +636,7 @@ def adopt(off, plan, runners, uses):
             lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
             lay.input_bytes = old.input_bytes
             r.layer = lay
+        new.loop = off.loop
         new.set_order([(r.layer, b) for b, r in uses])
         if (new.mode, new.lookahead) != (plan.mode, plan.lookahead):
             raise vmmrt.Error(_capi.E_MISMATCH, "the planner chose mode %r at look-ahead %d but the runtime opened %r "

@@ -155,6 +155,9 @@ def _parser():
                    "spread over 1..layers (default 5)")
     p.add_argument("--front-budgets", type=int, default=4,
                    help="--front: memory_budget= points from graphs' peak (or keeping all's predicted peak, the lower) down to the smallest plan (default 4)")
+    p.add_argument("--auto-loop", action="store_true",
+                   help="offload=\"auto\" (vmmrt auto, the planner mode) is told the loop it runs "
+                        "(make_graphed_callables(loop=)) and weighs its plan for it alone; without, for both")
     p.add_argument("--front-budget-mode", choices=("auto", "pingpong", "remap"), default="auto",
                    help="--front: mode= of the memory_budget= points (auto: the planner chooses; default)")
     p.add_argument("--front-families", default="torch,vmmrt",
@@ -299,7 +302,7 @@ def run_loop(title, loop, layers, weights, xs, gys, sample, args, shape, bw, run
         bar.start(name)
         try:
             with llama.attention_backend(args.attention):
-                built = modes.build(name, layers, sample, args)
+                built = modes.build(name, layers, sample, args, loop.name)
                 row, grads = modes.measure(built, layers, loop, xs, gys, args, weights)
                 if name == ref_name:
                     ref = modes.host_copies(grads)

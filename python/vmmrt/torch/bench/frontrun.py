@@ -145,7 +145,7 @@ def build(opt, layers, sample, args, reserve, cuda, step=0, loop="set_to_none"):
     a budget plans for (Budget(loop=))."""
     n = len(layers)
     if opt.kind in modes.MODES:
-        return modes.build(opt.kind, layers, sample, args)
+        return modes.build(opt.kind, layers, sample, args, loop)
     t0 = time.perf_counter()
     off, note = None, None
     if opt.kind == "ckpt":

@@ -42,12 +42,14 @@ TORCH_GRAPHS = ("graph", "graph-ckpt")     # torch.cuda.make_graphed_callables's
 _GRADS_MODES = ("none", "pingpong", "remap", "planner")
 
 
-def _vmmrt_kwargs(name, args):
+def _vmmrt_kwargs(name, args, loop=None):
     kw = dict(lookahead=args.lookahead, offload=args.fraction, margin=args.margin)
     if name in ("none", "pingpong", "remap"):
         kw["mode"] = name
     elif name == "planner":
         kw.update(mode="pingpong", offload="auto")
+        if getattr(args, "auto_loop", False) and loop is not None:
+            kw["loop"] = loop          # (--auto-loop: told the loop it runs, it weighs its plan for that one)
     elif name == "pingpong-acc":
         kw.update(mode="pingpong", grads="accumulate")
     elif name in ("eager-pingpong", "eager-remap"):
@@ -102,10 +104,12 @@ def _host_copy(t):
     return out
 
 
-def build(name, layers, make_sample, args):
+def build(name, layers, make_sample, args, loop=None):
     """Callables for mode `name` over `layers`, and the optimizer over their
     parameters (created after the build: its states appear at the first
-    warm-up step, as in training); make_sample() gives a fresh sample argument."""
+    warm-up step, as in training); make_sample() gives a fresh sample
+    argument; ``loop``: the loop's name, which the planner is told with
+    --auto-loop."""
     t0 = time.perf_counter()
     off = None
     if name in ("eager", "save_on_cpu"):
@@ -115,7 +119,7 @@ def build(name, layers, make_sample, args):
     else:
         seq = list(vt.make_graphed_callables(tuple(layers), tuple((make_sample(),) for _ in layers),
                                              names=["layer%d" % i for i in range(len(layers))],
-                                             **_vmmrt_kwargs(name, args)))
+                                             **_vmmrt_kwargs(name, args, loop)))
         off = vt.offload_of(seq[0])
 
     pin = torch.cuda.is_available()
