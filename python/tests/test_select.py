@@ -237,3 +237,8 @@ def test_a_plan_that_moves_more_is_taken_only_for_a_lower_peak():
     more = planner.lightest(rows, 45.0, lambda p: (10 ** 9 - sum(x.moved for x in p.layers),) * 2, 2 << 20,
                             h2d_gbps=45.0, margin=1.0, banked=True)
     assert [x.moved for x in more.layers] == [40e6] * 4
+    # sizes as floats (a framework's own): each level a layer moves is tried
+    rows = [("l0", 1.0, 1.0, [40e6, 30e6]), ("l1", 0.7, 1.0, [40e6, 30e6]), ("l2", 1.0, 1.0, [40e6, 30e6])]
+    lv = planner.lightest(rows, 45.0, lambda p: (10 ** 9 - sum(x.moved for x in p.layers),) * 2, 1,
+                          h2d_gbps=45.0, margin=1.0)
+    assert [m for m, _ in lv.weighed] == [0, 60e6, 70e6]       # (nothing; both capped at 30 MB; all)

@@ -217,7 +217,7 @@ def lightest(layers, d2h_gbps, peak, granularity=1, **kw):
     less: a copy that lowers no peak still costs time. ``kw``:
     :func:`plan`'s."""
     full = plan(layers, d2h_gbps, **kw)
-    caps = sorted({p.moved for p in full.layers if p.moved}, reverse=True)
+    caps = sorted({int(p.moved) for p in full.layers if p.moved}, reverse=True)
     tried, seen = [], set()
     for t in [full] + [plan(layers, d2h_gbps, cap=c, **kw) for c in caps[1:]] + [plan(layers, d2h_gbps, cap=0, **kw)]:
         key = tuple(tuple(p.chosen) for p in t.layers)
