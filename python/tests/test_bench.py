@@ -885,6 +885,10 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     assert "pages 8248 MiB (graphs' pool 806)" in line and "conflicts" not in line
     pt["pages"]["plan_conflicts"] = 2
     assert "(graphs' pool 806, 2 conflicts)" in f._line(1, 1, pt)
+    # what sizes the pages: the busiest use, by kind of slot, the largest first
+    pt["pages"]["busiest"] = {"use": "layer0's backward", "bytes": {"grads": 1672 * MiB, "pool": 9480 * MiB,
+                                                                    "io": 512 * MiB}}
+    assert "the pages' busiest use, layer0's backward: pool 9480, grads 1672, io 512 MiB" in f._line(1, 1, pt)
     pt["pages"] = {"plan_bytes": 0, "graph_pool_bytes": 0, "plan_conflicts": 0}     # no plan: nothing said
     assert "pages" not in f._line(1, 1, pt)
 

@@ -359,6 +359,12 @@ class Plan:
         alive = [(t, alive_at(self.items, t, self.granularity)) for t in range(len(self.order) + 1)]
         return max(alive, key=lambda tb: (sum(tb[1].values()), -tb[0]))
 
+    def busiest(self) -> dict:
+        """The busiest use for a report: {"use": where (a layer's forward or
+        backward, or the step's end), "bytes": by kind of slot}."""
+        t, by = self.busiest_use()
+        return {"use": "the step's end" if t >= len(self.order) else _use(self.order[t]), "bytes": dict(by)}
+
     def by_key(self) -> dict[Any, Life]:
         return {it.key: it for it in self.items}
 
@@ -368,11 +374,10 @@ class Plan:
                  % (size(self.total_bytes), size(self.pages_bytes), sum(1 for it in self.items if it.shared),
                     "" if not self.own_bytes else ", %s of persistent gradients in their own memory"
                     % size(self.own_bytes), size(self.unplanned_peak))]
-        t, by = self.busiest_use()
-        if by:
+        b = self.busiest()
+        if b["bytes"]:
             lines.append("  the busiest use: %s, %s" % (
-                "the step's end" if t >= len(self.order) else _use(self.order[t]),
-                ", ".join("%s %s" % (k, size(n)) for k, n in sorted(by.items(), key=lambda kv: -kv[1]))))
+                b["use"], ", ".join("%s %s" % (k, size(n)) for k, n in sorted(b["bytes"].items(), key=lambda kv: -kv[1]))))
         if self.optimizer_need:
             lines.append("  the optimizer step's temporaries: %s, in the pages' free runs at the step's end where "
                          "they fit in whole segments" % size(self.optimizer_need))

@@ -500,6 +500,11 @@ class Front:
             line += "\n      between forward and backward: " + memory.describe(pt["memory"])
             if pt.get("before_build") is not None:
                 line += "; before its build %.0f MiB over the memory before the model" % (pt["before_build"] / MiB)
+        busiest = pg.get("busiest")
+        if busiest and busiest.get("bytes"):
+            # what sizes the pages: a peak above eager's is in one of these
+            line += "\n      the pages' busiest use, %s: %s MiB" % (busiest["use"], ", ".join(
+                "%s %.0f" % (k, v / MiB) for k, v in sorted(busiest["bytes"].items(), key=lambda kv: -kv[1])))
         return line
 
     def _budget_options(self, n, count):

@@ -323,6 +323,9 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
                         "graph_pool_live_peak_bytes": after.get("graph_pool_live_peak_bytes", 0),
                         "graph_pool_never_freed_bytes": after.get("graph_pool_never_freed_bytes", 0),
                         "plan_conflicts": after["plan_conflicts"]}
+        w = off.memplan
+        if w is not None and w.plan is not None:
+            res["pages"]["busiest"] = w.plan.busiest()     # (what sizes the pages)
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
             res["plan_text"] = off.plan.summary()
