@@ -166,13 +166,21 @@ class Budget:
         for name, v in (("reserve", reserve), ("step", step)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise InvalidBudget("Budget(%s=%r): bytes, 0 or more" % (name, v))
-        if loop not in LOOPS:
-            raise InvalidBudget("Budget(loop=%r): %s" % (loop, " or ".join(repr(x) for x in LOOPS)))
+        check_loop(loop, "Budget(loop=%r)")
         if layers is not None:
             layers = [check_choice(c, i) for i, c in enumerate(layers)]
         self.limit, self.reserve, self.layers, self.recompute = limit, reserve, layers, bool(recompute)
         self.step = step
         self.loop = loop
+
+
+def check_loop(loop, how="loop=%r"):
+    """``loop`` if it is one of LOOPS, else an InvalidBudget (a ValueError)
+    saying it as ``how`` does (Budget's, make_graphed_callables' and
+    vmmrt.torch.planner.peak_model's argument)."""
+    if loop not in LOOPS:
+        raise InvalidBudget("%s: %s" % (how % (loop,), " or ".join(repr(x) for x in LOOPS)))
+    return loop
 
 
 def check_choice(c, i):
@@ -498,7 +506,9 @@ def predict(costs, chosen, mode="pingpong", lookahead=1, granularity=1, map_ahea
     peak they predict over the static bytes, which no such plan changes."""
     if len(chosen) != len(costs):
         raise InvalidBudget("%d layers chosen for %d layers" % (len(chosen), len(costs)))
-    env = _Env(costs, 0, 1.0, 1.0, 0.9, granularity, 0.0, map_ahead, 0, pages, persistent, (0.0, 0.0))
+    # (the copies' times are the bandwidth planner's, not this model's: placeholders)
+    env = _Env(costs, static_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0, margin=0.9, granularity=granularity, remap_ms=0.0,
+               map_ahead=map_ahead, pages=pages, persistent=persistent)
     return env.make([("offload" if idx else "keep", list(idx)) for idx in chosen], mode, lookahead)
 
 

@@ -335,8 +335,8 @@ def _validate_args(num_warmup_iters, allow_unused_input, pool, capture_error_mod
                                                  ("offload='auto'", "offload=")))
     if memory_budget is not None:
         budget.check(memory_budget)
-    if loop is not None and loop not in budget.LOOPS:
-        raise ValueError("loop=%r: %s, or None (both)" % (loop, " or ".join(repr(x) for x in budget.LOOPS)))
+    if loop is not None:
+        budget.check_loop(loop, "loop=%r (None: both)")
     if loop is not None and memory_budget is not None:
         raise ValueError("loop= with memory_budget=: give the budget's loop as vmmrt.torch.Budget(..., loop=%r)"
                          % (loop,))

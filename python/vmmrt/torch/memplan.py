@@ -138,27 +138,28 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
         if f is None or b is None:
             raise ValueError("layer %r: its forward or backward is not in the order" % name)
         out.append(Life((name, RESIDENT), RESIDENT, nbytes, f, b, why="from its forward to its backward"))
-    for name, layers, nbytes, persistent in grads:
+
+    def backwards(what, name, layers):
+        """(first, last) position of the backwards of ``layers``."""
         bwd = [pos.get((n, True)) for n in layers]
         if not bwd or None in bwd:
-            raise ValueError("gradients %r: a backward of %r is not in the order" % (name, list(layers)))
+            raise ValueError("%s %r: a backward of %r is not in the order" % (what, name, list(layers)))
+        return min(bwd), max(bwd)
+    for name, layers, nbytes, persistent in grads:
+        first, _ = backwards("gradients", name, layers)
         if persistent:
             out.append(Life((name, GRADS), GRADS, nbytes, 0, end, shared=False,
                             why="persistent .grad: the whole step and the next, its own memory"))
         else:
-            out.append(Life((name, GRADS), GRADS, nbytes, min(bwd), end,
+            out.append(Life((name, GRADS), GRADS, nbytes, first, end,
                             why="from its first backward to zero_grad(set_to_none=True)"))
     for name, layers, nbytes in io:
-        bwd = [pos.get((n, True)) for n in layers]
-        if not bwd or None in bwd:
-            raise ValueError("io %r: a backward of %r is not in the order" % (name, list(layers)))
-        out.append(Life((name, IO), IO, nbytes, min(bwd), min(max(bwd) + 1, end),
+        first, last = backwards("io", name, layers)
+        out.append(Life((name, IO), IO, nbytes, first, min(last + 1, end),
                         why="from its backward to the next use, which reads the argument gradients"))
     for name, layers, nbytes in gouts:
-        bwd = [pos.get((n, True)) for n in layers]
-        if not bwd or None in bwd:
-            raise ValueError("output gradients %r: a backward of %r is not in the order" % (name, list(layers)))
-        out.append(Life((name, GOUTS), GOUTS, nbytes, min(bwd), max(bwd),
+        first, last = backwards("output gradients", name, layers)
+        out.append(Life((name, GOUTS), GOUTS, nbytes, first, last,
                         why="copied in by its backward's call, read by its graph alone"))
     for name, (nbytes, seen) in (outputs or {}).items():
         f = pos.get((name, False))
@@ -682,7 +683,7 @@ class Watcher:
         (make_graphed_callables(loop=): what offload="auto" weighed its
         plan for): one warning when they differ, as the plan then saves
         less than it predicted, or holds more than moving nothing would."""
-        said = getattr(self.off, "loop", None)
+        said = self.off.loop
         if said is not None and said != learned:
             log.warning("vmmrt: the step runs the %s loop, but loop=%r was given: offload=\"auto\" weighed its "
                         "plan for that one; build with loop=%r (or None)", learned, said, learned)

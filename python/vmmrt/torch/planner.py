@@ -526,8 +526,8 @@ def peak_model(off, runners=(), graphs=True, pages=False, planned=False, loop=No
                               % ([q.name for q in p.layers], [c.name for c in costs]), "vmmrt.torch planner")
         chosen = [q.chosen for q in p.layers]
         return tuple(budget.predict(costs, chosen, persistent=x, **kw).peak_bytes for x in loops)
-    if loop is not None and loop not in budget.LOOPS:
-        raise ValueError("loop=%r: %s, or None (both)" % (loop, " or ".join(repr(x) for x in budget.LOOPS)))
+    if loop is not None:
+        budget.check_loop(loop, "loop=%r (None: both)")
     loops = (False, True) if loop is None else (loop == "persistent",)
     peak.labels = ("set_to_none", "persistent") if loop is None else (loop,)
     return peak
