@@ -141,3 +141,27 @@ def test_the_process_survives_emptying_the_cache_after_a_failed_capture():
     p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
     assert "refused:" in p.stdout and "alive after empty_cache" in p.stdout, p.stdout
+
+
+def test_the_sweep_ends_every_routing_left_under_way_whoever_captured(monkeypatch):
+    # a capture torch.cuda.make_graphed_callables made (a shared pool, (0, k))
+    # and a graph's own pool ((k, 0)) whose ids nobody kept: both ended, and
+    # only they are given back
+    alloc = _Allocator([(0, 3), (5, 0)])
+    _stand_in(monkeypatch, alloc)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 9))
+    assert sorted(_compat.end_abandoned_pools(margin=0)) == [(0, 3), (5, 0)]
+    assert alloc.underway == [] and sorted(alloc.released) == [(0, 3), (5, 0)]
+    # ids past the newest handle (a second counter) are covered by the margin
+    alloc = _Allocator([(12, 0)])
+    _stand_in(monkeypatch, alloc)
+    assert _compat.end_abandoned_pools(margin=4) == [(12, 0)]
+    assert alloc.underway == []
+
+
+def test_the_sweep_releases_nothing_where_nothing_was_left(monkeypatch):
+    alloc = _Allocator()
+    _stand_in(monkeypatch, alloc)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, 9))
+    assert _compat.end_abandoned_pools() == []
+    assert alloc.released == []

@@ -164,6 +164,31 @@ def capture(graph, pool, stream, error_mode, body):
     return result
 
 
+def end_abandoned_pools(device=None, margin=256):
+    """Every routing a failed capture left under way, whatever its pool: for
+    a capture someone else made (torch.cuda.make_graphed_callables inside a
+    benchmark, a framework's own graphs), whose pool id nobody kept. Tries
+    :func:`end_abandoned_pool` on each pool id the process can have handed
+    out so far: torch numbers them from one counter, (0, k) for a shared
+    pool, (k, 0) for a graph's own; ``margin`` ids past the newest cover a
+    second counter. Only where no capture is under way in the process (it
+    would end that one's routing too): a benchmark between two points, not
+    the library. Returns the pools ended; never raises."""
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is None:
+        return []
+    try:
+        newest = max(torch.cuda.graph_pool_handle())
+    except Exception:  # noqa: B902 - no handle: nothing was captured in this process
+        return []
+    ended = []
+    for k in range(1, int(newest) + 1 + margin):
+        for pool in ((0, k), (k, 0)):
+            if end_abandoned_pool(pool, device):
+                ended.append(pool)
+    return ended
+
+
 def end_abandoned_pool(pool, device=None):
     """After a capture into ``pool`` (a pool id) whose end failed (the driver
     invalidated it: CUDAGraph.capture_end raises at cudaStreamEndCapture),

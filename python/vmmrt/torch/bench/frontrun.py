@@ -433,7 +433,12 @@ class Front:
             if self.cuda:
                 # torch's graphs of Megatron's checkpointed layers fail inside
                 # the capture (an op on the legacy stream, H200): without
-                # this every later point's random numbers fail too.
+                # this every later point's random numbers fail too; and the
+                # caching allocator would still route to the failed capture's
+                # pool, so that the next emptying of the cache (a later
+                # point's, or a pool's destructor) aborts the process
+                # (megatron, H100: captures_underway.empty()).
+                _compat.end_abandoned_pools()
                 _compat.end_abandoned_capture()
         finally:
             if built is not None:
