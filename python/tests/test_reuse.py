@@ -92,6 +92,43 @@ def test_a_temporary_whose_out_overload_only_copies_is_left_in_the_pool():
     assert all(k[0][0] != "aten.mul.Scalar" for k, *_ in tl.transients(0))
 
 
+def _everywhere():
+    """A Guard over every address: each op's fresh output is a temporary."""
+    return reuse.Guard(0, 1 << 64)
+
+
+def test_the_view_matmul_makes_of_a_temporary_reads_that_temporary():
+    """matmul over a 3-D input returns aten._unsafe_view of its mm's output,
+    a view with no ``_base``: megatron-core's backward reads one
+    (grad_output.matmul(weight)), and the guard took it for other bytes
+    over the temporary's and dropped every layer's plan (H100)."""
+    a = torch.randn(2, 8, 16)
+    w = torch.randn(16, 16)
+    g = _everywhere()
+    with place.Mode("cpu", observer=g):
+        y = torch.matmul(a, w)          # mm's output: the temporary; y: its alias
+        assert y._base is None
+        z = y * 2                       # reads the temporary through the alias
+        v = y.view(16, 16)              # a view of the alias
+        s = v.sum()
+    assert g.violation is None
+    assert torch.equal(z, (a @ w) * 2) and s.item() == pytest.approx((a @ w).sum().item(), rel=1e-5)
+
+
+def test_other_bytes_over_a_temporarys_are_still_caught():
+    """A tensor over a temporary's bytes that is not one of its views (a
+    saved region the temporary overwrote) reads what was overwritten."""
+    a = torch.randn(2, 8, 16)
+    w = torch.randn(16, 16)
+    g = _everywhere()
+    with pytest.raises(reuse.Overwritten):
+        with place.Mode("cpu", observer=g):
+            y = torch.matmul(a, w)
+            other = torch.empty(0).set_(y.untyped_storage(), 0, (256,), (1,))
+            other + 1
+    assert g.violation is not None
+
+
 # ------------------------------------------ the captures, on the host backend
 
 @pytest.fixture

@@ -154,6 +154,7 @@ _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _OUT = {}
 _NAME = {}      # op -> str(op), which formats a string each time
 _PLACEABLE = {}  # op -> placeable(op)
+_ALIASES = {}    # op -> aliases(op)
 
 
 def placeable(func):
@@ -165,6 +166,17 @@ def placeable(func):
     if ok is None:
         rets = func._schema.returns
         ok = _PLACEABLE[func] = all(str(r.type) == "Tensor" for r in rets)
+    return ok
+
+
+def aliases(func):
+    """Whether ``func``'s outputs may share an input's bytes: a view (its
+    return has an alias annotation) or ``aten._unsafe_view``, which has none
+    but returns the view matmul makes of its mm's output, with no ``_base``
+    to say so."""
+    ok = _ALIASES.get(func)
+    if ok is None:
+        ok = _ALIASES[func] = func is _UNSAFE_VIEW or any(r.alias_info is not None for r in func._schema.returns)
     return ok
 
 
@@ -248,8 +260,10 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         self.device_type = device_type
         # ``observer``: told of every op (vmmrt.torch.reuse's Timeline and
         # Guard): before it, its index and tensor arguments; after it, its
-        # key and fresh outputs. The index counts the ops that are not
-        # in-place, so that AccumulateGrad's adds leave it as it was.
+        # key and fresh outputs, and to an observer with ``aliased``, the
+        # arguments and outputs of an op whose outputs alias its arguments.
+        # The index counts the ops that are not in-place, so that
+        # AccumulateGrad's adds leave it as it was.
         self.observer = observer
         self.i = 0
         self.static = {} if static is None else static
@@ -291,6 +305,8 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
         fresh = _fresh(func, out) if obs is not None or self.record else ()
         if obs is not None:
             obs.after(self.i, key, func, fresh)
+            if aliases(func) and hasattr(obs, "aliased"):
+                obs.aliased(_tensor_args(args, kwargs), out)
         if self.counting and not func._schema.is_mutable:
             self.i += 1
         if not self.record:

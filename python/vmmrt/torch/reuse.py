@@ -213,12 +213,49 @@ class Guard:
     """A capture's check of a reuse plan (a place.Mode ``observer``): every
     temporary born in the slot [lo, hi) takes its bytes from then on; an
     op argument over bytes that a temporary took, and that is not that
-    temporary (or a view of it), reads what was overwritten: Overwritten."""
+    temporary (or a view of it, matmul's _unsafe_view included), reads what
+    was overwritten: Overwritten."""
 
     def __init__(self, lo, hi):
         self.lo, self.hi = lo, hi
         self.violation = None
-        self.placed = []        # (start, end, weak reference to the temporary)
+        self.placed = []        # (start, end, weak reference to the temporary, its token)
+        self._token = 0
+        # id(alias) -> (weak reference to it, its temporary's token): the
+        # views of a temporary that have no ``_base`` to say so (matmul's
+        # _unsafe_view of its mm's output, whose own Python object is gone
+        # by then: megatron-core's backward reads one, and every layer's
+        # plan was dropped for it, H100) and views of those
+        self.aliases = {}
+
+    def _token_of(self, t):
+        """The token of the placed temporary ``t`` is, is a view of, or
+        aliases; None for any other tensor."""
+        for _, _, ref, tok in self.placed:
+            o = ref()
+            if o is not None and (t is o or t._base is o):
+                return tok
+        for u in (t, t._base):
+            if u is not None:
+                got = self.aliases.get(id(u))
+                if got is not None and got[0]() is u:
+                    return got[1]
+        return None
+
+    def aliased(self, inputs, out):
+        """An op whose outputs alias its arguments: those of a temporary's
+        become its aliases."""
+        if not self.placed:
+            return
+        for t in inputs:
+            tok = self._token_of(t)
+            if tok is not None:
+                break
+        else:
+            return
+        for u in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(u, torch.Tensor):
+                self.aliases[id(u)] = (weakref.ref(u), tok)
 
     def before(self, i, tensors):
         if self.violation is not None or not self.placed:
@@ -230,10 +267,12 @@ class Guard:
             if not self.lo <= a < self.hi:
                 continue
             e = a + _compat.span_elements(t.shape, t.stride()) * t.element_size()
-            for s, pe, ref in self.placed:
+            mine = None
+            for s, pe, ref, tok in self.placed:
                 if s < e and a < pe:
-                    owner = ref()
-                    if owner is None or not (t is owner or t._base is owner):
+                    if mine is None:
+                        mine = self._token_of(t)
+                    if mine != tok:
                         self.violation = ("op %d reads 0x%x..0x%x, bytes a temporary of the backward took at "
                                           "0x%x" % (i, a, e, s))
                         raise Overwritten(self.violation)
@@ -244,5 +283,6 @@ class Guard:
             if not self.lo <= a < self.hi:
                 continue
             e = a + _compat.span_elements(t.shape, t.stride()) * t.element_size()
-            self.placed = [(s, pe, r) for s, pe, r in self.placed if pe <= a or e <= s]
-            self.placed.append((a, e, weakref.ref(t)))
+            self.placed = [p for p in self.placed if p[1] <= a or e <= p[0]]
+            self._token += 1
+            self.placed.append((a, e, weakref.ref(t), self._token))
