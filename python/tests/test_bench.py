@@ -137,6 +137,23 @@ def test_persistent_loop_zeroes_in_place_and_accumulates_microbatches():
     assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(got[2:], want))
 
 
+def test_the_process_warm_up_runs_a_whole_step_and_leaves_the_model_as_it_was():
+    """loops.warm_process: forward, backward and an AdamW step ran (its
+    kernels are what a process loads once), and nothing of it is left: the
+    weights (learning rate 0), no .grad, the input's neither."""
+    layers, xs, gys, _ = _setup(1)
+    params = modes.parameters(layers)
+    w0 = [p.detach().clone() for p in params]
+    seen = []
+    hooks = [p.register_hook(lambda g: seen.append(g.shape)) for p in params]
+    loops.warm_process(layers, xs[0], gys[0], "foreach")
+    for h in hooks:
+        h.remove()
+    assert len(seen) == len(params)
+    assert all(torch.equal(p, w) for p, w in zip(params, w0))
+    assert all(p.grad is None for p in params) and xs[0].grad is None
+
+
 def test_set_to_none_loop_makes_new_gradients():
     layers, xs, gys, run = _setup(1)
     opt = loops.optimizer(modes.parameters(layers))

@@ -46,6 +46,29 @@ def optimizer(params, kind="foreach"):
     return torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
 
+def warm_process(layers, x, gy, kind="foreach"):
+    """One eager training step of ``layers`` on ``x`` (output gradient
+    ``gy``) with an AdamW of ``kind`` at learning rate 0 (its kernels run,
+    the weights stay as they were), everything it made dropped after: what
+    a process loads once and keeps (the kernels CUDA loads lazily, the
+    libraries' handles), loaded before any option's peak is measured, so
+    that the first option does not carry it in its own peak and the later
+    ones as memory held before their build. The caller empties the caches
+    and reads what stayed."""
+    params = [p for m in layers for p in m.parameters() if p.requires_grad]
+    x = x.detach().requires_grad_()
+    y = x
+    for m in layers:
+        y = m(y)
+    y.backward(gy)
+    del y
+    opt = torch.optim.AdamW(params, lr=0.0, **{kind: True})
+    opt.step()
+    for p in params:
+        p.grad = None
+    del opt, x
+
+
 def reference(loop, microbatches):
     """The mode whose gradients are right in this loop: graph-only where its
     .grad never outlives the microbatch that made it, eager otherwise."""
