@@ -154,6 +154,23 @@ def test_the_process_warm_up_runs_a_whole_step_and_leaves_the_model_as_it_was():
     assert all(p.grad is None for p in params) and xs[0].grad is None
 
 
+def test_auto_s_prediction_against_moving_nothing_is_checked_against_mode_none():
+    from vmmrt.torch.bench import frontrun
+    fr = frontrun.Front.__new__(frontrun.Front)
+    fr.loop = loops.Loop("persistent", 1)
+    mib = 1 << 20
+    none = {"label": "vmmrt none", "option": "none", "peak": 1000 * mib}
+    auto = {"label": "vmmrt auto", "option": "planner", "peak": 700 * mib,
+            "predicted_vs_nothing_bytes": {"set_to_none": 5 * mib, "persistent": -320 * mib}}
+    fr.points = [none, auto]
+    line = fr._against_none(auto)
+    assert "persistent loop" in line and "predicted -320 MiB" in line and "measured -300 against vmmrt none" in line
+    assert auto["measured_vs_none_bytes"] == -300 * mib
+    # nothing to check it against: no line
+    fr.points = [auto]
+    assert fr._against_none(dict(auto)) == ""
+
+
 def test_set_to_none_loop_makes_new_gradients():
     layers, xs, gys, run = _setup(1)
     opt = loops.optimizer(modes.parameters(layers))

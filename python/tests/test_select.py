@@ -198,6 +198,21 @@ def test_auto_moves_nothing_where_its_banks_cost_more_than_the_moves_save():
     assert all(a < b for a, b in zip(q.as_dict()["weighed_peak_bytes"], peak(planner.plan(rows, 54.1, cap=0))))
 
 
+def test_the_chosen_plan_says_what_it_predicts_against_moving_nothing():
+    # what the bench checks against mode none's measured peak, per loop
+    mib = 1 << 20
+    rows, peak = _encoder(16)
+    q = planner.lightest(rows, 54.1, peak, 2 * mib, h2d_gbps=54.7, margin=0.9, banked=True)
+    nothing, chosen = peak(planner.plan(rows, 54.1, cap=0)), q.weighed_peak
+    saving = q.predicted_saving()
+    assert saving == {"set_to_none": chosen[0] - nothing[0], "persistent": chosen[1] - nothing[1]}
+    assert all(v < 0 for v in saving.values())
+    rows, peak = _encoder(384)          # it moves nothing there: nothing predicted
+    p = planner.lightest(rows, 54.1, peak, 2 * mib, h2d_gbps=54.7, margin=0.9, banked=True)
+    assert p.predicted_saving() == {"set_to_none": 0, "persistent": 0}
+    assert planner.plan(rows, 54.1, 54.7, 0.9).predicted_saving() is None      # not weighed
+
+
 def test_auto_told_its_loop_weighs_the_plan_in_that_loop_alone():
     # the encoder's plan adds to the set_to_none loop's peak and takes 511
     # MiB from the persistent loop's: told the loop, auto takes what it saves

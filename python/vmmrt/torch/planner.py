@@ -115,6 +115,17 @@ class Plan:
     def _moved(self):
         return sum(p.moved for p in self.layers)
 
+    def predicted_saving(self):
+        """{loop: bytes} the chosen plan's predicted peak minus moving
+        nothing's, per loop it was weighed in (negative: lower), what a
+        measured peak against mode none's checks; None where it was not
+        weighed."""
+        if not self.weighed or self.weighed_peak is None:
+            return None
+        labels = self.weighed_labels or tuple("loop %d" % k for k in range(len(self.weighed_peak)))
+        nothing = self.weighed[0][1]
+        return {lab: int(a - b) for lab, a, b in zip(labels, self.weighed_peak, nothing)}
+
     def as_dict(self):
         return {"d2h_gbps": self.d2h_gbps, "h2d_gbps": self.h2d_gbps, "margin": self.margin,
                 "contention": list(self.contention), "fraction": self.fraction,

@@ -277,6 +277,9 @@ def plan_fields(plan):
     out = {"plan": plan.summary()}
     if getattr(plan, "peak_bytes", None) is not None:
         out["predicted_peak_bytes"] = plan.peak_bytes
+    saving = plan.predicted_saving() if hasattr(plan, "predicted_saving") else None
+    if saving is not None:
+        out["predicted_vs_nothing_bytes"] = saving
     return out
 
 
@@ -517,12 +520,25 @@ class Front:
             line += "\n      between forward and backward: " + memory.describe(pt["memory"])
             if pt.get("before_build") is not None:
                 line += "; before its build %.0f MiB over the memory before the model" % (pt["before_build"] / MiB)
+        line += self._against_none(pt)
         busiest = pg.get("busiest")
         if busiest and busiest.get("bytes"):
             # what sizes the pages: a peak above eager's is in one of these
             line += "\n      the pages' busiest use, %s: %s MiB" % (busiest["use"], ", ".join(
                 "%s %.0f" % (k, v / MiB) for k, v in sorted(busiest["bytes"].items(), key=lambda kv: -kv[1])))
         return line
+
+    def _against_none(self, pt):
+        """offload="auto"'s plan says what it predicts against moving
+        nothing in this loop; mode none's point measured moving nothing:
+        the line that checks the prediction (``measured_vs_none_bytes``)."""
+        pred = (pt.get("predicted_vs_nothing_bytes") or {}).get(self.loop.name)
+        none = next((p for p in self.points if p.get("option") == "none" and p.get("peak") is not None), None)
+        if pred is None or none is None or pt.get("peak") is None:
+            return ""
+        pt["measured_vs_none_bytes"] = pt["peak"] - none["peak"]
+        return "\n      its plan against moving nothing (%s loop): predicted %+.0f MiB, measured %+.0f against %s" % (
+            self.loop.name, pred / MiB, pt["measured_vs_none_bytes"] / MiB, none["label"])
 
     def _budget_options(self, n, count):
         """memory_budget= options from graphs' peak or keeping all's
