@@ -849,7 +849,14 @@ def test_front_runs_graphs_of_checkpointed_megatron_layers_alone(monkeypatch):
     gc_opt = frontrun.Option("graphs+ckpt 1", "torch", "graph-ckpt", 1)
     assert frontrun.isolated(gc_opt, [Tracked()])
     assert not frontrun.isolated(gc_opt, [Tiny()])
-    assert not frontrun.isolated(frontrun.Option("graphs", "torch", "graph"), [Tracked()])
+    assert frontrun.isolated(frontrun.Option("graphs", "torch", "graph"), [Tracked()])
+    assert not frontrun.isolated(frontrun.Option("graphs", "torch", "graph"), [Tiny()])
+    assert not frontrun.isolated(frontrun.Option("vmmrt none", "vmmrt", "none"), [Tracked()])
+    # the set_to_none loop's reference (graphs) run alone keeps no gradients: eager is the reference
+    opts = frontrun.options(2, True, [1], ["torch", "vmmrt"])
+    assert frontrun.reference_kind("graph", opts, [Tiny()]) == "graph"
+    assert frontrun.reference_kind("graph", opts, [Tracked()]) == "eager"
+    assert frontrun.reference_kind("graph", [o for o in opts if o.kind != "eager"], [Tracked()]) is None
     args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1, attention="auto",
                            dtype="bf16", device="cuda", smoke=False)
     asked = []

@@ -247,8 +247,22 @@ def isolated(opt, layers):
     capture (an operation on the legacy stream, H200, torch 2.11), and the
     process is not clean after it even once the capture is ended again
     (every later point's peak grew by GBs): one failure would make every
-    later point of the front wrong."""
-    return opt.kind == "graph-ckpt" and any(getattr(m, "rng_tracked", False) for m in layers)
+    later point of the front wrong. Torch's graphs of the plain layers too,
+    since the graph-free options run first: after eager and ckpt 4 had run
+    on them, their capture failed the same way (an AccumulateGrad node of
+    an earlier pass on the legacy stream, H100)."""
+    return opt.kind in ("graph", "graph-ckpt") and any(getattr(m, "rng_tracked", False) for m in layers)
+
+
+def reference_kind(wanted, opts, layers):
+    """The kind of option whose gradients the others are checked against:
+    the loop's (``wanted``) where it runs here, else eager, else none. A
+    point run alone (:func:`isolated`) keeps no gradients to compare: with
+    torch's graphs of Megatron's layers isolated, eager is the set_to_none
+    loop's reference."""
+    if any(o.kind == wanted and not isolated(o, layers) for o in opts):
+        return wanted
+    return "eager" if any(o.kind == "eager" for o in opts) else None
 
 
 def alone_point(pt, args, shape, loop, runner=None):
@@ -356,9 +370,7 @@ class Front:
 
         ks = k_values(n, a.front_ks)
         opts = only(options(n, self.cuda, ks, a.front_families), getattr(a, "front_only", None))
-        ref_kind = self.loop.reference if self.cuda else "eager"
-        if not any(o.kind == ref_kind for o in opts):
-            ref_kind = "eager" if any(o.kind == "eager" for o in opts) else None
+        ref_kind = reference_kind(self.loop.reference if self.cuda else "eager", opts, layers)
         # graph-free points first; those before the reference keep their
         # gradients on the host until it has run (self.pending)
         opts = order(opts, ref_kind)
@@ -532,13 +544,14 @@ class Front:
         """offload="auto"'s plan says what it predicts against moving
         nothing in this loop; mode none's point measured moving nothing:
         the line that checks the prediction (``measured_vs_none_bytes``)."""
-        pred = (pt.get("predicted_vs_nothing_bytes") or {}).get(self.loop.name)
+        loop = getattr(self, "loop", None)
+        pred = (pt.get("predicted_vs_nothing_bytes") or {}).get(loop.name) if loop is not None else None
         none = next((p for p in self.points if p.get("option") == "none" and p.get("peak") is not None), None)
         if pred is None or none is None or pt.get("peak") is None:
             return ""
         pt["measured_vs_none_bytes"] = pt["peak"] - none["peak"]
         return "\n      its plan against moving nothing (%s loop): predicted %+.0f MiB, measured %+.0f against %s" % (
-            self.loop.name, pred / MiB, pt["measured_vs_none_bytes"] / MiB, none["label"])
+            loop.name, pred / MiB, pt["measured_vs_none_bytes"] / MiB, none["label"])
 
     def _budget_options(self, n, count):
         """memory_budget= options from graphs' peak or keeping all's
