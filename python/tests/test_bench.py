@@ -955,6 +955,44 @@ def test_front_point_line_shows_the_memory_by_owner():
                                                       "before the model")
     del pt["memory"]
     assert len(f._line(1, 1, pt).splitlines()) == 1
+    # the part of the step whose reading was the peak, and PyTorch's allocator's share then
+    pt["peak_where"] = {"phase": "backward", "allocator": 2 * MiB}
+    assert "peak 3 MiB over the memory before the model (in its backward, PyTorch's allocator holding 2)" in \
+        f._line(1, 1, pt)
+
+
+def test_the_sampler_keeps_where_the_step_was_at_its_peak():
+    """where() is asked at each new peak, right after its reading (the
+    readings here are a fixed sequence: no timing)."""
+    seq = [10, 30, 20, 50, 40, 50, 5]
+    k = [0]
+
+    def read():
+        v = seq[k[0]] if k[0] < len(seq) else 0
+        k[0] += 1
+        return v
+    s = memory.PeakSampler(read=read, interval_s=0, where=lambda: "reading %d" % k[0])
+    s.start()
+    while k[0] < len(seq) + 1:
+        time.sleep(0.001)
+    s.stop()
+    assert s.peak == 50 and s.peak_where == "reading 4"     # the first 50: a tie is no new peak
+    assert s.as_dict()["where"] == "reading 4"
+
+
+def test_the_measured_step_names_its_parts_for_the_peak():
+    marks, between, where = modes._phases(torch.device("cpu"))
+    seen = [where()["phase"]]
+    for m in marks[:2]:
+        m()
+        seen.append(where()["phase"])
+    between()
+    seen.append(where()["phase"])
+    for m in marks[2:]:
+        m()
+        seen.append(where()["phase"])
+    assert seen == ["zeroing", "zeroing", "forward", "backward", "optimizer step", "end of the step"]
+    assert where()["allocator"] is None
 
 
 def test_the_persistent_loop_makes_grads_first_for_torchs_graphed_callables():

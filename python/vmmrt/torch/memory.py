@@ -188,9 +188,14 @@ class PeakSampler:
     tests and for other counters.
     """
 
-    def __init__(self, device=None, interval_s=50e-6, read=None):
+    def __init__(self, device=None, interval_s=50e-6, read=None, where=None):
         self.interval_s = interval_s
         self._read = read
+        # where(): called right after a reading that is a new peak, from the
+        # sampling thread; what it returns is kept as ``peak_where`` (the
+        # step's phase and the caching allocator's share: where a peak
+        # above another's was made)
+        self._where = where
         if read is None and torch.cuda.is_available():
             index = torch.device(device).index if device is not None else None
             if index is None:
@@ -205,7 +210,7 @@ class PeakSampler:
         return self._read is not None
 
     def _reset(self):
-        self.peak = self.start_bytes = self.end_bytes = None
+        self.peak = self.start_bytes = self.end_bytes = self.peak_where = None
         self.samples = 0
         self.max_gap_s = 0.0
         self.duration_s = 0.0
@@ -219,6 +224,7 @@ class PeakSampler:
             return self
         self._stop = threading.Event()
         self.start_bytes = self.peak = self._read()
+        self._mark()
         self._t0 = self._last = time.perf_counter()
         self.samples = 1
         self._thread = threading.Thread(target=self._loop, name="vmmrt-peak-sampler", daemon=True)
@@ -236,7 +242,12 @@ class PeakSampler:
             self._last = now
             if v > self.peak:
                 self.peak = v
+                self._mark()
             time.sleep(interval)
+
+    def _mark(self):
+        if self._where is not None:
+            self.peak_where = self._where()
 
     def stop(self):
         """End sampling (after a last reading); returns the peak in bytes (None: inactive)."""
@@ -249,7 +260,9 @@ class PeakSampler:
         now = time.perf_counter()
         self.samples += 1
         self.max_gap_s = max(self.max_gap_s, now - self._last)
-        self.peak = max(self.peak, self.end_bytes)
+        if self.end_bytes > self.peak:
+            self.peak = self.end_bytes
+            self._mark()
         self.duration_s = now - self._t0
         return self.peak
 
@@ -268,4 +281,4 @@ class PeakSampler:
         """Every number, for reports: bytes, counts and seconds."""
         return {"peak": self.peak, "start": self.start_bytes, "end": self.end_bytes, "samples": self.samples,
                 "duration_s": self.duration_s, "rate_hz": self.rate_hz, "max_gap_s": self.max_gap_s,
-                "interval_s": self.interval_s}
+                "interval_s": self.interval_s, "where": self.peak_where}

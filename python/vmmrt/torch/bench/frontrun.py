@@ -447,6 +447,7 @@ class Front:
                       build_s=row["build_s"], peak=peak, peak_abs=peak_abs,
                       peak_samples=(row.get("peak") or {}).get("samples"),
                       peak_rate_hz=(row.get("peak") or {}).get("rate_hz"),
+                      peak_where=(row.get("peak") or {}).get("where"),
                       d2h_bytes_per_step=row.get("d2h_bytes_per_step"),
                       launch_fwd_us_per_layer=row.get("launch_fwd_us_per_layer"),
                       launch_bwd_us_per_layer=row.get("launch_bwd_us_per_layer"),
@@ -510,7 +511,10 @@ class Front:
         if ref is not None and ref is not pt:
             parts.append("(x%.3f %s)" % (pt["step_ms"] / ref["step_ms"], ref["label"]))
         if pt.get("peak") is not None:
-            parts.append("peak %.0f MiB over the memory before the model" % (pt["peak"] / MiB))
+            w = pt.get("peak_where") or {}
+            parts.append("peak %.0f MiB over the memory before the model%s" % (
+                pt["peak"] / MiB, " (in its %s, PyTorch's allocator holding %.0f)" % (
+                    w["phase"], w["allocator"] / MiB) if w.get("phase") and w.get("allocator") is not None else ""))
         pg = pt.get("pages") or {}
         if pg.get("plan_bytes"):
             pool = pg["graph_pool_bytes"]

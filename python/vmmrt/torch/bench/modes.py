@@ -263,6 +263,25 @@ def warmup_steps(args, offload):
     return args.warmup if offload is None else max(args.warmup, PLAN_STEPS)
 
 
+def _phases(dev):
+    """(marks, between, where) for a step under the peak sampler: the launch
+    thread names the part of the step it is in (the zeroing, the forwards,
+    the backwards, the optimizer's step, then the wait for the device), and
+    where() says it with the caching allocator's reserved bytes, for the
+    reading that is the peak: what part of the step made it, and how much of
+    it PyTorch's allocator holds (the rest is libvmmrt's and the driver's)."""
+    now = ["zeroing"]
+
+    def at(name):
+        def mark():
+            now[0] = name
+        return mark
+
+    def where():
+        return {"phase": now[0], "allocator": torch.cuda.memory_reserved(dev) if dev.type == "cuda" else None}
+    return [at("zeroing"), at("forward"), at("optimizer step"), at("end of the step")], at("backward"), where
+
+
 def measure(built, layers, loop, xs, gys, args, weights, clock=None):
     """One mode in one loop: step times (ms; device events, median), the
     launch thread's CPU time per layer (:func:`launch_us`; ``clock``, if
@@ -348,9 +367,10 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
     if cuda:
         if off is not None:
             off.sync()
-        sampler = memory.PeakSampler(dev, interval_s=getattr(args, "sample_us", 50.0) * 1e-6)
+        marks, between, where = _phases(dev)
+        sampler = memory.PeakSampler(dev, interval_s=getattr(args, "sample_us", 50.0) * 1e-6, where=where)
         with sampler:
-            loop.step(run, opt, xs, gys)
+            loop.step(run, opt, xs, gys, marks=marks, between=between)
             _sync()
             if off is not None:
                 off.sync()      # remap's releases after the last backward belong to the step
