@@ -46,6 +46,11 @@
 #                  seq 2048 (megatron-core as for "megatron" above)  ~2.5 min
 #   front-fused    --front of launch with AdamW fused                ~2 min
 #   front-persistent  --front of launch in the persistent loop       ~2 min
+#   front-math     --front of launch with math attention, both loops, graphs
+#                  and vmmrt's modes: the gradients bitwise as torch
+#                  graphs' in every mode ([hot-path])                 ~2 min
+#   front-megatron-both  --front of megatron, both loops, AdamW fused: torch's
+#                  graphs alone in a fresh process, eager the reference ~3 min
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
 #                  then each again alone in a fresh process, within 3 % ~4 min
 #   check-llama    the same on the llama shape                       ~5 min
@@ -163,12 +168,17 @@ for part in "${parts[@]}"; do
 	front-megatron) front front-megatron 300 --shape megatron ;;
 	front-fused) front front-fused 240 --shape launch --optimizer fused ;;
 	front-persistent) front front-persistent 240 --shape launch --loop persistent ;;
+	front-math) front front-math 240 --shape launch --attention math --loop both --optimizer fused \
+		--front-budgets 0 --front-only "graphs,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt remap" ;;
+	front-megatron-both) front front-megatron-both 300 --shape megatron --loop both --optimizer fused \
+		--front-ks 3 --front-budgets 0 --iterations 5 \
+		--front-only "eager,ckpt 4,graphs,vmmrt none,vmmrt auto" ;;
 	check-launch) front check-launch 420 --shape launch --front-families torch --front-ks 3 --check-alone ;;
 	launch-ab) step launch-ab 240 "$py" -m vmmrt.torch.bench --launch-ab 40 --shape launch,llama \
 		--json "$out/launch-ab.json" || true
 		[ -f "$out/launch-ab.log" ] && grep -E "over torch graphs|least" "$out/launch-ab.log" | tee -a "$summary" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent check-launch check-llama launch-ab, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-megatron-both check-launch check-llama launch-ab, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"
