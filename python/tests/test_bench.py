@@ -796,7 +796,7 @@ def test_front_records_either_planners_plan():
     """offload="auto"'s plan (vmmrt auto) predicts no peak; memory_budget='s does."""
     from vmmrt.torch import planner
     from vmmrt.torch.bench import frontrun
-    auto = planner.Plan.__new__(planner.Plan)
+    auto = planner.Plan([], 50.0, 50.0, 0.9)       # not weighed: a plan made without lightest()
     auto.summary = lambda: "auto's plan"
     assert frontrun.plan_fields(auto) == {"plan": "auto's plan"}
     costs = [budget_cost("l%d" % i) for i in range(2)]
@@ -918,6 +918,7 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     much of it is the graphs' pool, where a peak above eager's comes from."""
     from vmmrt.torch.bench import frontrun
     f = frontrun.Front.__new__(frontrun.Front)
+    f.loop = loops.Loop("set_to_none")
     f.points = []
     MiB = 1 << 20
     pt = {"label": "vmmrt none", "build_s": 1.0, "step_ms": 2.0, "peak": 3 * MiB,
@@ -940,6 +941,7 @@ def test_front_point_line_shows_the_memory_by_owner():
     a peak above another point's lies."""
     from vmmrt.torch.bench import frontrun
     f = frontrun.Front.__new__(frontrun.Front)
+    f.loop = loops.Loop("set_to_none")
     f.points = []
     MiB = 1 << 20
     pt = {"label": "vmmrt none", "build_s": 1.0, "step_ms": 2.0, "peak": 3 * MiB,
@@ -1113,3 +1115,29 @@ def test_auto_loop_tells_the_planner_the_loop_it_runs():
     assert "loop" not in modes._vmmrt_kwargs("planner", plain, "persistent")
     assert "loop" not in modes._vmmrt_kwargs("none", told, "persistent")     # (auto's alone)
     assert "loop" not in modes._vmmrt_kwargs("planner", told)
+
+
+def test_the_new_arguments_are_refused_loudly():
+    layers, xs, gys, _ = _setup(1)
+    with pytest.raises(ValueError):
+        loops.warm_process(layers, xs[0], gys[0], "adam")
+    with pytest.raises(TypeError):
+        memory.PeakSampler(read=lambda: 1, where="phase")
+
+
+def test_a_failing_where_leaves_the_sampler_its_peak():
+    seq = [1, 3, 2]
+    k = [0]
+
+    def read():
+        k[0] += 1
+        return seq[k[0] - 1] if k[0] <= len(seq) else 0
+
+    def where():
+        raise RuntimeError("no device")
+    s = memory.PeakSampler(read=read, interval_s=0, where=where)
+    s.start()
+    while k[0] < len(seq) + 1:
+        time.sleep(0.001)
+    s.stop()
+    assert s.peak == 3 and "RuntimeError: no device" in s.peak_where["error"]

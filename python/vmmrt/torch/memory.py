@@ -195,6 +195,8 @@ class PeakSampler:
         # sampling thread; what it returns is kept as ``peak_where`` (the
         # step's phase and the caching allocator's share: where a peak
         # above another's was made)
+        if where is not None and not callable(where):
+            raise TypeError("PeakSampler(where=%r): a callable, or None" % (where,))
         self._where = where
         if read is None and torch.cuda.is_available():
             index = torch.device(device).index if device is not None else None
@@ -247,7 +249,10 @@ class PeakSampler:
 
     def _mark(self):
         if self._where is not None:
-            self.peak_where = self._where()
+            try:
+                self.peak_where = self._where()
+            except Exception as e:  # noqa: B902 - the sampling thread goes on: the peak counts more
+                self.peak_where = {"error": "%s: %s" % (type(e).__name__, e)}
 
     def stop(self):
         """End sampling (after a last reading); returns the peak in bytes (None: inactive)."""

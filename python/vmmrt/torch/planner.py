@@ -120,7 +120,7 @@ class Plan:
         nothing's, per loop it was weighed in (negative: lower), what a
         measured peak against mode none's checks; None where it was not
         weighed."""
-        if not getattr(self, "weighed", None) or self.weighed_peak is None:
+        if not self.weighed or self.weighed_peak is None:
             return None
         labels = self.weighed_labels or tuple("loop %d" % k for k in range(len(self.weighed_peak)))
         nothing = self.weighed[0][1]

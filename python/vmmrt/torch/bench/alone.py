@@ -124,7 +124,9 @@ def measure(a):
     # (not before torch's graphs of Megatron's layers: an eager step there
     # is what made their capture fail in the front's process)
     if cuda and not (a.option.startswith("graph") and any(getattr(m, "rng_tracked", False) for m in layers)):
-        # what the process loads once, in the base as the front counts it (loops.warm_process)
+        # what the process loads once, in the base as the front counts it
+        # (frontrun.warm; done here with this module's own readings, not
+        # the front's, so that a fault of theirs shows as a difference)
         used = total - torch.cuda.mem_get_info()[0]
         with llama.attention_backend(a.attention):
             loops.warm_process(layers, xs[0], gys[0], a.optimizer)

@@ -241,6 +241,17 @@ def fresh(cuda):
     vt.empty_cache()          # (and the runtimes closed before, once PyTorch gave their arena segments back)
 
 
+def warm(layers, x, gy, kind, attention, dev):
+    """One eager step (loops.warm_process) and the caches emptied after it:
+    the bytes the device keeps of it, which the front and a point run alone
+    (bench/alone.py) count in their base."""
+    before = memory.driver_used(dev)
+    with llama.attention_backend(attention):
+        loops.warm_process(layers, x, gy, kind)
+    fresh(True)
+    return max(0, memory.driver_used(dev) - before)
+
+
 def isolated(opt, layers):
     """Whether the option runs in a fresh process of its own (bench/alone.py):
     torch's graphs of checkpointed Megatron layers fail inside the backward's
@@ -357,15 +368,9 @@ class Front:
         def sample():
             return torch.randn(*dims, device=self.dev, dtype=self.dtype, requires_grad=True)
 
-        self.warm = None
-        if self.cuda:
-            # what the process loads once (loops.warm_process): in the base,
-            # under no option's peak
-            before = memory.driver_used(self.dev)
-            with llama.attention_backend(a.attention):
-                loops.warm_process(layers, xs[0], gys[0], a.optimizer)
-            fresh(self.cuda)
-            self.warm = max(0, memory.driver_used(self.dev) - before)
+        # what the process loads once: in the base, under no option's peak
+        self.warm = warm(layers, xs[0], gys[0], a.optimizer, a.attention, self.dev) if self.cuda else None
+        if self.warm is not None:
             self.base += self.warm
 
         ks = k_values(n, a.front_ks)
@@ -548,8 +553,8 @@ class Front:
         """offload="auto"'s plan says what it predicts against moving
         nothing in this loop; mode none's point measured moving nothing:
         the line that checks the prediction (``measured_vs_none_bytes``)."""
-        loop = getattr(self, "loop", None)
-        pred = (pt.get("predicted_vs_nothing_bytes") or {}).get(loop.name) if loop is not None else None
+        loop = self.loop
+        pred = (pt.get("predicted_vs_nothing_bytes") or {}).get(loop.name)
         none = next((p for p in self.points if p.get("option") == "none" and p.get("peak") is not None), None)
         if pred is None or none is None or pt.get("peak") is None:
             return ""

@@ -55,6 +55,8 @@ def warm_process(layers, x, gy, kind="foreach"):
     that the first option does not carry it in its own peak and the later
     ones as memory held before their build. The caller empties the caches
     and reads what stayed."""
+    if kind not in OPTIMIZERS:
+        raise ValueError("optimizer %r is not one of %s" % (kind, ", ".join(OPTIMIZERS)))
     params = [p for m in layers for p in m.parameters() if p.requires_grad]
     x = x.detach().requires_grad_()
     y = x
