@@ -80,7 +80,8 @@ unit_tests = \
 	tests/unit/test-worker \
 	tests/unit/test-offload \
 	tests/unit/test-schedule \
-	tests/unit/test-streams
+	tests/unit/test-streams \
+	tests/unit/test-remap-yield
 tests_unit_test_options_SOURCES = tests/unit/test-options.c
 tests_unit_test_options_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_host_backend_SOURCES = tests/unit/test-host-backend.c tests/common/backend-check.h tests/common/check-ok.h
@@ -103,6 +104,8 @@ tests_unit_test_schedule_SOURCES = tests/unit/test-schedule.c $(test_model)
 tests_unit_test_schedule_CPPFLAGS = $(TEST_CPPFLAGS)
 tests_unit_test_streams_SOURCES = tests/unit/test-streams.c $(test_model)
 tests_unit_test_streams_CPPFLAGS = $(TEST_CPPFLAGS)
+tests_unit_test_remap_yield_SOURCES = tests/unit/test-remap-yield.c
+tests_unit_test_remap_yield_CPPFLAGS = $(TEST_CPPFLAGS)
 
 # ------------------------------------------------------------ regression
 regression_tests = \
