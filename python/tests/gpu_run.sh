@@ -49,6 +49,17 @@
 #   front-math     --front of launch with math attention, both loops, graphs
 #                  and vmmrt's modes: the gradients bitwise as torch
 #                  graphs' in every mode ([hot-path])                 ~2 min
+#   front-launch-both  --front of launch, both loops, AdamW fused: eager,
+#                  ckpt 16, graphs, graphs+ckpt 16, vmmrt none, auto and
+#                  recompute all (mode none against graphs and eager
+#                  [hot-path] [memory-plan]; recompute all at checkpointing's
+#                  peak [planner])                                   ~4 min
+#   front-llama-both  --front of llama, both loops, AdamW fused: eager,
+#                  graphs, vmmrt none and auto (each point's peak_where
+#                  and auto's predicted-against-measured line)        ~4 min
+#   copy-bound     full offload of the launch-bound layers (graph,
+#                  pingpong, remap), AdamW fused: each against its copy
+#                  bound ([hot-path])                                ~1 min
 #   front-megatron-both  --front of megatron, both loops, AdamW fused: torch's
 #                  graphs alone in a fresh process, eager the reference ~3 min
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
@@ -170,6 +181,13 @@ for part in "${parts[@]}"; do
 	front-persistent) front front-persistent 240 --shape launch --loop persistent ;;
 	front-math) front front-math 240 --shape launch --attention math --loop both --optimizer fused \
 		--front-budgets 0 --front-only "graphs,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt remap" ;;
+	front-launch-both) front front-launch-both 300 --shape launch --loop both --optimizer fused \
+		--front-ks 3 --front-budgets 0 --iterations 5 \
+		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" ;;
+	front-llama-both) front front-llama-both 300 --shape llama --loop both --optimizer fused \
+		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,graphs,vmmrt none,vmmrt auto" ;;
+	copy-bound) bench bench-copy-bound 120 --layers 16 --hidden 1024 --ffn 4096 --seq 1024 --layer torch \
+		--modes graph,pingpong,remap --optimizer fused ;;
 	front-megatron-both) front front-megatron-both 300 --shape megatron --loop both --optimizer fused \
 		--front-ks 3 --front-budgets 0 --iterations 5 \
 		--front-only "eager,ckpt 4,graphs,vmmrt none,vmmrt auto" ;;
@@ -178,7 +196,7 @@ for part in "${parts[@]}"; do
 		--json "$out/launch-ab.json" || true
 		[ -f "$out/launch-ab.log" ] && grep -E "over torch graphs|least" "$out/launch-ab.log" | tee -a "$summary" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-megatron-both check-launch check-llama launch-ab, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"
