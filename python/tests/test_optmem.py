@@ -371,6 +371,22 @@ def test_a_step_that_raises_just_before_close_ends_its_routing_first():
 
 
 @routes
+def test_close_ends_a_failed_steps_routing_before_anything_of_the_build_goes():
+    # close()'s hooks drop the graphs' MemPool; PyTorch empties a pool nothing
+    # holds in its destructor, which aborts the process while any routing is
+    # under way: the routing the failed step left ends before the first hook
+    seen, seen_hook = [], []
+
+    def step(i, off, pools):
+        if pools is not None and not seen_hook:
+            seen_hook.append(True)      # (the plan's pools come with its first routed step)
+            off._close_hooks.insert(0, lambda: seen.append(pools.routing))
+    on = _train(True, 4, True, fail_at=3, at_step=step)
+    assert seen == [None], seen
+    assert on["stats"]["optimizer_routed_steps"] == 3
+
+
+@routes
 def test_vmmrt_empty_cache_ends_a_failed_steps_routing_first():
     seen = {}
 

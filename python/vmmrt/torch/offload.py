@@ -771,6 +771,13 @@ class Offload:
         self._abort_hooks.clear()
         self.gin_hold = None
         if not self.runtime.closed:
+            # An optimizer step that raised left this thread's allocations
+            # routed to the plan's pages (vmmrt.torch.optmem): the hooks below
+            # drop the graphs' MemPool, and PyTorch empties a pool nothing
+            # holds any more in its destructor, which aborts the process
+            # while any routing is under way (captures_underway.empty()).
+            from vmmrt.torch import optmem
+            optmem.end_routing()
             for fn in self._close_hooks:
                 fn()
             self._close_hooks.clear()
