@@ -961,6 +961,13 @@ def test_front_point_line_shows_the_memory_by_owner():
     pt["peak_where"] = {"phase": "backward", "allocator": 2 * MiB}
     assert "peak 3 MiB over the memory before the model (in its backward, PyTorch's allocator holding 2)" in \
         f._line(1, 1, pt)
+    # a peak that was the step's first reading: every cache full before the
+    # step, the phase of that reading says nothing (the H100's fronts of
+    # 2026-12-06 all read "in its zeroing")
+    pt["peak_at_start"] = frontrun._peak_at_start({"peak": 3 * MiB, "start": 3 * MiB})
+    assert "peak 3 MiB over the memory before the model (held from the step's start, PyTorch's allocator " \
+        "holding 2)" in f._line(1, 1, pt)
+    assert not frontrun._peak_at_start({"peak": 3 * MiB, "start": 2 * MiB}) and not frontrun._peak_at_start(None)
 
 
 def test_the_sampler_keeps_where_the_step_was_at_its_peak():

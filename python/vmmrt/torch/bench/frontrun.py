@@ -226,6 +226,12 @@ def eager_modules():
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 
+def _peak_at_start(sampled):
+    """Whether a step's peak (memory.PeakSampler.as_dict()) was its first
+    reading: nothing in the step took more from the driver."""
+    return bool(sampled) and sampled.get("peak") is not None and sampled.get("peak") == sampled.get("start")
+
+
 def fresh(cuda):
     """What a fresh process would not hold: cuBLAS keeps a workspace per
     (handle, stream) in the caching allocator, and every
@@ -453,6 +459,7 @@ class Front:
                       peak_samples=(row.get("peak") or {}).get("samples"),
                       peak_rate_hz=(row.get("peak") or {}).get("rate_hz"),
                       peak_where=(row.get("peak") or {}).get("where"),
+                      peak_at_start=_peak_at_start(row.get("peak")),
                       d2h_bytes_per_step=row.get("d2h_bytes_per_step"),
                       launch_fwd_us_per_layer=row.get("launch_fwd_us_per_layer"),
                       launch_bwd_us_per_layer=row.get("launch_bwd_us_per_layer"),
@@ -517,9 +524,16 @@ class Front:
             parts.append("(x%.3f %s)" % (pt["step_ms"] / ref["step_ms"], ref["label"]))
         if pt.get("peak") is not None:
             w = pt.get("peak_where") or {}
+            # Driver-level memory moves only when something is allocated from
+            # or given back to the driver: with every cache full from the
+            # warm-up steps it does not move in the measured step, and the
+            # step's first reading is its peak (the phase then says nothing
+            # of where the memory was taken).
+            where = "held from the step's start" if pt.get("peak_at_start") else \
+                "in its %s" % w["phase"] if w.get("phase") else None
             parts.append("peak %.0f MiB over the memory before the model%s" % (
-                pt["peak"] / MiB, " (in its %s, PyTorch's allocator holding %.0f)" % (
-                    w["phase"], w["allocator"] / MiB) if w.get("phase") and w.get("allocator") is not None else ""))
+                pt["peak"] / MiB, " (%s, PyTorch's allocator holding %.0f)" % (where, w["allocator"] / MiB)
+                if where and w.get("allocator") is not None else ""))
         pg = pt.get("pages") or {}
         if pg.get("plan_bytes"):
             pool = pg["graph_pool_bytes"]
