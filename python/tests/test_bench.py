@@ -968,6 +968,22 @@ def test_front_point_line_shows_the_memory_by_owner():
     assert "peak 3 MiB over the memory before the model (held from the step's start, PyTorch's allocator " \
         "holding 2)" in f._line(1, 1, pt)
     assert not frontrun._peak_at_start({"peak": 3 * MiB, "start": 2 * MiB}) and not frontrun._peak_at_start(None)
+    # saved bytes computed elsewhere and copied into their slots each step
+    # (an op without an out= overload): said with the largest reasons
+    assert "copied into" not in f._line(1, 1, pt)
+
+    class Off:
+        def __init__(self, p):
+            self.p = p
+
+        def placement(self):
+            return self.p
+    assert frontrun.placement_fields(Off({"placed": 5 * MiB, "copied": 0, "copy": 0, "why": {}})) == {}
+    pt.update(frontrun.placement_fields(Off({"placed": 5 * MiB, "copied": 64 * MiB, "copy": 2 * MiB, "resident": 0,
+                                             "pool": 0, "why": {"aten._safe_softmax has no out= variant": 64 * MiB,
+                                                                "end of forward": 2 * MiB}})))
+    assert "copied into their slots 66 MiB a step (aten._safe_softmax has no out= variant: 64 MiB; end of " \
+        "forward: 2 MiB)" in f._line(1, 1, pt)
 
 
 def test_the_sampler_keeps_where_the_step_was_at_its_peak():

@@ -314,6 +314,22 @@ def plan_fields(plan):
     return out
 
 
+def placement_fields(off):
+    """How the saved bytes reached their slots at the captures
+    (Offload.placement): born there, or computed elsewhere and copied in
+    by each forward (an op without an out= overload: a copy per layer per
+    step that torch's graphs do not make), with the reasons; nothing where
+    every byte was born in place."""
+    try:
+        p = off.placement()
+    except Exception:  # noqa: B902 - a report, not the point's result
+        return {}
+    copied = p.get("copied", 0) + p.get("copy", 0)
+    if not copied:
+        return {}
+    return {"placement": {k: p[k] for k in ("placed", "copied", "copy", "resident", "pool", "why") if k in p}}
+
+
 def timing_fields(off):
     """What a point records of the times its planner read (vmmrt.torch.
     replay_times): per layer, where they came from (its graphs' replays or
@@ -451,7 +467,8 @@ class Front:
             if o.kind == "recompute" and built.offload is not None and built.offload.plan is not None:
                 self.plan_of_recompute = (built.offload.plan, self._peak(row)[1])
             if built.offload is not None:
-                pt.update(plan_fields(built.offload.plan), **timing_fields(built.offload))
+                pt.update(plan_fields(built.offload.plan), **timing_fields(built.offload),
+                          **placement_fields(built.offload))
             peak, peak_abs = self._peak(row)
             pt.update(step_ms=row["step_ms"], step_ms_min=row["step_ms_min"], step_ms_max=row["step_ms_max"],
                       iterations=row["iterations"], fwd_bwd_ms=row["fwd_bwd_ms"], opt_ms=row["opt_ms"],
@@ -547,6 +564,12 @@ class Front:
         if om.get("routed_steps"):
             parts.append("optimizer in the pages (%.0f MiB lent, %.0f used, %.0f from the driver, hooks %.0f us)"
                          % (om["lent_bytes"] / MiB, om["peak_bytes"] / MiB, om["fallback_bytes"] / MiB, om["hook_us"]))
+        pl = pt.get("placement") or {}
+        if pl.get("copied", 0) + pl.get("copy", 0):
+            why = sorted((pl.get("why") or {}).items(), key=lambda kv: -kv[1])
+            parts.append("copied into their slots %.0f MiB a step (%s)" % (
+                (pl.get("copied", 0) + pl.get("copy", 0)) / MiB,
+                "; ".join("%s: %.0f MiB" % (w, n / MiB) for w, n in why[:2]) or "?"))
         parts.append("grads %s" % pt.get("grads_text", "-"))
         line = "  ".join(parts)
         if pt.get("memory"):
