@@ -105,6 +105,39 @@ def test_a_relu_is_placed_as_the_clamp_min_it_is():
     assert "aten.relu.out" not in seen.ops and "aten.clamp_min.out" in seen.ops
 
 
+def _composite_safe_softmax():
+    has = getattr(torch._C, "_dispatch_has_kernel_for_dispatch_key", None)
+    return hasattr(torch.ops.aten, "_safe_softmax") and has is not None and \
+        has("aten::_safe_softmax", "CompositeExplicitAutograd")
+
+
+@pytest.mark.skipif(not _composite_safe_softmax(), reason="no aten._safe_softmax as PyTorch's composite here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_safe_softmax_is_placed_as_the_ops_it_is(dtype):
+    """sdpa's math backend saves aten._safe_softmax's output, an op with no
+    out= overload: computed in the pool and copied into its slot, 64 MiB a
+    layer a forward on the launch-bound layers (none at 1.046x graphs'
+    time with math attention, H100). PyTorch computes it as softmax, then
+    where(a row all -inf, 0, softmax): those ops, the where by its out=
+    kernel at the target, give the same bits, a masked row's zeros too."""
+    x = torch.randn(2, 3, 5, 7).to(dtype)
+    x[0, 1, 2, :] = float("-inf")                   # a row every input of which is masked
+    x[1, 0, :, 3] = float("-inf")
+    with place.Mode("cpu") as m:
+        y = torch.ops.aten._safe_softmax(x, -1)
+    b = m.births[y.data_ptr()]
+    assert b.key == ("aten._safe_softmax.default", 0)
+    t = place.Placed(b, torch.empty_strided(b.shape, b.stride, dtype=b.dtype))
+    where = t.target.data_ptr()
+    with _Seen() as seen:
+        with place.Mode("cpu", [t], m.by_key, record=False):
+            y2 = torch.ops.aten._safe_softmax(x, -1)
+    assert t.how == "placed" and y2.data_ptr() == where
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(y2.view(bits), y.view(bits)) and not y2[0, 1, 2].any()
+    assert "aten.where.self_out" in seen.ops and "aten.copy_.default" not in seen.ops
+
+
 def test_an_unsafe_view_is_no_birth_its_mm_is_placed():
     """matmul over a 3-D input (a Linear) views its mm's output with
     aten._unsafe_view, whose schema has no alias annotation: taken for the

@@ -334,7 +334,7 @@ class Mode(TorchDispatchMode if AVAILABLE else object):
                 and tuple(args[0].shape) == tuple(want[0].target.shape):
             p = want[0]
             tg, p.target = p.target, None
-            write(tg, args[0])
+            write(tg, args, kwargs)
             p.how, p.why = "placed", None
             return tg
         by_out = {p.birth.out: p for p in want}
@@ -406,12 +406,28 @@ def name_of(func):
     return str(func).rsplit(".", 1)[0]
 
 
-def _copy_into(target, src):
-    target.copy_(src)
+def _copy_into(target, args, kwargs):
+    target.copy_(args[0])
 
 
-def _clamp_min_into(target, src):
-    _CLAMP_MIN_OUT(src, 0, out=target)
+def _clamp_min_into(target, args, kwargs):
+    _CLAMP_MIN_OUT(args[0], 0, out=target)
+
+
+def _safe_softmax_into(target, args, kwargs):
+    """aten._safe_softmax (what sdpa's math backend saves for its backward)
+    has no out= overload; PyTorch computes it, on every device, as softmax,
+    then where(every input of the row is -inf, 0, softmax). The same ops
+    here, the last one by its out= kernel at the target: the same bits, and
+    no copy of the attention's probabilities (32 heads x seq^2 a layer a
+    forward: 64 MiB at seq 1024, bf16)."""
+    x, dim = args[0], args[1]
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    out = torch.softmax(x, dim, dtype=dtype)
+    neg_inf = torch.scalar_tensor(float("-inf"), dtype=out.dtype, device=out.device)
+    rows = torch.all(x.eq(neg_inf), dim, keepdim=True)
+    zero = torch.scalar_tensor(0.0, dtype=out.dtype, device=out.device)
+    _WHERE_OUT(rows, zero, out, out=target)
 
 
 _TO_COPY = torch.ops.aten._to_copy.default
@@ -421,13 +437,21 @@ _CLAMP_MIN_OUT = torch.ops.aten.clamp_min.out
 # clone (on 8 Llama-3-8B layers repeat_interleave's k and v, two 32 MiB
 # copies a layer a forward, H100) and _to_copy by a copy_, relu by the
 # clamp_min(self, 0) PyTorch computes it as (the encoder's 128 MiB FFN
-# activation a layer a forward), bit for bit.
+# activation a layer a forward), _safe_softmax by the ops it is (math
+# attention's probabilities: mode none ran 1.046x torch graphs' time on the
+# launch-bound layers, H100), bit for bit.
+_WHERE_OUT = torch.ops.aten.where.self_out
 _WRITERS = {torch.ops.aten.clone.default: _copy_into, torch.ops.aten.relu.default: _clamp_min_into}
+if hasattr(torch.ops.aten, "_safe_softmax") and \
+        torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax", "CompositeExplicitAutograd") and \
+        not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_safe_softmax", "CUDA"):
+    # (only where it is that composite: a kernel of its own could round otherwise)
+    _WRITERS[torch.ops.aten._safe_softmax.default] = _safe_softmax_into
 
 
 def writer(func, kwargs):
     """How a placement writes the single output of ``func`` into its target
-    (``write(target, first argument)``) where not through the op's own out=
+    (``write(target, args, kwargs)``, the op's own) where not through its out=
     kernel, or None. The target has the strides discovery saw the op give
     its output; a _to_copy only on the same device with no pinned or
     non-default memory format request."""
