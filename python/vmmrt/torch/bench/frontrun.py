@@ -320,14 +320,10 @@ def placement_fields(off):
     by each forward (an op without an out= overload: a copy per layer per
     step that torch's graphs do not make), with the reasons; nothing where
     every byte was born in place."""
-    try:
-        p = off.placement()
-    except Exception:  # noqa: B902 - a report, not the point's result
+    p = off.placement()
+    if not p["copied"] + p["copy"]:
         return {}
-    copied = p.get("copied", 0) + p.get("copy", 0)
-    if not copied:
-        return {}
-    return {"placement": {k: p[k] for k in ("placed", "copied", "copy", "resident", "pool", "why") if k in p}}
+    return {"placement": {k: p[k] for k in ("placed", "copied", "copy", "resident", "pool", "why")}}
 
 
 def timing_fields(off):
@@ -564,12 +560,11 @@ class Front:
         if om.get("routed_steps"):
             parts.append("optimizer in the pages (%.0f MiB lent, %.0f used, %.0f from the driver, hooks %.0f us)"
                          % (om["lent_bytes"] / MiB, om["peak_bytes"] / MiB, om["fallback_bytes"] / MiB, om["hook_us"]))
-        pl = pt.get("placement") or {}
-        if pl.get("copied", 0) + pl.get("copy", 0):
-            why = sorted((pl.get("why") or {}).items(), key=lambda kv: -kv[1])
+        pl = pt.get("placement")
+        if pl:      # (only where something is copied: placement_fields)
+            why = sorted(pl["why"].items(), key=lambda kv: -kv[1])
             parts.append("copied into their slots %.0f MiB a step (%s)" % (
-                (pl.get("copied", 0) + pl.get("copy", 0)) / MiB,
-                "; ".join("%s: %.0f MiB" % (w, n / MiB) for w, n in why[:2]) or "?"))
+                (pl["copied"] + pl["copy"]) / MiB, "; ".join("%s: %.0f MiB" % (w, n / MiB) for w, n in why[:2])))
         parts.append("grads %s" % pt.get("grads_text", "-"))
         line = "  ".join(parts)
         if pt.get("memory"):
