@@ -14,6 +14,9 @@
 # A and B are issue #20's shapes. Parts (arguments; none: group A; "all":
 # every part, for a machine without the limit):
 #   pytest   the test suite                                          ~5 min
+#   pytest:K/N  the K-th of N runs of consecutive test files (the suite
+#            with its GPU tests outlasts one device call: pytest:1/2 and
+#            pytest:2/2 in two calls)
 #   smoke    --smoke: every default mode, both loops, tiny shape     ~0.6 min
 #   s4096    8 Llama-3-8B layers (torch ops), seq 4096, 7 modes      ~2.5 min
 #   hf       8 transformers LlamaDecoderLayers, seq 4096, 4 modes    ~1 min
@@ -156,6 +159,33 @@ for part in "${parts[@]}"; do
 		step pytest 420 "$py" -m pytest -p no:cacheprovider -rs -v "$tree/python/tests" --junitxml="$out/pytest.xml"
 		grep -E "passed|failed|error" "$out/pytest.log" | tail -1 | tee -a "$summary"
 		grep -E "^(FAILED|ERROR)" "$out/pytest.log" | tee -a "$summary" ;;
+	pytest:*)
+		# one of N runs of the suite's files, in their order, cut into N
+		# runs of consecutive files: the whole suite with its GPU tests
+		# outlasts one device call (two sessions' make check was stopped
+		# at 10 minutes inside tests/python.sh)
+		[ -n "${GPU_RUN_NO_PYTEST:-}" ] && continue
+		k=${part#pytest:}
+		case $k in */*) ;; *) k=/ ;; esac
+		n=${k#*/}
+		k=${k%%/*}
+		case "$k/$n" in
+		*[!0-9/]* | /* | */ ) note "gpu_run: $part: give pytest:K/N, 1 <= K <= N"; continue ;;
+		esac
+		if [ "$k" -lt 1 ] || [ "$k" -gt "$n" ]; then
+			note "gpu_run: $part: give pytest:K/N, 1 <= K <= N"
+			continue
+		fi
+		files=("$tree"/python/tests/test_*.py)
+		total=${#files[@]}
+		first=$(((k - 1) * total / n))
+		last=$((k * total / n))
+		name=pytest-$k-of-$n
+		step "$name" 540 "$py" -m pytest -p no:cacheprovider -rs -v --durations=15 \
+			"${files[@]:first:last-first}" --junitxml="$out/$name.xml"
+		note "$name: ${files[first]##*/} .. ${files[last-1]##*/} ($((last - first)) of $total files)"
+		grep -E "passed|failed|error" "$out/$name.log" | tail -1 | tee -a "$summary"
+		grep -E "^(FAILED|ERROR)" "$out/$name.log" | tee -a "$summary" ;;
 	smoke) bench bench-smoke 90 --smoke ;;
 	s4096) bench bench-s4096 300 --layer torch --layers 8 ;;
 	hf) bench bench-hf 150 --layer hf --layers 8 ;;
@@ -196,7 +226,7 @@ for part in "${parts[@]}"; do
 		--json "$out/launch-ab.json" || true
 		[ -f "$out/launch-ab.log" ] && grep -E "over torch graphs|least" "$out/launch-ab.log" | tee -a "$summary" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab, or all)" ;;
 	esac
 done
 note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"
