@@ -99,6 +99,20 @@ here=$(cd "$(dirname "$0")" && pwd)
 tree=$(cd "$here/../.." && pwd)
 out=${OUT:-$tree/gpu-out}
 mkdir -p "$out"
+# GPU_RUN_PACK=1: every part's files in one archive, $out/gpu-run.tar.gz,
+# written again after each part (so a command stopped at its limit keeps
+# the parts before), beside summary.txt: the device machine sends back at
+# most 8 files of $OUT, fewer than three parts write.
+packed=
+if [ -n "${GPU_RUN_PACK:-}" ]; then
+	packed=$out
+	out=$(mktemp -d "${TMPDIR:-/tmp}/gpu-run.XXXXXX")
+fi
+pack() {
+	[ -n "$packed" ] || return 0
+	tar -czf "$packed/gpu-run.tar.gz.part" -C "$out" . && mv -f "$packed/gpu-run.tar.gz.part" "$packed/gpu-run.tar.gz"
+	cp -f "$summary" "$packed/summary.txt"
+}
 py=${PYTHON:-python3}
 t_start=$(date +%s)
 budget=${GPU_RUN_BUDGET_S:-480}
@@ -228,5 +242,7 @@ for part in "${parts[@]}"; do
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
 	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab, or all)" ;;
 	esac
+	pack
 done
-note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json"
+note "gpu_run: done in $(($(date +%s) - t_start)) s; tables in $out/bench*.log, numbers in $out/bench*.json${packed:+ (all in $packed/gpu-run.tar.gz)}"
+pack
