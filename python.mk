@@ -60,6 +60,7 @@ vmmrt_py_bench = \
 	python/vmmrt/torch/bench/llama.py \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
+	python/vmmrt/torch/bench/onetime.py \
 	python/vmmrt/torch/bench/progress.py \
 	python/vmmrt/torch/bench/report.py \
 	python/vmmrt/torch/bench/shapes.py \

@@ -71,6 +71,9 @@
 #   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
 #                  callables and vmmrt none alternated, the launch
 #                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
+#   one-time       --one-time on launch and llama: the device memory a fresh
+#                  process keeps of each kind of step, stage by stage
+#                  ([memory-plan]: the set_to_none loop's base)        ~2 min (an estimate)
 #   The fronts, one group per command, each with GPU_RUN_NO_PYTEST=1:
 #     bash .gpu/on-device.sh 'GPU_RUN_NO_PYTEST=1 bash python/tests/gpu_run.sh front-launch front-llama'
 #   (~6 min; front-smoke first where the time allows), then front-encoder;
@@ -239,8 +242,11 @@ for part in "${parts[@]}"; do
 	launch-ab) step launch-ab 240 "$py" -m vmmrt.torch.bench --launch-ab 40 --shape launch,llama \
 		--json "$out/launch-ab.json" || true
 		[ -f "$out/launch-ab.log" ] && grep -E "over torch graphs|least" "$out/launch-ab.log" | tee -a "$summary" ;;
+	one-time) step one-time 240 "$py" -m vmmrt.torch.bench --one-time --shape launch,llama --optimizer fused \
+		--json "$out/one-time.json" || true
+		[ -f "$out/one-time.log" ] && grep -E "^  (torch|vmmrt|libvmmrt|one eager)" "$out/one-time.log" | tee -a "$summary" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab one-time, or all)" ;;
 	esac
 	pack
 done

@@ -1164,3 +1164,50 @@ def test_a_failing_where_leaves_the_sampler_its_peak():
         time.sleep(0.001)
     s.stop()
     assert s.peak == 3 and "RuntimeError: no device" in s.peak_where["error"]
+
+
+def test_one_time_stages_count_what_each_leaves():
+    """--one-time's accounting (bench/onetime.py) on a made-up device: each
+    stage's build, steps and what it leaves, against the reading before it,
+    with what an earlier stage left not charged to a later one."""
+    from vmmrt.torch.bench import onetime
+    MB = 1 << 20
+    dev = {"used": 100 * MB, "cache": 0, "settles": 0}
+
+    def used():
+        return dev["used"] + dev["cache"]
+
+    def settle():
+        dev["settles"] += 1
+        dev["cache"] = 0            # PyTorch's caches emptied: gone from the reading
+
+    def take(n, cached=0):
+        dev["used"] += n * MB
+        dev["cache"] += cached * MB
+
+    stages = [
+        # builds 40, its steps 10 more (and 5 of cache that settling gives back),
+        # and tearing down gives 42 back: 8 left for good
+        onetime.Stage("graphs", lambda: take(40), lambda b: take(5, cached=5), lambda b: take(-42), 2),
+        # leaves nothing
+        onetime.Stage("empty", lambda: take(3), None, lambda b: take(-3)),
+        # built twice: the first leaves 6, the second 0
+        onetime.Stage("again", lambda: take(6), None, None),
+        onetime.Stage("again2", lambda: take(6), None, lambda b: take(-6)),
+    ]
+    rows = onetime.measure(stages, used, settle)
+    got = [(r["stage"], r["build"] // MB, r["steps"] // MB, r["left"] // MB, r["left_total"] // MB) for r in rows]
+    assert got == [("graphs", 40, 10, 8, 8), ("empty", 3, 0, 0, 8), ("again", 6, 0, 6, 14), ("again2", 6, 0, 0, 14)]
+    assert dev["settles"] >= 1 + 3 * len(stages)
+    text = "\n".join(onetime.lines(rows))
+    assert "graphs" in text and "left in all" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")
+def test_one_time_is_a_run_of_its_own_on_cuda():
+    with pytest.raises(SystemExit):
+        bench.parse(["--one-time", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--one-time", "--front"])
+    with pytest.raises(SystemExit):
+        bench.parse(["--one-time", "--launch-ab", "4"])

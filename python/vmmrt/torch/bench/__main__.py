@@ -169,6 +169,10 @@ def _parser():
                    help="instead of the tables: torch's graphed callables and vmmrt none over --shape's layers, "
                         "their steps alternated PAIRS times (ABBA), each begun with the device idle; the launch "
                         "thread's excess per layer per step, pair by pair (CUDA only; see bench/launch_ab.py)")
+    p.add_argument("--one-time", action="store_true",
+                   help="instead of the tables: the device memory a fresh process keeps once each kind of step "
+                        "has run in it (the model, an eager step, torch's graphs, an empty libvmmrt runtime, "
+                        "vmmrt none twice), stage by stage, on --shape's layers (CUDA only; see bench/onetime.py)")
     p.add_argument("--check-alone", action="store_true",
                    help="--front: then each PyTorch point again alone in a fresh process "
                         "(python3 -m vmmrt.torch.bench.alone), its figures against the front's")
@@ -221,7 +225,7 @@ def parse(argv):
         if x not in LAYERS:
             p.error("unknown layer %r; layers are %s, or all" % (x, ", ".join(LAYERS)))
     if a.loop is None:
-        a.loop = "set_to_none" if a.front or a.launch_ab else "both"
+        a.loop = "set_to_none" if a.front or a.launch_ab or a.one_time else "both"
     a.loops = list(loops.LOOPS) if a.loop == "both" else [a.loop]
     a.shapes = list(shapes.SHAPES) if a.shape == "all" else [x.strip() for x in a.shape.split(",") if x.strip()]
     for x in a.shapes:
@@ -244,6 +248,10 @@ def parse(argv):
         p.error("--launch-ab is a run of its own: give it without --front or --budget-sweep")
     if a.launch_ab and not a.device.startswith("cuda"):
         p.error("--launch-ab compares graphed callables: it needs CUDA")
+    if a.one_time and (a.front or a.budget_sweep or a.launch_ab):
+        p.error("--one-time is a run of its own: give it without --front, --budget-sweep or --launch-ab")
+    if a.one_time and not a.device.startswith("cuda"):
+        p.error("--one-time reads the device's memory: it needs CUDA")
     if a.check_repeats < 0:
         p.error("--check-repeats must be 0 or more")
     if not 0 < a.check_tolerance < 1:
@@ -388,6 +396,29 @@ def _budget_sweep(args, argv, doc, shape, dev, dtype, t0):
     return 0
 
 
+def _one_time(args, argv, dev, dtype, t0):
+    from vmmrt.torch.bench import onetime
+    print("vmmrt.torch.bench: one-time memory of %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
+          % (", ".join(args.shapes), args.dtype, args.attention, torch.cuda.get_device_name(dev), torch.__version__,
+             vmmrt.version_string()), flush=True)
+    doc = {"config": dict(vars(args)), "one_time": []}
+    for name in args.shapes:
+        spec = shapes.SHAPES[name]
+        if args.smoke:
+            spec = spec.smoke(args.device)
+        print("\n== one-time memory: %s" % spec.describe(), flush=True)
+        try:
+            doc["one_time"].append(onetime.run(args, spec, dev, dtype))
+        except shapes.Unavailable as e:
+            print("skipped: %s" % e, flush=True)
+            doc["one_time"].append({"shape": spec.name, "error": "Unavailable: %s" % e})
+    doc["wall_s"] = time.perf_counter() - t0
+    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
+    if args.json:
+        report.dump(args.json, doc)
+    return 0
+
+
 def _launch_ab(args, argv, doc, dev, dtype, t0):
     from vmmrt.torch.bench import launch_ab
     doc["launch_ab"] = []
@@ -458,6 +489,9 @@ def main(argv=None):
     shape = llama.Shape(args.hidden, args.ffn, args.heads, args.kv_heads, args.seq, args.batch)
     dev = torch.device(args.device)
     t0 = time.perf_counter()
+    if args.one_time:
+        # before anything of libvmmrt's is opened (the copies' probe below)
+        return _one_time(args, argv, dev, dtype, t0)
     probe = 256 << 20 if dev.type == "cuda" else 64 << 20
     bw = planner.measure_bandwidth(dev, probe)
     info = {"torch": torch.__version__, "python": platform.python_version(), "vmmrt": vmmrt.version_string(),
