@@ -396,47 +396,40 @@ def _budget_sweep(args, argv, doc, shape, dev, dtype, t0):
     return 0
 
 
+def _per_shape(key, title, run, args, argv, doc, dev, dtype, t0):
+    """A run of its own over each of --shape's layers (--launch-ab,
+    --one-time): ``run(args, spec, dev, dtype)``'s result per shape in
+    doc[key], a shape whose package is missing said and skipped."""
+    doc[key] = []
+    for name in args.shapes:
+        spec = shapes.SHAPES[name]
+        if args.smoke:
+            spec = spec.smoke(args.device)
+        print("\n== %s: %s" % (title, spec.describe()), flush=True)
+        try:
+            doc[key].append(run(args, spec, dev, dtype))
+        except shapes.Unavailable as e:     # a package the shape's layers need is missing: said, and skipped
+            print("skipped: %s" % e, flush=True)
+            doc[key].append({"shape": spec.name, "error": "Unavailable: %s" % e})
+    doc["wall_s"] = time.perf_counter() - t0
+    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
+    if args.json:
+        report.dump(args.json, doc)
+    return 0
+
+
 def _one_time(args, argv, dev, dtype, t0):
     from vmmrt.torch.bench import onetime
     print("vmmrt.torch.bench: one-time memory of %s, %s, attention %s, on %s (torch %s, libvmmrt %s)"
           % (", ".join(args.shapes), args.dtype, args.attention, torch.cuda.get_device_name(dev), torch.__version__,
              vmmrt.version_string()), flush=True)
-    doc = {"config": dict(vars(args)), "one_time": []}
-    for name in args.shapes:
-        spec = shapes.SHAPES[name]
-        if args.smoke:
-            spec = spec.smoke(args.device)
-        print("\n== one-time memory: %s" % spec.describe(), flush=True)
-        try:
-            doc["one_time"].append(onetime.run(args, spec, dev, dtype))
-        except shapes.Unavailable as e:
-            print("skipped: %s" % e, flush=True)
-            doc["one_time"].append({"shape": spec.name, "error": "Unavailable: %s" % e})
-    doc["wall_s"] = time.perf_counter() - t0
-    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
-    if args.json:
-        report.dump(args.json, doc)
-    return 0
+    return _per_shape("one_time", "one-time memory", onetime.run, args, argv, {"config": dict(vars(args))}, dev,
+                      dtype, t0)
 
 
 def _launch_ab(args, argv, doc, dev, dtype, t0):
     from vmmrt.torch.bench import launch_ab
-    doc["launch_ab"] = []
-    for name in args.shapes:
-        spec = shapes.SHAPES[name]
-        if args.smoke:
-            spec = spec.smoke(args.device)
-        print("\n== launch A/B: %s" % spec.describe(), flush=True)
-        try:
-            doc["launch_ab"].append(launch_ab.run(args, spec, dev, dtype))
-        except shapes.Unavailable as e:     # a package the shape's layers need is missing: said, and skipped
-            print("skipped: %s" % e, flush=True)
-            doc["launch_ab"].append({"shape": spec.name, "error": "Unavailable: %s" % e})
-    doc["wall_s"] = time.perf_counter() - t0
-    print("\ncommand: python3 -m vmmrt.torch.bench %s   (%.0f s)" % (" ".join(argv), doc["wall_s"]), flush=True)
-    if args.json:
-        report.dump(args.json, doc)
-    return 0
+    return _per_shape("launch_ab", "launch A/B", launch_ab.run, args, argv, doc, dev, dtype, t0)
 
 
 def _front(args, argv, doc, dev, dtype, t0):
