@@ -29,6 +29,7 @@ vmmrt_py_torch = \
 	python/vmmrt/torch/_te.py \
 	python/vmmrt/torch/eager.py \
 	python/vmmrt/torch/grads.py \
+	python/vmmrt/torch/gradshare.py \
 	python/vmmrt/torch/graphpool.py \
 	python/vmmrt/torch/graphed.py \
 	python/vmmrt/torch/layer.py \
@@ -92,6 +93,7 @@ vmmrt_py_tests = \
 	python/tests/test_abandoned_pool.py \
 	python/tests/test_replay_times.py \
 	python/tests/test_reuse.py \
+	python/tests/test_gradshare.py \
 	python/tests/test_launch_ab.py \
 	python/tests/test_lifetime.py \
 	python/tests/test_select.py \

@@ -931,6 +931,14 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     pt["pages"]["busiest"] = {"use": "layer0's backward", "bytes": {"grads": 1672 * MiB, "pool": 9480 * MiB,
                                                                     "io": 512 * MiB}}
     assert "the pages' busiest use, layer0's backward: pool 9480, grads 1672, io 512 MiB" in f._line(1, 1, pt)
+    assert "could lie on resident bytes" not in f._line(1, 1, pt)
+    # of that backward's gradients, those that could lie on bytes it has read
+    # (vmmrt.torch.gradshare), in the loop whose gradients are on the pages
+    pt["pages"]["busiest_grad_share"] = 306 * MiB
+    assert "; of its gradients, 306 MiB could lie on resident bytes its backward has read" in f._line(1, 1, pt)
+    f.loop = loops.Loop("persistent")
+    assert "could lie on resident bytes" not in f._line(1, 1, pt)
+    f.loop = loops.Loop("set_to_none")
     pt["pages"] = {"plan_bytes": 0, "graph_pool_bytes": 0, "plan_conflicts": 0}     # no plan: nothing said
     assert "pages" not in f._line(1, 1, pt)
 

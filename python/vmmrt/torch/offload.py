@@ -627,6 +627,11 @@ class Offload:
                          st["reuse_bytes"] / mib, st["reuse_layers"], st["reuse_peak_bytes"] / mib,
                          "".join("; %s: captured again without it (%s)" % (lay.name, lay.reuse.fallback)
                                  for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
+        share = self.grad_share()
+        if share:
+            text += ("\nthe parameters' gradients that could lie on resident bytes their backward has already "
+                     "read (vmmrt.torch.gradshare; not mapped yet): %.1f MiB in %d layers, at most %.1f MiB of one"
+                     % (sum(share.values()) / mib, len(share), max(share.values()) / mib))
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
         if timed:
             text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
@@ -695,7 +700,10 @@ class Offload:
         bytes summed), reuse_peak_bytes (the most of them alive at one op of
         a backward, which the pool no longer holds for them), reuse_layers,
         reuse_fallbacks (layers whose capture would have read bytes a
-        temporary took: captured again without it)."""
+        temporary took: captured again without it); grad_share_bytes (the
+        parameters' mapped gradients that could lie on resident bytes
+        their backward has already read: :meth:`grad_share`, reported,
+        not mapped yet)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -712,7 +720,21 @@ class Offload:
                    "graph_pool_pages_bytes": 0, "graph_pool_live_peak_bytes": 0,
                    "graph_pool_never_freed_bytes": 0})
         st.update(self._reuse_stats())
+        st["grad_share_bytes"] = sum(self.grad_share().values())
         return st
+
+    def grad_share(self) -> dict[str, int]:
+        """Per layer, the bytes of its parameters' mapped gradients that could
+        lie on the physical pages of resident bytes its backward has already
+        read (:mod:`vmmrt.torch.gradshare`: reported, not mapped yet); only
+        layers with some."""
+        from vmmrt.torch import gradshare
+        out = {}
+        for lay in self.layers:
+            n = gradshare.layer_share(lay)
+            if n:
+                out[lay.name] = n
+        return out
 
     def _reuse_stats(self) -> dict[str, int]:
         """stats()'s reuse_* keys (vmmrt.torch.reuse): each layer's write graph's

@@ -165,12 +165,11 @@ class Planned:
         return len(self.items)
 
 
-def layer_plan(lay, timeline, births):
-    """The plan for ``lay`` (a LayerOffload with a resident slot) from its
-    discovery backward's ``timeline`` and that pass's births by (op key,
-    output), or None when nothing fits."""
-    if not (AVAILABLE and ENABLED) or timeline is None or lay.resident is None or lay.recompute:
-        return None
+def resident_regions(lay, timeline):
+    """[(start, end, last_use)] of ``lay``'s resident slot: each kept saved
+    region until the op of its backward that reads it last (-1: a region
+    the backward reads from the pool), and its static inputs for good
+    (NEVER)."""
     regions = []
     for r in lay.kept_resident():
         if r.birth is None or r.resident is None:
@@ -180,6 +179,16 @@ def layer_plan(lay, timeline, births):
     for at, n in zip(lay.input_at or (), lay.input_bytes or ()):
         if at is not None and n:
             regions.append((at, at + n, NEVER))
+    return regions
+
+
+def layer_plan(lay, timeline, births):
+    """The plan for ``lay`` (a LayerOffload with a resident slot) from its
+    discovery backward's ``timeline`` and that pass's births by (op key,
+    output), or None when nothing fits."""
+    if not (AVAILABLE and ENABLED) or timeline is None or lay.resident is None or lay.recompute:
+        return None
+    regions = resident_regions(lay, timeline)
     trans = [t for t in timeline.transients() if t[0] in births]
     where = plan(lay.resident.nbytes, regions, trans)
     if not where:

@@ -345,6 +345,11 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
         w = off.memplan
         if w is not None and w.plan is not None:
             res["pages"]["busiest"] = w.plan.busiest()     # (what sizes the pages)
+            # of a backward there, its gradients that could lie on resident
+            # bytes it has read (vmmrt.torch.gradshare: not mapped yet)
+            t, _ = w.plan.busiest_use()
+            if t < len(w.plan.order) and w.plan.order[t][1]:
+                res["pages"]["busiest_grad_share"] = off.grad_share().get(w.plan.order[t][0], 0)
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
             res["plan_text"] = off.plan.summary()
