@@ -3,11 +3,10 @@
 granules their backward has already read (made-up timelines), and the
 figure a layer built on the host backend reports."""
 import pytest
-import torch
 
 from test_reuse import host  # noqa: F401  (the fixture: captures on the host backend)
 from test_call_path import _graphed_on_host
-from vmmrt.torch import gradshare, graphed
+from vmmrt.torch import gradshare, graphed, reuse
 from vmmrt.torch.reuse import NEVER
 
 G = 16
@@ -57,6 +56,8 @@ def test_never_free_granules_and_unknown_or_empty_gradients_share_nothing():
     assert gradshare.match([-1], [0]) == {0: 0}
 
 
+@pytest.mark.skipif(not reuse.AVAILABLE, reason="torch without TorchDispatchMode or storage weak refs: no "
+                    "backward timeline to read")
 def test_a_layer_built_on_the_host_backend_reports_its_gradients_on_read_bytes(host, monkeypatch):
     # the test layers are small: granules of 4 KiB, one per region alignment
     monkeypatch.setattr(gradshare, "GRANULE", 4096)
