@@ -23,6 +23,7 @@ different free resident granule. Not mapped yet: the library reports it
 (Offload.stats()["grad_share_bytes"], describe(), the benchmark's busiest
 use line) to size the change before it is made.
 """
+from vmmrt.torch import reuse
 from vmmrt.torch.reuse import NEVER
 
 GRANULE = 2 << 20
@@ -87,7 +88,6 @@ def layer_share(lay, granule=None):
     g = getattr(lay, "grads", None)
     if lay.timeline is None or lay.resident is None or g is None or not getattr(g, "mapped", False):
         return 0
-    from vmmrt.torch import reuse
     timeline, _ = lay.timeline
     regions = reuse.resident_regions(lay, timeline)
     temps = []
