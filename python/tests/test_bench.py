@@ -934,8 +934,10 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     assert "could lie on resident bytes" not in f._line(1, 1, pt)
     # of that backward's gradients, those that could lie on bytes it has read
     # (vmmrt.torch.gradshare), in the loop whose gradients are on the pages
-    pt["pages"]["busiest_grad_share"] = 306 * MiB
-    assert "; of its gradients, 306 MiB could lie on resident bytes its backward has read" in f._line(1, 1, pt)
+    pt["pages"]["busiest_grad_share"] = 120 * MiB
+    pt["pages"]["busiest_grad_share_bound"] = 306 * MiB
+    assert "; of its gradients, 120 MiB could lie on resident bytes its backward has read, 306 with its " \
+           "temporaries placed around them" in f._line(1, 1, pt)
     f.loop = loops.Loop("persistent")
     assert "could lie on resident bytes" not in f._line(1, 1, pt)
     f.loop = loops.Loop("set_to_none")

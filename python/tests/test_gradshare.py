@@ -75,8 +75,14 @@ def test_a_layer_built_on_the_host_backend_reports_its_gradients_on_read_bytes(h
             # make it unknown, and nothing shared)
             assert all(w is None or w >= 0 for w in writes)
             assert share.get(lay.name, 0) <= lay.grads.backing.nbytes
+        # with the temporaries' bytes counted free, no less, and more where
+        # a temporary took read bytes a gradient could have had
+        bound = off.grad_share(temporaries=False)
+        assert all(bound.get(k, 0) >= v for k, v in share.items())
+        assert sum(bound.values()) > sum(share.values())
         st = off.stats()
         assert st["grad_share_bytes"] == sum(share.values()) > 0
+        assert st["grad_share_bound_bytes"] == sum(bound.values())
         assert "could lie on resident bytes" in off.describe()
     finally:
         graphed._close(off, runners)

@@ -79,11 +79,13 @@ def match(free, writes):
     return out
 
 
-def layer_share(lay, granule=None):
+def layer_share(lay, granule=None, temporaries=True):
     """The bytes of ``lay``'s parameter gradients (grads="mapped") that could
     lie on its resident bytes already read, from its discovery backward's
     timeline and its reuse plan; 0 where it has none of those.
-    ``granule``: the pages' (GRANULE)."""
+    ``granule``: the pages' (GRANULE); ``temporaries``: False counts the
+    bytes the reuse plan gave the backward's temporaries as free too (what
+    placing the gradients first could reach: a bound)."""
     granule = granule or GRANULE
     g = getattr(lay, "grads", None)
     if lay.timeline is None or lay.resident is None or g is None or not getattr(g, "mapped", False):
@@ -91,7 +93,7 @@ def layer_share(lay, granule=None):
     timeline, _ = lay.timeline
     regions = reuse.resident_regions(lay, timeline)
     temps = []
-    for b, off, born in (lay.reuse.items if lay.reuse else ()):
+    for b, off, born in (lay.reuse.items if lay.reuse and temporaries else ()):
         temps.append((off, off + b.storage_nbytes, born, timeline.died.get((b.key, b.out))))
     grads = []
     for b, off in g.regions:

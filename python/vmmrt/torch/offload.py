@@ -627,11 +627,13 @@ class Offload:
                          st["reuse_bytes"] / mib, st["reuse_layers"], st["reuse_peak_bytes"] / mib,
                          "".join("; %s: captured again without it (%s)" % (lay.name, lay.reuse.fallback)
                                  for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
-        share = self.grad_share()
-        if share:
+        share, bound = self.grad_share(), self.grad_share(temporaries=False)
+        if share or bound:
             text += ("\nthe parameters' gradients that could lie on resident bytes their backward has already "
-                     "read (vmmrt.torch.gradshare; not mapped yet): %.1f MiB in %d layers, at most %.1f MiB of one"
-                     % (sum(share.values()) / mib, len(share), max(share.values()) / mib))
+                     "read (vmmrt.torch.gradshare; not mapped yet): %.1f MiB in %d layers, at most %.1f MiB of one; "
+                     "%.1f MiB with the backward's temporaries placed around them"
+                     % (sum(share.values()) / mib, len(share), max(share.values() or [0]) / mib,
+                        sum(bound.values()) / mib))
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
         if timed:
             text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
@@ -703,7 +705,8 @@ class Offload:
         temporary took: captured again without it); grad_share_bytes (the
         parameters' mapped gradients that could lie on resident bytes
         their backward has already read: :meth:`grad_share`, reported,
-        not mapped yet)."""
+        not mapped yet), grad_share_bound_bytes (the same with the bytes
+        the backward's temporaries took counted free)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -721,17 +724,20 @@ class Offload:
                    "graph_pool_never_freed_bytes": 0})
         st.update(self._reuse_stats())
         st["grad_share_bytes"] = sum(self.grad_share().values())
+        st["grad_share_bound_bytes"] = sum(self.grad_share(temporaries=False).values())
         return st
 
-    def grad_share(self) -> dict[str, int]:
+    def grad_share(self, temporaries: bool = True) -> dict[str, int]:
         """Per layer, the bytes of its parameters' mapped gradients that could
         lie on the physical pages of resident bytes its backward has already
         read (:mod:`vmmrt.torch.gradshare`: reported, not mapped yet); only
-        layers with some."""
+        layers with some. ``temporaries=False``: with the bytes the
+        backward's temporaries were placed in (vmmrt.torch.reuse) counted
+        free too, a bound."""
         from vmmrt.torch import gradshare
         out = {}
         for lay in self.layers:
-            n = gradshare.layer_share(lay)
+            n = gradshare.layer_share(lay, temporaries=temporaries)
             if n:
                 out[lay.name] = n
         return out

@@ -579,9 +579,11 @@ class Front:
             # what sizes the pages: a peak above eager's is in one of these
             line += "\n      the pages' busiest use, %s: %s MiB" % (busiest["use"], ", ".join(
                 "%s %.0f" % (k, v / MiB) for k, v in sorted(busiest["bytes"].items(), key=lambda kv: -kv[1])))
-            if pg.get("busiest_grad_share") and self.loop.name == "set_to_none":
-                line += "; of its gradients, %.0f MiB could lie on resident bytes its backward has read " \
-                        "(vmmrt.torch.gradshare; not mapped yet)" % (pg["busiest_grad_share"] / MiB)
+            if (pg.get("busiest_grad_share") or pg.get("busiest_grad_share_bound")) and \
+                    self.loop.name == "set_to_none":
+                line += "; of its gradients, %.0f MiB could lie on resident bytes its backward has read, %.0f " \
+                        "with its temporaries placed around them (vmmrt.torch.gradshare; not mapped yet)" % (
+                            (pg.get("busiest_grad_share") or 0) / MiB, (pg.get("busiest_grad_share_bound") or 0) / MiB)
         return line
 
     def _against_none(self, pt):

@@ -349,7 +349,9 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
             # bytes it has read (vmmrt.torch.gradshare: not mapped yet)
             t, _ = w.plan.busiest_use()
             if t < len(w.plan.order) and w.plan.order[t][1]:
-                res["pages"]["busiest_grad_share"] = off.grad_share().get(w.plan.order[t][0], 0)
+                name = w.plan.order[t][0]
+                res["pages"]["busiest_grad_share"] = off.grad_share().get(name, 0)
+                res["pages"]["busiest_grad_share_bound"] = off.grad_share(temporaries=False).get(name, 0)
         if off.plan is not None:
             res["plan"] = off.plan.as_dict()
             res["plan_text"] = off.plan.summary()
