@@ -5,7 +5,7 @@ figure a layer built on the host backend reports."""
 import pytest
 
 from test_reuse import host  # noqa: F401  (the fixture: captures on the host backend)
-from test_call_path import _graphed_on_host
+from test_call_path import OPTIONS, _graphed_on_host
 from vmmrt.torch import gradshare, graphed, reuse
 from vmmrt.torch.reuse import NEVER
 
@@ -58,11 +58,11 @@ def test_never_free_granules_and_unknown_or_empty_gradients_share_nothing():
 
 @pytest.mark.skipif(not reuse.AVAILABLE, reason="torch without TorchDispatchMode or storage weak refs: no "
                     "backward timeline to read")
-def test_a_layer_built_on_the_host_backend_reports_its_gradients_on_read_bytes(host, monkeypatch):
-    # the test layers are small: granules of 4 KiB, one per region alignment
-    monkeypatch.setattr(gradshare, "GRANULE", 4096)
+def test_a_layer_built_on_the_host_backend_reports_its_gradients_on_read_bytes(host):
+    # at the runtime's granularity: the test options' 4 KiB host granules
     g, off, runners = _graphed_on_host("none", "mapped", inputs=True)
     try:
+        assert off.granularity == OPTIONS["host_granularity"]
         share = off.grad_share()
         lays = [r.layer for r in runners]
         assert share and set(share) <= {lay.name for lay in lays}
@@ -70,7 +70,7 @@ def test_a_layer_built_on_the_host_backend_reports_its_gradients_on_read_bytes(h
             timeline, _ = lay.timeline
             writes = gradshare.first_writes(lay.grads.backing.nbytes,
                                             [(o, o + b.storage_nbytes, timeline.born.get((b.key, b.out), (None,))[0])
-                                             for b, o in lay.grads.regions], 4096)
+                                             for b, o in lay.grads.regions], off.granularity)
             # every gradient's birth is in the timeline (a key read wrong would
             # make it unknown, and nothing shared)
             assert all(w is None or w >= 0 for w in writes)

@@ -26,10 +26,8 @@ use line) to size the change before it is made.
 from vmmrt.torch import reuse
 from vmmrt.torch.reuse import NEVER
 
-GRANULE = 2 << 20
 
-
-def free_after(resident_bytes, regions, temps, granule=GRANULE):
+def free_after(resident_bytes, regions, temps, granule):
     """Per granule of a resident slot of ``resident_bytes``: the index of the
     op after which nothing reads or writes it again in the backward (-1:
     from its start; NEVER: not within it). ``regions``: [(start, end,
@@ -47,7 +45,7 @@ def free_after(resident_bytes, regions, temps, granule=GRANULE):
     return out
 
 
-def first_writes(grad_bytes, grads, granule=GRANULE):
+def first_writes(grad_bytes, grads, granule):
     """Per granule of a gradient slot of ``grad_bytes``: the index of the op
     that first writes a gradient over it (None: no gradient there; -1: one
     whose birth is unknown, which nothing may share). ``grads``: [(start,
@@ -79,14 +77,13 @@ def match(free, writes):
     return out
 
 
-def layer_share(lay, granule=None, temporaries=True):
+def layer_share(lay, granule, temporaries=True):
     """The bytes of ``lay``'s parameter gradients (grads="mapped") that could
     lie on its resident bytes already read, from its discovery backward's
     timeline and its reuse plan; 0 where it has none of those.
-    ``granule``: the pages' (GRANULE); ``temporaries``: False counts the
+    ``granule``: the pages' (the runtime's granularity); ``temporaries``: False counts the
     bytes the reuse plan gave the backward's temporaries as free too (what
     placing the gradients first could reach: a bound)."""
-    granule = granule or GRANULE
     g = getattr(lay, "grads", None)
     if lay.timeline is None or lay.resident is None or g is None or not getattr(g, "mapped", False):
         return 0

@@ -20,7 +20,7 @@ import torch
 
 import vmmrt
 from vmmrt import Error, _capi
-from vmmrt.torch import _arena, _compat, _contracts, _launch, backing as _backing, select
+from vmmrt.torch import _arena, _compat, _contracts, _launch, backing as _backing, gradshare, select
 from vmmrt.torch import static_inputs as _static_inputs
 from vmmrt.torch.backing import Backing, flush_late
 from vmmrt.torch.layer import LayerOffload
@@ -734,10 +734,9 @@ class Offload:
         layers with some. ``temporaries=False``: with the bytes the
         backward's temporaries were placed in (vmmrt.torch.reuse) counted
         free too, a bound."""
-        from vmmrt.torch import gradshare
         out = {}
         for lay in self.layers:
-            n = gradshare.layer_share(lay, temporaries=temporaries)
+            n = gradshare.layer_share(lay, self.granularity, temporaries)
             if n:
                 out[lay.name] = n
         return out
