@@ -13,6 +13,10 @@ against what every build costs). Per stage: what its build took, what its
 steps added, and what is left once it is torn down and PyTorch's caches are
 emptied (bench.frontrun.fresh, as between the front's points).
 """
+import torch
+
+import vmmrt
+from vmmrt.torch import memory
 from vmmrt.torch.bench import frontrun, loops, modes, shapes
 
 MiB = float(1 << 20)
@@ -64,47 +68,26 @@ def lines(rows):
 
 def run(args, spec, dev, dtype):
     """The stages on ``spec``'s layers (CUDA only), printed; returns the rows."""
-    import torch
-    import vmmrt
-    from vmmrt.torch import memory
-
-    layers_box = []
     loop = loops.Loop(args.loops[0], args.microbatches)
-    dims_box = []
-
-    def model():
-        layers, dims = shapes.build(spec, dev, dtype, args.attention)
-        layers_box.append(layers)
-        dims_box.append(dims)
-        g = torch.Generator(device="cpu").manual_seed(7)
-        mb = args.microbatches
-        xs = [torch.randn(*dims, generator=g).to(dev, dtype).requires_grad_() for _ in range(mb)]
-        gys = [torch.randn(*dims, generator=g).to(dev, dtype) for _ in range(mb)]
-        return xs, gys
-
-    io = {}
+    made = {}           # the model stage's layers, input dims, inputs and output gradients
 
     def build_model():
-        io["xs"], io["gys"] = model()
-        return None
+        made["layers"], made["dims"] = shapes.build(spec, dev, dtype, args.attention)
+        g = torch.Generator(device="cpu").manual_seed(7)
+        made["xs"] = [torch.randn(*made["dims"], generator=g).to(dev, dtype).requires_grad_()
+                      for _ in range(args.microbatches)]
+        made["gys"] = [torch.randn(*made["dims"], generator=g).to(dev, dtype) for _ in range(args.microbatches)]
 
     def sample():
-        return torch.randn(*dims_box[0], device=dev, dtype=dtype, requires_grad=True)
+        return torch.randn(*made["dims"], device=dev, dtype=dtype, requires_grad=True)
 
     def eager_step(_):
-        frontrun.warm(layers_box[0], io["xs"][0], io["gys"][0], args.optimizer, args.attention, dev)
+        frontrun.warm(made["layers"], made["xs"][0], made["gys"][0], args.optimizer, args.attention, dev)
 
     def graphed(name):
-        def build():
-            b = modes.build(name, layers_box[0], sample, args)
-            return b
-
-        def step(b):
-            loop.step(b.run, b.opt, io["xs"], io["gys"])
-
-        def teardown(b):
-            modes.teardown(b, layers_box[0], inputs=io["xs"])
-        return build, step, teardown
+        return (lambda: modes.build(name, made["layers"], sample, args),
+                lambda b: loop.step(b.run, b.opt, made["xs"], made["gys"]),
+                lambda b: modes.teardown(b, made["layers"], inputs=made["xs"]))
 
     def runtime():
         return vmmrt.Runtime({"backend": "cuda"})
