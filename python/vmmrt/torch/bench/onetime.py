@@ -30,15 +30,18 @@ class Stage:
         self.label, self.build, self.step, self.teardown, self.steps = label, build, step, teardown, steps
 
 
-def measure(stages, used, settle):
+def measure(stages, used, settle, say=None):
     """Run ``stages`` in order; ``used()``: the device's used bytes now;
-    ``settle()``: the work done and the caches emptied. Returns one row per
-    stage: its bytes at build, over its steps, and left after its teardown,
-    each against the reading before it; and the running total left."""
+    ``settle()``: the work done and the caches emptied; ``say(text)``, if
+    given, is told each stage as it starts (a fault names its stage). Returns
+    one row per stage: its bytes at build, over its steps, and left after its
+    teardown, each against the reading before it; and the running total left."""
     rows = []
     settle()
     start = used()
-    for st in stages:
+    for i, st in enumerate(stages):
+        if say is not None:
+            say("[%d/%d] %s: started" % (i + 1, len(stages), st.label))
         settle()
         before = used()
         built = st.build()
@@ -104,7 +107,7 @@ def run(args, spec, dev, dtype):
         torch.cuda.synchronize()
         frontrun.fresh(True)
 
-    rows = measure(stages, lambda: memory.driver_used(dev), settle)
+    rows = measure(stages, lambda: memory.driver_used(dev), settle, lambda text: print(text, flush=True))
     print("one-time memory, %s, %s loop, AdamW %s (driver-level, cuMemGetInfo; left: after the stage's teardown "
           "and PyTorch's caches emptied):" % (spec.name, loop.name, args.optimizer), flush=True)
     for line in lines(rows):
