@@ -938,6 +938,10 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     pt["pages"]["busiest_grad_share_bound"] = 306 * MiB
     assert "; of its gradients, 120 MiB could lie on resident bytes its backward has read, 306 with its " \
            "temporaries placed around them" in f._line(1, 1, pt)
+    # and what the memory plan maps so (memplan.share_grads)
+    assert "the plan maps 0 MiB of the step's gradients so" in f._line(1, 1, pt)
+    pt["pages"]["plan_grad_share_bytes"] = 700 * MiB
+    assert "the plan maps 700 MiB of the step's gradients so" in f._line(1, 1, pt)
     f.loop = loops.Loop("persistent")
     assert "could lie on resident bytes" not in f._line(1, 1, pt)
     f.loop = loops.Loop("set_to_none")

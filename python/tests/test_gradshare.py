@@ -84,5 +84,68 @@ def test_a_layer_built_on_the_host_backend_reports_its_gradients_on_read_bytes(h
         assert st["grad_share_bytes"] == sum(share.values()) > 0
         assert st["grad_share_bound_bytes"] == sum(bound.values())
         assert "could lie on resident bytes" in off.describe()
+        # a backward that runs twice (retain_graph_in_backward) reads its
+        # regions again: nothing may lie on them, nor on a recomputed layer's
+        lay = next(lay for lay in lays if share.get(lay.name))
+        lay.backward_once = False
+        assert gradshare.layer_pairs(lay, off.granularity) == {}
+        lay.backward_once, lay.recompute = True, True
+        assert gradshare.layer_pairs(lay, off.granularity) == {}
+        lay.recompute = False
+        assert len(gradshare.layer_pairs(lay, off.granularity)) * off.granularity == share[lay.name]
     finally:
         graphed._close(off, runners)
+
+
+def test_a_backward_captured_with_retain_graph_runs_twice(host):  # noqa: F811
+    from conftest import samples, zoo_layers
+    _, runners, _, uses, device = graphed._prepare_runners(tuple(zoo_layers(2)), samples(2), None, None, None, [],
+                                                           True, False, 1.0, None)
+    off, _ = graphed._open_offload(runners, uses, device, "none", 1, OPTIONS, 0, 1, True)
+    try:
+        assert runners and all(not r.layer.backward_once for r in runners)
+    finally:
+        off.close()
+    _, runners, _, uses, device = graphed._prepare_runners(tuple(zoo_layers(2)), samples(2), None, None, None, [],
+                                                           False, False, 1.0, None)
+    off, _ = graphed._open_offload(runners, uses, device, "none", 1, OPTIONS, 0, 1, True)
+    try:
+        assert all(r.layer.backward_once for r in runners)
+    finally:
+        off.close()
+
+
+class _Region:
+    def __init__(self, at, nbytes, birth, how="resident"):
+        self.resident, self.nbytes, self.birth, self.how = at, nbytes, birth, how
+
+
+class _Birth:
+    def __init__(self, key, out=0):
+        self.key, self.out = key, out
+
+
+class _Timeline:
+    def __init__(self, last_use):
+        self.last_use = last_use
+
+
+class _Lay:
+    def __init__(self, regions, input_at=None, input_bytes=None):
+        self.regions, self.input_at, self.input_bytes = regions, input_at, input_bytes
+
+    def kept_resident(self):
+        return [r for r in self.regions if r.resident is not None]
+
+
+def test_a_kept_region_whose_birth_is_unknown_is_never_given_away():
+    # the reuse plan skips it (nothing to time it by); the gradients must not
+    # take its bytes: nothing tells when the backward is done with them
+    known = _Region(0, 4096, _Birth("mm"))
+    unknown = _Region(4096, 4096, None)
+    lay = _Lay([known, unknown, _Region(None, 4096, None)], input_at=[8192], input_bytes=[100])
+    regions = gradshare.regions_of(lay, _Timeline({("mm", 0): 5}))
+    assert sorted(regions) == [(0, 4096, 5), (4096, 8192, NEVER), (8192, 8292, NEVER)]
+    free = gradshare.free_after(3 * 4096, regions, [], 4096)
+    assert free == [5, NEVER, NEVER]
+    assert gradshare.match(free, [6, 6, 6]) == {0: 0}

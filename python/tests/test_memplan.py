@@ -200,6 +200,89 @@ def test_one_f_one_b_residents_of_microbatches_share():
     assert sorted(p.shares[key("x/mb0", "resident")]) == [key("x/mb1", "resident"), key("x/mb2", "resident")]
 
 
+# -------------------------- gradients on their own layer's read resident pages
+
+def _split_lives(persistent=False, pairs=None, grad=6 * G):
+    names = ["a", "b"]
+    order = default_order(names)
+    items = memplan.lives(order, {n: 4 * G for n in names}, [(n, [n], grad, persistent) for n in names])
+    pairs = {"a": ("a", {0: 3, 2: 2})} if pairs is None else pairs
+    return order, items, memplan.share_grads(items, pairs, G)
+
+
+def test_a_gradient_slot_takes_the_resident_granules_its_layer_has_read():
+    # a_f=0 b_f=1 b_b=2 a_b=3, the step's end 4; a's gradient granules 0 and 2
+    # on its resident granules 3 and 2
+    order, before, (items, splits) = _split_lives()
+    by = {it.key: it for it in items}
+    assert len(splits) == 1 and splits[0].pairs == {0: 3, 2: 2}
+    # the granules both map live from a's forward to the gradients' end;
+    # the rest of each slot keeps its life
+    assert (by[("a", memplan.SHARED)].nbytes, by[("a", memplan.SHARED)].start, by[("a", memplan.SHARED)].end) == \
+        (2 * G, 0, 4)
+    assert (by[("a", "resident")].nbytes, by[("a", "resident")].start, by[("a", "resident")].end) == (2 * G, 0, 3)
+    assert (by[("a", "grads")].nbytes, by[("a", "grads")].start, by[("a", "grads")].end) == (4 * G, 3, 4)
+    assert by[("a", memplan.SHARED)].mapped_by == [("a", "resident"), ("a", "grads")]
+    # b, not in the pairs, as it was
+    assert [(it.key, it.nbytes) for it in items if it.key[0] == "b"] == \
+        [(it.key, it.nbytes) for it in before if it.key[0] == "b"]
+    plan = memplan.Plan(order, items, G)
+    at = {k: plan.by_key()[k].offset for k in (("a", "resident"), ("a", "grads"), ("a", memplan.SHARED))}
+    res, grads = splits[0].tables(at, G)
+    # a gradient granule on the page of the resident granule it was paired with
+    assert grads[0] == res[3] and grads[2] == res[2]
+    # and no two granules of one slot on one page
+    assert len(set(res)) == 4 and len(set(grads)) == 6
+    assert res[0] == at[("a", "resident")] and res[1] == at[("a", "resident")] + G
+    assert grads[1] == at[("a", "grads")] and grads[3] == at[("a", "grads")] + G
+    # no layout shares a byte between lives that overlap
+    for x in plan.items:
+        for y in plan.items:
+            if x is not y and x.overlaps(y):
+                assert not bytes_of(plan, x.key) & bytes_of(plan, y.key), (x, y)
+    # and the busiest use (a's backward: every gradient, a's resident) holds
+    # the shared granules once
+    alone = memplan.Plan(order, before, G)
+    assert plan.pages_bytes == alone.pages_bytes - 2 * G
+    assert "a grads on resident: 8.0 KiB" in plan.summary() and "shares with a resident, a grads" in plan.summary()
+
+
+def test_a_whole_slot_taken_leaves_no_part_of_its_own():
+    order, _, (items, splits) = _split_lives(pairs={"a": ("a", {0: 1, 1: 0, 2: 3})}, grad=3 * G)
+    keys = {it.key for it in items if it.key[0] == "a"}
+    assert keys == {("a", "resident"), ("a", memplan.SHARED)}       # a resident granule is left, no gradient one
+    assert splits[0].own is None and splits[0].head == ("a", "resident")
+    _, _, (items, splits) = memplan.lives(default_order(["a"]), {"a": 2 * G}, [("a", ["a"], 2 * G, False)]), None, \
+        memplan.share_grads(memplan.lives(default_order(["a"]), {"a": 2 * G}, [("a", ["a"], 2 * G, False)]),
+                            {"a": ("a", {0: 1, 1: 0})}, G)
+    assert [it.key for it in items] == [("a", memplan.SHARED)] and splits[0].head is None and splits[0].own is None
+    plan = memplan.Plan(default_order(["a"]), items, G)
+    at = {("a", memplan.SHARED): plan.items[0].offset}
+    res, grads = splits[0].tables(at, G)
+    assert res == [at[("a", memplan.SHARED)], at[("a", memplan.SHARED)] + G] and grads == [res[1], res[0]]
+
+
+def test_gradients_are_shared_only_in_the_pages_and_from_their_layers_backward():
+    # a persistent .grad keeps memory of its own
+    _, before, (items, splits) = _split_lives(persistent=True)
+    assert not splits and items == before
+    # gradients written by several layers' backwards begin at the first of
+    # them: not the paired layer's, whose bytes another backward may write
+    order = default_order(["a", "b"])
+    items0 = memplan.lives(order, {"a": 4 * G, "b": 4 * G}, [("ab", ["a", "b"], 3 * G, False)])
+    items, splits = memplan.share_grads(items0, {"ab": ("a", {0: 0})}, G)
+    assert not splits and items == items0
+    # nothing paired: nothing split
+    _, before, (items, splits) = _split_lives(pairs={"a": ("a", {})})
+    assert not splits and items == before
+
+
+def test_pairs_that_do_not_fit_their_slots_are_refused():
+    for bad in ({0: 1, 1: 1}, {6: 0}, {0: 4}):
+        with pytest.raises(ValueError, match="do not fit"):
+            _split_lives(pairs={"a": ("a", bad)})
+
+
 def test_bad_timelines_are_refused():
     order = default_order(["a"])
     with pytest.raises(ValueError, match="not in the order"):
@@ -296,12 +379,63 @@ def test_set_to_none_loop_shares_pages_and_makes_no_driver_call(mode, kw):
     assert on["stats"]["slot_bytes"] == on["plan"].total_bytes
     # gradients at their layers' backward land on resident memory of the
     # layers whose backward came before
-    assert any(k[1] == "resident" for k in on["plan"].shares[(on["first_grads"], "grads")])
-    assert on["plan"].pages_bytes < sum(it.nbytes for it in on["plan"].items)
+    # (or on their own layer's, once it has read them: memplan.share_grads)
+    mine = [k for k in on["plan"].shares if k[0] == on["first_grads"] and k[1] in ("grads", memplan.SHARED)]
+    assert any(k[1] == memplan.SHARED for k in mine) or \
+        any(k[1] in ("resident", memplan.SHARED) for m in mine for k in on["plan"].shares[m])
+    # (a shared life's bytes are mapped by two slots)
+    assert on["plan"].pages_bytes < sum(it.nbytes * (2 if it.kind == memplan.SHARED else 1) for it in on["plan"].items)
     for a, b in zip(on["grads"], off["grads"]):
         assert _same(a, b)
     assert "memory plan:" in on["describe"] and "shares with" in on["describe"]
     assert "memory plan: off (memory_plan=False)" in off["describe"]
+
+
+def test_gradients_on_their_layers_read_resident_pages_are_bitwise_as_apart(monkeypatch):
+    """set_to_none: each layer's gradient granules that its backward writes
+    after it has read the resident granules paired with them lie on those
+    pages (memplan.share_grads): fewer pages, the same gradients bitwise,
+    still no driver call in steady state."""
+    shared = _train(True, 5)
+    monkeypatch.setattr(memplan, "SHARE_GRADS", False)
+    apart = _train(True, 5)
+    st = shared["stats"]
+    assert st["plan_grad_share_bytes"] > 0 and apart["stats"]["plan_grad_share_bytes"] == 0
+    assert st["plan_grad_share_bytes"] <= st["grad_share_bytes"]
+    assert shared["plan"].pages_bytes < apart["plan"].pages_bytes
+    assert shared["calls"][2:] == [0, 0, 0] and st["plan_conflicts"] == 0
+    assert st["slot_bytes"] == shared["plan"].total_bytes
+    for a, b in zip(shared["grads"], apart["grads"]):
+        assert _same(a, b)
+    assert "grads on resident" in shared["describe"] and "lie there" in shared["describe"]
+
+
+def test_a_gradient_granule_and_its_resident_granule_are_one_page():
+    import ctypes
+    g, off = _build(True)
+    try:
+        for i in range(3):
+            for m in g:
+                m.zero_grad(set_to_none=True)
+            x, gy = _inputs(i)
+            (run(g, x) * gy).sum().backward()
+            _settle(off)
+        w = off.memplan
+        assert w.splits and all(e.backing.bound for e in w.entries)
+        lays = {lay.name: lay for lay in off.layers}
+        for sp in w.splits:
+            res, grads = lays[sp.layer].resident, lays[sp.layer].grads.backing
+            assert res.planned.table is not None and grads.planned.table is not None
+            for k, j in sp.pairs.items():
+                # written through the gradient's address, read at the resident's
+                at = ctypes.string_at(grads.address + k * G, G)
+                assert ctypes.string_at(res.address + j * G, G) == at
+                assert grads.planned.table[k] == res.planned.table[j]
+            # the optimizer step and a use's check see every page it maps
+            assert sorted(grads.planned.page_ranges()) == sorted(grads.planned.pages_of())
+            assert sum(hi - lo for lo, hi in grads.planned.pages_of()) == grads.slot.size
+    finally:
+        off.close()
 
 
 def test_persistent_grads_keep_their_own_memory():
@@ -337,7 +471,10 @@ def test_a_grad_kept_across_the_next_forward_keeps_its_values():
     it: the layer's resident slot gets memory of its own for that step."""
     on = _train(True, 6, keep_at=3)
     off = _train(False, 6, keep_at=3)
-    assert any(k[1] == "resident" for k in on["plan"].shares[(on["first_grads"], "grads")])
+    # (or on their own layer's, once it has read them: memplan.share_grads)
+    mine = [k for k in on["plan"].shares if k[0] == on["first_grads"] and k[1] in ("grads", memplan.SHARED)]
+    assert any(k[1] == memplan.SHARED for k in mine) or \
+        any(k[1] in ("resident", memplan.SHARED) for m in mine for k in on["plan"].shares[m])
     assert on["after_forward"] == [True] * len(on["after_forward"])
     assert on["stats"]["plan_conflicts"] >= 1
     assert off["stats"]["plan_conflicts"] == 0
@@ -435,8 +572,11 @@ def test_a_slot_the_driver_will_not_put_on_the_pages_leaves_no_pages_behind(monk
 
     def refused(self, pages, offset=0):
         raise vmmrt.Error(vmmrt._capi.E_NOT_SUPPORTED, "made up for the test", "vmmrt_slot_map_pages")
+    def refused_table(self, pages, offsets):
+        refused(self, pages)
     monkeypatch.setattr(vmmrt.Runtime, "pages", tracked)
     monkeypatch.setattr(vmmrt.Slot, "map_pages", refused)
+    monkeypatch.setattr(vmmrt.Slot, "map_pages_table", refused_table)
     on = _train(True, 4)
     off = _train(False, 4)
     assert made and all(p.destroyed for p in made)

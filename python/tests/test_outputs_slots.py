@@ -77,7 +77,10 @@ def test_the_forwards_outputs_lie_in_their_slot_and_nothing_else_holds_them(host
         graphed._close(off, runners)
 
 
-def test_the_plan_learns_the_chain_and_shares_the_outputs_of_layers_two_apart(host_graphs):  # noqa: F811
+def test_the_plan_learns_the_chain_and_shares_the_outputs_of_layers_two_apart(host_graphs, monkeypatch):  # noqa: F811
+    # (the layout of each slot on pages of its own: with the gradients on
+    # their layers' resident pages, layer 0's outputs land on layer 2's)
+    monkeypatch.setattr(memplan, "SHARE_GRADS", False)
     with _planned(4) as (g, off, runners, x, gy):
         plan = off.memplan.plan
         assert plan is not None
@@ -96,7 +99,8 @@ def test_the_plan_learns_the_chain_and_shares_the_outputs_of_layers_two_apart(ho
         assert off.maps_per_use() is False
 
 
-def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_graphs):  # noqa: F811
+def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_graphs, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(memplan, "SHARE_GRADS", False)      # (a layout where outputs share with outputs)
     with _planned(3) as (g, off, runners, x, gy):
         assert off.memplan.plan is not None and off.stats()["plan_conflicts"] == 0
         first = runners[0].layer.outputs.backing
@@ -112,6 +116,28 @@ def test_an_output_kept_past_its_learned_life_gets_a_conflict_not_an_alias(host_
         # the stream later
         assert all(r.layer.outputs.backing.bound or not r.layer.outputs.backing._on_stream for r in runners)
         assert any(not r.layer.outputs.backing.bound for r in runners)
+        del kept[:]
+
+
+def test_an_output_kept_over_a_gradients_resident_pages_sends_both_slots_off_them(host_graphs):  # noqa: F811
+    # with the gradients on their layers' resident pages (memplan.share_grads),
+    # a kept output that shares those pages sends both slots off them
+    with _planned(3) as (g, off, runners, x, gy):
+        first = runners[0].layer.outputs.backing
+        split = [e for e in off.memplan.entries if e.table is not None and first in e.sharers]
+        assert split, off.memplan.describe()
+        kept = []
+        y = x
+        for k, m in enumerate(g):
+            y = m(y)
+            if k == 0:
+                kept.append(y)
+                want = y.detach().clone()
+        y.backward(gy)
+        del y
+        assert torch.equal(kept[0].detach(), want)
+        assert off.stats()["plan_conflicts"] >= 1
+        assert all(not e.backing.bound for e in split)
         del kept[:]
 
 

@@ -19,9 +19,11 @@ module is the arithmetic, from the layer's reuse timeline
 for the rest of the backward (its saved regions read for the last time,
 the temporaries placed there dead); per gradient granule, the op that
 first writes it; and the most gradient granules that can each take a
-different free resident granule. Not mapped yet: the library reports it
-(Offload.stats()["grad_share_bytes"], describe(), the benchmark's busiest
-use line) to size the change before it is made.
+different free resident granule. The memory plan maps them so in the
+``set_to_none`` loop (vmmrt.torch.memplan.share_grads: the gradient slot's
+matched granules on the pages of the resident granules they took); the
+library reports the arithmetic too (Offload.stats()["grad_share_bytes"],
+describe(), the benchmark's busiest use line).
 """
 from vmmrt.torch import reuse
 from vmmrt.torch.reuse import NEVER
@@ -77,18 +79,31 @@ def match(free, writes):
     return out
 
 
-def layer_share(lay, granule, temporaries=True):
-    """The bytes of ``lay``'s parameter gradients (grads="mapped") that could
-    lie on its resident bytes already read, from its discovery backward's
-    timeline and its reuse plan; 0 where it has none of those.
-    ``granule``: the pages' (the runtime's granularity); ``temporaries``: False counts the
-    bytes the reuse plan gave the backward's temporaries as free too (what
-    placing the gradients first could reach: a bound)."""
-    g = getattr(lay, "grads", None)
-    if lay.timeline is None or lay.resident is None or g is None or not getattr(g, "mapped", False):
-        return 0
-    timeline, _ = lay.timeline
+def regions_of(lay, timeline):
+    """[(start, end, last_use)] of ``lay``'s resident slot for sharing: the
+    reuse plan's (reuse.resident_regions), and every kept region in the
+    slot whose birth the timeline does not know, for good (NEVER): bytes
+    nothing tells when the backward is done with are never given away."""
     regions = reuse.resident_regions(lay, timeline)
+    for r in lay.kept_resident():
+        if r.resident is not None and r.birth is None and r.nbytes:
+            regions.append((r.resident, r.resident + r.nbytes, NEVER))
+    return regions
+
+
+def layer_pairs(lay, granule, temporaries=True):
+    """{gradient granule: resident granule} for ``lay``'s parameter gradients
+    (grads="mapped") on its resident bytes already read, from its discovery
+    backward's timeline and its reuse plan; empty where it has none of
+    those. ``granule``: the pages' (the runtime's granularity);
+    ``temporaries``: False counts the bytes the reuse plan gave the
+    backward's temporaries as free too (what placing the gradients first
+    could reach: a bound, never mapped)."""
+    g = getattr(lay, "grads", None)
+    if lay.timeline is None or lay.resident is None or g is None or not getattr(g, "mapped", False) or \
+            lay.recompute or not getattr(lay, "backward_once", True):
+        return {}
+    timeline, _ = lay.timeline
     temps = []
     for b, off, born in (lay.reuse.items if lay.reuse and temporaries else ()):
         temps.append((off, off + b.storage_nbytes, born, timeline.died.get((b.key, b.out))))
@@ -96,6 +111,11 @@ def layer_share(lay, granule, temporaries=True):
     for b, off in g.regions:
         born = timeline.born.get((b.key, b.out))
         grads.append((off, off + b.storage_nbytes, None if born is None else born[0]))
-    pairs = match(free_after(lay.resident.nbytes, regions, temps, granule),
-                  first_writes(g.backing.nbytes, grads, granule))
-    return len(pairs) * granule
+    return match(free_after(lay.resident.nbytes, regions_of(lay, timeline), temps, granule),
+                 first_writes(g.backing.nbytes, grads, granule))
+
+
+def layer_share(lay, granule, temporaries=True):
+    """The bytes of :func:`layer_pairs`: ``lay``'s parameter gradients that
+    could lie on its resident bytes already read."""
+    return len(layer_pairs(lay, granule, temporaries)) * granule

@@ -397,6 +397,7 @@ def _open_offload(runners, uses, device, mode, lookahead, options, min_bytes, ma
                 static = r.params + r.buffers + (r.sample if graphs else ())
                 r.layer = off.layer(r.name, static=static)
                 r.layer.compiled = _compiled.is_compiled(r.fn)
+                r.layer.backward_once = not (graphs and r.retain_graph)
         off.set_order([(r.layer, b) for b, r in uses])
     except BaseException:
         off.close()

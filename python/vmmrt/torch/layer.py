@@ -210,6 +210,11 @@ class LayerOffload:
         self.outputs = None         # outputs.Outputs: the forward graph's outputs in a slot (plan_outputs)
         self.grads = None           # grads.Grads of the callable (grads="mapped")
         self.recompute = False      # the budget planner recomputes it: it saves nothing (vmmrt.torch.recompute)
+        # Its backward runs once per forward: not captured with retain_graph
+        # (retain_graph_in_backward), whose second replay reads the saved
+        # regions again, so no gradient may lie on bytes it has read
+        # (vmmrt.torch.gradshare), as no temporary may (reuse).
+        self.backward_once = True
         self.compiled = False       # torch.compile'd: its saved tensors are reached after the forward (_compiled.py)
 
     def _where(self):

@@ -73,6 +73,10 @@ GOUTS = "output grads"
 OUTPUTS = "outputs"
 POOL = "pool"
 POOL_KEY = ("graphs", POOL)
+SHARED = "grads on resident"
+# The set_to_none loop's parameter gradients on the pages of resident bytes
+# their backward has read (share_grads); False: each on pages of its own.
+SHARE_GRADS = True
 
 
 class Life:
@@ -92,6 +96,7 @@ class Life:
         self.shared = shared
         self.why = why
         self.offset = None      # in the pages, once placed
+        self.mapped_by = []     # the slots that map it, where two do (share_grads): their keys
 
     def overlaps(self, other: Life) -> bool:
         return self.start <= other.end and other.start <= self.end
@@ -190,6 +195,87 @@ def lives(order: Sequence[tuple[str, bool]], residents: dict[str, int],
                                 why="the graphs' blocks born and dead at %s" % (
                                     _use(order[s]) if s == e else "%s to %s" % (_use(order[s]), _use(order[e])))))
     return out
+
+
+class Split:
+    """A layer's resident slot and its callable's gradient slot sharing
+    pages (:func:`share_grads`): ``pairs`` {gradient granule: resident
+    granule}, the slots' granules, and the keys of the three lives that
+    stand for them in the plan: the resident granules no gradient takes
+    (``head``), the gradients' granules on no resident one (``own``; either
+    None when empty), and the granules both map (``shared``)."""
+
+    def __init__(self, resident: Life, grads: Life, pairs: dict[int, int], granularity: int) -> None:
+        self.layer, self.name = resident.key[0], grads.key[0]
+        self.pairs = dict(pairs)
+        self.res_granules = -(-resident.nbytes // granularity)
+        self.grad_granules = -(-grads.nbytes // granularity)
+        self.head = (self.layer, RESIDENT) if self.res_granules > len(pairs) else None
+        self.own = (self.name, GRADS) if self.grad_granules > len(pairs) else None
+        self.shared = (self.name, SHARED)
+
+    def tables(self, at: dict[Any, int], granularity: int) -> tuple[list[int], list[int]]:
+        """(the resident slot's page offset of each granule, the gradient
+        slot's), given the three lives' offsets ``at`` by key: the shared
+        granules in the resident's order, the others in order in their
+        part."""
+        g = granularity
+        taken = sorted(set(self.pairs.values()))
+        rank = {j: i for i, j in enumerate(taken)}
+        res, h = [], 0
+        for j in range(self.res_granules):
+            if j in rank:
+                res.append(at[self.shared] + rank[j] * g)
+            else:
+                res.append(at[self.head] + h * g)
+                h += 1
+        grads, o = [], 0
+        for k in range(self.grad_granules):
+            if k in self.pairs:
+                grads.append(at[self.shared] + rank[self.pairs[k]] * g)
+            else:
+                grads.append(at[self.own] + o * g)
+                o += 1
+        return res, grads
+
+
+def share_grads(items: list[Life], pairs: dict[str, tuple[str, dict[int, int]]],
+                granularity: int) -> tuple[list[Life], list[Split]]:
+    """The lives with each gradient slot of ``pairs`` (its callable's name ->
+    (its one layer's name, {gradient granule: resident granule}:
+    vmmrt.torch.gradshare.layer_pairs)) partly on the pages of that layer's
+    resident slot: the resident granules taken live from its forward to
+    the gradients' end (one life, ``SHARED``, that both slots map), the
+    rest of each slot keeps its own life. Only where both are in the pages
+    (a persistent ``.grad`` keeps memory of its own) and the gradients'
+    life begins at that layer's backward (where the backward reads the
+    resident bytes before it writes the gradients over them, by the
+    timeline the pairs come from). Returns the lives and the splits made."""
+    by = {it.key: it for it in items}
+    out = list(items)
+    splits = []
+    for name, (layer, pr) in sorted(pairs.items()):
+        r, gl = by.get((layer, RESIDENT)), by.get((name, GRADS))
+        if not pr or r is None or gl is None or not (r.shared and gl.shared) or gl.start != r.end:
+            continue
+        sp = Split(r, gl, pr, granularity)
+        if max(pr) >= sp.grad_granules or max(pr.values()) >= sp.res_granules or \
+                len(set(pr.values())) != len(pr):
+            raise ValueError("%s: the pairs %r do not fit slots of %d and %d granules, one each"
+                             % (name, pr, sp.grad_granules, sp.res_granules))
+        n = len(pr) * granularity
+        out.remove(r)
+        out.remove(gl)
+        if sp.head is not None:
+            out.append(Life(sp.head, RESIDENT, sp.res_granules * granularity - n, r.start, r.end, why=r.why))
+        if sp.own is not None:
+            out.append(Life(sp.own, GRADS, sp.grad_granules * granularity - n, gl.start, gl.end, why=gl.why))
+        both = Life(sp.shared, SHARED, n, r.start, gl.end,
+                    why="resident bytes %s's backward has read, then gradients written after" % layer)
+        both.mapped_by = [(layer, RESIDENT), (name, GRADS)]
+        out.append(both)
+        splits.append(sp)
+    return out, splits
 
 
 def _kind(key: tuple) -> str:
@@ -384,7 +470,7 @@ class Plan:
                          "they fit in whole segments" % size(self.optimizer_need))
         for it in sorted(self.items, key=lambda it: (it.offset is None, it.offset or 0, it.start)):
             where = "own memory" if it.offset is None else "offset %s" % size(it.offset)
-            with_ = self.shares.get(it.key) or []
+            with_ = it.mapped_by + (self.shares.get(it.key) or [])
             lines.append("  %s %s: %s at %s, life [%d, %d] (%s)%s"
                          % (it.key[0], _kind(it.key), size(it.nbytes), where, it.start, it.end, it.why,
                             "; shares with " + ", ".join("%s %s" % (k[0], _kind(k)) for k in with_) if with_ else ""))
@@ -403,12 +489,16 @@ def size(n: int) -> str:
 # --------------------------------------------------------------- applied
 class Entry:
     """One planned slot: its Backing, its life, and the Backings it shares
-    bytes with."""
+    bytes with; a slot on several lives' pages (a :class:`Split`'s) has
+    them as ``parts`` and its page offset of each granule as ``table``."""
 
-    def __init__(self, watcher: Watcher, backing: Any, life: Life) -> None:
+    def __init__(self, watcher: Watcher, backing: Any, life: Life, parts: Sequence[Life] = (),
+                 table: Sequence[int] | None = None) -> None:
         self.watcher = watcher
         self.backing = backing
         self.life = life
+        self.parts = list(parts) or [life]
+        self.table = None if table is None else list(table)
         self.sharers = []
 
     def begin_use(self, stream: Any) -> bool:
@@ -442,9 +532,14 @@ class Entry:
         held = [o for o in self.sharers if o.busy]
         w = self.watcher
         if w.optimizer is not None and w.optimizer.holds and \
-                w.optimizer.held(self.life.offset, self.life.offset + _round_up(self.life.nbytes, w.off.granularity)):
+                any(w.optimizer.held(lo, hi) for lo, hi in self.pages_of()):
             held.append(SURVIVORS)
         return held
+
+    def pages_of(self) -> list[tuple[int, int]]:
+        """All the page bytes it maps: its parts'."""
+        g = self.watcher.off.granularity
+        return [(p.offset, p.offset + _round_up(p.nbytes, g)) for p in self.parts]
 
     def come_back(self, stream: Any) -> bool:
         """A kept slot (a forward's outputs, mapped for good off the pages:
@@ -477,12 +572,20 @@ class Entry:
     def page_ranges(self) -> list[tuple[int, int]]:
         """The page bytes it holds now that it is busy: all of its own, or
         those its owner says are held (Backing.held_ranges)."""
-        g = self.watcher.off.granularity
-        at = self.life.offset
         held = self.backing.held_ranges()
         if held is None:
-            return [(at, at + _round_up(self.life.nbytes, g))]
-        return [(at + lo // 512 * 512, at + _round_up(hi, 512)) for lo, hi in held]
+            return self.pages_of()
+        if self.table is None:
+            at = self.life.offset
+            return [(at + lo // 512 * 512, at + _round_up(hi, 512)) for lo, hi in held]
+        g = self.watcher.off.granularity
+        out = []
+        for lo, hi in held:
+            lo, hi = lo // 512 * 512, _round_up(hi, 512)
+            for k in range(lo // g, -(-hi // g)):
+                a, b = max(lo, k * g) - k * g, min(hi, (k + 1) * g) - k * g
+                out.append((self.table[k] + a, self.table[k] + b))
+        return out
 
 
 class PoolEntry(Entry):
@@ -494,16 +597,14 @@ class PoolEntry(Entry):
     as a whole, which is in use all step."""
 
     def __init__(self, watcher: Watcher, backing: Any, parts: list[Life]) -> None:
-        super().__init__(watcher, backing, parts[0])
-        self.parts = parts
+        super().__init__(watcher, backing, parts[0], parts)
 
     def page_ranges(self) -> list[tuple[int, int]]:
         """All of its parts' pages, or the held tensors' (the pool gives them
         as page offsets: GraphPool.held_ranges)."""
         held = self.backing.held_ranges()
         if held is None:
-            g = self.watcher.off.granularity
-            return [(p.offset, p.offset + _round_up(p.nbytes, g)) for p in self.parts]
+            return self.pages_of()
         return [(lo // 512 * 512, _round_up(hi, 512)) for lo, hi in held]
 
     def survivors_in(self) -> bool:
@@ -545,6 +646,7 @@ class Watcher:
         self.first = None         # the layer whose forward begins a step: the first to call forward_begin
         self.starts = 0
         self.plan = None          # Plan, once made
+        self.splits = []          # the gradient slots on their layer's resident pages (share_grads)
         self.pages = None
         self.entries = []
         self.conflicts = 0        # uses that found bytes they share still held
@@ -693,6 +795,29 @@ class Watcher:
             e.backing.end_use()
 
     # ------------------------------------------------------------- make
+    def _grad_pairs(self, residents: dict, grads: list) -> dict[str, tuple[str, dict[int, int]]]:
+        """Per gradient slot of the ``set_to_none`` loop (nothing over it
+        now, at the next step's first forward) made by one layer's backward
+        with a resident slot: (that layer, its gradient granules each on a
+        resident granule its backward has read before it writes them:
+        vmmrt.torch.gradshare.layer_pairs). Not on the host path without a
+        backward timeline, nor where SHARE_GRADS is off."""
+        if not SHARE_GRADS:
+            return {}
+        from vmmrt.torch import gradshare
+        lays = {l.name: l for l in self.off.layers}
+        out = {}
+        for name, layers, b in grads:
+            if b.live > 0 or len(layers) != 1 or layers[0] not in residents:
+                continue
+            lay = lays[layers[0]]
+            if getattr(lay, "grads", None) is None or lay.grads.backing is not b:
+                continue
+            pairs = gradshare.layer_pairs(lay, self.off.granularity)
+            if pairs:
+                out[name] = (lay.name, pairs)
+        return out
+
     def make(self, residents: dict, grads: list, stream: Any, io: list = (), gouts: list = ()) -> None:
         outs = self._outputs()
         end = len(self.order)
@@ -707,9 +832,11 @@ class Watcher:
                       [(name, layers, b.slot.size) for name, layers, b in gouts])
         if grads:
             self.check_loop("persistent" if any(b.live > 0 for _, _, b in grads) else "set_to_none")
+        items, splits = share_grads(items, self._grad_pairs(residents, grads), self.off.granularity)
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
         self.plan = plan
+        self.splits = splits
         from vmmrt.torch import optmem
         optmem.unobserve(self)
         self.why_not = None
@@ -718,14 +845,38 @@ class Watcher:
         backing.update({(name, IO): b for name, _, b in io})
         backing.update({(name, GOUTS): b for name, _, b in gouts})
         backing.update({(n, OUTPUTS): b for n, b in outs.items()})
-        self.entries = [Entry(self, backing[it.key], it) for it in items if it.offset is not None and it.kind != POOL]
+        # the slots that map each life's bytes (a split's shared life: two)
+        owners = {it.key: [backing[it.key]] for it in items if it.offset is not None and it.kind not in (POOL, SHARED)}
+        by_life = plan.by_key()
+        split_entries = []
+        for sp in splits:
+            res_b, grads_b = residents[sp.layer], backing[(sp.name, GRADS)]
+            owners[sp.shared] = [res_b, grads_b]
+            at = {k: by_life[k].offset for k in (sp.head, sp.own, sp.shared) if k is not None}
+            rt, gt = sp.tables(at, self.off.granularity)
+            for b, mine, table in ((res_b, sp.head, rt), (grads_b, sp.own, gt)):
+                parts = [by_life[k] for k in (mine, sp.shared) if k is not None]
+                b.page_table = (lambda _offset, t=table: t)
+                split_entries.append(Entry(self, b, by_life[sp.shared], parts, table))
+        split_b = {id(e.backing) for e in split_entries}
+        self.entries = [Entry(self, backing[it.key], it) for it in items
+                        if it.offset is not None and it.kind not in (POOL, SHARED) and id(backing[it.key]) not in split_b]
+        self.entries += split_entries
         parts = [it for it in items if it.kind == POOL]
-        by_key = {e.life.key: e.backing for e in self.entries}
         # (a slot is not checked against the pool, whose use is the whole
         # step: the pool's parts check their sharers where they begin)
         for e in self.entries:
-            e.sharers = [by_key[k] for k in plan.shares[e.life.key] if k in by_key]
+            near = [b for p in e.parts for k in plan.shares[p.key] for b in owners.get(k, ()) if b is not e.backing]
+            e.sharers = list(dict.fromkeys(near))
             e.backing.planned = e
+        for sp in splits:
+            # The resident slot's use (its forward) writes the bytes the
+            # gradients lie on: a .grad still held then is a conflict, as
+            # any sharer's. Not the other way: the gradients' use begins at
+            # the backward that reads the resident bytes first (the pairs).
+            res_b, grads_b = residents[sp.layer], backing[(sp.name, GRADS)]
+            if grads_b not in res_b.planned.sharers:
+                res_b.planned.sharers.append(grads_b)
         part_checks = {}
         if parts:
             pe = PoolEntry(self, gp, parts)
@@ -733,7 +884,7 @@ class Watcher:
             self.entries.append(pe)
             checks = {}
             for it in parts:
-                near = [by_key[k] for k in plan.shares[it.key] if k in by_key]
+                near = [b for k in plan.shares[it.key] for b in owners.get(k, ())]
                 if near:
                     checks.setdefault(self.order[it.start], []).extend(near)
             part_checks = {use: tuple(dict.fromkeys(bs)) for use, bs in checks.items()}
@@ -951,9 +1102,17 @@ class Watcher:
     # ------------------------------------------------------------- info
     def stats(self) -> dict:
         st = {"plan_conflicts": self.conflicts, "plan_binds": self.binds,
-              "plan_bytes": self.pages.size if self.pages is not None else 0}
+              "plan_bytes": self.pages.size if self.pages is not None else 0,
+              "plan_grad_share_bytes": self.shared_bytes()}
         st.update(self.optimizer.stats() if self.optimizer is not None else NO_OPTIMIZER_STATS)
         return st
+
+    def shared_bytes(self) -> int:
+        """The bytes of the gradients' slots the applied plan maps on their
+        layers' resident pages (:func:`share_grads`)."""
+        if self.pages is None:
+            return 0
+        return sum(len(sp.pairs) for sp in self.splits) * self.off.granularity
 
     def describe(self) -> str:
         if self.plan is None:

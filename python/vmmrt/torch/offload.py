@@ -629,11 +629,13 @@ class Offload:
                                  for lay in self.layers if lay.reuse is not None and lay.reuse.fallback)))
         share, bound = self.grad_share(), self.grad_share(temporaries=False)
         if share or bound:
+            mapped = self.memplan.shared_bytes() if self.memplan is not None else 0
             text += ("\nthe parameters' gradients that could lie on resident bytes their backward has already "
-                     "read (vmmrt.torch.gradshare; not mapped yet): %.1f MiB in %d layers, at most %.1f MiB of one; "
-                     "%.1f MiB with the backward's temporaries placed around them"
+                     "read (vmmrt.torch.gradshare): %.1f MiB in %d layers, at most %.1f MiB of one; "
+                     "%.1f MiB with the backward's temporaries placed around them; %.1f MiB lie there (the memory "
+                     "plan maps them so in the set_to_none loop)"
                      % (sum(share.values()) / mib, len(share), max(share.values() or [0]) / mib,
-                        sum(bound.values()) / mib))
+                        sum(bound.values()) / mib, mapped / mib))
         timed = [lay for lay in self.layers if lay.times_from != "warm-up"]
         if timed:
             text += "\nthe planner's layer times (vmmrt.torch.replay_times):"
@@ -704,9 +706,11 @@ class Offload:
         reuse_fallbacks (layers whose capture would have read bytes a
         temporary took: captured again without it); grad_share_bytes (the
         parameters' mapped gradients that could lie on resident bytes
-        their backward has already read: :meth:`grad_share`, reported,
-        not mapped yet), grad_share_bound_bytes (the same with the bytes
-        the backward's temporaries took counted free)."""
+        their backward has already read: :meth:`grad_share`),
+        grad_share_bound_bytes (the same with the bytes the backward's
+        temporaries took counted free: a bound), plan_grad_share_bytes
+        (those the memory plan maps there: the set_to_none loop's,
+        :func:`vmmrt.torch.memplan.share_grads`)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -717,7 +721,7 @@ class Offload:
         st["driver_calls_by_kind"] = by_kind
         st["driver_calls"] = sum(by_kind.values())
         st.update(self.memplan.stats() if self.memplan is not None else
-                  {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0})
+                  {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0, "plan_grad_share_bytes": 0})
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0,
                    "graph_pool_pages_bytes": 0, "graph_pool_live_peak_bytes": 0,
@@ -730,8 +734,8 @@ class Offload:
     def grad_share(self, temporaries: bool = True) -> dict[str, int]:
         """Per layer, the bytes of its parameters' mapped gradients that could
         lie on the physical pages of resident bytes its backward has already
-        read (:mod:`vmmrt.torch.gradshare`: reported, not mapped yet); only
-        layers with some. ``temporaries=False``: with the bytes the
+        read (:mod:`vmmrt.torch.gradshare`; the memory plan maps them so in
+        the set_to_none loop); only layers with some. ``temporaries=False``: with the bytes the
         backward's temporaries were placed in (vmmrt.torch.reuse) counted
         free too, a bound."""
         out = {}

@@ -644,6 +644,7 @@ def adopt(off, plan, runners, uses):
             lay.fwd_ms, lay.bwd_ms, lay.recompute = old.fwd_ms, old.bwd_ms, old.recompute
             lay.times_from, lay.warmup_ms = old.times_from, old.warmup_ms
             lay.compiled = old.compiled
+            lay.backward_once = old.backward_once
             lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
             lay.input_bytes = old.input_bytes
             r.layer = lay

@@ -582,8 +582,10 @@ class Front:
             if (pg.get("busiest_grad_share") or pg.get("busiest_grad_share_bound")) and \
                     self.loop.name == "set_to_none":
                 line += "; of its gradients, %.0f MiB could lie on resident bytes its backward has read, %.0f " \
-                        "with its temporaries placed around them (vmmrt.torch.gradshare; not mapped yet)" % (
-                            (pg.get("busiest_grad_share") or 0) / MiB, (pg.get("busiest_grad_share_bound") or 0) / MiB)
+                        "with its temporaries placed around them (vmmrt.torch.gradshare); the plan maps %.0f MiB " \
+                        "of the step's gradients so" % (
+                            (pg.get("busiest_grad_share") or 0) / MiB, (pg.get("busiest_grad_share_bound") or 0) / MiB,
+                            (pg.get("plan_grad_share_bytes") or 0) / MiB)
         return line
 
     def _against_none(self, pt):

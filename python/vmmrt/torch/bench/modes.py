@@ -341,12 +341,14 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
                         "graph_pool_pages_bytes": after.get("graph_pool_pages_bytes", after["graph_pool_bytes"]),
                         "graph_pool_live_peak_bytes": after.get("graph_pool_live_peak_bytes", 0),
                         "graph_pool_never_freed_bytes": after.get("graph_pool_never_freed_bytes", 0),
-                        "plan_conflicts": after["plan_conflicts"]}
+                        "plan_conflicts": after["plan_conflicts"],
+                        "plan_grad_share_bytes": after.get("plan_grad_share_bytes", 0)}
         w = off.memplan
         if w is not None and w.plan is not None:
             res["pages"]["busiest"] = w.plan.busiest()     # (what sizes the pages)
             # of a backward there, its gradients that could lie on resident
-            # bytes it has read (vmmrt.torch.gradshare: not mapped yet)
+            # bytes it has read (vmmrt.torch.gradshare; the plan maps them so
+            # in the set_to_none loop: plan_grad_share_bytes)
             t, _ = w.plan.busiest_use()
             if t < len(w.plan.order) and w.plan.order[t][1]:
                 name = w.plan.order[t][0]
