@@ -11,7 +11,7 @@ import torch
 
 import vmmrt.torch as vt
 from conftest import run, runner_step, samples, zoo_layers
-from vmmrt.torch import memplan
+from vmmrt.torch import memplan, reuse
 
 G = 4096
 
@@ -391,6 +391,8 @@ def test_set_to_none_loop_shares_pages_and_makes_no_driver_call(mode, kw):
     assert "memory plan: off (memory_plan=False)" in off["describe"]
 
 
+@pytest.mark.skipif(not reuse.AVAILABLE, reason="torch without TorchDispatchMode or storage weak refs: no "
+                    "backward timeline to pair the gradients by")
 def test_gradients_on_their_layers_read_resident_pages_are_bitwise_as_apart(monkeypatch):
     """set_to_none: each layer's gradient granules that its backward writes
     after it has read the resident granules paired with them lie on those
@@ -410,6 +412,8 @@ def test_gradients_on_their_layers_read_resident_pages_are_bitwise_as_apart(monk
     assert "grads on resident" in shared["describe"] and "lie there" in shared["describe"]
 
 
+@pytest.mark.skipif(not reuse.AVAILABLE, reason="torch without TorchDispatchMode or storage weak refs: no "
+                    "backward timeline to pair the gradients by")
 def test_a_gradient_granule_and_its_resident_granule_are_one_page():
     import ctypes
     g, off = _build(True)
