@@ -590,3 +590,33 @@ def test_a_backward_that_creates_a_graph_is_once_differentiable(host_graphs, mod
         step()
     finally:
         off.close()
+
+
+def test_the_captures_make_their_own_cublas_workspaces(host_graphs, monkeypatch):
+    # every workspace given back before the first capture (so that the
+    # captures' cuBLAS calls make theirs in the graphs' pool, not keep the
+    # warm-up's) and after the last (so that none of the pool's blocks stays
+    # PyTorch's), a failed capture included (test_gpu.py has the fault)
+    seen = []
+    monkeypatch.setattr(graphed, "_blas_workspaces_given_back", lambda off: seen.append("given back"))
+    real = graphed._capture
+
+    def capture(r, what, *a, **k):
+        seen.append(what)
+        return real(r, what, *a, **k)
+    monkeypatch.setattr(graphed, "_capture", capture)
+    g, off, runners = _graphed_on_host("none", "mapped")
+    graphed._close(off, runners)
+    assert seen[0] == seen[-1] == "given back" and seen.count("given back") == 2
+    assert len(seen) > 2 and all(w != "given back" for w in seen[1:-1])
+    seen.clear()
+
+    def failing(r, what, *a, **k):
+        seen.append(what)
+        if what.startswith("backward"):
+            raise RuntimeError("made up for the test")
+        return real(r, what, *a, **k)
+    monkeypatch.setattr(graphed, "_capture", failing)
+    with pytest.raises(Exception):
+        _graphed_on_host("none", "mapped")
+    assert seen[0] == seen[-1] == "given back"

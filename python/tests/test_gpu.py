@@ -695,11 +695,13 @@ def test_graphs_outlive_a_clear_of_cublas_workspaces(which):
     """A captured cuBLAS call keeps the address of the workspace it was
     captured with. torch's graphed callables capture on a stream of their
     own, whose workspace the capture allocates in the graphs' pool; the
-    library captures on the stream it warmed up on, whose workspace is the
+    library captures on the stream it warmed up on, whose workspace was the
     caching allocator's (session 70's --one-time run faulted, `unspecified
     launch failure`, in a vmmrt step after the bench emptied the workspaces
-    and the cache between the build and its steps). In a process of its own:
-    a fault ends the process."""
+    and the cache between the build and its steps), so it gives every
+    workspace back before its captures and after them
+    (graphed._blas_workspaces_given_back). In a process of its own: a fault
+    ends the process."""
     import subprocess
     import sys
     if not hasattr(torch._C, "_cuda_clearCublasWorkspaces"):

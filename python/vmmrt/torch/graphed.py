@@ -613,6 +613,7 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     handle = stream.cuda_stream if stream is not None else None
     captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]
     _before_capture(runners, off, grads, captured)
+    _blas_workspaces_given_back(off)
     off.capturing = True
     try:
         for backward, r in uses:
@@ -646,8 +647,11 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
             if gp is not None:
                 gp.mark((r.name, backward), first)
     except BaseException:
-        if gp is not None:
-            gp.abandon()
+        try:
+            if gp is not None:
+                gp.abandon()
+        finally:
+            _blas_workspaces_given_back(off)
         raise
     finally:
         off.capturing = False
@@ -658,7 +662,29 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     finally:
         if gp is not None:
             gp.place()      # the captures' leftovers gone: what the history saw is what replays use
+        _blas_workspaces_given_back(off)
     return captured
+
+
+def _blas_workspaces_given_back(off):
+    """Every cuBLAS workspace PyTorch keeps (one per handle and stream, for
+    the process) given back, before the captures and after them. A captured
+    cuBLAS call keeps the address of the workspace it ran with, and the
+    captures go on the stream the warm-up ran on: without this, that is the
+    warm-up's workspace in the caching allocator's general pool, which
+    anyone emptying the workspaces frees under the graphs (torch.compile's
+    CUDA graph trees do around each recording; so did the benchmark's
+    --one-time, whose next vmmrt step faulted on the H200). So the captures
+    make theirs in the graphs' pool, in use at every replay as far as the
+    pool's plan knows (the memory history is read before the second call,
+    which only lets go of the blocks), and nothing is allocated from that
+    pool after the captures. As torch.compile does: a pool of someone
+    else's that is captured into again after this may place a tensor on a
+    workspace its older graphs still use."""
+    # (no wait first: a block let go is reused by later work of its stream alone)
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None) if off.device_type == "cuda" else None
+    if clear is not None:
+        clear()
 
 
 def _before_capture(runners, off, grads, captured):
