@@ -1215,6 +1215,14 @@ def test_one_time_stages_count_what_each_leaves():
     assert dev["settles"] >= 1 + 3 * len(stages)
     text = "\n".join(onetime.lines(rows))
     assert "graphs" in text and "left in all" in text
+    # each stage named as it starts, before its build: a fault inside one
+    # (the H200's, session 70) says which
+    said = []
+
+    def build():
+        said.append("built")
+    onetime.measure([onetime.Stage("a", build), onetime.Stage("b", build)], used, settle, said.append)
+    assert said == ["[1/2] a: started", "built", "[2/2] b: started", "built"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")
