@@ -594,14 +594,7 @@ class GraphPool:
         plan's pages, one range per granule."""
         if self._abs is None:
             return [(self._at + lo, self._at + hi)]
-        g = self.off.granularity
-        out = []
-        k = lo // g
-        while k * g < hi:
-            a, b = max(lo, k * g) - k * g, min(hi, (k + 1) * g) - k * g
-            out.append((self._abs[k] + a, self._abs[k] + b))
-            k += 1
-        return out
+        return poolplan.table_ranges(self._abs, self.off.granularity, lo, hi)
 
     def _plug_tail(self, nbytes: int | None) -> bool:
         """The presized segment's free tail (``nbytes``, its last block) taken

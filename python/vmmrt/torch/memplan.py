@@ -578,14 +578,9 @@ class Entry:
         if self.table is None:
             at = self.life.offset
             return [(at + lo // 512 * 512, at + _round_up(hi, 512)) for lo, hi in held]
+        from vmmrt.torch.poolplan import table_ranges
         g = self.watcher.off.granularity
-        out = []
-        for lo, hi in held:
-            lo, hi = lo // 512 * 512, _round_up(hi, 512)
-            for k in range(lo // g, -(-hi // g)):
-                a, b = max(lo, k * g) - k * g, min(hi, (k + 1) * g) - k * g
-                out.append((self.table[k] + a, self.table[k] + b))
-        return out
+        return [r for lo, hi in held for r in table_ranges(self.table, g, lo // 512 * 512, _round_up(hi, 512))]
 
 
 class PoolEntry(Entry):
@@ -855,9 +850,9 @@ class Watcher:
             at = {k: by_life[k].offset for k in (sp.head, sp.own, sp.shared) if k is not None}
             rt, gt = sp.tables(at, self.off.granularity)
             for b, mine, table in ((res_b, sp.head, rt), (grads_b, sp.own, gt)):
-                parts = [by_life[k] for k in (mine, sp.shared) if k is not None]
-                b.page_table = (lambda _offset, t=table: t)
-                split_entries.append(Entry(self, b, by_life[sp.shared], parts, table))
+                e = Entry(self, b, by_life[sp.shared], [by_life[k] for k in (mine, sp.shared) if k is not None], table)
+                b.page_table = (lambda _offset, e=e: e.table)
+                split_entries.append(e)
         split_b = {id(e.backing) for e in split_entries}
         self.entries = [Entry(self, backing[it.key], it) for it in items
                         if it.offset is not None and it.kind not in (POOL, SHARED) and id(backing[it.key]) not in split_b]

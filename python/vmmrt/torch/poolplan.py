@@ -341,3 +341,17 @@ def compose(parts_: Sequence[Part], offsets: Sequence[int], ngranules: int, gran
         for k, page in zip(p.granules, p.table):
             out[k] = at + page * g
     return out
+
+
+def table_ranges(table: Sequence[int], granularity: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The bytes [lo, hi) of a slot mapped granule by granule (``table``: the
+    pages' offset of each of its granules, vmmrt_slot_map_pages_table(3)) as
+    offsets in the pages, one range per granule."""
+    g = granularity
+    out = []
+    k = lo // g
+    while k * g < hi:
+        a, b = max(lo, k * g) - k * g, min(hi, (k + 1) * g) - k * g
+        out.append((table[k] + a, table[k] + b))
+        k += 1
+    return out
