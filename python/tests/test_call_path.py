@@ -620,3 +620,91 @@ def test_the_captures_make_their_own_cublas_workspaces(host_graphs, monkeypatch)
     with pytest.raises(Exception):
         _graphed_on_host("none", "mapped")
     assert seen[0] == seen[-1] == "given back"
+
+
+class _KeptGraph(_Graph):
+    """A graph made with torch's keep_graph (instantiated at its first
+    replay, where it was asked for) or without (at its capture's end)."""
+
+    def __init__(self, keep_graph=False):
+        self.keep_graph, self.instantiated, self.replayed = keep_graph, not keep_graph, 0
+
+    def replay(self):
+        self.instantiated = True
+        self.replayed += 1
+        _Graph.replays += 1
+
+
+@pytest.mark.parametrize("defer", [True, False])
+def test_the_backward_graph_a_loop_never_replays_is_never_instantiated(host_graphs, monkeypatch, defer):
+    # grads="mapped": the write graph runs where .grad is None (the
+    # set_to_none loop), the accumulate graph where it is kept; each made
+    # instantiated at its first replay, the accumulate graph of a
+    # set_to_none loop never holds an executable graph's device memory
+    # (DEFER_MAPPED_BACKWARDS False: both at their capture's end). The
+    # forwards run at every step: instantiated at once.
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _KeptGraph)
+    monkeypatch.setattr(graphed, "DEFER_MAPPED_BACKWARDS", defer)
+    g, off, runners = _graphed_on_host("none", "mapped")
+    try:
+        step = _stepper(g)
+        for _ in range(STEPS):
+            step()
+        graphs = {k: ln.graph for k, ln in off.launchers.items()}
+        for r in runners:
+            fwd, bwd, acc = graphs[(r.name, False)], graphs[(r.name, True)], graphs[(r.name, "accumulate")]
+            assert not fwd.keep_graph and fwd.replayed == STEPS
+            assert bwd.keep_graph == defer and bwd.instantiated and bwd.replayed == STEPS
+            assert acc.keep_graph == defer and acc.replayed == 0
+            assert acc.instantiated == (not defer), r.name
+        # a .grad kept into the next backward: the accumulate graph runs,
+        # and is instantiated then
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        for _ in range(2):
+            y = x
+            for m in g:
+                y = m(y)
+            y.backward(gy)
+            del y
+        assert all(graphs[(r.name, "accumulate")].instantiated and graphs[(r.name, "accumulate")].replayed == 1
+                   for r in runners)
+    finally:
+        off.close()
+
+
+class _DeferredExecGraph(_ExecGraph):
+    """A graph of keep_graph=True: no executable handle until a replay
+    instantiated it."""
+    vmmrt_deferred = True
+
+    def __init__(self, gen, draws):
+        super().__init__(gen, draws)
+
+    def raw_cuda_graph_exec(self):
+        if not self.replays:
+            raise RuntimeError("instantiate must have been called")
+        return 0x2000
+
+
+def test_a_graph_instantiated_at_its_first_replay_launches_raw_after_it(monkeypatch):
+    """vmmrt.torch._launch over a graph not instantiated yet: no handle
+    asked of it (none exists) until its first replay, through torch, made
+    one; it launches raw from then on, unless that replay moved a
+    generator; a graph never called is never replayed."""
+    from vmmrt.torch import _launch
+    gen = _Gen()
+    monkeypatch.setattr(torch.cuda, "default_generators", (gen,), raising=False)
+    off = types.SimpleNamespace(host=False, maps_per_use=lambda: False)
+    plain, dropout, unused = _DeferredExecGraph(gen, 0), _DeferredExecGraph(gen, 4), _DeferredExecGraph(gen, 0)
+    a, b, c = (_launch.Launcher(gr, off, ()) for gr in (plain, dropout, unused))
+    assert all(ln.exec < 0 and ln.how == _launch.NOT_INSTANTIATED for ln in (a, b, c))
+    a.probe()
+    b.probe()
+    assert (a.exec, a.how) == (0x2000, _launch.RAW) and plain.replays == 1
+    assert b.exec == 0 and "draws random numbers" in b.how
+    assert unused.replays == 0 and _launch.summary({1: a, 2: b, 3: c})[_launch.NOT_INSTANTIATED] == 1
+    # an ordinary graph with no handle to give: torch's replay, for good
+    lone = _DeferredExecGraph(gen, 0)
+    lone.vmmrt_deferred = False
+    d = _launch.Launcher(lone, off, ())
+    assert (d.exec, d.how) == (0, "torch replay (no executable graph)")

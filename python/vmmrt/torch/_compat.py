@@ -235,3 +235,17 @@ def end_abandoned_capture(stream=None):
         del g
     except Exception:
         pass
+
+
+def deferred_graph():
+    """A CUDA graph instantiated at its first replay, not at the end of its
+    capture (torch's keep_graph=True, where this torch has it; an ordinary
+    CUDAGraph otherwise): a graph no call ever replays then never holds an
+    executable graph's device memory. ``graph.vmmrt_deferred`` says which
+    (vmmrt.torch._launch reads the handle once the first replay made it)."""
+    try:
+        g = torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:           # (a torch without keep_graph)
+        return torch.cuda.CUDAGraph()
+    g.vmmrt_deferred = True
+    return g

@@ -23,6 +23,11 @@ import torch
 # Launcher.how, as describe() shows it.
 RAW = "vmmrt_group_replay"
 PROBING = "torch replay (the first, to learn whether the graph draws random numbers)"
+NOT_INSTANTIATED = ("not instantiated (a graph instantiated at its first replay, through torch, which learns "
+                    "whether it draws random numbers)")
+# Launcher.exec of a graph not instantiated yet (_compat.deferred_graph): no
+# handle until its first replay (probe) makes one.
+_NOT_YET = -1
 
 
 MAPPED = ("torch replay (memory mapped per use: a map follows the events recorded between a use's begin hook "
@@ -34,7 +39,9 @@ class Launcher:
     the one call of the use (the hooks, Offload.flush where releases fell
     due, the memory plan's check of the resident slot, nothing else);
     0: torch's replay, for the reason in ``how``; < 0: the handle, not yet
-    used, after a first replay through torch (:meth:`probe`). Memory mapped
+    used, after a first replay through torch (:meth:`probe`), or _NOT_YET:
+    a graph instantiated at its first replay (_compat.deferred_graph), whose
+    handle that replay makes. Memory mapped
     per use keeps torch's replay until the memory plan has put every slot
     on its pages for good (:meth:`reconsider`), and again from a conflict
     on (:meth:`map_again`)."""
@@ -58,14 +65,15 @@ class Launcher:
         elif not hasattr(self.graph, "raw_cuda_graph_exec"):
             self.how = "torch replay (this torch has no CUDAGraph.raw_cuda_graph_exec)"
         else:
+            deferred = getattr(self.graph, "vmmrt_deferred", False)
             try:
                 h = int(self.graph.raw_cuda_graph_exec())
-            except RuntimeError:            # not captured (nothing to replay): torch's replay says so
+            except RuntimeError:            # not captured, or not instantiated yet
                 h = 0
-            if h == 0:
-                self.how = "torch replay (no executable graph)"
+            if h == 0 and not deferred:
+                self.how = "torch replay (no executable graph)"     # (nothing to replay: torch's replay says so)
             else:
-                self.exec, self.how = -h, PROBING
+                self.exec, self.how = (-h, PROBING) if h else (_NOT_YET, NOT_INSTANTIATED)
                 self.gens = tuple(torch.cuda.default_generators)
 
     def reconsider(self):
@@ -88,8 +96,14 @@ class Launcher:
         self.graph.replay()
         if [g.get_offset() for g in self.gens] != before:
             self.exec, self.how = 0, "torch replay (the graph draws random numbers)"
-        else:
-            self.exec, self.how = -self.exec, RAW
+            return
+        h = -self.exec
+        if self.exec == _NOT_YET:
+            try:
+                h = int(self.graph.raw_cuda_graph_exec())   # (that replay instantiated it)
+            except RuntimeError:
+                h = 0
+        self.exec, self.how = (h, RAW) if h else (0, "torch replay (no executable graph)")
 
 
 def summary(launchers):

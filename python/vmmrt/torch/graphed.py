@@ -32,6 +32,11 @@ from vmmrt.torch.offload import Offload, runtime_options
 from vmmrt.torch.saved import original_error
 
 GRADS = ("mapped", "static", "accumulate")
+# grads="mapped": each runner's write and accumulate backward graphs are
+# instantiated at their first replay (_compat.deferred_graph): in the
+# set_to_none loop the accumulate graph never runs, and an executable graph
+# holds device memory of its own (False: both at their capture's end, an A/B).
+DEFER_MAPPED_BACKWARDS = True
 
 log = logging.getLogger("vmmrt.torch")
 
@@ -625,11 +630,17 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
                 acc = _capture_recomputed(r, backward, bwd if backward else fwd, mempool, stream, error_mode,
                                           allow_unused_input) or acc
             elif backward and r.grad_mode == "mapped":
-                acc = torch.cuda.CUDAGraph()
+                # a loop replays one of the two at every backward (the write
+                # graph where .grad is None, as set_to_none makes it): the
+                # other, instantiated, would hold an executable graph's
+                # device memory for nothing (DEFER_MAPPED_BACKWARDS)
+                graph = _compat.deferred_graph if DEFER_MAPPED_BACKWARDS and not r.recompute \
+                    else torch.cuda.CUDAGraph
+                bwd, acc = graph(), graph()
                 if r.recompute:
                     recompute.register_backward(r, acc)
                 if not _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input):
-                    bwd, acc = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+                    bwd, acc = graph(), graph()
                     _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input,
                                              reuse_ok=False)
                 if r.grad_mode != "mapped":
