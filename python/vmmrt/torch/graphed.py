@@ -616,7 +616,12 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
     gp = graphpool.open_for(off, runners, pool, stream) if graph_pool else None
     mempool = None if gp is not None else torch.cuda.graph_pool_handle() if pool is None else pool
     handle = stream.cuda_stream if stream is not None else None
-    captured = [(torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph(), None) for _ in runners]
+    # grads="mapped": a loop replays one of a runner's two backward graphs at
+    # every backward (the write graph where .grad is None, as set_to_none
+    # leaves it): the other, instantiated, would hold an executable graph's
+    # device memory for nothing (DEFER_MAPPED_BACKWARDS)
+    later = _compat.deferred_graph if DEFER_MAPPED_BACKWARDS and grads == "mapped" else torch.cuda.CUDAGraph
+    captured = [(torch.cuda.CUDAGraph(), later(), None) for _ in runners]
     _before_capture(runners, off, grads, captured)
     _blas_workspaces_given_back(off)
     off.capturing = True
@@ -630,17 +635,14 @@ def _capture_all(runners, off, stream, pool, error_mode, allow_unused_input, gra
                 acc = _capture_recomputed(r, backward, bwd if backward else fwd, mempool, stream, error_mode,
                                           allow_unused_input) or acc
             elif backward and r.grad_mode == "mapped":
-                # a loop replays one of the two at every backward (the write
-                # graph where .grad is None, as set_to_none makes it): the
-                # other, instantiated, would hold an executable graph's
-                # device memory for nothing (DEFER_MAPPED_BACKWARDS)
-                graph = _compat.deferred_graph if DEFER_MAPPED_BACKWARDS and not r.recompute \
-                    else torch.cuda.CUDAGraph
-                bwd, acc = graph(), graph()
+                acc = later()
                 if r.recompute:
                     recompute.register_backward(r, acc)
                 if not _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input):
-                    bwd, acc = graph(), graph()
+                    bwd, acc = later(), later()
+                    if r.recompute:     # (both new: the recomputation's states registered with each)
+                        recompute.register_backward(r, bwd)
+                        recompute.register_backward(r, acc)
                     _capture_backward_mapped(r, bwd, acc, mempool, stream, error_mode, allow_unused_input,
                                              reuse_ok=False)
                 if r.grad_mode != "mapped":
