@@ -68,6 +68,10 @@
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
 #                  then each again alone in a fresh process, within 3 % ~4 min
 #   check-llama    the same on the llama shape                       ~5 min
+#   alone-launch   --front of launch, both loops, AdamW fused: eager, ckpt
+#                  16, graphs, vmmrt none and recompute all, then each again
+#                  alone in a fresh process (--check-alone): vmmrt's points
+#                  without what the graphed points before them left  ~5 min (an estimate)
 #   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
 #                  callables and vmmrt none alternated, the launch
 #                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
@@ -245,8 +249,11 @@ for part in "${parts[@]}"; do
 	one-time) step one-time 240 "$py" -m vmmrt.torch.bench --one-time --shape launch,llama --optimizer fused \
 		--json "$out/one-time.json" || true
 		[ -f "$out/one-time.log" ] && grep -E "^  (torch|vmmrt|libvmmrt|one eager)" "$out/one-time.log" | tee -a "$summary" ;;
+	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \
+		--front-budgets 0 --iterations 5 --check-alone --check-repeats 0 \
+		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama alone-launch launch-ab one-time, or all)" ;;
 	esac
 	pack
 done

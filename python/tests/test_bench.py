@@ -575,7 +575,10 @@ def test_alone_check_compares_within_the_tolerance():
     doc = {"fronts": [{"title": "t", "loop": "set_to_none", "shape": {"name": "llama"}, "points": [
         _pt("eager", "torch", 100.0, 1000, option="eager", param=None),
         _pt("ckpt 2", "torch", 120.0, 800, option="ckpt", param=2),
-        _pt("vmmrt none", "vmmrt", 90.0, 1000, option="none")]}]}
+        _pt("vmmrt none", "vmmrt", 90.0, 1000, option="none"),
+        _pt("vmmrt recompute all", "vmmrt", 110.0, 700, option="recompute"),
+        _pt("vmmrt pingpong", "vmmrt", 300.0, 600, option="pingpong"),
+        _pt("budget 900 MiB", "vmmrt", 105.0, 850, option="budget", param=900 << 20)]}]}
     args = SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1, attention="auto",
                            dtype="bf16", device="cuda", smoke=False, check_tolerance=0.03, check_repeats=0)
     asked = []
@@ -583,10 +586,15 @@ def test_alone_check_compares_within_the_tolerance():
     def runner(argv):
         asked.append(argv)
         k = argv[argv.index("--option") + 1]
-        return {"step_ms": 100.5, "peak": 1000 << 20} if k == "eager" else {"step_ms": 130.0, "peak": 800 << 20}
+        return {"step_ms": 100.5, "peak": 1000 << 20} if k == "eager" else \
+            {"step_ms": 90.2, "peak": 1010 << 20} if k == "vmmrt-none" else {"step_ms": 130.0, "peak": 800 << 20}
     out = alone.check(doc, args, runner)
-    assert len(asked) == 2 and "--k" in asked[1] and asked[1][asked[1].index("--k") + 1] == "2"
-    assert (out["agree"], out["disagree"]) == (1, 1) and "1 of 2" in out["line"]
+    # vmmrt's none and recompute all alone too (a budget and ping-pong not:
+    # no option of the module's), the parameter of a vmmrt point no --k
+    options = [a[a.index("--option") + 1] for a in asked]
+    assert options == ["eager", "ckpt", "vmmrt-none", "vmmrt-recompute"]
+    assert asked[1][asked[1].index("--k") + 1] == "2" and not any("--k" in a for a in asked[2:])
+    assert (out["agree"], out["disagree"]) == (2, 2) and "2 of 4 points" in out["line"]
 
 
 def test_alone_check_tells_the_options_own_spread_from_a_front_error():
@@ -626,6 +634,37 @@ def test_alone_measures_one_option_on_the_cpu():
     got = alone.measure(alone._parser().parse_args(["--shape", "launch", "--smoke", "--device", "cpu", "--option",
                                                      "ckpt", "--k", "2", "--iterations", "1", "--warmup", "0"]))
     assert got["step_ms"] > 0 and got["k"] == 2 and got["peak"] is None
+    # vmmrt's options capture CUDA graphs, as torch's graphed ones: CUDA only
+    for option in ("vmmrt-none", "vmmrt-auto", "vmmrt-recompute", "graph"):
+        with pytest.raises(SystemExit, match="needs CUDA"):
+            alone.measure(alone._parser().parse_args(["--shape", "launch", "--smoke", "--device", "cpu",
+                                                      "--option", option]))
+
+
+def test_alone_makes_vmmrts_options_as_a_user_does(monkeypatch):
+    """vmmrt's options alone: vmmrt.torch.make_graphed_callables with the
+    library's defaults but the mode, offload="auto", or a hand plan that
+    recomputes every layer with the optimizer's memory reserved as the
+    front reserves it (AdamW's two states; foreach's temporary)."""
+    from types import SimpleNamespace
+    import vmmrt.torch as vt
+    from vmmrt.torch.bench import alone
+    seen = []
+    monkeypatch.setattr(vt, "make_graphed_callables", lambda layers, samples, **kw: seen.append(kw) or list(layers))
+    layers = [torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)]
+    samples = tuple((torch.randn(2, 4),) for _ in layers)
+    for option, optimizer in (("vmmrt-none", "fused"), ("vmmrt-auto", "fused"), ("vmmrt-recompute", "foreach"),
+                              ("vmmrt-recompute", "fused")):
+        alone._vmmrt_callables(option, layers, samples, SimpleNamespace(optimizer=optimizer, loop="persistent"),
+                               torch.device("cpu"))
+    none, auto, rec_foreach, rec_fused = seen
+    assert none == {"mode": "none", "graphs": False} and auto == {"mode": "pingpong", "offload": "auto",
+                                                                  "graphs": False}
+    pb = 2 * 16 * 4
+    for kw, step in ((rec_foreach, pb), (rec_fused, 0)):
+        b = kw["memory_budget"]
+        assert kw["mode"] == "pingpong" and b.layers == ["recompute", "recompute"]
+        assert (b.reserve, b.step, b.loop) == (2 * pb, step, "persistent")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU does")

@@ -42,7 +42,8 @@ against the loop's reference; then both fronts, each vmmrt point against the
 fastest PyTorch option within its peak, and a verdict line per shape ("vmmrt
 ahead at N of M memory levels; dominated at K"); --json writes every point
 (after each one) and a PNG of both fronts beside it (matplotlib).
---check-alone then runs each PyTorch point again alone in a fresh process
+--check-alone then runs each point of PyTorch's options and of vmmrt's none,
+auto and recompute all again alone in a fresh process
 (vmmrt.torch.bench.alone) and compares (within 3 %). Shapes and their
 estimated time on the H200 with the defaults (one loop):
   llama     8 torch-ops Llama-3-8B layers, seq 4096                  ~4 min
@@ -51,7 +52,7 @@ estimated time on the H200 with the defaults (one loop):
   hf        4 transformers LlamaDecoderLayer (Llama-3-8B), seq 4096   ~2.5 min
   megatron  4 megatron-core TransformerLayer (local spec), seq 2048  ~2.5 min
   long      4 torch-ops Llama-3-8B layers, seq 32768 (long context)  ~5 min
-(--check-alone adds about 15 s per PyTorch point; fewer k values
+(--check-alone adds about 15 s per point; fewer k values
 (--front-ks 3), budgets or --iterations shorten a run.)
 """
 import argparse
@@ -174,8 +175,9 @@ def _parser():
                         "has run in it (the model, an eager step, torch's graphs, an empty libvmmrt runtime, "
                         "vmmrt none twice), stage by stage, on --shape's layers (CUDA only; see bench/onetime.py)")
     p.add_argument("--check-alone", action="store_true",
-                   help="--front: then each PyTorch point again alone in a fresh process "
-                        "(python3 -m vmmrt.torch.bench.alone), its figures against the front's")
+                   help="--front: then each point of PyTorch's options and of vmmrt's none, auto and recompute "
+                        "all again alone in a fresh process (python3 -m vmmrt.torch.bench.alone), its figures "
+                        "against the front's")
     p.add_argument("--check-tolerance", type=float, default=0.03,
                    help="--check-alone: the largest relative difference that agrees (default 0.03)")
     p.add_argument("--check-repeats", type=int, default=2,

@@ -1,22 +1,26 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
-"""One PyTorch option of the front, alone in a fresh process, measured
-without the benchmark's own machinery: the independent check of the
-front's figures for PyTorch's options.
+"""One option of the front, alone in a fresh process, measured without the
+benchmark's own machinery: the independent check of the front's figures.
 
     python3 -m vmmrt.torch.bench.alone --shape llama --option ckpt --k 2
+    python3 -m vmmrt.torch.bench.alone --shape launch --option vmmrt-none
 
 It builds the shape's layers (:mod:`shapes`, the same weights and inputs),
-runs ONE option (eager, ckpt K, graph, graph-ckpt K, save_on_cpu) in the
-loop asked, times --iterations steps after --warmup with CUDA events (the
+runs ONE option (PyTorch's eager, ckpt K, graph, graph-ckpt K, save_on_cpu;
+vmmrt.torch's none, auto and recompute all, made as a user makes them,
+through vmmrt.torch.make_graphed_callables with the library's defaults) in
+the loop asked, times --iterations steps after --warmup with CUDA events (the
 median), then samples the driver's used memory (torch.cuda.mem_get_info)
 from a thread of its own over one more whole step, and prints one line of
 JSON: the step time and the peak over the used memory before the model.
 Nothing here comes from modes, loops or memory: a fault of theirs would
-show as a difference.
+show as a difference. A vmmrt point alone also pays what its own first
+capture leaves in the process, where a front's point pays what the points
+before it left (frontrun.GRAPH_FREE).
 
-:func:`check` (``--front --check-alone``) runs this for every PyTorch point
-of a front, each in its own process, and compares: time and peak within the
-tolerance (3 %) agree.
+:func:`check` (``--front --check-alone``) runs this for every point of a
+front whose option is here, each in its own process, and compares: time and
+peak within the tolerance (3 %) agree.
 """
 import argparse
 import json
@@ -29,7 +33,32 @@ import time
 
 import torch
 
-OPTIONS = ("eager", "ckpt", "graph", "graph-ckpt", "save_on_cpu")
+OPTIONS = ("eager", "ckpt", "graph", "graph-ckpt", "save_on_cpu", "vmmrt-none", "vmmrt-auto", "vmmrt-recompute")
+# a vmmrt point's option (frontrun.Option.kind) as this module names it
+VMMRT = {"none": "vmmrt-none", "planner": "vmmrt-auto", "recompute": "vmmrt-recompute"}
+
+
+def option_of(pt):
+    """The option here of a front's point ``pt``, or None (a budget, ping-pong...)."""
+    if pt.get("family") == "torch":
+        return pt.get("option") if pt.get("option") in OPTIONS else None
+    return VMMRT.get(pt.get("option")) if pt.get("family") == "vmmrt" else None
+
+
+def _vmmrt_callables(option, layers, samples, a, dev):
+    """vmmrt.torch's graphed callables for ``option``, as a user makes them."""
+    import vmmrt.torch as vt
+    kw = {}
+    if option == "vmmrt-none":
+        kw["mode"] = "none"
+    elif option == "vmmrt-auto":
+        kw.update(mode="pingpong", offload="auto")
+    else:
+        pb = sum(p.numel() * p.element_size() for m in layers for p in m.parameters() if p.requires_grad)
+        # AdamW's two states kept, foreach's temporary (1x the parameters) within its step
+        kw.update(mode="pingpong", memory_budget=vt.Budget(layers=["recompute"] * len(layers), reserve=2 * pb,
+                                                           step=pb if a.optimizer == "foreach" else 0, loop=a.loop))
+    return list(vt.make_graphed_callables(tuple(layers), samples, graphs=dev.type == "cuda", **kw))
 
 
 class _Ckpt(torch.nn.Module):
@@ -101,7 +130,8 @@ def measure(a):
         raise SystemExit("--optimizer fused needs CUDA")
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
-    if a.option.startswith("graph") and not cuda:
+    graphed = a.option.startswith(("graph", "vmmrt"))
+    if graphed and not cuda:
         raise SystemExit("--option %s needs CUDA" % a.option)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     if a.smoke and not cuda:
@@ -123,7 +153,7 @@ def measure(a):
     params = [p for m in layers for p in m.parameters() if p.requires_grad]
     # (not before torch's graphs of Megatron's layers: an eager step there
     # is what made their capture fail in the front's process)
-    if cuda and not (a.option.startswith("graph") and any(getattr(m, "rng_tracked", False) for m in layers)):
+    if cuda and not (graphed and any(getattr(m, "rng_tracked", False) for m in layers)):
         # what the process loads once, in the base as the front counts it
         # (frontrun.warm; done here with this module's own readings, not
         # the front's, so that a fault of theirs shows as a difference)
@@ -138,9 +168,11 @@ def measure(a):
         base += max(0, total - torch.cuda.mem_get_info()[0] - used)
     k = a.k if a.option in ("ckpt", "graph-ckpt") else 0
     mods = [_Ckpt(m) if i < k else m for i, m in enumerate(layers)]
+    samples = tuple((torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True),) for _ in mods)
     if a.option.startswith("graph"):
-        mods = list(torch.cuda.make_graphed_callables(
-            tuple(mods), tuple((torch.randn(*dims, device=dev, dtype=dtype, requires_grad=True),) for _ in mods)))
+        mods = list(torch.cuda.make_graphed_callables(tuple(mods), samples))
+    elif a.option.startswith("vmmrt"):
+        mods = _vmmrt_callables(a.option, mods, samples, a, dev)
     opt = torch.optim.AdamW(params, lr=1e-4, **{a.optimizer: True})
 
     def forward(x):
@@ -216,10 +248,10 @@ def agree(front_pt, alone_pt, tol=0.03):
 
 
 def _argv(args, shape, pt, loop):
-    out = ["--shape", shape, "--option", pt["option"], "--loop", loop, "--microbatches", str(args.microbatches),
+    out = ["--shape", shape, "--option", option_of(pt), "--loop", loop, "--microbatches", str(args.microbatches),
            "--optimizer", args.optimizer, "--iterations", str(args.iterations), "--warmup", str(args.warmup),
            "--attention", args.attention, "--dtype", args.dtype, "--device", args.device]
-    if pt.get("param"):
+    if pt.get("param") and pt.get("family") == "torch":
         out += ["--k", str(pt["param"])]
     if args.smoke:
         out.append("--smoke")
@@ -247,8 +279,8 @@ def spread_covers(front_pt, runs, tol=0.03):
 
 
 def check(doc, args, runner=None):
-    """Every PyTorch point of the fronts in ``doc`` alone, each in a fresh
-    process (``runner(argv)`` -> dict: a subprocess by default), against the
+    """Every point of the fronts in ``doc`` whose option is here (option_of)
+    alone, each in a fresh process (``runner(argv)`` -> dict: a subprocess by default), against the
     front's figures: {"rows": [...], "agree", "within_spread", "disagree",
     "line"}. A point that differs is run alone ``check_repeats`` times more:
     if the front's figures lie within the spread of those fresh processes
@@ -260,7 +292,7 @@ def check(doc, args, runner=None):
     for d in doc.get("fronts", []):
         shape = d["shape"]["name"]
         for pt in d.get("points", []):
-            if pt.get("family") != "torch" or pt.get("error") or pt.get("option") not in OPTIONS:
+            if pt.get("error") or option_of(pt) is None:
                 continue
             argv = _argv(args, shape, pt, d["loop"])
             row = {"front": d["title"], "label": pt["label"], "argv": argv, "front_step_ms": pt["step_ms"],
@@ -283,7 +315,7 @@ def check(doc, args, runner=None):
     n_spread = sum(1 for r in rows if r.get("within_spread"))
     out = {"rows": rows, "agree": n_ok, "within_spread": n_spread, "disagree": len(rows) - n_ok - n_spread,
            "tolerance": args.check_tolerance}
-    out["line"] = "alone check: %d of %d PyTorch points agree within %.0f %% with the same option alone in a " \
+    out["line"] = "alone check: %d of %d points agree within %.0f %% with the same option alone in a " \
                   "fresh process%s%s" % (
                       n_ok, len(rows), 100 * args.check_tolerance,
                       "; %d more lie within the spread of %d fresh processes of their option (which differ among "
