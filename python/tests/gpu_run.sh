@@ -68,6 +68,11 @@
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
 #                  then each again alone in a fresh process, within 3 % ~4 min
 #   check-llama    the same on the llama shape                       ~5 min
+#   defer-ab       vmmrt none and recompute all (launch) and none (llama),
+#                  set_to_none, AdamW fused, each alone in a one-point front,
+#                  with the mapped backward pair instantiated at its first
+#                  replay and at its capture (graphed.DEFER_MAPPED_BACKWARDS):
+#                  the executable graphs' device memory      ~3 min (an estimate)
 #   alone-launch   --front of launch, both loops, AdamW fused: eager, ckpt
 #                  16, graphs, vmmrt none and recompute all, then each again
 #                  alone in a fresh process (--check-alone): vmmrt's points
@@ -249,11 +254,24 @@ for part in "${parts[@]}"; do
 	one-time) step one-time 240 "$py" -m vmmrt.torch.bench --one-time --shape launch,llama --optimizer fused \
 		--json "$out/one-time.json" || true
 		[ -f "$out/one-time.log" ] && grep -E "^  (torch|vmmrt|libvmmrt|one eager)" "$out/one-time.log" | tee -a "$summary" ;;
+	defer-ab)
+		for sl in "launch:vmmrt none" "launch:vmmrt recompute all" "llama:vmmrt none"; do
+			for d in True False; do
+				shape=${sl%%:*} opt=${sl#*:}
+				name=defer-$shape-$(echo "$opt" | tr ' ' '-' | sed 's/^vmmrt-//')-$d
+				step "$name" 150 "$py" -c "import sys, vmmrt.torch.graphed as g; g.DEFER_MAPPED_BACKWARDS = $d
+from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --front --front-ks 3 \
+					--front-budgets 0 --iterations 5 --optimizer fused --shape "$shape" --loop set_to_none \
+					--front-only "$opt" --json "$out/$name.json" || true
+				[ -f "$out/$name.log" ] && grep -E "^\[1/1\] .*build" "$out/$name.log" | cut -c1-160 |
+					sed "s/^/$name: /" | tee -a "$summary"
+			done
+		done ;;
 	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \
 		--front-budgets 0 --iterations 5 --check-alone --check-repeats 0 \
 		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama alone-launch launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch launch-ab one-time, or all)" ;;
 	esac
 	pack
 done
