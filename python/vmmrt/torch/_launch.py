@@ -41,10 +41,9 @@ class Launcher:
     0: torch's replay, for the reason in ``how``; < 0: the handle, not yet
     used, after a first replay through torch (:meth:`probe`), or _NOT_YET:
     a graph instantiated at its first replay (_compat.deferred_graph), whose
-    handle that replay makes. Memory mapped
-    per use keeps torch's replay until the memory plan has put every slot
-    on its pages for good (:meth:`reconsider`), and again from a conflict
-    on (:meth:`map_again`)."""
+    handle that replay makes. Memory mapped per use keeps torch's replay
+    until the memory plan has put every slot on its pages for good
+    (:meth:`reconsider`), and again from a conflict on (:meth:`map_again`)."""
     __slots__ = ("exec", "how", "graph", "gens", "off", "generators", "recomputed")
 
     def __init__(self, graph, off, generators, recomputed=False):
