@@ -65,10 +65,7 @@ class Launcher:
             self.how = "torch replay (this torch has no CUDAGraph.raw_cuda_graph_exec)"
         else:
             deferred = getattr(self.graph, "vmmrt_deferred", False)
-            try:
-                h = int(self.graph.raw_cuda_graph_exec())
-            except RuntimeError:            # not captured, or not instantiated yet
-                h = 0
+            h = _handle(self.graph)
             if h == 0 and not deferred:
                 self.how = "torch replay (no executable graph)"     # (nothing to replay: torch's replay says so)
             else:
@@ -96,13 +93,17 @@ class Launcher:
         if [g.get_offset() for g in self.gens] != before:
             self.exec, self.how = 0, "torch replay (the graph draws random numbers)"
             return
-        h = -self.exec
-        if self.exec == _NOT_YET:
-            try:
-                h = int(self.graph.raw_cuda_graph_exec())   # (that replay instantiated it)
-            except RuntimeError:
-                h = 0
+        h = _handle(self.graph) if self.exec == _NOT_YET else -self.exec    # (that replay instantiated it)
         self.exec, self.how = (h, RAW) if h else (0, "torch replay (no executable graph)")
+
+
+def _handle(graph):
+    """``graph``'s executable handle, or 0 where it has none (not captured,
+    or not instantiated yet)."""
+    try:
+        return int(graph.raw_cuda_graph_exec())
+    except RuntimeError:
+        return 0
 
 
 def summary(launchers):
