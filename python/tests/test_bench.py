@@ -634,6 +634,11 @@ def test_alone_measures_one_option_on_the_cpu():
     got = alone.measure(alone._parser().parse_args(["--shape", "launch", "--smoke", "--device", "cpu", "--option",
                                                      "ckpt", "--k", "2", "--iterations", "1", "--warmup", "0"]))
     assert got["step_ms"] > 0 and got["k"] == 2 and got["peak"] is None
+    # --k only where layers are checkpointed, never ignored
+    for option in ("eager", "vmmrt-none", "vmmrt-recompute"):
+        with pytest.raises(SystemExit, match="--k goes with"):
+            alone.measure(alone._parser().parse_args(["--shape", "launch", "--smoke", "--device", "cpu",
+                                                      "--option", option, "--k", "2"]))
     # vmmrt's options capture CUDA graphs, as torch's graphed ones: CUDA only
     for option in ("vmmrt-none", "vmmrt-auto", "vmmrt-recompute", "graph"):
         with pytest.raises(SystemExit, match="needs CUDA"):

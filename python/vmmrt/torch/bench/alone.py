@@ -124,6 +124,8 @@ def measure(a):
         raise SystemExit("unknown shape %r; shapes are %s" % (a.shape, ", ".join(shapes.SHAPES)))
     if a.option in ("ckpt", "graph-ckpt") and a.k < 1:
         raise SystemExit("--option %s needs --k 1 or more" % a.option)
+    if a.k and a.option not in ("ckpt", "graph-ckpt"):
+        raise SystemExit("--k goes with --option ckpt or graph-ckpt, not %s" % a.option)
     if a.iterations < 1 or a.warmup < 0 or a.microbatches < 1:
         raise SystemExit("--iterations and --microbatches must be at least 1, --warmup at least 0")
     if a.optimizer == "fused" and a.device != "cuda":
