@@ -77,6 +77,11 @@
 #                  16, graphs, vmmrt none and recompute all, then each again
 #                  alone in a fresh process (--check-alone): vmmrt's points
 #                  without what the graphed points before them left  ~5 min (an estimate)
+#   foreach-launch, foreach-llama, foreach-encoder  --front of that shape,
+#                  both loops, AdamW foreach (the fronts above are fused):
+#                  eager, checkpointing every layer, graphs, vmmrt none and
+#                  auto (and on launch graphs+ckpt 16 and recompute all)
+#                  ([memory-plan]'s foreach targets)        ~4 min each (an estimate)
 #   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
 #                  callables and vmmrt none alternated, the launch
 #                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
@@ -270,8 +275,15 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \
 		--front-budgets 0 --iterations 5 --check-alone --check-repeats 0 \
 		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
+	foreach-launch) front foreach-launch 300 --shape launch --loop both --optimizer foreach \
+		--front-ks 3 --front-budgets 0 --iterations 5 \
+		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" ;;
+	foreach-llama) front foreach-llama 300 --shape llama --loop both --optimizer foreach \
+		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 8,graphs,vmmrt none,vmmrt auto" ;;
+	foreach-encoder) front foreach-encoder 300 --shape encoder --loop both --optimizer foreach \
+		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 6,graphs,vmmrt none,vmmrt auto" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch foreach-launch foreach-llama foreach-encoder launch-ab one-time, or all)" ;;
 	esac
 	pack
 done
