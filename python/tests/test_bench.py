@@ -993,6 +993,32 @@ def test_front_point_line_shows_the_pages_and_the_graphs_pool():
     assert "pages" not in f._line(1, 1, pt)
 
 
+def test_front_point_line_checks_the_predicted_whole_step_peak():
+    """A point whose plan predicts the step's peak (memory_budget=, recompute
+    all) says it beside the measured one, and whether it is off by more than
+    the 2 % the memory plan and the planner aim at; a point whose plan
+    predicts none says nothing of it."""
+    from vmmrt.torch.bench import frontrun
+    f = frontrun.Front.__new__(frontrun.Front)
+    f.loop = loops.Loop("set_to_none")
+    f.points = []
+    MiB = 1 << 20
+    pt = {"label": "vmmrt recompute all", "option": "recompute", "build_s": 1.0, "step_ms": 2.0, "peak": 900 * MiB,
+          "peak_abs": 1000 * MiB, "predicted_peak_bytes": 990 * MiB}
+    line = f._line(1, 1, pt)
+    assert "predicted peak 990 MiB (-1.0 % of the measured)" in line
+    pt["predicted_peak_bytes"] = 970 * MiB
+    assert "predicted peak 970 MiB (-3.0 % of the measured, off by more than 2 %)" in f._line(1, 1, pt)
+    pt["predicted_peak_bytes"] = 1030 * MiB
+    assert "(+3.0 % of the measured, off by more than 2 %)" in f._line(1, 1, pt)
+    pt["option"] = "budget"
+    assert "recompute all's excess reserved" in f._line(1, 1, pt)
+    del pt["predicted_peak_bytes"]
+    assert "predicted" not in f._line(1, 1, pt)
+    pt["predicted_peak_bytes"], pt["peak_abs"] = 990 * MiB, None     # nothing sampled: nothing compared
+    assert "predicted" not in f._line(1, 1, pt)
+
+
 def test_front_point_line_shows_the_memory_by_owner():
     """A point's line says where its memory is between forward and backward
     (graphs' pool, caching allocator, libvmmrt, other): the part in which

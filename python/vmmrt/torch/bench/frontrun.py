@@ -314,6 +314,24 @@ def plan_fields(plan):
     return out
 
 
+def predicted_text(pt):
+    """The point's whole-step peak as its plan predicted it (the budget
+    planner's model: driver-level, the memory before the model included)
+    against the measured one, or None where the plan predicts none: the
+    memory plan's and the planner's target is within 2 % (plancheck.TOLERANCE)."""
+    pred, got = pt.get("predicted_peak_bytes"), pt.get("peak_abs")
+    if not pred or not got:
+        return None
+    from vmmrt.torch.plancheck import TOLERANCE
+    off = pred / got - 1
+    # (a budget point's reserve holds what recompute all's peak measured
+    # over its prediction: that point's error is the model's, the budgets'
+    # are what is left of it)
+    return "predicted peak %.0f MiB (%+.1f %% of the measured%s%s)" % (
+        pred / MiB, 100 * off, "" if abs(off) <= TOLERANCE else ", off by more than %.0f %%" % (100 * TOLERANCE),
+        "; recompute all's excess reserved" if pt.get("option") == "budget" else "")
+
+
 def placement_fields(off):
     """How the saved bytes reached their slots at the captures
     (Offload.placement): born there, or computed elsewhere and copied in
@@ -547,6 +565,9 @@ class Front:
             parts.append("peak %.0f MiB over the memory before the model%s" % (
                 pt["peak"] / MiB, " (%s, PyTorch's allocator holding %.0f)" % (where, w["allocator"] / MiB)
                 if where and w.get("allocator") is not None else ""))
+        pred = predicted_text(pt)
+        if pred:
+            parts.append(pred)
         pg = pt.get("pages") or {}
         if pg.get("plan_bytes"):
             pool = pg["graph_pool_bytes"]
