@@ -77,6 +77,11 @@
 #                  16, graphs, vmmrt none and recompute all, then each again
 #                  alone in a fresh process (--check-alone): vmmrt's points
 #                  without what the graphed points before them left  ~5 min (an estimate)
+#   at-launch      --front of launch, both loops, AdamW fused: eager, ckpt 16,
+#                  graphs, graphs+ckpt 16, recompute all, and the planner's
+#                  memory_budget= at ckpt 16's and graphs+ckpt 16's measured
+#                  peaks ([planner]: at eager checkpointing's peak,
+#                  <= 1.25x graphs' time)                    ~4 min (an estimate)
 #   foreach-launch, foreach-llama, foreach-encoder  --front of that shape,
 #                  both loops, AdamW foreach (the fronts above are fused):
 #                  eager, checkpointing every layer, graphs, vmmrt none and
@@ -275,6 +280,9 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \
 		--front-budgets 0 --iterations 5 --check-alone --check-repeats 0 \
 		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
+	at-launch) front at-launch 360 --shape launch --loop both --optimizer fused --front-ks 3 --iterations 5 \
+		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt recompute all" \
+		--front-budgets-at "ckpt 16,graphs+ckpt 16" ;;
 	foreach-launch) front foreach-launch 300 --shape launch --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 \
 		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" ;;
@@ -283,7 +291,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	foreach-encoder) front foreach-encoder 300 --shape encoder --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 6,graphs,vmmrt none,vmmrt auto" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch foreach-launch foreach-llama foreach-encoder launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch foreach-launch foreach-llama foreach-encoder launch-ab one-time, or all)" ;;
 	esac
 	pack
 done

@@ -5,6 +5,7 @@ JSON. The numbers it reports on a GPU are only as good as these."""
 import json
 import threading
 import time
+import types
 import weakref
 
 import pytest
@@ -942,6 +943,78 @@ def test_front_only_runs_the_options_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse(["--front-only", "eager"])          # without --front: refused, not ignored
     assert "--front-only goes with --front" in capsys.readouterr().err
+
+
+def test_front_budgets_at_pytorch_options_peaks(capsys):
+    """--front-budgets-at puts the planner's budget points at the measured
+    peaks of the PyTorch options named (the planner against each at its own
+    memory level), not spread from graphs' peak down; an option without a
+    peak gets none, a level no plan fits is said, not measured."""
+    from vmmrt.torch import budget
+    from vmmrt.torch.bench import frontrun
+    MiB = 1 << 20
+    costs = [budget.LayerCost("l%d" % i, 1.0, 2.0, [30 * MiB, 20 * MiB], fixed=2 * MiB, fwd_work=8 * MiB,
+                              bwd_work=16 * MiB) for i in range(4)]
+    plan = budget.evaluate(costs, ["recompute"] * 4, "pingpong", 1, static_bytes=1000 * MiB)
+    f = frontrun.Front.__new__(frontrun.Front)
+    f.args = types.SimpleNamespace(front_budget_mode="pingpong", lookahead=1)
+    f.doc, f.reserve = {}, 0
+    f.plan_of_recompute = (plan, plan.peak_bytes)      # measured as predicted: no calibration
+    f.points = [{"label": "graphs", "option": "graph", "peak_abs": 1300 * MiB},
+                {"label": "ckpt 4", "option": "ckpt", "peak_abs": 1120 * MiB},
+                {"label": "graphs+ckpt 4", "option": "graph-ckpt", "peak_abs": 1200 * MiB},
+                {"label": "eager", "option": "eager", "peak_abs": None},
+                {"label": "save_on_cpu", "option": "save_on_cpu", "peak_abs": 900 * MiB}]
+    opts = f._budget_options(4, 4, ["ckpt 4", "graphs+ckpt 4", "eager", "save_on_cpu"])
+    assert [(o.label, o.param) for o in opts] == [("budget 1120 MiB (ckpt 4's peak)", 1120 * MiB),
+                                                  ("budget 1200 MiB (graphs+ckpt 4's peak)", 1200 * MiB)]
+    out = capsys.readouterr().out
+    assert "eager: no peak measured; no budget at it" in out
+    assert "memory_budget=900 MiB (save_on_cpu's peak): no plan fits; not measured" in out
+    assert f.doc["budgets"] == [1120 * MiB, 1200 * MiB, 900 * MiB]
+    assert f.doc["budgets_at"] == ["ckpt 4", "graphs+ckpt 4", "save_on_cpu"]
+    # without: spread from graphs' peak down to the smallest plan
+    f.doc, f.reserve = {}, 0
+    spread = f._budget_options(4, 2)
+    assert spread[0].param == min(1300 * MiB, budget.evaluate(costs, ["keep"] * 4, "pingpong", 1,
+                                                            **frontrun.sweep._inputs(plan)).peak_bytes)
+    assert all("peak)" not in o.label for o in spread)
+
+
+def test_front_budgets_at_is_checked_before_anything_runs(capsys):
+    from vmmrt.torch.bench import frontrun
+    assert frontrun.budget_levels("ckpt 16, graphs+ckpt 16") == ["ckpt 16", "graphs+ckpt 16"]
+    for bad, why in [("vmmrt none", "PyTorch's options only"), ("", "one PyTorch option's label or more")]:
+        with pytest.raises(ValueError, match=why):
+            frontrun.budget_levels(bad)
+    with pytest.raises(ValueError, match="needs both families"):
+        frontrun.budget_levels("ckpt 16", families=["torch"])
+    with pytest.raises(ValueError, match="it needs 'vmmrt recompute all' among the options"):
+        frontrun.budget_levels("ckpt 16", "eager,ckpt 16")
+    assert frontrun.budget_levels("ckpt 16", "ckpt 16,vmmrt recompute all") == ["ckpt 16"]
+    with pytest.raises(SystemExit):
+        bench.parse(["--front-budgets-at", "ckpt 16"])      # without --front: refused
+    assert "--front-budgets-at goes with --front" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse(["--front", "--front-budgets-at", "ckpt 16", "--front-only", "ckpt 16"])
+    assert "vmmrt recompute all" in capsys.readouterr().err
+
+
+def test_front_budgets_at_runs_on_the_cpu(tmp_path, capsys):
+    """On the CPU no peak is measured: the run goes on and says there is no
+    budget at it; a label that is no option of the run is an error."""
+    out = tmp_path / "front.json"
+    argv = ["--front", "--smoke", "--device", "cpu", "--shape", "launch", "--front-ks", "1", "--iterations", "1",
+            "--warmup", "0", "--front-only", "eager,ckpt 4,vmmrt recompute all", "--front-budgets-at", "ckpt 4",
+            "--json", str(out)]
+    assert bench.main(argv) == 0
+    assert "ckpt 4: no peak measured; no budget at it" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert [p["label"] for p in doc["fronts"][0]["points"]] == ["eager", "ckpt 4", "vmmrt recompute all"]
+    argv[-3] = "ckpt 3"             # --front-budgets-at's, not in --front-only: refused before anything runs
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert "it needs 'ckpt 3' among the options" in capsys.readouterr().err
 
 
 def test_teardown_drops_the_samples_gradients():

@@ -36,7 +36,8 @@ eager, ckpt k (torch.utils.checkpoint, non-reentrant, the first k layers;
 --front-ks values of k over 1..L), graphs (torch.cuda.make_graphed_callables),
 graphs+ckpt k, save_on_cpu; vmmrt none, auto, pingpong and remap (full
 offload), recompute all, and memory_budget= at --front-budgets budgets from
-graphs' peak down to the smallest plan. Each point's median step time and
+graphs' peak down to the smallest plan (--front-budgets-at LABELS: one at the
+measured peak of each PyTorch option named). Each point's median step time and
 whole-step peak (driver level, over the memory before the model), gradients
 against the loop's reference; then both fronts, each vmmrt point against the
 fastest PyTorch option within its peak, and a verdict line per shape ("vmmrt
@@ -66,7 +67,7 @@ import torch
 import vmmrt
 import vmmrt.torch as vt
 from vmmrt.torch import planner
-from vmmrt.torch.bench import encoder, llama, loops, modes, progress, report, shapes
+from vmmrt.torch.bench import encoder, frontrun, llama, loops, modes, progress, report, shapes
 
 MiB = float(1 << 20)
 HF_MODES = ("eager", "graph", "pingpong", "planner")
@@ -156,6 +157,10 @@ def _parser():
                    "spread over 1..layers (default 5)")
     p.add_argument("--front-budgets", type=int, default=4,
                    help="--front: memory_budget= points from graphs' peak (or keeping all's predicted peak, the lower) down to the smallest plan (default 4)")
+    p.add_argument("--front-budgets-at", default=None, metavar="LABELS",
+                   help="--front: memory_budget= points at the measured peaks of these PyTorch options instead "
+                        "(\"ckpt 16,graphs+ckpt 16\": the planner against each at its own memory level; with "
+                        "--front-only too, which must then keep them and vmmrt recompute all)")
     p.add_argument("--auto-loop", action="store_true",
                    help="offload=\"auto\" (vmmrt auto, the planner mode) is told the loop it runs "
                         "(make_graphed_callables(loop=)) and weighs its plan for it alone; without, for both")
@@ -242,6 +247,13 @@ def parse(argv):
         p.error("--check-alone goes with --front")
     if a.front_only is not None and not a.front:
         p.error("--front-only goes with --front")
+    if a.front_budgets_at is not None:
+        if not a.front:
+            p.error("--front-budgets-at goes with --front")
+        try:
+            frontrun.budget_levels(a.front_budgets_at, a.front_only, a.front_families)
+        except ValueError as e:
+            p.error(str(e))
     if a.front and a.budget_sweep:
         p.error("--front and --budget-sweep are two runs: give one")
     if a.launch_ab < 0:

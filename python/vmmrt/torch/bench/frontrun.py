@@ -134,6 +134,30 @@ def only(opts, labels):
     return [o for o in opts if o.label in want]
 
 
+def budget_levels(labels, front_only=None, families=("torch", "vmmrt")):
+    """--front-budgets-at's PyTorch options (comma-separated labels), at
+    whose measured peaks budget points are made; ValueError where one is
+    not a PyTorch option's label, or an option they need is left out:
+    the labels themselves and vmmrt recompute all, whose build measures
+    what the planner plans from."""
+    want = [l.strip() for l in (labels or "").split(",") if l.strip()]
+    if not want:
+        raise ValueError("--front-budgets-at: one PyTorch option's label or more, comma-separated")
+    bad = [l for l in want if l.startswith("vmmrt") or l.startswith("budget")]
+    if bad:
+        raise ValueError("--front-budgets-at: %s: PyTorch's options only (eager, ckpt k, graphs, graphs+ckpt k, "
+                         "save_on_cpu)" % ", ".join(repr(l) for l in bad))
+    if "vmmrt" not in families or "torch" not in families:
+        raise ValueError("--front-budgets-at needs both families (--front-families torch,vmmrt)")
+    if front_only:
+        kept = {l.strip() for l in front_only.split(",")}
+        missing = [l for l in want + ["vmmrt recompute all"] if l not in kept]
+        if missing:
+            raise ValueError("--front-budgets-at with --front-only: it needs %s among the options"
+                             % ", ".join(repr(l) for l in missing))
+    return want
+
+
 def _through(seq, x):
     for m in seq:
         x = m(x)
@@ -416,6 +440,12 @@ class Front:
         # gradients on the host until it has run (self.pending)
         opts = order(opts, ref_kind)
         budgets = a.front_budgets if "vmmrt" in a.front_families and not getattr(a, "front_only", None) else 0
+        at = getattr(a, "front_budgets_at", None)
+        at = budget_levels(at, getattr(a, "front_only", None), a.front_families) if at else []
+        for label in at:
+            if label not in {o.label for o in opts}:
+                raise ValueError("--front-budgets-at: no option %r here (the options: %s)"
+                                 % (label, ", ".join(o.label for o in opts)))
         pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
         # AdamW's two states per parameter, kept; foreach's temporary (1x the
         # parameters) made and freed within its step (Budget(step=))
@@ -425,12 +455,12 @@ class Front:
                         step_bytes=self.step)
         self.ref, self.spread, self.plan_of_recompute, self.seen = None, None, None, {}
         self.ref_kind, self.ref_done, self.pending = ref_kind, False, []
-        bar = progress.Progress(len(opts) + budgets, "%s, %s" % (spec.name, self.loop.name))
+        bar = progress.Progress(len(opts) + (len(at) or budgets), "%s, %s" % (spec.name, self.loop.name))
         with llama.attention_backend(a.attention):
             for o in opts:
                 self._point(o, layers, weights, xs, gys, sample, bar, o.kind == ref_kind)
-            if budgets:
-                for o in self._budget_options(n, budgets):
+            if budgets or at:
+                for o in self._budget_options(n, budgets, at):
                     self._point(o, layers, weights, xs, gys, sample, bar, False)
         self._compare_pending()
         bar.close()
@@ -622,10 +652,12 @@ class Front:
         return "\n      its plan against moving nothing (%s loop): predicted %+.0f MiB, measured %+.0f against %s" % (
             loop.name, pred / MiB, pt["measured_vs_none_bytes"] / MiB, none["label"])
 
-    def _budget_options(self, n, count):
+    def _budget_options(self, n, count, at=()):
         """memory_budget= options from graphs' peak or keeping all's
         predicted peak, the lower, down to the smallest plan, from the costs the
-        recompute-all build measured; a plan met before is not run again."""
+        recompute-all build measured; a plan met before is not run again.
+        ``at``: instead, one at the measured peak of each of these PyTorch
+        options (their labels): the planner at that option's memory level."""
         if self.plan_of_recompute is None:
             print("[front] no budgets: the recompute-all point did not run (its build measures what the planner "
                   "plans from)", flush=True)
@@ -654,17 +686,30 @@ class Front:
         if graph is not None:
             top = min(top, graph["peak_abs"])
         top = max(top, smallest)
-        budgets = [int(top - (top - smallest) * i / (count - 1)) for i in range(count)] if count > 1 else [top]
+        if at:
+            levels = []
+            for name in at:
+                p = next((q for q in self.points if q["label"] == name and q.get("peak_abs")), None)
+                if p is None:
+                    print("[front] %s: no peak measured; no budget at it" % name, flush=True)
+                else:
+                    levels.append((int(p["peak_abs"]), name))
+        else:
+            levels = [(int(top - (top - smallest) * i / (count - 1)), None) for i in range(count)] if count > 1 \
+                else [(top, None)]
+        budgets = [b for b, _ in levels]
         self.doc.update(budgets=budgets, smallest_plan_bytes=smallest, calibration_bytes=extra,
-                        budget_mode=mode)
+                        budget_mode=mode, budgets_at=[name for _, name in levels if name])
         out, seen = [], {}
-        for b in budgets:
+        for b, name in levels:
             try:
                 sig = sweep._sig(budget.search(costs, b, strategies=strategies, **inputs))
             except budget.BudgetError:
-                print("[front] memory_budget=%.0f MiB: no plan fits; not measured" % (b / MiB), flush=True)
+                print("[front] memory_budget=%.0f MiB%s: no plan fits; not measured"
+                      % (b / MiB, " (%s's peak)" % name if name else ""), flush=True)
                 continue
-            label = ("budget %.0f MiB" if b >= 100 * MiB else "budget %.2f MiB") % (b / MiB)
+            label = ("budget %.0f MiB" if b >= 100 * MiB else "budget %.2f MiB") % (b / MiB) + (
+                " (%s's peak)" % name if name else "")
             if sig in seen:
                 print("[front] %s: the plan of %s again; not measured again" % (label, seen[sig]), flush=True)
                 continue
