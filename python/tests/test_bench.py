@@ -1011,6 +1011,10 @@ def test_front_budgets_at_runs_on_the_cpu(tmp_path, capsys):
     assert "ckpt 4: no peak measured; no budget at it" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert [p["label"] for p in doc["fronts"][0]["points"]] == ["eager", "ckpt 4", "vmmrt recompute all"]
+    bad = ["--front", "--smoke", "--device", "cpu", "--shape", "launch", "--front-ks", "1", "--iterations", "1",
+           "--warmup", "0", "--front-budgets-at", "ckpt 3"]      # no such option in this run: the front fails, said
+    assert bench.main(bad) != 0
+    assert "--front-budgets-at: no option 'ckpt 3' here" in capsys.readouterr().out
     argv[-3] = "ckpt 3"             # --front-budgets-at's, not in --front-only: refused before anything runs
     with pytest.raises(SystemExit):
         bench.main(argv)

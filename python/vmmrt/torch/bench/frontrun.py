@@ -120,17 +120,17 @@ def order(opts, ref_kind):
     return free + rest
 
 
-def only(opts, labels):
+def only(opts, labels, flag="--front-only"):
     """The options whose label is one of ``labels`` (comma-separated;
-    None: all of them); a label that names none is an error."""
+    None: all of them); a label that names none is an error (``flag``'s)."""
     if not labels:
         return opts
     want = [l.strip() for l in labels.split(",") if l.strip()]
     known = {o.label for o in opts}
     unknown = [l for l in want if l not in known]
     if unknown:
-        raise ValueError("--front-only: no option %s here (the options: %s)"
-                         % (", ".join(repr(l) for l in unknown), ", ".join(o.label for o in opts)))
+        raise ValueError("%s: no option %s here (the options: %s)"
+                         % (flag, ", ".join(repr(l) for l in unknown), ", ".join(o.label for o in opts)))
     return [o for o in opts if o.label in want]
 
 
@@ -442,10 +442,7 @@ class Front:
         budgets = a.front_budgets if "vmmrt" in a.front_families and not getattr(a, "front_only", None) else 0
         at = getattr(a, "front_budgets_at", None)
         at = budget_levels(at, getattr(a, "front_only", None), a.front_families) if at else []
-        for label in at:
-            if label not in {o.label for o in opts}:
-                raise ValueError("--front-budgets-at: no option %r here (the options: %s)"
-                                 % (label, ", ".join(o.label for o in opts)))
+        only(opts, ",".join(at), "--front-budgets-at")        # (each an option of this run)
         pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
         # AdamW's two states per parameter, kept; foreach's temporary (1x the
         # parameters) made and freed within its step (Budget(step=))
