@@ -76,6 +76,53 @@ def test_the_timeline_has_each_temporarys_life_and_each_saved_storages_last_read
     assert len(tl.transients(0)) < len(tl.born)
 
 
+def test_an_output_at_the_address_of_a_storage_freed_since_the_last_op_is_a_birth(monkeypatch):
+    """The caching allocator gives the block an op's input freed (the
+    engine let it go after the op before) to the next output of its size:
+    that output is a birth, and the freed storage died then. With the
+    addresses the allocator picks, which vary with the process's history,
+    such births went unrecorded (a temporary left in the pool, a gradient
+    whose first write was unknown and shared nothing)."""
+    class Storage:
+        def __init__(self, ptr):
+            self.ptr, self.dead = ptr, False
+
+        def data_ptr(self):
+            return self.ptr
+
+        def nbytes(self):
+            return 4 << 20
+
+    class Tensor:
+        def __init__(self, st):
+            self.st = st
+
+        def untyped_storage(self):
+            return self.st
+
+    class Ref:
+        def __init__(self, st):
+            self.st = st
+
+        def expired(self):
+            return self.st.dead
+
+    monkeypatch.setattr(reuse, "StorageWeakRef", Ref)
+    mm = torch.ops.aten.mm.default
+    tl = reuse.Timeline({}, "cpu")
+    a = Storage(0x10000)
+    tl.after(0, ("aten.mm.default", 0), mm, [(0, Tensor(a))])
+    a.dead = True                               # freed after op 0 ...
+    b = Storage(0x10000)                        # ... and op 1's output takes its block
+    tl.after(1, ("aten.mm.default", 1), mm, [(0, Tensor(b))])
+    b.dead = True
+    tl.after(2, ("aten.mm.default", 2), mm, [])
+    a_key, b_key = (("aten.mm.default", 0), 0), (("aten.mm.default", 1), 0)
+    assert tl.died[a_key] == 1
+    assert tl.born[b_key][0] == 1 and tl.died[b_key] == 2
+    assert [t[0] for t in tl.transients(0)] == [a_key, b_key]
+
+
 def test_a_temporary_whose_out_overload_only_copies_is_left_in_the_pool():
     """mul.Scalar's out= is generated (the op into a temporary, then a copy):
     placing it would add a kernel to the graph and save nothing. (pow's

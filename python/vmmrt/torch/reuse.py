@@ -87,6 +87,16 @@ class Timeline:
                 self.last_use[k] = i
 
     def after(self, i, key, func, fresh):
+        # The dead first: the allocator gives a block freed since the last op
+        # (an input the engine let go) to this op's output of its size, and
+        # an owner still listed at that address would hide the birth.
+        for bk, ref in list(self._live.items()):
+            if ref.expired():
+                self.died[bk] = i
+                del self._live[bk]
+        if len(self._owner) > len(self._live):
+            alive = set(self._live)
+            self._owner = {p: bk for p, bk in self._owner.items() if bk in alive}
         for k, t in fresh:
             st = t.untyped_storage()
             ptr = st.data_ptr()
@@ -97,13 +107,6 @@ class Timeline:
                              place.writes_at_target(func, self.device_type))
             self._live[bk] = StorageWeakRef(st)
             self._owner[ptr] = bk
-        for bk, ref in list(self._live.items()):
-            if ref.expired():
-                self.died[bk] = i
-                del self._live[bk]
-        if len(self._owner) > len(self._live):
-            alive = set(self._live)
-            self._owner = {p: bk for p, bk in self._owner.items() if bk in alive}
         self.ops = i + 1
 
     def transients(self, min_bytes=None):
