@@ -838,7 +838,8 @@ def test_front_plot_has_a_panel_per_front(tmp_path):
 
 
 def test_front_records_either_planners_plan():
-    """offload="auto"'s plan (vmmrt auto) predicts no peak; memory_budget='s does."""
+    """offload="auto"'s plan (vmmrt auto) predicts no peak itself (its
+    whole-step model does: model_fields); memory_budget='s does."""
     from vmmrt.torch import planner
     from vmmrt.torch.bench import frontrun
     auto = planner.Plan([], 50.0, 50.0, 0.9)       # not weighed: a plan made without lightest()
@@ -850,6 +851,27 @@ def test_front_records_either_planners_plan():
     got = frontrun.plan_fields(p)
     assert got["predicted_peak_bytes"] == p.peak_bytes and got["plan"] == p.summary()
     assert frontrun.plan_fields(None) == {}
+
+
+def test_a_plan_without_a_budget_is_predicted_with_the_fronts_optimizer_memory():
+    """mode none's and offload="auto"'s points: the plan's whole-step model
+    told the optimizer's states and temporaries as the budget points are,
+    in the loop the front runs; a budget plan's own prediction is left as
+    plan_fields reads it."""
+    from vmmrt.torch.bench import frontrun
+    told = []
+
+    class Model:
+        def peak(self, reserve, step, loop):
+            told.append((reserve, step, loop))
+            return 1000 + reserve + step
+    off = types.SimpleNamespace(plan=None, step_model=Model())
+    assert frontrun.model_fields(off, 64, 32, "persistent") == {"predicted_peak_bytes": 1096}
+    assert told == [(64, 32, "persistent")]
+    off.plan = types.SimpleNamespace(peak_bytes=5)
+    assert frontrun.model_fields(off, 64, 32, "persistent") == {}
+    off.plan, off.step_model = None, None
+    assert frontrun.model_fields(off, 64, 32, "persistent") == {} and frontrun.model_fields(None, 1, 1, "x") == {}
 
 
 def budget_cost(name):
@@ -937,6 +959,9 @@ def test_front_only_runs_the_options_named(tmp_path, capsys):
     assert bench.main(argv) == 0
     doc = json.loads(out.read_text())
     assert [p["label"] for p in doc["fronts"][0]["points"]] == ["eager", "vmmrt eager-pingpong"]   # no budgets
+    # a vmmrt plan made without a budget predicts the whole step by its model (Offload.step_model)
+    eager, mine = doc["fronts"][0]["points"]
+    assert "predicted_peak_bytes" not in eager and mine["predicted_peak_bytes"] > doc["fronts"][0]["reserve_bytes"]
     from vmmrt.torch.bench import frontrun
     with pytest.raises(ValueError, match="no option 'graphs'"):
         frontrun.only(frontrun.options(4, False, [1], ["torch", "vmmrt"]), "eager,graphs")

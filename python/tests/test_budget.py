@@ -744,12 +744,88 @@ def test_check_plan_reads_the_callers_steps_against_the_plans_peak():
             vt.check_plan(lambda t: t, step)
     finally:
         off.close()
-    # a plan that predicts no peak (a fraction): the measurement alone
+    # a plan that predicts no peak (no layer has warm-up times to model): the measurement alone
     fs = _build(_pair(2)[1], offload=0.5, mode="pingpong")
     off = vt.offload_of(fs[0])
     try:
+        off.step_model = None
         c = vt.check_plan(off, lambda: None, steps=1, read=lambda: 123)
         assert c.predicted is None and c.measured == 123 and "predicts no peak" in c.describe()
+    finally:
+        off.close()
+
+
+@pytest.mark.parametrize("mode,offload,choice", [("none", 1.0, "keep"), ("pingpong", 0.5, 0.5),
+                                                 ("pingpong", 1.0, 1.0)])
+@pytest.mark.parametrize("loop", ["set_to_none", "persistent"])
+def test_a_plan_made_without_a_budget_predicts_its_whole_step_as_the_budget_planner_would(mode, offload, choice,
+                                                                                           loop):
+    """Mode none, a fraction (and offload="auto", whose plan is a bandwidth
+    plan's regions: test_graphed_budget) predict the whole step by the
+    budget planner's model (Offload.step_model): told the optimizer's
+    states and temporaries, the same peak as the hand plan of the same
+    choices given them as Budget(reserve=, step=, loop=)."""
+    n, reserve, step = 3, 5 << 20, 3 << 20
+    # (every saved region a candidate: a fraction then moves some of a layer's)
+    fs = _build(_pair(n)[1], mode=mode, offload=offload, min_bytes=1)
+    off = vt.offload_of(fs[0])
+    try:
+        m = off.step_model
+        assert m is not None and getattr(off.plan, "peak_bytes", None) is None
+        # what the model moves is what the allocation moved (the tail's group is never copied: none)
+        moved = [sum(c.sizes[i] for i in ch) for c, ch in zip(m.costs, m.chosen)]
+        assert moved[:-1] == [lay.saved_bytes()["moved"] for lay in off.layers[:-1]] and moved[-1] == 0
+        assert (0 < moved[0] < sum(m.costs[0].sizes)) == (offload == 0.5)
+        want = _build(_pair(n)[1], mode=mode, min_bytes=1,
+                      memory_budget=Budget(layers=[choice] * n, reserve=reserve, step=step, loop=loop))
+        hand = vt.offload_of(want[0])
+        try:
+            assert m.peak(reserve, step, loop) == hand.plan.peak_bytes
+            assert [list(c.chosen) for c in hand.plan.layers] == m.chosen
+        finally:
+            hand.close()
+        assert m.peak(reserve, step, loop) - m.peak(0, step, loop) == reserve
+        assert "the plan's whole step, predicted" in off.describe()
+        c = vt.check_plan(off, lambda: None, steps=1, read=lambda: m.peak(reserve, step, loop), reserve=reserve,
+                          step_bytes=step, loop=loop)
+        assert c.predicted == m.peak(reserve, step, loop) and c.ratio == 1.0 and loop in c.describe()
+        assert not c.left_out
+        # not told the optimizer: the larger loop's, and what was left out named when the step holds more
+        c = vt.check_plan(off, lambda: None, steps=1, read=lambda: 2 * m.peak(reserve, step, loop))
+        assert c.predicted == max(m.peak(0, 0, x) for x in ("set_to_none", "persistent"))
+        assert "check_plan(reserve=)" in c.describe() and "check_plan(step_bytes=)" in c.describe()
+        for bad in (dict(reserve=-1), dict(step_bytes=1.5), dict(reserve=True), dict(loop="always")):
+            with pytest.raises(ValueError, match="check_plan"):
+                vt.check_plan(off, lambda: None, steps=1, read=lambda: 1, **bad)
+        with pytest.raises(vt.InvalidBudget, match="reserve="):
+            m.peak(-1)
+    finally:
+        off.close()
+
+
+def test_offload_autos_whole_step_is_what_its_plan_weighed_over_the_static_bytes():
+    """offload="auto" weighs its candidate plans by the model's peak over
+    the static bytes in each loop (planner.lightest): its whole-step model
+    is that, the regions its plan moves, plus the static bytes."""
+    fs = _build(_pair(3)[1], mode="pingpong", offload="auto", min_bytes=1)
+    off = vt.offload_of(fs[0])
+    try:
+        m = off.step_model
+        assert m.chosen == [list(p.chosen) for p in off.plan.layers]
+        assert tuple(m.peak(loop=x) - m.static_bytes for x in off.plan.weighed_labels) == off.plan.weighed_peak
+        assert m.static_bytes > 0
+    finally:
+        off.close()
+
+
+def test_check_plan_refuses_the_optimizer_for_a_plan_given_its_own():
+    fs = _build(_pair(2)[1], memory_budget=Budget(layers=["keep", "recompute"], reserve=1 << 20))
+    off = vt.offload_of(fs[0])
+    ran = []
+    try:
+        with pytest.raises(ValueError, match="Budget"):
+            vt.check_plan(off, lambda: ran.append(1), steps=1, read=lambda: 1, reserve=1 << 20)
+        assert not ran
     finally:
         off.close()
 

@@ -490,25 +490,37 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
         if ch == "offload":
             ch = 1.0
         if isinstance(ch, float):
-            idx = [] if tail or ch == 0 else (list(range(len(c.sizes))) if ch >= 1 else
-                                              select.choose(c.sizes, select.fraction_budget(c.sizes, ch)))
+            idx = fraction_chosen(c, ch, tail)
             out.append(("offload" if idx else "keep", idx))
         else:
             out.append((ch, []))
     return env.make(out, mode, lookahead, budget)
 
 
+def fraction_chosen(c, fraction, tail):
+    """The regions of ``c`` (indices into its sizes) that offload=fraction
+    moves: the largest first that fit in the fraction; none for the tail,
+    which libvmmrt never copies."""
+    if tail or fraction == 0:
+        return []
+    return list(range(len(c.sizes))) if fraction >= 1 else select.choose(c.sizes, select.fraction_budget(c.sizes,
+                                                                                                          fraction))
+
+
 def predict(costs, chosen, mode="pingpong", lookahead=1, granularity=1, map_ahead=1, pages=False,
-            persistent=False):
+            persistent=False, static_bytes=0, step_bytes=0):
     """The memory model's view of a plan that moves the regions ``chosen``
     (per layer, indices into its ``sizes``; nothing recomputed): the
     bandwidth planner's plans (vmmrt.torch.planner.lightest), weighed by the
-    peak they predict over the static bytes, which no such plan changes."""
+    peak they predict over the static bytes, which no such plan changes;
+    with ``static_bytes`` and ``step_bytes`` (Budget(step=)) the whole
+    step's (vmmrt.torch.planner.StepModel)."""
     if len(chosen) != len(costs):
         raise InvalidBudget("%d layers chosen for %d layers" % (len(chosen), len(costs)))
+    _check_inputs(costs, static_bytes, 1.0, 1.0, 0.9, step_bytes)
     # (the copies' times are the bandwidth planner's, not this model's: placeholders)
-    env = _Env(costs, static_bytes=0, d2h_gbps=1.0, h2d_gbps=1.0, margin=0.9, granularity=granularity, remap_ms=0.0,
-               map_ahead=map_ahead, pages=pages, persistent=persistent)
+    env = _Env(costs, static_bytes=static_bytes, d2h_gbps=1.0, h2d_gbps=1.0, margin=0.9, granularity=granularity,
+               remap_ms=0.0, map_ahead=map_ahead, step_bytes=step_bytes, pages=pages, persistent=persistent)
     return env.make([("offload" if idx else "keep", list(idx)) for idx in chosen], mode, lookahead)
 
 

@@ -464,9 +464,14 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         log.info("%s", plan.summary())
     elif offload == "auto":
         plan = _plan(runners, off, margin, graphs, memory_plan)
+        # (before the allocation: the device's memory now is the static part)
+        off.step_model = planner.step_model(off, runners, graphs, [p.chosen for p in plan.layers],
+                                            pages=memory_plan is True, planned=memory_plan is not False)
         allocate(off, plan=plan)
         log.info("%s", plan.summary())
     else:
+        off.step_model = planner.step_model(off, runners, graphs, offload=offload, pages=memory_plan is True,
+                                            planned=memory_plan is not False)
         allocate(off, offload=float(offload))
     if graphs and layout is None:
         for r in runners:

@@ -154,6 +154,7 @@ class Offload:
         self.loop = None            # the training loop the caller said it runs (make_graphed_callables(loop=)), or None
         self.gin_hold = None        # the latest backward's argument gradients in a slot (Grads.after_backward)
         self.plan_check = None      # plancheck.PlanCheck: the plan's peak against the caller's steps (check_plan)
+        self.step_model = None      # planner.StepModel: the whole step's peak of a plan without memory_budget=
 
     # ------------------------------------------------------------- state
     def hold_gins(self, tensors: list) -> None:
@@ -656,6 +657,8 @@ class Offload:
                      "map of %.1f MiB, timed)" % (self.remap_ms[0], self.remap_ms[1] / mib))
         if self.memplan is not None:
             text += "\n" + self.memplan.describe()
+        if self.step_model is not None and getattr(self.plan, "peak_bytes", None) is None:
+            text += "\n" + self.step_model.describe()
         if self.plan_check is not None:
             text += "\n" + self.plan_check.describe()
         return text

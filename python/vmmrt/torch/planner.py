@@ -526,10 +526,7 @@ def peak_model(off, runners=(), graphs=True, pages=False, planned=False, loop=No
     alone is then predicted."""
     from vmmrt.torch import budget
     costs = layer_costs(off, None, runners)
-    la = off.lookahead if off.mode == "remap" else 1
-    kw = dict(mode=off.mode, lookahead=la, granularity=off.granularity,
-              map_ahead=0 if off.host or planned else off.map_ahead,
-              pages=bool(pages) and routed(off, graphs))
+    kw = _model_kw(off, graphs, pages, planned)
 
     def peak(p):
         if [c.name for c in costs] != [q.name for q in p.layers]:
@@ -542,6 +539,65 @@ def peak_model(off, runners=(), graphs=True, pages=False, planned=False, loop=No
     loops = (False, True) if loop is None else (loop == "persistent",)
     peak.labels = ("set_to_none", "persistent") if loop is None else (loop,)
     return peak
+
+
+def _model_kw(off, graphs, pages, planned):
+    """The memory model's view of ``off``'s runtime: its mode, look-ahead,
+    granularity, how far ahead slots are mapped (none with the memory
+    plan's pages, each slot live from its use to its last) and whether the
+    optimizer steps in those pages."""
+    return dict(mode=off.mode, lookahead=off.lookahead if off.mode == "remap" else 1, granularity=off.granularity,
+                map_ahead=0 if off.host or planned else off.map_ahead, pages=bool(pages) and routed(off, graphs))
+
+
+class StepModel:
+    """The whole step's predicted driver-level peak of a plan made without
+    ``memory_budget=`` (offload="auto"'s, a fraction's, mode none's): the
+    budget planner's model (vmmrt.torch.budget) of the regions it moves and
+    keeps, over what was on the device when it was made (``static_bytes``:
+    parameters, the graphs' static tensors, what the process held before),
+    in the loop asked. Such a plan is not told the optimizer's memory, so
+    :meth:`peak` takes it as ``Budget(reserve=, step=)`` gives it to a budget
+    plan: ``reserve``, its states (AdamW: twice the parameters), ``step``,
+    the temporaries its step makes and frees (foreach AdamW: the
+    parameters' size)."""
+
+    def __init__(self, costs, chosen, static_bytes, kw):
+        self.costs, self.chosen, self.static_bytes, self.kw = costs, [list(c) for c in chosen], static_bytes, kw
+
+    def peak(self, reserve: int = 0, step: int = 0, loop: str = "set_to_none") -> int:
+        from vmmrt.torch import budget
+        for name, v in (("reserve", reserve), ("step", step)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise budget.InvalidBudget("%s=%r: bytes, 0 or more" % (name, v), "vmmrt.torch StepModel.peak")
+        budget.check_loop(loop)
+        return budget.predict(self.costs, self.chosen, persistent=loop == "persistent",
+                              static_bytes=self.static_bytes + reserve, step_bytes=step, **self.kw).peak_bytes
+
+    def describe(self) -> str:
+        mib = float(1 << 20)
+        return ("the plan's whole step, predicted (the budget planner's model, driver-level, without the "
+                "optimizer's memory: vt.check_plan(reserve=, step_bytes=) adds it): %.0f MiB set_to_none, "
+                "%.0f MiB persistent .grad" % (self.peak() / mib, self.peak(loop="persistent") / mib))
+
+
+def step_model(off, runners, graphs, chosen=None, offload=None, pages=False, planned=False):
+    """:class:`StepModel` of ``off``'s layers (after their warm-up, before
+    their allocation: what the device holds now is the static part), for
+    the regions ``chosen`` (per layer, indices into its candidates: a
+    bandwidth plan's) or, without them, those ``offload`` (a fraction)
+    moves; ``pages`` and ``planned`` as :func:`peak_model`'s. None, with
+    the reason logged, where a layer has no measured times to model."""
+    from vmmrt.torch import budget
+    try:
+        costs = layer_costs(off, None, runners)
+    except budget.InvalidBudget as e:
+        log.info("vmmrt: no whole-step model of the plan: %s", e)
+        return None
+    if chosen is None:
+        f = 0.0 if off.mode == "none" else float(offload)
+        chosen = [budget.fraction_chosen(c, f, i == len(costs) - 1) for i, c in enumerate(costs)]
+    return StepModel(costs, chosen, static_bytes(off, runners, graphs), _model_kw(off, graphs, pages, planned))
 
 
 def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None,

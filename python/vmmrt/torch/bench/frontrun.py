@@ -326,7 +326,8 @@ def alone_point(pt, args, shape, loop, runner=None):
 
 def plan_fields(plan):
     """What a point records of its offload's plan: the budget planner's
-    (memory_budget=) predicts a peak, offload="auto"'s plan does not."""
+    (memory_budget=) predicts a peak; offload="auto"'s plan does not itself
+    (its whole-step model does: :func:`model_fields`)."""
     if plan is None:
         return {}
     out = {"plan": plan.summary()}
@@ -336,6 +337,16 @@ def plan_fields(plan):
     if saving is not None:
         out["predicted_vs_nothing_bytes"] = saving
     return out
+
+
+def model_fields(off, reserve, step, loop):
+    """A plan made without memory_budget= (mode none's, offload="auto"'s)
+    predicts the whole step by its model (Offload.step_model), told the
+    optimizer's states and temporaries as the budget points are, in the
+    loop the front runs; nothing where the plan predicts its own."""
+    if off is None or getattr(off.plan, "peak_bytes", None) is not None or off.step_model is None:
+        return {}
+    return {"predicted_peak_bytes": off.step_model.peak(reserve, step, loop)}
 
 
 def predicted_text(pt):
@@ -509,7 +520,8 @@ class Front:
                 self.plan_of_recompute = (built.offload.plan, self._peak(row)[1])
             if built.offload is not None:
                 pt.update(plan_fields(built.offload.plan), **timing_fields(built.offload),
-                          **placement_fields(built.offload))
+                          **placement_fields(built.offload),
+                          **model_fields(built.offload, self.reserve, self.step, self.loop.name))
             peak, peak_abs = self._peak(row)
             pt.update(step_ms=row["step_ms"], step_ms_min=row["step_ms_min"], step_ms_max=row["step_ms_max"],
                       iterations=row["iterations"], fwd_bwd_ms=row["fwd_bwd_ms"], opt_ms=row["opt_ms"],
