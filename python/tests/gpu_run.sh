@@ -78,10 +78,11 @@
 #                  alone in a fresh process (--check-alone): vmmrt's points
 #                  without what the graphed points before them left  ~5 min (an estimate)
 #   at-launch      --front of launch, both loops, AdamW fused: eager, ckpt 16,
-#                  graphs, graphs+ckpt 16, recompute all, and the planner's
-#                  memory_budget= at ckpt 16's and graphs+ckpt 16's measured
-#                  peaks ([planner]: at eager checkpointing's peak,
-#                  <= 1.25x graphs' time)                    ~4 min (an estimate)
+#                  graphs, graphs+ckpt 16, vmmrt none and auto (their whole
+#                  step predicted against measured), recompute all, and the
+#                  planner's memory_budget= at ckpt 16's and graphs+ckpt 16's
+#                  measured peaks ([planner]: at eager checkpointing's peak,
+#                  <= 1.25x graphs' time)                ~6 min (an estimate)
 #   foreach-launch, foreach-llama, foreach-encoder  --front of that shape,
 #                  both loops, AdamW foreach (the fronts above are fused):
 #                  eager, checkpointing every layer, graphs, vmmrt none and
@@ -280,8 +281,8 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \
 		--front-budgets 0 --iterations 5 --check-alone --check-repeats 0 \
 		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
-	at-launch) front at-launch 360 --shape launch --loop both --optimizer fused --front-ks 3 --iterations 5 \
-		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt recompute all" \
+	at-launch) front at-launch 450 --shape launch --loop both --optimizer fused --front-ks 3 --iterations 5 \
+		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" \
 		--front-budgets-at "ckpt 16,graphs+ckpt 16" ;;
 	foreach-launch) front foreach-launch 300 --shape launch --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 \
