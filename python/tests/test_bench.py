@@ -872,6 +872,38 @@ def test_a_plan_without_a_budget_is_predicted_with_the_fronts_optimizer_memory()
     assert frontrun.model_fields(off, 64, 32, "persistent") == {}
     off.plan, off.step_model = None, None
     assert frontrun.model_fields(off, 64, 32, "persistent") == {} and frontrun.model_fields(None, 1, 1, "x") == {}
+    # a point run alone in a fresh process: its prediction, made there, comes back with its figures
+    got = frontrun.alone_point({"label": "vmmrt none", "family": "vmmrt", "option": "none"},
+                               types.SimpleNamespace(microbatches=1, optimizer="foreach", iterations=3, warmup=1,
+                                                     attention="auto", dtype="bf16", device="cuda", smoke=False),
+                               "launch", "persistent",
+                               lambda argv: {"step_ms": 5.0, "peak": 1, "peak_abs": 2, "predicted_peak_bytes": 3})
+    assert got["predicted_peak_bytes"] == 3
+
+
+def test_alone_predicts_a_vmmrt_options_whole_step_as_the_front_does():
+    """bench/alone.py's vmmrt options: the plan's whole step told AdamW's
+    states (twice the parameters) and foreach's temporaries (once), as
+    the front's model_fields and budget points tell them."""
+    import vmmrt.torch as vt
+    from vmmrt.torch.bench import alone
+    layers = [torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+              for _ in range(3)]
+    params = [p for m in layers for p in m.parameters()]
+    pb = sum(p.numel() * p.element_size() for p in params)
+    mods = vt.make_graphed_callables(tuple(layers), tuple((torch.randn(4, 32, requires_grad=True),) for _ in layers),
+                                     graphs=False, mode="none")
+    off = vt.offload_of(mods[0])
+    try:
+        for opt, step in (("foreach", pb), ("fused", 0)):
+            a = types.SimpleNamespace(optimizer=opt, loop="persistent")
+            assert alone._predicted(mods, params, a) == off.step_model.peak(2 * pb, step, "persistent")
+        assert alone._predicted(mods, params, types.SimpleNamespace(optimizer="fused", loop="set_to_none")) \
+            == off.step_model.peak(2 * pb, 0, "set_to_none")
+        off.step_model = None
+        assert alone._predicted(mods, params, a) is None
+    finally:
+        off.close()
 
 
 def budget_cost(name):

@@ -61,6 +61,20 @@ def _vmmrt_callables(option, layers, samples, a, dev):
     return list(vt.make_graphed_callables(tuple(layers), samples, graphs=dev.type == "cuda", **kw))
 
 
+def _predicted(mods, params, a):
+    """The whole step's peak vmmrt's plan predicts: a budget plan's own
+    (told AdamW's memory by its Budget), else its model's told the same
+    (frontrun.model_fields)."""
+    import vmmrt.torch as vt
+    off = vt.offload_of(mods[0])
+    if getattr(off.plan, "peak_bytes", None) is not None:
+        return off.plan.peak_bytes
+    if off.step_model is None:
+        return None
+    pb = sum(p.numel() * p.element_size() for p in params)
+    return off.step_model.peak(2 * pb, pb if a.optimizer == "foreach" else 0, a.loop)
+
+
 class _Ckpt(torch.nn.Module):
     def __init__(self, layer):
         super().__init__()
@@ -175,6 +189,7 @@ def measure(a):
         mods = list(torch.cuda.make_graphed_callables(tuple(mods), samples))
     elif a.option.startswith("vmmrt"):
         mods = _vmmrt_callables(a.option, mods, samples, a, dev)
+    predicted = _predicted(mods, params, a) if a.option.startswith("vmmrt") else None
     opt = torch.optim.AdamW(params, lr=1e-4, **{a.optimizer: True})
 
     def forward(x):
@@ -228,7 +243,7 @@ def measure(a):
             times = [e0.elapsed_time(e1) for e0, e1 in events]
         out = {"shape": a.shape, "smoke": a.smoke, "option": a.option, "k": k, "loop": a.loop,
                "optimizer": a.optimizer, "step_ms": statistics.median(times), "iterations": len(times),
-               "peak": None, "peak_abs": None}
+               "peak": None, "peak_abs": None, "predicted_peak_bytes": predicted}
         if cuda:
             torch.cuda.synchronize()
             with _Sampler() as s:

@@ -319,6 +319,7 @@ def alone_point(pt, args, shape, loop, runner=None):
         return {"error": "alone in a fresh process: %s: %s" % (type(e).__name__, str(e)[-300:]),
                 "step_ms": float("nan"), "peak": None, "build_s": float("nan")}
     return {"step_ms": got["step_ms"], "peak": got.get("peak"), "peak_abs": got.get("peak_abs"),
+            "predicted_peak_bytes": got.get("predicted_peak_bytes"),
             "iterations": got.get("iterations"), "build_s": float("nan"), "grads_text": "not compared (run alone)",
             "note": "run alone in a fresh process (bench/alone.py): a failed capture of this option leaves a "
                     "process no later point could be measured in"}
