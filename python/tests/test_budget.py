@@ -818,6 +818,25 @@ def test_offload_autos_whole_step_is_what_its_plan_weighed_over_the_static_bytes
         off.close()
 
 
+def test_a_whole_step_model_that_fails_leaves_the_build_working_and_says_why(monkeypatch, caplog):
+    from vmmrt.torch import planner
+
+    def broken(*a, **k):
+        raise RuntimeError("the device's memory could not be read")
+    monkeypatch.setattr(planner, "static_bytes", broken)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    with caplog.at_level("WARNING", logger="vmmrt.torch"):
+        fs = _build(_pair(2)[1], mode="none")
+    off = vt.offload_of(fs[0])
+    try:
+        assert off.step_model is None and "could not be read" in caplog.text
+        y = fs[1](fs[0](x))
+        y.sum().backward()
+        assert x.grad is not None
+    finally:
+        off.close()
+
+
 def test_check_plan_refuses_the_optimizer_for_a_plan_given_its_own():
     fs = _build(_pair(2)[1], memory_budget=Budget(layers=["keep", "recompute"], reserve=1 << 20))
     off = vt.offload_of(fs[0])

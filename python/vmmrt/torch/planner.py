@@ -587,17 +587,20 @@ def step_model(off, runners, graphs, chosen=None, offload=None, pages=False, pla
     the regions ``chosen`` (per layer, indices into its candidates: a
     bandwidth plan's) or, without them, those ``offload`` (a fraction)
     moves; ``pages`` and ``planned`` as :func:`peak_model`'s. None, with
-    the reason logged, where a layer has no measured times to model."""
+    the reason logged, where a layer has no measured times to model (or
+    the model fails: it predicts, it never stops a build that works)."""
     from vmmrt.torch import budget
     try:
         costs = layer_costs(off, None, runners)
+        if chosen is None:
+            f = 0.0 if off.mode == "none" else float(offload)
+            chosen = [budget.fraction_chosen(c, f, i == len(costs) - 1) for i, c in enumerate(costs)]
+        return StepModel(costs, chosen, static_bytes(off, runners, graphs), _model_kw(off, graphs, pages, planned))
     except budget.InvalidBudget as e:
         log.info("vmmrt: no whole-step model of the plan: %s", e)
-        return None
-    if chosen is None:
-        f = 0.0 if off.mode == "none" else float(offload)
-        chosen = [budget.fraction_chosen(c, f, i == len(costs) - 1) for i, c in enumerate(costs)]
-    return StepModel(costs, chosen, static_bytes(off, runners, graphs), _model_kw(off, graphs, pages, planned))
+    except Exception as e:  # noqa: B902 - reported, and the build goes on without a prediction
+        log.warning("vmmrt: no whole-step model of the plan: %s: %s", type(e).__name__, e)
+    return None
 
 
 def budget_plan(off, memory_budget, margin=0.9, runners=(), graphs=True, offload=1.0, marked=None, strategies=None,
