@@ -83,6 +83,8 @@
 #                  planner's memory_budget= at ckpt 16's and graphs+ckpt 16's
 #                  measured peaks ([planner]: at eager checkpointing's peak,
 #                  <= 1.25x graphs' time)                ~6 min (an estimate)
+#   at-launch-1    at-launch in the set_to_none loop alone (device time
+#                  short)                                 ~3 min (an estimate)
 #   foreach-launch, foreach-llama, foreach-encoder  --front of that shape,
 #                  both loops, AdamW foreach (the fronts above are fused):
 #                  eager, checkpointing every layer, graphs, vmmrt none and
@@ -284,6 +286,9 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	at-launch) front at-launch 450 --shape launch --loop both --optimizer fused --front-ks 3 --iterations 5 \
 		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" \
 		--front-budgets-at "ckpt 16,graphs+ckpt 16" ;;
+	at-launch-1) front at-launch-1 300 --shape launch --loop set_to_none --optimizer fused --front-ks 3 --iterations 5 \
+		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" \
+		--front-budgets-at "ckpt 16,graphs+ckpt 16" ;;
 	foreach-launch) front foreach-launch 300 --shape launch --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 \
 		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" ;;
@@ -292,7 +297,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	foreach-encoder) front foreach-encoder 300 --shape encoder --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 6,graphs,vmmrt none,vmmrt auto" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch foreach-launch foreach-llama foreach-encoder launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder launch-ab one-time, or all)" ;;
 	esac
 	pack
 done
