@@ -814,6 +814,9 @@ def test_offload_autos_whole_step_is_what_its_plan_weighed_over_the_static_bytes
         assert m.chosen == [list(p.chosen) for p in off.plan.layers]
         assert tuple(m.peak(loop=x) - m.static_bytes for x in off.plan.weighed_labels) == off.plan.weighed_peak
         assert m.static_bytes > 0
+        # describe() prints the plan and its prediction
+        text = off.describe()
+        assert off.plan.summary() in text and m.describe() in text
     finally:
         off.close()
 
@@ -845,6 +848,9 @@ def test_check_plan_refuses_the_optimizer_for_a_plan_given_its_own():
         with pytest.raises(ValueError, match="Budget"):
             vt.check_plan(off, lambda: ran.append(1), steps=1, read=lambda: 1, reserve=1 << 20)
         assert not ran
+        # describe() prints the budget plan with its predicted peak, and no second model's
+        text = off.describe()
+        assert off.plan.summary() in text and "predicted peak" in text and "whole step, predicted" not in text
     finally:
         off.close()
 

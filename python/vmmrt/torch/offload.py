@@ -657,6 +657,8 @@ class Offload:
                      "map of %.1f MiB, timed)" % (self.remap_ms[0], self.remap_ms[1] / mib))
         if self.memplan is not None:
             text += "\n" + self.memplan.describe()
+        if self.plan is not None:
+            text += "\n" + self.plan.summary()
         if self.step_model is not None and getattr(self.plan, "peak_bytes", None) is None:
             text += "\n" + self.step_model.describe()
         if self.plan_check is not None:
