@@ -54,10 +54,11 @@ def _vmmrt_callables(option, layers, samples, a, dev):
     elif option == "vmmrt-auto":
         kw.update(mode="pingpong", offload="auto")
     else:
-        pb = sum(p.numel() * p.element_size() for m in layers for p in m.parameters() if p.requires_grad)
-        # AdamW's two states kept, foreach's temporary (1x the parameters) within its step
-        kw.update(mode="pingpong", memory_budget=vt.Budget(layers=["recompute"] * len(layers), reserve=2 * pb,
-                                                           step=pb if a.optimizer == "foreach" else 0, loop=a.loop))
+        from vmmrt.torch.bench import loops
+        reserve, step = loops.optimizer_memory([p for m in layers for p in m.parameters() if p.requires_grad],
+                                               a.optimizer)
+        kw.update(mode="pingpong", memory_budget=vt.Budget(layers=["recompute"] * len(layers), reserve=reserve,
+                                                           step=step, loop=a.loop))
     return list(vt.make_graphed_callables(tuple(layers), samples, graphs=dev.type == "cuda", **kw))
 
 
@@ -71,8 +72,8 @@ def _predicted(mods, params, a):
         return off.plan.peak_bytes
     if off.step_model is None:
         return None
-    pb = sum(p.numel() * p.element_size() for p in params)
-    return off.step_model.peak(2 * pb, pb if a.optimizer == "foreach" else 0, a.loop)
+    from vmmrt.torch.bench import loops
+    return off.step_model.peak(*loops.optimizer_memory(params, a.optimizer), loop=a.loop)
 
 
 class _Ckpt(torch.nn.Module):

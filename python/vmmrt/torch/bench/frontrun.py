@@ -455,11 +455,7 @@ class Front:
         at = getattr(a, "front_budgets_at", None)
         at = budget_levels(at, getattr(a, "front_only", None), a.front_families) if at else []
         only(opts, ",".join(at), "--front-budgets-at")        # (each an option of this run)
-        pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
-        # AdamW's two states per parameter, kept; foreach's temporary (1x the
-        # parameters) made and freed within its step (Budget(step=))
-        self.reserve = 2 * pb
-        self.step = pb if a.optimizer == "foreach" else 0
+        self.reserve, self.step = loops.optimizer_memory(modes.parameters(layers), a.optimizer)
         self.doc.update(ks=ks, reference=None, base_bytes=self.base, warm_bytes=self.warm, reserve_bytes=self.reserve,
                         step_bytes=self.step)
         self.ref, self.spread, self.plan_of_recompute, self.seen = None, None, None, {}

@@ -46,6 +46,16 @@ def optimizer(params, kind="foreach"):
     return torch.optim.AdamW(params, lr=1e-4, foreach=True)
 
 
+def optimizer_memory(params, kind="foreach"):
+    """(reserve, step): what :func:`optimizer`'s AdamW adds to a step, as a
+    plan is told it (vmmrt.torch.Budget(reserve=, step=), check_plan):
+    its two states per parameter, kept, and foreach's temporary (the
+    square root of the second moments, 1x the parameters) made and freed
+    within its step; fused makes none."""
+    pb = sum(p.numel() * p.element_size() for p in params)
+    return 2 * pb, pb if kind == "foreach" else 0
+
+
 def warm_process(layers, x, gy, kind="foreach"):
     """One eager training step of ``layers`` on ``x`` (output gradient
     ``gy``) with an AdamW of ``kind`` at learning rate 0 (its kernels run,

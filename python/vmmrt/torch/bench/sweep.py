@@ -80,12 +80,8 @@ class Sweep:
         self.args, self.layers, self.xs, self.gys, self.sample, self.weights = args, layers, xs, gys, sample, weights
         self.loop = loops.Loop("set_to_none", 1)
         self.cuda = xs[0].is_cuda
-        # AdamW's two states per parameter, kept; foreach AdamW's temporary
-        # (the square root of the second moments, 1x the parameters) made
-        # and freed within its step (Budget(step=))
-        pb = sum(p.numel() * p.element_size() for p in modes.parameters(layers))
-        self.reserve = 2 * pb
-        self.step = pb if getattr(args, "optimizer", "foreach") == "foreach" else 0
+        self.reserve, self.step = loops.optimizer_memory(modes.parameters(layers),
+                                                         getattr(args, "optimizer", "foreach"))
         self.ref = None
         self.bitwise = getattr(args, "attention", "math") == "math"
         self.measured = {}          # signature -> row
