@@ -146,8 +146,9 @@ def check_plan(target: Any, step: Callable[[], Any], steps: int = 3, read: Calla
     for name, v in (("reserve", reserve), ("step_bytes", step_bytes)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError("check_plan(%s=%r): bytes, 0 or more" % (name, v))
-    if loop is not None and loop not in ("set_to_none", "persistent"):
-        raise ValueError("check_plan(loop=%r): 'set_to_none', 'persistent' or None" % (loop,))
+    if loop is not None:
+        from vmmrt.torch.budget import check_loop
+        check_loop(loop, "check_plan(loop=%r) (None: the larger of the two)")
     if (reserve or step_bytes or loop is not None) and getattr(off.plan, "peak_bytes", None) is not None:
         raise ValueError("check_plan(reserve=, step_bytes=, loop=) are for a plan made without memory_budget=; "
                          "this one was given its own: vmmrt.torch.Budget(reserve=, step=, loop=)")
