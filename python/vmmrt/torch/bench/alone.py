@@ -63,17 +63,14 @@ def _vmmrt_callables(option, layers, samples, a, dev):
 
 
 def _predicted(mods, params, a):
-    """The whole step's peak vmmrt's plan predicts: a budget plan's own
-    (told AdamW's memory by its Budget), else its model's told the same
-    (frontrun.model_fields)."""
+    """The whole step's peak vmmrt's plan predicts (plancheck.predicted_peak:
+    a budget plan's own, told AdamW's memory by its Budget, else its
+    model's told the same), or None."""
     import vmmrt.torch as vt
-    off = vt.offload_of(mods[0])
-    if getattr(off.plan, "peak_bytes", None) is not None:
-        return off.plan.peak_bytes
-    if off.step_model is None:
-        return None
+    from vmmrt.torch import plancheck
     from vmmrt.torch.bench import loops
-    return off.step_model.peak(*loops.optimizer_memory(params, a.optimizer), loop=a.loop)
+    reserve, step = loops.optimizer_memory(params, a.optimizer)
+    return plancheck.predicted_peak(vt.offload_of(mods[0]), reserve, step, a.loop)
 
 
 class _Ckpt(torch.nn.Module):
