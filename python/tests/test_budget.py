@@ -1175,3 +1175,38 @@ def test_copies_that_slow_the_compute_cost_the_plan_even_where_they_hide():
     for bad in ((-1.0, 0.0), (0.1,), (True, 0.0), (float("inf"), 0.0), 0.5):
         with pytest.raises(budget.InvalidBudget):
             budget.evaluate(five, plan, d2h_gbps=10, contention=bad)
+
+
+def test_the_step_model_puts_the_memory_plans_bytes_in_place_of_its_estimate():
+    """Once the memory plan is made (StepModel.planned), the peak in the
+    loop it learned is the static part (less the graphs' static tensors the
+    pages hold), the optimizer's states, the banks and the static inputs
+    outside the pages, the plan's own bytes, the optimizer's temporaries
+    the pages' free bytes at the step's end cannot take (all of them where
+    the step is not routed there) and the working set where the graphs'
+    pool is not on the pages; the other loop keeps the estimate."""
+    import types
+    from vmmrt.torch import planner
+    M = 1 << 20
+    costs = [budget.LayerCost("l%d" % i, 1.0, 2.0, [8 * M, 4 * M], fixed=M, grads=6 * M, fwd_work=5 * M,
+                              bwd_work=7 * M) for i in range(3)]
+    kw = dict(mode="pingpong", lookahead=1, granularity=1, map_ahead=0, pages=True)
+    m = planner.StepModel(costs, [[0], [0], []], 100 * M, kw, graph_bytes=9 * M)
+    est = {x: m.peak(20 * M, 10 * M, x) for x in ("set_to_none", "persistent")}
+    p = budget.predict(costs, m.chosen, static_bytes=120 * M, step_bytes=10 * M, **kw)
+    assert est["set_to_none"] == p.peak_bytes and p.bank_bytes == 16 * M and p.inflight_bytes == 7 * M
+    plan = types.SimpleNamespace(total_bytes=30 * M, free_at_end=4 * M, graph_bytes=3 * M, has_pool=True)
+    m.planned(plan, "set_to_none", True)
+    base = 100 * M - 3 * M + 20 * M + 16 * M + 30 * M
+    assert m.peak(20 * M, 10 * M, "set_to_none") == base + 6 * M            # 4 of the 10 in the free bytes
+    assert m.peak(20 * M, 3 * M, "set_to_none") == base                     # all of them
+    assert m.peak(20 * M, 10 * M, "persistent") == est["persistent"]        # the other loop: the estimate
+    m.planned(plan, "set_to_none", False)                                   # not routed: all from PyTorch
+    assert m.peak(20 * M, 10 * M, "set_to_none") == base + 10 * M
+    m.planned(types.SimpleNamespace(total_bytes=30 * M, free_at_end=0, graph_bytes=50 * M, has_pool=False), None,
+              True)
+    # no gradient slot on the pages: both loops; the pool not on them: its working set beside;
+    # the graphs' statics counted once (no more than the static part counted)
+    for x in ("set_to_none", "persistent"):
+        assert m.peak(20 * M, 0, x) == 100 * M - 9 * M + 20 * M + 16 * M + 30 * M + 7 * M
+    assert "from the memory plan's pages (30 MiB)" in m.describe()

@@ -962,3 +962,41 @@ def test_a_slot_found_free_is_asked_again_once_a_tensor_is_made_over_it():
         e.backing.release(None)
     finally:
         off.close()
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_the_whole_step_model_takes_the_plans_bytes_in_the_loop_the_plan_learned(set_to_none):
+    """Offload.step_model predicts from the budget planner's estimate until
+    the memory plan is made; then (StepModel.planned) its loop's peak is
+    the plan's pages and own memory in place of the estimated activations,
+    gradients and working set, and describe() says so."""
+    from vmmrt.torch import budget
+    g, off = _build(True, "pingpong", offload=0.5)
+    m = off.step_model
+    R, S = 3 << 20, 1 << 20
+    loop, other = ("set_to_none", "persistent") if set_to_none else ("persistent", "set_to_none")
+    try:
+        assert m is not None and m.made is None
+        before = {x: m.peak(R, S, x) for x in (loop, other)}
+        for i in range(3):
+            if set_to_none:
+                for mod in g:
+                    mod.zero_grad(set_to_none=True)
+            x, gy = _inputs(i)
+            y = run(g, x)
+            (y * gy).sum().backward()
+            del y
+            _settle(off)
+        plan = off.memplan.plan
+        assert plan is not None and m.made["loop"] == loop and m.made["total"] == plan.total_bytes
+        p = budget.predict(m.costs, m.chosen, persistent=not set_to_none, static_bytes=m.static_bytes + R,
+                           step_bytes=S, **m.kw)
+        assert p.peak_bytes == before[loop]
+        # the host backend has no graphs' pool: the working set beside the pages
+        want = (m.static_bytes + R + p.inputs_bytes + p.bank_bytes + plan.total_bytes + max(0, S - plan.free_at_end)
+                + p.inflight_bytes)
+        assert m.peak(R, S, loop) == want != before[loop]
+        assert m.peak(R, S, other) == before[other]
+        assert "the %s loop's from the memory plan's pages" % loop in off.describe()
+    finally:
+        off.close()

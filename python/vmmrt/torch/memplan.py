@@ -430,6 +430,18 @@ class Plan:
         self.optimizer_need = optimizer_need
         self.pages_bytes = place(items, granularity, len(self.order), optimizer_need)
         self.own_bytes = sum(_round_up(it.nbytes, granularity) for it in items if not it.shared)
+        shared = [it for it in items if it.shared]
+        # what the optimizer step's temporaries find free at the step's end,
+        # in whole segments of the caching allocator (optmem routes them
+        # there; the rest comes from the driver): the step model's
+        # (planner.StepModel.planned) part of the step beyond the pages
+        self.free_at_end = sum(r - r % SEGMENT for r in free_runs(
+            shared, {it.key: it.offset for it in shared}, self.pages_bytes, len(self.order), granularity))
+        # the graphs' static tensors the plan holds (their outputs, output
+        # and argument gradients), which the static part counted before the
+        # plan was made (planner.static_bytes), and the graphs' pool
+        self.graph_bytes = sum(it.nbytes for it in items if it.kind in (OUTPUTS, GOUTS, IO))
+        self.has_pool = any(it.kind == POOL for it in items)
         self.shares = sharers(items, granularity)
         # what each slot would hold without the plan, summed at the worst use
         self.unplanned_peak = busiest(items, granularity)
@@ -825,8 +837,10 @@ class Watcher:
                       self.off.graph_pool.planned_parts(self.order) if gp is not None else 0,
                       [(name, layers, b.slot.size) for name, layers, b in io],
                       [(name, layers, b.slot.size) for name, layers, b in gouts])
+        learned = None
         if grads:
-            self.check_loop("persistent" if any(b.live > 0 for _, _, b in grads) else "set_to_none")
+            learned = "persistent" if any(b.live > 0 for _, _, b in grads) else "set_to_none"
+            self.check_loop(learned)
         items, splits = share_grads(items, self._grad_pairs(residents, grads), self.off.granularity)
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
         plan = Plan(self.order, items, self.off.granularity, need)
@@ -921,6 +935,11 @@ class Watcher:
                               "its use" % err)
                 return
         log.info("vmmrt: %s", plan.summary())
+        model = getattr(self.off, "step_model", None)
+        if model is not None:
+            # (the loop it learned; none where no gradient slot is planned,
+            # whose loop then changes nothing on the pages)
+            model.planned(plan, learned, self.optimizer_enabled)
         pe = self.pool_entry()
         if pe is not None and pe.backing.bound:
             pe.backing.begin_use()      # in a step: its replays from now on

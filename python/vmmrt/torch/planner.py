@@ -462,7 +462,6 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
                 if not _mapped(r):
                     static.append(p)
     samples = sum(_nbytes(t) for r in runners for t in r.sample)
-    grad_in = sum(_nbytes(t) for r in runners for t in r.sample if t.requires_grad)
     if off.host:
         base = sum(_nbytes(p) for p in params) + samples
     else:
@@ -471,7 +470,15 @@ def static_bytes(off, runners=(), graphs=True, reserve=0):
         base = (total - free) - (torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
     grads = sum(_nbytes(p) for p in static if p.requires_grad and p.grad is None)
     moved = sum(_inputs(r.layer) for r in runners)
-    return base - moved + grads + (2 * samples + grad_in if graphs else 0) + reserve
+    return base - moved + grads + (graph_statics(runners) if graphs else 0) + reserve
+
+
+def graph_statics(runners):
+    """The static tensors the layers' captures add, as :func:`static_bytes`
+    counts them: outputs as large as the sample inputs, their gradients'
+    buffers, the inputs' gradients."""
+    samples = sum(_nbytes(t) for r in runners for t in r.sample)
+    return 2 * samples + sum(_nbytes(t) for r in runners for t in r.sample if t.requires_grad)
 
 
 def _inputs(lay):
@@ -562,8 +569,25 @@ class StepModel:
     the temporaries its step makes and frees (foreach AdamW: the
     parameters' size)."""
 
-    def __init__(self, costs, chosen, static_bytes, kw):
+    def __init__(self, costs, chosen, static_bytes, kw, graph_bytes=0):
         self.costs, self.chosen, self.static_bytes, self.kw = costs, [list(c) for c in chosen], static_bytes, kw
+        self.graph_bytes = graph_bytes      # of static_bytes: the captures' static tensors (graph_statics)
+        self.made = None                    # the memory plan's facts, once it is made (planned)
+
+    def planned(self, plan, loop, routed):
+        """The memory plan (vmmrt.torch.memplan.Plan) is made, for ``loop``
+        (the one it learned; None: either, no gradient slot on it), with
+        the optimizer step routed to its pages or not (``routed``). From
+        now on the peak in that loop puts the plan's own bytes (its pages
+        and the persistent gradients' own memory) where the model had the
+        activations, gradients and working set it estimated before the
+        captures: the pages know what the estimate could not (the
+        gradients on resident bytes their backward has read, the pool's
+        parts on pages the slots free, the granules), and hold the graphs'
+        static tensors the static part counted too. The other loop keeps
+        the estimate."""
+        self.made = dict(loop=loop, total=plan.total_bytes, free_at_end=plan.free_at_end,
+                         graph_bytes=plan.graph_bytes, pool=plan.has_pool, routed=bool(routed))
 
     def peak(self, reserve: int = 0, step: int = 0, loop: str = "set_to_none") -> int:
         from vmmrt.torch import budget
@@ -571,14 +595,31 @@ class StepModel:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise budget.InvalidBudget("%s=%r: bytes, 0 or more" % (name, v), "vmmrt.torch StepModel.peak")
         budget.check_loop(loop)
-        return budget.predict(self.costs, self.chosen, persistent=loop == "persistent",
-                              static_bytes=self.static_bytes + reserve, step_bytes=step, **self.kw).peak_bytes
+        p = budget.predict(self.costs, self.chosen, persistent=loop == "persistent",
+                           static_bytes=self.static_bytes + reserve, step_bytes=step, **self.kw)
+        m = self.made
+        if m is None or m["loop"] not in (None, loop):
+            return p.peak_bytes
+        # the optimizer's temporaries: in the bytes free at the step's end
+        # where routed there (what does not fit in them from the driver),
+        # else all from PyTorch's allocator; the working set outside the
+        # pages where the graphs' pool is not on them
+        held = m["total"] + (max(0, step - m["free_at_end"]) if m["routed"] else step)
+        held += 0 if m["pool"] else p.inflight_bytes
+        static = self.static_bytes - min(self.graph_bytes, m["graph_bytes"])
+        return static + reserve + p.inputs_bytes + p.bank_bytes + held
 
     def describe(self) -> str:
         mib = float(1 << 20)
+        m = self.made
         return ("the plan's whole step, predicted (the budget planner's model, driver-level, without the "
                 "optimizer's memory: vt.check_plan(reserve=, step_bytes=) adds it): %.0f MiB set_to_none, "
-                "%.0f MiB persistent .grad" % (self.peak() / mib, self.peak(loop="persistent") / mib))
+                "%.0f MiB persistent .grad%s" % (
+                    self.peak() / mib, self.peak(loop="persistent") / mib,
+                    "" if m is None else "; %s from the memory plan's pages (%.0f MiB), %s estimated before it" % (
+                        "both" if m["loop"] is None else "the %s loop's" % m["loop"], m["total"] / mib,
+                        "neither" if m["loop"] is None else "the other"))
+                )
 
 
 def step_model(off, runners, graphs, chosen=None, offload=None, pages=False, planned=False):
@@ -595,7 +636,8 @@ def step_model(off, runners, graphs, chosen=None, offload=None, pages=False, pla
         if chosen is None:
             f = 0.0 if off.mode == "none" else float(offload)
             chosen = [budget.fraction_chosen(c, f, i == len(costs) - 1) for i, c in enumerate(costs)]
-        return StepModel(costs, chosen, static_bytes(off, runners, graphs), _model_kw(off, graphs, pages, planned))
+        return StepModel(costs, chosen, static_bytes(off, runners, graphs), _model_kw(off, graphs, pages, planned),
+                         graph_statics(runners) if graphs else 0)
     except budget.InvalidBudget as e:
         log.info("vmmrt: no whole-step model of the plan: %s", e)
     except Exception as e:  # noqa: B902 - reported, and the build goes on without a prediction
