@@ -88,8 +88,14 @@
 #   foreach-launch, foreach-llama, foreach-encoder  --front of that shape,
 #                  both loops, AdamW foreach (the fronts above are fused):
 #                  eager, checkpointing every layer, graphs, vmmrt none and
-#                  auto (and on launch graphs+ckpt 16 and recompute all)
+#                  auto (and on launch graphs+ckpt 16 and recompute all, on
+#                  llama and encoder full offload, vmmrt pingpong)
 #                  ([memory-plan]'s foreach targets)        ~4 min each (an estimate)
+#   at-llama, at-long  at-launch's points (and full offload, vmmrt
+#                  pingpong) on 8 Llama-3-8B layers, seq 4096, and on the
+#                  long-context shape (4 layers, seq 32768, 3 iterations),
+#                  budgets at checkpointing every layer's and graphs of
+#                  checkpointed layers' peaks      ~5 min / ~7 min (estimates)
 #   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
 #                  callables and vmmrt none alternated, the launch
 #                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
@@ -293,11 +299,17 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		--front-ks 3 --front-budgets 0 --iterations 5 \
 		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" ;;
 	foreach-llama) front foreach-llama 300 --shape llama --loop both --optimizer foreach \
-		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 8,graphs,vmmrt none,vmmrt auto" ;;
+		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 8,graphs,vmmrt none,vmmrt auto,vmmrt pingpong" ;;
 	foreach-encoder) front foreach-encoder 300 --shape encoder --loop both --optimizer foreach \
-		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 6,graphs,vmmrt none,vmmrt auto" ;;
+		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 6,graphs,vmmrt none,vmmrt auto,vmmrt pingpong" ;;
+	at-llama) front at-llama 300 --shape llama --loop both --optimizer fused --front-ks 3 --iterations 5 \
+		--front-only "eager,ckpt 8,graphs,graphs+ckpt 8,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
+		--front-budgets-at "ckpt 8,graphs+ckpt 8" ;;
+	at-long) front at-long 420 --shape long --loop both --optimizer fused --front-ks 2 --iterations 3 \
+		--front-only "eager,ckpt 4,graphs,graphs+ckpt 4,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
+		--front-budgets-at "ckpt 4,graphs+ckpt 4" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long launch-ab one-time, or all)" ;;
 	esac
 	pack
 done
