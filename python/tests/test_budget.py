@@ -1198,11 +1198,17 @@ def test_the_step_model_puts_the_memory_plans_bytes_in_place_of_its_estimate():
     plan = types.SimpleNamespace(total_bytes=30 * M, free_at_end=4 * M, graph_bytes=3 * M, has_pool=True)
     m.planned(plan, "set_to_none", True)
     base = 100 * M - 3 * M + 20 * M + 16 * M + 30 * M
-    assert m.peak(20 * M, 10 * M, "set_to_none") == base + 6 * M            # 4 of the 10 in the free bytes
-    assert m.peak(20 * M, 3 * M, "set_to_none") == base                     # all of them
+    # 4 of the 30 in the pages' free bytes, 16 in the banks (ping-pong's are lent too)
+    assert m.peak(20 * M, 30 * M, "set_to_none") == base + 10 * M
+    assert m.peak(20 * M, 10 * M, "set_to_none") == base                    # all of them
     assert m.peak(20 * M, 10 * M, "persistent") == est["persistent"]        # the other loop: the estimate
     m.planned(plan, "set_to_none", False)                                   # not routed: all from PyTorch
     assert m.peak(20 * M, 10 * M, "set_to_none") == base + 10 * M
+    # remap's slots are not lent: only the pages' free bytes
+    r = planner.StepModel(costs, [[0], [0], []], 100 * M, dict(kw, mode="remap"), graph_bytes=9 * M)
+    r.planned(plan, "set_to_none", True)
+    rb = r.peak(20 * M, 0, "set_to_none")
+    assert r.peak(20 * M, 10 * M, "set_to_none") == rb + 6 * M
     m.planned(types.SimpleNamespace(total_bytes=30 * M, free_at_end=0, graph_bytes=50 * M, has_pool=False), None,
               True)
     # no gradient slot on the pages: both loops; the pool not on them: its working set beside;

@@ -601,10 +601,12 @@ class StepModel:
         if m is None or m["loop"] not in (None, loop):
             return p.peak_bytes
         # the optimizer's temporaries: in the bytes free at the step's end
-        # where routed there (what does not fit in them from the driver),
-        # else all from PyTorch's allocator; the working set outside the
-        # pages where the graphs' pool is not on them
-        held = m["total"] + (max(0, step - m["free_at_end"]) if m["routed"] else step)
+        # and ping-pong's banks where routed there (vmmrt.torch.optmem lends
+        # both; what does not fit comes from the driver), else all from
+        # PyTorch's allocator; the working set outside the pages where the
+        # graphs' pool is not on them
+        lent = m["free_at_end"] + (p.bank_bytes if self.kw.get("mode") == "pingpong" else 0)
+        held = m["total"] + (max(0, step - lent) if m["routed"] else step)
         held += 0 if m["pool"] else p.inflight_bytes
         static = self.static_bytes - min(self.graph_bytes, m["graph_bytes"])
         return static + reserve + p.inputs_bytes + p.bank_bytes + held
