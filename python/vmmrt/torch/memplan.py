@@ -1016,6 +1016,9 @@ class Watcher:
         self.off._close_hooks.remove(self.pages.destroy)
         self.pages = None
         self.why_not = why
+        model = getattr(self.off, "step_model", None)
+        if model is not None:
+            model.planned(None)     # (back to its estimate: no pages)
         log.warning("vmmrt: memory plan: %s", why)
 
     def _all_bound(self) -> None:

@@ -574,7 +574,7 @@ class StepModel:
         self.graph_bytes = graph_bytes      # of static_bytes: the captures' static tensors (graph_statics)
         self.made = None                    # the memory plan's facts, once it is made (planned)
 
-    def planned(self, plan, loop, routed):
+    def planned(self, plan, loop=None, routed=False):
         """The memory plan (vmmrt.torch.memplan.Plan) is made, for ``loop``
         (the one it learned; None: either, no gradient slot on it), with
         the optimizer step routed to its pages or not (``routed``). From
@@ -585,7 +585,11 @@ class StepModel:
         gradients on resident bytes their backward has read, the pool's
         parts on pages the slots free, the granules), and hold the graphs'
         static tensors the static part counted too. The other loop keeps
-        the estimate."""
+        the estimate. ``plan`` None: no plan (given up), the estimate in
+        both."""
+        if plan is None:
+            self.made = None
+            return
         self.made = dict(loop=loop, total=plan.total_bytes, free_at_end=plan.free_at_end,
                          graph_bytes=plan.graph_bytes, pool=plan.has_pool, routed=bool(routed))
 
