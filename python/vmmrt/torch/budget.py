@@ -326,9 +326,10 @@ class BudgetPlan:
             # On the memory plan's pages (pool, resident and gradient slots),
             # only the gradients are live at the optimizer step: its
             # temporaries take the bytes free then (vmmrt.torch.optmem), and
-            # add only what does not fit.
+            # ping-pong's banks, which optmem lends with them; they add only
+            # what does not fit.
             self.step_peak_bytes = sum(c.grads for c in ls) + self.step_bytes
-            held = max(during, self.step_peak_bytes)
+            held = max(during, self.step_peak_bytes - (self.bank_bytes if self.mode == "pingpong" else 0))
         else:
             self.step_peak_bytes = None
             held = during + self.step_bytes
@@ -367,8 +368,9 @@ class BudgetPlan:
         lines = [head]
         if self.step_bytes:
             lines.append("  the optimizer step's temporaries: %.0f MiB, %s" % (
-                self.step_bytes / mib, "on the memory plan's pages beside the gradients (%.0f MiB at the step)"
-                % (self.step_peak_bytes / mib) if self.pages else "beside everything else"))
+                self.step_bytes / mib, "on the memory plan's pages beside the gradients (%.0f MiB at the step)%s"
+                % (self.step_peak_bytes / mib, " and in ping-pong's banks" if self.mode == "pingpong" else "")
+                if self.pages else "beside everything else"))
         for c in self.layers:
             what = {"keep": "keeps", "offload": "offloads %.1f MiB (%d regions%s)" % (
                         c.moved / mib, len(c.chosen), " and its static inputs" if c.inputs_moved else ""),
