@@ -624,8 +624,7 @@ class StepModel:
                     self.peak() / mib, self.peak(loop="persistent") / mib,
                     "" if m is None else "; %s from the memory plan's pages (%.0f MiB), %s estimated before it" % (
                         "both" if m["loop"] is None else "the %s loop's" % m["loop"], m["total"] / mib,
-                        "neither" if m["loop"] is None else "the other"))
-                )
+                        "neither" if m["loop"] is None else "the other")))
 
 
 def step_model(off, runners, graphs, chosen=None, offload=None, pages=False, planned=False):
