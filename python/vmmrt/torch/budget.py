@@ -470,8 +470,9 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
              persistent=False, contention=None):
     """The prediction of a hand plan: ``choices`` one per layer as
     :class:`Budget`'s ``layers`` take them. A fraction offloads the largest
-    regions first that fit in it (the same selection as offload=fraction);
-    the tail (last layer) moves nothing, as libvmmrt never copies it.
+    regions first that fit in it (the same selection as offload=fraction),
+    the tail's (last layer's) too: libvmmrt never copies them, they stay in
+    its bank (or remap's slot), as offload=fraction leaves them.
     ``contention``: (D2H, H2D) ms the compute loses per ms of copy, hidden
     or not (Offload.copy_contention; None: 0), charged per copied byte."""
     h2d_gbps = h2d_gbps or d2h_gbps
@@ -488,22 +489,23 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
                                 "hand plan says %r: a layer is recomputed or offloaded, not both" % (i, c.name, ch))
         if ch == "recompute" and c.recompute is False:
             raise InvalidBudget("layer %d (%r) cannot be recomputed" % (i, c.name))
-        tail = i == len(costs) - 1
         if ch == "offload":
             ch = 1.0
         if isinstance(ch, float):
-            idx = fraction_chosen(c, ch, tail)
+            idx = fraction_chosen(c, ch)
             out.append(("offload" if idx else "keep", idx))
         else:
             out.append((ch, []))
     return env.make(out, mode, lookahead, budget)
 
 
-def fraction_chosen(c, fraction, tail):
+def fraction_chosen(c, fraction):
     """The regions of ``c`` (indices into its sizes) that offload=fraction
-    moves: the largest first that fit in the fraction; none for the tail,
-    which libvmmrt never copies."""
-    if tail or fraction == 0:
+    moves: the largest first that fit in the fraction. The tail's too
+    (Offload.allocate selects them as any layer's): libvmmrt never copies
+    them (vmmrt_group_stays(3)), but they lie in its group, not in a
+    resident slot, so they count in the banks, not beside them."""
+    if fraction == 0:
         return []
     return list(range(len(c.sizes))) if fraction >= 1 else select.choose(c.sizes, select.fraction_budget(c.sizes,
                                                                                                           fraction))

@@ -640,7 +640,7 @@ def step_model(off, runners, graphs, chosen=None, offload=None, pages=False, pla
         costs = layer_costs(off, None, runners)
         if chosen is None:
             f = 0.0 if off.mode == "none" else float(offload)
-            chosen = [budget.fraction_chosen(c, f, i == len(costs) - 1) for i, c in enumerate(costs)]
+            chosen = [budget.fraction_chosen(c, f) for c in costs]
         return StepModel(costs, chosen, static_bytes(off, runners, graphs), _model_kw(off, graphs, pages, planned),
                          graph_statics(runners) if graphs else 0)
     except budget.InvalidBudget as e:
