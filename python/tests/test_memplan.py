@@ -1003,3 +1003,18 @@ def test_the_whole_step_model_takes_the_plans_bytes_in_the_loop_the_plan_learned
         assert "the %s loop's from the memory plan's pages" % loop in off.describe()
     finally:
         off.close()
+
+
+def test_a_step_model_that_fails_at_the_plan_leaves_the_plan_applied(monkeypatch, caplog):
+    """The model's failure to take the plan's bytes is logged and the model
+    dropped; the plan is applied and the steps go on without driver calls."""
+    from vmmrt.torch import planner
+
+    def broken(self, *a, **k):
+        raise RuntimeError("made up for the test")
+    monkeypatch.setattr(planner.StepModel, "planned", broken)
+    with caplog.at_level("WARNING", logger="vmmrt.torch"):
+        out = _train(True, 4)
+    assert "could not take the memory plan" in caplog.text and "made up for the test" in caplog.text
+    assert out["plan"] is not None and out["stats"]["plan_binds"] > 0 and out["calls"][-1] == 0
+    assert "whole step, predicted" not in out["describe"]

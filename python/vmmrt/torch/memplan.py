@@ -935,17 +935,27 @@ class Watcher:
                               "its use" % err)
                 return
         log.info("vmmrt: %s", plan.summary())
-        model = getattr(self.off, "step_model", None)
-        if model is not None:
-            # (the loop it learned; none where no gradient slot is planned,
-            # whose loop then changes nothing on the pages)
-            model.planned(plan, learned, self.optimizer_enabled)
         pe = self.pool_entry()
         if pe is not None and pe.backing.bound:
             pe.backing.begin_use()      # in a step: its replays from now on
             self.off.part_checks = part_checks     # (the pool on the pages: its parts are checked)
         self._all_bound()
         self._route_optimizer()
+        self._tell_model(plan, learned)
+
+    def _tell_model(self, plan: Plan, learned: str | None) -> None:
+        """The whole step's model (Offload.step_model) takes the applied
+        plan's bytes in the loop it learned (None: no gradient slot on the
+        pages, whose loop then changes nothing there). A prediction never
+        stops the plan it predicts: one that fails is logged and dropped."""
+        model = getattr(self.off, "step_model", None)
+        if model is None:
+            return
+        try:
+            model.planned(plan, learned, self.optimizer_enabled)
+        except Exception as e:  # noqa: B902 - reported; the plan is applied already
+            log.warning("vmmrt: the whole step's model could not take the memory plan: %s: %s", type(e).__name__, e)
+            self.off.step_model = None
 
     def _route_optimizer(self) -> None:
         if not self.optimizer_enabled:
