@@ -91,6 +91,9 @@
 #                  auto (and on launch graphs+ckpt 16 and recompute all, on
 #                  llama and encoder full offload, vmmrt pingpong)
 #                  ([memory-plan]'s foreach targets)        ~4 min each (an estimate)
+#   fresh-launch   alone-launch's points with --fresh-loops (the persistent
+#                  loop's front in a process of its own), to set beside
+#                  alone-launch's figures              ~2 min (an estimate)
 #   at-llama, at-long  at-launch's points (and full offload, vmmrt
 #                  pingpong) on 8 Llama-3-8B layers, seq 4096, and on the
 #                  long-context shape (4 layers, seq 32768, 3 iterations),
@@ -302,6 +305,9 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 8,graphs,vmmrt none,vmmrt auto,vmmrt pingpong" ;;
 	foreach-encoder) front foreach-encoder 300 --shape encoder --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 6,graphs,vmmrt none,vmmrt auto,vmmrt pingpong" ;;
+	fresh-launch) front fresh-launch 300 --shape launch --loop both --optimizer fused --front-ks 3 \
+		--front-budgets 0 --iterations 5 --fresh-loops \
+		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
 	at-llama) front at-llama 300 --shape llama --loop both --optimizer fused --front-ks 3 --iterations 5 \
 		--front-only "eager,ckpt 8,graphs,graphs+ckpt 8,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
 		--front-budgets-at "ckpt 8,graphs+ckpt 8" ;;
@@ -309,7 +315,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		--front-only "eager,ckpt 4,graphs,graphs+ckpt 4,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
 		--front-budgets-at "ckpt 4,graphs+ckpt 4" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch launch-ab one-time, or all)" ;;
 	esac
 	pack
 done

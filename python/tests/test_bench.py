@@ -1437,3 +1437,31 @@ def test_one_time_is_a_run_of_its_own_on_cuda():
         bench.parse(["--one-time", "--front"])
     with pytest.raises(SystemExit):
         bench.parse(["--one-time", "--launch-ab", "4"])
+
+
+def test_fresh_loops_runs_each_later_loop_in_a_process_of_its_own(tmp_path, capfd):
+    """--fresh-loops: the persistent loop's front comes from a fresh process
+    given the same arguments for that shape and loop, its front in the
+    JSON beside the first loop's; a process that brings none back leaves a
+    front that says so, and the run fails."""
+    from vmmrt.torch.bench import frontrun
+    assert frontrun.loop_argv(["--front", "--loop", "both", "--shape=all", "--json", "x.json", "--fresh-loops",
+                               "--iterations", "1", "--loop=both"], "launch", "persistent", "y.json") == [
+        "--front", "--iterations", "1", "--shape", "launch", "--loop", "persistent", "--json", "y.json"]
+    out = tmp_path / "front.json"
+    argv = ["--front", "--smoke", "--device", "cpu", "--shape", "launch", "--front-ks", "1", "--front-budgets", "0",
+            "--iterations", "1", "--warmup", "0", "--front-only", "eager,vmmrt eager-pingpong", "--loop", "both",
+            "--fresh-loops", "--json", str(out)]
+    assert bench.main(argv) == 0
+    text = capfd.readouterr().out
+    assert "persistent loop, in a fresh process (--fresh-loops)" in text
+    doc = json.loads(out.read_text())
+    assert [d["loop"] for d in doc["fronts"]] == ["set_to_none", "persistent"]
+    assert all([p["label"] for p in d["points"]] == ["eager", "vmmrt eager-pingpong"] for d in doc["fronts"])
+    assert text.count("verdict (launch") >= 3      # the child's own summary line, then both of this run's
+    # a fresh process that fails: a front that says so, and the run's status says it too
+    args = bench.parse(argv)
+    args.argv = argv
+    docs = []
+    frontrun.fresh_loop(args, frontrun.shapes.SHAPES["launch"], "persistent", docs, runner=lambda av: 3)
+    assert docs[0]["error"] == "its fresh process (exit status 3) brought no front back" and not docs[0]["points"]

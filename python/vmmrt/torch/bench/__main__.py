@@ -179,6 +179,10 @@ def _parser():
                    help="instead of the tables: the device memory a fresh process keeps once each kind of step "
                         "has run in it (the model, an eager step, torch's graphs, an empty libvmmrt runtime, "
                         "vmmrt none twice), stage by stage, on --shape's layers (CUDA only; see bench/onetime.py)")
+    p.add_argument("--fresh-loops", action="store_true",
+                   help="--front with --loop both: each loop after the first in a fresh process of its own (the "
+                        "same arguments, that shape and loop), not after the first loop's front in this one, "
+                        "whose leftovers its base would hold")
     p.add_argument("--check-alone", action="store_true",
                    help="--front: then each point of PyTorch's options and of vmmrt's none, auto and recompute "
                         "all again alone in a fresh process (python3 -m vmmrt.torch.bench.alone), its figures "
@@ -488,6 +492,7 @@ def main(argv=None):
         from vmmrt.torch.bench import frontrun
         frontrun.eager_modules()
     args = parse(argv)
+    args.argv = list(argv)          # (--fresh-loops: a later loop's process is given them again)
     if not args.backward_reuse:
         from vmmrt.torch import reuse
         reuse.ENABLED = False

@@ -38,7 +38,11 @@ that fails is reported and the others still run; the JSON is written after
 every point, so a run stopped by a time limit keeps what it measured.
 """
 import gc
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -728,7 +732,10 @@ def run(args, spec, dev, dtype, docs, save=None):
     """A front per loop of ``args.loops`` over ``spec``, printed; each
     front's document is appended to ``docs`` before it runs, and ``save()``
     called after every point (the JSON so far)."""
-    for name in args.loops:
+    for k, name in enumerate(args.loops):
+        if k and getattr(args, "fresh_loops", False):
+            fresh_loop(args, spec, name, docs, save)
+            continue
         loop = loops.Loop(name, args.microbatches)
         print("\n-- front: %s; %s" % (spec.describe(), loop.describe(args.optimizer)), flush=True)
         fr = Front(args, spec, loop, dev, dtype, on_point=lambda doc: save and save())
@@ -754,6 +761,65 @@ def run(args, spec, dev, dtype, docs, save=None):
         fr.doc["verdict"] = v
         if save:
             save()
+
+
+# the arguments a later loop's process is not given again (each with its value)
+_OWN = ("--loop", "--shape", "--json")
+
+
+def loop_argv(argv, shape, loop, json_path):
+    """``argv`` for ``shape``'s front of ``loop`` alone: the caller's
+    arguments less --loop, --shape, --json (either spelling) and
+    --fresh-loops, then those three."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in _OWN:
+            skip = True
+            continue
+        if a == "--fresh-loops" or any(a.startswith(o + "=") for o in _OWN):
+            continue
+        out.append(a)
+    return out + ["--shape", shape, "--loop", loop, "--json", json_path]
+
+
+def fresh_loop(args, spec, name, docs, save=None, runner=None):
+    """``spec``'s front of the loop ``name`` in a fresh process (--fresh-loops):
+    measured after the first loop's front in this process, its base would
+    hold what that front left (cuBLAS workspaces, graphs' memory), which
+    flattered the graphed points of the second loop by 2-5 % (H100,
+    launch-bound: each point alone in a fresh process held 52-158 MiB
+    more). Its output goes to this one's; its fronts join ``docs``; a
+    process that brings none back leaves a front that says why.
+    ``runner(argv)`` -> exit status (tests: in-process; default a
+    subprocess of python3 -m vmmrt.torch.bench)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()        # (what this process caches is not the fresh one's to lose)
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="vmmrt-front-")
+    os.close(fd)
+    try:
+        argv = loop_argv(args.argv, spec.name, name, path)
+        print("\n-- front: %s, %s loop, in a fresh process (--fresh-loops)" % (spec.name, name), flush=True)
+        if runner is None:
+            def runner(av):
+                return subprocess.run([sys.executable, "-m", "vmmrt.torch.bench"] + av).returncode
+        rc = runner(argv)
+        try:
+            with open(path) as f:
+                got = json.load(f).get("fronts") or []
+        except (OSError, ValueError):
+            got = []
+        if not got:
+            got = [{"title": "%s, %s loop" % (spec.name, name), "points": [], "loop": name,
+                    "error": "its fresh process (exit status %s) brought no front back" % rc}]
+        docs.extend(got)
+    finally:
+        os.unlink(path)
+    if save:
+        save()
 
 
 def summary(docs):
