@@ -1465,3 +1465,8 @@ def test_fresh_loops_runs_each_later_loop_in_a_process_of_its_own(tmp_path, capf
     docs = []
     frontrun.fresh_loop(args, frontrun.shapes.SHAPES["launch"], "persistent", docs, runner=lambda av: 3)
     assert docs[0]["error"] == "its fresh process (exit status 3) brought no front back" and not docs[0]["points"]
+    # without a front, or with one loop: refused, not ignored
+    for bad in (["--fresh-loops"], ["--front", "--loop", "persistent", "--fresh-loops"], ["--front", "--fresh-loops"]):
+        with pytest.raises(SystemExit):
+            bench.parse(bad)
+        assert "--fresh-loops goes with --front and --loop both" in capfd.readouterr().err

@@ -251,6 +251,8 @@ def parse(argv):
         p.error("--check-alone goes with --front")
     if a.front_only is not None and not a.front:
         p.error("--front-only goes with --front")
+    if a.fresh_loops and not (a.front and len(a.loops) > 1):
+        p.error("--fresh-loops goes with --front and --loop both (a later loop runs in a fresh process)")
     if a.front_budgets_at is not None:
         if not a.front:
             p.error("--front-budgets-at goes with --front")

@@ -733,7 +733,7 @@ def run(args, spec, dev, dtype, docs, save=None):
     front's document is appended to ``docs`` before it runs, and ``save()``
     called after every point (the JSON so far)."""
     for k, name in enumerate(args.loops):
-        if k and getattr(args, "fresh_loops", False):
+        if k and args.fresh_loops:
             fresh_loop(args, spec, name, docs, save)
             continue
         loop = loops.Loop(name, args.microbatches)
