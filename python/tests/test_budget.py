@@ -140,9 +140,12 @@ def test_the_optimizer_steps_temporaries_take_the_pages_free_at_the_step():
     # without the memory plan's pages the step's temporaries come beside everything
     p = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=400)
     assert p.peak_bytes == 7 + 400 + 50 + 660 and p.step_peak_bytes is None
-    # on them only the gradients are live at the step: 70 + 400 fit in the 710 the layers use
+    # on them only the gradients are live at the step: 70 + 400 fit in the 690 the layers use (on the
+    # pages nothing is mapped ahead: at c's backward the residents, 600, and c's gradients, 40; b's come
+    # at its own backward, where c's resident bytes are gone)
     q = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=400, pages=True)
-    assert q.step_peak_bytes == 470 and q.peak_bytes == 7 + 50 + 660
+    assert q.step_peak_bytes == 470 and q.timeline_bytes == 640 and q.peak_bytes == 7 + 50 + 640
+    assert budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=400).timeline_bytes == 660
     assert "on the memory plan's pages beside the gradients (0 MiB at the step)" in q.summary()
     # a step larger than the free bytes adds what does not fit
     r = budget.evaluate(costs, ["keep"] * 3, static_bytes=7, step_bytes=1000, pages=True)
@@ -150,7 +153,7 @@ def test_the_optimizer_steps_temporaries_take_the_pages_free_at_the_step():
     # so a budget that holds the layers with the step in their pages keeps everything there; without
     # the pages nothing fits it (the temporaries alone leave 310 bytes for the layers)
     fit = budget.search(costs, 7 + 710, static_bytes=7, step_bytes=400, pages=True)
-    assert fit.counts()["keep"] == 3 and fit.peak_bytes == 717
+    assert fit.counts()["keep"] == 3 and fit.peak_bytes == 697
     with pytest.raises(BudgetError):
         budget.search(costs, 7 + 710, static_bytes=7, step_bytes=400)
     with pytest.raises(InvalidBudget):
@@ -206,6 +209,57 @@ def test_static_inputs_live_in_a_resident_slot_or_all_along():
     assert not part.layers[0].inputs_moved
     with pytest.raises(InvalidBudget):
         budget.evaluate([costs[0].but(inputs=-1)], ["keep"])
+
+
+def test_mode_auto_runs_a_hand_plan_that_moves_nothing_in_mode_none_where_that_holds_less():
+    # 4 long-context-like layers recomputed: ping-pong holds two banks of a checkpoint (256) all along,
+    # mode none one checkpoint at the first layer's backward beside every gradient
+    costs = [LayerCost("l%d" % i, 1, 1, [5000], grads=418, bwd_work=900, inputs=256) for i in range(4)]
+    kw = dict(static_bytes=7, step_bytes=100, pages=True)
+    pp = budget.evaluate(costs, ["recompute"] * 4, "pingpong", **kw)
+    nn = budget.evaluate(costs, ["recompute"] * 4, "none", **kw)
+    assert pp.bank_bytes == 512 and nn.bank_bytes == 0 and nn.peak_bytes == pp.peak_bytes - 256
+    p = budget.hand_plan(costs, ["recompute"] * 4, "pingpong", 1, budget.auto_strategies(), **kw)
+    assert (p.mode, p.peak_bytes, p.bank_bytes) == ("none", nn.peak_bytes, 0)
+    assert p.alternatives == [("pingpong", 1, pp.predicted_ms, pp.peak_bytes)]
+    assert p.predicted_ms <= pp.predicted_ms
+    # without mode="auto"'s strategies, the runtime's mode as before
+    for strategies in (None, budget.STRATEGIES):
+        q = budget.hand_plan(costs, ["recompute"] * 4, "pingpong", 1, strategies, **kw)
+        assert q.mode == "pingpong" and q.peak_bytes == pp.peak_bytes and q.alternatives == []
+    # many layers: every checkpoint is alive at the first backward, and the banks are the smaller
+    many = [c.but(grads=10) for c in costs * 4]
+    q = budget.hand_plan(many, ["recompute"] * 16, "pingpong", 1, budget.auto_strategies(), **kw)
+    bank = budget.evaluate(many, ["recompute"] * 16, "pingpong", **kw)
+    assert q.mode == "pingpong" and q.peak_bytes == bank.peak_bytes
+    assert q.alternatives[0][0] == "none" and q.alternatives[0][3] > q.peak_bytes
+    # a plan that offloads needs ping-pong (or remap): mode none is not offered it
+    q = budget.hand_plan(costs, ["offload", "recompute", "recompute", "keep"], "pingpong", 1,
+                         budget.auto_strategies(), **kw)
+    assert q.mode == "pingpong" and q.alternatives == []
+    assert budget.auto_strategies()[0] == ("none", 1) and set(budget.STRATEGIES) < set(budget.auto_strategies())
+
+
+def test_mode_auto_builds_a_recomputed_plan_in_mode_none():
+    ref, mine = _pair(3, seed=4)
+    fs = _build(mine, mode="auto", memory_budget=Budget(layers=["recompute"] * 3))
+    off = vt.offload_of(fs[0])
+    try:
+        # (no graphs: no static inputs to move, so the peaks tie and the plan that copies nothing wins)
+        assert off.mode == "none" and off.plan.mode == "none" and off.plan.bank_bytes == 0
+        assert off.plan.counts()["recompute"] == 3 and all(lay.offload is off for lay in off.layers)
+        assert [a[0] for a in off.plan.alternatives] == ["pingpong"]
+        _against_checkpoint(ref, fs, mine)
+        assert off.stats()["bytes_offloaded"] == 0
+    finally:
+        off.close()
+    # the mode a caller names stays the plan's
+    fs = _build(_pair(3, seed=4)[1], mode="pingpong", memory_budget=Budget(layers=["recompute"] * 3))
+    off = vt.offload_of(fs[0])
+    try:
+        assert off.mode == "pingpong" == off.plan.mode
+    finally:
+        off.close()
 
 
 def test_a_layers_working_set_is_the_larger_of_its_forward_and_backward():

@@ -320,7 +320,10 @@ class BudgetPlan:
         # The pool (or the caching allocator) keeps what the passes allocated
         # at most reserved: the largest working set is held all along.
         self.inflight_bytes = max([c.work for c in ls] or [0])
-        self.timeline_bytes = timeline(ls, self.map_ahead, self.persistent)
+        # On the memory plan's pages a slot lives exactly from its first use
+        # to its last (vmmrt.torch.memplan binds them once): nothing is
+        # mapped ahead of the GPU there, as the runtime's per-step maps are.
+        self.timeline_bytes = timeline(ls, 0 if self.pages else self.map_ahead, self.persistent)
         during = self.inflight_bytes + self.timeline_bytes
         if self.pages:
             # On the memory plan's pages (pool, resident and gradient slots),
@@ -497,6 +500,38 @@ def evaluate(costs, choices, mode="pingpong", lookahead=1, static_bytes=0, d2h_g
         else:
             out.append((ch, []))
     return env.make(out, mode, lookahead, budget)
+
+
+def auto_strategies():
+    """What mode="auto" chooses among: :data:`STRATEGIES`, and mode none for
+    a plan that moves nothing (every layer kept or recomputed). Ping-pong
+    moves a recomputed layer's checkpoint (its graphs' static inputs)
+    through two banks held all along; mode none keeps it in the layer's
+    resident slot from its forward to its backward, on the memory plan's
+    pages beside what is not alive then: on 4 long-context layers two
+    banks of 256 MiB against one checkpoint alive at the busiest use (the
+    first layer's backward). With many layers every checkpoint is alive at
+    the first backward, and the banks can be the smaller: the prediction
+    chooses."""
+    return (("none", 1),) + tuple(STRATEGIES)
+
+
+def hand_plan(costs, choices, mode="pingpong", lookahead=1, strategies=None, **kw):
+    """:func:`evaluate`'s prediction of a hand plan in ``mode``; where
+    ``strategies`` (mode="auto"'s, :func:`auto_strategies`) include mode
+    none and the plan moves nothing there (it keeps or recomputes every
+    layer), in mode none instead when its predicted peak is no higher:
+    it copies nothing, so it is no slower. The other's prediction is in
+    the plan's ``alternatives``."""
+    p = evaluate(costs, choices, mode, lookahead, **kw)
+    if mode == "none" or not any(m == "none" for m, _ in strategies or ()):
+        return p
+    q = evaluate(costs, choices, "none", 1, **kw)
+    if any(c.moved for c in q.layers):      # it offloads: only ping-pong or remap can
+        return p
+    best, other = (q, p) if q.peak_bytes <= p.peak_bytes else (p, q)
+    best.alternatives = [(other.mode, other.lookahead, other.predicted_ms, other.peak_bytes)]
+    return best
 
 
 def fraction_chosen(c, fraction):

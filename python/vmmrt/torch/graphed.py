@@ -449,7 +449,7 @@ def _allocate(runners, uses, off, layout, grads, mode, offload, memory_budget, m
         off.set_schedule([(r.layer, b) for b, r in uses])
     if memory_budget is not None or any(marks):
         plan = planner.budget_plan(off, memory_budget, margin, runners, graphs, offload, marks,
-                                   budget.STRATEGIES if mode == "auto" else None,
+                                   budget.auto_strategies() if mode == "auto" else None,
                                    pages=memory_plan is True)
         if mode == "auto":          # the planner's strategy: another runtime, the same discovery
             off = planner.adopt(off, plan, runners, uses)

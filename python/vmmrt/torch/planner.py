@@ -694,8 +694,9 @@ def _budget_plan(off, memory_budget, margin, runners, graphs, offload, marked, s
     if mode == "remap" or (searched and _uses_remap(mode, strategies)):
         common["remap_ms"] = remap_cost(off, costs)
     if b is not None and b.layers is not None:
-        # (mode none: its own model, a recomputed layer's checkpoint in its slot, not in ping-pong's banks)
-        p = budget.evaluate(costs, b.layers, mode, la, budget=limit, **common)
+        # (mode none: its own model, a recomputed layer's checkpoint in its slot, not in ping-pong's banks;
+        # mode="auto" runs a plan that moves nothing there where that holds less)
+        p = budget.hand_plan(costs, b.layers, mode, la, strategies, budget=limit, **common)
         if mode == "none" and any(c.moved for c in p.layers):
             raise budget.InvalidBudget("mode='none' moves nothing: a hand plan that offloads needs 'pingpong' or "
                                        "'remap'")

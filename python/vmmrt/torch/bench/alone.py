@@ -57,7 +57,7 @@ def _vmmrt_callables(option, layers, samples, a, dev):
         from vmmrt.torch.bench import loops
         reserve, step = loops.optimizer_memory([p for m in layers for p in m.parameters() if p.requires_grad],
                                                a.optimizer)
-        kw.update(mode="pingpong", memory_budget=vt.Budget(layers=["recompute"] * len(layers), reserve=reserve,
+        kw.update(mode="auto", memory_budget=vt.Budget(layers=["recompute"] * len(layers), reserve=reserve,
                                                            step=step, loop=a.loop))
     return list(vt.make_graphed_callables(tuple(layers), samples, graphs=dev.type == "cuda", **kw))
 

@@ -199,7 +199,9 @@ def build(opt, layers, sample, args, reserve, cuda, step=0, loop="set_to_none"):
     elif opt.kind in ("recompute", "budget"):
         b = vt.Budget(layers=["recompute"] * n, reserve=reserve, step=step, loop=loop) if opt.kind == "recompute" \
             else vt.Budget(opt.param, reserve=reserve, step=step, loop=loop)
-        mode = "pingpong" if opt.kind == "recompute" else args.front_budget_mode
+        # (recompute all: the planner chooses ping-pong, which moves the checkpoints through two banks, or
+        # mode none, which keeps each in its slot from its forward to its backward: budget.hand_plan)
+        mode = "auto" if opt.kind == "recompute" else args.front_budget_mode
         # the library's default under a budget (no plan) unless the run names one
         plan = {} if getattr(args, "memory_plan", None) is None else {"memory_plan": args.memory_plan}
 
@@ -682,7 +684,7 @@ class Front:
         inputs["static_bytes"] += extra
         mode = self.args.front_budget_mode
         la = self.args.lookahead if mode == "remap" else 1
-        strategies = budget.STRATEGIES if mode == "auto" else [(mode, la)]
+        strategies = budget.auto_strategies() if mode == "auto" else [(mode, la)]
         try:
             budget.search(costs, 1, strategies=strategies, **inputs)
             smallest = 1

@@ -175,7 +175,7 @@ def run_sweep(args, title, make_layers, shape, dtype):
         # "auto": the planner chooses the strategy; hand-made choices run in ping-pong
         mode = "pingpong" if args.sweep_mode == "auto" else args.sweep_mode
         la = args.lookahead if mode == "remap" else 1       # ping-pong: two banks, one layer ahead
-        strategies = budget.STRATEGIES if args.sweep_mode == "auto" else [(mode, la)]
+        strategies = budget.auto_strategies() if args.sweep_mode == "auto" else [(mode, la)]
         graph = None
         if sw.cuda:
             built = modes.build("graph", layers, sample, args)
