@@ -62,6 +62,7 @@ vmmrt_py_bench = \
 	python/vmmrt/torch/bench/loops.py \
 	python/vmmrt/torch/bench/modes.py \
 	python/vmmrt/torch/bench/onetime.py \
+	python/vmmrt/torch/bench/poolcheck.py \
 	python/vmmrt/torch/bench/progress.py \
 	python/vmmrt/torch/bench/report.py \
 	python/vmmrt/torch/bench/shapes.py \
@@ -115,6 +116,8 @@ vmmrt_py_tests = \
 	python/tests/test_one_validator.py \
 	python/tests/test_install.py \
 	python/tests/gpu_probe_compile.py \
+	python/tests/gpu_probe_graph_memory.py \
+	python/tests/gpu_probe_external_events.py \
 	python/tests/gpu_run.sh \
 	python/tests/gpu_env.sh \
 	python/tests/ddp_run.sh

@@ -105,6 +105,15 @@
 #   one-time       --one-time on launch and llama: the device memory a fresh
 #                  process keeps of each kind of step, stage by stage
 #                  ([memory-plan]: the set_to_none loop's base)        ~2 min (an estimate)
+#   poolcheck      bench.poolcheck on 2 Llama layers and 1 long-context one:
+#                  eager checkpointing's backward against the recompute-all
+#                  plan's graphs' pool, block by block ([planner]: the
+#                  smallest plan's excess over ckpt's peak) ~2 min (an estimate)
+#   probes         tests/gpu_probe_graph_memory.py (what an executable graph
+#                  and the process's first capture hold on the device) and
+#                  tests/gpu_probe_external_events.py (a captured graph that
+#                  waits on and records events outside it: per-tensor copies
+#                  inside a layer's graphs, sub-layer banks)  ~1 min (an estimate)
 #   The fronts, one group per command, each with GPU_RUN_NO_PYTEST=1:
 #     bash .gpu/on-device.sh 'GPU_RUN_NO_PYTEST=1 bash python/tests/gpu_run.sh front-launch front-llama'
 #   (~6 min; front-smoke first where the time allows), then front-encoder;
@@ -276,6 +285,18 @@ for part in "${parts[@]}"; do
 	one-time) step one-time 240 "$py" -m vmmrt.torch.bench --one-time --shape launch,llama --optimizer fused \
 		--json "$out/one-time.json" || true
 		[ -f "$out/one-time.log" ] && grep -E "^  (torch|vmmrt|libvmmrt|one eager)" "$out/one-time.log" | tee -a "$summary" ;;
+	poolcheck)
+		for sl in llama:2 long:1; do
+			step "poolcheck-${sl%%:*}" 150 "$py" -m vmmrt.torch.bench.poolcheck --shape "${sl%%:*}" --layers "${sl#*:}" \
+				--json "$out/poolcheck-${sl%%:*}.json" || true
+			[ -f "$out/poolcheck-${sl%%:*}.log" ] && grep -E "^(eager|vmmrt)" "$out/poolcheck-${sl%%:*}.log" |
+				cut -c1-400 | tee -a "$summary"
+		done ;;
+	probes)
+		for pr in graph_memory external_events; do
+			step "probe-$pr" 60 "$py" "$tree/python/tests/gpu_probe_$pr.py" || true
+			[ -f "$out/probe-$pr.log" ] && tee -a "$summary" < "$out/probe-$pr.log"
+		done ;;
 	defer-ab)
 		for sl in "launch:vmmrt none" "launch:vmmrt recompute all" "llama:vmmrt none"; do
 			for d in True False; do
@@ -315,7 +336,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		--front-only "eager,ckpt 4,graphs,graphs+ckpt 4,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
 		--front-budgets-at "ckpt 4,graphs+ckpt 4" ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch launch-ab one-time, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch launch-ab one-time poolcheck probes, or all)" ;;
 	esac
 	pack
 done

@@ -1472,3 +1472,30 @@ def test_fresh_loops_runs_each_later_loop_in_a_process_of_its_own(tmp_path, capf
         with pytest.raises(SystemExit):
             bench.parse(bad)
         assert "--fresh-loops goes with --front and --loop both" in capfd.readouterr().err
+
+
+def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
+    from vmmrt.torch.bench import poolcheck
+
+    def alloc(a, n):
+        return {"action": "alloc", "addr": a, "size": n}
+
+    def free(a, n):
+        return [{"action": "free_requested", "addr": a, "size": n}, {"action": "free_completed", "addr": a, "size": n}]
+    def events(x):
+        # a 10 and a 20 alive together; the 10's bytes freed before a 5 takes them; the 20 freed before
+        # an x is born; a block out of [lo, hi) not counted
+        return [alloc(100, 10), alloc(200, 20)] + free(100, 10) + [alloc(100, 5)] + free(200, 20) + \
+            [alloc(300, x), alloc(9000, 999)]
+    top, at, live = poolcheck.alive_at_peak(events(24), 0, 1000)
+    assert (top, at) == (30, 1) and sorted((a, n) for a, n, _, _ in live) == [(100, 10), (200, 20)]
+    assert poolcheck.by_size(live) == [(20, 1), (10, 1)]
+    top, at, live = poolcheck.alive_at_peak(events(30), 0, 1000)
+    assert (top, at) == (35, 7) and sorted(n for _, n, _, _ in live) == [5, 30]
+    # a block freed whose birth the history missed is in use for good (poolplan.block_lives)
+    before = [{"action": "free_requested", "addr": 50, "size": 8}, {"action": "free_completed", "addr": 50, "size": 8}]
+    top, _, live = poolcheck.alive_at_peak(before + events(24), 0, 1000)
+    assert top == 38 and sorted(n for _, n, _, _ in live) == [8, 10, 20]
+    assert poolcheck.describe(3 << 20, [(0, 1 << 20, 0, None)] * 3) == "3 MiB alive at once: 3 x 1.0"
+    assert poolcheck.alive_at_peak([], 0, 1000) == (0, None, [])
+    assert poolcheck.by_size([(0, 4, 0, None), (8, 4, 1, None), (16, 10, 2, None)]) == [(10, 1), (4, 2)]

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""What the graphs' pool holds at its busiest moment, against eager
+checkpointing's backward, block by block:
+
+    python3 -m vmmrt.torch.bench.poolcheck --shape llama --layers 2
+
+Every layer recomputed, vmmrt.torch's pool is the largest part of the
+step's memory plan, and it is where the smallest plan misses checkpointing
+every layer's peak (README, thirtieth session: on 8 Llama-3-8B layers 1272
+MiB at the first layer's backward, where eager checkpointing's whole
+working set beside the gradients is ~960). This builds the first
+``--layers`` layers of a shape (:mod:`shapes`), runs their forward under
+torch.utils.checkpoint and then the backward with PyTorch's memory history
+on, then makes them vmmrt.torch's graphed callables recomputing every
+layer (``mode="auto"``, the memory plan on), whose captures record the
+same history (vmmrt.torch.graphpool). For each it prints the most bytes
+alive at once (:func:`alive_at_peak`, from poolplan.block_lives: the
+caching allocator's own rule for when a block's bytes may be handed out
+again) and the blocks alive then by size (:func:`by_size`): a size the
+pool holds more of than eager's backward is what to look for. CUDA only.
+"""
+import argparse
+import collections
+import json
+import sys
+
+from vmmrt.torch import poolplan
+
+MiB = float(1 << 20)
+
+
+def alive_at_peak(events, lo=0, hi=1 << 62):
+    """(bytes, event index, blocks) at the moment the most bytes of the
+    blocks in [lo, hi) are alive at once: the blocks are
+    poolplan.block_lives' (address, bytes, birth, death): one never freed,
+    or freed with its birth before the history, alive from its birth (or
+    the history's start) on. Each event is one birth or one death, so
+    none shares a moment with another."""
+    blocks = poolplan.block_lives(events, lo, hi)
+    ev = []
+    for _, n, b, d in blocks:
+        ev.append((max(b, 0), n))
+        if d is not poolplan.FOREVER and b >= 0:
+            ev.append((d, -n))
+    ev.sort()
+    cur = top = 0
+    at = None
+    for t, n in ev:
+        cur += n
+        if cur > top:
+            top, at = cur, t
+    if at is None:
+        return 0, None, []
+    live = [blk for blk in blocks if max(blk[2], 0) <= at and (blk[3] is poolplan.FOREVER or blk[3] > at)]
+    return top, at, live
+
+
+def by_size(blocks):
+    """[(bytes of one block, how many)] of ``blocks``, the most bytes in all first."""
+    c = collections.Counter(n for _, n, _, _ in blocks)
+    return sorted(c.items(), key=lambda kv: (-kv[0] * kv[1], -kv[0]))
+
+
+def _where(events, blocks):
+    """{block bytes: the first vmmrt or bench frame of the first such block's birth}."""
+    out = {}
+    for _, n, b, _ in blocks:
+        if n in out or b < 0:
+            continue
+        fr = [f for f in events[b].get("frames", ()) if "vmmrt" in f.get("filename", "")]
+        out[n] = "%s:%s" % (fr[0]["filename"].rsplit("/", 1)[-1], fr[0]["line"]) if fr else ""
+    return out
+
+
+def describe(top, blocks, events=None, most=12):
+    where = _where(events, blocks) if events is not None else {}
+    parts = ["%d x %.1f%s" % (k, n / MiB, " (%s)" % where[n] if where.get(n) else "") for n, k in by_size(blocks)[:most]]
+    return "%.0f MiB alive at once: %s" % (top / MiB, ", ".join(parts) or "nothing")
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python3 -m vmmrt.torch.bench.poolcheck", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", default="llama")
+    p.add_argument("--layers", type=int, default=2, help="the shape's first N layers")
+    p.add_argument("--attention", choices=("auto", "flash", "math"), default="auto")
+    p.add_argument("--json", metavar="PATH")
+    return p
+
+
+def main(argv=None):
+    a = _parser().parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("poolcheck: CUDA only (the graphs' pool and PyTorch's memory history are the device's)")
+        return 77
+    import vmmrt.torch as vt
+    from vmmrt.torch.bench import llama, loops, shapes
+    if a.shape not in shapes.SHAPES:
+        raise SystemExit("unknown shape %r; shapes are %s" % (a.shape, ", ".join(shapes.SHAPES)))
+    s0 = shapes.SHAPES[a.shape]
+    if not 1 <= a.layers <= s0.layers:
+        raise SystemExit("--layers %d: the %s shape has 1 to %d" % (a.layers, a.shape, s0.layers))
+    sh = s0.shape
+    spec = shapes.Spec(s0.name, s0.kind, a.layers, s0.title, sh.hidden, sh.ffn, sh.heads, sh.kv_heads, sh.seq,
+                       sh.batch)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    layers, dims = shapes.build(spec, dev, dt, a.attention)
+    params = [p for m in layers for p in m.parameters() if p.requires_grad]
+    x = torch.randn(*dims, device=dev, dtype=dt, requires_grad=True)
+    gy = torch.randn_like(x)
+    out = {"shape": a.shape, "layers": a.layers}
+    with llama.attention_backend(a.attention):
+        def forward():
+            h = x
+            for m in layers:
+                h = torch.utils.checkpoint.checkpoint(m, h, use_reentrant=False)
+            return h
+        for _ in range(2):
+            forward().backward(gy)
+            for p in params:
+                p.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        h = forward()
+        torch.cuda.synchronize()
+        a0 = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+        try:
+            h.backward(gy)
+            del h
+            torch.cuda.synchronize()
+            events = torch.cuda.memory._snapshot()["device_traces"][dev.index or 0]
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        grads = sum(p.numel() * p.element_size() for p in params)
+        out["eager_backward_peak"] = torch.cuda.max_memory_allocated() - a0
+        top, _, live = alive_at_peak(events)
+        out["eager_alive"], out["eager_by_size"] = top, by_size(live)
+        print("eager checkpointing, %d %s layers, backward: %.0f MiB allocated at most over the forward's end "
+              "(the gradients %.0f of it); its history: %s" % (
+                  a.layers, a.shape, out["eager_backward_peak"] / MiB, grads / MiB, describe(top, live, events)),
+              flush=True)
+        for p in params:
+            p.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        reserve, step = loops.optimizer_memory(params, "fused")
+        samples = tuple((torch.randn(*dims, device=dev, dtype=dt, requires_grad=True),) for _ in layers)
+        mods = vt.make_graphed_callables(tuple(layers), samples, mode="auto", memory_budget=vt.Budget(
+            layers=["recompute"] * a.layers, reserve=reserve, step=step, loop="set_to_none"))
+        off = vt.offload_of(mods[0])
+        try:
+            gp = off.graph_pool
+            evs = getattr(gp, "_events_kept", None) if gp is not None else None
+            if not evs:
+                print("vmmrt recompute all: no memory history of the captures (%s)"
+                      % (getattr(gp, "place_why_not", None) or "no graphs' pool of the library's"), flush=True)
+            else:
+                top, at, live = alive_at_peak(evs, gp.backing.address, gp.backing.address + gp.backing.nbytes)
+                inside = [u for u, b, e in gp.marks if at is not None and b <= at < e]
+                out["pool_bytes"], out["pool_alive"], out["pool_by_size"] = gp.backing.nbytes, top, by_size(live)
+                out["pool_busiest_capture"] = [list(u) for u in inside]
+                print("vmmrt recompute all (%s): the graphs' pool %.0f MiB; %s; in the capture of %s" % (
+                    off.plan.mode, gp.backing.nbytes / MiB, describe(top, live, evs),
+                    ", ".join("%s's %s" % (u[0], "backward" if u[1] else "forward") for u in inside) or "?"),
+                    flush=True)
+            print(off.describe(), flush=True)
+        finally:
+            off.close()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
