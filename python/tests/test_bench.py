@@ -1499,3 +1499,7 @@ def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     assert poolcheck.describe(3 << 20, [(0, 1 << 20, 0, None)] * 3) == "3 MiB alive at once: 3 x 1.0"
     assert poolcheck.alive_at_peak([], 0, 1000) == (0, None, [])
     assert poolcheck.by_size([(0, 4, 0, None), (8, 4, 1, None), (16, 10, 2, None)]) == [(10, 1), (4, 2)]
+    # what it is asked is checked before anything is built (with or without a GPU)
+    for bad in (["--shape", "nope"], ["--layers", "0"], ["--shape", "long", "--layers", "5"]):
+        with pytest.raises(SystemExit, match="unknown shape|--layers"):
+            poolcheck.main(bad)

@@ -91,16 +91,16 @@ def _parser():
 def main(argv=None):
     a = _parser().parse_args(argv)
     import torch
-    if not torch.cuda.is_available():
-        print("poolcheck: CUDA only (the graphs' pool and PyTorch's memory history are the device's)")
-        return 77
-    import vmmrt.torch as vt
     from vmmrt.torch.bench import llama, loops, shapes
     if a.shape not in shapes.SHAPES:
         raise SystemExit("unknown shape %r; shapes are %s" % (a.shape, ", ".join(shapes.SHAPES)))
     s0 = shapes.SHAPES[a.shape]
     if not 1 <= a.layers <= s0.layers:
         raise SystemExit("--layers %d: the %s shape has 1 to %d" % (a.layers, a.shape, s0.layers))
+    if not torch.cuda.is_available():
+        print("poolcheck: CUDA only (the graphs' pool and PyTorch's memory history are the device's)")
+        return 77
+    import vmmrt.torch as vt
     sh = s0.shape
     spec = shapes.Spec(s0.name, s0.kind, a.layers, s0.title, sh.hidden, sh.ffn, sh.heads, sh.kv_heads, sh.seq,
                        sh.batch)
