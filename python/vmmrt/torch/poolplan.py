@@ -191,6 +191,13 @@ def check(ms: Sequence[int], table: Sequence[int]) -> None:
 def live_peak(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
     """The most bytes of ``blocks`` alive at once (one in use for good: from
     its birth on)."""
+    return peak_moment(blocks)[0]
+
+
+def peak_moment(blocks: Sequence[tuple[int, int, int, int | None]]) -> tuple[int, int | None]:
+    """(the most bytes of ``blocks`` alive at once, the event it is first
+    reached at; None where nothing is ever alive). Each event is one birth
+    or one death, so none shares a moment with another."""
     ev = []
     for _, n, b, d in blocks:
         ev.append((max(b, 0), n))
@@ -198,10 +205,12 @@ def live_peak(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
             ev.append((d, -n))
     ev.sort()
     cur = top = 0
-    for _, dn in ev:
+    at = None
+    for t, dn in ev:
         cur += dn
-        top = max(top, cur)
-    return top
+        if cur > top:
+            top, at = cur, t
+    return top, at
 
 
 def never_freed(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:

@@ -31,24 +31,12 @@ MiB = float(1 << 20)
 
 def alive_at_peak(events, lo=0, hi=1 << 62):
     """(bytes, event index, blocks) at the moment the most bytes of the
-    blocks in [lo, hi) are alive at once: the blocks are
+    blocks in [lo, hi) are alive at once (poolplan.peak_moment over
     poolplan.block_lives' (address, bytes, birth, death): one never freed,
-    or freed with its birth before the history, alive from its birth (or
-    the history's start) on. Each event is one birth or one death, so
-    none shares a moment with another."""
+    or freed with its birth before the history, alive from its birth, or
+    the history's start, on)."""
     blocks = poolplan.block_lives(events, lo, hi)
-    ev = []
-    for _, n, b, d in blocks:
-        ev.append((max(b, 0), n))
-        if d is not poolplan.FOREVER and b >= 0:
-            ev.append((d, -n))
-    ev.sort()
-    cur = top = 0
-    at = None
-    for t, n in ev:
-        cur += n
-        if cur > top:
-            top, at = cur, t
+    top, at = poolplan.peak_moment(blocks)
     if at is None:
         return 0, None, []
     live = [blk for blk in blocks if max(blk[2], 0) <= at and (blk[3] is poolplan.FOREVER or blk[3] > at)]
