@@ -262,6 +262,52 @@ def test_mode_auto_builds_a_recomputed_plan_in_mode_none():
         off.close()
 
 
+def test_every_attribute_of_a_layer_is_discovery_or_its_runtimes():
+    # planner.adopt() carries LayerOffload.DISCOVERED over: an attribute in
+    # neither list would be dropped at adoption or carried unexamined
+    off = vt.Offload(mode="pingpong", device="cpu")
+    try:
+        lay = off.layer("a", static=[])
+        found, disc, own = set(vars(lay)), set(lay.DISCOVERED), set(lay.OWN)
+        assert not disc & own
+        assert found == disc | own, "classify these in LayerOffload: %s" % sorted(found ^ (disc | own))
+    finally:
+        off.close()
+
+
+def test_adopting_a_layer_carries_all_that_discovery_learned():
+    # mode="auto": a layer discovered under ping-pong, then its plan's
+    # runtime (mode none): what discovery saw of its outputs and backward
+    # must come with it (on the H100, adopt once dropped out_births: the
+    # outputs were then born in the graphs' pool, 248 MiB more on 8 Llama
+    # layers, and the predicted peak never knew)
+    from vmmrt.torch import planner
+
+    class Runner:
+        pass
+    off = vt.Offload(mode="pingpong", device="cpu")
+    runners, marks = [], {}
+    for name in ("a", "b"):
+        r = Runner()
+        r.layer = off.layer(name, static=[])
+        for k in r.layer.DISCOVERED:
+            marks[name, k] = object()
+            setattr(r.layer, k, marks[name, k])
+        runners.append(r)
+    uses = [(False, r) for r in runners] + [(True, r) for r in reversed(runners)]
+    plan = budget.evaluate([LayerCost("a", 1, 1, [100]), LayerCost("b", 1, 1, [100])], ["recompute"] * 2,
+                           mode="none")
+    new = planner.adopt(off, plan, runners, uses)
+    try:
+        assert new is not off and new.mode == "none"
+        for r, name in zip(runners, ("a", "b")):
+            assert r.layer.offload is new and r.layer.name == name
+            missing = [k for k in r.layer.DISCOVERED if getattr(r.layer, k) is not marks[name, k]]
+            assert not missing, "not carried: %s" % missing
+    finally:
+        new.close()
+
+
 def test_a_layers_working_set_is_the_larger_of_its_forward_and_backward():
     # the pool holds what one pass allocates at a time, not both passes' sum
     for fwd, bwd in ((30, 70), (70, 30)):

@@ -217,6 +217,27 @@ class LayerOffload:
         self.backward_once = True
         self.compiled = False       # torch.compile'd: its saved tensors are reached after the forward (_compiled.py)
 
+    # What discovery learned of the layer (the warm-up passes, and what
+    # graphed.py adds before allocation): planner.adopt() moves a discovered
+    # layer to a runtime of another mode with all of it. The rest is its
+    # runtime's (OWN), or made at allocation or capture, after adopt().
+    # Every attribute is in one of the two (tested): one left out of both
+    # was how adopt() once dropped the outputs' births and the backward's
+    # timelines, so an adopted plan's outputs were born in the graphs'
+    # pool instead of their slot (H100, 8 Llama layers recomputed in mode
+    # none: the pool 1520 MiB against 1272 built in mode none directly).
+    DISCOVERED = ("static", "plan", "births", "passes", "fwd_ms", "bwd_ms", "times_from", "warmup_ms",
+                  "fwd_work", "bwd_work", "timeline", "timeline_acc", "input_bytes", "out_births", "recompute",
+                  "backward_once", "compiled")
+    OWN = ("offload", "name", "keys", "group", "_restored", "_bwd_capture", "last_rec", "reuse", "reuse_acc",
+           "resident", "input_at", "input_descs", "input_addrs", "outputs", "grads")
+
+    def carry_discovery(self, old):
+        """Take what discovery learned of ``old`` (the same layer, discovered
+        under another runtime, not allocated)."""
+        for k in self.DISCOVERED:
+            setattr(self, k, getattr(old, k))
+
     def _where(self):
         return "layer %r" % self.name
 

@@ -746,14 +746,7 @@ def adopt(off, plan, runners, uses):
         new.copy_gbps, new.copy_contention, new.remap_ms = off.copy_gbps, off.copy_contention, off.remap_ms
         for r, old in zip(runners, olds):
             lay = new.layer(old.name)
-            lay.static = old.static
-            lay.plan, lay.births, lay.passes = old.plan, old.births, old.passes
-            lay.fwd_ms, lay.bwd_ms, lay.recompute = old.fwd_ms, old.bwd_ms, old.recompute
-            lay.times_from, lay.warmup_ms = old.times_from, old.warmup_ms
-            lay.compiled = old.compiled
-            lay.backward_once = old.backward_once
-            lay.fwd_work, lay.bwd_work = old.fwd_work, old.bwd_work
-            lay.input_bytes = old.input_bytes
+            lay.carry_discovery(old)
             r.layer = lay
         new.loop = off.loop
         new.set_order([(r.layer, b) for b, r in uses])
