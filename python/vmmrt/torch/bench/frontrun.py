@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -542,6 +543,8 @@ class Front:
                       memory=row.get("memory"))
         except Exception as e:  # a point that fails is reported, the others still run
             pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
+            # where it failed, on stderr: the table keeps the one line
+            traceback.print_exc(file=sys.stderr)
             grads = None
             if self.cuda:
                 # torch's graphs of Megatron's checkpointed layers fail inside
