@@ -31,6 +31,13 @@ cs, s = torch.cuda.Stream(), torch.cuda.Stream()
 
 def make(wait, record):
     loaded, consumed = torch.cuda.Event(external=True), torch.cuda.Event(external=True)
+    # torch creates a CUDA event at its first record: waiting on one never
+    # recorded does nothing, so a capture would hold no wait node at all
+    # (the probe's first run, H100: every replay read the buffer before
+    # the copy, in each of the three graphs)
+    loaded.record(cs)
+    consumed.record(s)
+    torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.graph(g, stream=s):

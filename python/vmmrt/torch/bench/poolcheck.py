@@ -152,7 +152,9 @@ def main(argv=None):
                 out["pool_busiest_capture"] = [list(u) for u in inside]
                 print("vmmrt recompute all (%s): the graphs' pool %.0f MiB; %s; in the capture of %s" % (
                     off.plan.mode, gp.backing.nbytes / MiB, describe(top, live, evs),
-                    ", ".join("%s's %s" % (u[0], "backward" if u[1] else "forward") for u in inside) or "?"),
+                    ", ".join("%s's %s" % (u[0], "backward" if u[1] else "forward") for u in inside)
+                    or ("? (no capture spans it)" if gp.marks else
+                        "? (one pool for every capture: the captures' spans are marked per use only)")),
                     flush=True)
             print(off.describe(), flush=True)
         finally:
