@@ -1499,6 +1499,16 @@ def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     assert poolcheck.describe(3 << 20, [(0, 1 << 20, 0, None)] * 3) == "3 MiB alive at once: 3 x 1.0"
     assert poolcheck.alive_at_peak([], 0, 1000) == (0, None, [])
     assert poolcheck.by_size([(0, 4, 0, None), (8, 4, 1, None), (16, 10, 2, None)]) == [(10, 1), (4, 2)]
+    # per capture (graphpool marks each use's span with DIAGNOSE): a block born before the span
+    # counts from its start, one freed after it to its end
+    ev = events(24)
+    caps = poolcheck.capture_peaks(ev, [(("a", False), 0, 4), (("a", True), 4, 8)], 0, 1000)
+    assert [(u, n) for u, n, _ in caps] == [(("a", False), 30), (("a", True), 29)]
+    assert sorted(n for _, n, _, _ in caps[1][2]) == [5, 24]
+    # each size named by the first frame of vmmrt's code at its block's birth
+    ev[7]["frames"] = [{"filename": "/x/torch/nn/functional.py", "line": 9},
+                       {"filename": "/x/vmmrt/torch/bench/llama.py", "line": 42}]
+    assert poolcheck.describe(29 << 20, caps[1][2], ev).endswith("1 x 0.0 (llama.py:42), 1 x 0.0")
     # what it is asked is checked before anything is built (with or without a GPU)
     for bad in (["--shape", "nope"], ["--layers", "0"], ["--shape", "long", "--layers", "5"]):
         with pytest.raises(SystemExit, match="unknown shape|--layers"):

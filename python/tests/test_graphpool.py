@@ -406,3 +406,22 @@ def test_one_pool_marks_no_use_and_reads_no_history():
     gp.per_use = True
     gp._events = lambda: [{}] * 5
     assert gp.mark(("0", False)) == 5 and gp.mark(("0", False), 2) == 5 and gp.marks == [(("0", False), 2, 5)]
+
+
+def test_a_diagnosis_marks_every_use_with_one_pool_too(monkeypatch):
+    # bench.poolcheck sets graphpool.DIAGNOSE: each capture's span of the
+    # history is marked (one pool marks none otherwise: two snapshots a use)
+    from vmmrt.torch import graphpool
+
+    class Pool:
+        _tracing, per_use = True, False
+
+    p = Pool()
+    p.marks = []
+    p._events = lambda: [{}] * 5
+    assert graphpool.GraphPool.mark(p, ("a", False)) is None and p.marks == []
+    monkeypatch.setattr(graphpool, "DIAGNOSE", True)
+    first = graphpool.GraphPool.mark(p, ("a", False))
+    p._events = lambda: [{}] * 9
+    graphpool.GraphPool.mark(p, ("a", False), first)
+    assert first == 5 and p.marks == [(("a", False), 5, 9)]

@@ -200,12 +200,21 @@ def _history_why_not() -> str | None:
     return None
 
 
+# The captures' history as a diagnosis wants it (vmmrt.torch.bench.poolcheck
+# sets it): every block's birth with its Python frames, and every use's
+# span of events marked with one pool too. It costs a stack per
+# allocation and two snapshots of the history per use, so builds leave it off.
+DIAGNOSE = False
+
+
 def _history_on() -> None:
     """PyTorch's memory history on, from an empty trace where it can clear one."""
+    context = "alloc" if DIAGNOSE else None
     try:
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", clear_history=True)
+        torch.cuda.memory._record_memory_history(enabled="all", context=context, stacks="python",
+                                                 clear_history=True)
     except TypeError:       # (a PyTorch without clear_history)
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+        torch.cuda.memory._record_memory_history(enabled="all", context=context, stacks="python")
 
 
 def capture_stream(stream: Any) -> Any:
@@ -330,9 +339,10 @@ class GraphPool:
         """Where the history stands: called before a use's captures (returns
         the event count), and after them with that count (``first``), which
         records the use's span of events (vmmrt.torch.poolplan's marks).
-        Per use only: one pool places no parts, and each mark reads the
-        whole history so far (two full snapshots a use)."""
-        if not self._tracing or not self.per_use:
+        Per use only (or with :data:`DIAGNOSE`): one pool places no parts,
+        and each mark reads the whole history so far (two full snapshots a
+        use)."""
+        if not self._tracing or not (self.per_use or DIAGNOSE):
             return None
         n = len(self._events())
         if first is not None:

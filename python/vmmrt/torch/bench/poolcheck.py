@@ -43,6 +43,24 @@ def alive_at_peak(events, lo=0, hi=1 << 62):
     return top, at, live
 
 
+def capture_peaks(events, marks, lo=0, hi=1 << 62):
+    """[(use, bytes, blocks)] per marked capture (graphpool.GraphPool.marks:
+    (use, first event, end event)): the most bytes of the blocks in [lo, hi)
+    alive at once within its span, a block born before it counted from its
+    start and one freed after it alive to its end, and the blocks alive
+    then: what each capture asks of the one pool, beside what the ones
+    before it left."""
+    blocks = poolplan.block_lives(events, lo, hi)
+    out = []
+    for use, b, e in marks:
+        win = [(a, n, max(bb, b, 0), poolplan.FOREVER if d is poolplan.FOREVER or d >= e else d)
+               for a, n, bb, d in blocks if bb < e and (d is poolplan.FOREVER or d > b)]
+        top, at = poolplan.peak_moment(win)
+        live = [w for w in win if at is not None and w[2] <= at and (w[3] is poolplan.FOREVER or w[3] > at)]
+        out.append((use, top, live))
+    return out
+
+
 def by_size(blocks):
     """[(bytes of one block, how many)] of ``blocks``, the most bytes in all first."""
     c = collections.Counter(n for _, n, _, _ in blocks)
@@ -114,7 +132,7 @@ def main(argv=None):
         torch.cuda.synchronize()
         a0 = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+        torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python")
         try:
             h.backward(gy)
             del h
@@ -135,6 +153,8 @@ def main(argv=None):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         reserve, step = loops.optimizer_memory(params, "fused")
+        from vmmrt.torch import graphpool
+        graphpool.DIAGNOSE = True       # each block's frames, each capture's span
         samples = tuple((torch.randn(*dims, device=dev, dtype=dt, requires_grad=True),) for _ in layers)
         mods = vt.make_graphed_callables(tuple(layers), samples, mode="auto", memory_budget=vt.Budget(
             layers=["recompute"] * a.layers, reserve=reserve, step=step, loop="set_to_none"))
@@ -156,6 +176,11 @@ def main(argv=None):
                     or ("? (no capture spans it)" if gp.marks else
                         "? (one pool for every capture: the captures' spans are marked per use only)")),
                     flush=True)
+                caps = capture_peaks(evs, gp.marks, gp.backing.address, gp.backing.address + gp.backing.nbytes)
+                out["pool_captures"] = [[list(u), n, by_size(live)] for u, n, live in caps]
+                for u, n, live in caps:
+                    print("  %s's %s: %s" % (u[0], "backward" if u[1] else "forward",
+                                            describe(n, live, evs, most=8)), flush=True)
             print(off.describe(), flush=True)
         finally:
             off.close()
