@@ -249,10 +249,17 @@ def test_mode_auto_builds_a_recomputed_plan_in_mode_none():
         assert off.mode == "none" and off.plan.mode == "none" and off.plan.bank_bytes == 0
         assert off.plan.counts()["recompute"] == 3 and all(lay.offload is off for lay in off.layers)
         assert [a[0] for a in off.plan.alternatives] == ["pingpong"]
-        # discovery's view of each layer came along to the plan's runtime:
-        # its outputs' births (their slot) and its backward's timelines
-        assert all(lay.out_births and lay.timeline is not None and lay.timeline_acc is not None
-                   for lay in off.layers)
+        # discovery's view of each layer came along to the plan's runtime,
+        # as a build in mode none has it: its outputs' births (their slot)
+        # and its backward's timelines (where this torch gives them)
+        def seen(o):
+            return [(len(lay.out_births), lay.timeline is None, lay.timeline_acc is None) for lay in o.layers]
+        direct = vt.offload_of(_build(_pair(3, seed=4)[1], mode="none",
+                                      memory_budget=Budget(layers=["recompute"] * 3))[0])
+        try:
+            assert seen(off) == seen(direct)
+        finally:
+            direct.close()
         _against_checkpoint(ref, fs, mine)
         assert off.stats()["bytes_offloaded"] == 0
     finally:
