@@ -99,6 +99,12 @@
 #                  long-context shape (4 layers, seq 32768, 3 iterations),
 #                  budgets at checkpointing every layer's and graphs of
 #                  checkpointed layers' peaks      ~5 min / ~7 min (estimates)
+#   smallest       checkpointing every layer against the smallest plan
+#                  (vmmrt recompute all), both loops, AdamW fused, on launch,
+#                  llama and long, a two-point front each: where [planner]'s
+#                  smallest plan stands, each shape in a process of its
+#                  own (only the eager checkpointing before it, no graphed
+#                  point's memory beside it)             ~6 min (an estimate)
 #   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
 #                  callables and vmmrt none alternated, the launch
 #                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
@@ -335,8 +341,14 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	at-long) front at-long 420 --shape long --loop both --optimizer fused --front-ks 2 --iterations 3 \
 		--front-only "eager,ckpt 4,graphs,graphs+ckpt 4,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
 		--front-budgets-at "ckpt 4,graphs+ckpt 4" ;;
+	smallest)
+		for sk in launch:16:5 llama:8:5 long:4:3; do
+			IFS=: read -r shape k iters <<<"$sk"
+			front "smallest-$shape" 300 --shape "$shape" --loop both --optimizer fused --front-ks 2 \
+				--front-budgets 0 --iterations "$iters" --front-only "ckpt $k,vmmrt recompute all"
+		done ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch launch-ab one-time poolcheck probes, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch smallest launch-ab one-time poolcheck probes, or all)" ;;
 	esac
 	pack
 done
