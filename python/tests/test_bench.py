@@ -1348,6 +1348,8 @@ def test_front_compares_points_run_before_the_reference_once_it_has_run(monkeypa
     assert pts["graphs"]["grads_text"].startswith("reference")
     pts = front("broken")
     assert "error" in pts["broken"] and "grads_ok" not in pts["eager"]
+    # where it failed comes with it (a device run sends back its JSON)
+    assert "in measure" in pts["broken"]["traceback"] and "capture failed" in pts["broken"]["traceback"]
     assert pts["eager"]["grads_text"] == "not compared (the reference did not run)"
 
 

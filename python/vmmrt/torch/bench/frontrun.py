@@ -542,9 +542,10 @@ class Front:
                       optimizer_memory=row.get("optimizer_memory"), pages=row.get("pages"),
                       memory=row.get("memory"))
         except Exception as e:  # a point that fails is reported, the others still run
-            pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None)
-            # where it failed, on stderr: the table keeps the one line
-            traceback.print_exc(file=sys.stderr)
+            # where it failed, in the JSON and on stderr: the table keeps the one line
+            pt.update(error="%s: %s" % (type(e).__name__, e), step_ms=float("nan"), peak=None,
+                      traceback=traceback.format_exc())
+            sys.stderr.write(pt["traceback"])
             grads = None
             if self.cuda:
                 # torch's graphs of Megatron's checkpointed layers fail inside
