@@ -3,6 +3,7 @@
 training loops, the gradient comparison, and one whole run (--smoke) with its
 JSON. The numbers it reports on a GPU are only as good as these."""
 import json
+import re
 import threading
 import time
 import types
@@ -1029,7 +1030,10 @@ def test_front_budgets_at_pytorch_options_peaks(capsys):
                                                   ("budget 1200 MiB (graphs+ckpt 4's peak)", 1200 * MiB)]
     out = capsys.readouterr().out
     assert "eager: no peak measured; no budget at it" in out
-    assert "memory_budget=900 MiB (save_on_cpu's peak): no plan fits; not measured" in out
+    m = re.search(r"memory_budget=900 MiB \(save_on_cpu's peak\): no plan fits \(the smallest plan predicts "
+                  r"(\d+) MiB, (\d+) over\); not measured", out)
+    assert m and int(m.group(1)) == round(f.doc["smallest_plan_bytes"] / MiB)
+    assert int(m.group(2)) == int(m.group(1)) - 900
     assert f.doc["budgets"] == [1120 * MiB, 1200 * MiB, 900 * MiB]
     assert f.doc["budgets_at"] == ["ckpt 4", "graphs+ckpt 4", "save_on_cpu"]
     # without: spread from graphs' peak down to the smallest plan

@@ -721,8 +721,11 @@ class Front:
             try:
                 sig = sweep._sig(budget.search(costs, b, strategies=strategies, **inputs))
             except budget.BudgetError:
-                print("[front] memory_budget=%.0f MiB%s: no plan fits; not measured"
-                      % (b / MiB, " (%s's peak)" % name if name else ""), flush=True)
+                # by how much: the planner's distance to that level ([planner] asks
+                # for a plan at checkpointing every layer's peak)
+                print("[front] memory_budget=%.0f MiB%s: no plan fits (the smallest plan predicts %.0f MiB, "
+                      "%.0f over); not measured" % (b / MiB, " (%s's peak)" % name if name else "",
+                                                   smallest / MiB, (smallest - b) / MiB), flush=True)
                 continue
             label = ("budget %.0f MiB" if b >= 100 * MiB else "budget %.2f MiB") % (b / MiB) + (
                 " (%s's peak)" % name if name else "")
