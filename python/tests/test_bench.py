@@ -1146,11 +1146,12 @@ def test_front_point_line_checks_the_predicted_whole_step_peak():
     pt = {"label": "vmmrt recompute all", "option": "recompute", "build_s": 1.0, "step_ms": 2.0, "peak": 900 * MiB,
           "peak_abs": 1000 * MiB, "predicted_peak_bytes": 990 * MiB}
     line = f._line(1, 1, pt)
-    assert "predicted peak 990 MiB (-1.0 % of the measured)" in line
+    assert "predicted peak 990 MiB (-1.0 % of the measured, 1000 MiB in all)" in line
     pt["predicted_peak_bytes"] = 970 * MiB
-    assert "predicted peak 970 MiB (-3.0 % of the measured, off by more than 2 %)" in f._line(1, 1, pt)
+    assert "predicted peak 970 MiB (-3.0 % of the measured, 1000 MiB in all, off by more than 2 %)" \
+        in f._line(1, 1, pt)
     pt["predicted_peak_bytes"] = 1030 * MiB
-    assert "(+3.0 % of the measured, off by more than 2 %)" in f._line(1, 1, pt)
+    assert "(+3.0 % of the measured, 1000 MiB in all, off by more than 2 %)" in f._line(1, 1, pt)
     pt["option"] = "budget"
     assert "recompute all's excess reserved" in f._line(1, 1, pt)
     del pt["predicted_peak_bytes"]

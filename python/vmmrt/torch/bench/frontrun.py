@@ -370,8 +370,11 @@ def predicted_text(pt):
     # (a budget point's reserve holds what recompute all's peak measured
     # over its prediction: that point's error is the model's, the budgets'
     # are what is left of it)
-    return "predicted peak %.0f MiB (%+.1f %% of the measured%s%s)" % (
-        pred / MiB, 100 * off, "" if abs(off) <= TOLERANCE else ", off by more than %.0f %%" % (100 * TOLERANCE),
+    # (both counted as the device's used memory in all: the line's own peak
+    # is over the memory before the model, a different base)
+    return "predicted peak %.0f MiB (%+.1f %% of the measured, %.0f MiB in all%s%s)" % (
+        pred / MiB, 100 * off, got / MiB,
+        "" if abs(off) <= TOLERANCE else ", off by more than %.0f %%" % (100 * TOLERANCE),
         "; recompute all's excess reserved" if pt.get("option") == "budget" else "")
 
 
