@@ -35,12 +35,15 @@ def alive_at_peak(events, lo=0, hi=1 << 62):
     poolplan.block_lives' (address, bytes, birth, death): one never freed,
     or freed with its birth before the history, alive from its birth, or
     the history's start, on)."""
-    blocks = poolplan.block_lives(events, lo, hi)
+    return _peak(poolplan.block_lives(events, lo, hi))
+
+
+def _peak(blocks):
+    """(bytes, event, blocks alive then) of ``blocks`` at their busiest moment."""
     top, at = poolplan.peak_moment(blocks)
     if at is None:
         return 0, None, []
-    live = [blk for blk in blocks if max(blk[2], 0) <= at and (blk[3] is poolplan.FOREVER or blk[3] > at)]
-    return top, at, live
+    return top, at, [b for b in blocks if max(b[2], 0) <= at and (b[3] is poolplan.FOREVER or b[3] > at)]
 
 
 def capture_peaks(events, marks, lo=0, hi=1 << 62):
@@ -55,8 +58,7 @@ def capture_peaks(events, marks, lo=0, hi=1 << 62):
     for use, b, e in marks:
         win = [(a, n, max(bb, b, 0), poolplan.FOREVER if d is poolplan.FOREVER or d >= e else d)
                for a, n, bb, d in blocks if bb < e and (d is poolplan.FOREVER or d > b)]
-        top, at = poolplan.peak_moment(win)
-        live = [w for w in win if at is not None and w[2] <= at and (w[3] is poolplan.FOREVER or w[3] > at)]
+        top, _, live = _peak(win)
         out.append((use, top, live))
     return out
 
@@ -154,10 +156,13 @@ def main(argv=None):
         torch.cuda.empty_cache()
         reserve, step = loops.optimizer_memory(params, "fused")
         from vmmrt.torch import graphpool
-        graphpool.DIAGNOSE = True       # each block's frames, each capture's span
         samples = tuple((torch.randn(*dims, device=dev, dtype=dt, requires_grad=True),) for _ in layers)
-        mods = vt.make_graphed_callables(tuple(layers), samples, mode="auto", memory_budget=vt.Budget(
-            layers=["recompute"] * a.layers, reserve=reserve, step=step, loop="set_to_none"))
+        graphpool.DIAGNOSE = True       # each block's frames, each capture's span: this build only
+        try:
+            mods = vt.make_graphed_callables(tuple(layers), samples, mode="auto", memory_budget=vt.Budget(
+                layers=["recompute"] * a.layers, reserve=reserve, step=step, loop="set_to_none"))
+        finally:
+            graphpool.DIAGNOSE = False
         off = vt.offload_of(mods[0])
         try:
             gp = off.graph_pool
