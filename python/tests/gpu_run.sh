@@ -113,8 +113,10 @@
 #                  ([memory-plan]: the set_to_none loop's base)        ~2 min (an estimate)
 #   poolcheck      bench.poolcheck on 2 Llama layers and 1 long-context one:
 #                  eager checkpointing's backward against the recompute-all
-#                  plan's graphs' pool, block by block ([planner]: the
-#                  smallest plan's excess over ckpt's peak) ~2 min (an estimate)
+#                  plan's graphs' pool, block by block, and how each
+#                  capture's frees went; Llama again with PyTorch's
+#                  graph_capture_record_stream_reuse ([planner]: the
+#                  smallest plan's excess over ckpt's peak) ~1 min
 #   probes         tests/gpu_probe_graph_memory.py (what an executable graph
 #                  and the process's first capture hold on the device) and
 #                  tests/gpu_probe_external_events.py (a captured graph that
@@ -292,11 +294,14 @@ for part in "${parts[@]}"; do
 		--json "$out/one-time.json" || true
 		[ -f "$out/one-time.log" ] && grep -E "^  (torch|vmmrt|libvmmrt|one eager)" "$out/one-time.log" | tee -a "$summary" ;;
 	poolcheck)
-		for sl in llama:2 long:1; do
-			step "poolcheck-${sl%%:*}" 150 "$py" -m vmmrt.torch.bench.poolcheck --shape "${sl%%:*}" --layers "${sl#*:}" \
-				--json "$out/poolcheck-${sl%%:*}.json" || true
-			[ -f "$out/poolcheck-${sl%%:*}.log" ] && grep -E "^(eager|vmmrt)" "$out/poolcheck-${sl%%:*}.log" |
-				cut -c1-400 | tee -a "$summary"
+		# (llama-reuse: PyTorch's reuse inside a capture of blocks recorded on another stream)
+		for sl in llama:2 long:1 llama-reuse:2; do
+			name=poolcheck-${sl%%:*} shape=${sl%%:*} conf=()
+			[ "$shape" = llama-reuse ] && shape=llama conf=(PYTORCH_CUDA_ALLOC_CONF=graph_capture_record_stream_reuse:True)
+			step "$name" 150 env "${conf[@]}" "$py" -m vmmrt.torch.bench.poolcheck --shape "$shape" \
+				--layers "${sl#*:}" --json "$out/$name.json" --trace "$out/$name-trace.json.gz" || true
+			[ -f "$out/$name.log" ] && grep -E "^(eager|vmmrt)|frees|s (forward|backward): [0-9]+ at once" "$out/$name.log" |
+				cut -c1-400 | sed "s/^/$name: /" | tee -a "$summary"
 		done ;;
 	probes)
 		for pr in graph_memory external_events; do

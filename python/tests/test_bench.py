@@ -1481,6 +1481,34 @@ def test_fresh_loops_runs_each_later_loop_in_a_process_of_its_own(tmp_path, capf
         assert "--fresh-loops goes with --front and --loop both" in capfd.readouterr().err
 
 
+def test_poolcheck_tells_a_capture_s_frees_it_could_reuse_from_those_it_could_not():
+    # a free with no other stream's use completes at once; one recorded on another stream
+    # (record_stream) completes after the capture, or never in the history; an alloc at an
+    # address whose free was never seen is named too; blocks out of [lo, hi) are not counted
+    from vmmrt.torch.bench import poolcheck
+
+    def ev(action, a, n, stream=7):
+        return {"action": action, "addr": a, "size": n, "stream": stream}
+    events = [ev("alloc", 100, 10), ev("alloc", 200, 20), ev("alloc", 300, 30, stream=8),
+              ev("free_requested", 100, 10), ev("free_completed", 100, 10),         # at once
+              ev("free_requested", 200, 20), ev("alloc", 400, 4),                   # deferred
+              ev("free_requested", 300, 30),                                        # never completed
+              ev("alloc", 9000, 1), ev("free_requested", 9000, 1), ev("free_completed", 9000, 1),
+              ev("alloc", 500, 5), ev("alloc", 500, 6),                             # 500 given again unfreed
+              ev("free_completed", 200, 20)]                                        # index 13: after the span
+    marks = [(("a", True), 0, 13)]
+    (use, c, streams), = poolcheck.frees(events, marks, 0, 1000)
+    assert use == ("a", True)
+    assert c == {"at once": [1, 10], "later in the capture": [0, 0], "after the capture": [1, 20],
+                 "never": [1, 30], "given again unfreed": [1, 5]}
+    assert streams == {7, 8}
+    # completed before the span ends: later, but inside it
+    (_, c, _), = poolcheck.frees(events, [(("a", True), 0, 14)], 0, 1000)
+    assert c["later in the capture"] == [1, 20] and c["after the capture"] == [0, 0]
+    assert poolcheck.describe_frees(c).startswith("1 at once (0 MiB), 1 later in the capture (0 MiB)")
+    assert poolcheck.describe_frees({k: [0, 0] for k in poolcheck.FREE_KINDS}) == "no frees"
+
+
 def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     from vmmrt.torch.bench import poolcheck
 

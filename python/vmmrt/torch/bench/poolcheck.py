@@ -63,6 +63,75 @@ def capture_peaks(events, marks, lo=0, hi=1 << 62):
     return out
 
 
+FREE_KINDS = ("at once", "later in the capture", "after the capture", "never", "given again unfreed")
+
+
+def frees(events, marks, lo=0, hi=1 << 62):
+    """How the frees of each marked capture (graphpool.GraphPool.marks: (use,
+    first event, end event)) in [lo, hi) went by the memory history: a
+    block no other stream used completes its free at once (its
+    ``free_completed`` right after its ``free_requested``) and the capture
+    may hand its bytes out again; one recorded on another stream (a
+    ``record_stream``, or autograd's for a node whose stream is not the
+    capture's) completes only once PyTorch can query that stream's events,
+    which it cannot during a capture: "after the capture", or "never" by the
+    history's end, its bytes not reused meanwhile, and the pool grows by
+    them. "given again unfreed": an ``alloc`` at an address whose block the
+    history saw no free of (what poolplan.block_lives keeps in use for
+    good). Returns [(use, {kind: [count, bytes]}, streams)] per mark,
+    streams the allocating streams seen in its span."""
+    spans = [(use, b, e) for use, b, e in marks]
+
+    def mark_of(k):
+        for j, (_, b, e) in enumerate(spans):
+            if b <= k < e:
+                return j
+        return None
+    out = [(use, {kind: [0, 0] for kind in FREE_KINDS}, set()) for use, _, _ in spans]
+
+    def count(k, kind, n):
+        j = mark_of(k)
+        if j is not None:
+            out[j][1][kind][0] += 1
+            out[j][1][kind][1] += n
+    open_, pending = {}, {}
+    prev = None
+    for k, e in enumerate(events):
+        act, a, n = e.get("action"), e.get("addr", 0), e.get("size", 0)
+        requested, prev = prev, None
+        if act == "free_completed":
+            x = requested if requested in pending else a if a in pending else None
+            if x is not None:
+                r, m = pending.pop(x)
+                j = mark_of(r)
+                kind = "at once" if x == requested and r == k - 1 else \
+                    "later in the capture" if j is not None and k < spans[j][2] else "after the capture"
+                count(r, kind, m)
+            continue
+        if not lo <= a < hi:
+            continue
+        if act == "alloc":
+            if a in open_ or a in pending:
+                count(k, "given again unfreed", open_[a] if a in open_ else pending.pop(a)[1])
+            open_[a] = n
+            j = mark_of(k)
+            if j is not None:
+                out[j][2].add(e.get("stream"))
+        elif act == "free_requested":
+            open_.pop(a, None)
+            pending[a] = (k, n)
+            prev = a
+    for r, m in pending.values():
+        count(r, "never", m)
+    return out
+
+
+def describe_frees(counts):
+    """One line of :func:`frees`' counts of a capture."""
+    parts = ["%d %s (%.0f MiB)" % (c, kind, n / MiB) for kind, (c, n) in counts.items() if c]
+    return ", ".join(parts) or "no frees"
+
+
 def by_size(blocks):
     """[(bytes of one block, how many)] of ``blocks``, the most bytes in all first."""
     c = collections.Counter(n for _, n, _, _ in blocks)
@@ -93,7 +162,20 @@ def _parser():
     p.add_argument("--layers", type=int, default=2, help="the shape's first N layers")
     p.add_argument("--attention", choices=("auto", "flash", "math"), default="auto")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--trace", metavar="PATH", help="the captures' memory history (action, address, size, stream "
+                   "of every event; the pool's range and the captures' spans) as gzipped JSON, to read offline")
     return p
+
+
+def _dump_trace(path, events, gp):
+    import gzip
+    keep = ("action", "addr", "size", "stream")
+    doc = {"pool": [gp.backing.address, gp.backing.nbytes],
+           "marks": [[list(u), b, e] for u, b, e in gp.marks],
+           "events": [[e.get(k) for k in keep] for e in events], "fields": list(keep)}
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    print("the captures' memory history: %s (%d events)" % (path, len(events)), flush=True)
 
 
 def main(argv=None):
@@ -186,6 +268,16 @@ def main(argv=None):
                 for u, n, live in caps:
                     print("  %s's %s: %s" % (u[0], "backward" if u[1] else "forward",
                                             describe(n, live, evs, most=8)), flush=True)
+                fr = frees(evs, gp.marks, gp.backing.address, gp.backing.address + gp.backing.nbytes)
+                out["pool_frees"] = [[list(u), c, sorted(str(x) for x in st)] for u, c, st in fr]
+                print("  the captures' frees (at once: the capture may hand the bytes out again; after the capture "
+                      "or never: recorded on another stream, not reused in it):", flush=True)
+                for u, c, st in fr:
+                    print("  %s's %s: %s; allocating on %d stream%s" % (
+                        u[0], "backward" if u[1] else "forward", describe_frees(c), len(st),
+                        "" if len(st) == 1 else "s"), flush=True)
+                if a.trace:
+                    _dump_trace(a.trace, evs, gp)
             print(off.describe(), flush=True)
         finally:
             off.close()
