@@ -115,7 +115,8 @@
 #                  eager checkpointing's backward against the recompute-all
 #                  plan's graphs' pool, block by block, and how each
 #                  capture's frees went; Llama again with PyTorch's
-#                  graph_capture_record_stream_reuse ([planner]: the
+#                  graph_capture_record_stream_reuse, and mode none's pool
+#                  on 16 launch-bound layers ([planner]: the
 #                  smallest plan's excess over ckpt's peak) ~1 min
 #   probes         tests/gpu_probe_graph_memory.py (what an executable graph
 #                  and the process's first capture hold on the device) and
@@ -295,10 +296,12 @@ for part in "${parts[@]}"; do
 		[ -f "$out/one-time.log" ] && grep -E "^  (torch|vmmrt|libvmmrt|one eager)" "$out/one-time.log" | tee -a "$summary" ;;
 	poolcheck)
 		# (llama-reuse: PyTorch's reuse inside a capture of blocks recorded on another stream)
-		for sl in llama:2 long:1 llama-reuse:2; do
-			name=poolcheck-${sl%%:*} shape=${sl%%:*} conf=()
+		# (launch-none: mode none's pool on the launch-bound layers)
+		for sl in llama:2 long:1 llama-reuse:2 launch-none:16; do
+			name=poolcheck-${sl%%:*} shape=${sl%%:*} conf=() plan=recompute
 			[ "$shape" = llama-reuse ] && shape=llama conf=(PYTORCH_CUDA_ALLOC_CONF=graph_capture_record_stream_reuse:True)
-			step "$name" 150 env "${conf[@]}" "$py" -m vmmrt.torch.bench.poolcheck --shape "$shape" \
+			[ "$shape" = launch-none ] && shape=launch plan=none
+			step "$name" 150 env "${conf[@]}" "$py" -m vmmrt.torch.bench.poolcheck --shape "$shape" --plan "$plan" \
 				--layers "${sl#*:}" --json "$out/$name.json" --trace "$out/$name-trace.json.gz" || true
 			[ -f "$out/$name.log" ] && grep -E "^(eager|vmmrt)|frees|s (forward|backward): [0-9]+ at once" "$out/$name.log" |
 				cut -c1-400 | sed "s/^/$name: /" | tee -a "$summary"

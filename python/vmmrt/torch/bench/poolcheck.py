@@ -17,7 +17,11 @@ same history (vmmrt.torch.graphpool). For each it prints the most bytes
 alive at once (:func:`alive_at_peak`, from poolplan.block_lives: the
 caching allocator's own rule for when a block's bytes may be handed out
 again) and the blocks alive then by size (:func:`by_size`): a size the
-pool holds more of than eager's backward is what to look for. CUDA only.
+pool holds more of than eager's backward is what to look for. ``--plan
+none`` builds mode none instead (nothing moves: the pool that keeps mode
+none above eager's peak on the launch-bound layers). Each capture's frees
+are counted by how they went (:func:`frees`), and ``--trace`` keeps the
+captures' history to read offline. CUDA only.
 """
 import argparse
 import collections
@@ -161,6 +165,8 @@ def _parser():
     p.add_argument("--shape", default="llama")
     p.add_argument("--layers", type=int, default=2, help="the shape's first N layers")
     p.add_argument("--attention", choices=("auto", "flash", "math"), default="auto")
+    p.add_argument("--plan", choices=("recompute", "none"), default="recompute",
+                   help="vmmrt's plan: every layer recomputed (the smallest), or mode none (nothing moves)")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--trace", metavar="PATH", help="the captures' memory history (action, address, size, stream "
                    "of every event; the pool's range and the captures' spans) as gzipped JSON, to read offline")
@@ -241,24 +247,28 @@ def main(argv=None):
         samples = tuple((torch.randn(*dims, device=dev, dtype=dt, requires_grad=True),) for _ in layers)
         graphpool.DIAGNOSE = True       # each block's frames, each capture's span: this build only
         try:
-            mods = vt.make_graphed_callables(tuple(layers), samples, mode="auto", memory_budget=vt.Budget(
-                layers=["recompute"] * a.layers, reserve=reserve, step=step, loop="set_to_none"))
+            if a.plan == "none":
+                mods = vt.make_graphed_callables(tuple(layers), samples, mode="none")
+            else:
+                mods = vt.make_graphed_callables(tuple(layers), samples, mode="auto", memory_budget=vt.Budget(
+                    layers=["recompute"] * a.layers, reserve=reserve, step=step, loop="set_to_none"))
         finally:
             graphpool.DIAGNOSE = False
         off = vt.offload_of(mods[0])
+        label = "recompute all" if a.plan == "recompute" else "none"
         try:
             gp = off.graph_pool
             evs = getattr(gp, "_events_kept", None) if gp is not None else None
             if not evs:
-                print("vmmrt recompute all: no memory history of the captures (%s)"
-                      % (getattr(gp, "place_why_not", None) or "no graphs' pool of the library's"), flush=True)
+                print("vmmrt %s: no memory history of the captures (%s)" % (label,
+                      getattr(gp, "place_why_not", None) or "no graphs' pool of the library's"), flush=True)
             else:
                 top, at, live = alive_at_peak(evs, gp.backing.address, gp.backing.address + gp.backing.nbytes)
                 inside = [u for u, b, e in gp.marks if at is not None and b <= at < e]
                 out["pool_bytes"], out["pool_alive"], out["pool_by_size"] = gp.backing.nbytes, top, by_size(live)
                 out["pool_busiest_capture"] = [list(u) for u in inside]
-                print("vmmrt recompute all (%s): the graphs' pool %.0f MiB; %s; in the capture of %s" % (
-                    off.plan.mode, gp.backing.nbytes / MiB, describe(top, live, evs),
+                print("vmmrt %s (%s): the graphs' pool %.0f MiB; %s; in the capture of %s" % (
+                    label, off.plan.mode, gp.backing.nbytes / MiB, describe(top, live, evs),
                     ", ".join("%s's %s" % (u[0], "backward" if u[1] else "forward") for u in inside)
                     or ("? (no capture spans it)" if gp.marks else
                         "? (one pool for every capture: the captures' spans are marked per use only)")),
