@@ -303,7 +303,7 @@ for part in "${parts[@]}"; do
 			[ "$shape" = launch-none ] && shape=launch plan=none
 			step "$name" 150 env "${conf[@]}" "$py" -m vmmrt.torch.bench.poolcheck --shape "$shape" --plan "$plan" \
 				--layers "${sl#*:}" --json "$out/$name.json" --trace "$out/$name-trace.json.gz" || true
-			[ -f "$out/$name.log" ] && grep -E "^(eager|vmmrt)|frees|s (forward|backward): [0-9]+ at once" "$out/$name.log" |
+			[ -f "$out/$name.log" ] && grep -E "^(eager|vmmrt)|frees|(forward|backward): [0-9]+ [a-z]" "$out/$name.log" |
 				cut -c1-400 | sed "s/^/$name: /" | tee -a "$summary"
 		done ;;
 	probes)

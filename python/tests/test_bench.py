@@ -1509,6 +1509,35 @@ def test_poolcheck_tells_a_capture_s_frees_it_could_reuse_from_those_it_could_no
     assert poolcheck.describe_frees({k: [0, 0] for k in poolcheck.FREE_KINDS}) == "no frees"
 
 
+def test_poolcheck_reads_a_kept_history_without_a_gpu(tmp_path, capsys):
+    # --trace keeps the captures' history; --read reports it again on any machine, as the GPU run did
+    from vmmrt.torch.bench import poolcheck
+
+    def ev(action, a, n):
+        return {"action": action, "addr": a, "size": n, "stream": 3, "frames": []}
+    events = [ev("alloc", 1000, 64 << 20), ev("alloc", 1000 + (64 << 20), 32 << 20),
+              ev("free_requested", 1000, 64 << 20), ev("free_completed", 1000, 64 << 20),
+              ev("alloc", 1000, 16 << 20), ev("alloc", 9, 1)]
+    marks = [(("0:L", True), 0, 6)]
+    path = tmp_path / "trace.json.gz"
+    poolcheck.dump_trace(str(path), events, 1000, 128 << 20, marks)
+    evs, lo, hi, got = poolcheck.read_trace(str(path))
+    assert (lo, hi, got) == (1000, 1000 + (128 << 20), marks)
+    assert [e["action"] for e in evs] == [e["action"] for e in events] and evs[1]["size"] == 32 << 20
+    out = tmp_path / "out.json"
+    capsys.readouterr()
+    assert poolcheck.main(["--read", str(path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "the graphs' pool 128 MiB (its blocks reached 96); 96 MiB alive at once" in text
+    assert "in the capture of 0:L's backward" in text and "0:L's backward: 1 at once (64 MiB)" in text
+    doc = json.loads(out.read_text())
+    assert doc["pool_alive"] == 96 << 20 and doc["pool_reached"] == 96 << 20
+    assert doc["pool_frees"][0][1]["at once"] == [1, 64 << 20]
+    (tmp_path / "bad").write_text("no")
+    with pytest.raises(SystemExit, match="not a history --trace kept"):
+        poolcheck.main(["--read", str(tmp_path / "bad")])
+
+
 def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     from vmmrt.torch.bench import poolcheck
 

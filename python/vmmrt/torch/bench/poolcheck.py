@@ -168,16 +168,65 @@ def _parser():
     p.add_argument("--plan", choices=("recompute", "none"), default="recompute",
                    help="vmmrt's plan: every layer recomputed (the smallest), or mode none (nothing moves)")
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--read", metavar="PATH", help="no GPU: the report of a history --trace kept")
     p.add_argument("--trace", metavar="PATH", help="the captures' memory history (action, address, size, stream "
                    "of every event; the pool's range and the captures' spans) as gzipped JSON, to read offline")
     return p
 
 
-def _dump_trace(path, events, gp):
+def _use(u):
+    return "%s's %s" % (u[0], "backward" if u[1] else "forward")
+
+
+def report(evs, lo, hi, marks, label, out):
+    """Print what the captures' history ``evs`` says of the pool [lo, hi)
+    (each capture's span in ``marks``), the numbers into ``out``: the most
+    bytes alive at once and in which capture, each capture's own busiest
+    moment, and how each capture's frees went."""
+    top, at, live = alive_at_peak(evs, lo, hi)
+    inside = [u for u, b, e in marks if at is not None and b <= at < e]
+    out["pool_bytes"], out["pool_alive"], out["pool_by_size"] = hi - lo, top, by_size(live)
+    out["pool_busiest_capture"] = [list(u) for u in inside]
+    reached = max([e.get("addr", 0) + e.get("size", 0) for e in evs
+                   if e.get("action") == "alloc" and lo <= e.get("addr", 0) < hi] or [lo]) - lo
+    out["pool_reached"] = reached
+    print("%s: the graphs' pool %.0f MiB (its blocks reached %.0f); %s; in the capture of %s" % (
+        label, (hi - lo) / MiB, reached / MiB, describe(top, live, evs),
+        ", ".join(_use(u) for u in inside) or ("? (no capture spans it)" if marks else
+                                              "? (one pool for every capture: the captures' spans are marked "
+                                              "per use only)")), flush=True)
+    caps = capture_peaks(evs, marks, lo, hi)
+    out["pool_captures"] = [[list(u), n, by_size(live)] for u, n, live in caps]
+    for u, n, live in caps:
+        print("  %s: %s" % (_use(u), describe(n, live, evs, most=8)), flush=True)
+    fr = frees(evs, marks, lo, hi)
+    out["pool_frees"] = [[list(u), c, sorted(str(x) for x in st)] for u, c, st in fr]
+    if fr:
+        print("  the captures' frees (at once: the capture may hand the bytes out again; after the capture or "
+              "never: recorded on another stream, not reused in it):", flush=True)
+    for u, c, st in fr:
+        print("  %s: %s; allocating on %d stream%s" % (_use(u), describe_frees(c), len(st),
+                                                        "" if len(st) == 1 else "s"), flush=True)
+
+
+def read_trace(path):
+    """(events, lo, hi, marks) of a history ``--trace`` kept."""
+    import gzip
+    with gzip.open(path, "rt") as f:
+        doc = json.load(f)
+    fields = doc["fields"]
+    lo, n = doc["pool"]
+    return ([dict(zip(fields, row)) for row in doc["events"]], lo, lo + n,
+            [(tuple(u), b, e) for u, b, e in doc["marks"]])
+
+
+def dump_trace(path, events, lo, nbytes, marks):
+    """Keep the captures' history (what :func:`read_trace` reads): the pool
+    [lo, lo + nbytes), the captures' spans, and each event's action,
+    address, size and stream, gzipped JSON."""
     import gzip
     keep = ("action", "addr", "size", "stream")
-    doc = {"pool": [gp.backing.address, gp.backing.nbytes],
-           "marks": [[list(u), b, e] for u, b, e in gp.marks],
+    doc = {"pool": [lo, nbytes], "marks": [[list(u), b, e] for u, b, e in marks],
            "events": [[e.get(k) for k in keep] for e in events], "fields": list(keep)}
     with gzip.open(path, "wt") as f:
         json.dump(doc, f)
@@ -186,6 +235,17 @@ def _dump_trace(path, events, gp):
 
 def main(argv=None):
     a = _parser().parse_args(argv)
+    if a.read:
+        out = {}
+        try:
+            evs, lo, hi, marks = read_trace(a.read)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit("--read %s: not a history --trace kept (%s: %s)" % (a.read, type(e).__name__, e))
+        report(evs, lo, hi, marks, "the history in %s" % a.read, out)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return 0
     import torch
     from vmmrt.torch.bench import llama, loops, shapes
     if a.shape not in shapes.SHAPES:
@@ -263,31 +323,10 @@ def main(argv=None):
                 print("vmmrt %s: no memory history of the captures (%s)" % (label,
                       getattr(gp, "place_why_not", None) or "no graphs' pool of the library's"), flush=True)
             else:
-                top, at, live = alive_at_peak(evs, gp.backing.address, gp.backing.address + gp.backing.nbytes)
-                inside = [u for u, b, e in gp.marks if at is not None and b <= at < e]
-                out["pool_bytes"], out["pool_alive"], out["pool_by_size"] = gp.backing.nbytes, top, by_size(live)
-                out["pool_busiest_capture"] = [list(u) for u in inside]
-                print("vmmrt %s (%s): the graphs' pool %.0f MiB; %s; in the capture of %s" % (
-                    label, off.plan.mode, gp.backing.nbytes / MiB, describe(top, live, evs),
-                    ", ".join("%s's %s" % (u[0], "backward" if u[1] else "forward") for u in inside)
-                    or ("? (no capture spans it)" if gp.marks else
-                        "? (one pool for every capture: the captures' spans are marked per use only)")),
-                    flush=True)
-                caps = capture_peaks(evs, gp.marks, gp.backing.address, gp.backing.address + gp.backing.nbytes)
-                out["pool_captures"] = [[list(u), n, by_size(live)] for u, n, live in caps]
-                for u, n, live in caps:
-                    print("  %s's %s: %s" % (u[0], "backward" if u[1] else "forward",
-                                            describe(n, live, evs, most=8)), flush=True)
-                fr = frees(evs, gp.marks, gp.backing.address, gp.backing.address + gp.backing.nbytes)
-                out["pool_frees"] = [[list(u), c, sorted(str(x) for x in st)] for u, c, st in fr]
-                print("  the captures' frees (at once: the capture may hand the bytes out again; after the capture "
-                      "or never: recorded on another stream, not reused in it):", flush=True)
-                for u, c, st in fr:
-                    print("  %s's %s: %s; allocating on %d stream%s" % (
-                        u[0], "backward" if u[1] else "forward", describe_frees(c), len(st),
-                        "" if len(st) == 1 else "s"), flush=True)
+                lo = gp.backing.address
+                report(evs, lo, lo + gp.backing.nbytes, gp.marks, "vmmrt %s (%s)" % (label, off.plan.mode), out)
                 if a.trace:
-                    _dump_trace(a.trace, evs, gp)
+                    dump_trace(a.trace, evs, lo, gp.backing.nbytes, gp.marks)
             print(off.describe(), flush=True)
         finally:
             off.close()
