@@ -104,7 +104,11 @@
 #                  llama and long, a two-point front each: where [planner]'s
 #                  smallest plan stands, each shape in a process of its
 #                  own (only the eager checkpointing before it, no graphed
-#                  point's memory beside it)             ~6 min (an estimate)
+#                  point's memory beside it)             ~2.5 min on the H200
+#   smallest-reuse the same with PYTORCH_CUDA_ALLOC_CONF=
+#                  graph_capture_record_stream_reuse:True (PyTorch's reuse
+#                  inside a capture of blocks recorded on another stream:
+#                  what it does to the graphs' pool, end to end)
 #   launch-ab      --launch-ab 40 on launch and llama: torch's graphed
 #                  callables and vmmrt none alternated, the launch
 #                  thread's excess pair by pair ([hot-path])          ~2 min (an estimate)
@@ -349,14 +353,19 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 	at-long) front at-long 420 --shape long --loop both --optimizer fused --front-ks 2 --iterations 3 \
 		--front-only "eager,ckpt 4,graphs,graphs+ckpt 4,vmmrt none,vmmrt auto,vmmrt pingpong,vmmrt recompute all" \
 		--front-budgets-at "ckpt 4,graphs+ckpt 4" ;;
-	smallest)
+	smallest|smallest-reuse)
+		# (smallest-reuse: the same with PyTorch's reuse inside a capture of
+		# blocks recorded on another stream, for the graphs' pool)
+		(
+		[ "$part" = smallest-reuse ] && export PYTORCH_CUDA_ALLOC_CONF=graph_capture_record_stream_reuse:True
 		for sk in launch:16:5 llama:8:5 long:4:3; do
 			IFS=: read -r shape k iters <<<"$sk"
-			front "smallest-$shape" 300 --shape "$shape" --loop both --optimizer fused --front-ks 2 \
+			front "$part-$shape" 300 --shape "$shape" --loop both --optimizer fused --front-ks 2 \
 				--front-budgets 0 --iterations "$iters" --front-only "ckpt $k,vmmrt recompute all"
-		done ;;
+		done
+		) ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch smallest launch-ab one-time poolcheck probes, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch smallest smallest-reuse launch-ab one-time poolcheck probes, or all)" ;;
 	esac
 	pack
 done
