@@ -39,12 +39,16 @@ from typing import Iterable, Sequence
 FOREVER = None      # a life's end: not freed when the history ended
 
 
-def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int, int, int | None]]:
-    """(address, bytes, birth, death) of every block in [lo, hi) that the
-    events (a memory history's device trace, in order) saw; birth and death
-    are event indices, death :data:`FOREVER` when it was not freed by the
-    end, and birth -1 for a block freed whose birth the history missed (in
-    use for good as well).
+def block_history(events: Sequence[dict], lo: int,
+                  hi: int) -> list[tuple[int, int, int, int | None, int | None, int | None]]:
+    """(address, bytes, birth, requested, death, again) of every block in
+    [lo, hi) that the events (a memory history's device trace, in order)
+    saw, each an event index: its ``alloc`` (-1: not in the history), its
+    ``free_requested`` (None: none seen), its ``free_completed``
+    (:data:`FOREVER`: none matched by the end), and ``again``, the
+    ``alloc`` that gave its address out while the history had it allocated
+    or its free pending (None: no such; the block is then in use for good:
+    the history is not to be trusted there).
 
     A block's ``free_requested`` names its address; its ``free_completed``
     comes right after it when no other stream used the block, later
@@ -54,7 +58,7 @@ def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int
     else to the one pending of its size at or above it; one it cannot tell
     apart leaves the block in use for good."""
     open_ = {}          # address -> (birth, bytes): allocated
-    pending = {}        # address -> (birth, bytes): free requested, not completed
+    pending = {}        # address -> (birth, bytes, requested): free requested, not completed
     out = []
     prev = None         # the address of the event just before, when it was a free_requested in range
     for k, e in enumerate(events):
@@ -65,26 +69,40 @@ def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int
             x = requested if requested in pending else a if a in pending else None
             if x is None:
                 size = e.get("size", 0)
-                cand = [p for p, (_, n) in pending.items() if n == size and p >= a]
+                cand = [p for p, (_, n, _) in pending.items() if n == size and p >= a]
                 x = cand[0] if len(cand) == 1 else None
             if x is not None:
-                b, n = pending.pop(x)
-                out.append((x, n, b, k))
+                b, n, r = pending.pop(x)
+                out.append((x, n, b, r, k, None))
             continue
         if not lo <= a < hi:
             continue
         if act == "alloc":
-            for live in (open_, pending):
-                old = live.pop(a, None)
-                if old is not None:     # its address given out again unfreed: the history is not to be trusted here
-                    out.append((a, old[1], -1, FOREVER))
+            old = open_.pop(a, None)
+            if old is not None:
+                out.append((a, old[1], old[0], None, FOREVER, k))
+            old = pending.pop(a, None)
+            if old is not None:
+                out.append((a, old[1], old[0], old[2], FOREVER, k))
             open_[a] = (k, e.get("size", 0))
         elif act == "free_requested":
             b = open_.pop(a, None)
-            pending[a] = b if b is not None else (-1, e.get("size", 0))
+            pending[a] = (b[0], b[1], k) if b is not None else (-1, e.get("size", 0), k)
             prev = a
-    out.extend((a, n, b, FOREVER) for live in (open_, pending) for a, (b, n) in live.items())
-    return [(a, n, b, FOREVER if b < 0 else d) for a, n, b, d in out if n > 0]
+    out.extend((a, n, b, None, FOREVER, None) for a, (b, n) in open_.items())
+    out.extend((a, n, b, r, FOREVER, None) for a, (b, n, r) in pending.items())
+    return [h for h in out if h[1] > 0]
+
+
+def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int, int, int | None]]:
+    """(address, bytes, birth, death) of every block in [lo, hi) that the
+    events (a memory history's device trace, in order) saw
+    (:func:`block_history`); birth and death are event indices, death
+    :data:`FOREVER` when it was not freed by the end, and birth -1 for a
+    block freed whose birth the history missed or whose address was given
+    out again unfreed (in use for good as well)."""
+    return [(a, n, -1 if again is not None else b, FOREVER if b < 0 or again is not None else d)
+            for a, n, b, _, d, again in block_history(events, lo, hi)]
 
 
 def masks(blocks: Sequence[tuple[int, int, int, int | None]], lo: int, nbytes: int,

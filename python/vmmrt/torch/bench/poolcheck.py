@@ -72,25 +72,23 @@ FREE_KINDS = ("at once", "later in the capture", "after the capture", "never", "
 
 def frees(events, marks, lo=0, hi=1 << 62):
     """How the frees of each marked capture (graphpool.GraphPool.marks: (use,
-    first event, end event)) in [lo, hi) went by the memory history: a
-    block no other stream used completes its free at once (its
-    ``free_completed`` right after its ``free_requested``) and the capture
-    may hand its bytes out again; one recorded on another stream (a
-    ``record_stream``, or autograd's for a node whose stream is not the
-    capture's) completes only once PyTorch can query that stream's events,
-    which it cannot during a capture: "after the capture", or "never" by the
-    history's end, its bytes not reused meanwhile, and the pool grows by
-    them. "given again unfreed": an ``alloc`` at an address whose block the
-    history saw no free of (what poolplan.block_lives keeps in use for
-    good). Returns [(use, {kind: [count, bytes]}, streams)] per mark,
-    streams the allocating streams seen in its span."""
-    spans = [(use, b, e) for use, b, e in marks]
+    first event, end event)) in [lo, hi) went by the memory history
+    (poolplan.block_history): a block no other stream used completes its
+    free at once (its ``free_completed`` right after its
+    ``free_requested``) and the capture may hand its bytes out again; one
+    recorded on another stream (a ``record_stream``, or autograd's for a
+    node whose stream is not the capture's) completes only once PyTorch can
+    query that stream's events, which it cannot during a capture: "after
+    the capture", or "never" by the history's end, its bytes not reused
+    meanwhile, and the pool grows by them. "given again unfreed": an
+    ``alloc`` at an address whose block the history saw no free of (what
+    poolplan.block_lives keeps in use for good), counted where it came.
+    Returns [(use, {kind: [count, bytes]}, streams)] per mark, streams the
+    allocating streams seen in its span."""
+    spans = list(marks)
 
     def mark_of(k):
-        for j, (_, b, e) in enumerate(spans):
-            if b <= k < e:
-                return j
-        return None
+        return next((j for j, (_, b, e) in enumerate(spans) if b <= k < e), None)
     out = [(use, {kind: [0, 0] for kind in FREE_KINDS}, set()) for use, _, _ in spans]
 
     def count(k, kind, n):
@@ -98,35 +96,22 @@ def frees(events, marks, lo=0, hi=1 << 62):
         if j is not None:
             out[j][1][kind][0] += 1
             out[j][1][kind][1] += n
-    open_, pending = {}, {}
-    prev = None
+    for _, n, _, r, d, again in poolplan.block_history(events, lo, hi):
+        if again is not None:
+            count(again, "given again unfreed", n)
+        elif r is None:
+            continue
+        elif d is poolplan.FOREVER:
+            count(r, "never", n)
+        else:
+            j = mark_of(r)
+            count(r, "at once" if d == r + 1 else
+                  "later in the capture" if j is not None and d < spans[j][2] else "after the capture", n)
     for k, e in enumerate(events):
-        act, a, n = e.get("action"), e.get("addr", 0), e.get("size", 0)
-        requested, prev = prev, None
-        if act == "free_completed":
-            x = requested if requested in pending else a if a in pending else None
-            if x is not None:
-                r, m = pending.pop(x)
-                j = mark_of(r)
-                kind = "at once" if x == requested and r == k - 1 else \
-                    "later in the capture" if j is not None and k < spans[j][2] else "after the capture"
-                count(r, kind, m)
-            continue
-        if not lo <= a < hi:
-            continue
-        if act == "alloc":
-            if a in open_ or a in pending:
-                count(k, "given again unfreed", open_[a] if a in open_ else pending.pop(a)[1])
-            open_[a] = n
+        if e.get("action") == "alloc" and lo <= e.get("addr", 0) < hi:
             j = mark_of(k)
             if j is not None:
                 out[j][2].add(e.get("stream"))
-        elif act == "free_requested":
-            open_.pop(a, None)
-            pending[a] = (k, n)
-            prev = a
-    for r, m in pending.values():
-        count(r, "never", m)
     return out
 
 
