@@ -1036,6 +1036,16 @@ def test_front_budgets_at_pytorch_options_peaks(capsys):
     assert int(m.group(2)) == int(m.group(1)) - 900
     assert f.doc["budgets"] == [1120 * MiB, 1200 * MiB, 900 * MiB]
     assert f.doc["budgets_at"] == ["ckpt 4", "graphs+ckpt 4", "save_on_cpu"]
+    assert "budgets_missed" not in f.doc       # recompute all measured above 900 MiB: memory, not the model
+    # a level the model misses while recompute all measured within it: said, and kept in the JSON
+    f.doc, f.reserve = {}, 0
+    f.plan_of_recompute = (plan, 880 * MiB)    # measured under its prediction (no calibration then)
+    f._budget_options(4, 4, ["save_on_cpu"])
+    out = capsys.readouterr().out
+    assert re.search(r"memory_budget=900 MiB \(save_on_cpu's peak\): no plan fits \(the smallest plan predicts "
+                     r"\d+ MiB, \d+ over; measured as recompute all it is 880 MiB, within it: the model's "
+                     r"\+\d+\.\d % missed it\); not measured", out), out
+    assert f.doc["budgets_missed"] == [[900 * MiB, 880 * MiB, f.doc["smallest_plan_bytes"]]]
     # without: spread from graphs' peak down to the smallest plan
     f.doc, f.reserve = {}, 0
     spread = f._budget_options(4, 2)

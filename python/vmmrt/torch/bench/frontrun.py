@@ -725,10 +725,17 @@ class Front:
                 sig = sweep._sig(budget.search(costs, b, strategies=strategies, **inputs))
             except budget.BudgetError:
                 # by how much: the planner's distance to that level ([planner] asks
-                # for a plan at checkpointing every layer's peak)
+                # for a plan at checkpointing every layer's peak); and whether the
+                # smallest plan, as recompute all measured it, is within it: then
+                # the level is lost to the model's error, not to memory
+                fits = measured is not None and measured <= b
+                if fits:
+                    self.doc.setdefault("budgets_missed", []).append([b, measured, smallest])
                 print("[front] memory_budget=%.0f MiB%s: no plan fits (the smallest plan predicts %.0f MiB, "
-                      "%.0f over); not measured" % (b / MiB, " (%s's peak)" % name if name else "",
-                                                   smallest / MiB, (smallest - b) / MiB), flush=True)
+                      "%.0f over%s); not measured" % (
+                          b / MiB, " (%s's peak)" % name if name else "", smallest / MiB, (smallest - b) / MiB,
+                          "; measured as recompute all it is %.0f MiB, within it: the model's %+.1f %% missed it"
+                          % (measured / MiB, 100.0 * (smallest / measured - 1)) if fits else ""), flush=True)
                 continue
             label = ("budget %.0f MiB" if b >= 100 * MiB else "budget %.2f MiB") % (b / MiB) + (
                 " (%s's peak)" % name if name else "")
