@@ -19,7 +19,8 @@ caching allocator's own rule for when a block's bytes may be handed out
 again) and the blocks alive then by size (:func:`by_size`): a size the
 pool holds more of than eager's backward is what to look for. ``--plan
 none`` builds mode none instead (nothing moves: the pool that keeps mode
-none above eager's peak on the launch-bound layers). Each capture's frees
+none above eager's peak on the launch-bound layers), against eager's
+backward without checkpointing. Each capture's frees
 are counted by how they went (:func:`frees`), and ``--trace`` keeps the
 captures' history to read offline. CUDA only.
 """
@@ -252,10 +253,14 @@ def main(argv=None):
     gy = torch.randn_like(x)
     out = {"shape": a.shape, "layers": a.layers}
     with llama.attention_backend(a.attention):
+        # (against mode none, eager without checkpointing: what its backward
+        # allocates beside the activations it keeps)
+        ckpt = a.plan == "recompute"
+
         def forward():
             h = x
             for m in layers:
-                h = torch.utils.checkpoint.checkpoint(m, h, use_reentrant=False)
+                h = torch.utils.checkpoint.checkpoint(m, h, use_reentrant=False) if ckpt else m(h)
             return h
         for _ in range(2):
             forward().backward(gy)
@@ -279,9 +284,10 @@ def main(argv=None):
         out["eager_backward_peak"] = torch.cuda.max_memory_allocated() - a0
         top, _, live = alive_at_peak(events)
         out["eager_alive"], out["eager_by_size"] = top, by_size(live)
-        print("eager checkpointing, %d %s layers, backward: %.0f MiB allocated at most over the forward's end "
+        print("eager%s, %d %s layers, backward: %.0f MiB allocated at most over the forward's end "
               "(the gradients %.0f of it); its history: %s" % (
-                  a.layers, a.shape, out["eager_backward_peak"] / MiB, grads / MiB, describe(top, live, events)),
+                  " checkpointing" if ckpt else "", a.layers, a.shape, out["eager_backward_peak"] / MiB,
+                  grads / MiB, describe(top, live, events)),
               flush=True)
         for p in params:
             p.grad = None
