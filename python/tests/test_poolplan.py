@@ -70,6 +70,25 @@ def test_a_blocks_life_is_from_its_alloc_to_its_free_completed_and_unfreed_is_fo
                    (LO + 3 * G, G, -1, poolplan.FOREVER), (LO + 5 * G, G, 8, poolplan.FOREVER)]
 
 
+def test_a_blocks_history_keeps_its_free_request_and_an_address_given_again():
+    # block_history, which block_lives and bench.poolcheck read: the free's
+    # request beside its completion (a deferred free: completed later than
+    # right after it), and the alloc that gave an address out again while
+    # the history had its block allocated (then in use for good in block_lives)
+    ev = [alloc(LO, G), alloc(LO + G, G)] + free(LO, G) + [
+        {"action": "free_requested", "addr": LO + G, "size": G},
+        alloc(LO + 2 * G, G),
+        {"action": "free_completed", "addr": LO + G, "size": G},           # deferred: two events on
+        alloc(LO + 2 * G, 2 * G)]                                         # given again unfreed
+    got = sorted(poolplan.block_history(ev, LO, LO + 8 * G))
+    assert got == [(LO, G, 0, 2, 3, None), (LO + G, G, 1, 4, 6, None),
+                   (LO + 2 * G, G, 5, None, poolplan.FOREVER, 7),
+                   (LO + 2 * G, 2 * G, 7, None, poolplan.FOREVER, None)]
+    assert sorted(poolplan.block_lives(ev, LO, LO + 8 * G)) == [
+        (LO, G, 0, 3), (LO + G, G, 1, 6), (LO + 2 * G, G, -1, poolplan.FOREVER),
+        (LO + 2 * G, 2 * G, 7, poolplan.FOREVER)]
+
+
 def test_a_free_completed_at_the_merged_blocks_address_ends_the_block_freed():
     # PyTorch records the completion after merging the block with a free
     # neighbour before it: its address is the neighbour's
