@@ -101,7 +101,8 @@
 #                  checkpointed layers' peaks      ~5 min / ~7 min (estimates)
 #   smallest       checkpointing every layer against the smallest plan
 #                  (vmmrt recompute all), both loops, AdamW fused, on launch,
-#                  llama and long, a two-point front each: where [planner]'s
+#                  llama and long, a two-point front each and the planner's
+#                  budget at ckpt's peak: where [planner]'s
 #                  smallest plan stands, each shape in a process of its
 #                  own (only the eager checkpointing before it, no graphed
 #                  point's memory beside it)             ~2.5 min on the H200
@@ -338,7 +339,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" \
 		--front-budgets-at "ckpt 16,graphs+ckpt 16" ;;
 	foreach-launch) front foreach-launch 300 --shape launch --loop both --optimizer foreach \
-		--front-ks 3 --front-budgets 0 --iterations 5 \
+		--front-ks 3 --front-budgets-at "ckpt 16,graphs+ckpt 16" --iterations 5 \
 		--front-only "eager,ckpt 16,graphs,graphs+ckpt 16,vmmrt none,vmmrt auto,vmmrt recompute all" ;;
 	foreach-llama) front foreach-llama 300 --shape llama --loop both --optimizer foreach \
 		--front-ks 3 --front-budgets 0 --iterations 5 --front-only "eager,ckpt 8,graphs,vmmrt none,vmmrt auto,vmmrt pingpong" ;;
@@ -361,7 +362,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		for sk in launch:16:5 llama:8:5 long:4:3; do
 			IFS=: read -r shape k iters <<<"$sk"
 			front "$part-$shape" 300 --shape "$shape" --loop both --optimizer fused --front-ks 2 \
-				--front-budgets 0 --iterations "$iters" --front-only "ckpt $k,vmmrt recompute all"
+				--front-budgets-at "ckpt $k" --iterations "$iters" --front-only "ckpt $k,vmmrt recompute all"
 		done
 		) ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
