@@ -29,7 +29,8 @@ import collections
 import json
 import sys
 
-from vmmrt.torch import poolplan
+from vmmrt.torch import graphpool, poolplan
+from vmmrt.torch.memplan import _use
 
 MiB = float(1 << 20)
 
@@ -160,10 +161,6 @@ def _parser():
     return p
 
 
-def _use(u):
-    return "%s's %s" % (u[0], "backward" if u[1] else "forward")
-
-
 def report(evs, lo, hi, marks, label, out):
     """Print what the captures' history ``evs`` says of the pool [lo, hi)
     (each capture's span in ``marks``), the numbers into ``out``: the most
@@ -173,9 +170,7 @@ def report(evs, lo, hi, marks, label, out):
     inside = [u for u, b, e in marks if at is not None and b <= at < e]
     out["pool_bytes"], out["pool_alive"], out["pool_by_size"] = hi - lo, top, by_size(live)
     out["pool_busiest_capture"] = [list(u) for u in inside]
-    reached = max([e.get("addr", 0) + e.get("size", 0) for e in evs
-                   if e.get("action") == "alloc" and lo <= e.get("addr", 0) < hi] or [lo]) - lo
-    out["pool_reached"] = reached
+    reached = out["pool_reached"] = graphpool.high_water(evs, lo, hi)
     print("%s: the graphs' pool %.0f MiB (its blocks reached %.0f); %s; in the capture of %s" % (
         label, (hi - lo) / MiB, reached / MiB, describe(top, live, evs),
         ", ".join(_use(u) for u in inside) or ("? (no capture spans it)" if marks else
@@ -294,7 +289,6 @@ def main(argv=None):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         reserve, step = loops.optimizer_memory(params, "fused")
-        from vmmrt.torch import graphpool
         samples = tuple((torch.randn(*dims, device=dev, dtype=dt, requires_grad=True),) for _ in layers)
         graphpool.DIAGNOSE = True       # each block's frames, each capture's span: this build only
         try:
