@@ -326,3 +326,95 @@ def test_an_argument_gradient_kept_past_the_next_use_is_never_written_over(host_
     finally:
         kept.clear()
         graphed._close(off, runners)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_backwards_output_gradient_is_read_where_the_layer_after_wrote_it(host_graphs, monkeypatch, keep):  # noqa: F811
+    # A chain hands layer k's backward the argument gradient layer k+1's
+    # backward made in its io slot: the plan maps layer k's output
+    # gradients' slot on those pages (one gradient per layer boundary, as
+    # eager holds, not two) and the call copies nothing in. Either loop;
+    # the last layer's (the caller's gradient) keeps a slot of its own.
+    from vmmrt.torch import memplan
+    sizes = {}
+    for chain in (True, False):
+        monkeypatch.setattr(memplan, "CHAIN_GOUTS", chain)
+        g, off, runners = _graphed_on_host("none", "mapped", plan=True)
+        try:
+            x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+            params = [p for m in g for p in m.parameters()]
+            for _ in range(4):
+                _step(g, x, gy)
+                if not keep:
+                    for p in params:
+                        p.grad = None
+            w = off.memplan
+            assert w.plan is not None and w.conflicts == 0, w.describe()
+            by = w.plan.by_key()
+            # what the pages hold at the second backward (where layer 2's
+            # argument gradient is layer 1's output gradient)
+            t = w.order.index((off.layers[-2].name, True))
+            sizes[chain] = memplan.alive_at(w.plan.items, t, off.granularity)
+            grads = [lay.grads for lay in off.layers]
+            if not chain:
+                assert not w.plan.chained and all(gr.chain is None and gr.chain_skips == 0 for gr in grads)
+                continue
+            assert sorted(w.plan.chained) == sorted((gr.name, memplan.GOUTS) for gr in grads[:-1]), w.describe()
+            assert grads[-1].chain is None and grads[-1].outs.bound
+            for gr, after in zip(grads, grads[1:]):
+                assert gr.chain[0] is after.io and gr.outs.bound and after.io.bound
+                assert by[(gr.name, memplan.GOUTS)].offset == by[(after.name, memplan.IO)].offset, w.describe()
+                assert gr.chain_skips == 3, gr.describe()       # (the steps from the plan on: 2, 3, 4)
+                assert "copies skipped" in gr.describe()
+                # one memory under both addresses
+                io, outs = after.io_base(), gr.outs_base()
+                io[:64] = torch.arange(64, dtype=torch.uint8)
+                assert torch.equal(outs[:64], io[:64])
+                io[:64] = 0
+                assert not outs[:64].any()
+        finally:
+            graphed._close(off, runners)
+    assert sum(sizes[False].values()) - sum(sizes[True].values()) == sizes[False][memplan.GOUTS] > 0, sizes
+
+
+def test_an_output_gradient_that_is_not_the_layer_afters_is_copied_off_its_pages(host_graphs):  # noqa: F811
+    # A hook that hands layer 1's backward another tensor than layer 2's
+    # argument gradient (7s: the graphs on the host write none), which it
+    # keeps: the copy in would write over the kept tensor's bytes (its
+    # pages are the output gradients' slot's), so that slot takes memory
+    # of its own for the use (a conflict, counted), and goes back on the
+    # pages after.
+    g, off, runners = _graphed_on_host("none", "mapped", plan=True)
+    try:
+        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
+        params = [p for m in g for p in m.parameters()]
+        kept = []
+
+        def step(hook):
+            y = x
+            for k, m in enumerate(g):
+                y = m(y)
+                if hook and k == 1:
+                    y.register_hook(lambda t: kept.append((t, t.clone())) or torch.full_like(t, 7.0))
+            y.backward(gy)
+            del y
+            for p in params:
+                p.grad = None
+        for _ in range(3):
+            step(False)
+        w, gr = off.memplan, off.layers[1].grads
+        assert w.plan is not None and gr.chain is not None and w.conflicts == 0, w.describe()
+        skips = gr.chain_skips
+        step(True)
+        (t, before), = kept
+        assert t.data_ptr() == gr.chain[1]              # the layer after's argument gradient, kept
+        assert torch.equal(t, before)                   # not written over by the copy of the 7s
+        assert w.conflicts >= 1 and not gr.outs.bound and gr.chain_skips == skips
+        del t, before
+        kept.clear()
+        n = w.conflicts
+        for _ in range(3):
+            step(False)
+        assert gr.outs.bound and gr.chain_skips > skips and w.conflicts == n, w.describe()
+    finally:
+        graphed._close(off, runners)

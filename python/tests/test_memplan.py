@@ -121,6 +121,52 @@ def test_a_backwards_output_gradients_live_at_its_backward_alone():
         memplan.lives(order, {}, [], gouts=[("l", ["z"], G)])
 
 
+def test_a_backwards_output_gradients_lie_on_the_argument_gradients_the_layer_after_hands_it():
+    # A chain: c's backward makes b's output gradient (c's argument
+    # gradient, in c's io slot) and b's backward reads it. Eager hands the
+    # one tensor on; the plan maps b's output gradients' slot on c's io
+    # pages, at the gradient's offset there, so that the bytes it would
+    # copy in are there already: one gradient per layer boundary.
+    names = ["a", "b", "c"]
+    order = default_order(names)     # a_f=0 b_f=1 c_f=2 c_b=3 b_b=4 a_b=5, the step's end 6
+    residents, grads = {n: G for n in names}, [(n, [n], 2 * G, False) for n in names]
+
+    def made(links, io=2 * G, gout=G):
+        items = memplan.lives(order, residents, grads, io=[(n, [n], io) for n in names],
+                              gouts=[(n, [n], gout) for n in names])
+        left, chained = memplan.chain_gouts(items, links, G)
+        return items, memplan.Plan(order, left, G, chained=chained)
+    items, apart = made({})
+    _, p = made({"b": ("c", 0), "a": ("b", G)})
+    by = p.by_key()
+    assert sorted(p.chained) == [key("a", "output grads"), key("b", "output grads")]
+    assert by[key("b", "output grads")].offset == by[key("c", "io")].offset
+    assert by[key("a", "output grads")].offset == by[key("b", "io")].offset + G
+    assert key("b", "output grads") in [k for it in p.items for k in it.mapped_by]
+    assert "on c's argument gradients' pages" in p.summary()
+    # at b's and a's backwards one output gradient less; the pages smaller
+    assert p.pages_bytes == memplan.busiest(p.items, G) < apart.pages_bytes
+    for t in (4, 5):
+        assert sum(memplan.alive_at(apart.items, t, G).values()) - sum(memplan.alive_at(p.items, t, G).values()) == G
+    # the statics the plan holds count them still (planner.StepModel takes them off the estimate's)
+    assert p.graph_bytes == apart.graph_bytes
+    # not where the offset is not a whole granule, the slot does not fit from
+    # there, it outlives the io slot, a second slot asks the same io slot, or
+    # one of them keeps memory of its own
+    assert not made({"b": ("c", G // 2)})[1].chained
+    assert not made({"b": ("c", G)}, gout=2 * G)[1].chained
+    assert not made({"c": ("a", 0)})[1].chained          # c's backward (3) before a's io lives (5, 6)
+    assert not made({"c": ("c", 0)})[1].chained         # its own backward writes the io slot as it reads
+    # two slots within one io slot's life (its callable's two runners': to the use after the last)
+    order2 = [("x", False), ("z", False), ("y", False), ("y", True), ("z", True), ("x", True)]
+    two = memplan.lives(order2, {}, [], io=[("yz", ["y", "z"], 2 * G)], gouts=[("x", ["x"], G), ("w", ["z"], G)])
+    assert len(memplan.chain_gouts(two, {"x": ("yz", 0), "w": ("yz", 0)}, G)[1]) == 1
+    items = memplan.lives(order, residents, grads, io=[(n, [n], 2 * G) for n in names],
+                          gouts=[(n, [n], G) for n in names])
+    next(it for it in items if it.key == key("c", "io")).shared = False
+    assert not memplan.chain_gouts(items, {"b": ("c", 0)}, G)[1]
+
+
 def test_persistent_gradients_live_the_whole_step_and_are_never_shared():
     p = three(persistent=True)
     for n in "abc":

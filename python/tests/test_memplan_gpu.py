@@ -104,21 +104,27 @@ def test_a_grad_kept_across_the_next_forward_is_intact():
         assert all(torch.equal(u, v) for u, v in zip(a, b)), "gradients, step %d" % it
 
 
+@pytest.mark.parametrize("hooked", [False, True])
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_output_gradients_in_their_io_slot_train_as_eager(set_to_none):
+def test_output_gradients_in_their_io_slot_train_as_eager(set_to_none, hooked):
     # The backward graphs read their output gradients from the io slot
     # beside the gradients' (memory from the backward to the next use, on
-    # the plan's pages in both loops): the training is eager's, bitwise
-    # (math attention).
+    # the plan's pages in both loops), each but the last layer's on the
+    # pages of the layer after's argument gradients, which it is handed (no
+    # copy: memplan.chain_gouts): the training is eager's, bitwise (math
+    # attention). ``hooked``: at step 3 a hook hands layer 1's backward
+    # twice its gradient and keeps the one it was given, which the copy in
+    # must not write over (the slot takes memory of its own for that use).
     s = llama.Shape(**SHAPE)
     base = llama.torch_layers(N, s, "cuda", torch.bfloat16, "math")
     ref = copy.deepcopy(base)
+    kept = []
     with llama.attention_backend("math"):
         g = vt.make_graphed_callables(tuple(base), tuple((_sample(s, 100 + i),) for i in range(N)), mode="none")
         off = vt.offload_of(g[0])
         try:
             assert all(lay.grads.gouts_used for lay in off.layers), off.describe()
-            for i in range(4):
+            for i in range(5):
                 for ms in (base, ref):
                     for m in ms:
                         m.zero_grad(set_to_none=set_to_none)
@@ -128,15 +134,22 @@ def test_output_gradients_in_their_io_slot_train_as_eager(set_to_none):
                     gy = torch.randn(x.shape, device="cuda", dtype=x.dtype,
                                      generator=torch.Generator("cuda").manual_seed(i))
                     y = x
-                    for m in seq:
+                    for k, m in enumerate(seq):
                         y = m(y)
+                        if hooked and i == 3 and k == 1:
+                            y.register_hook(lambda t: kept.append((t, t.clone())) or t * 2)
                     y.backward(gy)
                     got.append([x.grad] + [p.grad for m in (base if seq is g else ref) for p in m.parameters()])
                 torch.cuda.synchronize()
                 assert all(torch.equal(a, b) for a, b in zip(*got)), "step %d" % i
-            assert off.stats()["plan_conflicts"] == 0
+                if kept:
+                    assert all(torch.equal(t, c) for t, c in kept), "the kept gradient, step %d" % i
+                    kept.clear()
+            assert (off.stats()["plan_conflicts"] > 0) == hooked
             assert all(lay.grads.io is not None and lay.grads.io.bound for lay in off.layers), off.describe()
             assert all(lay.grads.backing.bound == set_to_none for lay in off.layers), off.describe()
+            chained = [lay.grads.chain is not None and lay.grads.chain_skips > 0 for lay in off.layers]
+            assert chained == [True] * (N - 1) + [False], off.describe()
         finally:
             close_graphed(base, off)
 

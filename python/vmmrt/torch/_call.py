@@ -139,6 +139,9 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
     static_gin = list(r.static_grad_inputs)
     gouts_in_slot = mapped is not None and r.gouts_in_slot
     gin_where = r.gin_where if mapped is not None else None
+    if gouts_in_slot:
+        one = [j for j, t in enumerate(static_gout) if t is not None]
+        mapped.gout_index = one[0] if len(one) == 1 else None
     params = r.params
     accs = tuple((p, a) for p, a in zip(params, r.acc) if a is not None) if grads == "accumulate" else ()
     static = grads == "static"
@@ -319,6 +322,10 @@ def make(r, fwd_graph, bwd_graph, acc_graph, aliases, streams, raw_stream=None):
                 # slot: once it is mapped), then the backward as the others:
                 # one call where it can, which copies them in too
                 acc, src, states = mapped.before_backward(s, where, lay, None)
+                if mapped.chain is not None:
+                    gouts = mapped.chained(gouts, s)
+                elif mapped.watch_gouts:
+                    mapped.note_gouts(gouts)
                 ln = al if acc else bl
                 if ln.exec > 0 and (not gouts_in_slot or mapped.outs.bound):
                     run_backward(ln, s, None, gouts)

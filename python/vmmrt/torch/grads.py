@@ -127,6 +127,21 @@ class Grads:
         # (seq 32768: 1024 MiB of io slots at the step's busiest use, H100,
         # 2026-12-06; eager holds one gradient per layer boundary there).
         self.outs = None
+        # A chain of layers hands this backward, as its one output gradient
+        # (``gout_index`` of the outputs: set by the call), the argument
+        # gradient the layer after's backward made in its io slot: the
+        # memory plan maps the outs slot on those pages (memplan.chain_gouts),
+        # learning it from what the step before the plan handed
+        # (:meth:`note_gouts`: ``gout_seen``, (address, dtype, shape,
+        # stride), False where it differed or was none); then ``chain`` is
+        # (the io slot's Backing, the address, dtype, shape, stride, index)
+        # and the call copies nothing in when that tensor comes
+        # (:meth:`chained`; ``chain_skips`` counts them).
+        self.gout_index = None
+        self.watch_gouts = False
+        self.gout_seen = None
+        self.chain = None
+        self.chain_skips = 0
         self._io_bases = None        # on the plan's pages: one base per dtype over it, made once (io.alive: their Held)
         self._io_cached = None       # each argument's gradient as a view over them, made once (after_backward)
         self._warned = False
@@ -425,6 +440,38 @@ class Grads:
             src, _ = self._source(stream)
         return acc, src, states
 
+    def note_gouts(self, gouts):
+        """A backward before the memory plan is made: the output gradient it
+        is handed (one per step: a chain hands the same tensor each time)."""
+        j = self.gout_index
+        g = gouts[j] if j is not None and j < len(gouts) else None
+        seen = False if g is None else (g.data_ptr(), g.dtype, tuple(g.shape), tuple(g.stride()))
+        self.gout_seen = seen if self.gout_seen is None or self.gout_seen == seen else False
+
+    def chained(self, gouts, stream):
+        """The output gradients to copy in, after :meth:`before_backward`,
+        where the outs slot is on the io slot's pages of the layer after
+        (``chain``): the one it is handed lies there already when it is
+        that layer's argument gradient over those pages (None in its place:
+        no copy); any other would be copied over that layer's argument
+        gradients, which a caller may hold (a hook's tensor, say), so the
+        slot leaves the pages for memory of its own first (a conflict of the
+        plan's, counted). Once the io slot itself is off the pages nothing
+        is written over it: the copy goes to the pages as without a chain."""
+        io, ptr, dt, shape, stride, j = self.chain
+        outs = self.outs
+        if not outs.bound:
+            return gouts
+        g = gouts[j]
+        if io.bound:
+            if g is not None and g.data_ptr() == ptr and g.dtype == dt and g.shape == shape and \
+                    g.stride() == stride:
+                self.chain_skips += 1
+                return gouts[:j] + (None,) + gouts[j + 1:]
+            self.offload.memplan.conflict(outs.planned, [io], stream)
+            outs.ensure()
+        return gouts
+
     def fill_outputs(self, statics, gouts):
         """The output gradients autograd gives into their place in the slot
         (``statics``, over it), after :meth:`before_backward`: the stream has
@@ -529,8 +576,10 @@ class Grads:
             io = "; the backward's argument gradients in a slot of their own (%.1f MiB at 0x%x)" % (
                 self.io.nbytes / 2.0 ** 20, self.io.address)
         if self.outs is not None and self.gouts_used:
-            io += "; its %d output gradient(s) in another, for its backward alone (%.1f MiB at 0x%x)" % (
-                len(self.gouts), self.outs.nbytes / 2.0 ** 20, self.outs.address)
+            io += "; its %d output gradient(s) in another, for its backward alone (%.1f MiB at 0x%x%s)" % (
+                len(self.gouts), self.outs.nbytes / 2.0 ** 20, self.outs.address,
+                "" if self.chain is None else ", on the pages of %s, where the layer after hands it: %d copies "
+                "skipped" % (self.chain[0].name, self.chain_skips))
         return "mapped: %.1f MiB at 0x%x, %d regions%s" % (
             self.backing.nbytes / 2.0 ** 20, self.backing.address, len(self.regions), io)
 

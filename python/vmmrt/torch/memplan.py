@@ -31,7 +31,10 @@ U is the step's end (the optimizer step). Lives are closed intervals:
   reads them there (Offload.hold_gins holds them to its backward), in
   either loop;
 - its output gradients (Grads.outs), which the call copies in and the
-  graph reads: [its first backward, its last], in either loop.
+  graph reads: [its first backward, its last], in either loop; where the
+  step before the plan handed it the argument gradient of the layer
+  after, on that layer's io pages instead, with no copy
+  (:func:`chain_gouts`).
 
 The loop is learned, not asked (:class:`Watcher`): the plan is made at the
 first forward of the second step it sees (after the captures, or after the
@@ -77,6 +80,10 @@ SHARED = "grads on resident"
 # The set_to_none loop's parameter gradients on the pages of resident bytes
 # their backward has read (share_grads); False: each on pages of its own.
 SHARE_GRADS = True
+# A backward's output gradients on the pages of the argument gradients the
+# backward before handed it (chain_gouts); False: a slot of their own, the
+# call's copy in.
+CHAIN_GOUTS = True
 
 
 class Life:
@@ -278,6 +285,40 @@ def share_grads(items: list[Life], pairs: dict[str, tuple[str, dict[int, int]]],
     return out, splits
 
 
+def chain_gouts(items: list[Life], links: dict[str, tuple[str, int]],
+                granularity: int) -> tuple[list[Life], dict[Any, tuple[Life, Any, int]]]:
+    """The lives with each output gradients' slot of ``links`` (its
+    callable's name -> (the name of the callable whose argument gradient
+    its backward was handed as its one output gradient, that gradient's
+    byte offset in the latter's io slot)) taken out: the slot maps the io
+    slot's pages from that offset, where the bytes it would have copied in
+    already are (a chain of layers: layer i's argument gradient is layer
+    i-1's output gradient; eager hands the one tensor on). Only where both
+    are in the pages, the offset is a whole number of granules, the slot
+    fits in the io slot's granules from there and its life lies within the
+    io slot's (whose bytes nothing else takes meanwhile), one slot per io
+    slot, never its own callable's (whose backward writes the one while it
+    reads the other). Returns the lives left and {the slot's key: (its life, the io
+    slot's key, the offset)}."""
+    g = granularity
+    by = {it.key: it for it in items}
+    out = list(items)
+    chained, taken = {}, set()
+    for name, (src, off) in sorted(links.items()):
+        go, io = by.get((name, GOUTS)), by.get((src, IO))
+        if go is None or io is None or name == src or not (go.shared and io.shared) or io.key in taken:
+            continue
+        if off < 0 or off % g or off + _round_up(go.nbytes, g) > _round_up(io.nbytes, g):
+            continue
+        if not io.start <= go.start <= go.end <= io.end:
+            continue
+        out.remove(go)
+        taken.add(io.key)
+        go.why = "on %s's argument gradients' pages, which its backward is handed" % src
+        chained[go.key] = (go, io.key, off)
+    return out, chained
+
+
 def _kind(key: tuple) -> str:
     """A slot's kind as the summary names it (the graphs' pool's parts by number)."""
     return key[1] if len(key) < 3 else "%s part %d" % (key[1], key[2])
@@ -423,12 +464,21 @@ class Plan:
     (the plan's device memory, with the persistent gradients' own)."""
 
     def __init__(self, order: Sequence[tuple[str, bool]], items: list[Life], granularity: int,
-                 optimizer_need: int = 0) -> None:
+                 optimizer_need: int = 0, chained: dict[Any, tuple[Life, Any, int]] | None = None) -> None:
         self.order = list(order)
         self.items = items
         self.granularity = granularity
         self.optimizer_need = optimizer_need
         self.pages_bytes = place(items, granularity, len(self.order), optimizer_need)
+        # the output gradients' slots on an io slot's pages (chain_gouts):
+        # their lives, not placed of their own, at its offset
+        self.chained = dict(chained or {})
+        by = {it.key: it for it in items}
+        for go, io_key, off in self.chained.values():
+            io = by[io_key]
+            go.offset = None if io.offset is None else io.offset + off
+            go.mapped_by = [io_key]
+            io.mapped_by = io.mapped_by + [go.key]
         self.own_bytes = sum(_round_up(it.nbytes, granularity) for it in items if not it.shared)
         shared = [it for it in items if it.shared]
         # what the optimizer step's temporaries find free at the step's end,
@@ -440,11 +490,14 @@ class Plan:
         # the graphs' static tensors the plan holds (their outputs, output
         # and argument gradients), which the static part counted before the
         # plan was made (planner.static_bytes), and the graphs' pool
-        self.graph_bytes = sum(it.nbytes for it in items if it.kind in (OUTPUTS, GOUTS, IO))
+        self.graph_bytes = sum(it.nbytes for it in items + self.chained_lives() if it.kind in (OUTPUTS, GOUTS, IO))
         self.has_pool = any(it.kind == POOL for it in items)
         self.shares = sharers(items, granularity)
         # what each slot would hold without the plan, summed at the worst use
-        self.unplanned_peak = busiest(items, granularity)
+        self.unplanned_peak = busiest(items + self.chained_lives(), granularity)
+
+    def chained_lives(self) -> list[Life]:
+        return [go for go, _, _ in self.chained.values()]
 
     @property
     def total_bytes(self) -> int:
@@ -465,7 +518,10 @@ class Plan:
         return {"use": "the step's end" if t >= len(self.order) else _use(self.order[t]), "bytes": dict(by)}
 
     def by_key(self) -> dict[Any, Life]:
-        return {it.key: it for it in self.items}
+        """Every life by its slot's key, the chained output gradients' too."""
+        out = {it.key: it for it in self.items}
+        out.update((k, go) for k, (go, _, _) in self.chained.items())
+        return out
 
     def summary(self) -> str:
         lines = ["memory plan: %s predicted: %s of pages for %d slots%s (mapped and released around each use "
@@ -480,7 +536,8 @@ class Plan:
         if self.optimizer_need:
             lines.append("  the optimizer step's temporaries: %s, in the pages' free runs at the step's end where "
                          "they fit in whole segments" % size(self.optimizer_need))
-        for it in sorted(self.items, key=lambda it: (it.offset is None, it.offset or 0, it.start)):
+        for it in sorted(self.items + self.chained_lives(), key=lambda it: (it.offset is None, it.offset or 0,
+                                                                            it.start)):
             where = "own memory" if it.offset is None else "offset %s" % size(it.offset)
             with_ = it.mapped_by + (self.shares.get(it.key) or [])
             lines.append("  %s %s: %s at %s, life [%d, %d] (%s)%s"
@@ -680,6 +737,9 @@ class Watcher:
             from vmmrt.torch import optmem
             if optmem.observe(self):
                 self.stepped = weakref.WeakSet()
+        # the output gradient each backward is handed, until the plan (chain_gouts)
+        for g in self._grads():
+            g.watch_gouts = enabled and CHAIN_GOUTS and g.outs is not None and g.gout_index is not None
 
     def optimizer_seen(self, optimizer: Any) -> None:
         """An optimizer steps (optmem's global pre-hook), before the plan."""
@@ -718,6 +778,42 @@ class Watcher:
                 if b is not None and not b._pinned:
                     into.setdefault(id(b), (g.name, [], b))[1].append(l.name)
         return residents, list(grads.values()), list(io.values()), list(gouts.values())
+
+    def _grads(self) -> list:
+        """The layers' mapped gradients (grads.Grads), each once."""
+        seen = {}
+        for l in self.off.layers:
+            g = getattr(l, "grads", None)
+            if g is not None and g.backing is not None:
+                seen.setdefault(id(g), g)
+        return list(seen.values())
+
+    def _gout_links(self, io: list, gouts: list) -> dict[str, tuple[str, int]]:
+        """Per output gradients' slot of one layer's backward whose one output
+        gradient was, in the step before the plan, the argument gradient
+        another layer's backward handed out from its io slot, laid out as
+        this slot lays it (grads.Grads.note_gouts): (that layer's callable,
+        the gradient's offset in its io slot); for :func:`chain_gouts`."""
+        if not CHAIN_GOUTS:
+            return {}
+        by_name = {g.name: g for g in self._grads()}
+        ios = [(name, b) for name, layers, b in io if len(layers) == 1]
+        out = {}
+        for name, layers, b in gouts:
+            g = by_name.get(name)
+            seen = getattr(g, "gout_seen", None)
+            if len(layers) != 1 or not seen or len(g.gouts) != 1 or g.gouts[0][0] != 0:
+                continue
+            ptr, layout = seen[0], seen[1:]
+            if g.gouts[0][1:] != layout:
+                continue
+            for src, iob in ios:
+                if src != name and iob.address <= ptr < iob.address + iob.nbytes:
+                    off = ptr - iob.address
+                    if any(gin is not None and gin[0] == off and gin[1:] == layout for gin in by_name[src].gins):
+                        out[name] = (src, off)
+                    break
+        return out
 
     def _pool(self):
         """The Backing of the graphs' pool on a slot (vmmrt.torch.graphpool), if its captures used it."""
@@ -842,8 +938,11 @@ class Watcher:
             learned = "persistent" if any(b.live > 0 for _, _, b in grads) else "set_to_none"
             self.check_loop(learned)
         items, splits = share_grads(items, self._grad_pairs(residents, grads), self.off.granularity)
+        for g in self._grads():
+            g.watch_gouts = False
+        items, chained = chain_gouts(items, self._gout_links(io, gouts), self.off.granularity)
         need = self.optimizer_need(sum(b.slot.size for _, _, b in grads))
-        plan = Plan(self.order, items, self.off.granularity, need)
+        plan = Plan(self.order, items, self.off.granularity, need, chained)
         self.plan = plan
         self.splits = splits
         from vmmrt.torch import optmem
@@ -871,6 +970,19 @@ class Watcher:
         self.entries = [Entry(self, backing[it.key], it) for it in items
                         if it.offset is not None and it.kind not in (POOL, SHARED) and id(backing[it.key]) not in split_b]
         self.entries += split_entries
+        # A chained output gradients' slot maps its io slot's pages: whoever
+        # shares those bytes checks it too; it does not check the io slot,
+        # whose gradient it is handed (the call checks that: Grads.chained).
+        by_name = {g.name: g for g in self._grads()}
+        for key, (go, io_key, off) in plan.chained.items():
+            if go.offset is None:
+                continue
+            ob, iob = backing[key], backing[io_key]
+            owners[io_key].append(ob)
+            self.entries.append(Entry(self, ob, go, [by_life[io_key]]))
+            g, src = by_name[key[0]], by_name[io_key[0]]
+            layout = next(gin[1:] for gin in src.gins if gin is not None and gin[0] == off)
+            g.chain = (iob, iob.address + off) + layout + (g.gout_index,)
         parts = [it for it in items if it.kind == POOL]
         # (a slot is not checked against the pool, whose use is the whole
         # step: the pool's parts check their sharers where they begin)
@@ -1130,9 +1242,17 @@ class Watcher:
     def stats(self) -> dict:
         st = {"plan_conflicts": self.conflicts, "plan_binds": self.binds,
               "plan_bytes": self.pages.size if self.pages is not None else 0,
-              "plan_grad_share_bytes": self.shared_bytes()}
+              "plan_grad_share_bytes": self.shared_bytes(), "plan_chained_bytes": self.chained_bytes(),
+              "plan_chained_copies": sum(g.chain_skips for g in self._grads())}
         st.update(self.optimizer.stats() if self.optimizer is not None else NO_OPTIMIZER_STATS)
         return st
+
+    def chained_bytes(self) -> int:
+        """The bytes of the output gradients' slots the applied plan maps on
+        the argument gradients they are handed (:func:`chain_gouts`)."""
+        if self.pages is None or self.plan is None:
+            return 0
+        return sum(go.nbytes for go, _, _ in self.plan.chained.values() if go.offset is not None)
 
     def shared_bytes(self) -> int:
         """The bytes of the gradients' slots the applied plan maps on their

@@ -715,7 +715,12 @@ class Offload:
         grad_share_bound_bytes (the same with the bytes the backward's
         temporaries took counted free: a bound), plan_grad_share_bytes
         (those the memory plan maps there: the set_to_none loop's,
-        :func:`vmmrt.torch.memplan.share_grads`)."""
+        :func:`vmmrt.torch.memplan.share_grads`); plan_chained_bytes (the
+        backward graphs' output gradients the plan maps on the pages of the
+        argument gradients the layer after hands them,
+        :func:`vmmrt.torch.memplan.chain_gouts`), plan_chained_copies (the
+        backwards that found their output gradient there and copied
+        nothing in)."""
         st = self.runtime.offload_stats()
         p = self.placement()
         for k in ("placed", "copied", "copy", "resident", "pool"):
@@ -726,7 +731,8 @@ class Offload:
         st["driver_calls_by_kind"] = by_kind
         st["driver_calls"] = sum(by_kind.values())
         st.update(self.memplan.stats() if self.memplan is not None else
-                  {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0, "plan_grad_share_bytes": 0})
+                  {"plan_conflicts": 0, "plan_binds": 0, "plan_bytes": 0, "plan_grad_share_bytes": 0,
+                   "plan_chained_bytes": 0, "plan_chained_copies": 0})
         st.update(self.graph_pool.stats() if self.graph_pool is not None else
                   {"graph_pool_bytes": 0, "graph_pool_bound": 0, "graph_pool_fallback_bytes": 0,
                    "graph_pool_pages_bytes": 0, "graph_pool_live_peak_bytes": 0,

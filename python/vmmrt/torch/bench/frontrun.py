@@ -656,6 +656,9 @@ class Front:
                         "of the step's gradients so" % (
                             (pg.get("busiest_grad_share") or 0) / MiB, (pg.get("busiest_grad_share_bound") or 0) / MiB,
                             (pg.get("plan_grad_share_bytes") or 0) / MiB)
+            if pg.get("plan_chained_bytes"):
+                line += "; %.0f MiB of output gradients on the pages of the argument gradients handed them " \
+                        "(memplan.chain_gouts)" % (pg["plan_chained_bytes"] / MiB)
         return line
 
     def _against_none(self, pt):

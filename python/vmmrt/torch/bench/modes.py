@@ -342,7 +342,8 @@ def measure(built, layers, loop, xs, gys, args, weights, clock=None):
                         "graph_pool_live_peak_bytes": after.get("graph_pool_live_peak_bytes", 0),
                         "graph_pool_never_freed_bytes": after.get("graph_pool_never_freed_bytes", 0),
                         "plan_conflicts": after["plan_conflicts"],
-                        "plan_grad_share_bytes": after.get("plan_grad_share_bytes", 0)}
+                        "plan_grad_share_bytes": after.get("plan_grad_share_bytes", 0),
+                        "plan_chained_bytes": after.get("plan_chained_bytes", 0)}
         w = off.memplan
         if w is not None and w.plan is not None:
             res["pages"]["busiest"] = w.plan.busiest()     # (what sizes the pages)
