@@ -29,11 +29,18 @@ def _slots(off):
             for b in (lay.grads.backing, lay.grads.io, lay.grads.outs) if b is not None]
 
 
-def _step(g, x, gy):
+def _step(g, x, gy, hook=None, params=()):
+    """One step; ``hook(k, y)`` after layer k's forward; ``params``' .grad
+    dropped after it (zero_grad(set_to_none=True))."""
     y = x
-    for m in g:
+    for k, m in enumerate(g):
         y = m(y)
+        if hook is not None:
+            hook(k, y)
     y.backward(gy)
+    del y
+    for p in params:
+        p.grad = None
 
 
 def test_the_backwards_static_tensors_lie_in_their_io_slot(host_graphs):  # noqa: F811
@@ -185,15 +192,7 @@ def test_a_backwards_output_gradients_slot_is_done_with_once_it_has_run(host_gra
             # before layer k's
             return lambda t: seen.append((wanted(later.outs), wanted(later.io)))
         for _ in range(4):
-            y = x
-            for k, m in enumerate(g):
-                y = m(y)
-                if k + 1 < len(g):
-                    y.register_hook(look(off.layers[k + 1].grads))
-            y.backward(gy)
-            del y
-            for p in params:
-                p.grad = None
+            _step(g, x, gy, lambda k, y: k + 1 < len(g) and y.register_hook(look(off.layers[k + 1].grads)), params)
         assert len(seen) == 4 * (len(g) - 1)
         assert not any(o for o, _ in seen), seen
         assert all(i for _, i in seen), seen
@@ -344,10 +343,7 @@ def test_a_backwards_output_gradient_is_read_where_the_layer_after_wrote_it(host
             x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
             params = [p for m in g for p in m.parameters()]
             for _ in range(4):
-                _step(g, x, gy)
-                if not keep:
-                    for p in params:
-                        p.grad = None
+                _step(g, x, gy, params=() if keep else params)
             w = off.memplan
             assert w.plan is not None and w.conflicts == 0, w.describe()
             by = w.plan.by_key()
@@ -391,15 +387,8 @@ def test_an_output_gradient_that_is_not_the_layer_afters_is_copied_off_its_pages
         kept = []
 
         def step(hook):
-            y = x
-            for k, m in enumerate(g):
-                y = m(y)
-                if hook and k == 1:
-                    y.register_hook(lambda t: kept.append((t, t.clone())) or torch.full_like(t, 7.0))
-            y.backward(gy)
-            del y
-            for p in params:
-                p.grad = None
+            _step(g, x, gy, lambda k, y: hook and k == 1 and y.register_hook(
+                lambda t: kept.append((t, t.clone())) or torch.full_like(t, 7.0)), params)
         for _ in range(3):
             step(False)
         w, gr = off.memplan, off.layers[1].grads
