@@ -1505,15 +1505,16 @@ def test_poolcheck_tells_a_capture_s_frees_it_could_reuse_from_those_it_could_no
               ev("free_requested", 300, 30),                                        # never completed
               ev("alloc", 9000, 1), ev("free_requested", 9000, 1), ev("free_completed", 9000, 1),
               ev("alloc", 500, 5), ev("alloc", 500, 6),                             # 500 given again unfreed
-              ev("free_completed", 200, 20)]                                        # index 13: after the span
-    marks = [(("a", True), 0, 13)]
+              ev("free_requested", 600, 8), ev("free_completed", 600, 8),           # its alloc not in the history
+              ev("free_completed", 200, 20)]                                        # index 15: after the span
+    marks = [(("a", True), 0, 15)]
     (use, c, streams), = poolcheck.frees(events, marks, 0, 1000)
     assert use == ("a", True)
     assert c == {"at once": [1, 10], "later in the capture": [0, 0], "after the capture": [1, 20],
-                 "never": [1, 30], "given again unfreed": [1, 5]}
+                 "never": [1, 30], "given again unfreed": [1, 5], "its alloc unseen": [1, 8]}
     assert streams == {7, 8}
     # completed before the span ends: later, but inside it
-    (_, c, _), = poolcheck.frees(events, [(("a", True), 0, 14)], 0, 1000)
+    (_, c, _), = poolcheck.frees(events, [(("a", True), 0, 16)], 0, 1000)
     assert c["later in the capture"] == [1, 20] and c["after the capture"] == [0, 0]
     assert poolcheck.describe_frees(c).startswith("1 at once (0 MiB), 1 later in the capture (0 MiB)")
     assert poolcheck.describe_frees({k: [0, 0] for k in poolcheck.FREE_KINDS}) == "no frees"

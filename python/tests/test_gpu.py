@@ -480,7 +480,7 @@ def test_1f1b_driver_level_memory_against_none(mode):
     remap budget), at the driver's count."""
     shape = dict(hidden=1024, ffn=2816, heads=8, kv_heads=4, seq=1024, batch=2)
     s, base, _ = layers_and_copy(n=3, attention="auto", **shape)
-    used = {}
+    used, acts = {}, {}
     for md in ("none", mode):
         order, g = graphed_1f1b(base, s, 6, 4, mode=md)
         off = vt.offload_of(g[0])
@@ -491,6 +491,7 @@ def test_1f1b_driver_level_memory_against_none(mode):
             st = Stage(g, order, xs, gys).run(4)               # F0..F3: four microbatches in flight
             off.sync()
             used[md] = memory.snapshot([off])
+            acts[md] = _activations(off)
             st.run()
         stats = off.stats()
         print(md, memory.describe(used[md]), "| banks %d, bound %.0f MiB" % (stats["banks"],
@@ -501,14 +502,22 @@ def test_1f1b_driver_level_memory_against_none(mode):
         # they would keep the runtime until they go, in the next mode's count)
         del g, off, st, xs, gys
         cleanup(base)
-    # none's activations are in its resident slots ("slots"), the offload's
-    # in its banks or remap slots ("vmmrt"); the graphs' pool, on a slot of
-    # its own after a conflict of the memory plan, holds none of them (an
-    # attention's outputs, unplaceable, are in it with none and copied into
-    # the banks at the end of the forward by the offload)
-    held = {md: used[md]["vmmrt"] + (used[md]["slots"] or 0) - (used[md]["graph_pool"] or 0) for md in used}
-    assert held[mode] < held["none"] / 2
-    assert used[mode]["used"] < used["none"]["used"] - (held["none"] - held[mode]) / 2
+    # none's activations are in its resident slots, the offload's in its
+    # banks or remap slots ("vmmrt") and what it keeps resident: counted
+    # from the slots in use: the memory plan's pages ("slots") hold the
+    # gradients' and the backwards' io slots beside them in both modes, and
+    # are sized for the busiest use, not this one
+    print("activations held: %s" % {md: "%.0f MiB" % (n / 2**20) for md, n in acts.items()})
+    assert acts[mode] < acts["none"] / 2
+    assert used[mode]["used"] < used["none"]["used"] - (acts["none"] - acts[mode]) / 2
+
+
+def _activations(off):
+    """The bytes of activations ``off`` holds now: its banks or remap slots,
+    and its resident slots in use (mapped, or busy on the memory plan's
+    pages)."""
+    return off.device_bytes() + sum(lay.resident.nbytes for lay in off.layers if lay.resident is not None and
+                                    (lay.resident.mapped or lay.resident.busy))
 
 
 # ------------------------------------------- issue 23's contracts, with graphs
