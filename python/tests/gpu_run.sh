@@ -68,6 +68,10 @@
 #   check-launch   --front of launch, PyTorch's options only (3 values of k),
 #                  then each again alone in a fresh process, within 3 % ~4 min
 #   check-llama    the same on the llama shape                       ~5 min
+#   chain-ab       vmmrt none, auto and recompute all (encoder, long),
+#                  set_to_none, AdamW fused, with each backward's output
+#                  gradients on the pages of the argument gradients handed
+#                  them (memplan.CHAIN_GOUTS) and apart  ~8 min (an estimate)
 #   defer-ab       vmmrt none and recompute all (launch) and none (llama),
 #                  set_to_none, AdamW fused, each alone in a one-point front,
 #                  with the mapped backward pair instantiated at its first
@@ -329,6 +333,20 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 					sed "s/^/$name: /" | tee -a "$summary"
 			done
 		done ;;
+	chain-ab)
+		# the output gradients chained on the argument gradients handed them
+		# (vmmrt.torch.memplan.CHAIN_GOUTS) and apart, one process each
+		for shape in encoder long; do
+			for c in True False; do
+				name=chain-$shape-$c
+				step "$name" 240 "$py" -c "import sys, vmmrt.torch.memplan as m; m.CHAIN_GOUTS = $c
+from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --front --front-ks 3 \
+					--front-budgets 0 --iterations 3 --optimizer fused --shape "$shape" --loop set_to_none \
+					--front-only "vmmrt none,vmmrt auto,vmmrt recompute all" --json "$out/$name.json" || true
+				[ -f "$out/$name.log" ] && grep -E "^\[[0-9]/[0-9]\] .*build" "$out/$name.log" | cut -c1-160 |
+					sed "s/^/$name: /" | tee -a "$summary"
+			done
+		done ;;
 	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \
 		--front-budgets 0 --iterations 5 --check-alone --check-repeats 0 \
 		--front-only "eager,ckpt 16,graphs,vmmrt none,vmmrt recompute all" ;;
@@ -366,7 +384,7 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		done
 		) ;;
 	check-llama) front check-llama 480 --shape llama --front-families torch --front-ks 3 --check-alone ;;
-	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch smallest smallest-reuse launch-ab one-time poolcheck probes, or all)" ;;
+	*) note "gpu_run: unknown part '$part' (pytest pytest:K/N smoke s4096 hf s8192 encoder math quarter megatron budget budget6 budget32 front-smoke front-llama front-launch front-encoder front-hf front-megatron front-fused front-persistent front-math front-launch-both front-llama-both copy-bound front-megatron-both check-launch check-llama defer-ab chain-ab alone-launch at-launch at-launch-1 foreach-launch foreach-llama foreach-encoder at-llama at-long fresh-launch smallest smallest-reuse launch-ab one-time poolcheck probes, or all)" ;;
 	esac
 	pack
 done
