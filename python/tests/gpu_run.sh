@@ -226,6 +226,18 @@ front() { # front NAME LIMIT ARGS...: a --front run, its verdict lines in the su
 		grep -E "^verdict|FAILED|^alone check|DIFFERS|^plot" "$out/$name.log" | sed "s/^/$name: /" | tee -a "$summary"
 }
 
+flag_front() { # flag_front NAME LIMIT STATEMENT ARGS...: a one-loop --front run in a
+	# process that runs the Python STATEMENT first (a module switch's A/B),
+	# its points' build lines in the summary
+	name=$1 limit=$2 stmt=$3
+	shift 3
+	step "$name" "$limit" "$py" -c "import sys; $stmt
+from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --front --front-ks 3 \
+		--front-budgets 0 --optimizer fused --loop set_to_none --json "$out/$name.json" "$@" || true
+	[ -f "$out/$name.log" ] && grep -E "^\[[0-9]+/[0-9]+\] .*build" "$out/$name.log" | cut -c1-160 |
+		sed "s/^/$name: /" | tee -a "$summary"
+}
+
 # Every table runs both loops (--loop both, the default) at one microbatch.
 for part in "${parts[@]}"; do
 	case $part in
@@ -324,13 +336,9 @@ for part in "${parts[@]}"; do
 		for sl in "launch:vmmrt none" "launch:vmmrt recompute all" "llama:vmmrt none"; do
 			for d in True False; do
 				shape=${sl%%:*} opt=${sl#*:}
-				name=defer-$shape-$(echo "$opt" | tr ' ' '-' | sed 's/^vmmrt-//')-$d
-				step "$name" 150 "$py" -c "import sys, vmmrt.torch.graphed as g; g.DEFER_MAPPED_BACKWARDS = $d
-from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --front --front-ks 3 \
-					--front-budgets 0 --iterations 5 --optimizer fused --shape "$shape" --loop set_to_none \
-					--front-only "$opt" --json "$out/$name.json" || true
-				[ -f "$out/$name.log" ] && grep -E "^\[1/1\] .*build" "$out/$name.log" | cut -c1-160 |
-					sed "s/^/$name: /" | tee -a "$summary"
+				flag_front "defer-$shape-$(echo "$opt" | tr ' ' '-' | sed 's/^vmmrt-//')-$d" 150 \
+					"import vmmrt.torch.graphed as g; g.DEFER_MAPPED_BACKWARDS = $d" --iterations 5 \
+					--shape "$shape" --front-only "$opt"
 			done
 		done ;;
 	chain-ab)
@@ -338,13 +346,8 @@ from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --fro
 		# (vmmrt.torch.memplan.CHAIN_GOUTS) and apart, one process each
 		for shape in encoder long; do
 			for c in True False; do
-				name=chain-$shape-$c
-				step "$name" 240 "$py" -c "import sys, vmmrt.torch.memplan as m; m.CHAIN_GOUTS = $c
-from vmmrt.torch.bench.__main__ import main; sys.exit(main(sys.argv[1:]))" --front --front-ks 3 \
-					--front-budgets 0 --iterations 3 --optimizer fused --shape "$shape" --loop set_to_none \
-					--front-only "vmmrt none,vmmrt auto,vmmrt recompute all" --json "$out/$name.json" || true
-				[ -f "$out/$name.log" ] && grep -E "^\[[0-9]/[0-9]\] .*build" "$out/$name.log" | cut -c1-160 |
-					sed "s/^/$name: /" | tee -a "$summary"
+				flag_front "chain-$shape-$c" 240 "import vmmrt.torch.memplan as m; m.CHAIN_GOUTS = $c" \
+					--iterations 3 --shape "$shape" --front-only "vmmrt none,vmmrt auto,vmmrt recompute all"
 			done
 		done ;;
 	alone-launch) front alone-launch 480 --shape launch --loop both --optimizer fused --front-ks 3 \

@@ -29,6 +29,11 @@ def _slots(off):
             for b in (lay.grads.backing, lay.grads.io, lay.grads.outs) if b is not None]
 
 
+def _data(g):
+    """A step's input and output gradient for the Zoo layers, and the layers' parameters."""
+    return torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32), [p for m in g for p in m.parameters()]
+
+
 def _step(g, x, gy, hook=None, params=()):
     """One step; ``hook(k, y)`` after layer k's forward; ``params``' .grad
     dropped after it (zero_grad(set_to_none=True))."""
@@ -68,8 +73,7 @@ def test_a_leaf_arguments_grad_is_its_own_and_nothing_holds_the_slot_past_the_st
     # x.grad would hold the slot (and the plan's pages under it) for good.
     g, off, runners = _graphed_on_host("none", "mapped")
     try:
-        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
-        params = [p for m in g for p in m.parameters()]
+        x, gy, params = _data(g)
         for _ in range(3):
             _step(g, x, gy)
             assert x.grad is not None and not any(_inside(x.grad, b) for b in _slots(off))
@@ -180,8 +184,7 @@ def test_a_backwards_output_gradients_slot_is_done_with_once_it_has_run(host_gra
     from vmmrt.torch import memplan
     g, off, runners = _graphed_on_host("none", "mapped", plan=plan)
     try:
-        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
-        params = [p for m in g for p in m.parameters()]
+        x, gy, params = _data(g)
         seen = []
 
         def wanted(b):
@@ -340,8 +343,7 @@ def test_a_backwards_output_gradient_is_read_where_the_layer_after_wrote_it(host
         monkeypatch.setattr(memplan, "CHAIN_GOUTS", chain)
         g, off, runners = _graphed_on_host("none", "mapped", plan=True)
         try:
-            x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
-            params = [p for m in g for p in m.parameters()]
+            x, gy, params = _data(g)
             for _ in range(4):
                 _step(g, x, gy, params=() if keep else params)
             w = off.memplan
@@ -382,8 +384,7 @@ def test_an_output_gradient_that_is_not_the_layer_afters_is_copied_off_its_pages
     # pages after.
     g, off, runners = _graphed_on_host("none", "mapped", plan=True)
     try:
-        x, gy = torch.randn(2, 8, 32, requires_grad=True), torch.randn(2, 8, 32)
-        params = [p for m in g for p in m.parameters()]
+        x, gy, params = _data(g)
         kept = []
 
         def step(hook):
