@@ -316,7 +316,9 @@ def main(argv=None):
                       getattr(gp, "place_why_not", None) or "no graphs' pool of the library's"), flush=True)
             else:
                 lo = gp.backing.address
-                report(evs, lo, lo + gp.backing.nbytes, gp.marks, "vmmrt %s (%s)" % (label, off.plan.mode), out)
+                # (mode none has no budget plan: the planner's mode is the budget's alone)
+                mode = off.plan.mode if off.plan is not None else "no budget plan"
+                report(evs, lo, lo + gp.backing.nbytes, gp.marks, "vmmrt %s (%s)" % (label, mode), out)
                 if a.trace:
                     dump_trace(a.trace, evs, lo, gp.backing.nbytes, gp.marks)
             print(off.describe(), flush=True)
