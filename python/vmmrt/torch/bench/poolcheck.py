@@ -90,7 +90,8 @@ def frees(events, marks, lo=0, hi=1 << 62):
     (poolplan.block_lives keeps it in use for good from the history's start:
     each such block adds its bytes to every "alive at once" after it; 40 of
     them, all at one address, in the H100 run of the thirty-fourth session,
-    counted 2401 MiB alive at once in a 1272 MiB pool). Returns [(use, {kind: [count, bytes]}, streams)] per mark, streams the
+    counted 2401 MiB alive at once in a 1272 MiB pool). Returns
+    [(use, {kind: [count, bytes]}, streams)] per mark, streams the
     allocating streams seen in its span."""
     spans = list(marks)
 
