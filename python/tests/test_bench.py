@@ -1567,7 +1567,8 @@ def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     assert poolcheck.by_size(live) == [(20, 1), (10, 1)]
     top, at, live = poolcheck.alive_at_peak(events(30), 0, 1000)
     assert (top, at) == (35, 7) and sorted(n for _, n, _, _ in live) == [5, 30]
-    # a block freed whose birth the history missed is in use for good (poolplan.block_lives)
+    # a block freed whose birth the history missed, with no death over its
+    # bytes before, is alive from the history's start on (poolplan.block_lives)
     before = [{"action": "free_requested", "addr": 50, "size": 8}, {"action": "free_completed", "addr": 50, "size": 8}]
     top, _, live = poolcheck.alive_at_peak(before + events(24), 0, 1000)
     assert top == 38 and sorted(n for _, n, _, _ in live) == [8, 10, 20]

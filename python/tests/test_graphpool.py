@@ -324,7 +324,8 @@ def test_one_pool_says_what_its_captures_left_in_use(monkeypatch):
     # working set planned at 2134. Whether blocks left in use pile up over
     # the captures, or one capture needs that much, is told apart by the
     # bytes the captures never freed: here B is never freed (2 granules),
-    # and a block freed whose birth the history missed is in use for good too.
+    # and a block freed whose birth the history missed (no death over its
+    # bytes before it to bound that birth) is in use for good too.
     lo = 1 << 30
     ev, _ = _history(lo)
     ev = [e for e in ev if e.get("addr") != lo + 2 * G or e["action"] == "alloc"]

@@ -70,6 +70,28 @@ def test_a_blocks_life_is_from_its_alloc_to_its_free_completed_and_unfreed_is_fo
                    (LO + 3 * G, G, -1, poolplan.FOREVER), (LO + 5 * G, G, 8, poolplan.FOREVER)]
 
 
+def test_a_block_freed_with_its_alloc_unseen_is_born_when_the_last_block_over_its_bytes_died():
+    # (H100, a Llama layer's pool: 40 blocks at one address whose frees the
+    # history has and not their allocs.) X (granules 1-2) dies at event 2,
+    # Y (granule 0) at 5: Z over granules 0-1, freed at 8 with no alloc
+    # seen, took its bytes after both; W over granule 3, with no death
+    # before its free, stays in use for good, as one with no free at all
+    ev = [alloc(LO + G, 2 * G)] + free(LO + G, 2 * G) + [alloc(LO, G)] + free(LO, G) + [
+        alloc(LO + 4 * G, G), alloc(LO + 5 * G, G)] + free(LO, 2 * G) + free(LO + 3 * G, G) + free(LO + 5 * G, G)
+    got = sorted(poolplan.block_lives(ev, LO, LO + 8 * G))
+    assert got == [(LO, G, 3, 5), (LO, 2 * G, 5, 9), (LO + G, 2 * G, 0, 2),
+                   (LO + 3 * G, G, -1, poolplan.FOREVER), (LO + 4 * G, G, 6, poolplan.FOREVER),
+                   (LO + 5 * G, G, 7, 13)], got
+    # alive at once at most: Z, W, V and U (events 7-8), not Z from the start
+    # (with X: 7 granules)
+    assert poolplan.live_peak(got) == 5 * G
+    assert poolplan.never_freed(got) == 2 * G
+    # the bound only takes deaths before the free: one after it says nothing
+    assert poolplan.unseen_birth([(3, LO, LO + G), (12, LO, LO + G)], LO, G, 9) == 3
+    assert poolplan.unseen_birth([(3, LO + G, LO + 2 * G)], LO, G, 9) == -1      # not over its bytes
+    assert poolplan.unseen_birth([], LO, G, 9) == -1
+
+
 def test_a_blocks_history_keeps_its_free_request_and_an_address_given_again():
     # block_history, which block_lives and bench.poolcheck read: the free's
     # request beside its completion (a deferred free: completed later than

@@ -20,9 +20,11 @@ that used it have passed). That is the caching allocator's own rule for
 giving the same address twice, and the captured graphs replay in the order
 of their captures, so the same rule holds for the same page under two
 addresses. A block not freed when the history ends (a graph's static output
-or input gradient, handed out and perhaps held across steps), or freed
-without its birth recorded, is in use for good: its granules keep pages of
-their own, as its addresses are its own in PyTorch's pool.
+or input gradient, handed out and perhaps held across steps) is in use for
+good: its granules keep pages of their own, as its addresses are its own in
+PyTorch's pool. One freed without its birth recorded is alive from the
+latest death of a block over its bytes before it (its bytes were taken
+until then), in use for good where no such death is in the history.
 
 Time is the event order; two half-open lives [b1, d1) and [b2, d2) overlap
 exactly when one contains the other's birth, so a granule's use is a bit set
@@ -98,11 +100,33 @@ def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int
     """(address, bytes, birth, death) of every block in [lo, hi) that the
     events (a memory history's device trace, in order) saw
     (:func:`block_history`); birth and death are event indices, death
-    :data:`FOREVER` when it was not freed by the end, and birth -1 for a
-    block freed whose birth the history missed or whose address was given
-    out again unfreed (in use for good as well)."""
-    return [(a, n, -1 if again is not None else b, FOREVER if b < 0 or again is not None else d)
-            for a, n, b, _, d, again in block_history(events, lo, hi)]
+    :data:`FOREVER` when it was not freed by the end. A block freed whose
+    birth the history missed is born at the latest death before its free
+    of a block over any of its bytes (:func:`unseen_birth`); with none,
+    and where its address was given out again unfreed, birth -1 and in use
+    for good."""
+    hist = block_history(events, lo, hi)
+    deaths = [(d, a, a + n) for a, n, _, _, d, again in hist if d is not FOREVER and again is None]
+    out = []
+    for a, n, b, r, d, again in hist:
+        if again is not None:
+            out.append((a, n, -1, FOREVER))
+            continue
+        if b < 0 and d is not FOREVER:
+            b = unseen_birth(deaths, a, n, r)
+        out.append((a, n, b, FOREVER if b < 0 else d))
+    return out
+
+
+def unseen_birth(deaths: Sequence[tuple[int, int, int]], addr: int, nbytes: int, requested: int) -> int:
+    """The earliest a block at [addr, addr + nbytes) whose free was requested
+    at event ``requested`` can have been born, its alloc not in the history
+    (on the H100, 40 blocks of 8-64 MiB at one address of a Llama layer's
+    pool, their frees recorded: README, thirty-fourth session): after the
+    death of every block over any of its bytes that died before that free
+    (``deaths``: (death, start, end)), as two blocks alive at once never
+    share an address; -1 when none did (from the history's start)."""
+    return max((d for d, s, e in deaths if d < requested and s < addr + nbytes and addr < e), default=-1)
 
 
 def masks(blocks: Sequence[tuple[int, int, int, int | None]], lo: int, nbytes: int,
@@ -234,7 +258,7 @@ def peak_moment(blocks: Sequence[tuple[int, int, int, int | None]]) -> tuple[int
 def never_freed(blocks: Sequence[tuple[int, int, int, int | None]]) -> int:
     """The bytes of ``blocks`` in use for good (:func:`block_lives` ends
     them at FOREVER: not freed when the history ended, or freed with their
-    birth unseen): what a pool's captures leave
+    birth unseen and unbounded): what a pool's captures leave
     held beside the working set of any one of them. Where the live peak is
     far above a layer's working set, this tells held blocks piling up over
     the captures from a capture that needs that much."""

@@ -38,9 +38,9 @@ MiB = float(1 << 20)
 def alive_at_peak(events, lo=0, hi=1 << 62):
     """(bytes, event index, blocks) at the moment the most bytes of the
     blocks in [lo, hi) are alive at once (poolplan.peak_moment over
-    poolplan.block_lives' (address, bytes, birth, death): one never freed,
-    or freed with its birth before the history, alive from its birth, or
-    the history's start, on)."""
+    poolplan.block_lives' (address, bytes, birth, death): one never freed
+    alive from its birth on; one freed with its alloc unseen from the
+    latest death over its bytes before, or the history's start)."""
     return _peak(poolplan.block_lives(events, lo, hi))
 
 
@@ -87,10 +87,11 @@ def frees(events, marks, lo=0, hi=1 << 62):
     ``alloc`` at an address whose block the history saw no free of (what
     poolplan.block_lives keeps in use for good), counted where it came;
     "its alloc unseen": a free of a block whose alloc the history lacks
-    (poolplan.block_lives keeps it in use for good from the history's start:
-    each such block adds its bytes to every "alive at once" after it; 40 of
-    them, all at one address, in the H100 run of the thirty-fourth session,
-    counted 2401 MiB alive at once in a 1272 MiB pool). Returns
+    (poolplan.block_lives bears it from the latest death of a block over its
+    bytes before its free: until the thirty-fifth session it kept it in use
+    for good from the history's start, and 40 of them, all at one address,
+    in the H100 run of the thirty-fourth session counted 2401 MiB alive at
+    once in a 1272 MiB pool, 1161 now). Returns
     [(use, {kind: [count, bytes]}, streams)] per mark, streams the
     allocating streams seen in its span."""
     spans = list(marks)
