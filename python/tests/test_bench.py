@@ -1579,8 +1579,15 @@ def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     # counts from its start, one freed after it to its end
     ev = events(24)
     caps = poolcheck.capture_peaks(ev, [(("a", False), 0, 4), (("a", True), 4, 8)], 0, 1000)
-    assert [(u, n) for u, n, _ in caps] == [(("a", False), 30), (("a", True), 29)]
+    assert [(u, n) for u, n, *_ in caps] == [(("a", False), 30), (("a", True), 29)]
     assert sorted(n for _, n, _, _ in caps[1][2]) == [5, 24]
+    # of its busiest bytes, those the capture before left (born before its span, alive then),
+    # and the top of the blocks it was handed (its allocs only)
+    assert [(carried, reach) for *_, carried, reach in caps] == [(0, 220), (0, 324)]
+    other = poolcheck.capture_peaks(ev, [(("a", False), 0, 2), (("a", True), 2, 8)], 0, 1000)
+    assert [(n, carried, reach) for _, n, _, carried, reach in other] == [(30, 0, 220), (30, 30, 324)]
+    other = poolcheck.capture_peaks(events(1), [(("a", False), 0, 4), (("a", True), 4, 8)], 0, 1000)
+    assert [(n, carried) for _, n, _, carried, _ in other] == [(30, 0), (25, 20)]
     # each size named by the first frame of vmmrt's code at its block's birth
     ev[7]["frames"] = [{"filename": "/x/torch/nn/functional.py", "line": 9},
                        {"filename": "/x/vmmrt/torch/bench/llama.py", "line": 42}]

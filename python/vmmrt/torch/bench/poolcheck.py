@@ -53,19 +53,23 @@ def _peak(blocks):
 
 
 def capture_peaks(events, marks, lo=0, hi=1 << 62):
-    """[(use, bytes, blocks)] per marked capture (graphpool.GraphPool.marks:
-    (use, first event, end event)): the most bytes of the blocks in [lo, hi)
-    alive at once within its span, a block born before it counted from its
-    start and one freed after it alive to its end, and the blocks alive
-    then: what each capture asks of the one pool, beside what the ones
-    before it left."""
+    """[(use, bytes, blocks, carried, reach)] per marked capture
+    (graphpool.GraphPool.marks: (use, first event, end event)): the most
+    bytes of the blocks in [lo, hi) alive at once within its span, a block
+    born before it counted from its start and one freed after it alive to
+    its end; the blocks alive then; how many of those bytes were born
+    before the span (what the captures before it left in the pool); and
+    the end of the highest block it was handed, from ``lo`` (with the
+    bytes alive at its busiest, the holes best fit left in its range)."""
     blocks = poolplan.block_lives(events, lo, hi)
     out = []
     for use, b, e in marks:
-        win = [(a, n, max(bb, b, 0), poolplan.FOREVER if d is poolplan.FOREVER or d >= e else d)
+        win = [(a, n, max(bb, b, 0), poolplan.FOREVER if d is poolplan.FOREVER or d >= e else d, bb < b)
                for a, n, bb, d in blocks if bb < e and (d is poolplan.FOREVER or d > b)]
-        top, _, live = _peak(win)
-        out.append((use, top, live))
+        top, at, live = _peak([w[:4] for w in win])
+        carried = 0 if at is None else sum(n for _, n, _, d, before in win
+                                           if before and (d is poolplan.FOREVER or d > at))
+        out.append((use, top, live, carried, graphpool.high_water(events[b:e], lo, hi)))
     return out
 
 
@@ -186,9 +190,10 @@ def report(evs, lo, hi, marks, label, out):
                                               "? (one pool for every capture: the captures' spans are marked "
                                               "per use only)")), flush=True)
     caps = capture_peaks(evs, marks, lo, hi)
-    out["pool_captures"] = [[list(u), n, by_size(live)] for u, n, live in caps]
-    for u, n, live in caps:
-        print("  %s: %s" % (_use(u), describe(n, live, evs, most=8)), flush=True)
+    out["pool_captures"] = [[list(u), n, by_size(live), carried, reach] for u, n, live, carried, reach in caps]
+    for u, n, live, carried, reach in caps:
+        print("  %s: %s; of them %.0f MiB left by the captures before; its blocks reached %.0f" % (
+            _use(u), describe(n, live, evs, most=8), carried / MiB, reach / MiB), flush=True)
     fr = frees(evs, marks, lo, hi)
     out["pool_frees"] = [[list(u), c, sorted(str(x) for x in st)] for u, c, st in fr]
     if fr:
