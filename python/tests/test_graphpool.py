@@ -363,6 +363,18 @@ def test_the_plug_over_the_presized_segments_tail_is_no_block_of_the_captures(mo
     monkeypatch.setattr(gp, "_stop_history", lambda: ev + [plug])
     gp.place()
     assert gp.live_peak == 6 * G
+    # only the plug's own alloc goes: a block of the captures at its address
+    # before it keeps its birth (and is no block born unseen)
+    early = [{"action": "alloc", "addr": lo + 7 * G + 512, "size": 512},
+             {"action": "free_requested", "addr": lo + 7 * G + 512, "size": 512},
+             {"action": "free_completed", "addr": lo + 7 * G + 512, "size": 512}]
+    gp = _pool(lo, 8 * G)
+    gp._plug = types.SimpleNamespace(data_ptr=lambda: lo + 7 * G + 512)
+    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
+    monkeypatch.setattr(gp, "_stop_history", lambda: early + ev + [plug])
+    gp.place()
+    assert gp._events_kept == early + ev
+    assert gp.live_peak == 6 * G
     order = [("a", False), ("b", False), ("b", True), ("a", True)]
     assert gp.planned_parts(order) == [(8 * G, None, None)]     # (one pool: whole, planned_parts)
 
