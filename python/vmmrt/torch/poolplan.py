@@ -121,8 +121,9 @@ def block_lives(events: Sequence[dict], lo: int, hi: int) -> list[tuple[int, int
 def unseen_birth(deaths: Sequence[tuple[int, int, int]], addr: int, nbytes: int, requested: int) -> int:
     """The earliest a block at [addr, addr + nbytes) whose free was requested
     at event ``requested`` can have been born, its alloc not in the history
-    (on the H100, 40 blocks of 8-64 MiB at one address of a Llama layer's
-    pool, their frees recorded: README, thirty-fourth session): after the
+    (one that began after the block's birth, or lost events: until the
+    thirty-fifth session the graphs' pool dropped the allocs of 40 blocks of
+    a Llama layer's history, at the address of its plug): after the
     death of every block over any of its bytes that died before that free
     (``deaths``: (death, start, end)), as two blocks alive at once never
     share an address; -1 when none did (from the history's start)."""

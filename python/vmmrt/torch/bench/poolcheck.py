@@ -92,10 +92,10 @@ def frees(events, marks, lo=0, hi=1 << 62):
     poolplan.block_lives keeps in use for good), counted where it came;
     "its alloc unseen": a free of a block whose alloc the history lacks
     (poolplan.block_lives bears it from the latest death of a block over its
-    bytes before its free: until the thirty-fifth session it kept it in use
-    for good from the history's start, and 40 of them, all at one address,
-    in the H100 run of the thirty-fourth session counted 2401 MiB alive at
-    once in a 1272 MiB pool, 1161 now). Returns
+    bytes before its free; 40 of them, all at one address, in the H100 run
+    of the thirty-fourth session, were the graphs' pool's doing: it dropped
+    every alloc at its plug's address from the history it kept, mended in
+    the thirty-fifth). Returns
     [(use, {kind: [count, bytes]}, streams)] per mark, streams the
     allocating streams seen in its span."""
     spans = list(marks)
