@@ -1575,6 +1575,9 @@ def test_poolcheck_finds_the_blocks_alive_at_the_busiest_moment():
     assert poolcheck.describe(3 << 20, [(0, 1 << 20, 0, None)] * 3) == "3 MiB alive at once: 3 x 1.0"
     assert poolcheck.alive_at_peak([], 0, 1000) == (0, None, [])
     assert poolcheck.by_size([(0, 4, 0, None), (8, 4, 1, None), (16, 10, 2, None)]) == [(10, 1), (4, 2)]
+    # of the blocks alive at eager's busiest moment, the gradients' storages (by address)
+    assert poolcheck.gradients_in([(0, 4, 0, None), (8, 4, 1, None), (16, 10, 2, 9)], [8, 16, 99]) == 14
+    assert poolcheck.gradients_in([(0, 4, 0, None)], []) == 0
     # per capture (graphpool marks each use's span with DIAGNOSE): a block born before the span
     # counts from its start, one freed after it to its end
     ev = events(24)

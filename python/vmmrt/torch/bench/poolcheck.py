@@ -136,6 +136,16 @@ def describe_frees(counts):
     return ", ".join(parts) or "no frees"
 
 
+def gradients_in(blocks, ptrs):
+    """The bytes of ``blocks`` ((address, bytes, birth, death)) that are the
+    storages at ``ptrs`` (the parameters' gradients after the backward):
+    at eager's busiest moment, the gradients made by then, which the pool
+    of a recomputing backward's capture does not hold (they lie in the
+    gradients' slot), beside the working set it is to be held against."""
+    ptrs = set(ptrs)
+    return sum(n for a, n, _, _ in blocks if a in ptrs)
+
+
 def by_size(blocks):
     """[(bytes of one block, how many)] of ``blocks``, the most bytes in all first."""
     c = collections.Counter(n for _, n, _, _ in blocks)
@@ -292,11 +302,12 @@ def main(argv=None):
         grads = sum(p.numel() * p.element_size() for p in params)
         out["eager_backward_peak"] = torch.cuda.max_memory_allocated() - a0
         top, _, live = alive_at_peak(events)
-        out["eager_alive"], out["eager_by_size"] = top, by_size(live)
+        made = gradients_in(live, [p.grad.untyped_storage().data_ptr() for p in params if p.grad is not None])
+        out["eager_alive"], out["eager_by_size"], out["eager_alive_grads"] = top, by_size(live), made
         print("eager%s, %d %s layers, backward: %.0f MiB allocated at most over the forward's end "
-              "(the gradients %.0f of it); its history: %s" % (
+              "(the gradients %.0f in all); its history: %s, %.0f of them the gradients made by then" % (
                   " checkpointing" if ckpt else "", a.layers, a.shape, out["eager_backward_peak"] / MiB,
-                  grads / MiB, describe(top, live, events)),
+                  grads / MiB, describe(top, live, events), made / MiB),
               flush=True)
         for p in params:
             p.grad = None
