@@ -354,29 +354,27 @@ def test_the_plug_over_the_presized_segments_tail_is_no_block_of_the_captures(mo
     # granule: it is neither alive at once with the captures' blocks nor in
     # use at every use.
     lo = 1 << 30
+    at = lo + 7 * G + 512
     ev, marks = _history(lo)
-    plug = {"action": "alloc", "addr": lo + 7 * G + 512, "size": 300 * G}
-    gp = _pool(lo, 8 * G)
-    gp.marks = marks
-    gp._plug = types.SimpleNamespace(data_ptr=lambda: lo + 7 * G + 512)
-    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
-    monkeypatch.setattr(gp, "_stop_history", lambda: ev + [plug])
-    gp.place()
-    assert gp.live_peak == 6 * G
-    # only the plug's own alloc goes: a block of the captures at its address
-    # before it keeps its birth (and is no block born unseen)
-    early = [{"action": "alloc", "addr": lo + 7 * G + 512, "size": 512},
-             {"action": "free_requested", "addr": lo + 7 * G + 512, "size": 512},
-             {"action": "free_completed", "addr": lo + 7 * G + 512, "size": 512}]
-    gp = _pool(lo, 8 * G)
-    gp._plug = types.SimpleNamespace(data_ptr=lambda: lo + 7 * G + 512)
-    monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
-    monkeypatch.setattr(gp, "_stop_history", lambda: early + ev + [plug])
-    gp.place()
-    assert gp._events_kept == early + ev
+    plug = {"action": "alloc", "addr": at, "size": 300 * G}
+
+    def placed(events):
+        gp = _pool(lo, 8 * G)
+        gp.marks = marks
+        gp._plug = types.SimpleNamespace(data_ptr=lambda: at)
+        monkeypatch.setattr(gp, "_blocks_in_use", lambda: [])
+        monkeypatch.setattr(gp, "_stop_history", lambda: events)
+        gp.place()
+        return gp
+    gp = placed(ev + [plug])
     assert gp.live_peak == 6 * G
     order = [("a", False), ("b", False), ("b", True), ("a", True)]
     assert gp.planned_parts(order) == [(8 * G, None, None)]     # (one pool: whole, planned_parts)
+    # only the plug's own alloc goes: a block of the captures at its address
+    # before it keeps its birth (and is no block born unseen)
+    early = [{"action": "alloc", "addr": at, "size": 512}, {"action": "free_requested", "addr": at, "size": 512},
+             {"action": "free_completed", "addr": at, "size": 512}]
+    assert placed(early + ev + [plug])._events_kept == early + ev
 
 
 def test_segments_are_read_without_trace_entries_where_torch_can(monkeypatch):

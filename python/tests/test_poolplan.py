@@ -71,8 +71,8 @@ def test_a_blocks_life_is_from_its_alloc_to_its_free_completed_and_unfreed_is_fo
 
 
 def test_a_block_freed_with_its_alloc_unseen_is_born_when_the_last_block_over_its_bytes_died():
-    # (H100, a Llama layer's pool: 40 blocks at one address whose frees the
-    # history has and not their allocs.) X (granules 1-2) dies at event 2,
+    # (A history that lost allocs: until the thirty-fifth session the graphs'
+    # pool's own filter dropped 40 of a Llama layer's.) X (granules 1-2) dies at event 2,
     # Y (granule 0) at 5: Z over granules 0-1, freed at 8 with no alloc
     # seen, took its bytes after both; W over granule 3, with no death
     # before its free, stays in use for good, as one with no free at all
